@@ -1,0 +1,202 @@
+//! Bearer JWT authentication.
+//!
+//! Tokens are verified with one configured key (HS256 secret, or an RS256 /
+//! EdDSA public key). `exp` is required; `alg: none` and any algorithm other
+//! than the configured one are refused. The token's `sub` owns the runs it
+//! creates.
+
+use std::time::Duration;
+
+use axum::extract::{FromRequestParts, Query};
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation, decode, encode};
+use serde::{Deserialize, Serialize};
+
+use crate::{ApiError, AppState};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Claims {
+    pub sub: String,
+    pub exp: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iat: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iss: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aud: Option<String>,
+}
+
+/// How tokens are checked.
+#[derive(Clone)]
+pub enum AuthConfig {
+    Hs256 {
+        secret: Vec<u8>,
+    },
+    /// RS256 or EdDSA with a PEM public key.
+    PublicKey {
+        algorithm: Algorithm,
+        pem: Vec<u8>,
+    },
+}
+
+impl std::fmt::Debug for AuthConfig {
+    // Never print the secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AuthConfig::Hs256 { .. } => f.write_str("Hs256 { secret: <redacted> }"),
+            AuthConfig::PublicKey { algorithm, .. } => write!(f, "PublicKey {{ algorithm: {algorithm:?} }}"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuthSetupError {
+    #[error("KILN_JWT_SECRET must be at least 32 bytes")]
+    WeakSecret,
+    #[error("invalid public key: {0}")]
+    Key(String),
+    #[error("unsupported algorithm {0:?}: use RS256 or EdDSA for public keys")]
+    Algorithm(Algorithm),
+}
+
+pub struct Authenticator {
+    key: DecodingKey,
+    validation: Validation,
+}
+
+impl Authenticator {
+    pub fn new(config: &AuthConfig, issuer: Option<&str>, audience: Option<&str>) -> Result<Self, AuthSetupError> {
+        let (key, algorithm) = match config {
+            AuthConfig::Hs256 { secret } => {
+                if secret.len() < 32 {
+                    return Err(AuthSetupError::WeakSecret);
+                }
+                (DecodingKey::from_secret(secret).map_err(|e| AuthSetupError::Key(e.to_string()))?, Algorithm::HS256)
+            }
+            AuthConfig::PublicKey { algorithm: Algorithm::RS256, pem } => {
+                (DecodingKey::from_rsa_pem(pem).map_err(|e| AuthSetupError::Key(e.to_string()))?, Algorithm::RS256)
+            }
+            AuthConfig::PublicKey { algorithm: Algorithm::EdDSA, pem } => {
+                (DecodingKey::from_ed_pem(pem).map_err(|e| AuthSetupError::Key(e.to_string()))?, Algorithm::EdDSA)
+            }
+            AuthConfig::PublicKey { algorithm, .. } => return Err(AuthSetupError::Algorithm(*algorithm)),
+        };
+        let mut validation = Validation::new(algorithm);
+        validation.set_required_spec_claims(&["exp", "sub"]);
+        validation.leeway = 5;
+        if let Some(iss) = issuer {
+            validation.set_issuer(&[iss]);
+            validation.required_spec_claims.insert("iss".into());
+        }
+        match audience {
+            Some(aud) => {
+                validation.set_audience(&[aud]);
+                validation.required_spec_claims.insert("aud".into());
+            }
+            None => validation.validate_aud = false,
+        }
+        Ok(Authenticator { key, validation })
+    }
+
+    /// Verifies a token and returns its subject.
+    pub fn verify(&self, token: &str) -> Result<String, ApiError> {
+        let data = decode::<Claims>(token, &self.key, &self.validation).map_err(|e| {
+            use jsonwebtoken::errors::ErrorKind;
+            let why = match e.kind() {
+                ErrorKind::ExpiredSignature => "token has expired",
+                ErrorKind::InvalidSignature => "token signature is invalid",
+                ErrorKind::InvalidAlgorithm => "token algorithm is not accepted",
+                ErrorKind::MissingRequiredClaim(_) => "token lacks a required claim (exp, sub)",
+                ErrorKind::InvalidIssuer => "token issuer is not accepted",
+                ErrorKind::InvalidAudience => "token audience is not accepted",
+                _ => "token is malformed",
+            };
+            ApiError::Unauthorized(why.into())
+        })?;
+        if data.claims.sub.is_empty() || data.claims.sub.len() > 256 {
+            return Err(ApiError::Unauthorized("token subject must be 1 to 256 bytes".into()));
+        }
+        Ok(data.claims.sub)
+    }
+}
+
+/// Signs an HS256 token for `sub` valid for `ttl` (`kiln token`, tests).
+pub fn mint_hs256(secret: &[u8], sub: &str, ttl: Duration) -> Result<String, jsonwebtoken::errors::Error> {
+    let now = jsonwebtoken::get_current_timestamp();
+    let claims = Claims { sub: sub.to_owned(), exp: now + ttl.as_secs(), iat: Some(now), iss: None, aud: None };
+    encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret)?)
+}
+
+/// The authenticated subject of a request.
+#[derive(Debug, Clone)]
+pub struct Subject(pub String);
+
+impl FromRequestParts<AppState> for Subject {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let token = bearer_token(parts)?;
+        state.auth.verify(&token).map(Subject)
+    }
+}
+
+/// The token from `Authorization: Bearer …`, or for browsers' EventSource
+/// (which cannot set headers) from `?access_token=` on the events route.
+fn bearer_token(parts: &Parts) -> Result<String, ApiError> {
+    if let Some(value) = parts.headers.get(AUTHORIZATION) {
+        let value =
+            value.to_str().map_err(|_| ApiError::Unauthorized("Authorization header is not valid text".into()))?;
+        let (scheme, token) = value
+            .split_once(' ')
+            .ok_or_else(|| ApiError::Unauthorized("Authorization header must be `Bearer <token>`".into()))?;
+        if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
+            return Err(ApiError::Unauthorized("Authorization header must be `Bearer <token>`".into()));
+        }
+        return Ok(token.trim().to_owned());
+    }
+    if parts.uri.path().ends_with("/events")
+        && let Ok(q) = Query::<AccessTokenQuery>::try_from_uri(&parts.uri)
+        && let Some(token) = q.0.access_token
+    {
+        return Ok(token);
+    }
+    Err(ApiError::Unauthorized("missing bearer token".into()))
+}
+
+#[derive(Deserialize)]
+struct AccessTokenQuery {
+    access_token: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+    fn auth() -> Authenticator {
+        Authenticator::new(&AuthConfig::Hs256 { secret: SECRET.to_vec() }, None, None).unwrap()
+    }
+
+    #[test]
+    fn minted_token_verifies_to_its_subject() {
+        let t = mint_hs256(SECRET, "alice", Duration::from_secs(60)).unwrap();
+        assert_eq!(auth().verify(&t).unwrap(), "alice");
+    }
+
+    #[test]
+    fn short_secrets_are_refused() {
+        assert!(matches!(
+            Authenticator::new(&AuthConfig::Hs256 { secret: b"short".to_vec() }, None, None),
+            Err(AuthSetupError::WeakSecret)
+        ));
+    }
+
+    #[test]
+    fn issuer_is_checked_when_configured() {
+        let a = Authenticator::new(&AuthConfig::Hs256 { secret: SECRET.to_vec() }, Some("kiln"), None).unwrap();
+        let t = mint_hs256(SECRET, "alice", Duration::from_secs(60)).unwrap();
+        assert!(a.verify(&t).is_err());
+    }
+}

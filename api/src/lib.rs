@@ -1,0 +1,66 @@
+//! Kiln's HTTP API: runs, their events over SSE, health.
+//!
+//! [`router`] builds the axum app from an [`AppState`]; the `kiln` binary
+//! and the tests serve it the same way.
+
+pub mod auth;
+mod error;
+mod extract;
+mod routes;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use kiln_store::{Listener, Store};
+use tower_http::trace::TraceLayer;
+
+pub use auth::{AuthConfig, Authenticator};
+pub use error::ApiError;
+pub use jsonwebtoken::Algorithm;
+
+/// Largest request body accepted, in bytes. A prompt is capped at 64 KiB;
+/// this leaves room for the rest of the JSON and nothing more.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 256 * 1024;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    pub auth: Arc<Authenticator>,
+    /// Wakes SSE streams when their run has new events.
+    pub listener: Listener,
+    pub settings: Arc<ApiSettings>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiSettings {
+    pub max_body_bytes: usize,
+    /// Interval of `: keep-alive` comments on idle SSE streams.
+    pub sse_keep_alive: Duration,
+    /// How often an SSE stream re-reads the table even without a
+    /// notification (covers notifications lost while LISTEN reconnects).
+    pub sse_poll: Duration,
+}
+
+impl Default for ApiSettings {
+    fn default() -> Self {
+        ApiSettings {
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            sse_keep_alive: Duration::from_secs(15),
+            sse_poll: Duration::from_secs(2),
+        }
+    }
+}
+
+pub fn router(state: AppState) -> Router {
+    let max_body = state.settings.max_body_bytes;
+    Router::new()
+        .merge(routes::health::routes())
+        .nest("/v1", routes::v1())
+        .fallback(routes::not_found)
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}

@@ -1,0 +1,157 @@
+//! `GET /v1/runs/{id}/events`: the run's events as SSE, or as a JSON page.
+//!
+//! The stream reads from the events table, never from memory: a notification
+//! only says "look again". So a reconnect to any API instance with
+//! `Last-Event-ID: N` gets exactly the events after N, and a slow client
+//! merely falls behind and catches up from the table.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::http::header::ACCEPT;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::Stream;
+use kiln_protocol::StoredEvent;
+use kiln_protocol::event::is_terminal_kind;
+use kiln_store::{Notice, channels};
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast::error::RecvError;
+use uuid::Uuid;
+
+use crate::auth::Subject;
+use crate::extract::{ApiQuery, RunIdPath};
+use crate::{ApiError, AppState};
+
+/// Events read from the table per query.
+const BATCH: i64 = 500;
+const MAX_JSON_PAGE: i64 = 1000;
+
+#[derive(Debug, Deserialize)]
+pub struct EventsQuery {
+    after: Option<i64>,
+    limit: Option<i64>,
+    /// Accepted here only so the query extractor doesn't refuse it; the
+    /// auth extractor reads it.
+    #[allow(dead_code)]
+    access_token: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct EventPage {
+    events: Vec<StoredEvent>,
+    /// Pass as `after` to get the next page.
+    next_after: i64,
+    /// True once the page holds the run's terminal event.
+    done: bool,
+}
+
+pub async fn events(
+    State(state): State<AppState>,
+    Subject(owner): Subject,
+    RunIdPath(id): RunIdPath,
+    headers: HeaderMap,
+    ApiQuery(q): ApiQuery<EventsQuery>,
+) -> Result<Response, ApiError> {
+    state.store.get_run(&owner, id).await?.ok_or_else(ApiError::run_not_found)?;
+    let after = resume_point(&headers, q.after)?;
+    if wants_json(&headers) {
+        let limit = q.limit.unwrap_or(BATCH);
+        if !(1..=MAX_JSON_PAGE).contains(&limit) {
+            return Err(ApiError::BadRequest(format!("limit must be between 1 and {MAX_JSON_PAGE}")));
+        }
+        let events = state.store.events_after(id, after, limit).await?;
+        let next_after = events.last().map_or(after, |e| e.seq);
+        let done = events.iter().any(|e| is_terminal_kind(&e.kind));
+        return Ok(Json(EventPage { events, next_after, done }).into_response());
+    }
+    let keep_alive = KeepAlive::new().interval(state.settings.sse_keep_alive).text("keep-alive");
+    Ok(Sse::new(event_stream(state, id, after)).keep_alive(keep_alive).into_response())
+}
+
+/// `Last-Event-ID` wins over `?after=`: it is what a reconnecting
+/// EventSource sends.
+fn resume_point(headers: &HeaderMap, after: Option<i64>) -> Result<i64, ApiError> {
+    let header = headers
+        .get("last-event-id")
+        .map(|v| {
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<i64>().ok())
+                .filter(|n| *n >= 0)
+                .ok_or_else(|| ApiError::BadRequest("Last-Event-ID must be a non-negative integer".into()))
+        })
+        .transpose()?;
+    let after = header.or(after).unwrap_or(0);
+    if after < 0 {
+        return Err(ApiError::BadRequest("after must be a non-negative integer".into()));
+    }
+    Ok(after)
+}
+
+fn wants_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/json") && !v.contains("text/event-stream"))
+}
+
+fn event_stream(state: AppState, run_id: Uuid, mut after: i64) -> impl Stream<Item = Result<Event, Infallible>> {
+    async_stream::stream! {
+        // Subscribe before the first read so no notification falls between.
+        let mut notices = state.listener.subscribe();
+        let prefix = format!("{run_id}:");
+        loop {
+            let batch = match state.store.events_after(run_id, after, BATCH).await {
+                Ok(batch) => batch,
+                Err(e) => {
+                    // Keep the client connected; the database may come back.
+                    tracing::warn!(error = %e, %run_id, "reading events failed; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            let full = batch.len() as i64 == BATCH;
+            for ev in batch {
+                after = ev.seq;
+                let terminal = is_terminal_kind(&ev.kind);
+                yield Ok(Event::default().id(ev.seq.to_string()).event(&ev.kind).data(ev.payload.to_string()));
+                if terminal {
+                    return;
+                }
+            }
+            if full {
+                continue;
+            }
+            wait_for_news(&mut notices, &prefix, state.settings.sse_poll).await;
+        }
+    }
+}
+
+/// Waits until a notification names this run, the listener reconnected or
+/// fell behind (anything may have been missed), or the poll interval passed.
+async fn wait_for_news(notices: &mut tokio::sync::broadcast::Receiver<Notice>, prefix: &str, poll: Duration) {
+    let deadline = tokio::time::sleep(poll);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            _ = &mut deadline => return,
+            notice = notices.recv() => match notice {
+                Ok(Notice::Notification { channel, payload }) => {
+                    if channel == channels::RUN_EVENTS && payload.starts_with(prefix) {
+                        return;
+                    }
+                }
+                Ok(Notice::Reconnected) | Err(RecvError::Lagged(_)) => return,
+                Err(RecvError::Closed) => {
+                    // No listener: fall back to polling alone.
+                    deadline.as_mut().await;
+                    return;
+                }
+            }
+        }
+    }
+}

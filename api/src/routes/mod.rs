@@ -1,0 +1,20 @@
+pub mod events;
+pub mod health;
+pub mod runs;
+
+use axum::Router;
+use axum::routing::{get, post};
+
+use crate::{ApiError, AppState};
+
+pub fn v1() -> Router<AppState> {
+    Router::new()
+        .route("/runs", post(runs::create).get(runs::list))
+        .route("/runs/{id}", get(runs::get))
+        .route("/runs/{id}/cancel", post(runs::cancel))
+        .route("/runs/{id}/events", get(events::events))
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError::NotFound("no such route".into())
+}

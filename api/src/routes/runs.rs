@@ -1,0 +1,104 @@
+//! `POST /v1/runs`, `GET /v1/runs`, `GET /v1/runs/{id}`, `POST /v1/runs/{id}/cancel`.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use kiln_protocol::{CreateRun, Run, RunStatus, Trigger};
+use kiln_store::{CancelOutcome, Cursor, NewRun};
+use serde::{Deserialize, Serialize};
+
+use crate::auth::Subject;
+use crate::extract::{ApiJson, ApiQuery, RunIdPath};
+use crate::{ApiError, AppState};
+
+const IDEMPOTENCY_HEADER: &str = "idempotency-key";
+const MAX_PAGE: u32 = 200;
+const DEFAULT_PAGE: u32 = 50;
+
+pub async fn create(
+    State(state): State<AppState>,
+    Subject(owner): Subject,
+    headers: HeaderMap,
+    ApiJson(spec): ApiJson<CreateRun>,
+) -> Result<(StatusCode, Json<Run>), ApiError> {
+    spec.validate().map_err(|e| ApiError::Validation(e.to_string()))?;
+    let idempotency_key = idempotency_key(&headers)?;
+    let (run, created) = state.store.create_run(NewRun { owner, spec, trigger: Trigger::Api, idempotency_key }).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(run)))
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get(IDEMPOTENCY_HEADER) else {
+        return Ok(None);
+    };
+    let key = value
+        .to_str()
+        .ok()
+        .filter(|k| !k.is_empty() && k.len() <= 255 && k.bytes().all(|b| b.is_ascii_graphic()))
+        .ok_or_else(|| ApiError::BadRequest("Idempotency-Key must be 1 to 255 printable ASCII characters".into()))?;
+    Ok(Some(key.to_owned()))
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    Subject(owner): Subject,
+    RunIdPath(id): RunIdPath,
+) -> Result<Json<Run>, ApiError> {
+    let run = state.store.get_run(&owner, id).await?.ok_or_else(ApiError::run_not_found)?;
+    Ok(Json(run))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    status: Option<String>,
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RunList {
+    runs: Vec<Run>,
+    next_cursor: Option<String>,
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    Subject(owner): Subject,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Json<RunList>, ApiError> {
+    let status = q
+        .status
+        .as_deref()
+        .map(str::parse::<RunStatus>)
+        .transpose()
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let limit = q.limit.unwrap_or(DEFAULT_PAGE);
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(ApiError::BadRequest(format!("limit must be between 1 and {MAX_PAGE}")));
+    }
+    let cursor = q
+        .cursor
+        .as_deref()
+        .map(|c| Cursor::decode(c).ok_or_else(|| ApiError::BadRequest("cursor is not one this API issued".into())))
+        .transpose()?;
+    let page = state.store.list_runs(&owner, status, limit, cursor.as_ref()).await?;
+    Ok(Json(RunList { runs: page.runs, next_cursor: page.next_cursor }))
+}
+
+pub async fn cancel(
+    State(state): State<AppState>,
+    Subject(owner): Subject,
+    RunIdPath(id): RunIdPath,
+) -> Result<(StatusCode, Json<Run>), ApiError> {
+    match state.store.cancel_run(&owner, id).await? {
+        CancelOutcome::Cancelled(run) => Ok((StatusCode::OK, Json(run))),
+        // The worker stops the run and writes `run.cancelled`; follow the events.
+        CancelOutcome::Requested(run) => Ok((StatusCode::ACCEPTED, Json(run))),
+        CancelOutcome::AlreadyFinished(run) => {
+            Err(ApiError::Conflict(format!("run already finished with status {}", run.status)))
+        }
+        CancelOutcome::NotFound => Err(ApiError::run_not_found()),
+    }
+}

@@ -1,0 +1,62 @@
+//! Wiring: build the API and the worker from settings, the same way for
+//! `serve`, `worker`, `up` and the tests.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use kiln_api::{ApiSettings, AppState, Authenticator};
+use kiln_store::Store;
+use kiln_worker::tools::Registry;
+use kiln_worker::{ProviderEndpoints, Providers, Worker, WorkerConfig, WorkerContext};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// A running API server.
+pub struct ApiServer {
+    pub addr: SocketAddr,
+    pub handle: JoinHandle<std::io::Result<()>>,
+}
+
+/// Binds `listen` (port 0 picks a free one) and serves the API until
+/// `shutdown` fires.
+pub async fn start_api(
+    store: Store,
+    auth: Authenticator,
+    settings: ApiSettings,
+    listen: SocketAddr,
+    shutdown: CancellationToken,
+) -> anyhow::Result<ApiServer> {
+    let listener = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+    let addr = listener.local_addr()?;
+    let state = AppState { listener: store.listener(), store, auth: Arc::new(auth), settings: Arc::new(settings) };
+    let app = kiln_api::router(state);
+    let handle = tokio::spawn(async move {
+        axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
+    });
+    Ok(ApiServer { addr, handle })
+}
+
+/// Connects to Docker and starts a worker that runs until `shutdown` fires.
+pub async fn start_worker(
+    store: Store,
+    config: WorkerConfig,
+    endpoints: ProviderEndpoints,
+    shutdown: CancellationToken,
+) -> anyhow::Result<JoinHandle<()>> {
+    let docker = bollard::Docker::connect_with_local_defaults().context("connecting to Docker")?;
+    docker.ping().await.context("the Docker engine does not answer")?;
+    let providers = Providers::new(endpoints).context("building the HTTP client")?;
+    let listener = store.listener();
+    let ctx = WorkerContext { store, docker, config, providers, tools: Registry::standard() };
+    let worker = Worker::new(ctx, listener);
+    Ok(tokio::spawn(worker.run(shutdown)))
+}
+
+/// Connects and migrates.
+pub async fn open_store(url: &str, pool_size: usize) -> anyhow::Result<Store> {
+    let store = Store::connect(url, pool_size)?;
+    store.migrate().await.context("migrating the database")?;
+    Ok(store)
+}

@@ -1,0 +1,7 @@
+//! The pieces of the `kiln` binary, as a library so the end-to-end tests
+//! start Kiln exactly as the binary does.
+
+pub mod app;
+pub mod client;
+pub mod local;
+pub mod settings;

@@ -1,0 +1,310 @@
+//! `kiln`: one binary for the API, the worker, the local all-in-one and the
+//! client.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use kiln_cli::app::{open_store, start_api, start_worker};
+use kiln_cli::client::{KilnClient, Printer};
+use kiln_cli::local;
+use kiln_cli::settings::{ApiArgs, AuthArgs, DbArgs, ModelArgs, WorkerArgs};
+use kiln_protocol::{CreateRun, RepoSpec};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(name = "kiln", version, about = "Run coding agents remotely, in Docker sandboxes")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the HTTP API.
+    Serve {
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(flatten)]
+        auth: AuthArgs,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Claim and drive runs.
+    Worker {
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(flatten)]
+        model: ModelArgs,
+        #[command(flatten)]
+        worker: WorkerArgs,
+    },
+    /// Local all-in-one: start what is missing (Postgres, sandbox image),
+    /// then the API and a worker in this process.
+    Up {
+        /// Then submit a demo run, follow it, and exit with its outcome.
+        #[arg(long)]
+        demo: bool,
+        /// Where local state lives (Postgres password, JWT secret, demo repo).
+        #[arg(long, env = "KILN_STATE_DIR", default_value = ".kiln")]
+        state_dir: PathBuf,
+        /// Port of the local Postgres cluster started when DATABASE_URL is unset.
+        #[arg(long, env = "KILN_LOCAL_PG_PORT", default_value_t = local::DEFAULT_LOCAL_PG_PORT)]
+        local_pg_port: u16,
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(flatten)]
+        auth: AuthArgs,
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(flatten)]
+        model: ModelArgs,
+        #[command(flatten)]
+        worker: WorkerArgs,
+    },
+    /// Apply database migrations.
+    Migrate {
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Print a bearer token signed with KILN_JWT_SECRET.
+    Token {
+        /// Subject: the owner of the runs made with this token.
+        #[arg(long)]
+        sub: String,
+        /// Lifetime, e.g. 30m, 1h, 7d.
+        #[arg(long, default_value = "1h", value_parser = parse_duration)]
+        ttl: Duration,
+        #[arg(long, env = "KILN_JWT_SECRET", hide_env_values = true)]
+        jwt_secret: String,
+    },
+    /// Submit a run to a running Kiln and optionally follow it.
+    Run {
+        #[arg(long)]
+        prompt: String,
+        /// Repository to clone into the sandbox.
+        #[arg(long)]
+        repo: Option<String>,
+        /// Branch, tag or commit of the repository.
+        #[arg(long = "ref")]
+        git_ref: Option<String>,
+        /// Print the events as they arrive; exit non-zero unless the run succeeds.
+        #[arg(long)]
+        follow: bool,
+        #[arg(long, env = "KILN_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
+        #[arg(long, env = "KILN_TOKEN", hide_env_values = true)]
+        token: String,
+    },
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a duration like 30m, 1h or 7d"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86_400,
+        _ => return Err(format!("{s:?}: unit must be s, m, h or d")),
+    };
+    Ok(Duration::from_secs(secs))
+}
+
+fn init_tracing(default: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let json = std::env::var("KILN_LOG_FORMAT").is_ok_and(|f| f == "json");
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Cancelled on Ctrl-C or SIGTERM.
+fn shutdown_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+        tracing::info!("shutting down");
+        t.cancel();
+    });
+    token
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    // reqwest is built without a default TLS backend; pick ring's.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cli = Cli::parse();
+    match dispatch(cli.command).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("kiln: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Serve { db, auth, api } => {
+            init_tracing("info");
+            let auth = auth.authenticator()?;
+            let store = open_store(db.url()?, db.db_pool_size).await?;
+            let shutdown = shutdown_signal();
+            let settings = kiln_api::ApiSettings { max_body_bytes: api.max_body_bytes, ..Default::default() };
+            let server = start_api(store, auth, settings, api.listen, shutdown).await?;
+            tracing::info!(addr = %server.addr, "API listening");
+            server.handle.await??;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Worker { db, model, worker } => {
+            init_tracing("info");
+            let config = worker.config(&model)?;
+            let store = open_store(db.url()?, db.db_pool_size).await?;
+            let shutdown = shutdown_signal();
+            start_worker(store, config, model.endpoints()?, shutdown).await?.await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Migrate { db } => {
+            init_tracing("info");
+            open_store(db.url()?, 1).await?;
+            println!("migrations applied");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Token { sub, ttl, jwt_secret } => {
+            println!("{}", kiln_api::auth::mint_hs256(jwt_secret.as_bytes(), &sub, ttl)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run { prompt, repo, git_ref, follow, url, token } => {
+            let client = KilnClient::new(&url, &token)?;
+            let spec = CreateRun { prompt, repo: repo.map(|url| RepoSpec { url, git_ref }), model: None, limits: None };
+            let run = client.create_run(&spec).await?;
+            println!("run {} {}", run.id, run.status);
+            if !follow {
+                return Ok(ExitCode::SUCCESS);
+            }
+            follow_run(&client, run.id).await
+        }
+        Command::Up { demo, state_dir, local_pg_port, db, auth, api, model, mut worker } => {
+            init_tracing(if demo { "warn" } else { "info" });
+            up(demo, state_dir, local_pg_port, db, auth, api, model, &mut worker).await
+        }
+    }
+}
+
+async fn follow_run(client: &KilnClient, id: uuid::Uuid) -> anyhow::Result<ExitCode> {
+    let mut printer = Printer::new(std::io::stdout());
+    let terminal = client.follow(id, |_, kind, payload| printer.print(kind, payload)).await?;
+    Ok(if terminal == "run.succeeded" { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn up(
+    demo: bool,
+    state_dir: PathBuf,
+    local_pg_port: u16,
+    db: DbArgs,
+    auth: AuthArgs,
+    api: ApiArgs,
+    mut model: ModelArgs,
+    worker: &mut WorkerArgs,
+) -> anyhow::Result<ExitCode> {
+    std::fs::create_dir_all(&state_dir).with_context(|| format!("creating {}", state_dir.display()))?;
+    let url = match &db.database_url {
+        Some(url) => url.clone(),
+        None => local::ensure_local_postgres(&state_dir, local_pg_port).await?,
+    };
+    let store = open_store(&url, db.db_pool_size).await?;
+    local::ensure_sandbox_image(&worker.sandbox_image).await?;
+    let secret = match &auth.jwt_secret {
+        Some(s) => s.clone(),
+        None => local::read_or_create_secret(&state_dir.join("jwt-secret"))?,
+    };
+    let auth = AuthArgs { jwt_secret: Some(secret.clone()), ..auth };
+
+    // Without a configured model, the demo uses the scripted model: a replay
+    // that exercises every part of Kiln, but not a real LLM.
+    let mut _demo_model = None;
+    if !model.is_configured() {
+        if demo {
+            let scripted = kiln_scripted_model::ScriptedModel::start(kiln_scripted_model::demo_script()).await?;
+            model.model_provider = "openai".into();
+            model.model_base_url = Some(scripted.openai_base_url());
+            model.model = "kiln-demo-script".into();
+            eprintln!(
+                "kiln: no model configured, so this demo uses Kiln's scripted demo model (a fixed replay,\n\
+                 not a real LLM). To use a real model set OPENAI_API_KEY, ANTHROPIC_API_KEY (with\n\
+                 KILN_MODEL_PROVIDER=anthropic) or KILN_MODEL_BASE_URL for any OpenAI-compatible server\n\
+                 (Ollama, vLLM, llama.cpp), and KILN_MODEL for the model name."
+            );
+            _demo_model = Some(scripted);
+        } else {
+            eprintln!(
+                "kiln: warning: no model configured; runs will fail. Set OPENAI_API_KEY, ANTHROPIC_API_KEY \
+                 or KILN_MODEL_BASE_URL (and KILN_MODEL)."
+            );
+        }
+    }
+    // `up` is the single-machine mode: local repositories are fair game.
+    worker.allow_file_repos = true;
+    let config = worker.config(&model)?;
+    let shutdown = shutdown_signal();
+    let server = start_api(
+        store.clone(),
+        auth.authenticator()?,
+        kiln_api::ApiSettings { max_body_bytes: api.max_body_bytes, ..Default::default() },
+        api.listen,
+        shutdown.clone(),
+    )
+    .await?;
+    let worker_task = start_worker(store, config, model.endpoints()?, shutdown.clone()).await?;
+    let base = format!("http://{}", server.addr);
+    let token = kiln_api::auth::mint_hs256(secret.as_bytes(), "local", Duration::from_secs(7 * 86_400))?;
+    eprintln!("kiln: API at {base}");
+    eprintln!("kiln: token for subject \"local\" (7 days):\n  export KILN_URL={base} KILN_TOKEN={token}");
+
+    if !demo {
+        shutdown.cancelled().await;
+        let _ = worker_task.await;
+        let _ = server.handle.await;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let repo = local::ensure_demo_repo(&state_dir).await?;
+    let client = KilnClient::new(&base, &token)?;
+    let spec = CreateRun {
+        prompt: "Look around the repository, add a NOTES.md that describes it, and check the result.".into(),
+        repo: Some(kiln_protocol::RepoSpec { url: format!("file://{}", repo.display()), git_ref: None }),
+        model: None,
+        limits: None,
+    };
+    let run = client.create_run(&spec).await?;
+    eprintln!("kiln: demo run {} submitted; following its events\n", run.id);
+    let code = follow_run(&client, run.id).await?;
+    let finished = client.get_run(run.id).await?;
+    if finished.status == kiln_protocol::RunStatus::Succeeded {
+        println!("\nkiln: the demo run succeeded ({}).", run.id);
+    } else {
+        println!("\nkiln: the demo run ended {}: {}", finished.status, finished.error.unwrap_or_default());
+    }
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(15), worker_task).await;
+    if code == ExitCode::SUCCESS { Ok(code) } else { bail!("the demo run did not succeed") }
+}

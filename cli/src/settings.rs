@@ -1,0 +1,196 @@
+//! Configuration from flags and the environment (clap's `env` feature: every
+//! option can be set either way, and `--help` lists the variable). Secrets
+//! are read from the environment and never printed.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use kiln_api::Algorithm;
+use kiln_worker::sandbox::SandboxConfig;
+use kiln_worker::{ProviderEndpoints, ProviderKind, WorkerConfig};
+
+#[derive(Debug, Clone, Args)]
+pub struct DbArgs {
+    /// Postgres connection URL. `kiln up` starts a local cluster when unset.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Connections in this process's pool.
+    #[arg(long, env = "KILN_DB_POOL_SIZE", default_value_t = 16)]
+    pub db_pool_size: usize,
+}
+
+impl DbArgs {
+    pub fn url(&self) -> anyhow::Result<&str> {
+        self.database_url.as_deref().context("DATABASE_URL is not set (e.g. postgres://user:pass@127.0.0.1:5432/kiln)")
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AuthArgs {
+    /// HS256 secret for bearer tokens (at least 32 bytes).
+    #[arg(long, env = "KILN_JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: Option<String>,
+    /// PEM file of an RS256 or EdDSA public key, instead of a secret.
+    #[arg(long, env = "KILN_JWT_PUBLIC_KEY")]
+    pub jwt_public_key: Option<PathBuf>,
+    /// Algorithm of the public key: RS256 or EdDSA.
+    #[arg(long, env = "KILN_JWT_ALGORITHM", default_value = "RS256")]
+    pub jwt_algorithm: String,
+    /// Required `iss` claim, if set.
+    #[arg(long, env = "KILN_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+    /// Required `aud` claim, if set.
+    #[arg(long, env = "KILN_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+}
+
+impl AuthArgs {
+    pub fn authenticator(&self) -> anyhow::Result<kiln_api::Authenticator> {
+        let config = match (&self.jwt_public_key, &self.jwt_secret) {
+            (Some(path), _) => {
+                let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+                let algorithm = match self.jwt_algorithm.as_str() {
+                    "RS256" => Algorithm::RS256,
+                    "EdDSA" => Algorithm::EdDSA,
+                    other => bail!("KILN_JWT_ALGORITHM must be RS256 or EdDSA, not {other:?}"),
+                };
+                kiln_api::AuthConfig::PublicKey { algorithm, pem }
+            }
+            (None, Some(secret)) => kiln_api::AuthConfig::Hs256 { secret: secret.as_bytes().to_vec() },
+            (None, None) => bail!("set KILN_JWT_SECRET (HS256) or KILN_JWT_PUBLIC_KEY"),
+        };
+        Ok(kiln_api::Authenticator::new(&config, self.jwt_issuer.as_deref(), self.jwt_audience.as_deref())?)
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ApiArgs {
+    /// Address the API listens on.
+    #[arg(long, env = "KILN_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Largest request body, in bytes.
+    #[arg(long, env = "KILN_MAX_BODY_BYTES", default_value_t = kiln_api::DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// `openai` (Chat Completions; also vLLM, Ollama, llama.cpp) or `anthropic`.
+    #[arg(long, env = "KILN_MODEL_PROVIDER", default_value = "openai")]
+    pub model_provider: String,
+    /// Base URL of the provider's API (OpenAI style: up to `/v1`).
+    #[arg(long, env = "KILN_MODEL_BASE_URL")]
+    pub model_base_url: Option<String>,
+    /// Model name sent to the provider.
+    #[arg(long, env = "KILN_MODEL", default_value = "gpt-4o-mini")]
+    pub model: String,
+    /// Output token limit per model call.
+    #[arg(long, env = "KILN_MODEL_MAX_TOKENS", default_value_t = 4096)]
+    pub model_max_tokens: u32,
+    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
+    pub openai_api_key: Option<String>,
+    #[arg(long, env = "ANTHROPIC_API_KEY", hide_env_values = true)]
+    pub anthropic_api_key: Option<String>,
+    /// Anthropic's base URL, when `KILN_MODEL_BASE_URL` names the OpenAI one.
+    #[arg(long, env = "KILN_ANTHROPIC_BASE_URL")]
+    pub anthropic_base_url: Option<String>,
+}
+
+impl ModelArgs {
+    pub fn provider(&self) -> anyhow::Result<ProviderKind> {
+        ProviderKind::parse(&self.model_provider)
+            .with_context(|| format!("KILN_MODEL_PROVIDER must be openai or anthropic, not {:?}", self.model_provider))
+    }
+
+    /// True when the user configured a model of their own.
+    pub fn is_configured(&self) -> bool {
+        self.model_base_url.is_some() || self.openai_api_key.is_some() || self.anthropic_api_key.is_some()
+    }
+
+    pub fn endpoints(&self) -> anyhow::Result<ProviderEndpoints> {
+        let kind = self.provider()?;
+        // KILN_MODEL_BASE_URL belongs to the selected provider.
+        let (openai_base_url, anthropic_base_url) = match kind {
+            ProviderKind::OpenAi => (self.model_base_url.clone(), self.anthropic_base_url.clone()),
+            ProviderKind::Anthropic => (None, self.model_base_url.clone().or(self.anthropic_base_url.clone())),
+        };
+        Ok(ProviderEndpoints {
+            openai_base_url,
+            openai_api_key: self.openai_api_key.clone(),
+            anthropic_base_url,
+            anthropic_api_key: self.anthropic_api_key.clone(),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct WorkerArgs {
+    /// Name of this worker in leases and container labels (default: host and pid).
+    #[arg(long, env = "KILN_WORKER_ID")]
+    pub worker_id: Option<String>,
+    /// Runs this worker drives at once.
+    #[arg(long, env = "KILN_WORKER_CONCURRENCY", default_value_t = 4)]
+    pub concurrency: usize,
+    /// Seconds a claim holds without a heartbeat.
+    #[arg(long, env = "KILN_LEASE_S", default_value_t = 30)]
+    pub lease_s: u64,
+    /// Seconds between claim attempts when no notification arrives.
+    #[arg(long, env = "KILN_POLL_S", default_value_t = 2)]
+    pub poll_s: u64,
+    /// Seconds running steps get to finish after SIGTERM.
+    #[arg(long, env = "KILN_SHUTDOWN_GRACE_S", default_value_t = 30)]
+    pub shutdown_grace_s: u64,
+    /// Sandbox image.
+    #[arg(long, env = "KILN_SANDBOX_IMAGE", default_value = "kiln-sandbox:latest")]
+    pub sandbox_image: String,
+    /// Sandbox memory limit in MiB (no swap).
+    #[arg(long, env = "KILN_SANDBOX_MEMORY_MB", default_value_t = 1024)]
+    pub sandbox_memory_mb: i64,
+    /// Sandbox CPU limit, in CPUs.
+    #[arg(long, env = "KILN_SANDBOX_CPUS", default_value_t = 1.0)]
+    pub sandbox_cpus: f64,
+    /// Sandbox process limit.
+    #[arg(long, env = "KILN_SANDBOX_PIDS", default_value_t = 256)]
+    pub sandbox_pids: i64,
+    /// Allow `file://` repository URLs (they read this host's disk).
+    #[arg(long, env = "KILN_ALLOW_FILE_REPOS", default_value_t = false)]
+    pub allow_file_repos: bool,
+}
+
+impl WorkerArgs {
+    pub fn config(&self, model: &ModelArgs) -> anyhow::Result<WorkerConfig> {
+        if self.concurrency == 0 {
+            bail!("KILN_WORKER_CONCURRENCY must be at least 1");
+        }
+        if self.lease_s < 3 {
+            bail!("KILN_LEASE_S must be at least 3");
+        }
+        Ok(WorkerConfig {
+            worker_id: self.worker_id.clone().unwrap_or_else(default_worker_id),
+            concurrency: self.concurrency,
+            lease: Duration::from_secs(self.lease_s),
+            poll_interval: Duration::from_secs(self.poll_s.max(1)),
+            sandbox: SandboxConfig {
+                image: self.sandbox_image.clone(),
+                memory_bytes: self.sandbox_memory_mb * 1024 * 1024,
+                nano_cpus: (self.sandbox_cpus * 1e9) as i64,
+                pids_limit: self.sandbox_pids,
+                ..SandboxConfig::default()
+            },
+            default_provider: model.provider()?,
+            default_model: model.model.clone(),
+            default_max_tokens: model.model_max_tokens,
+            allow_file_repos: self.allow_file_repos,
+            shutdown_grace: Duration::from_secs(self.shutdown_grace_s),
+        })
+    }
+}
+
+fn default_worker_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_default();
+    let host = if host.is_empty() { "worker".to_owned() } else { host };
+    format!("{host}-{}-{:04x}", std::process::id(), rand::random::<u16>())
+}

@@ -1,0 +1,144 @@
+//! Run events: what SSE serves and Postgres keeps.
+//!
+//! An event is stored as `(kind, payload)`; `kind` is the SSE `event:` field
+//! and `payload` the `data:` JSON. [`EventBody`] is adjacently tagged so that
+//! the split is a plain serde conversion, not hand-written glue.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::message::Usage;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "payload")]
+pub enum EventBody {
+    #[serde(rename = "run.queued")]
+    RunQueued { prompt: String },
+    #[serde(rename = "run.started")]
+    RunStarted { worker: String, attempt: i32 },
+    #[serde(rename = "sandbox.ready")]
+    SandboxReady { container: String, image: String },
+    #[serde(rename = "step.started")]
+    StepStarted { step: u32 },
+    #[serde(rename = "text.delta")]
+    TextDelta { text: String },
+    #[serde(rename = "reasoning.delta")]
+    ReasoningDelta { text: String },
+    #[serde(rename = "tool_call.started")]
+    ToolCallStarted { call_id: String, name: String },
+    #[serde(rename = "tool_call.delta")]
+    ToolCallDelta { call_id: String, arguments_delta: String },
+    #[serde(rename = "tool_call.ready")]
+    ToolCallReady { call_id: String, name: String, arguments: Value },
+    #[serde(rename = "tool.output")]
+    ToolOutput { call_id: String, text: String },
+    #[serde(rename = "tool.result")]
+    ToolResult { call_id: String, name: String, output: String, is_error: bool, duration_ms: u64 },
+    #[serde(rename = "step.finished")]
+    StepFinished { step: u32, finish_reason: String, usage: Usage },
+    #[serde(rename = "model.retry")]
+    ModelRetry { attempt: u32, delay_ms: u64, error: String },
+    #[serde(rename = "run.succeeded")]
+    RunSucceeded { summary: String },
+    #[serde(rename = "run.failed")]
+    RunFailed { error: String },
+    #[serde(rename = "run.cancelled")]
+    RunCancelled { reason: String },
+    #[serde(rename = "run.timed_out")]
+    RunTimedOut { limit_s: u32 },
+}
+
+/// Kinds after which a run's stream ends.
+pub const TERMINAL_KINDS: [&str; 4] = ["run.succeeded", "run.failed", "run.cancelled", "run.timed_out"];
+
+pub fn is_terminal_kind(kind: &str) -> bool {
+    TERMINAL_KINDS.contains(&kind)
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("event body did not serialize as {{kind, payload}}")]
+pub struct EventShapeError;
+
+impl EventBody {
+    /// Splits into the `(kind, payload)` pair stored in the events table.
+    pub fn into_parts(self) -> Result<(String, Value), EventShapeError> {
+        let value = serde_json::to_value(self).map_err(|_| EventShapeError)?;
+        let Value::Object(mut map) = value else {
+            return Err(EventShapeError);
+        };
+        let kind = match map.remove("kind") {
+            Some(Value::String(k)) => k,
+            _ => return Err(EventShapeError),
+        };
+        let payload = map.remove("payload").unwrap_or(Value::Object(Default::default()));
+        Ok((kind, payload))
+    }
+
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            EventBody::RunSucceeded { .. }
+                | EventBody::RunFailed { .. }
+                | EventBody::RunCancelled { .. }
+                | EventBody::RunTimedOut { .. }
+        )
+    }
+}
+
+/// An event as stored and served. The payload stays raw JSON so an API
+/// instance can serve kinds newer than itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredEvent {
+    pub seq: i64,
+    pub kind: String,
+    pub payload: Value,
+    pub at: DateTime<Utc>,
+}
+
+impl StoredEvent {
+    /// Parses the payload back into a typed body (unknown kinds give `None`).
+    pub fn body(&self) -> Option<EventBody> {
+        let v = serde_json::json!({ "kind": self.kind, "payload": self.payload });
+        serde_json::from_value(v).ok()
+    }
+}
+
+/// Alias used by clients reading events.
+pub type EventRecord = StoredEvent;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_splits_into_kind_and_payload_and_back() {
+        let body = EventBody::ToolResult {
+            call_id: "c1".into(),
+            name: "bash".into(),
+            output: "hello\n".into(),
+            is_error: false,
+            duration_ms: 3,
+        };
+        let (kind, payload) = body.clone().into_parts().unwrap();
+        assert_eq!(kind, "tool.result");
+        assert_eq!(payload["output"], "hello\n");
+        let stored = StoredEvent { seq: 1, kind, payload, at: Utc::now() };
+        assert_eq!(stored.body(), Some(body));
+    }
+
+    #[test]
+    fn terminal_kinds_agree_with_bodies() {
+        for body in [
+            EventBody::RunSucceeded { summary: String::new() },
+            EventBody::RunFailed { error: String::new() },
+            EventBody::RunCancelled { reason: String::new() },
+            EventBody::RunTimedOut { limit_s: 1 },
+        ] {
+            assert!(body.is_terminal());
+            let (kind, _) = body.into_parts().unwrap();
+            assert!(is_terminal_kind(&kind));
+        }
+        assert!(!is_terminal_kind("text.delta"));
+    }
+}

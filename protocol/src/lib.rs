@@ -1,0 +1,13 @@
+//! The shared vocabulary of Kiln.
+//!
+//! Every type here is plain data with serde derives. The worker writes these
+//! types, the store persists them, the API serves them; none of those crates
+//! redefines them. This crate does no I/O.
+
+pub mod event;
+pub mod message;
+pub mod run;
+
+pub use event::{EventBody, EventRecord, StoredEvent};
+pub use message::{Message, Part, Role, Usage};
+pub use run::{CreateRun, Limits, ModelSpec, RepoSpec, Run, RunStatus, Trigger};

@@ -1,0 +1,108 @@
+//! The conversation: messages are the durable state the agent loop reloads
+//! to resume.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+    Tool,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+/// One piece of a message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Part {
+    Text {
+        text: String,
+    },
+    Reasoning {
+        text: String,
+        /// Providers that sign their reasoning (Anthropic) need the
+        /// signature echoed back on the next request.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signature: Option<String>,
+    },
+    ToolCall {
+        id: String,
+        name: String,
+        /// Parsed JSON arguments. A call whose JSON never parsed is never
+        /// stored as a tool call.
+        arguments: serde_json::Value,
+    },
+    ToolResult {
+        call_id: String,
+        name: String,
+        output: String,
+        is_error: bool,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: Role,
+    pub parts: Vec<Part>,
+}
+
+impl Message {
+    pub fn user(text: impl Into<String>) -> Self {
+        Message { role: Role::User, parts: vec![Part::Text { text: text.into() }] }
+    }
+
+    pub fn system(text: impl Into<String>) -> Self {
+        Message { role: Role::System, parts: vec![Part::Text { text: text.into() }] }
+    }
+
+    /// All text parts joined, for summaries and logs.
+    pub fn text(&self) -> String {
+        self.parts
+            .iter()
+            .filter_map(|p| match p {
+                Part::Text { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("")
+    }
+
+    pub fn tool_calls(&self) -> impl Iterator<Item = (&str, &str, &serde_json::Value)> {
+        self.parts.iter().filter_map(|p| match p {
+            Part::ToolCall { id, name, arguments } => Some((id.as_str(), name.as_str(), arguments)),
+            _ => None,
+        })
+    }
+}
+
+/// Token usage of one model call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+}
+
+impl Usage {
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cache_read_tokens += other.cache_read_tokens;
+        self.cache_write_tokens += other.cache_write_tokens;
+    }
+}

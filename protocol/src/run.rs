@@ -1,0 +1,337 @@
+//! Runs: what a client submits and what it gets back.
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Longest prompt the API accepts, in bytes. A prompt is sent to the model on
+/// every step, so an unbounded one is a cost and memory hazard.
+pub const MAX_PROMPT_BYTES: usize = 64 * 1024;
+/// Upper bound for `limits.max_steps`.
+pub const MAX_STEPS_CEILING: u32 = 500;
+/// Upper bound for `limits.timeout_s` (one day).
+pub const TIMEOUT_CEILING_S: u32 = 86_400;
+pub const DEFAULT_MAX_STEPS: u32 = 50;
+pub const DEFAULT_TIMEOUT_S: u32 = 3_600;
+
+/// Body of `POST /v1/runs`. Unknown fields are refused so that a typo in a
+/// limit never silently falls back to a default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRun {
+    pub prompt: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo: Option<RepoSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+}
+
+/// A repository to clone into the sandbox's `/workspace`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepoSpec {
+    pub url: String,
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub git_ref: Option<String>,
+}
+
+/// Per-run model overrides; anything left out comes from the worker's
+/// configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// `openai` or `anthropic`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<u32>,
+}
+
+impl Limits {
+    pub fn max_steps(&self) -> u32 {
+        self.max_steps.unwrap_or(DEFAULT_MAX_STEPS)
+    }
+    pub fn timeout_s(&self) -> u32 {
+        self.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S)
+    }
+}
+
+/// Why a submitted run is not acceptable. Messages are shown to clients.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("prompt must not be empty")]
+    EmptyPrompt,
+    #[error("prompt is {0} bytes; the limit is {MAX_PROMPT_BYTES}")]
+    PromptTooLong(usize),
+    #[error("limits.max_steps must be between 1 and {MAX_STEPS_CEILING}")]
+    MaxSteps,
+    #[error("limits.timeout_s must be between 1 and {TIMEOUT_CEILING_S}")]
+    Timeout,
+    #[error("repo.url must be an http(s), ssh or file URL without whitespace: {0}")]
+    RepoUrl(String),
+    #[error("repo.ref must be a plain git ref name: {0}")]
+    RepoRef(String),
+    #[error("model.provider must be \"openai\" or \"anthropic\", not {0:?}")]
+    Provider(String),
+    #[error("model.max_tokens must be between 1 and 1000000")]
+    MaxTokens,
+    #[error("model.temperature must be between 0 and 2")]
+    Temperature,
+}
+
+impl CreateRun {
+    /// Checks everything serde cannot: sizes, ranges and shapes of strings
+    /// that later reach a command line.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.prompt.trim().is_empty() {
+            return Err(SpecError::EmptyPrompt);
+        }
+        if self.prompt.len() > MAX_PROMPT_BYTES {
+            return Err(SpecError::PromptTooLong(self.prompt.len()));
+        }
+        if let Some(limits) = &self.limits {
+            if limits.max_steps.is_some_and(|s| s == 0 || s > MAX_STEPS_CEILING) {
+                return Err(SpecError::MaxSteps);
+            }
+            if limits.timeout_s.is_some_and(|t| t == 0 || t > TIMEOUT_CEILING_S) {
+                return Err(SpecError::Timeout);
+            }
+        }
+        if let Some(repo) = &self.repo {
+            validate_repo_url(&repo.url)?;
+            if let Some(r) = &repo.git_ref {
+                validate_git_ref(r)?;
+            }
+        }
+        if let Some(model) = &self.model {
+            if let Some(p) = model.provider.as_deref().filter(|p| *p != "openai" && *p != "anthropic") {
+                return Err(SpecError::Provider(p.to_owned()));
+            }
+            if model.max_tokens.is_some_and(|t| t == 0 || t > 1_000_000) {
+                return Err(SpecError::MaxTokens);
+            }
+            if model.temperature.is_some_and(|t| !(0.0..=2.0).contains(&t) || t.is_nan()) {
+                return Err(SpecError::Temperature);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The URL is handed to `git clone` on the worker: refuse anything git could
+/// read as an option or a helper invocation (`-u…`, `ext::…`).
+fn validate_repo_url(url: &str) -> Result<(), SpecError> {
+    let ok_scheme = ["https://", "http://", "ssh://", "git://", "file://"].iter().any(|s| url.starts_with(s));
+    let scp_like = url.starts_with("git@") && url.contains(':');
+    if url.len() > 2048 || !(ok_scheme || scp_like) || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(SpecError::RepoUrl(truncate(url)));
+    }
+    Ok(())
+}
+
+fn validate_git_ref(r: &str) -> Result<(), SpecError> {
+    let bad = r.is_empty()
+        || r.len() > 255
+        || r.starts_with('-')
+        || r.contains("..")
+        || r.chars().any(|c| c.is_whitespace() || c.is_control() || "~^:?*[\\".contains(c));
+    if bad {
+        return Err(SpecError::RepoRef(truncate(r)));
+    }
+    Ok(())
+}
+
+fn truncate(s: &str) -> String {
+    s.chars().take(100).collect()
+}
+
+/// The lifecycle of a run. Every transition is one SQL statement that checks
+/// the expected current status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Queued,
+    Running,
+    AwaitingApproval,
+    Succeeded,
+    Failed,
+    Cancelled,
+    TimedOut,
+}
+
+impl RunStatus {
+    pub const ALL: [RunStatus; 7] = [
+        RunStatus::Queued,
+        RunStatus::Running,
+        RunStatus::AwaitingApproval,
+        RunStatus::Succeeded,
+        RunStatus::Failed,
+        RunStatus::Cancelled,
+        RunStatus::TimedOut,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Queued => "queued",
+            RunStatus::Running => "running",
+            RunStatus::AwaitingApproval => "awaiting_approval",
+            RunStatus::Succeeded => "succeeded",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+            RunStatus::TimedOut => "timed_out",
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, RunStatus::Succeeded | RunStatus::Failed | RunStatus::Cancelled | RunStatus::TimedOut)
+    }
+}
+
+impl fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown run status {0:?}; expected one of queued, running, awaiting_approval, succeeded, failed, cancelled, timed_out"
+)]
+pub struct UnknownStatus(pub String);
+
+impl FromStr for RunStatus {
+    type Err = UnknownStatus;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        RunStatus::ALL.into_iter().find(|st| st.as_str() == s).ok_or_else(|| UnknownStatus(s.to_owned()))
+    }
+}
+
+/// Where a run came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trigger {
+    Api,
+    Github,
+}
+
+impl Trigger {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Api => "api",
+            Trigger::Github => "github",
+        }
+    }
+}
+
+/// A run as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Run {
+    pub id: Uuid,
+    pub session_id: Uuid,
+    pub status: RunStatus,
+    pub prompt: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repo: Option<RepoSpec>,
+    pub model: ModelSpec,
+    pub limits: Limits,
+    pub trigger: Trigger,
+    pub attempt: i32,
+    pub cancel_requested: bool,
+    pub created_at: DateTime<Utc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The agent's final answer, once the run succeeded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Seq of the newest event; a client that has seen this many events has
+    /// seen them all.
+    pub last_event_seq: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(json: &str) -> Result<CreateRun, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    #[test]
+    fn minimal_spec_parses_and_validates() {
+        let s = spec(r#"{"prompt":"fix it"}"#).unwrap();
+        assert_eq!(s.validate(), Ok(()));
+        assert_eq!(s.limits.unwrap_or_default().max_steps(), DEFAULT_MAX_STEPS);
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_at_every_level() {
+        assert!(spec(r#"{"prompt":"x","promt":"y"}"#).is_err());
+        assert!(spec(r#"{"prompt":"x","limits":{"max_step":3}}"#).is_err());
+        assert!(spec(r#"{"prompt":"x","repo":{"url":"https://a/b","branch":"m"}}"#).is_err());
+    }
+
+    #[test]
+    fn ranges_and_sizes_are_checked() {
+        let mut s = spec(r#"{"prompt":"x","limits":{"max_steps":0}}"#).unwrap();
+        assert_eq!(s.validate(), Err(SpecError::MaxSteps));
+        s.limits = Some(Limits { max_steps: Some(3), timeout_s: Some(TIMEOUT_CEILING_S + 1) });
+        assert_eq!(s.validate(), Err(SpecError::Timeout));
+        let big = CreateRun { prompt: "a".repeat(MAX_PROMPT_BYTES + 1), repo: None, model: None, limits: None };
+        assert_eq!(big.validate(), Err(SpecError::PromptTooLong(MAX_PROMPT_BYTES + 1)));
+        let blank = CreateRun { prompt: " \n".into(), repo: None, model: None, limits: None };
+        assert_eq!(blank.validate(), Err(SpecError::EmptyPrompt));
+    }
+
+    #[test]
+    fn repo_urls_that_git_could_misread_are_refused() {
+        for url in ["-uevil", "ext::sh -c id", "https://x/y z", "/etc/passwd", "https://a/\nb"] {
+            let s = CreateRun {
+                prompt: "x".into(),
+                repo: Some(RepoSpec { url: url.into(), git_ref: None }),
+                model: None,
+                limits: None,
+            };
+            assert!(matches!(s.validate(), Err(SpecError::RepoUrl(_))), "{url}");
+        }
+        for r in ["--upload-pack=x", "a..b", "a b", ""] {
+            let s = CreateRun {
+                prompt: "x".into(),
+                repo: Some(RepoSpec { url: "https://example.invalid/r.git".into(), git_ref: Some(r.into()) }),
+                model: None,
+                limits: None,
+            };
+            assert!(matches!(s.validate(), Err(SpecError::RepoRef(_))), "{r}");
+        }
+    }
+
+    #[test]
+    fn status_round_trips_through_its_string() {
+        for st in RunStatus::ALL {
+            assert_eq!(st.as_str().parse::<RunStatus>(), Ok(st));
+            assert_eq!(serde_json::to_value(st).unwrap(), st.as_str());
+        }
+        assert!("done".parse::<RunStatus>().is_err());
+    }
+}

@@ -1,0 +1,301 @@
+//! A model server that replays a script.
+//!
+//! It is the stand-in for a model in Kiln's tests and the model of
+//! `kiln up --demo`. It speaks the real streaming wire formats of the
+//! Anthropic Messages API (`POST /v1/messages`) and OpenAI Chat Completions
+//! (`POST /v1/chat/completions`), byte-compatible with what those APIs send,
+//! so the production provider code runs unchanged against it.
+//!
+//! Each request, on either endpoint, takes the next [`Reply`] of the
+//! script; once the script is used up every request gets a short final
+//! answer ([`EXHAUSTED_TEXT`]) so runs still end. Every request is recorded
+//! for tests to inspect.
+//!
+//! ```no_run
+//! # async fn demo() -> std::io::Result<()> {
+//! use kiln_scripted_model::{Reply, ScriptedModel};
+//! let model = ScriptedModel::start(vec![
+//!     Reply::tool("bash", serde_json::json!({"command": "ls"})),
+//!     Reply::text("Done."),
+//! ])
+//! .await?;
+//! let base_url = model.openai_base_url(); // point the provider here
+//! # Ok(()) }
+//! ```
+
+mod anthropic;
+mod openai;
+mod plan;
+mod script;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use bytes::Bytes;
+use futures::StreamExt;
+use serde_json::Value;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use plan::Plan;
+pub use script::{EXHAUSTED_TEXT, Reply, ScriptedCall, demo_script};
+
+/// Request headers worth asserting on; others are not recorded.
+const RECORDED_HEADERS: &[&str] = &["authorization", "x-api-key", "anthropic-version", "content-type", "accept"];
+/// Conversations grow; the default 2 MB body limit would cut long test runs.
+const MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024;
+
+/// A running scripted model server. Dropping it stops the server, including
+/// answers still streaming (a hanging answer ends, truncated).
+pub struct ScriptedModel {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    /// Set to `true` to stop: ends the accept loop and every open stream.
+    shutdown: watch::Sender<bool>,
+    server: Option<JoinHandle<()>>,
+}
+
+/// One request as the server received it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedRequest {
+    /// `/v1/messages` or `/v1/chat/completions`.
+    pub path: String,
+    /// The parsed JSON body.
+    pub body: Value,
+    /// Selected headers, lower-case names: authorization, x-api-key,
+    /// anthropic-version, content-type, accept.
+    pub headers: BTreeMap<String, String>,
+}
+
+impl RecordedRequest {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(&name.to_ascii_lowercase()).map(String::as_str)
+    }
+}
+
+/// [`ScriptedModel::wait_for_requests`] gave up.
+#[derive(Debug, thiserror::Error)]
+#[error("expected {expected} model requests within {timeout:?}, got {received}")]
+pub struct WaitTimeout {
+    pub expected: usize,
+    pub received: usize,
+    pub timeout: Duration,
+}
+
+/// State the handlers share.
+struct Shared {
+    script: Vec<Reply>,
+    /// Requests in arrival order.
+    requests: Mutex<Vec<RecordedRequest>>,
+    /// Replies handed out so far: the script position. Separate from the
+    /// request count because a rejected request takes no reply.
+    replies: Mutex<usize>,
+    /// Number of tool calls handed out, for `call_N`/`toolu_N` ids.
+    calls: Mutex<u64>,
+    /// Count of recorded requests, for waiters.
+    received: watch::Sender<usize>,
+    shutdown: watch::Receiver<bool>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Api {
+    Anthropic,
+    OpenAi,
+}
+
+impl ScriptedModel {
+    /// Starts a server on an ephemeral port of 127.0.0.1.
+    pub async fn start(script: Vec<Reply>) -> std::io::Result<Self> {
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), script).await
+    }
+
+    /// Starts a server on `addr` (the demo binds an address its sandbox
+    /// containers can reach).
+    pub async fn start_on(addr: SocketAddr, script: Vec<Reply>) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            script,
+            requests: Mutex::new(Vec::new()),
+            replies: Mutex::new(0),
+            calls: Mutex::new(0),
+            received: watch::channel(0).0,
+            shutdown: shutdown_rx.clone(),
+        });
+        let app = Router::new()
+            .route("/v1/messages", post(messages))
+            .route("/v1/chat/completions", post(chat_completions))
+            .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
+            .with_state(shared.clone());
+        let mut stop = shutdown_rx;
+        let server = tokio::spawn(async move {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|stopped| *stopped).await;
+            });
+            if let Err(err) = serve.await {
+                tracing::warn!(%err, "scripted model server failed");
+            }
+        });
+        tracing::debug!(%addr, "scripted model listening");
+        Ok(ScriptedModel { addr, shared, shutdown, server: Some(server) })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Base URL for an OpenAI-compatible provider: `http://127.0.0.1:PORT/v1`.
+    pub fn openai_base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Base URL for the Anthropic provider: `http://127.0.0.1:PORT`.
+    pub fn anthropic_base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Every request so far, in arrival order.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        lock(&self.shared.requests).clone()
+    }
+
+    /// Waits until at least `n` requests have arrived, then returns all of
+    /// them.
+    pub async fn wait_for_requests(&self, n: usize, timeout: Duration) -> Result<Vec<RecordedRequest>, WaitTimeout> {
+        let mut received = self.shared.received.subscribe();
+        let arrived = tokio::time::timeout(timeout, received.wait_for(|count| *count >= n)).await;
+        match arrived {
+            Ok(Ok(_)) => Ok(self.requests()),
+            _ => Err(WaitTimeout { expected: n, received: self.requests().len(), timeout }),
+        }
+    }
+
+    /// Stops the server and waits (briefly) for it to wind down.
+    pub async fn shutdown(mut self) {
+        let _ = self.shutdown.send(true);
+        if let Some(server) = self.server.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+        }
+    }
+}
+
+impl Drop for ScriptedModel {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+    }
+}
+
+/// A poisoned lock only means a handler panicked mid-push; the data is
+/// still a list of requests.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+async fn messages(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    answer(&shared, Api::Anthropic, "/v1/messages", &headers, &body)
+}
+
+async fn chat_completions(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    answer(&shared, Api::OpenAi, "/v1/chat/completions", &headers, &body)
+}
+
+fn answer(shared: &Shared, api: Api, path: &str, headers: &HeaderMap, body: &[u8]) -> Response {
+    // A body that is not JSON is refused like the real APIs do, and not
+    // recorded: there is nothing to assert on.
+    let Ok(json) = serde_json::from_slice::<Value>(body) else {
+        return error_response(api, 400);
+    };
+    let streaming = json.get("stream").and_then(Value::as_bool) == Some(true);
+    let include_usage = json.pointer("/stream_options/include_usage").and_then(Value::as_bool) == Some(true);
+    let model = json.get("model").and_then(Value::as_str).unwrap_or("scripted").to_owned();
+    shared.record(RecordedRequest { path: path.to_owned(), body: json, headers: recorded_headers(headers) });
+    // Kiln only ever streams; a non-streaming request is a bug to surface.
+    if !streaming {
+        return error_response(api, 400);
+    }
+    let (seq, reply) = shared.next_reply();
+    tracing::debug!(seq, ?api, ?reply, "scripted model answering");
+    if let Some(status) = reply.status {
+        return error_response(api, status);
+    }
+    let plan = Plan::new(seq, model, &reply, body.len(), shared.take_call_numbers(reply.tool_calls.len()));
+    let frames = match (api, plan.hang) {
+        (Api::Anthropic, false) => anthropic::render(&plan),
+        (Api::Anthropic, true) => anthropic::render_hang(&plan),
+        (Api::OpenAi, false) => openai::render(&plan, include_usage),
+        (Api::OpenAi, true) => openai::render_hang(&plan),
+    };
+    event_stream(frames, plan.hang, shared.shutdown.clone())
+}
+
+impl Shared {
+    fn record(&self, request: RecordedRequest) {
+        let count = {
+            let mut requests = lock(&self.requests);
+            requests.push(request);
+            requests.len()
+        };
+        self.received.send_replace(count);
+    }
+
+    /// The next reply of the script (or the exhausted answer) and its
+    /// 1-based sequence number.
+    fn next_reply(&self) -> (usize, Reply) {
+        let mut replies = lock(&self.replies);
+        let reply = self.script.get(*replies).cloned().unwrap_or_else(script::exhausted);
+        *replies += 1;
+        (*replies, reply)
+    }
+
+    /// Reserves `n` call numbers; returns the first.
+    fn take_call_numbers(&self, n: usize) -> u64 {
+        let mut calls = lock(&self.calls);
+        let first = *calls + 1;
+        *calls += n as u64;
+        first
+    }
+}
+
+fn recorded_headers(headers: &HeaderMap) -> BTreeMap<String, String> {
+    RECORDED_HEADERS
+        .iter()
+        .filter_map(|name| {
+            let value = headers.get(*name)?.to_str().ok()?;
+            Some(((*name).to_owned(), value.to_owned()))
+        })
+        .collect()
+}
+
+/// Streams `frames` one per chunk; a hanging answer then stays open until
+/// the client goes away or the server stops.
+fn event_stream(frames: Vec<String>, hang: bool, mut shutdown: watch::Receiver<bool>) -> Response {
+    let frames = futures::stream::iter(frames.into_iter().map(|f| Ok::<_, std::convert::Infallible>(Bytes::from(f))));
+    let forever = futures::stream::pending();
+    let body = if hang { frames.chain(forever).boxed() } else { frames.boxed() };
+    let body = body.take_until(async move {
+        let _ = shutdown.wait_for(|stopped| *stopped).await;
+    });
+    (
+        [(header::CONTENT_TYPE, "text/event-stream; charset=utf-8"), (header::CACHE_CONTROL, "no-cache")],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+fn error_response(api: Api, status: u16) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = match api {
+        Api::Anthropic => anthropic::error_body(status.as_u16()),
+        Api::OpenAi => openai::error_body(status.as_u16()),
+    };
+    (status, axum::Json(body)).into_response()
+}

@@ -1,0 +1,100 @@
+//! Kiln's Postgres layer.
+//!
+//! [`Store`] wraps a connection pool and offers one method per query the
+//! rest of Kiln needs. Worker writes are *fenced*: they carry the run's
+//! [`Lease`] (run id, attempt, worker) and only land while that lease is the
+//! current one, so a worker that lost its run can no longer change it.
+
+mod error;
+mod events;
+pub mod listen;
+mod messages;
+mod migrate;
+mod queue;
+mod rows;
+mod runs;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::NoTls;
+
+pub use error::StoreError;
+pub use listen::{Listener, Notice};
+pub use queue::{HeartbeatOutcome, Lease, ReapedRun};
+pub use runs::{CancelOutcome, Cursor, NewRun, RunPage};
+
+/// Channel names used with LISTEN/NOTIFY.
+pub mod channels {
+    /// A run was queued (payload: run id). Wakes idle workers.
+    pub const RUNS_QUEUED: &str = "kiln_runs_queued";
+    /// An event was stored (payload: `<run id>:<seq>`). Wakes SSE streams.
+    pub const RUN_EVENTS: &str = "kiln_run_events";
+    /// A client asked to cancel a run (payload: run id). Wakes its worker.
+    pub const RUN_CANCEL: &str = "kiln_run_cancel";
+}
+
+/// Handle to the database. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    pool: Pool,
+    config: tokio_postgres::Config,
+}
+
+impl std::fmt::Debug for Store {
+    // The config holds the password; never print it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("pool_size", &self.pool.status().max_size).finish()
+    }
+}
+
+impl Store {
+    /// Builds a pool for `database_url`. Connections are opened lazily, so
+    /// this succeeds while the database is down; use [`Store::ping`] to check.
+    pub fn connect(database_url: &str, max_connections: usize) -> Result<Self, StoreError> {
+        let mut config =
+            tokio_postgres::Config::from_str(database_url).map_err(|e| StoreError::Config(e.to_string()))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(5));
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("kiln");
+        }
+        let manager =
+            Manager::from_config(config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(manager)
+            .max_size(max_connections)
+            .runtime(Runtime::Tokio1)
+            // A request waiting on a pool that cannot connect should fail
+            // fast with "database unavailable", not hang.
+            .wait_timeout(Some(Duration::from_secs(5)))
+            .create_timeout(Some(Duration::from_secs(5)))
+            .recycle_timeout(Some(Duration::from_secs(5)))
+            .build()
+            .map_err(|e| StoreError::Config(e.to_string()))?;
+        Ok(Store { pool, config })
+    }
+
+    /// Checks that the database answers.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client.simple_query("SELECT 1").await?;
+        Ok(())
+    }
+
+    /// Applies pending migrations from `migrations/`. Safe to call from
+    /// several processes at once (serialised by an advisory lock).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        migrate::run(&self.config).await
+    }
+
+    /// A dedicated LISTEN connection that reconnects on its own.
+    pub fn listener(&self) -> Listener {
+        Listener::start(self.config.clone())
+    }
+
+    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        Ok(self.pool.get().await?)
+    }
+}

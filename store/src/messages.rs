@@ -1,0 +1,81 @@
+//! The conversation of a session, appended by the worker holding the run.
+
+use kiln_protocol::{Message, Role, Usage};
+use uuid::Uuid;
+
+use crate::queue::Lease;
+use crate::{Store, StoreError};
+
+impl Store {
+    /// Appends a message to the session, fenced by the run's lease.
+    pub async fn append_message(
+        &self,
+        lease: &Lease,
+        session_id: Uuid,
+        message: &Message,
+        usage: Option<&Usage>,
+        model: Option<&str>,
+    ) -> Result<i32, StoreError> {
+        let parts = serde_json::to_value(&message.parts).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let usage = usage.map(serde_json::to_value).transpose().map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "INSERT INTO messages (session_id, seq, run_id, role, parts, usage, model)
+                 SELECT $1, COALESCE((SELECT max(seq) FROM messages WHERE session_id = $1), 0) + 1,
+                        $2, $5, $6, $7, $8
+                 WHERE EXISTS (SELECT 1 FROM runs WHERE id = $2 AND attempt = $3 AND lease_owner = $4
+                               AND status IN ('running', 'awaiting_approval'))
+                 RETURNING seq",
+                &[
+                    &session_id,
+                    &lease.run_id,
+                    &lease.attempt,
+                    &lease.worker,
+                    &message.role.as_str(),
+                    &parts,
+                    &usage,
+                    &model,
+                ],
+            )
+            .await?;
+        match row {
+            Some(r) => Ok(r.try_get(0)?),
+            None => Err(StoreError::LeaseLost(lease.run_id)),
+        }
+    }
+
+    /// The whole conversation of a session, in order.
+    pub async fn load_messages(&self, session_id: Uuid) -> Result<Vec<Message>, StoreError> {
+        let client = self.client().await?;
+        let rows =
+            client.query("SELECT role, parts FROM messages WHERE session_id = $1 ORDER BY seq", &[&session_id]).await?;
+        rows.iter()
+            .map(|r| {
+                let role: String = r.try_get(0)?;
+                let parts: serde_json::Value = r.try_get(1)?;
+                let role = match role.as_str() {
+                    "system" => Role::System,
+                    "user" => Role::User,
+                    "assistant" => Role::Assistant,
+                    "tool" => Role::Tool,
+                    other => return Err(StoreError::Corrupt(format!("message role {other:?}"))),
+                };
+                let parts =
+                    serde_json::from_value(parts).map_err(|e| StoreError::Corrupt(format!("message parts: {e}")))?;
+                Ok(Message { role, parts })
+            })
+            .collect()
+    }
+}
+
+impl Store {
+    /// How many messages of `role` a run has stored (e.g. its steps so far).
+    pub async fn count_run_messages(&self, run_id: Uuid, role: &str) -> Result<i64, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT count(*) FROM messages WHERE run_id = $1 AND role = $2", &[&run_id, &role])
+            .await?;
+        Ok(row.try_get(0)?)
+    }
+}

@@ -1,0 +1,182 @@
+//! The run queue: claim, heartbeat, finish, reap.
+//!
+//! Claiming is one short statement (`FOR UPDATE SKIP LOCKED`), committed at
+//! once; the agent loop runs outside any transaction. Every write a worker
+//! makes afterwards is fenced by its [`Lease`].
+
+use std::time::Duration;
+
+use kiln_protocol::{EventBody, Run, RunStatus};
+use uuid::Uuid;
+
+use crate::events::insert_event_tx;
+use crate::rows::{RUN_RETURNING, run_from_row};
+use crate::{Store, StoreError, channels};
+
+/// Proof that a worker holds a run at a given attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub run_id: Uuid,
+    pub attempt: i32,
+    pub worker: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeartbeatOutcome {
+    /// A client asked to cancel the run.
+    pub cancel_requested: bool,
+}
+
+/// A run whose lease had expired.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReapedRun {
+    pub run_id: Uuid,
+    /// `Queued` when it will be retried, `Failed` when out of attempts.
+    pub status: RunStatus,
+    pub attempt: i32,
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+impl Store {
+    /// Claims the oldest queued run (highest priority first) for `worker`.
+    pub async fn claim_run(&self, worker: &str, lease: Duration) -> Result<Option<(Run, Lease)>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                &format!(
+                    "UPDATE runs r SET status = 'running', attempt = attempt + 1, lease_owner = $1,
+                            lease_expires_at = now() + $2 * interval '1 millisecond',
+                            started_at = COALESCE(started_at, now())
+                     WHERE id = (SELECT id FROM runs WHERE status = 'queued'
+                                 ORDER BY priority, created_at FOR UPDATE SKIP LOCKED LIMIT 1)
+                     RETURNING {RUN_RETURNING}"
+                ),
+                &[&worker, &millis(lease)],
+            )
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let run = run_from_row(&row)?;
+        let lease = Lease { run_id: run.id, attempt: run.attempt, worker: worker.to_owned() };
+        Ok(Some((run, lease)))
+    }
+
+    /// Extends the lease. Fails with `LeaseLost` when the run was reclaimed
+    /// or finished, which tells the worker to stop touching it.
+    pub async fn heartbeat(&self, lease: &Lease, extend: Duration) -> Result<HeartbeatOutcome, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "UPDATE runs SET lease_expires_at = now() + $4 * interval '1 millisecond'
+                 WHERE id = $1 AND attempt = $2 AND lease_owner = $3
+                   AND status IN ('running', 'awaiting_approval')
+                 RETURNING cancel_requested",
+                &[&lease.run_id, &lease.attempt, &lease.worker, &millis(extend)],
+            )
+            .await?;
+        match row {
+            Some(r) => Ok(HeartbeatOutcome { cancel_requested: r.try_get(0)? }),
+            None => Err(StoreError::LeaseLost(lease.run_id)),
+        }
+    }
+
+    /// Moves a held run to a terminal status and writes its terminal event,
+    /// in one transaction.
+    pub async fn finish_run(
+        &self,
+        lease: &Lease,
+        terminal: &EventBody,
+        result: Option<&serde_json::Value>,
+    ) -> Result<(), StoreError> {
+        let (status, error) = match terminal {
+            EventBody::RunSucceeded { .. } => (RunStatus::Succeeded, None),
+            EventBody::RunFailed { error } => (RunStatus::Failed, Some(error.clone())),
+            EventBody::RunCancelled { reason } => (RunStatus::Cancelled, Some(reason.clone())),
+            EventBody::RunTimedOut { limit_s } => {
+                (RunStatus::TimedOut, Some(format!("the run exceeded its wall-clock limit of {limit_s} s")))
+            }
+            other => return Err(StoreError::Corrupt(format!("not a terminal event: {other:?}"))),
+        };
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let n = tx
+            .execute(
+                "UPDATE runs SET status = $4, finished_at = now(), result = $5, error = $6,
+                        lease_owner = NULL, lease_expires_at = NULL
+                 WHERE id = $1 AND attempt = $2 AND lease_owner = $3
+                   AND status IN ('running', 'awaiting_approval')",
+                &[&lease.run_id, &lease.attempt, &lease.worker, &status.as_str(), &result, &error],
+            )
+            .await?;
+        if n == 0 {
+            return Err(StoreError::LeaseLost(lease.run_id));
+        }
+        insert_event_tx(&tx, lease.run_id, terminal).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Hands a held run back to the queue (graceful shutdown), so another
+    /// worker takes it at once instead of after the lease times out.
+    pub async fn release_run(&self, lease: &Lease) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "WITH rel AS (
+                     UPDATE runs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL
+                     WHERE id = $1 AND attempt = $2 AND lease_owner = $3
+                       AND status IN ('running', 'awaiting_approval')
+                     RETURNING id
+                 )
+                 SELECT pg_notify($4, id::text) FROM rel",
+                &[&lease.run_id, &lease.attempt, &lease.worker, &channels::RUNS_QUEUED],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Returns runs whose lease expired to the queue, or fails them when they
+    /// have used all their attempts.
+    pub async fn reap_expired_leases(&self) -> Result<Vec<ReapedRun>, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let rows = tx
+            .query(
+                "WITH expired AS (
+                     SELECT id FROM runs
+                     WHERE status IN ('running', 'awaiting_approval') AND lease_expires_at < now()
+                     FOR UPDATE SKIP LOCKED
+                 )
+                 UPDATE runs r SET
+                     status = CASE WHEN r.attempt >= r.max_attempts THEN 'failed' ELSE 'queued' END,
+                     finished_at = CASE WHEN r.attempt >= r.max_attempts THEN now() END,
+                     error = CASE WHEN r.attempt >= r.max_attempts
+                                  THEN 'the worker running this run was lost ' || r.attempt || ' times; giving up'
+                             END,
+                     lease_owner = NULL, lease_expires_at = NULL
+                 FROM expired e WHERE r.id = e.id
+                 RETURNING r.id, r.status, r.attempt",
+                &[],
+            )
+            .await?;
+        let mut reaped = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let run_id: Uuid = row.try_get(0)?;
+            let status: String = row.try_get(1)?;
+            let attempt: i32 = row.try_get(2)?;
+            let status: RunStatus =
+                status.parse().map_err(|e: kiln_protocol::run::UnknownStatus| StoreError::Corrupt(e.to_string()))?;
+            if status == RunStatus::Failed {
+                let error = format!("the worker running this run was lost {attempt} times; giving up");
+                insert_event_tx(&tx, run_id, &EventBody::RunFailed { error }).await?;
+            } else {
+                tx.execute("SELECT pg_notify($1, $2)", &[&channels::RUNS_QUEUED, &run_id.to_string()]).await?;
+            }
+            reaped.push(ReapedRun { run_id, status, attempt });
+        }
+        tx.commit().await?;
+        Ok(reaped)
+    }
+}

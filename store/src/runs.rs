@@ -1,0 +1,274 @@
+//! Runs as clients see them: create, read, list, cancel. Every query is
+//! scoped by `owner` so one subject never sees another's runs.
+
+use chrono::{DateTime, Utc};
+use kiln_protocol::{CreateRun, EventBody, Run, RunStatus, Trigger};
+use uuid::Uuid;
+
+use crate::events::insert_event_tx;
+use crate::rows::{RUN_COLUMNS, run_from_row};
+use crate::{Store, StoreError, channels};
+
+/// What the API hands the store to create a run.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    pub owner: String,
+    pub spec: CreateRun,
+    pub trigger: Trigger,
+    pub idempotency_key: Option<String>,
+}
+
+/// One page of a listing, newest first.
+#[derive(Debug, Clone)]
+pub struct RunPage {
+    pub runs: Vec<Run>,
+    /// Pass back as `cursor` to get the next page; `None` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub enum CancelOutcome {
+    /// The run was queued and is now cancelled.
+    Cancelled(Run),
+    /// The run is active; its worker has been told to stop.
+    Requested(Run),
+    /// The run had already finished.
+    AlreadyFinished(Run),
+    NotFound,
+}
+
+impl Store {
+    /// Creates a session and a queued run in one transaction, with its
+    /// `run.queued` event, and wakes a worker. With an idempotency key, a
+    /// second call returns the first run; the bool says whether it is new.
+    pub async fn create_run(&self, new: NewRun) -> Result<(Run, bool), StoreError> {
+        if let Some(key) = &new.idempotency_key
+            && let Some(run) = self.run_by_idempotency_key(&new.owner, key).await?
+        {
+            return Ok((run, false));
+        }
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let session_id = Uuid::now_v7();
+        let run_id = Uuid::now_v7();
+        let repo_url = new.spec.repo.as_ref().map(|r| r.url.clone());
+        let repo_ref = new.spec.repo.as_ref().and_then(|r| r.git_ref.clone());
+        tx.execute(
+            "INSERT INTO sessions (id, owner, repo_url, repo_ref) VALUES ($1, $2, $3, $4)",
+            &[&session_id, &new.owner, &repo_url, &repo_ref],
+        )
+        .await?;
+        let model = serde_json::to_value(new.spec.model.clone().unwrap_or_default())
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let limits = serde_json::to_value(new.spec.limits.unwrap_or_default())
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let inserted = tx
+            .query_opt(
+                "INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, idempotency_key)
+                 VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8)
+                 ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+                 RETURNING id",
+                &[
+                    &run_id,
+                    &session_id,
+                    &new.owner,
+                    &new.spec.prompt,
+                    &model,
+                    &limits,
+                    &new.trigger.as_str(),
+                    &new.idempotency_key,
+                ],
+            )
+            .await?;
+        if inserted.is_none() {
+            // Lost a race with a concurrent request carrying the same key.
+            tx.rollback().await?;
+            let key = new.idempotency_key.as_deref().unwrap_or_default();
+            return match self.run_by_idempotency_key(&new.owner, key).await? {
+                Some(run) => Ok((run, false)),
+                None => Err(StoreError::Corrupt("idempotency conflict without a run".into())),
+            };
+        }
+        insert_event_tx(&tx, run_id, &EventBody::RunQueued { prompt: new.spec.prompt.clone() }).await?;
+        tx.execute("SELECT pg_notify($1, $2)", &[&channels::RUNS_QUEUED, &run_id.to_string()]).await?;
+        let row = tx
+            .query_one(
+                &format!("SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session_id WHERE r.id = $1"),
+                &[&run_id],
+            )
+            .await?;
+        let run = run_from_row(&row)?;
+        tx.commit().await?;
+        Ok((run, true))
+    }
+
+    async fn run_by_idempotency_key(&self, owner: &str, key: &str) -> Result<Option<Run>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                &format!(
+                    "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session_id
+                     WHERE r.owner = $1 AND r.idempotency_key = $2"
+                ),
+                &[&owner, &key],
+            )
+            .await?;
+        row.as_ref().map(run_from_row).transpose()
+    }
+
+    /// The run if it exists and belongs to `owner`.
+    pub async fn get_run(&self, owner: &str, id: Uuid) -> Result<Option<Run>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                &format!(
+                    "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session_id
+                     WHERE r.id = $1 AND r.owner = $2"
+                ),
+                &[&id, &owner],
+            )
+            .await?;
+        row.as_ref().map(run_from_row).transpose()
+    }
+
+    /// The run regardless of owner: for the worker, which holds its lease.
+    pub async fn get_run_unscoped(&self, id: Uuid) -> Result<Option<Run>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                &format!("SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session_id WHERE r.id = $1"),
+                &[&id],
+            )
+            .await?;
+        row.as_ref().map(run_from_row).transpose()
+    }
+
+    /// `owner`'s runs, newest first. `cursor` is a value from a previous
+    /// page's `next_cursor`.
+    pub async fn list_runs(
+        &self,
+        owner: &str,
+        status: Option<RunStatus>,
+        limit: u32,
+        cursor: Option<&Cursor>,
+    ) -> Result<RunPage, StoreError> {
+        let client = self.client().await?;
+        let status = status.map(RunStatus::as_str);
+        let (after_at, after_id) = match cursor {
+            Some(c) => (Some(c.created_at), Some(c.id)),
+            None => (None, None),
+        };
+        // Fetch one extra row to know whether another page exists.
+        let fetch = i64::from(limit) + 1;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session_id
+                     WHERE r.owner = $1
+                       AND ($2::text IS NULL OR r.status = $2)
+                       AND ($3::timestamptz IS NULL OR (r.created_at, r.id) < ($3, $4))
+                     ORDER BY r.created_at DESC, r.id DESC
+                     LIMIT $5"
+                ),
+                &[&owner, &status, &after_at, &after_id, &fetch],
+            )
+            .await?;
+        let mut runs = rows.iter().map(run_from_row).collect::<Result<Vec<_>, _>>()?;
+        let next_cursor = if runs.len() > limit as usize {
+            runs.truncate(limit as usize);
+            runs.last().map(|r| Cursor { created_at: r.created_at, id: r.id }.encode())
+        } else {
+            None
+        };
+        Ok(RunPage { runs, next_cursor })
+    }
+
+    /// Cancels a queued run at once, or asks the worker of an active run to
+    /// stop (it writes `run.cancelled` when it has).
+    pub async fn cancel_run(&self, owner: &str, id: Uuid) -> Result<CancelOutcome, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let status: Option<String> = tx
+            .query_opt("SELECT status FROM runs WHERE id = $1 AND owner = $2 FOR UPDATE", &[&id, &owner])
+            .await?
+            .map(|r| r.try_get(0))
+            .transpose()?;
+        let Some(status) = status else {
+            return Ok(CancelOutcome::NotFound);
+        };
+        let status: RunStatus =
+            status.parse().map_err(|e: kiln_protocol::run::UnknownStatus| StoreError::Corrupt(e.to_string()))?;
+        let outcome = match status {
+            RunStatus::Queued => {
+                tx.execute(
+                    "UPDATE runs SET status = 'cancelled', cancel_requested = true, finished_at = now(),
+                            error = 'cancelled before it started'
+                     WHERE id = $1 AND status = 'queued'",
+                    &[&id],
+                )
+                .await?;
+                insert_event_tx(
+                    &tx,
+                    id,
+                    &EventBody::RunCancelled { reason: "cancelled by client before it started".into() },
+                )
+                .await?;
+                Kind::Cancelled
+            }
+            RunStatus::Running | RunStatus::AwaitingApproval => {
+                tx.execute("UPDATE runs SET cancel_requested = true WHERE id = $1", &[&id]).await?;
+                tx.execute("SELECT pg_notify($1, $2)", &[&channels::RUN_CANCEL, &id.to_string()]).await?;
+                Kind::Requested
+            }
+            _ => Kind::Finished,
+        };
+        tx.commit().await?;
+        drop(client);
+        let run = self.get_run(owner, id).await?.ok_or_else(|| StoreError::Corrupt("cancelled run vanished".into()))?;
+        Ok(match outcome {
+            Kind::Cancelled => CancelOutcome::Cancelled(run),
+            Kind::Requested => CancelOutcome::Requested(run),
+            Kind::Finished => CancelOutcome::AlreadyFinished(run),
+        })
+    }
+}
+
+enum Kind {
+    Cancelled,
+    Requested,
+    Finished,
+}
+
+/// Position in a newest-first listing: the last run of the previous page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cursor {
+    pub created_at: DateTime<Utc>,
+    pub id: Uuid,
+}
+
+impl Cursor {
+    pub fn encode(&self) -> String {
+        format!("{}_{}", self.created_at.timestamp_micros(), self.id.simple())
+    }
+
+    pub fn decode(s: &str) -> Option<Cursor> {
+        let (micros, id) = s.split_once('_')?;
+        let created_at = DateTime::from_timestamp_micros(micros.parse().ok()?)?;
+        Some(Cursor { created_at, id: Uuid::parse_str(id).ok()? })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_round_trips_and_rejects_garbage() {
+        let c =
+            Cursor { created_at: DateTime::from_timestamp_micros(1_700_000_000_123_456).unwrap(), id: Uuid::now_v7() };
+        assert_eq!(Cursor::decode(&c.encode()), Some(c));
+        for bad in ["", "x_y", "123", "123_notauuid", "_"] {
+            assert_eq!(Cursor::decode(bad), None, "{bad}");
+        }
+    }
+}

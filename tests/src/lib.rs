@@ -1,0 +1,247 @@
+//! Test harness for Kiln's end-to-end tests: a fresh database per test, the
+//! real API on a free port, a real worker driving real Docker containers,
+//! and the scripted model server in place of an LLM.
+//!
+//! The harness may use `expect`: a broken harness should fail the test loudly.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use eventsource_stream::Eventsource;
+use futures::StreamExt;
+use kiln_cli::app::{open_store, start_api, start_worker};
+use kiln_scripted_model::{Reply, ScriptedModel};
+use kiln_store::Store;
+use kiln_worker::sandbox::SandboxConfig;
+use kiln_worker::{ProviderEndpoints, ProviderKind, WorkerConfig};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+pub use kiln_scripted_model;
+
+pub const SECRET: &str = "test-secret-0123456789abcdef0123456789";
+
+/// Admin connection for creating test databases.
+pub fn admin_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://kiln:kiln@127.0.0.1:5432/kiln".into())
+}
+
+/// Creates an empty database and returns its URL.
+pub async fn fresh_database() -> String {
+    let admin = admin_url();
+    let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+        .await
+        .expect("connect to Postgres (is DATABASE_URL right? .ci/run starts one)");
+    tokio::spawn(conn);
+    let name = format!("kiln_test_{}", Uuid::new_v4().simple());
+    client.execute(&format!("CREATE DATABASE {name}"), &[]).await.expect("create test database");
+    let mut config: tokio_postgres::Config = admin.parse().expect("DATABASE_URL parses");
+    config.dbname(&name);
+    // Rebuild a URL from the parsed parts (the password may be absent).
+    let user = config.get_user().unwrap_or("postgres").to_owned();
+    let password = config.get_password().map(|p| String::from_utf8_lossy(p).into_owned());
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => "127.0.0.1".into(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    match password {
+        Some(p) => format!("postgres://{user}:{p}@{host}:{port}/{name}"),
+        None => format!("postgres://{user}@{host}:{port}/{name}"),
+    }
+}
+
+pub fn token(sub: &str) -> String {
+    kiln_api::auth::mint_hs256(SECRET.as_bytes(), sub, Duration::from_secs(3600)).unwrap()
+}
+
+pub struct Options {
+    pub script: Vec<Reply>,
+    pub provider: ProviderKind,
+    pub worker: bool,
+    pub lease: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { script: Vec::new(), provider: ProviderKind::OpenAi, worker: true, lease: Duration::from_secs(10) }
+    }
+}
+
+/// One Kiln (API + optional worker) against a fresh database.
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub db_url: String,
+    pub store: Store,
+    pub model: ScriptedModel,
+    pub http: reqwest::Client,
+    pub shutdown: CancellationToken,
+}
+
+impl TestApp {
+    pub async fn spawn(options: Options) -> TestApp {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let db_url = fresh_database().await;
+        let store = open_store(&db_url, 8).await.expect("migrate");
+        let model = ScriptedModel::start(options.script).await.expect("scripted model");
+        let shutdown = CancellationToken::new();
+        let addr = Self::start_api_on(&store, shutdown.clone()).await;
+        if options.worker {
+            let config = worker_config(options.provider, options.lease);
+            let endpoints = ProviderEndpoints {
+                openai_base_url: Some(model.openai_base_url()),
+                openai_api_key: Some("sk-test-openai".into()),
+                anthropic_base_url: Some(model.anthropic_base_url()),
+                anthropic_api_key: Some("sk-ant-test".into()),
+            };
+            start_worker(store.clone(), config, endpoints, shutdown.clone()).await.expect("start worker");
+        }
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        TestApp { addr, db_url, store, model, http, shutdown }
+    }
+
+    async fn start_api_on(store: &Store, shutdown: CancellationToken) -> SocketAddr {
+        let auth = kiln_api::Authenticator::new(
+            &kiln_api::AuthConfig::Hs256 { secret: SECRET.as_bytes().to_vec() },
+            None,
+            None,
+        )
+        .unwrap();
+        let settings = kiln_api::ApiSettings { sse_keep_alive: Duration::from_secs(1), ..Default::default() };
+        start_api(store.clone(), auth, settings, "127.0.0.1:0".parse().unwrap(), shutdown).await.unwrap().addr
+    }
+
+    /// A second API instance on the same database.
+    pub async fn second_api(&self) -> SocketAddr {
+        Self::start_api_on(&self.store, self.shutdown.clone()).await
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub async fn create_run(&self, sub: &str, body: Value) -> Value {
+        let r = self.http.post(self.url("/v1/runs")).bearer_auth(token(sub)).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 201, "create run");
+        r.json().await.unwrap()
+    }
+
+    pub async fn get_run(&self, sub: &str, id: &str) -> Value {
+        let r = self.http.get(self.url(&format!("/v1/runs/{id}"))).bearer_auth(token(sub)).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        r.json().await.unwrap()
+    }
+
+    /// Reads the run's events over SSE from `addr` until the terminal event
+    /// (or `max` events), starting after `last_event_id`.
+    pub async fn sse(&self, addr: SocketAddr, sub: &str, run: &str, last_event_id: Option<i64>, max: usize) -> Vec<Ev> {
+        self.sse_until(addr, sub, run, last_event_id, max, |_| false).await
+    }
+
+    /// Like [`TestApp::sse`], also stopping after the first event `stop` accepts.
+    pub async fn sse_until(
+        &self,
+        addr: SocketAddr,
+        sub: &str,
+        run: &str,
+        last_event_id: Option<i64>,
+        max: usize,
+        stop: impl Fn(&Ev) -> bool,
+    ) -> Vec<Ev> {
+        let mut req = self
+            .http
+            .get(format!("http://{addr}/v1/runs/{run}/events"))
+            .bearer_auth(token(sub))
+            .header("accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            req = req.header("last-event-id", id.to_string());
+        }
+        let response = req.send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert!(response.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+        let mut stream = response.bytes_stream().eventsource();
+        let mut out = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while out.len() < max {
+            let next = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), stream.next())
+                .await
+                .expect("SSE stream stalled");
+            let Some(item) = next else { break };
+            let ev = item.expect("valid SSE");
+            let e = Ev {
+                seq: ev.id.parse().expect("numeric id"),
+                kind: ev.event,
+                data: serde_json::from_str(&ev.data).expect("JSON data"),
+            };
+            let terminal = kiln_protocol::event::is_terminal_kind(&e.kind) || stop(&e);
+            out.push(e);
+            if terminal {
+                break;
+            }
+        }
+        out
+    }
+
+    /// Follows the run to its end on this app's API.
+    pub async fn events_to_end(&self, sub: &str, run: &str) -> Vec<Ev> {
+        self.sse(self.addr, sub, run, None, usize::MAX).await
+    }
+
+    /// Ids of containers Kiln made for the run.
+    pub async fn containers_of(&self, run: &str) -> Vec<String> {
+        let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+        kiln_worker::sandbox::list_managed(&docker, Some(run.parse().unwrap())).await.unwrap()
+    }
+
+    /// A raw SQL connection to this test's database.
+    pub async fn sql(&self) -> tokio_postgres::Client {
+        let (client, conn) = tokio_postgres::connect(&self.db_url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        client
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
+    WorkerConfig {
+        worker_id: format!("test-{}", Uuid::new_v4().simple()),
+        concurrency: 2,
+        lease,
+        poll_interval: Duration::from_millis(500),
+        sandbox: SandboxConfig {
+            image: std::env::var("KILN_SANDBOX_IMAGE").unwrap_or_else(|_| "kiln-sandbox:latest".into()),
+            ..SandboxConfig::default()
+        },
+        default_provider: provider,
+        default_model: "scripted".into(),
+        default_max_tokens: 1024,
+        allow_file_repos: true,
+        shutdown_grace: Duration::from_secs(5),
+    }
+}
+
+/// One SSE event as a client saw it.
+#[derive(Debug, Clone)]
+pub struct Ev {
+    pub seq: i64,
+    pub kind: String,
+    pub data: Value,
+}
+
+pub fn kinds(events: &[Ev]) -> Vec<&str> {
+    events.iter().map(|e| e.kind.as_str()).collect()
+}
+
+/// Asserts ids are 1..=n with no gap or repeat.
+pub fn assert_dense(events: &[Ev], from: i64) {
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e.seq, from + i as i64, "event ids must be dense: {:?}", kinds(events));
+    }
+}

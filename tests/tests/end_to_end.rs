@@ -1,0 +1,215 @@
+//! The whole path: REST → Postgres queue → worker → Docker sandbox → SSE,
+//! against the scripted model speaking each provider's wire format.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use kiln_scripted_model::Reply;
+use kiln_tests::{Options, TestApp, assert_dense, kinds};
+use kiln_worker::ProviderKind;
+use serde_json::{Value, json};
+
+fn hello_script() -> Vec<Reply> {
+    vec![
+        Reply::tool("bash", json!({"command": "echo hello > note.txt && cat note.txt"})),
+        Reply::tool("view", json!({"path": "note.txt"})),
+        Reply::text("done"),
+    ]
+}
+
+async fn run_hello(provider: ProviderKind) -> (TestApp, String, Vec<kiln_tests::Ev>) {
+    let app = TestApp::spawn(Options { script: hello_script(), provider, ..Default::default() }).await;
+    let run = app.create_run("alice", json!({"prompt": "write hello to note.txt"})).await;
+    assert_eq!(run["status"], "queued");
+    let id = run["id"].as_str().unwrap().to_owned();
+    let events = app.events_to_end("alice", &id).await;
+    (app, id, events)
+}
+
+/// What every provider's run must show a client, in order.
+fn assert_hello_events(events: &[kiln_tests::Ev]) {
+    assert_dense(events, 1);
+    let k = kinds(events);
+    let pos = |kind: &str, from: usize| {
+        k[from..]
+            .iter()
+            .position(|x| *x == kind)
+            .map(|p| p + from)
+            .unwrap_or_else(|| panic!("no {kind} after {from} in {k:?}"))
+    };
+    assert_eq!(&k[..3], ["run.queued", "run.started", "sandbox.ready"]);
+    let bash_ready = pos("tool_call.ready", 3);
+    assert_eq!(events[bash_ready].data["name"], "bash");
+    assert_eq!(events[bash_ready].data["arguments"]["command"], "echo hello > note.txt && cat note.txt");
+    let bash_result = pos("tool.result", bash_ready);
+    assert_eq!(events[bash_result].data["name"], "bash");
+    assert_eq!(events[bash_result].data["is_error"], false);
+    assert!(events[bash_result].data["output"].as_str().unwrap().contains("hello"));
+    let view_ready = pos("tool_call.ready", bash_result);
+    assert_eq!(events[view_ready].data["name"], "view");
+    let view_result = pos("tool.result", view_ready);
+    let view_out = events[view_result].data["output"].as_str().unwrap();
+    assert!(view_out.contains("     1\thello"), "view shows numbered lines: {view_out}");
+    let text: String = events[view_result..]
+        .iter()
+        .filter(|e| e.kind == "text.delta")
+        .map(|e| e.data["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "done");
+    let last = events.last().unwrap();
+    assert_eq!(last.kind, "run.succeeded");
+    assert_eq!(last.data["summary"], "done");
+}
+
+async fn assert_conversation_stored(app: &TestApp, id: &str) {
+    let sql = app.sql().await;
+    let rows = sql
+        .query(
+            "SELECT m.role, m.parts FROM messages m JOIN runs r ON r.session_id = m.session_id
+             WHERE r.id = $1::text::uuid ORDER BY m.seq",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    let roles: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(roles, ["user", "assistant", "tool", "assistant", "tool", "assistant"]);
+    let first_result: Value = rows[2].get(1);
+    assert_eq!(first_result[0]["type"], "tool_result");
+    assert!(first_result[0]["output"].as_str().unwrap().contains("hello"));
+}
+
+#[tokio::test]
+async fn openai_run_goes_end_to_end() {
+    let (app, id, events) = run_hello(ProviderKind::OpenAi).await;
+    assert_hello_events(&events);
+
+    // The model's second request carries the first tool's result.
+    let requests = app.model.requests();
+    assert_eq!(requests.len(), 3);
+    assert_eq!(requests[1].path, "/v1/chat/completions");
+    let messages = requests[1].body["messages"].as_array().unwrap();
+    let call_id = messages.iter().find_map(|m| m["tool_calls"][0]["id"].as_str()).expect("assistant tool call");
+    let tool_msg = messages.iter().find(|m| m["role"] == "tool").expect("tool message");
+    assert_eq!(tool_msg["tool_call_id"], call_id);
+    assert!(tool_msg["content"].as_str().unwrap().contains("hello"));
+    assert_eq!(requests[0].header("authorization"), Some("Bearer sk-test-openai"));
+
+    assert!(app.containers_of(&id).await.is_empty(), "container removed after the run");
+    assert_conversation_stored(&app, &id).await;
+    let run = app.get_run("alice", &id).await;
+    assert_eq!(run["status"], "succeeded");
+    assert_eq!(run["result"]["summary"], "done");
+    assert_eq!(run["last_event_seq"], events.len() as i64);
+}
+
+#[tokio::test]
+async fn anthropic_run_goes_end_to_end() {
+    let (app, id, events) = run_hello(ProviderKind::Anthropic).await;
+    assert_hello_events(&events);
+
+    let requests = app.model.requests();
+    assert_eq!(requests.len(), 3);
+    assert_eq!(requests[1].path, "/v1/messages");
+    assert_eq!(requests[1].header("x-api-key"), Some("sk-ant-test"));
+    let messages = requests[1].body["messages"].as_array().unwrap();
+    let last = messages.last().unwrap();
+    assert_eq!(last["role"], "user");
+    let block = &last["content"][0];
+    assert_eq!(block["type"], "tool_result");
+    let tool_use_id =
+        messages[1]["content"].as_array().unwrap().iter().find(|b| b["type"] == "tool_use").unwrap()["id"].clone();
+    assert_eq!(block["tool_use_id"], tool_use_id);
+    assert!(block["content"].to_string().contains("hello"));
+
+    assert!(app.containers_of(&id).await.is_empty(), "container removed after the run");
+    assert_conversation_stored(&app, &id).await;
+}
+
+#[tokio::test]
+async fn a_client_resumes_on_another_api_instance_without_gap_or_duplicate() {
+    let (app, id, all) = run_hello(ProviderKind::OpenAi).await;
+    let k = 4;
+    // Read the first k events from the first instance, then drop the stream.
+    let first = app.sse(app.addr, "alice", &id, None, k).await;
+    assert_eq!(first.len(), k);
+    assert_dense(&first, 1);
+    // Reconnect to a second instance with Last-Event-ID: k.
+    let second_api = app.second_api().await;
+    let rest = app.sse(second_api, "alice", &id, Some(k as i64), usize::MAX).await;
+    assert_dense(&rest, k as i64 + 1);
+    assert_eq!(rest.len(), all.len() - k);
+    assert_eq!(rest.last().unwrap().kind, "run.succeeded");
+    // ?after=N is the same as the header.
+    let via_query = app
+        .http
+        .get(format!("http://{second_api}/v1/runs/{id}/events?after={k}"))
+        .bearer_auth(kiln_tests::token("alice"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(via_query.starts_with(&format!("id: {}\n", k + 1)), "{via_query}");
+}
+
+#[tokio::test]
+async fn a_live_stream_receives_events_as_they_happen() {
+    // Subscribe before the worker has done anything and follow to the end:
+    // the LISTEN/NOTIFY path (not only the table read) must deliver.
+    let app = TestApp::spawn(Options { script: hello_script(), ..Default::default() }).await;
+    let run = app.create_run("alice", json!({"prompt": "go"})).await;
+    let events = app.events_to_end("alice", run["id"].as_str().unwrap()).await;
+    assert_hello_events(&events);
+}
+
+#[tokio::test]
+async fn events_page_as_json() {
+    let (app, id, all) = run_hello(ProviderKind::OpenAi).await;
+    let page: Value = app
+        .http
+        .get(app.url(&format!("/v1/runs/{id}/events?after=2&limit=3")))
+        .bearer_auth(kiln_tests::token("alice"))
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let seqs: Vec<i64> = page["events"].as_array().unwrap().iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+    assert_eq!(seqs, [3, 4, 5]);
+    assert_eq!(page["next_after"], 5);
+    assert_eq!(page["done"], false);
+    assert_eq!(page["events"][0]["kind"], all[2].kind);
+}
+
+#[tokio::test]
+async fn cancel_stops_a_running_command_within_two_seconds() {
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::tool("bash", json!({"command": "sleep 600"}))],
+        ..Default::default()
+    })
+    .await;
+    let run = app.create_run("alice", json!({"prompt": "sleep"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    // Wait until the command is running.
+    let before = app.sse_until(app.addr, "alice", &id, None, usize::MAX, |e| e.kind == "tool_call.ready").await;
+    assert_eq!(before.last().unwrap().kind, "tool_call.ready");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    let r = app
+        .http
+        .post(app.url(&format!("/v1/runs/{id}/cancel")))
+        .bearer_auth(kiln_tests::token("alice"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let rest = app.sse(app.addr, "alice", &id, Some(before.last().unwrap().seq), usize::MAX).await;
+    let elapsed = started.elapsed();
+    assert_eq!(rest.last().unwrap().kind, "run.cancelled");
+    assert!(elapsed < Duration::from_secs(2), "cancel took {elapsed:?}");
+    assert_eq!(app.get_run("alice", &id).await["status"], "cancelled");
+    assert!(app.containers_of(&id).await.is_empty(), "container removed after cancel");
+}

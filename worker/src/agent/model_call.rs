@@ -1,0 +1,117 @@
+//! One model call: stream it, emit its deltas as events, assemble the
+//! assistant message, retry what a retry can fix.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use kiln_protocol::EventBody;
+use rand::Rng;
+
+use super::AgentError;
+use super::events::{COALESCE, EventSink};
+use crate::providers::assemble::{Assembled, AssistantBuilder};
+use crate::providers::{ModelEvent, ModelProvider, ModelRequest, ProviderError};
+
+/// Attempts per model call, the first included.
+const MAX_ATTEMPTS: u32 = 4;
+const BASE_DELAY: Duration = Duration::from_millis(500);
+const MAX_DELAY: Duration = Duration::from_secs(30);
+
+/// Calls the model, retrying retryable failures with exponential backoff and
+/// jitter (honouring the provider's retry-after); each retry is an event.
+pub async fn call_model(
+    provider: &dyn ModelProvider,
+    request: &ModelRequest,
+    events: &mut EventSink,
+) -> Result<Assembled, AgentError> {
+    let mut attempt = 1;
+    loop {
+        match stream_once(provider, request, events).await {
+            Ok(assembled) => return Ok(assembled),
+            Err(AgentError::Provider(e)) if e.is_retryable() && attempt < MAX_ATTEMPTS => {
+                let delay = backoff(attempt, e.retry_after());
+                tracing::warn!(error = %e, attempt, ?delay, "model call failed; retrying");
+                events
+                    .emit(EventBody::ModelRetry { attempt, delay_ms: delay.as_millis() as u64, error: e.to_string() })
+                    .await?;
+                tokio::time::sleep(delay).await;
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn backoff(attempt: u32, retry_after: Option<Duration>) -> Duration {
+    if let Some(wait) = retry_after {
+        return wait.min(MAX_DELAY * 2);
+    }
+    let exp = BASE_DELAY.saturating_mul(1 << (attempt - 1).min(10)).min(MAX_DELAY);
+    // Full jitter: spreads retries of many runs hitting the same limit.
+    let jitter = rand::rng().random_range(0.5..=1.0);
+    exp.mul_f64(jitter)
+}
+
+async fn stream_once(
+    provider: &dyn ModelProvider,
+    request: &ModelRequest,
+    events: &mut EventSink,
+) -> Result<Assembled, AgentError> {
+    let mut stream = provider.stream(request).await?;
+    let mut builder = AssistantBuilder::new();
+    let mut tick = tokio::time::interval(COALESCE);
+    loop {
+        let item = tokio::select! {
+            item = stream.next() => item,
+            _ = tick.tick() => {
+                events.flush_if_stale().await?;
+                continue;
+            }
+        };
+        let Some(item) = item else { break };
+        let event = item?;
+        builder.push(&event);
+        if let Some(body) = event_for(&builder, &event) {
+            events.emit(body).await?;
+        }
+        if matches!(event, ModelEvent::Finish(_)) {
+            break;
+        }
+    }
+    events.flush().await?;
+    if builder.finish_reason().is_none() {
+        return Err(ProviderError::Truncated.into());
+    }
+    Ok(builder.finish())
+}
+
+/// The client-facing event for a model event, if any.
+fn event_for(builder: &AssistantBuilder, event: &ModelEvent) -> Option<EventBody> {
+    match event {
+        ModelEvent::TextDelta(text) if !text.is_empty() => Some(EventBody::TextDelta { text: text.clone() }),
+        ModelEvent::ReasoningDelta(text) if !text.is_empty() => Some(EventBody::ReasoningDelta { text: text.clone() }),
+        ModelEvent::ToolCallStart { index, .. } => Some(EventBody::ToolCallStarted {
+            call_id: builder.call_id(*index)?.to_owned(),
+            name: builder.call_name(*index)?.to_owned(),
+        }),
+        ModelEvent::ToolCallDelta { index, arguments } if !arguments.is_empty() => Some(EventBody::ToolCallDelta {
+            call_id: builder.call_id(*index)?.to_owned(),
+            arguments_delta: arguments.clone(),
+        }),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_is_capped_and_honours_retry_after() {
+        assert!(backoff(1, None) <= BASE_DELAY);
+        assert!(backoff(1, None) >= BASE_DELAY / 2);
+        assert!(backoff(3, None) <= BASE_DELAY * 4);
+        assert!(backoff(30, None) <= MAX_DELAY);
+        assert_eq!(backoff(1, Some(Duration::from_secs(7))), Duration::from_secs(7));
+    }
+}

@@ -1,0 +1,105 @@
+//! What a worker needs to know, gathered by the `kiln` binary from the
+//! environment.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::providers::ModelProvider;
+use crate::providers::anthropic::Anthropic;
+use crate::providers::openai::OpenAiChat;
+use crate::sandbox::SandboxConfig;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderKind {
+    OpenAi,
+    Anthropic,
+}
+
+impl ProviderKind {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "openai" => Some(ProviderKind::OpenAi),
+            "anthropic" => Some(ProviderKind::Anthropic),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Names this process in leases and container labels.
+    pub worker_id: String,
+    /// Runs driven at once.
+    pub concurrency: usize,
+    /// How long a claim holds without a heartbeat.
+    pub lease: Duration,
+    /// Claim attempts without a notification (covers missed NOTIFYs).
+    pub poll_interval: Duration,
+    pub sandbox: SandboxConfig,
+    pub default_provider: ProviderKind,
+    pub default_model: String,
+    pub default_max_tokens: u32,
+    /// Allow `file://` repository URLs (they read the worker's own disk).
+    pub allow_file_repos: bool,
+    /// How long running steps may take to finish after SIGTERM.
+    pub shutdown_grace: Duration,
+}
+
+impl WorkerConfig {
+    pub fn heartbeat_interval(&self) -> Duration {
+        self.lease / 3
+    }
+}
+
+/// The model endpoints a worker can reach, built once.
+#[derive(Clone)]
+pub struct Providers {
+    pub openai: Arc<dyn ModelProvider>,
+    pub anthropic: Arc<dyn ModelProvider>,
+}
+
+/// Where each provider is and the keys for it. Keys are only ever sent to
+/// these configured URLs, never to one named in a run.
+#[derive(Clone, Default)]
+pub struct ProviderEndpoints {
+    pub openai_base_url: Option<String>,
+    pub openai_api_key: Option<String>,
+    pub anthropic_base_url: Option<String>,
+    pub anthropic_api_key: Option<String>,
+}
+
+impl std::fmt::Debug for ProviderEndpoints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderEndpoints")
+            .field("openai_base_url", &self.openai_base_url)
+            .field("anthropic_base_url", &self.anthropic_base_url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Providers {
+    pub fn new(endpoints: ProviderEndpoints) -> Result<Self, reqwest::Error> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            // Between two chunks of a stream; a stalled stream fails and is retried.
+            .read_timeout(Duration::from_secs(300))
+            .build()?;
+        let openai = OpenAiChat::new(
+            client.clone(),
+            endpoints.openai_base_url.unwrap_or_else(|| "https://api.openai.com/v1".into()),
+            endpoints.openai_api_key,
+        );
+        let mut anthropic = Anthropic::new(client, endpoints.anthropic_api_key);
+        if let Some(url) = endpoints.anthropic_base_url {
+            anthropic = anthropic.with_base_url(url);
+        }
+        Ok(Providers { openai: Arc::new(openai), anthropic: Arc::new(anthropic) })
+    }
+
+    pub fn get(&self, kind: ProviderKind) -> Arc<dyn ModelProvider> {
+        match kind {
+            ProviderKind::OpenAi => self.openai.clone(),
+            ProviderKind::Anthropic => self.anthropic.clone(),
+        }
+    }
+}

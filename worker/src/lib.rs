@@ -1,0 +1,13 @@
+//! The Kiln worker: claims queued runs, starts a sandbox container per
+//! session and drives the agent loop whose tools run inside it.
+
+pub mod agent;
+pub mod config;
+pub mod providers;
+mod run_task;
+pub mod runner;
+pub mod sandbox;
+pub mod tools;
+
+pub use config::{ProviderEndpoints, ProviderKind, Providers, WorkerConfig};
+pub use runner::{Worker, WorkerContext};

@@ -1,0 +1,385 @@
+//! Folds a provider's [`ModelEvent`]s into the assistant [`Message`] that is
+//! persisted, plus the usage and finish reason of the step.
+//!
+//! Tool call arguments arrive as JSON text in pieces split anywhere, so they
+//! are kept as raw text and parsed once, at the end. A call is executable
+//! only if the stream finished and its arguments parse to a JSON object;
+//! anything else is reported in [`Assembled::rejected_calls`] so the loop
+//! can tell the model, and is never stored as a tool call.
+
+use kiln_protocol::{Message, Part, Role, Usage};
+
+use super::{FinishReason, ModelEvent};
+
+/// Builds one assistant message from a stream of events.
+#[derive(Debug, Default)]
+pub struct AssistantBuilder {
+    /// Reasoning blocks in arrival order. A signed block is closed: Anthropic
+    /// verifies each signature against its own block's text.
+    reasoning: Vec<ReasoningBlock>,
+    text: String,
+    /// Tool calls in order of their start.
+    calls: Vec<PendingCall>,
+    usage: Usage,
+    finish_reason: Option<FinishReason>,
+}
+
+#[derive(Debug, Default)]
+struct ReasoningBlock {
+    text: String,
+    signature: Option<String>,
+}
+
+#[derive(Debug)]
+struct PendingCall {
+    index: usize,
+    id: String,
+    name: String,
+    /// The JSON text as received, unparsed until the stream ends.
+    arguments: String,
+}
+
+/// The result of one model call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assembled {
+    /// Role assistant; parts in order: reasoning, text, tool calls. Only
+    /// complete, well-formed tool calls are included.
+    pub message: Message,
+    pub usage: Usage,
+    /// `None` when the stream never finished.
+    pub finish_reason: Option<FinishReason>,
+    /// Tool calls that must not run, with the reason.
+    pub rejected_calls: Vec<RejectedCall>,
+}
+
+/// A tool call that was started but cannot be executed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RejectedCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments text as the model sent it.
+    pub raw_arguments: String,
+    /// Why it was rejected, worded for the model.
+    pub error: String,
+}
+
+impl AssistantBuilder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Takes in one event. Events that make no sense (a delta for a call
+    /// never started, a second start for the same index) are ignored: the
+    /// model's output is not trusted to be well formed.
+    pub fn push(&mut self, event: &ModelEvent) {
+        match event {
+            ModelEvent::TextDelta(text) => self.text.push_str(text),
+            ModelEvent::ReasoningDelta(text) => self.open_reasoning_block().text.push_str(text),
+            ModelEvent::ReasoningSignature(signature) => {
+                // Signatures stream as deltas of the current block's
+                // signature (in practice one piece).
+                if self.reasoning.is_empty() {
+                    self.reasoning.push(ReasoningBlock::default());
+                }
+                if let Some(block) = self.reasoning.last_mut() {
+                    block.signature.get_or_insert_with(String::new).push_str(signature);
+                }
+            }
+            ModelEvent::ToolCallStart { index, id, name } => {
+                if self.call(*index).is_none() {
+                    let id = if id.is_empty() { format!("call_{index}") } else { id.clone() };
+                    self.calls.push(PendingCall { index: *index, id, name: name.clone(), arguments: String::new() });
+                }
+            }
+            ModelEvent::ToolCallDelta { index, arguments } => {
+                if let Some(call) = self.calls.iter_mut().find(|c| c.index == *index) {
+                    call.arguments.push_str(arguments);
+                }
+            }
+            ModelEvent::Usage(usage) => merge_usage(&mut self.usage, usage),
+            ModelEvent::Finish(reason) => self.finish_reason = Some(reason.clone()),
+        }
+    }
+
+    /// The id of the call started under `index`, so the loop can label
+    /// `tool_call.started`/`tool_call.delta` events while streaming.
+    pub fn call_id(&self, index: usize) -> Option<&str> {
+        self.call(index).map(|c| c.id.as_str())
+    }
+
+    /// The tool name of the call started under `index`.
+    pub fn call_name(&self, index: usize) -> Option<&str> {
+        self.call(index).map(|c| c.name.as_str())
+    }
+
+    /// Text received so far.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Usage reported so far.
+    pub fn usage(&self) -> Usage {
+        self.usage
+    }
+
+    pub fn finish_reason(&self) -> Option<&FinishReason> {
+        self.finish_reason.as_ref()
+    }
+
+    /// Ends the message: parses every call's arguments and splits the calls
+    /// into executable parts and rejected ones.
+    pub fn finish(self) -> Assembled {
+        let finished = self.finish_reason.is_some();
+        let mut parts: Vec<Part> = self
+            .reasoning
+            .into_iter()
+            // A signature alone (thinking shown as omitted) must still be
+            // echoed back, so it is kept even without text.
+            .filter(|b| !b.text.is_empty() || b.signature.as_deref().is_some_and(|s| !s.is_empty()))
+            .map(|b| Part::Reasoning { text: b.text, signature: b.signature })
+            .collect();
+        if !self.text.is_empty() {
+            parts.push(Part::Text { text: self.text });
+        }
+        let mut rejected_calls = Vec::new();
+        for call in self.calls {
+            match check_call(&call, finished) {
+                Ok(arguments) => parts.push(Part::ToolCall { id: call.id, name: call.name, arguments }),
+                Err(error) => rejected_calls.push(RejectedCall {
+                    id: call.id,
+                    name: call.name,
+                    raw_arguments: call.arguments,
+                    error,
+                }),
+            }
+        }
+        Assembled {
+            message: Message { role: Role::Assistant, parts },
+            usage: self.usage,
+            finish_reason: self.finish_reason,
+            rejected_calls,
+        }
+    }
+
+    fn call(&self, index: usize) -> Option<&PendingCall> {
+        self.calls.iter().find(|c| c.index == index)
+    }
+
+    /// The reasoning block new text belongs to: the last one unless it is
+    /// already signed (closed).
+    fn open_reasoning_block(&mut self) -> &mut ReasoningBlock {
+        if self.reasoning.last().is_none_or(|b| b.signature.is_some()) {
+            self.reasoning.push(ReasoningBlock::default());
+        }
+        let last = self.reasoning.len() - 1;
+        &mut self.reasoning[last]
+    }
+}
+
+/// A later report supersedes an earlier one field by field; providers send
+/// cumulative counts, and a zero means "not reported here" (Anthropic's
+/// `message_delta` of older API versions carries output tokens only).
+fn merge_usage(current: &mut Usage, report: &Usage) {
+    let fields = [
+        (&mut current.input_tokens, report.input_tokens),
+        (&mut current.output_tokens, report.output_tokens),
+        (&mut current.cache_read_tokens, report.cache_read_tokens),
+        (&mut current.cache_write_tokens, report.cache_write_tokens),
+    ];
+    for (slot, value) in fields {
+        if value != 0 {
+            *slot = value;
+        }
+    }
+}
+
+/// The parsed arguments of a call that may run, or why it may not.
+fn check_call(call: &PendingCall, finished: bool) -> Result<serde_json::Value, String> {
+    if !finished {
+        return Err("the response ended before this tool call was complete; it was not run".to_owned());
+    }
+    if call.name.trim().is_empty() {
+        return Err("the tool call has no tool name; it was not run".to_owned());
+    }
+    let text = call.arguments.trim();
+    // Providers send nothing at all for a call without arguments.
+    if text.is_empty() {
+        return Ok(serde_json::Value::Object(Default::default()));
+    }
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(value) if value.is_object() => Ok(value),
+        Ok(_) => Err("the tool call's arguments are not a JSON object; it was not run".to_owned()),
+        Err(e) => Err(format!("the tool call's arguments are not valid JSON ({e}); it was not run")),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn build(events: &[ModelEvent]) -> Assembled {
+        let mut builder = AssistantBuilder::new();
+        for event in events {
+            builder.push(event);
+        }
+        builder.finish()
+    }
+
+    fn start(index: usize, id: &str, name: &str) -> ModelEvent {
+        ModelEvent::ToolCallStart { index, id: id.into(), name: name.into() }
+    }
+
+    fn delta(index: usize, arguments: &str) -> ModelEvent {
+        ModelEvent::ToolCallDelta { index, arguments: arguments.into() }
+    }
+
+    #[test]
+    fn parts_come_in_order_reasoning_text_calls() {
+        let a = build(&[
+            ModelEvent::TextDelta("Let me ".into()),
+            start(1, "toolu_1", "bash"),
+            ModelEvent::ReasoningDelta("thinking".into()),
+            delta(1, "{\"command\":"),
+            ModelEvent::TextDelta("look.".into()),
+            delta(1, "\"ls\"}"),
+            ModelEvent::Usage(Usage {
+                input_tokens: 10,
+                output_tokens: 1,
+                cache_read_tokens: 5,
+                cache_write_tokens: 0,
+            }),
+            ModelEvent::Usage(Usage {
+                input_tokens: 0,
+                output_tokens: 42,
+                cache_read_tokens: 0,
+                cache_write_tokens: 0,
+            }),
+            ModelEvent::Finish(FinishReason::ToolUse),
+        ]);
+        assert_eq!(
+            a.message,
+            Message {
+                role: Role::Assistant,
+                parts: vec![
+                    Part::Reasoning { text: "thinking".into(), signature: None },
+                    Part::Text { text: "Let me look.".into() },
+                    Part::ToolCall { id: "toolu_1".into(), name: "bash".into(), arguments: json!({"command": "ls"}) },
+                ],
+            }
+        );
+        assert_eq!(a.usage, Usage { input_tokens: 10, output_tokens: 42, cache_read_tokens: 5, cache_write_tokens: 0 });
+        assert_eq!(a.finish_reason, Some(FinishReason::ToolUse));
+        assert!(a.rejected_calls.is_empty());
+    }
+
+    #[test]
+    fn arguments_split_inside_escapes_and_multibyte_text() {
+        // The JSON text `{"s":"a\"é😀\\n"}` cut at every possible place.
+        let json_text = "{\"s\":\"a\\\"é😀\\\\n\"}";
+        let boundaries: Vec<usize> = (0..=json_text.len()).filter(|&i| json_text.is_char_boundary(i)).collect();
+        for &cut in &boundaries {
+            let a = build(&[
+                start(0, "c", "write"),
+                delta(0, &json_text[..cut]),
+                delta(0, &json_text[cut..]),
+                ModelEvent::Finish(FinishReason::ToolUse),
+            ]);
+            assert_eq!(
+                a.message.tool_calls().next().map(|c| c.2.clone()),
+                Some(json!({"s": "a\"é😀\\n"})),
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn empty_arguments_are_an_empty_object() {
+        let a = build(&[start(0, "c", "ls"), delta(0, ""), ModelEvent::Finish(FinishReason::ToolUse)]);
+        assert_eq!(a.message.tool_calls().next(), Some(("c", "ls", &json!({}))));
+    }
+
+    #[test]
+    fn bad_calls_are_rejected_good_ones_kept() {
+        let a = build(&[
+            start(0, "c0", "bash"),
+            delta(0, "{\"command\": \"ls\""),
+            start(1, "c1", "view"),
+            delta(1, "[1,2]"),
+            start(2, "c2", "edit"),
+            delta(2, "{\"path\":\"a\"}"),
+            start(3, "c3", ""),
+            delta(3, "{}"),
+            ModelEvent::Finish(FinishReason::MaxTokens),
+        ]);
+        assert_eq!(a.message.tool_calls().collect::<Vec<_>>(), vec![("c2", "edit", &json!({"path": "a"}))]);
+        let rejected: Vec<(&str, &str)> =
+            a.rejected_calls.iter().map(|r| (r.id.as_str(), r.raw_arguments.as_str())).collect();
+        assert_eq!(rejected, vec![("c0", "{\"command\": \"ls\""), ("c1", "[1,2]"), ("c3", "{}")]);
+        assert!(a.rejected_calls[0].error.contains("not valid JSON"), "{:?}", a.rejected_calls[0]);
+        assert!(a.rejected_calls[1].error.contains("not a JSON object"));
+        assert!(a.rejected_calls[2].error.contains("no tool name"));
+    }
+
+    #[test]
+    fn unfinished_stream_never_yields_executable_calls() {
+        let a = build(&[
+            start(0, "c0", "bash"),
+            delta(0, "{\"command\":\"rm -rf /tmp/x\"}"),
+            ModelEvent::TextDelta("hi".into()),
+        ]);
+        assert_eq!(a.finish_reason, None);
+        assert_eq!(a.message.tool_calls().count(), 0);
+        assert_eq!(a.message.text(), "hi");
+        assert_eq!(a.rejected_calls.len(), 1);
+        assert!(a.rejected_calls[0].error.contains("ended before"));
+    }
+
+    #[test]
+    fn call_ids_are_available_while_streaming() {
+        let mut builder = AssistantBuilder::new();
+        builder.push(&start(3, "toolu_9", "grep"));
+        builder.push(&start(3, "other", "bash"));
+        builder.push(&delta(7, "{\"ignored\":true}"));
+        assert_eq!(builder.call_id(3), Some("toolu_9"));
+        assert_eq!(builder.call_name(3), Some("grep"));
+        assert_eq!(builder.call_id(7), None);
+        builder.push(&start(4, "", "ls"));
+        assert_eq!(builder.call_id(4), Some("call_4"), "a call always gets an id");
+        builder.push(&ModelEvent::Finish(FinishReason::ToolUse));
+        let a = builder.finish();
+        assert_eq!(a.message.tool_calls().map(|c| c.0).collect::<Vec<_>>(), vec!["toolu_9", "call_4"]);
+    }
+
+    #[test]
+    fn signed_reasoning_blocks_stay_separate() {
+        let a = build(&[
+            ModelEvent::ReasoningDelta("first".into()),
+            ModelEvent::ReasoningSignature("sig1".into()),
+            ModelEvent::TextDelta("t".into()),
+            ModelEvent::ReasoningDelta("sec".into()),
+            ModelEvent::ReasoningDelta("ond".into()),
+            ModelEvent::ReasoningSignature("sig".into()),
+            ModelEvent::ReasoningSignature("2".into()),
+            ModelEvent::Finish(FinishReason::EndTurn),
+        ]);
+        assert_eq!(
+            a.message.parts,
+            vec![
+                Part::Reasoning { text: "first".into(), signature: Some("sig1".into()) },
+                Part::Reasoning { text: "second".into(), signature: Some("sig2".into()) },
+                Part::Text { text: "t".into() },
+            ]
+        );
+        let a = build(&[ModelEvent::ReasoningSignature("redacted".into()), ModelEvent::Finish(FinishReason::EndTurn)]);
+        assert_eq!(a.message.parts, vec![Part::Reasoning { text: String::new(), signature: Some("redacted".into()) }]);
+    }
+
+    #[test]
+    fn empty_response() {
+        let a = build(&[ModelEvent::Finish(FinishReason::EndTurn)]);
+        assert!(a.message.parts.is_empty());
+        assert_eq!(a.message.role, Role::Assistant);
+    }
+}

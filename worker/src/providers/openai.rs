@@ -1,0 +1,783 @@
+//! OpenAI Chat Completions, streamed: api.openai.com and the many servers
+//! that copy it (vLLM, llama.cpp server, Ollama, OpenRouter, Azure, LiteLLM).
+//!
+//! The decoder is lenient where compatible servers differ (a tool call index
+//! starting at 1, missing `[DONE]`, reasoning under `reasoning` or
+//! `reasoning_content`, chunks with no choices) and strict where it matters:
+//! a stream without a `finish_reason` is truncated, never complete.
+
+use std::fmt;
+
+use bytes::Bytes;
+use futures::Stream;
+use kiln_protocol::{Message, Part, Role, Usage};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::sse::{self, Decoder, Flow, SseEvent};
+use super::{FinishReason, ModelEvent, ModelProvider, ModelRequest, ModelStream, ProviderError, ToolSpec};
+
+/// A Chat Completions endpoint.
+#[derive(Clone)]
+pub struct OpenAiChat {
+    pub client: reqwest::Client,
+    /// Up to and including the version segment, e.g.
+    /// `https://api.openai.com/v1` or `http://localhost:8000/v1`.
+    pub base_url: String,
+    /// Sent as a bearer token; local servers often need none.
+    pub api_key: Option<String>,
+}
+
+impl OpenAiChat {
+    pub fn new(client: reqwest::Client, base_url: impl Into<String>, api_key: Option<String>) -> Self {
+        OpenAiChat { client, base_url: base_url.into(), api_key }
+    }
+
+    fn url(&self) -> String {
+        format!("{}/chat/completions", self.base_url.trim_end_matches('/'))
+    }
+}
+
+// Hand-written so the key never reaches a log line.
+impl fmt::Debug for OpenAiChat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenAiChat")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
+            .finish()
+    }
+}
+
+#[async_trait::async_trait]
+impl ModelProvider for OpenAiChat {
+    fn name(&self) -> &'static str {
+        "openai"
+    }
+
+    async fn stream(&self, request: &ModelRequest) -> Result<ModelStream, ProviderError> {
+        let mut http = self.client.post(self.url()).json(&request_body(request));
+        if let Some(key) = &self.api_key {
+            http = http.bearer_auth(key);
+        }
+        let response = sse::open(http, self.api_key.as_deref()).await?;
+        Ok(decode_stream(response.bytes_stream()))
+    }
+}
+
+/// Decodes a Chat Completions event-stream body. Public so tests elsewhere
+/// can replay recorded bytes through the production decoder.
+pub fn decode_stream<S, E>(bytes: S) -> ModelStream
+where
+    S: Stream<Item = Result<Bytes, E>> + Send + 'static,
+    E: Into<ProviderError> + Send + 'static,
+{
+    sse::decode_stream(bytes, ChatDecoder::default())
+}
+
+// ---------------------------------------------------------------------------
+// Request
+
+#[derive(Serialize)]
+struct ChatRequest<'a> {
+    model: &'a str,
+    messages: Vec<ChatMessage<'a>>,
+    /// Omitted when empty: some compatible servers reject `"tools": []`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<ChatTool<'a>>,
+    /// `max_tokens` rather than `max_completion_tokens`: vLLM, llama.cpp and
+    /// Ollama understand only the older name.
+    max_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    stream: bool,
+    stream_options: StreamOptions,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    /// Asks for the final usage chunk (`choices: []`).
+    include_usage: bool,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+enum ChatMessage<'a> {
+    System {
+        content: String,
+    },
+    User {
+        content: String,
+    },
+    Assistant {
+        /// `null` when the turn is only tool calls.
+        content: Option<String>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<WireToolCall<'a>>,
+    },
+    Tool {
+        tool_call_id: &'a str,
+        content: &'a str,
+    },
+}
+
+#[derive(Serialize)]
+struct WireToolCall<'a> {
+    id: &'a str,
+    r#type: &'static str,
+    function: WireFunctionCall<'a>,
+}
+
+#[derive(Serialize)]
+struct WireFunctionCall<'a> {
+    name: &'a str,
+    /// The API wants the arguments as a JSON string, not an object.
+    arguments: String,
+}
+
+#[derive(Serialize)]
+struct ChatTool<'a> {
+    r#type: &'static str,
+    function: ChatFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct ChatFunction<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
+fn request_body(request: &ModelRequest) -> ChatRequest<'_> {
+    let mut messages = Vec::new();
+    if !request.system.is_empty() {
+        messages.push(ChatMessage::System { content: request.system.clone() });
+    }
+    for message in &request.messages {
+        push_message(message, &mut messages);
+    }
+    ChatRequest {
+        model: &request.model,
+        messages,
+        tools: request.tools.iter().map(tool).collect(),
+        max_tokens: request.max_tokens,
+        temperature: request.temperature,
+        stream: true,
+        stream_options: StreamOptions { include_usage: true },
+    }
+}
+
+fn tool(spec: &ToolSpec) -> ChatTool<'_> {
+    ChatTool {
+        r#type: "function",
+        function: ChatFunction { name: &spec.name, description: &spec.description, parameters: &spec.input_schema },
+    }
+}
+
+/// Maps one Kiln message. Tool results become `role: tool` messages, placed
+/// before any text of the same message because the API wants them right
+/// after the assistant turn that asked. Reasoning is not sent back: the
+/// Chat Completions API has no field for it.
+fn push_message<'a>(message: &'a Message, out: &mut Vec<ChatMessage<'a>>) {
+    for part in &message.parts {
+        if let Part::ToolResult { call_id, output, .. } = part {
+            out.push(ChatMessage::Tool { tool_call_id: call_id, content: output });
+        }
+    }
+    let text = message.text();
+    match message.role {
+        Role::System if !text.is_empty() => out.push(ChatMessage::System { content: text }),
+        Role::User if !text.is_empty() => out.push(ChatMessage::User { content: text }),
+        Role::Assistant => {
+            let tool_calls: Vec<WireToolCall<'a>> = message
+                .tool_calls()
+                .map(|(id, name, arguments)| WireToolCall {
+                    id,
+                    r#type: "function",
+                    function: WireFunctionCall { name, arguments: arguments.to_string() },
+                })
+                .collect();
+            // An assistant message with neither text nor calls (only
+            // reasoning) is rejected by several servers; it carries nothing.
+            if !text.is_empty() || !tool_calls.is_empty() {
+                let content = (!text.is_empty()).then_some(text);
+                out.push(ChatMessage::Assistant { content, tool_calls });
+            }
+        }
+        // A tool message's text parts have no place on the wire.
+        Role::System | Role::User | Role::Tool => {}
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Response
+
+/// State of one streamed Chat Completions response.
+#[derive(Default)]
+struct ChatDecoder {
+    /// The `finish_reason` once seen. `Finish` is held back until `[DONE]`
+    /// (or the end of the body) because the usage chunk comes after it.
+    finish_reason: Option<String>,
+    /// Tool calls by their wire `index`, in order of first appearance.
+    calls: Vec<CallState>,
+}
+
+struct CallState {
+    index: usize,
+    id: Option<String>,
+    name: Option<String>,
+    started: bool,
+    /// Argument pieces that arrived before the call's name: held until the
+    /// `ToolCallStart` can be sent, so deltas never precede their start.
+    pending: String,
+}
+
+impl Decoder for ChatDecoder {
+    fn on_event(&mut self, event: &SseEvent, out: &mut Vec<ModelEvent>) -> Result<Flow, ProviderError> {
+        let data = event.data.trim();
+        if data.is_empty() {
+            return Ok(Flow::Continue);
+        }
+        if data == "[DONE]" {
+            out.push(ModelEvent::Finish(self.finish()?));
+            return Ok(Flow::Done);
+        }
+        let chunk: Value =
+            serde_json::from_str(data).map_err(|e| ProviderError::decode(&format!("chunk is not JSON ({e})"), data))?;
+        if chunk.get("error").is_some_and(|e| !e.is_null()) {
+            return Err(ProviderError::from_stream_error(&chunk));
+        }
+        // Azure's first chunk has `choices: []` and only filter results;
+        // usage chunks have `choices: []` too.
+        for choice in chunk.get("choices").and_then(Value::as_array).into_iter().flatten() {
+            // With n = 1 there is one choice; should a server send more, the
+            // others would interleave their text into ours.
+            if choice.get("index").and_then(Value::as_u64).is_some_and(|i| i != 0) {
+                continue;
+            }
+            if let Some(delta) = choice.get("delta") {
+                self.on_delta(delta, out);
+            }
+            if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+                self.finish_reason = Some(reason.to_owned());
+            }
+        }
+        if let Some(usage) = chunk.get("usage").and_then(usage) {
+            out.push(ModelEvent::Usage(usage));
+        }
+        Ok(Flow::Continue)
+    }
+
+    fn on_end(&mut self, out: &mut Vec<ModelEvent>) -> Result<(), ProviderError> {
+        // No `[DONE]` (some servers and proxies drop it, or leave the last
+        // event unterminated): a finish_reason already proves the answer
+        // complete.
+        out.push(ModelEvent::Finish(self.finish()?));
+        Ok(())
+    }
+}
+
+impl ChatDecoder {
+    fn finish(&self) -> Result<FinishReason, ProviderError> {
+        let reason = self.finish_reason.as_deref().ok_or(ProviderError::Truncated)?;
+        Ok(match reason {
+            // Some servers (older Ollama, Gemini's compatibility layer) say
+            // `stop` after tool calls; the calls are what the model meant.
+            "stop" if self.calls.iter().any(|c| c.started) => FinishReason::ToolUse,
+            "stop" => FinishReason::EndTurn,
+            "tool_calls" | "function_call" => FinishReason::ToolUse,
+            "length" => FinishReason::MaxTokens,
+            other => FinishReason::Other(other.to_owned()),
+        })
+    }
+
+    fn on_delta(&mut self, delta: &Value, out: &mut Vec<ModelEvent>) {
+        if let Some(text) = non_empty_str(delta, "content") {
+            out.push(ModelEvent::TextDelta(text.to_owned()));
+        }
+        // vLLM and DeepSeek use `reasoning_content`; OpenRouter, newer vLLM
+        // and llama.cpp `reasoning`. Servers that send both send the same
+        // text twice, so only one is taken.
+        if let Some(text) = non_empty_str(delta, "reasoning_content").or_else(|| non_empty_str(delta, "reasoning")) {
+            out.push(ModelEvent::ReasoningDelta(text.to_owned()));
+        }
+        for call in delta.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+            self.on_tool_call_delta(call, out);
+        }
+    }
+
+    fn on_tool_call_delta(&mut self, delta: &Value, out: &mut Vec<ModelEvent>) {
+        let function = delta.get("function");
+        let id = non_empty_str(delta, "id");
+        let name = function.and_then(|f| non_empty_str(f, "name"));
+        let arguments = match function.and_then(|f| f.get("arguments")) {
+            Some(Value::String(s)) => s.clone(),
+            // Some servers send the arguments as an object in one piece.
+            Some(v @ Value::Object(_)) => v.to_string(),
+            _ => String::new(),
+        };
+        let index = self.call_index(delta, id.is_some());
+        let position = match self.calls.iter().position(|c| c.index == index) {
+            Some(position) => position,
+            None => {
+                self.calls.push(CallState { index, id: None, name: None, started: false, pending: String::new() });
+                self.calls.len() - 1
+            }
+        };
+        let call = &mut self.calls[position];
+        // Once known, id and name stay: some servers repeat them on every
+        // delta.
+        if call.id.is_none() {
+            call.id = id.map(str::to_owned);
+        }
+        if call.name.is_none() {
+            call.name = name.map(str::to_owned);
+        }
+        if call.started {
+            if !arguments.is_empty() {
+                out.push(ModelEvent::ToolCallDelta { index, arguments });
+            }
+            return;
+        }
+        call.pending.push_str(&arguments);
+        if let Some(name) = call.name.clone() {
+            call.started = true;
+            // A call must have an id for its result to refer to; a few local
+            // servers leave it out.
+            let id = call.id.get_or_insert_with(|| format!("call_{}", uuid::Uuid::new_v4().simple())).clone();
+            out.push(ModelEvent::ToolCallStart { index, id, name });
+            if !call.pending.is_empty() {
+                out.push(ModelEvent::ToolCallDelta { index, arguments: std::mem::take(&mut call.pending) });
+            }
+        }
+    }
+
+    /// The wire `index` identifies a call; servers that omit it start a new
+    /// call with each new id and otherwise continue the last one.
+    fn call_index(&self, delta: &Value, has_id: bool) -> usize {
+        if let Some(index) = delta.get("index").and_then(Value::as_u64) {
+            return usize::try_from(index).unwrap_or(usize::MAX);
+        }
+        let last = self.calls.last().map(|c| c.index);
+        match (last, has_id) {
+            (Some(last), false) => last,
+            (Some(last), true) if self.calls.last().is_some_and(|c| c.id.is_none()) => last,
+            (Some(_), true) => self.calls.iter().map(|c| c.index).max().map_or(0, |m| m.saturating_add(1)),
+            (None, _) => 0,
+        }
+    }
+}
+
+fn non_empty_str<'v>(value: &'v Value, key: &str) -> Option<&'v str> {
+    value.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
+}
+
+/// Chat Completions counts cached prompt tokens inside `prompt_tokens`;
+/// Kiln's `input_tokens` (like Anthropic's) excludes them, so costs priced
+/// per kind of token add up the same for both providers.
+fn usage(usage: &Value) -> Option<Usage> {
+    usage.as_object()?;
+    let count = |v: Option<&Value>| v.and_then(Value::as_u64).unwrap_or(0);
+    let prompt = count(usage.get("prompt_tokens"));
+    let cached = count(usage.get("prompt_tokens_details").and_then(|d| d.get("cached_tokens")));
+    Some(Usage {
+        input_tokens: prompt.saturating_sub(cached),
+        output_tokens: count(usage.get("completion_tokens")),
+        cache_read_tokens: cached,
+        cache_write_tokens: 0,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::providers::assemble::{Assembled, AssistantBuilder};
+    use crate::providers::sse::test_support::*;
+    use serde_json::json;
+
+    async fn decode_chunks(
+        chunks: Vec<Result<bytes::Bytes, std::io::Error>>,
+    ) -> Vec<Result<ModelEvent, ProviderError>> {
+        collect_items(decode_stream(futures::stream::iter(chunks))).await
+    }
+
+    fn assemble(items: &[Result<ModelEvent, ProviderError>]) -> Assembled {
+        let mut builder = AssistantBuilder::new();
+        for item in items {
+            builder.push(item.as_ref().unwrap());
+        }
+        builder.finish()
+    }
+
+    /// Decodes a fixture whole, in 1-, 7- and 64-byte chunks, in chunks of
+    /// varying size and with CRLF and CR line ends, checks every variant
+    /// yields the same events, and returns them.
+    async fn decode_fixture(name: &str) -> Vec<Result<ModelEvent, ProviderError>> {
+        let bytes = fixture(&format!("openai_chat/{name}"));
+        let whole = decode_chunks(chunked(&bytes, bytes.len())).await;
+        for size in [1, 7, 64] {
+            assert_eq!(decode_chunks(chunked(&bytes, size)).await, whole, "{name} in {size}-byte chunks");
+        }
+        assert_eq!(decode_chunks(chunked_varying(&bytes)).await, whole, "{name} in varying chunks");
+        assert_eq!(decode_chunks(chunked_varying(&to_crlf(&bytes))).await, whole, "{name} with CRLF");
+        assert_eq!(decode_chunks(chunked(&to_cr(&bytes), 5)).await, whole, "{name} with CR");
+        whole
+    }
+
+    async fn assembled_fixture(name: &str) -> Assembled {
+        let items = decode_fixture(name).await;
+        assert_eq!(items.iter().filter(|i| matches!(i, Ok(ModelEvent::Finish(_)))).count(), 1, "{name}: one Finish");
+        assert!(matches!(items.last(), Some(Ok(ModelEvent::Finish(_)))), "{name}: Finish comes last");
+        assemble(&items)
+    }
+
+    fn usage(input: u64, output: u64, cache_read: u64) -> Usage {
+        Usage { input_tokens: input, output_tokens: output, cache_read_tokens: cache_read, cache_write_tokens: 0 }
+    }
+
+    #[tokio::test]
+    async fn every_fixture_decodes_and_finishes() {
+        let names = fixture_names("openai_chat");
+        assert_eq!(names.len(), 8, "{names:?}");
+        for name in names {
+            let a = assembled_fixture(&name).await;
+            assert!(a.finish_reason.is_some(), "{name}");
+            assert!(a.rejected_calls.is_empty(), "{name}: {:?}", a.rejected_calls);
+        }
+    }
+
+    #[tokio::test]
+    async fn text_with_usage() {
+        let a = assembled_fixture("openai_python_text_with_usage.sse").await;
+        assert_eq!(
+            a.message.text(),
+            "I'm unable to provide real-time weather updates. To get the current weather in San Francisco, \
+             I recommend checking a reliable weather website or a weather app."
+        );
+        assert_eq!(a.finish_reason, Some(FinishReason::EndTurn));
+        assert_eq!(a.usage, usage(14, 30, 0));
+        assert_eq!(a.message.tool_calls().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn long_text_with_obfuscation_fields() {
+        let a = assembled_fixture("vercel_text_with_usage_obfuscation.sse").await;
+        let text = a.message.text();
+        assert!(text.starts_with("**Holiday Name:** Harmony Day\n\n**Date:** Celebrated annually"), "{text}");
+        assert!(text.contains("traditions, and celebrations") && text.contains("cultures’ histories"), "{text}");
+        assert!(text.ends_with("shared human experiences and mutual respect."), "{text}");
+        assert_eq!(text.chars().count(), 1724);
+        // An oracle that shares no code with the decoder: every content
+        // delta of every `data: {` line, in order.
+        let raw = String::from_utf8(fixture("openai_chat/vercel_text_with_usage_obfuscation.sse")).unwrap();
+        let oracle: String = raw
+            .lines()
+            .filter_map(|line| line.strip_prefix("data: {").map(|rest| format!("{{{rest}")))
+            .map(|json| serde_json::from_str::<Value>(&json).unwrap())
+            .filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+            .collect();
+        assert_eq!(text, oracle);
+        assert_eq!(a.usage, usage(16, 300, 0));
+        assert_eq!(a.finish_reason, Some(FinishReason::EndTurn));
+    }
+
+    #[tokio::test]
+    async fn single_tool_call() {
+        let a = assembled_fixture("openai_python_tool_call.sse").await;
+        let calls: Vec<_> = a.message.tool_calls().collect();
+        assert_eq!(
+            calls,
+            vec![(
+                "call_c91SqDXlYFuETYv8mUHzz6pp",
+                "GetWeatherArgs",
+                &json!({"city": "Edinburgh", "country": "UK", "units": "c"})
+            )]
+        );
+        assert_eq!(a.finish_reason, Some(FinishReason::ToolUse));
+        assert_eq!(a.usage, usage(76, 24, 0));
+        assert_eq!(a.message.text(), "");
+    }
+
+    #[tokio::test]
+    async fn strict_tool_call() {
+        let a = assembled_fixture("openai_python_tool_call_strict.sse").await;
+        let calls: Vec<_> = a.message.tool_calls().collect();
+        assert_eq!(
+            calls,
+            vec![("call_CTf1nWJLqSeRgDqaCG27xZ74", "get_weather", &json!({"city": "San Francisco", "state": "CA"}))]
+        );
+        assert_eq!(a.usage, usage(48, 19, 0));
+    }
+
+    #[tokio::test]
+    async fn parallel_tool_calls() {
+        let a = assembled_fixture("openai_python_parallel_tool_calls.sse").await;
+        let calls: Vec<_> = a.message.tool_calls().collect();
+        assert_eq!(
+            calls,
+            vec![
+                (
+                    "call_JMW1whyEaYG438VE1OIflxA2",
+                    "GetWeatherArgs",
+                    &json!({"city": "Edinburgh", "country": "GB", "units": "c"})
+                ),
+                ("call_DNYTawLBoN8fj3KN6qU9N1Ou", "get_stock_price", &json!({"ticker": "AAPL", "exchange": "NASDAQ"})),
+            ]
+        );
+        assert_eq!(a.finish_reason, Some(FinishReason::ToolUse));
+        assert_eq!(a.usage, usage(149, 60, 0));
+    }
+
+    #[tokio::test]
+    async fn finish_length() {
+        let a = assembled_fixture("openai_python_finish_length.sse").await;
+        assert_eq!(a.finish_reason, Some(FinishReason::MaxTokens));
+        assert_eq!(a.message.text(), "{\"");
+        assert_eq!(a.usage, usage(79, 1, 0));
+    }
+
+    #[tokio::test]
+    async fn azure_prompt_filter_chunk_and_reasoning_usage() {
+        let a = assembled_fixture("vercel_azure_model_router.sse").await;
+        assert_eq!(a.message.text(), "Capital of Denmark.");
+        assert_eq!(a.finish_reason, Some(FinishReason::EndTurn));
+        assert_eq!(a.usage, usage(15, 78, 0));
+    }
+
+    #[tokio::test]
+    async fn tool_call_index_starting_at_one_and_unterminated_done() {
+        // This recording ends "data: [DONE]\n" with no blank line, so by the
+        // SSE rules the [DONE] event is never dispatched: the finish_reason
+        // alone has to complete the stream.
+        let items = decode_fixture("vercel_anthropic_compat_tool_call_index1.sse").await;
+        assert!(items.contains(&Ok(ModelEvent::ToolCallStart {
+            index: 1,
+            id: "toolu_sanitized".into(),
+            name: "read_file".into()
+        })));
+        let a = assemble(&items);
+        assert_eq!(a.message.text(), "Reading it.");
+        let calls: Vec<_> = a.message.tool_calls().collect();
+        assert_eq!(calls, vec![("toolu_sanitized", "read_file", &json!({"path": "a.txt"}))]);
+        assert_eq!(a.finish_reason, Some(FinishReason::ToolUse));
+        assert_eq!(a.usage, Usage::default(), "no usage chunk in this recording");
+    }
+
+    #[tokio::test]
+    async fn finish_comes_after_the_usage_chunk() {
+        let items = decode_fixture("openai_python_tool_call.sse").await;
+        let n = items.len();
+        assert!(matches!(items[n - 2], Ok(ModelEvent::Usage(_))), "{:?}", &items[n - 2..]);
+        assert_eq!(items[n - 1], Ok(ModelEvent::Finish(FinishReason::ToolUse)));
+    }
+
+    #[tokio::test]
+    async fn cut_before_finish_reason_is_truncated() {
+        for name in fixture_names("openai_chat") {
+            let bytes = fixture(&format!("openai_chat/{name}"));
+            let text = String::from_utf8(bytes).unwrap();
+            let cut = text.find("\"finish_reason\":\"").unwrap_or_else(|| panic!("{name}"));
+            let cut = text[..cut].rfind("data:").unwrap();
+            let items = decode_chunks(chunked(&text.as_bytes()[..cut], 7)).await;
+            assert_eq!(items.last(), Some(&Err(ProviderError::Truncated)), "{name}");
+            assert!(!items.iter().any(|i| matches!(i, Ok(ModelEvent::Finish(_)))), "{name}");
+            let a = assemble(&items[..items.len() - 1]);
+            assert_eq!(a.finish_reason, None);
+            assert_eq!(a.message.tool_calls().count(), 0, "{name}: an unfinished call is never executable");
+        }
+    }
+
+    #[tokio::test]
+    async fn done_without_finish_reason_is_truncated() {
+        let body = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n";
+        let items = decode_chunks(chunked(body.as_bytes(), 3)).await;
+        assert_eq!(items, vec![Ok(ModelEvent::TextDelta("hi".into())), Err(ProviderError::Truncated)]);
+    }
+
+    #[tokio::test]
+    async fn error_chunk_mid_stream() {
+        let body = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\n\
+            data: {\"error\":{\"message\":\"The server had an error while processing your request.\",\"type\":\"server_error\",\"param\":null,\"code\":null}}\n\n";
+        let items = decode_chunks(chunked(body.as_bytes(), 11)).await;
+        assert_eq!(items.len(), 2);
+        assert_eq!(items[0], Ok(ModelEvent::TextDelta("Hel".into())));
+        let err = items[1].clone().unwrap_err();
+        assert!(matches!(&err, ProviderError::Stream { kind, .. } if kind == "server_error"), "{err:?}");
+        assert!(err.is_retryable());
+        assert!(err.to_string().contains("error while processing"));
+    }
+
+    #[tokio::test]
+    async fn malformed_json_is_a_decode_error() {
+        let body = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\ndata: {not json\n\n";
+        let items = decode_chunks(chunked(body.as_bytes(), 4)).await;
+        assert_eq!(items[0], Ok(ModelEvent::TextDelta("a".into())));
+        assert!(matches!(&items[1], Err(e @ ProviderError::Decode(_)) if !e.is_retryable()), "{items:?}");
+    }
+
+    #[tokio::test]
+    async fn compatible_server_variants() {
+        // Reasoning under both names, keep-alive comments, a call without
+        // index or id whose arguments come as an object, and a `stop` finish
+        // after tool calls.
+        let body = ": keep-alive\n\n\
+            data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"think \"}}]}\n\n\
+            data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning\":\"more\"}}]}\n\n\
+            data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning\":\"x\",\"reasoning_content\":\"x\"}}]}\n\n\
+            data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"function\":{\"name\":\"view\",\"arguments\":{\"path\":\"a\"}}}]}}]}\n\n\
+            data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":5,\"prompt_tokens_details\":{\"cached_tokens\":60}}}\n\n\
+            data: [DONE]\n\n";
+        let items = decode_chunks(chunked(body.as_bytes(), 9)).await;
+        let a = assemble(&items);
+        assert_eq!(a.message.parts[0], Part::Reasoning { text: "think morex".into(), signature: None });
+        let calls: Vec<_> = a.message.tool_calls().collect();
+        assert_eq!(calls.len(), 1);
+        assert!(calls[0].0.starts_with("call_"));
+        assert_eq!((calls[0].1, calls[0].2), ("view", &json!({"path": "a"})));
+        assert_eq!(a.finish_reason, Some(FinishReason::ToolUse));
+        assert_eq!(a.usage, usage(40, 5, 60));
+    }
+
+    #[tokio::test]
+    async fn arguments_before_name_wait_for_the_start() {
+        let body = "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"c1\",\"function\":{\"arguments\":\"{\\\"a\\\"\"}}]}}]}\n\n\
+            data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"name\":\"bash\",\"arguments\":\":1}\"}}]}}]}\n\n\
+            data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n";
+        let items = decode_chunks(chunked(body.as_bytes(), 64)).await;
+        assert_eq!(
+            items,
+            vec![
+                Ok(ModelEvent::ToolCallStart { index: 0, id: "c1".into(), name: "bash".into() }),
+                Ok(ModelEvent::ToolCallDelta { index: 0, arguments: "{\"a\":1}".into() }),
+                Ok(ModelEvent::Finish(FinishReason::ToolUse)),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn garbage_never_panics() {
+        let bodies = [
+            "data: null\n\n",
+            "data: []\n\n",
+            "data: {\"choices\":\"x\"}\n\n",
+            "data: {\"choices\":[null,1,{\"delta\":null,\"finish_reason\":7}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":18446744073709551615,\"function\":{\"name\":\"x\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":-1,\"id\":5}]}}],\"usage\":{\"prompt_tokens\":-3}}\n\n",
+            "event: whatever\ndata: {\"usage\":null}\n\nretry: x\nid: \0\n\n",
+        ];
+        for body in bodies {
+            let items = decode_chunks(chunked(body.as_bytes(), 2)).await;
+            assert!(items.last().is_some_and(|i| i.is_err()), "{body}: {items:?}");
+        }
+    }
+
+    #[test]
+    fn request_shape() {
+        let request = ModelRequest {
+            model: "gpt-x".into(),
+            system: "You are Kiln.".into(),
+            messages: vec![
+                Message::user("list files"),
+                Message {
+                    role: Role::Assistant,
+                    parts: vec![
+                        Part::Reasoning { text: "hmm".into(), signature: None },
+                        Part::Text { text: "Looking.".into() },
+                        Part::ToolCall {
+                            id: "call_1".into(),
+                            name: "bash".into(),
+                            arguments: json!({"command": "ls"}),
+                        },
+                        Part::ToolCall { id: "call_2".into(), name: "view".into(), arguments: json!({"path": "a"}) },
+                    ],
+                },
+                Message {
+                    role: Role::Tool,
+                    parts: vec![
+                        Part::ToolResult {
+                            call_id: "call_1".into(),
+                            name: "bash".into(),
+                            output: "a\nb".into(),
+                            is_error: false,
+                        },
+                        Part::ToolResult {
+                            call_id: "call_2".into(),
+                            name: "view".into(),
+                            output: "nope".into(),
+                            is_error: true,
+                        },
+                    ],
+                },
+                Message {
+                    role: Role::Assistant,
+                    parts: vec![Part::Reasoning { text: "only".into(), signature: None }],
+                },
+                Message::user("thanks"),
+            ],
+            tools: vec![ToolSpec {
+                name: "bash".into(),
+                description: "Run a command".into(),
+                input_schema: json!({"type": "object", "properties": {"command": {"type": "string"}}}),
+            }],
+            max_tokens: 1000,
+            temperature: Some(0.5),
+        };
+        let body = serde_json::to_value(request_body(&request)).unwrap();
+        assert_eq!(
+            body,
+            json!({
+                "model": "gpt-x",
+                "messages": [
+                    {"role": "system", "content": "You are Kiln."},
+                    {"role": "user", "content": "list files"},
+                    {"role": "assistant", "content": "Looking.", "tool_calls": [
+                        {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{\"command\":\"ls\"}"}},
+                        {"id": "call_2", "type": "function", "function": {"name": "view", "arguments": "{\"path\":\"a\"}"}},
+                    ]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "a\nb"},
+                    {"role": "tool", "tool_call_id": "call_2", "content": "nope"},
+                    {"role": "user", "content": "thanks"},
+                ],
+                "tools": [{"type": "function", "function": {
+                    "name": "bash", "description": "Run a command",
+                    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}
+                }}],
+                "max_tokens": 1000,
+                "temperature": 0.5,
+                "stream": true,
+                "stream_options": {"include_usage": true},
+            })
+        );
+    }
+
+    #[test]
+    fn tool_only_assistant_turn_has_null_content_and_no_tools_key_when_none() {
+        let request = ModelRequest {
+            model: "m".into(),
+            system: String::new(),
+            messages: vec![Message {
+                role: Role::Assistant,
+                parts: vec![Part::ToolCall { id: "c".into(), name: "bash".into(), arguments: json!({}) }],
+            }],
+            tools: vec![],
+            max_tokens: 10,
+            temperature: None,
+        };
+        let body = serde_json::to_value(request_body(&request)).unwrap();
+        assert_eq!(
+            body["messages"],
+            json!([{"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+            ]}])
+        );
+        assert!(body.get("tools").is_none() && body.get("temperature").is_none());
+    }
+
+    #[test]
+    fn url_and_debug() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let p = OpenAiChat::new(reqwest::Client::new(), "http://h/v1/", Some("sk-secret-key".into()));
+        assert_eq!(p.url(), "http://h/v1/chat/completions");
+        assert!(!format!("{p:?}").contains("secret"));
+    }
+}

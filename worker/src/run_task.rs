@@ -1,0 +1,194 @@
+//! The lifecycle of one claimed run: heartbeat, sandbox, workspace, agent
+//! loop, and exactly one ending (succeeded, failed, cancelled, timed out,
+//! released, or lost to another worker), after which the sandbox is gone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_protocol::{EventBody, Run};
+use kiln_store::{Lease, StoreError};
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::events::EventSink;
+use crate::agent::{AgentError, AgentRun, Outcome};
+use crate::config::ProviderKind;
+use crate::runner::WorkerContext;
+use crate::sandbox::{self, Owner, Sandbox, SandboxError};
+
+/// Ways to stop a run from outside its task.
+#[derive(Clone, Default)]
+pub struct RunSignals {
+    /// A client asked to cancel.
+    pub cancel: CancellationToken,
+    /// The worker is shutting down: hand the run back to the queue.
+    pub release: CancellationToken,
+}
+
+/// How the run's task ended.
+enum Ending {
+    Finished(Outcome),
+    Cancelled,
+    TimedOut,
+    Released,
+    /// Another worker holds the run now; write nothing.
+    LeaseLost,
+    Error(String),
+}
+
+pub async fn execute(ctx: Arc<WorkerContext>, run: Run, lease: Lease, signals: RunSignals) {
+    let lost = CancellationToken::new();
+    let heartbeat = tokio::spawn(heartbeat_loop(ctx.clone(), lease.clone(), signals.cancel.clone(), lost.clone()));
+    let mut events = EventSink::new(ctx.store.clone(), lease.clone());
+
+    let ending = if run.cancel_requested {
+        Ending::Cancelled
+    } else {
+        let remaining = remaining_time(&run);
+        let work = drive(&ctx, &run, &lease, &mut events);
+        tokio::select! {
+            result = work => match result {
+                Ok(outcome) => Ending::Finished(outcome),
+                Err(AgentError::Store(StoreError::LeaseLost(_))) => Ending::LeaseLost,
+                Err(e) => Ending::Error(e.to_string()),
+            },
+            _ = signals.cancel.cancelled() => Ending::Cancelled,
+            _ = signals.release.cancelled() => Ending::Released,
+            _ = lost.cancelled() => Ending::LeaseLost,
+            _ = tokio::time::sleep(remaining) => Ending::TimedOut,
+        }
+    };
+    heartbeat.abort();
+    // Whatever happened, the session's container goes; labels find it even
+    // if the loop was dropped halfway through starting it.
+    remove_sandboxes(&ctx, &run).await;
+    if !matches!(ending, Ending::LeaseLost) {
+        let _ = events.flush().await;
+    }
+    finish(&ctx, &run, &lease, ending).await;
+}
+
+/// Starts the sandbox, brings in the workspace and runs the loop.
+async fn drive(ctx: &WorkerContext, run: &Run, lease: &Lease, events: &mut EventSink) -> Result<Outcome, AgentError> {
+    events.emit(EventBody::RunStarted { worker: ctx.config.worker_id.clone(), attempt: lease.attempt }).await?;
+    let owner = Owner { run_id: run.id, session_id: run.session_id, worker: ctx.config.worker_id.clone() };
+    let sandbox = match Sandbox::start(&ctx.docker, &ctx.config.sandbox, &owner).await {
+        Ok(s) => s,
+        Err(e) => return Ok(Outcome::Failed { error: format!("could not start the sandbox: {e}") }),
+    };
+    if let Err(e) = prepare_workspace(ctx, run, &sandbox).await {
+        return Ok(Outcome::Failed { error: format!("could not prepare the workspace: {e}") });
+    }
+    events
+        .emit(EventBody::SandboxReady { container: sandbox.id().to_owned(), image: sandbox.image().to_owned() })
+        .await?;
+    let kind = run.model.provider.as_deref().and_then(ProviderKind::parse).unwrap_or(ctx.config.default_provider);
+    let agent = AgentRun {
+        store: &ctx.store,
+        lease,
+        run,
+        sandbox: &sandbox,
+        provider: ctx.providers.get(kind),
+        model: run.model.name.clone().unwrap_or_else(|| ctx.config.default_model.clone()),
+        max_tokens: run.model.max_tokens.unwrap_or(ctx.config.default_max_tokens),
+        tools: &ctx.tools,
+        events,
+    };
+    agent.drive().await
+}
+
+async fn prepare_workspace(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox) -> Result<(), SandboxError> {
+    let Some(repo) = &run.repo else { return Ok(()) };
+    if repo.url.starts_with("file://") && !ctx.config.allow_file_repos {
+        return Err(SandboxError::Workspace(
+            "file:// repositories are disabled on this worker (KILN_ALLOW_FILE_REPOS)".into(),
+        ));
+    }
+    let dir = tempfile::tempdir()?;
+    let dest = dir.path().join("repo");
+    sandbox::workspace::clone_repo(&repo.url, repo.git_ref.as_deref(), &dest, ctx.config.allow_file_repos).await?;
+    sandbox.upload_dir(&dest).await
+}
+
+/// Time left of the run's wall-clock budget, counted from its first start.
+fn remaining_time(run: &Run) -> Duration {
+    let limit = Duration::from_secs(u64::from(run.limits.timeout_s()));
+    let elapsed = run.started_at.map(|t| (chrono::Utc::now() - t).to_std().unwrap_or_default()).unwrap_or_default();
+    limit.saturating_sub(elapsed)
+}
+
+async fn remove_sandboxes(ctx: &WorkerContext, run: &Run) {
+    match sandbox::list_managed(&ctx.docker, Some(run.id)).await {
+        Ok(ids) => {
+            for id in ids {
+                sandbox::remove_by_id(&ctx.docker, &id).await;
+            }
+        }
+        Err(e) => tracing::warn!(run_id = %run.id, error = %e, "listing the run's sandboxes failed"),
+    }
+}
+
+async fn finish(ctx: &WorkerContext, run: &Run, lease: &Lease, ending: Ending) {
+    let terminal = match ending {
+        Ending::Finished(Outcome::Succeeded { summary }) => EventBody::RunSucceeded { summary },
+        Ending::Finished(Outcome::Failed { error }) | Ending::Error(error) => EventBody::RunFailed { error },
+        Ending::Cancelled => EventBody::RunCancelled { reason: "cancelled by client".into() },
+        Ending::TimedOut => EventBody::RunTimedOut { limit_s: run.limits.timeout_s() },
+        Ending::Released => {
+            if let Err(e) = ctx.store.release_run(lease).await {
+                tracing::warn!(run_id = %run.id, error = %e, "releasing run failed; its lease will expire");
+            }
+            return;
+        }
+        Ending::LeaseLost => {
+            tracing::warn!(run_id = %run.id, "lease lost; another worker has the run");
+            return;
+        }
+    };
+    let result = match &terminal {
+        EventBody::RunSucceeded { summary } => Some(serde_json::json!({ "summary": summary })),
+        _ => None,
+    };
+    tracing::info!(run_id = %run.id, kind = ?terminal, "run finished");
+    // The database may be briefly away; the terminal write is worth retrying.
+    for attempt in 0..5 {
+        match ctx.store.finish_run(lease, &terminal, result.as_ref()).await {
+            Ok(()) => return,
+            Err(StoreError::LeaseLost(_)) => return,
+            Err(e) => {
+                tracing::warn!(run_id = %run.id, error = %e, attempt, "recording the run's end failed");
+                tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
+            }
+        }
+    }
+}
+
+/// Extends the lease every third of its length; reports a cancel request
+/// and a lost lease through the tokens.
+async fn heartbeat_loop(ctx: Arc<WorkerContext>, lease: Lease, cancel: CancellationToken, lost: CancellationToken) {
+    let mut tick = tokio::time::interval(ctx.config.heartbeat_interval());
+    tick.tick().await;
+    let mut last_ok = tokio::time::Instant::now();
+    loop {
+        tick.tick().await;
+        match ctx.store.heartbeat(&lease, ctx.config.lease).await {
+            Ok(beat) => {
+                last_ok = tokio::time::Instant::now();
+                if beat.cancel_requested {
+                    cancel.cancel();
+                }
+            }
+            Err(StoreError::LeaseLost(_)) => {
+                lost.cancel();
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(run_id = %lease.run_id, error = %e, "heartbeat failed");
+                // Past the lease, another worker may already have the run.
+                if last_ok.elapsed() >= ctx.config.lease {
+                    lost.cancel();
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! Running a shell command in the sandbox: one exec per call.
+
+use std::time::Duration;
+
+use bollard::exec::{CreateExecOptions, StartExecResults};
+use futures::StreamExt;
+
+use super::{HeadTail, Sandbox, SandboxError, WORKSPACE};
+
+/// Exit status GNU `timeout` uses when it had to kill the command.
+const TIMEOUT_EXIT: i64 = 124;
+/// Exit status when `timeout -k` had to escalate to SIGKILL.
+const KILLED_EXIT: i64 = 137;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutput {
+    /// Exit code; `None` if Docker could not tell.
+    pub exit_code: Option<i64>,
+    /// stdout and stderr interleaved, capped (head and tail kept).
+    pub output: String,
+    pub timed_out: bool,
+}
+
+impl Sandbox {
+    /// Runs `command` with bash in `/workspace`, stdin closed. `timeout`
+    /// kills the command's whole process group (GNU `timeout` signals its
+    /// group); `on_output` sees each chunk as it arrives.
+    pub async fn exec(
+        &self,
+        command: &str,
+        timeout: Duration,
+        output_cap: usize,
+        mut on_output: impl FnMut(&[u8]),
+    ) -> Result<ExecOutput, SandboxError> {
+        let secs = timeout.as_secs().max(1).to_string();
+        let cmd = vec!["timeout", "-k", "2", secs.as_str(), "bash", "-c", command];
+        let exec = self
+            .docker
+            .create_exec(
+                &self.id,
+                CreateExecOptions {
+                    cmd: Some(cmd),
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    attach_stdin: Some(false),
+                    tty: Some(false),
+                    working_dir: Some(WORKSPACE),
+                    user: Some(self.config.user.as_str()),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let mut captured = HeadTail::new(output_cap);
+        if let StartExecResults::Attached { mut output, .. } = self.docker.start_exec(&exec.id, None).await? {
+            // The timeout inside the container is authoritative; this outer
+            // one only guards against an engine that never closes the stream.
+            let guard = tokio::time::sleep(timeout + Duration::from_secs(10));
+            tokio::pin!(guard);
+            loop {
+                tokio::select! {
+                    chunk = output.next() => match chunk {
+                        Some(Ok(log)) => {
+                            let bytes = log.into_bytes();
+                            on_output(&bytes);
+                            captured.push(&bytes);
+                        }
+                        Some(Err(e)) => return Err(e.into()),
+                        None => break,
+                    },
+                    _ = &mut guard => break,
+                }
+            }
+        }
+        let exit_code = self.docker.inspect_exec(&exec.id).await?.exit_code;
+        let timed_out = matches!(exit_code, Some(TIMEOUT_EXIT) | Some(KILLED_EXIT));
+        Ok(ExecOutput { exit_code, output: captured.render(), timed_out })
+    }
+}

@@ -1,0 +1,200 @@
+//! One Docker container per session, driven through the Docker API.
+//!
+//! Containers run as an unprivileged user with every capability dropped,
+//! `no-new-privileges`, pids/memory/CPU limits and no network. The workspace
+//! enters and leaves through the archive API, so the worker can drive a
+//! remote engine; credentials never enter the container.
+
+mod exec;
+mod files;
+mod output;
+pub mod workspace;
+
+use std::collections::HashMap;
+
+use bollard::Docker;
+use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+};
+use uuid::Uuid;
+
+pub use exec::ExecOutput;
+pub use files::FileError;
+pub use output::HeadTail;
+
+/// Where the session's files live inside the container.
+pub const WORKSPACE: &str = "/workspace";
+/// Label on every container Kiln creates; cleanup finds them by it.
+pub const LABEL_MANAGED: &str = "dev.kiln.managed";
+pub const LABEL_RUN: &str = "dev.kiln.run";
+pub const LABEL_SESSION: &str = "dev.kiln.session";
+pub const LABEL_WORKER: &str = "dev.kiln.worker";
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("docker: {0}")]
+    Docker(#[from] bollard::errors::Error),
+    #[error("sandbox image {0:?} is missing; build it with sandbox-images/build-offline.sh")]
+    ImageMissing(String),
+    #[error("workspace: {0}")]
+    Workspace(String),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Resource limits and image of a sandbox.
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    pub image: String,
+    pub memory_bytes: i64,
+    /// CPU quota in units of 1e-9 CPUs.
+    pub nano_cpus: i64,
+    pub pids_limit: i64,
+    /// `uid:gid` commands run as.
+    pub user: String,
+    /// Attach the default bridge network. Off by default.
+    pub network: bool,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            image: "kiln-sandbox:latest".into(),
+            memory_bytes: 1024 * 1024 * 1024,
+            nano_cpus: 1_000_000_000,
+            pids_limit: 256,
+            user: "1000:1000".into(),
+            network: false,
+        }
+    }
+}
+
+/// A running session container.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    docker: Docker,
+    id: String,
+    config: SandboxConfig,
+}
+
+/// Who a container belongs to, written as labels.
+#[derive(Debug, Clone)]
+pub struct Owner {
+    pub run_id: Uuid,
+    pub session_id: Uuid,
+    pub worker: String,
+}
+
+impl Sandbox {
+    /// Creates and starts a container for the session.
+    pub async fn start(docker: &Docker, config: &SandboxConfig, owner: &Owner) -> Result<Sandbox, SandboxError> {
+        let name = format!("kiln-{}", owner.run_id.simple());
+        let options = CreateContainerOptionsBuilder::new().name(&name).build();
+        let created = match docker.create_container(Some(options.clone()), container_body(config, owner)).await {
+            Ok(c) => c,
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
+                return Err(SandboxError::ImageMissing(config.image.clone()));
+            }
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 409, .. }) => {
+                // A container of an earlier attempt of this run: start afresh.
+                remove_container(docker, &name).await;
+                docker.create_container(Some(options), container_body(config, owner)).await?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let sandbox = Sandbox { docker: docker.clone(), id: created.id, config: config.clone() };
+        if let Err(e) = docker.start_container(&sandbox.id, None).await {
+            sandbox.remove().await;
+            return Err(e.into());
+        }
+        Ok(sandbox)
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn image(&self) -> &str {
+        &self.config.image
+    }
+
+    /// Force-removes the container (killing whatever runs in it).
+    pub async fn remove(&self) {
+        remove_container(&self.docker, &self.id).await;
+    }
+}
+
+fn container_body(config: &SandboxConfig, owner: &Owner) -> ContainerCreateBody {
+    let labels = HashMap::from([
+        (LABEL_MANAGED.to_owned(), "true".to_owned()),
+        (LABEL_RUN.to_owned(), owner.run_id.to_string()),
+        (LABEL_SESSION.to_owned(), owner.session_id.to_string()),
+        (LABEL_WORKER.to_owned(), owner.worker.clone()),
+    ]);
+    let host_config = HostConfig {
+        // docker-init as PID 1 reaps orphans, so killed commands leave no zombies.
+        init: Some(true),
+        cap_drop: Some(vec!["ALL".into()]),
+        security_opt: Some(vec!["no-new-privileges:true".into()]),
+        pids_limit: Some(config.pids_limit),
+        memory: Some(config.memory_bytes),
+        // Equal to memory: no swap.
+        memory_swap: Some(config.memory_bytes),
+        nano_cpus: Some(config.nano_cpus),
+        network_mode: Some(if config.network { "bridge".into() } else { "none".into() }),
+        ..Default::default()
+    };
+    ContainerCreateBody {
+        image: Some(config.image.clone()),
+        user: Some(config.user.clone()),
+        working_dir: Some(WORKSPACE.into()),
+        cmd: Some(vec!["sleep".into(), "infinity".into()]),
+        // No TTY, no stdin: nothing in the container can wait on input.
+        tty: Some(false),
+        open_stdin: Some(false),
+        labels: Some(labels),
+        network_disabled: Some(!config.network),
+        host_config: Some(host_config),
+        ..Default::default()
+    }
+}
+
+async fn remove_container(docker: &Docker, id: &str) {
+    let options = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
+    match docker.remove_container(id, Some(options)).await {
+        Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
+        Err(e) => tracing::warn!(container = id, error = %e, "removing sandbox failed"),
+    }
+}
+
+/// Ids of Kiln containers, optionally only those of one run.
+pub async fn list_managed(docker: &Docker, run_id: Option<Uuid>) -> Result<Vec<String>, SandboxError> {
+    let mut label = vec![format!("{LABEL_MANAGED}=true")];
+    if let Some(run) = run_id {
+        label.push(format!("{LABEL_RUN}={run}"));
+    }
+    let filters = HashMap::from([("label".to_owned(), label)]);
+    let options = ListContainersOptionsBuilder::new().all(true).filters(&filters).build();
+    let list = docker.list_containers(Some(options)).await?;
+    Ok(list.into_iter().filter_map(|c| c.id).collect())
+}
+
+/// Every Kiln container with the run it belongs to (from its label).
+pub async fn list_managed_with_runs(docker: &Docker) -> Result<Vec<(String, Option<Uuid>)>, SandboxError> {
+    let filters = HashMap::from([("label".to_owned(), vec![format!("{LABEL_MANAGED}=true")])]);
+    let options = ListContainersOptionsBuilder::new().all(true).filters(&filters).build();
+    let list = docker.list_containers(Some(options)).await?;
+    Ok(list
+        .into_iter()
+        .filter_map(|c| {
+            let run = c.labels.as_ref().and_then(|l| l.get(LABEL_RUN)).and_then(|r| Uuid::parse_str(r).ok());
+            c.id.map(|id| (id, run))
+        })
+        .collect())
+}
+
+/// Force-removes a container by id; a missing one is not an error.
+pub async fn remove_by_id(docker: &Docker, id: &str) {
+    remove_container(docker, id).await;
+}
