@@ -88,18 +88,23 @@ impl TestApp {
         let model = ScriptedModel::start(options.script).await.expect("scripted model");
         let shutdown = CancellationToken::new();
         let addr = Self::start_api_on(&store, shutdown.clone()).await;
-        if options.worker {
-            let config = worker_config(options.provider, options.lease);
-            let endpoints = ProviderEndpoints {
-                openai_base_url: Some(model.openai_base_url()),
-                openai_api_key: Some("sk-test-openai".into()),
-                anthropic_base_url: Some(model.anthropic_base_url()),
-                anthropic_api_key: Some("sk-ant-test".into()),
-            };
-            start_worker(store.clone(), config, endpoints, shutdown.clone()).await.expect("start worker");
-        }
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
-        TestApp { addr, db_url, store, model, http, shutdown }
+        let app = TestApp { addr, db_url, store, model, http, shutdown };
+        if options.worker {
+            app.start_worker(worker_config(options.provider, options.lease)).await;
+        }
+        app
+    }
+
+    /// Starts a worker against this app's database and scripted model.
+    pub async fn start_worker(&self, config: WorkerConfig) {
+        let endpoints = ProviderEndpoints {
+            openai_base_url: Some(self.model.openai_base_url()),
+            openai_api_key: Some("sk-test-openai".into()),
+            anthropic_base_url: Some(self.model.anthropic_base_url()),
+            anthropic_api_key: Some("sk-ant-test".into()),
+        };
+        start_worker(self.store.clone(), config, endpoints, self.shutdown.clone()).await.expect("start worker");
     }
 
     async fn start_api_on(store: &Store, shutdown: CancellationToken) -> SocketAddr {

@@ -89,7 +89,8 @@ fn tar_dir(root: &Path, uid: u64, gid: u64) -> Result<Vec<u8>, SandboxError> {
             let rel = path.strip_prefix(root).map_err(|e| SandboxError::Workspace(e.to_string()))?;
             let meta = std::fs::symlink_metadata(&path)?;
             let mut header = tar::Header::new_gnu();
-            header.set_metadata_in_mode(&meta, tar::HeaderMode::Deterministic);
+            // Complete keeps modes and mtimes; owners are replaced below.
+            header.set_metadata_in_mode(&meta, tar::HeaderMode::Complete);
             header.set_uid(uid);
             header.set_gid(gid);
             if meta.file_type().is_symlink() {

@@ -1,0 +1,124 @@
+//! The Postgres queue: leases, fencing, reaping.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use kiln_protocol::{CreateRun, EventBody, Message, RunStatus, Trigger};
+use kiln_scripted_model::Reply;
+use kiln_store::{NewRun, Store, StoreError};
+use kiln_tests::{Options, TestApp, assert_dense, kinds, worker_config};
+use kiln_worker::ProviderKind;
+use serde_json::json;
+
+async fn store() -> Store {
+    let url = kiln_tests::fresh_database().await;
+    kiln_cli::app::open_store(&url, 4).await.unwrap()
+}
+
+async fn queued_run(store: &Store) -> kiln_protocol::Run {
+    let spec = CreateRun { prompt: "p".into(), repo: None, model: None, limits: None };
+    let (run, created) = store
+        .create_run(NewRun { owner: "alice".into(), spec, trigger: Trigger::Api, idempotency_key: None })
+        .await
+        .unwrap();
+    assert!(created);
+    run
+}
+
+fn lost(r: Result<impl std::fmt::Debug, StoreError>) -> bool {
+    matches!(r, Err(StoreError::LeaseLost(_)))
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_reclaimed_and_the_old_workers_writes_are_refused() {
+    let store = store().await;
+    let run = queued_run(&store).await;
+    let (claimed, first) = store.claim_run("w1", Duration::from_millis(500)).await.unwrap().unwrap();
+    assert_eq!(claimed.id, run.id);
+    assert_eq!(first.attempt, 1);
+    store.append_event(&first, &EventBody::StepStarted { step: 1 }).await.unwrap();
+    // Nothing else to claim while w1 holds it.
+    assert!(store.claim_run("w2", Duration::from_secs(30)).await.unwrap().is_none());
+
+    // w1 stops heartbeating; the reaper returns the run to the queue.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let reaped = store.reap_expired_leases().await.unwrap();
+    assert_eq!(reaped.len(), 1);
+    assert_eq!(reaped[0].status, RunStatus::Queued);
+    let (again, second) = store.claim_run("w2", Duration::from_secs(30)).await.unwrap().unwrap();
+    assert_eq!(again.id, run.id);
+    assert_eq!(second.attempt, 2);
+
+    // Every late write of w1 is fenced off.
+    assert!(lost(store.append_event(&first, &EventBody::StepStarted { step: 2 }).await));
+    assert!(lost(store.heartbeat(&first, Duration::from_secs(30)).await));
+    assert!(lost(store.append_message(&first, run.session_id, &Message::user("late"), None, None).await));
+    assert!(lost(store.finish_run(&first, &EventBody::RunSucceeded { summary: "late".into() }, None).await));
+
+    // w2 carries on and finishes.
+    store.append_event(&second, &EventBody::StepStarted { step: 1 }).await.unwrap();
+    store.finish_run(&second, &EventBody::RunSucceeded { summary: "ok".into() }, None).await.unwrap();
+    let run = store.get_run("alice", run.id).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Succeeded);
+    let events = store.events_after(run.id, 0, 100).await.unwrap();
+    let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [1, 2, 3, 4]);
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, ["run.queued", "step.started", "step.started", "run.succeeded"]);
+    assert!(store.load_messages(run.session_id).await.unwrap().is_empty(), "w1's late message was refused");
+}
+
+#[tokio::test]
+async fn a_run_that_keeps_losing_its_worker_fails_with_a_clear_error() {
+    let store = store().await;
+    let run = queued_run(&store).await;
+    for attempt in 1..=3 {
+        let (_, lease) = store.claim_run("dying", Duration::from_millis(100)).await.unwrap().unwrap();
+        assert_eq!(lease.attempt, attempt);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        store.reap_expired_leases().await.unwrap();
+    }
+    let run = store.get_run("alice", run.id).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Failed);
+    assert!(run.error.as_deref().unwrap().contains("lost 3 times"), "{:?}", run.error);
+    let events = store.events_after(run.id, 0, 100).await.unwrap();
+    assert_eq!(events.last().unwrap().kind, "run.failed");
+    assert!(store.claim_run("w", Duration::from_secs(1)).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_heartbeat_keeps_the_lease_and_reports_cancellation() {
+    let store = store().await;
+    let run = queued_run(&store).await;
+    let (_, lease) = store.claim_run("w1", Duration::from_millis(400)).await.unwrap().unwrap();
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let beat = store.heartbeat(&lease, Duration::from_millis(400)).await.unwrap();
+        assert!(!beat.cancel_requested);
+        assert!(store.reap_expired_leases().await.unwrap().is_empty());
+    }
+    store.cancel_run("alice", run.id).await.unwrap();
+    assert!(store.heartbeat(&lease, Duration::from_millis(400)).await.unwrap().cancel_requested);
+}
+
+#[tokio::test]
+async fn a_worker_takes_over_a_run_whose_first_worker_vanished() {
+    // A "ghost" worker claims the run and dies (never heartbeats); a real
+    // worker reaps the expired lease, claims the run and finishes it.
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::tool("bash", json!({"command": "echo hello"})), Reply::text("done")],
+        worker: false,
+        ..Default::default()
+    })
+    .await;
+    let run = app.create_run("alice", json!({"prompt": "say hello"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let (_, ghost) = app.store.claim_run("ghost", Duration::from_secs(1)).await.unwrap().unwrap();
+    app.start_worker(worker_config(ProviderKind::OpenAi, Duration::from_secs(3))).await;
+    let events = app.events_to_end("alice", &id).await;
+    assert_dense(&events, 1);
+    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
+    let started = events.iter().find(|e| e.kind == "run.started").unwrap();
+    assert_eq!(started.data["attempt"], 2);
+    assert!(lost(app.store.append_event(&ghost, &EventBody::StepStarted { step: 9 }).await));
+}
