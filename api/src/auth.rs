@@ -27,6 +27,13 @@ pub struct Claims {
     pub aud: Option<String>,
 }
 
+/// What `verify` reads from a token; the library checks the rest.
+#[derive(Deserialize)]
+struct Verified {
+    #[serde(default)]
+    sub: String,
+}
+
 /// How tokens are checked.
 #[derive(Clone)]
 pub enum AuthConfig {
@@ -84,6 +91,7 @@ impl Authenticator {
         };
         let mut validation = Validation::new(algorithm);
         validation.set_required_spec_claims(&["exp", "sub"]);
+        validation.validate_nbf = true;
         validation.leeway = 5;
         if let Some(iss) = issuer {
             validation.set_issuer(&[iss]);
@@ -101,13 +109,18 @@ impl Authenticator {
 
     /// Verifies a token and returns its subject.
     pub fn verify(&self, token: &str) -> Result<String, ApiError> {
-        let data = decode::<Claims>(token, &self.key, &self.validation).map_err(|e| {
+        // Decoded into `Verified`, which requires nothing itself, so that a
+        // missing `exp` or `sub` is reported by the claim checks by name.
+        let data = decode::<Verified>(token, &self.key, &self.validation).map_err(|e| {
             use jsonwebtoken::errors::ErrorKind;
             let why = match e.kind() {
                 ErrorKind::ExpiredSignature => "token has expired",
                 ErrorKind::InvalidSignature => "token signature is invalid",
                 ErrorKind::InvalidAlgorithm => "token algorithm is not accepted",
-                ErrorKind::MissingRequiredClaim(_) => "token lacks a required claim (exp, sub)",
+                ErrorKind::MissingRequiredClaim(claim) if claim == "exp" => "token has no exp claim; exp is required",
+                ErrorKind::MissingRequiredClaim(claim) if claim == "sub" => "token has no sub claim; sub is required",
+                ErrorKind::MissingRequiredClaim(_) => "token lacks a required claim",
+                ErrorKind::ImmatureSignature => "token is not valid yet (nbf)",
                 ErrorKind::InvalidIssuer => "token issuer is not accepted",
                 ErrorKind::InvalidAudience => "token audience is not accepted",
                 _ => "token is malformed",
@@ -155,13 +168,20 @@ fn bearer_token(parts: &Parts) -> Result<String, ApiError> {
         }
         return Ok(token.trim().to_owned());
     }
-    if parts.uri.path().ends_with("/events")
+    if is_events_route(parts.uri.path())
         && let Ok(q) = Query::<AccessTokenQuery>::try_from_uri(&parts.uri)
         && let Some(token) = q.0.access_token
     {
         return Ok(token);
     }
     Err(ApiError::Unauthorized("missing bearer token".into()))
+}
+
+/// `…/runs/{id}/events`, the one route EventSource clients call. (Inside
+/// the nested `/v1` router the prefix is already stripped.)
+fn is_events_route(path: &str) -> bool {
+    let segments: Vec<&str> = path.rsplitn(4, '/').collect();
+    matches!(segments.as_slice(), ["events", id, "runs", _] if !id.is_empty())
 }
 
 #[derive(Deserialize)]
@@ -198,5 +218,15 @@ mod tests {
         let a = Authenticator::new(&AuthConfig::Hs256 { secret: SECRET.to_vec() }, Some("kiln"), None).unwrap();
         let t = mint_hs256(SECRET, "alice", Duration::from_secs(60)).unwrap();
         assert!(a.verify(&t).is_err());
+    }
+
+    #[test]
+    fn only_the_events_route_takes_a_query_token() {
+        assert!(is_events_route("/v1/runs/0199/events"));
+        assert!(is_events_route("/runs/0199/events"));
+        assert!(!is_events_route("/v1/runs/events"));
+        assert!(!is_events_route("/v1/runs//events"));
+        assert!(!is_events_route("/v1/runs/0199"));
+        assert!(!is_events_route("/v1/runs/0199/cancel"));
     }
 }

@@ -1,9 +1,12 @@
 //! Extractors whose rejections are [`ApiError`]s, so malformed input gets
 //! the same JSON error shape as everything else.
 
+use axum::body::Bytes;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
@@ -20,28 +23,41 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(v)) => Ok(ApiJson(v)),
-            Err(rejection) => Err(json_rejection(rejection)),
+        if !has_json_content_type(req.headers()) {
+            return Err(ApiError::UnsupportedMediaType(
+                "expected a request body with Content-Type: application/json".into(),
+            ));
         }
-    }
-}
-
-fn json_rejection(rejection: JsonRejection) -> ApiError {
-    match rejection {
-        JsonRejection::MissingJsonContentType(_) => {
-            ApiError::UnsupportedMediaType("expected a request body with Content-Type: application/json".into())
-        }
-        JsonRejection::JsonSyntaxError(e) => ApiError::BadRequest(format!("malformed JSON: {}", e.body_text())),
-        // Wrong types, missing or unknown fields: serde's message names the field.
-        JsonRejection::JsonDataError(e) => ApiError::Validation(e.body_text()),
-        JsonRejection::BytesRejection(e) => {
-            if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::PayloadTooLarge("request body is larger than the limit".into())
             } else {
                 ApiError::BadRequest(format!("could not read the request body: {}", e.body_text()))
             }
+        })?;
+        let axum::Json(value) = axum::Json::<T>::from_bytes(&bytes).map_err(json_rejection)?;
+        // serde also reads a struct from a JSON array; a body is an object.
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(ApiError::Validation("request body must be a JSON object".into()));
         }
+        Ok(ApiJson(value))
+    }
+}
+
+/// `application/json` or any `application/*+json`, parameters ignored.
+fn has_json_content_type(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+fn json_rejection(rejection: JsonRejection) -> ApiError {
+    match rejection {
+        JsonRejection::JsonSyntaxError(e) => ApiError::BadRequest(format!("malformed JSON: {}", e.body_text())),
+        // Wrong types, missing or unknown fields: serde's message names the field.
+        JsonRejection::JsonDataError(e) => ApiError::Validation(e.body_text()),
         other => ApiError::BadRequest(other.body_text()),
     }
 }
@@ -82,4 +98,24 @@ where
 
 fn truncate(s: &str) -> String {
     s.chars().take(64).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_content_types_are_recognised() {
+        let ok = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(CONTENT_TYPE, v.parse().unwrap());
+            has_json_content_type(&h)
+        };
+        assert!(ok("application/json"));
+        assert!(ok("Application/JSON; charset=utf-8"));
+        assert!(ok("application/merge-patch+json"));
+        assert!(!ok("text/plain"));
+        assert!(!ok("application/jsonp"));
+        assert!(!has_json_content_type(&HeaderMap::new()));
+    }
 }

@@ -60,7 +60,11 @@ pub fn router(state: AppState) -> Router {
         .merge(routes::health::routes())
         .nest("/v1", routes::v1())
         .fallback(routes::not_found)
+        .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
-        .layer(TraceLayer::new_for_http())
+        // Spans name the path only: a query may carry `access_token`.
+        .layer(TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
+            tracing::info_span!("request", method = %req.method(), path = %req.uri().path())
+        }))
         .with_state(state)
 }

@@ -18,3 +18,7 @@ pub fn v1() -> Router<AppState> {
 pub async fn not_found() -> ApiError {
     ApiError::NotFound("no such route".into())
 }
+
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed("this route does not accept that method".into())
+}
