@@ -229,4 +229,33 @@ mod tests {
         assert!(!is_events_route("/v1/runs/0199"));
         assert!(!is_events_route("/v1/runs/0199/cancel"));
     }
+
+    // Test-only Ed25519 keys (generated with `openssl genpkey -algorithm ed25519`).
+    const ED_PRIVATE: &str = "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIFuQWXYuxZ1GVqtb5tgPsg3rvrXB1F8jbYnGKbpX7Csl\n-----END PRIVATE KEY-----\n";
+    const ED_PUBLIC: &str = "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEAJkBAD97EDG8wEFRFijUsKgTQ+4+P6tTK0Qu3fhP356Y=\n-----END PUBLIC KEY-----\n";
+    const ED_OTHER_PRIVATE: &str = "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIPhrUMmsLtwp9ldN5w/VF02H57UydoaBXvOKuNdKEMD+\n-----END PRIVATE KEY-----\n";
+
+    fn eddsa_token(private_pem: &str, sub: &str) -> String {
+        let now = jsonwebtoken::get_current_timestamp();
+        let claims = Claims { sub: sub.into(), exp: now + 60, iat: None, iss: None, aud: None };
+        let key = EncodingKey::from_ed_pem(private_pem.as_bytes()).unwrap();
+        encode(&Header::new(Algorithm::EdDSA), &claims, &key).unwrap()
+    }
+
+    #[test]
+    fn eddsa_public_keys_verify_their_tokens_and_refuse_others() {
+        let config = AuthConfig::PublicKey { algorithm: Algorithm::EdDSA, pem: ED_PUBLIC.as_bytes().to_vec() };
+        let a = Authenticator::new(&config, None, None).unwrap();
+        assert_eq!(a.verify(&eddsa_token(ED_PRIVATE, "carol")).unwrap(), "carol");
+        assert!(a.verify(&eddsa_token(ED_OTHER_PRIVATE, "carol")).is_err(), "another key's signature");
+        // An HS256 token cannot pass where a public key is configured.
+        let hs = mint_hs256(SECRET, "carol", Duration::from_secs(60)).unwrap();
+        assert!(a.verify(&hs).is_err());
+    }
+
+    #[test]
+    fn an_invalid_public_key_is_a_setup_error() {
+        let config = AuthConfig::PublicKey { algorithm: Algorithm::RS256, pem: b"not a key".to_vec() };
+        assert!(matches!(Authenticator::new(&config, None, None), Err(AuthSetupError::Key(_))));
+    }
 }
