@@ -6,6 +6,7 @@
 pub mod auth;
 mod error;
 mod extract;
+pub mod github;
 mod routes;
 
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use tower_http::trace::TraceLayer;
 
 pub use auth::{AuthConfig, Authenticator};
 pub use error::ApiError;
+pub use github::GithubWebhookConfig;
 pub use jsonwebtoken::Algorithm;
 
 /// Largest request body accepted, in bytes. A prompt is capped at 64 KiB;
@@ -32,6 +34,8 @@ pub struct AppState {
     /// Wakes SSE streams when their run has new events.
     pub listener: Listener,
     pub settings: Arc<ApiSettings>,
+    /// GitHub webhook settings; `None` disables the webhook route.
+    pub github: Option<Arc<GithubWebhookConfig>>,
 }
 
 #[derive(Debug, Clone)]

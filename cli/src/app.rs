@@ -5,8 +5,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use kiln_api::{ApiSettings, AppState, Authenticator};
+use kiln_api::{ApiSettings, AppState, Authenticator, GithubWebhookConfig};
 use kiln_store::Store;
+use kiln_worker::providers::pricing::PriceTable;
 use kiln_worker::tools::Registry;
 use kiln_worker::{ProviderEndpoints, Providers, Worker, WorkerConfig, WorkerContext};
 use tokio::net::TcpListener;
@@ -20,17 +21,25 @@ pub struct ApiServer {
 }
 
 /// Binds `listen` (port 0 picks a free one) and serves the API until
-/// `shutdown` fires.
+/// `shutdown` fires. Without `github`, the GitHub webhook route refuses
+/// every delivery.
 pub async fn start_api(
     store: Store,
     auth: Authenticator,
     settings: ApiSettings,
+    github: Option<GithubWebhookConfig>,
     listen: SocketAddr,
     shutdown: CancellationToken,
 ) -> anyhow::Result<ApiServer> {
     let listener = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     let addr = listener.local_addr()?;
-    let state = AppState { listener: store.listener(), store, auth: Arc::new(auth), settings: Arc::new(settings) };
+    let state = AppState {
+        listener: store.listener(),
+        store,
+        auth: Arc::new(auth),
+        settings: Arc::new(settings),
+        github: github.map(Arc::new),
+    };
     let app = kiln_api::router(state);
     let handle = tokio::spawn(async move {
         axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
@@ -43,13 +52,14 @@ pub async fn start_worker(
     store: Store,
     config: WorkerConfig,
     endpoints: ProviderEndpoints,
+    prices: PriceTable,
     shutdown: CancellationToken,
 ) -> anyhow::Result<JoinHandle<()>> {
     let docker = bollard::Docker::connect_with_local_defaults().context("connecting to Docker")?;
     docker.ping().await.context("the Docker engine does not answer")?;
     let providers = Providers::new(endpoints).context("building the HTTP client")?;
     let listener = store.listener();
-    let ctx = WorkerContext { store, docker, config, providers, tools: Registry::standard() };
+    let ctx = WorkerContext { store, docker, config, providers, prices, tools: Registry::standard() };
     let worker = Worker::new(ctx, listener);
     Ok(tokio::spawn(worker.run(shutdown)))
 }

@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use kiln_cli::app::{open_store, start_api, start_worker};
 use kiln_cli::client::{KilnClient, Printer};
 use kiln_cli::local;
-use kiln_cli::settings::{ApiArgs, AuthArgs, DbArgs, ModelArgs, WorkerArgs};
+use kiln_cli::settings::{ApiArgs, AuthArgs, DbArgs, GithubArgs, ModelArgs, WorkerArgs};
 use kiln_protocol::{CreateRun, RepoSpec};
 use tokio_util::sync::CancellationToken;
 
@@ -22,6 +22,7 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant, reason = "parsed once at startup and never moved around; size does not matter")]
 enum Command {
     /// Serve the HTTP API.
     Serve {
@@ -31,6 +32,8 @@ enum Command {
         auth: AuthArgs,
         #[command(flatten)]
         api: ApiArgs,
+        #[command(flatten)]
+        github: GithubArgs,
     },
     /// Claim and drive runs.
     Worker {
@@ -59,6 +62,8 @@ enum Command {
         auth: AuthArgs,
         #[command(flatten)]
         api: ApiArgs,
+        #[command(flatten)]
+        github: GithubArgs,
         #[command(flatten)]
         model: ModelArgs,
         #[command(flatten)]
@@ -164,14 +169,16 @@ async fn main() -> ExitCode {
 
 async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Serve { db, auth, api } => {
+        Command::Serve { db, auth, api, github } => {
             init_tracing("info");
             let auth = auth.authenticator()?;
+            let github = github.webhook_config()?;
             let store = open_store(db.url()?, db.db_pool_size).await?;
             let shutdown = shutdown_signal();
             let settings = kiln_api::ApiSettings { max_body_bytes: api.max_body_bytes, ..Default::default() };
-            let server = start_api(store, auth, settings, api.listen, shutdown).await?;
-            tracing::info!(addr = %server.addr, "API listening");
+            let webhooks = github.is_some();
+            let server = start_api(store, auth, settings, github, api.listen, shutdown).await?;
+            tracing::info!(addr = %server.addr, github_webhooks = webhooks, "API listening");
             server.handle.await??;
             Ok(ExitCode::SUCCESS)
         }
@@ -180,7 +187,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             let config = worker.config(&model)?;
             let store = open_store(db.url()?, db.db_pool_size).await?;
             let shutdown = shutdown_signal();
-            start_worker(store, config, model.endpoints()?, shutdown).await?.await?;
+            start_worker(store, config, model.endpoints()?, worker.prices()?, shutdown).await?.await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Migrate { db } => {
@@ -203,9 +210,9 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             }
             follow_run(&client, run.id).await
         }
-        Command::Up { demo, state_dir, local_pg_port, db, auth, api, model, mut worker } => {
+        Command::Up { demo, state_dir, local_pg_port, db, auth, api, github, model, mut worker } => {
             init_tracing(if demo { "warn" } else { "info" });
-            up(demo, state_dir, local_pg_port, db, auth, api, model, &mut worker).await
+            up(demo, state_dir, local_pg_port, db, auth, api, github, model, &mut worker).await
         }
     }
 }
@@ -224,9 +231,11 @@ async fn up(
     db: DbArgs,
     auth: AuthArgs,
     api: ApiArgs,
+    github: GithubArgs,
     mut model: ModelArgs,
     worker: &mut WorkerArgs,
 ) -> anyhow::Result<ExitCode> {
+    let github = github.webhook_config()?;
     std::fs::create_dir_all(&state_dir).with_context(|| format!("creating {}", state_dir.display()))?;
     let url = match &db.database_url {
         Some(url) => url.clone(),
@@ -267,18 +276,23 @@ async fn up(
     worker.allow_file_repos = true;
     let config = worker.config(&model)?;
     let shutdown = shutdown_signal();
+    let webhooks = github.is_some();
     let server = start_api(
         store.clone(),
         auth.authenticator()?,
         kiln_api::ApiSettings { max_body_bytes: api.max_body_bytes, ..Default::default() },
+        github,
         api.listen,
         shutdown.clone(),
     )
     .await?;
-    let worker_task = start_worker(store, config, model.endpoints()?, shutdown.clone()).await?;
+    let worker_task = start_worker(store, config, model.endpoints()?, worker.prices()?, shutdown.clone()).await?;
     let base = format!("http://{}", server.addr);
     let token = kiln_api::auth::mint_hs256(secret.as_bytes(), "local", Duration::from_secs(7 * 86_400))?;
     eprintln!("kiln: API at {base}");
+    if webhooks {
+        eprintln!("kiln: GitHub webhooks at {base}/v1/webhooks/github");
+    }
     eprintln!("kiln: token for subject \"local\" (7 days):\n  export KILN_URL={base} KILN_TOKEN={token}");
 
     if !demo {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use kiln_api::Algorithm;
+use kiln_worker::providers::pricing::PriceTable;
 use kiln_worker::sandbox::SandboxConfig;
 use kiln_worker::{ProviderEndpoints, ProviderKind, WorkerConfig};
 
@@ -76,9 +77,56 @@ pub struct ApiArgs {
     pub max_body_bytes: usize,
 }
 
+/// GitHub webhooks. The route is disabled unless a secret is set.
+#[derive(Clone, Args)]
+pub struct GithubArgs {
+    /// Secret of the GitHub webhook (the hook's "Secret" field). Unset: the
+    /// webhook route refuses every delivery.
+    #[arg(long, env = "KILN_GITHUB_WEBHOOK_SECRET", hide_env_values = true)]
+    pub github_webhook_secret: Option<String>,
+    /// Login people mention to ask for a run (`@kiln …`, `/kiln …`); also
+    /// Kiln's own account, whose comments never trigger runs.
+    #[arg(long, env = "KILN_GITHUB_BOT_HANDLE", default_value = "kiln")]
+    pub github_bot_handle: String,
+    /// Issue label that asks for a run.
+    #[arg(long, env = "KILN_GITHUB_LABEL", default_value = "kiln")]
+    pub github_label: String,
+    /// Subject that owns webhook-created runs (a token with this `sub` sees them).
+    #[arg(long, env = "KILN_GITHUB_OWNER_SUB", default_value = "github")]
+    pub github_owner_sub: String,
+}
+
+impl std::fmt::Debug for GithubArgs {
+    // Never print the secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GithubArgs")
+            .field("github_webhook_secret", &self.github_webhook_secret.as_ref().map(|_| "<redacted>"))
+            .field("github_bot_handle", &self.github_bot_handle)
+            .field("github_label", &self.github_label)
+            .field("github_owner_sub", &self.github_owner_sub)
+            .finish()
+    }
+}
+
+impl GithubArgs {
+    /// The webhook configuration, or `None` when no secret is set.
+    pub fn webhook_config(&self) -> anyhow::Result<Option<kiln_api::GithubWebhookConfig>> {
+        let Some(secret) = &self.github_webhook_secret else {
+            return Ok(None);
+        };
+        let config = kiln_api::GithubWebhookConfig::new(
+            secret.as_bytes(),
+            &self.github_bot_handle,
+            &self.github_label,
+            &self.github_owner_sub,
+        )?;
+        Ok(Some(config))
+    }
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
-    /// `openai` (Chat Completions; also vLLM, Ollama, llama.cpp) or `anthropic`.
+    /// `openai` (Chat Completions; also vLLM, Ollama, llama.cpp), `openai-responses` or `anthropic`.
     #[arg(long, env = "KILN_MODEL_PROVIDER", default_value = "openai")]
     pub model_provider: String,
     /// Base URL of the provider's API (OpenAI style: up to `/v1`).
@@ -101,8 +149,9 @@ pub struct ModelArgs {
 
 impl ModelArgs {
     pub fn provider(&self) -> anyhow::Result<ProviderKind> {
-        ProviderKind::parse(&self.model_provider)
-            .with_context(|| format!("KILN_MODEL_PROVIDER must be openai or anthropic, not {:?}", self.model_provider))
+        ProviderKind::parse(&self.model_provider).with_context(|| {
+            format!("KILN_MODEL_PROVIDER must be openai, openai-responses or anthropic, not {:?}", self.model_provider)
+        })
     }
 
     /// True when the user configured a model of their own.
@@ -114,7 +163,9 @@ impl ModelArgs {
         let kind = self.provider()?;
         // KILN_MODEL_BASE_URL belongs to the selected provider.
         let (openai_base_url, anthropic_base_url) = match kind {
-            ProviderKind::OpenAi => (self.model_base_url.clone(), self.anthropic_base_url.clone()),
+            ProviderKind::OpenAi | ProviderKind::OpenAiResponses => {
+                (self.model_base_url.clone(), self.anthropic_base_url.clone())
+            }
             ProviderKind::Anthropic => (None, self.model_base_url.clone().or(self.anthropic_base_url.clone())),
         };
         Ok(ProviderEndpoints {
@@ -155,12 +206,22 @@ pub struct WorkerArgs {
     /// Sandbox process limit.
     #[arg(long, env = "KILN_SANDBOX_PIDS", default_value_t = 256)]
     pub sandbox_pids: i64,
+    /// JSON file of model prices (USD per million tokens); built-in defaults otherwise.
+    #[arg(long, env = "KILN_PRICES_FILE")]
+    pub prices_file: Option<PathBuf>,
     /// Allow `file://` repository URLs (they read this host's disk).
     #[arg(long, env = "KILN_ALLOW_FILE_REPOS", default_value_t = false)]
     pub allow_file_repos: bool,
 }
 
 impl WorkerArgs {
+    pub fn prices(&self) -> anyhow::Result<PriceTable> {
+        match &self.prices_file {
+            Some(path) => PriceTable::from_file(path).with_context(|| format!("reading {}", path.display())),
+            None => Ok(PriceTable::default()),
+        }
+    }
+
     pub fn config(&self, model: &ModelArgs) -> anyhow::Result<WorkerConfig> {
         if self.concurrency == 0 {
             bail!("KILN_WORKER_CONCURRENCY must be at least 1");

@@ -36,7 +36,14 @@ pub enum EventBody {
     #[serde(rename = "tool.result")]
     ToolResult { call_id: String, name: String, output: String, is_error: bool, duration_ms: u64 },
     #[serde(rename = "step.finished")]
-    StepFinished { step: u32, finish_reason: String, usage: Usage },
+    StepFinished {
+        step: u32,
+        finish_reason: String,
+        usage: Usage,
+        /// `None` when the model has no price in the worker's price table.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cost_usd: Option<f64>,
+    },
     #[serde(rename = "model.retry")]
     ModelRetry { attempt: u32, delay_ms: u64, error: String },
     #[serde(rename = "run.succeeded")]

@@ -45,7 +45,7 @@ pub struct RepoSpec {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
-    /// `openai` or `anthropic`.
+    /// `openai` (Chat Completions), `openai-responses` or `anthropic`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -56,13 +56,23 @@ pub struct ModelSpec {
     pub temperature: Option<f32>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Budgets of one run. A budget that is spent stops the run before the next
+/// model call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
+    /// Model calls.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_steps: Option<u32>,
+    /// Wall-clock seconds from the run's first start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<u32>,
+    /// Input plus output tokens over the whole run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// Model spend in US dollars, priced with the worker's price table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_usd: Option<f64>,
 }
 
 impl Limits {
@@ -79,17 +89,23 @@ impl Limits {
 pub enum SpecError {
     #[error("prompt must not be empty")]
     EmptyPrompt,
+    #[error("prompt must not contain NUL characters")]
+    NulInPrompt,
     #[error("prompt is {0} bytes; the limit is {MAX_PROMPT_BYTES}")]
     PromptTooLong(usize),
     #[error("limits.max_steps must be between 1 and {MAX_STEPS_CEILING}")]
     MaxSteps,
     #[error("limits.timeout_s must be between 1 and {TIMEOUT_CEILING_S}")]
     Timeout,
+    #[error("limits.max_tokens must be at least 1")]
+    MaxRunTokens,
+    #[error("limits.max_cost_usd must be a positive number of dollars")]
+    MaxCost,
     #[error("repo.url must be an http(s), ssh or file URL without whitespace: {0}")]
     RepoUrl(String),
     #[error("repo.ref must be a plain git ref name: {0}")]
     RepoRef(String),
-    #[error("model.provider must be \"openai\" or \"anthropic\", not {0:?}")]
+    #[error("model.provider must be \"openai\", \"openai-responses\" or \"anthropic\", not {0:?}")]
     Provider(String),
     #[error("model.max_tokens must be between 1 and 1000000")]
     MaxTokens,
@@ -107,12 +123,22 @@ impl CreateRun {
         if self.prompt.len() > MAX_PROMPT_BYTES {
             return Err(SpecError::PromptTooLong(self.prompt.len()));
         }
+        // Postgres text cannot hold NUL; refuse it here rather than fail later.
+        if self.prompt.contains('\0') {
+            return Err(SpecError::NulInPrompt);
+        }
         if let Some(limits) = &self.limits {
             if limits.max_steps.is_some_and(|s| s == 0 || s > MAX_STEPS_CEILING) {
                 return Err(SpecError::MaxSteps);
             }
             if limits.timeout_s.is_some_and(|t| t == 0 || t > TIMEOUT_CEILING_S) {
                 return Err(SpecError::Timeout);
+            }
+            if limits.max_tokens == Some(0) {
+                return Err(SpecError::MaxRunTokens);
+            }
+            if limits.max_cost_usd.is_some_and(|c| c.is_nan() || c <= 0.0 || c > 1_000_000.0) {
+                return Err(SpecError::MaxCost);
             }
         }
         if let Some(repo) = &self.repo {
@@ -122,7 +148,8 @@ impl CreateRun {
             }
         }
         if let Some(model) = &self.model {
-            if let Some(p) = model.provider.as_deref().filter(|p| *p != "openai" && *p != "anthropic") {
+            let known = |p: &&str| matches!(*p, "openai" | "openai-responses" | "anthropic");
+            if let Some(p) = model.provider.as_deref().filter(|p| !known(p)) {
                 return Err(SpecError::Provider(p.to_owned()));
             }
             if model.max_tokens.is_some_and(|t| t == 0 || t > 1_000_000) {
@@ -296,10 +323,12 @@ mod tests {
     fn ranges_and_sizes_are_checked() {
         let mut s = spec(r#"{"prompt":"x","limits":{"max_steps":0}}"#).unwrap();
         assert_eq!(s.validate(), Err(SpecError::MaxSteps));
-        s.limits = Some(Limits { max_steps: Some(3), timeout_s: Some(TIMEOUT_CEILING_S + 1) });
+        s.limits = Some(Limits { max_steps: Some(3), timeout_s: Some(TIMEOUT_CEILING_S + 1), ..Default::default() });
         assert_eq!(s.validate(), Err(SpecError::Timeout));
         let big = CreateRun { prompt: "a".repeat(MAX_PROMPT_BYTES + 1), repo: None, model: None, limits: None };
         assert_eq!(big.validate(), Err(SpecError::PromptTooLong(MAX_PROMPT_BYTES + 1)));
+        let nul = CreateRun { prompt: "a\0b".into(), repo: None, model: None, limits: None };
+        assert_eq!(nul.validate(), Err(SpecError::NulInPrompt));
         let blank = CreateRun { prompt: " \n".into(), repo: None, model: None, limits: None };
         assert_eq!(blank.validate(), Err(SpecError::EmptyPrompt));
     }

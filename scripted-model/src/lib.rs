@@ -2,11 +2,12 @@
 //!
 //! It is the stand-in for a model in Kiln's tests and the model of
 //! `kiln up --demo`. It speaks the real streaming wire formats of the
-//! Anthropic Messages API (`POST /v1/messages`) and OpenAI Chat Completions
-//! (`POST /v1/chat/completions`), byte-compatible with what those APIs send,
-//! so the production provider code runs unchanged against it.
+//! Anthropic Messages API (`POST /v1/messages`), OpenAI Chat Completions
+//! (`POST /v1/chat/completions`) and the OpenAI Responses API
+//! (`POST /v1/responses`), byte-compatible with what those APIs send, so the
+//! production provider code runs unchanged against it.
 //!
-//! Each request, on either endpoint, takes the next [`Reply`] of the
+//! Each request, on any endpoint, takes the next [`Reply`] of the
 //! script; once the script is used up every request gets a short final
 //! answer ([`EXHAUSTED_TEXT`]) so runs still end. Every request is recorded
 //! for tests to inspect.
@@ -26,6 +27,7 @@
 mod anthropic;
 mod openai;
 mod plan;
+mod responses;
 mod script;
 
 use std::collections::BTreeMap;
@@ -66,7 +68,7 @@ pub struct ScriptedModel {
 /// One request as the server received it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RecordedRequest {
-    /// `/v1/messages` or `/v1/chat/completions`.
+    /// `/v1/messages`, `/v1/chat/completions` or `/v1/responses`.
     pub path: String,
     /// The parsed JSON body.
     pub body: Value,
@@ -109,6 +111,7 @@ struct Shared {
 enum Api {
     Anthropic,
     OpenAi,
+    Responses,
 }
 
 impl ScriptedModel {
@@ -134,6 +137,7 @@ impl ScriptedModel {
         let app = Router::new()
             .route("/v1/messages", post(messages))
             .route("/v1/chat/completions", post(chat_completions))
+            .route("/v1/responses", post(responses_endpoint))
             .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
             .with_state(shared.clone());
         let mut stop = shutdown_rx;
@@ -153,7 +157,8 @@ impl ScriptedModel {
         self.addr
     }
 
-    /// Base URL for an OpenAI-compatible provider: `http://127.0.0.1:PORT/v1`.
+    /// Base URL for an OpenAI-compatible provider (Chat Completions or
+    /// Responses): `http://127.0.0.1:PORT/v1`.
     pub fn openai_base_url(&self) -> String {
         format!("http://{}/v1", self.addr)
     }
@@ -208,6 +213,10 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, headers: HeaderMap,
     answer(&shared, Api::OpenAi, "/v1/chat/completions", &headers, &body)
 }
 
+async fn responses_endpoint(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    answer(&shared, Api::Responses, "/v1/responses", &headers, &body)
+}
+
 fn answer(shared: &Shared, api: Api, path: &str, headers: &HeaderMap, body: &[u8]) -> Response {
     // A body that is not JSON is refused like the real APIs do, and not
     // recorded: there is nothing to assert on.
@@ -233,7 +242,10 @@ fn answer(shared: &Shared, api: Api, path: &str, headers: &HeaderMap, body: &[u8
         (Api::Anthropic, true) => anthropic::render_hang(&plan),
         (Api::OpenAi, false) => openai::render(&plan, include_usage),
         (Api::OpenAi, true) => openai::render_hang(&plan),
+        (Api::Responses, false) => responses::render(&plan),
+        (Api::Responses, true) => responses::render_hang(&plan),
     };
+    let frames = if reply.cut { cut_mid_first_call(frames, &plan) } else { frames };
     event_stream(frames, plan.hang, shared.shutdown.clone())
 }
 
@@ -275,6 +287,18 @@ fn recorded_headers(headers: &HeaderMap) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// Keeps the frames up to the first argument piece of the first tool call
+/// (the frame naming the call, then one more), dropping everything after:
+/// the rest of the arguments and every finish event.
+fn cut_mid_first_call(mut frames: Vec<String>, plan: &Plan) -> Vec<String> {
+    let Some(call) = plan.calls.first() else { return frames };
+    let named = format!("\"name\":{}", Value::String(call.name.clone()));
+    if let Some(i) = frames.iter().position(|f| f.contains(&named)) {
+        frames.truncate(i + 2);
+    }
+    frames
+}
+
 /// Streams `frames` one per chunk; a hanging answer then stays open until
 /// the client goes away or the server stops.
 fn event_stream(frames: Vec<String>, hang: bool, mut shutdown: watch::Receiver<bool>) -> Response {
@@ -295,7 +319,8 @@ fn error_response(api: Api, status: u16) -> Response {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let body = match api {
         Api::Anthropic => anthropic::error_body(status.as_u16()),
-        Api::OpenAi => openai::error_body(status.as_u16()),
+        // Both OpenAI APIs answer errors in the same shape.
+        Api::OpenAi | Api::Responses => openai::error_body(status.as_u16()),
     };
     (status, axum::Json(body)).into_response()
 }

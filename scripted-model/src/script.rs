@@ -15,6 +15,9 @@ pub struct Reply {
     /// Answer with this HTTP error status (and the API's error body)
     /// instead of a stream.
     pub status: Option<u16>,
+    /// Close the stream in the middle of the first tool call's arguments,
+    /// with no finish event: a connection lost mid-answer.
+    pub cut: bool,
 }
 
 /// One tool call the model makes.
@@ -49,6 +52,11 @@ impl Reply {
     /// An answer that starts and never finishes.
     pub fn hang() -> Self {
         Reply { hang: true, ..Reply::default() }
+    }
+
+    /// One tool call whose stream breaks off inside its arguments.
+    pub fn cut_mid_tool(name: impl Into<String>, arguments: Value) -> Self {
+        Reply { cut: true, ..Reply::tool(name, arguments) }
     }
 
     /// An HTTP error (429, 500, 529, …) instead of an answer.

@@ -13,6 +13,7 @@ mod migrate;
 mod queue;
 mod rows;
 mod runs;
+mod webhooks;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -24,6 +25,7 @@ pub use error::StoreError;
 pub use listen::{Listener, Notice};
 pub use queue::{HeartbeatOutcome, Lease, ReapedRun};
 pub use runs::{CancelOutcome, Cursor, NewRun, RunPage};
+pub use webhooks::{Delivery, GithubOrigin, NewGithubRun, PastDelivery, Recorded};
 
 /// Channel names used with LISTEN/NOTIFY.
 pub mod channels {

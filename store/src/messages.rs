@@ -79,3 +79,20 @@ impl Store {
         Ok(row.try_get(0)?)
     }
 }
+
+impl Store {
+    /// Total model usage of a run so far (its assistant messages).
+    pub async fn run_usage(&self, run_id: Uuid) -> Result<Usage, StoreError> {
+        let client = self.client().await?;
+        let rows =
+            client.query("SELECT usage FROM messages WHERE run_id = $1 AND usage IS NOT NULL", &[&run_id]).await?;
+        let mut total = Usage::default();
+        for row in rows {
+            let value: serde_json::Value = row.try_get(0)?;
+            let usage: Usage =
+                serde_json::from_value(value).map_err(|e| StoreError::Corrupt(format!("message usage: {e}")))?;
+            total.add(&usage);
+        }
+        Ok(total)
+    }
+}

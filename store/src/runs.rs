@@ -49,47 +49,16 @@ impl Store {
         }
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        let session_id = Uuid::now_v7();
-        let run_id = Uuid::now_v7();
-        let repo_url = new.spec.repo.as_ref().map(|r| r.url.clone());
-        let repo_ref = new.spec.repo.as_ref().and_then(|r| r.git_ref.clone());
-        tx.execute(
-            "INSERT INTO sessions (id, owner, repo_url, repo_ref) VALUES ($1, $2, $3, $4)",
-            &[&session_id, &new.owner, &repo_url, &repo_ref],
-        )
-        .await?;
-        let model = serde_json::to_value(new.spec.model.clone().unwrap_or_default())
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let limits = serde_json::to_value(new.spec.limits.unwrap_or_default())
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let inserted = tx
-            .query_opt(
-                "INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, idempotency_key)
-                 VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8)
-                 ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-                 RETURNING id",
-                &[
-                    &run_id,
-                    &session_id,
-                    &new.owner,
-                    &new.spec.prompt,
-                    &model,
-                    &limits,
-                    &new.trigger.as_str(),
-                    &new.idempotency_key,
-                ],
-            )
-            .await?;
-        if inserted.is_none() {
+        let Some(run_id) = insert_queued_run_tx(&tx, &new).await? else {
             // Lost a race with a concurrent request carrying the same key.
             tx.rollback().await?;
+            drop(client);
             let key = new.idempotency_key.as_deref().unwrap_or_default();
             return match self.run_by_idempotency_key(&new.owner, key).await? {
                 Some(run) => Ok((run, false)),
                 None => Err(StoreError::Corrupt("idempotency conflict without a run".into())),
             };
-        }
-        insert_event_tx(&tx, run_id, &EventBody::RunQueued { prompt: new.spec.prompt.clone() }).await?;
+        };
         tx.execute("SELECT pg_notify($1, $2)", &[&channels::RUNS_QUEUED, &run_id.to_string()]).await?;
         let row = tx
             .query_one(
@@ -231,6 +200,50 @@ impl Store {
             Kind::Finished => CancelOutcome::AlreadyFinished(run),
         })
     }
+}
+
+/// Inserts a session, its queued run and the `run.queued` event inside the
+/// caller's transaction. `None` when the idempotency key is already taken.
+pub(crate) async fn insert_queued_run_tx(
+    tx: &deadpool_postgres::Transaction<'_>,
+    new: &NewRun,
+) -> Result<Option<Uuid>, StoreError> {
+    let session_id = Uuid::now_v7();
+    let run_id = Uuid::now_v7();
+    let repo_url = new.spec.repo.as_ref().map(|r| r.url.clone());
+    let repo_ref = new.spec.repo.as_ref().and_then(|r| r.git_ref.clone());
+    tx.execute(
+        "INSERT INTO sessions (id, owner, repo_url, repo_ref) VALUES ($1, $2, $3, $4)",
+        &[&session_id, &new.owner, &repo_url, &repo_ref],
+    )
+    .await?;
+    let model = serde_json::to_value(new.spec.model.clone().unwrap_or_default())
+        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let limits =
+        serde_json::to_value(new.spec.limits.unwrap_or_default()).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let inserted = tx
+        .query_opt(
+            "INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, idempotency_key)
+             VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8)
+             ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+             RETURNING id",
+            &[
+                &run_id,
+                &session_id,
+                &new.owner,
+                &new.spec.prompt,
+                &model,
+                &limits,
+                &new.trigger.as_str(),
+                &new.idempotency_key,
+            ],
+        )
+        .await?;
+    if inserted.is_none() {
+        return Ok(None);
+    }
+    insert_event_tx(tx, run_id, &EventBody::RunQueued { prompt: new.spec.prompt.clone() }).await?;
+    Ok(Some(run_id))
 }
 
 enum Kind {

@@ -13,6 +13,7 @@ use futures::StreamExt;
 use kiln_cli::app::{open_store, start_api, start_worker};
 use kiln_scripted_model::{Reply, ScriptedModel};
 use kiln_store::Store;
+use kiln_worker::providers::pricing::{ModelPrice, PriceTable};
 use kiln_worker::sandbox::SandboxConfig;
 use kiln_worker::{ProviderEndpoints, ProviderKind, WorkerConfig};
 use serde_json::Value;
@@ -62,11 +63,21 @@ pub struct Options {
     pub provider: ProviderKind,
     pub worker: bool,
     pub lease: Duration,
+    /// GitHub webhook secret; `None` leaves the webhook route disabled.
+    /// The other webhook settings take `kiln serve`'s defaults (handle and
+    /// label `kiln`, runs owned by `github`).
+    pub github_secret: Option<String>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { script: Vec::new(), provider: ProviderKind::OpenAi, worker: true, lease: Duration::from_secs(10) }
+        Options {
+            script: Vec::new(),
+            provider: ProviderKind::OpenAi,
+            worker: true,
+            lease: Duration::from_secs(10),
+            github_secret: None,
+        }
     }
 }
 
@@ -87,7 +98,10 @@ impl TestApp {
         let store = open_store(&db_url, 8).await.expect("migrate");
         let model = ScriptedModel::start(options.script).await.expect("scripted model");
         let shutdown = CancellationToken::new();
-        let addr = Self::start_api_on(&store, shutdown.clone()).await;
+        let github = options
+            .github_secret
+            .map(|secret| kiln_api::GithubWebhookConfig::new(secret.as_bytes(), "kiln", "kiln", "github").unwrap());
+        let addr = Self::start_api_on(&store, github, shutdown.clone()).await;
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let app = TestApp { addr, db_url, store, model, http, shutdown };
         if options.worker {
@@ -104,10 +118,18 @@ impl TestApp {
             anthropic_base_url: Some(self.model.anthropic_base_url()),
             anthropic_api_key: Some("sk-ant-test".into()),
         };
-        start_worker(self.store.clone(), config, endpoints, self.shutdown.clone()).await.expect("start worker");
+        let mut prices = PriceTable::empty();
+        // A price for the scripted model so cost budgets can be tested: $1
+        // per million tokens in and out.
+        prices.insert("scripted", ModelPrice { input: 1.0, output: 1.0, cache_read: None, cache_write: None });
+        start_worker(self.store.clone(), config, endpoints, prices, self.shutdown.clone()).await.expect("start worker");
     }
 
-    async fn start_api_on(store: &Store, shutdown: CancellationToken) -> SocketAddr {
+    async fn start_api_on(
+        store: &Store,
+        github: Option<kiln_api::GithubWebhookConfig>,
+        shutdown: CancellationToken,
+    ) -> SocketAddr {
         let auth = kiln_api::Authenticator::new(
             &kiln_api::AuthConfig::Hs256 { secret: SECRET.as_bytes().to_vec() },
             None,
@@ -115,12 +137,12 @@ impl TestApp {
         )
         .unwrap();
         let settings = kiln_api::ApiSettings { sse_keep_alive: Duration::from_secs(1), ..Default::default() };
-        start_api(store.clone(), auth, settings, "127.0.0.1:0".parse().unwrap(), shutdown).await.unwrap().addr
+        start_api(store.clone(), auth, settings, github, "127.0.0.1:0".parse().unwrap(), shutdown).await.unwrap().addr
     }
 
-    /// A second API instance on the same database.
+    /// A second API instance on the same database (GitHub webhooks disabled).
     pub async fn second_api(&self) -> SocketAddr {
-        Self::start_api_on(&self.store, self.shutdown.clone()).await
+        Self::start_api_on(&self.store, None, self.shutdown.clone()).await
     }
 
     pub fn url(&self, path: &str) -> String {

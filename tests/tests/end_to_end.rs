@@ -213,3 +213,22 @@ async fn cancel_stops_a_running_command_within_two_seconds() {
     assert_eq!(app.get_run("alice", &id).await["status"], "cancelled");
     assert!(app.containers_of(&id).await.is_empty(), "container removed after cancel");
 }
+
+#[tokio::test]
+async fn a_worker_of_another_deployment_leaves_this_ones_sandboxes_alone() {
+    // Two Kilns (two databases) share one Docker engine. A worker starting
+    // up removes leftover sandboxes, but only those of runs it knows.
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::tool("bash", json!({"command": "sleep 3; echo survived"})), Reply::text("done")],
+        ..Default::default()
+    })
+    .await;
+    let run = app.create_run("alice", json!({"prompt": "wait"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let seen = app.sse_until(app.addr, "alice", &id, None, usize::MAX, |e| e.kind == "tool_call.ready").await;
+    let _other = TestApp::spawn(Options::default()).await;
+    let rest = app.sse(app.addr, "alice", &id, Some(seen.last().unwrap().seq), usize::MAX).await;
+    let result = rest.iter().find(|e| e.kind == "tool.result").unwrap();
+    assert!(result.data["output"].as_str().unwrap().contains("survived"), "{}", result.data);
+    assert_eq!(rest.last().unwrap().kind, "run.succeeded");
+}

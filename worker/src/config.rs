@@ -7,11 +7,15 @@ use std::time::Duration;
 use crate::providers::ModelProvider;
 use crate::providers::anthropic::Anthropic;
 use crate::providers::openai::OpenAiChat;
+use crate::providers::responses::OpenAiResponses;
 use crate::sandbox::SandboxConfig;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProviderKind {
+    /// OpenAI Chat Completions (and compatible servers).
     OpenAi,
+    /// The OpenAI Responses API, at the same base URL and key as `OpenAi`.
+    OpenAiResponses,
     Anthropic,
 }
 
@@ -19,6 +23,7 @@ impl ProviderKind {
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "openai" => Some(ProviderKind::OpenAi),
+            "openai-responses" => Some(ProviderKind::OpenAiResponses),
             "anthropic" => Some(ProviderKind::Anthropic),
             _ => None,
         }
@@ -55,6 +60,7 @@ impl WorkerConfig {
 #[derive(Clone)]
 pub struct Providers {
     pub openai: Arc<dyn ModelProvider>,
+    pub responses: Arc<dyn ModelProvider>,
     pub anthropic: Arc<dyn ModelProvider>,
 }
 
@@ -79,26 +85,28 @@ impl std::fmt::Debug for ProviderEndpoints {
 
 impl Providers {
     pub fn new(endpoints: ProviderEndpoints) -> Result<Self, reqwest::Error> {
+        // reqwest is built without a TLS backend of its own choosing; make
+        // sure one is installed (a no-op when the binary already did).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             // Between two chunks of a stream; a stalled stream fails and is retried.
             .read_timeout(Duration::from_secs(300))
             .build()?;
-        let openai = OpenAiChat::new(
-            client.clone(),
-            endpoints.openai_base_url.unwrap_or_else(|| "https://api.openai.com/v1".into()),
-            endpoints.openai_api_key,
-        );
+        let openai_base_url = endpoints.openai_base_url.unwrap_or_else(|| "https://api.openai.com/v1".into());
+        let openai = OpenAiChat::new(client.clone(), openai_base_url.clone(), endpoints.openai_api_key.clone());
+        let responses = OpenAiResponses::new(client.clone(), openai_base_url, endpoints.openai_api_key);
         let mut anthropic = Anthropic::new(client, endpoints.anthropic_api_key);
         if let Some(url) = endpoints.anthropic_base_url {
             anthropic = anthropic.with_base_url(url);
         }
-        Ok(Providers { openai: Arc::new(openai), anthropic: Arc::new(anthropic) })
+        Ok(Providers { openai: Arc::new(openai), responses: Arc::new(responses), anthropic: Arc::new(anthropic) })
     }
 
     pub fn get(&self, kind: ProviderKind) -> Arc<dyn ModelProvider> {
         match kind {
             ProviderKind::OpenAi => self.openai.clone(),
+            ProviderKind::OpenAiResponses => self.responses.clone(),
             ProviderKind::Anthropic => self.anthropic.clone(),
         }
     }

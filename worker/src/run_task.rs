@@ -90,6 +90,7 @@ async fn drive(ctx: &WorkerContext, run: &Run, lease: &Lease, events: &mut Event
         provider: ctx.providers.get(kind),
         model: run.model.name.clone().unwrap_or_else(|| ctx.config.default_model.clone()),
         max_tokens: run.model.max_tokens.unwrap_or(ctx.config.default_max_tokens),
+        pricing: &|model, usage| ctx.prices.cost(model, usage),
         tools: &ctx.tools,
         events,
     };
@@ -133,6 +134,7 @@ async fn finish(ctx: &WorkerContext, run: &Run, lease: &Lease, ending: Ending) {
         Ending::Finished(Outcome::Failed { error }) | Ending::Error(error) => EventBody::RunFailed { error },
         Ending::Cancelled => EventBody::RunCancelled { reason: "cancelled by client".into() },
         Ending::TimedOut => EventBody::RunTimedOut { limit_s: run.limits.timeout_s() },
+        Ending::Finished(Outcome::TimedOut { limit_s }) => EventBody::RunTimedOut { limit_s },
         Ending::Released => {
             if let Err(e) = ctx.store.release_run(lease).await {
                 tracing::warn!(run_id = %run.id, error = %e, "releasing run failed; its lease will expire");

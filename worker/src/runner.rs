@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bollard::Docker;
+use kiln_protocol::RunStatus;
 use kiln_store::{Listener, Notice, Store, channels};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinSet;
@@ -14,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::config::{Providers, WorkerConfig};
+use crate::providers::pricing::PriceTable;
 use crate::run_task::{self, RunSignals};
 use crate::sandbox;
 use crate::tools::Registry;
@@ -24,6 +26,8 @@ pub struct WorkerContext {
     pub docker: Docker,
     pub config: WorkerConfig,
     pub providers: Providers,
+    /// Prices per model, for cost budgets and `step.finished` events.
+    pub prices: PriceTable,
     pub tools: Registry,
 }
 
@@ -113,8 +117,8 @@ impl Worker {
         }
     }
 
-    /// Removes containers whose runs are no longer active: left by a worker
-    /// that died, or by this one before a crash.
+    /// Removes containers whose runs are no longer active (finished, or back
+    /// in the queue): left by a worker that died, or by this one before a crash.
     async fn clean_up_leftovers(&self) {
         let containers = match sandbox::list_managed_with_runs(&self.ctx.docker).await {
             Ok(c) => c,
@@ -124,15 +128,15 @@ impl Worker {
             }
         };
         for (container, run_id) in containers {
-            let active = match run_id {
-                Some(id) => matches!(
-                    self.ctx.store.get_run_unscoped(id).await,
-                    Ok(Some(run)) if !run.status.is_terminal() && run.status != kiln_protocol::RunStatus::Queued
-                ),
-                None => false,
+            // A container whose run this database does not know belongs to
+            // another Kiln deployment sharing the engine: not ours to remove.
+            let Some(run_id) = run_id else { continue };
+            let leftover = match self.ctx.store.get_run_unscoped(run_id).await {
+                Ok(Some(run)) => !matches!(run.status, RunStatus::Running | RunStatus::AwaitingApproval),
+                Ok(None) | Err(_) => false,
             };
-            if !active {
-                tracing::info!(%container, "removing leftover sandbox");
+            if leftover {
+                tracing::info!(%container, %run_id, "removing leftover sandbox");
                 sandbox::remove_by_id(&self.ctx.docker, &container).await;
             }
         }

@@ -1,8 +1,10 @@
 pub mod events;
 pub mod health;
 pub mod runs;
+pub mod webhooks;
 
 use axum::Router;
+use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 
 use crate::{ApiError, AppState};
@@ -13,6 +15,10 @@ pub fn v1() -> Router<AppState> {
         .route("/runs/{id}", get(runs::get))
         .route("/runs/{id}/cancel", post(runs::cancel))
         .route("/runs/{id}/events", get(events::events))
+        .route(
+            "/webhooks/github",
+            post(webhooks::github).layer(DefaultBodyLimit::max(webhooks::MAX_WEBHOOK_BODY_BYTES)),
+        )
 }
 
 pub async fn not_found() -> ApiError {

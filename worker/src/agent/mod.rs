@@ -5,34 +5,40 @@
 //! Messages are the durable state: a run picked up by another worker reloads
 //! them and continues from the last checkpoint.
 
+mod budget;
 pub mod events;
+mod guard;
 mod model_call;
+mod prompt;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use kiln_protocol::{EventBody, Message, Part, Role, Run};
+use kiln_protocol::{EventBody, Message, Part, Role, Run, Usage};
 use kiln_store::{Lease, Store, StoreError};
 
+use crate::providers::assemble::Assembled;
 use crate::providers::{FinishReason, ModelProvider, ModelRequest, ProviderError};
 use crate::sandbox::Sandbox;
 use crate::tools::{Registry, ToolContext, ToolFailure};
+use budget::{Budget, BudgetCheck, Exhausted};
 use events::EventSink;
+use guard::{LoopGuard, Verdict};
 
 /// Said to the model for a call whose result was never stored because the
 /// worker running it died (DESIGN.md §6): it must not be re-run blindly.
 pub const INTERRUPTED: &str = "interrupted: the worker running this call was lost; it may or may not have completed";
 
-const SYSTEM_PROMPT: &str = "You are Kiln, a coding agent working in a sandboxed Linux container. \
-The repository (if any) is checked out in /workspace, which is your working directory. \
-Use the tools to inspect and change files and to run commands. Work step by step; when the \
-task is done, reply with a short summary of what you did and stop calling tools.";
+/// Continuations after the output limit cut an answer short, per run.
+const MAX_CONTINUATIONS: u32 = 3;
+const CONTINUE: &str = "[kiln] Your answer was cut off by the output limit. Continue exactly where you stopped.";
 
 /// How a run's loop ended, when it ended on its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Succeeded { summary: String },
     Failed { error: String },
+    TimedOut { limit_s: u32 },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +60,8 @@ pub struct AgentRun<'a> {
     pub provider: Arc<dyn ModelProvider>,
     pub model: String,
     pub max_tokens: u32,
+    /// Price of one step's usage for `model`; `None` when unknown.
+    pub pricing: &'a (dyn Fn(&str, &Usage) -> Option<f64> + Send + Sync),
     pub tools: &'a Registry,
     pub events: &'a mut EventSink,
 }
@@ -64,28 +72,30 @@ impl AgentRun<'_> {
     /// could not fix become a failed outcome.
     pub async fn drive(mut self) -> Result<Outcome, AgentError> {
         let mut messages = self.resume().await?;
-        let max_steps = self.run.limits.max_steps();
-        let mut step = self.store.count_run_messages(self.run.id, "assistant").await? as u32;
+        let mut budget = Budget::new(self.run.limits);
+        budget.steps = self.store.count_run_messages(self.run.id, "assistant").await? as u32;
+        budget.record(&self.store.run_usage(self.run.id).await?, None);
+        // Spend before a resume is unpriced here; count it as known zero cost
+        // only when there was none.
+        if budget.tokens() == 0 {
+            budget.cost_usd = Some(0.0);
+        }
+        let mut guard = LoopGuard::default();
+        let mut continuations = 0;
         loop {
-            if let Some(Outcome::Succeeded { summary }) = finished(&messages) {
-                return Ok(Outcome::Succeeded { summary });
+            if let Some(outcome) = finished(&messages) {
+                return Ok(outcome);
             }
-            if step >= max_steps {
-                return Ok(Outcome::Failed {
-                    error: format!("reached the step limit ({max_steps}) before the task was finished"),
-                });
-            }
-            step += 1;
-            self.events.emit(EventBody::StepStarted { step }).await?;
-            let request = ModelRequest {
-                model: self.model.clone(),
-                system: SYSTEM_PROMPT.into(),
-                messages: messages.clone(),
-                tools: self.tools.specs(),
-                max_tokens: self.max_tokens,
-                temperature: self.run.model.temperature,
+            let note = match budget.check(self.elapsed()) {
+                BudgetCheck::Ok => None,
+                BudgetCheck::Warn(note) => Some(note),
+                BudgetCheck::Exhausted(Exhausted::Time { limit_s }) => return Ok(Outcome::TimedOut { limit_s }),
+                BudgetCheck::Exhausted(Exhausted::Budget(reason)) => return Ok(Outcome::Failed { error: reason }),
             };
-            let assembled = match model_call::call_model(self.provider.as_ref(), &request, self.events).await {
+            budget.steps += 1;
+            let step = budget.steps;
+            self.events.emit(EventBody::StepStarted { step }).await?;
+            let assembled = match self.call_model(&messages, note).await {
                 Ok(a) => a,
                 Err(AgentError::Provider(e)) => {
                     return Ok(Outcome::Failed { error: format!("model call failed: {e}") });
@@ -93,6 +103,8 @@ impl AgentRun<'_> {
                 Err(e) => return Err(e),
             };
             let finish = assembled.finish_reason.clone().unwrap_or(FinishReason::EndTurn);
+            let cost = (self.pricing)(&self.model, &assembled.usage);
+            budget.record(&assembled.usage, cost);
             self.store
                 .append_message(
                     self.lease,
@@ -108,6 +120,7 @@ impl AgentRun<'_> {
                     step,
                     finish_reason: finish.as_str().to_owned(),
                     usage: assembled.usage,
+                    cost_usd: cost,
                 })
                 .await?;
 
@@ -116,6 +129,7 @@ impl AgentRun<'_> {
                 .tool_calls()
                 .map(|(id, name, args)| (id.to_owned(), name.to_owned(), args.clone()))
                 .collect();
+            let verdict = guard.observe(calls.iter().map(|(_, name, args)| (name.as_str(), args)));
             if !calls.is_empty() {
                 let results = self.run_tools(calls).await?;
                 self.persist(&mut messages, results).await?;
@@ -131,7 +145,40 @@ impl AgentRun<'_> {
                     .join("\n");
                 self.persist(&mut messages, Message::user(text)).await?;
             }
+            match verdict {
+                Verdict::Continue => {}
+                Verdict::Nudge(text) => self.persist(&mut messages, Message::user(text)).await?,
+                Verdict::Stop(reason) => return Ok(Outcome::Failed { error: reason }),
+            }
+            let cut_short = finish == FinishReason::MaxTokens && assembled.message.tool_calls().next().is_none();
+            if cut_short && continuations < MAX_CONTINUATIONS {
+                continuations += 1;
+                self.persist(&mut messages, Message::user(CONTINUE)).await?;
+            }
         }
+    }
+
+    /// One model call with the conversation so far, plus a transient budget
+    /// note (sent, not stored).
+    async fn call_model(&mut self, messages: &[Message], note: Option<String>) -> Result<Assembled, AgentError> {
+        let mut request_messages = messages.to_vec();
+        if let Some(note) = note {
+            request_messages.push(Message::user(note));
+        }
+        let request = ModelRequest {
+            model: self.model.clone(),
+            system: prompt::system_prompt(),
+            messages: request_messages,
+            tools: self.tools.specs(),
+            max_tokens: self.max_tokens,
+            temperature: self.run.model.temperature,
+        };
+        model_call::call_model(self.provider.as_ref(), &request, self.events).await
+    }
+
+    /// Wall clock since the run first started (across attempts).
+    fn elapsed(&self) -> Duration {
+        self.run.started_at.and_then(|t| (chrono::Utc::now() - t).to_std().ok()).unwrap_or_default()
     }
 
     /// Loads the conversation; on the run's first attempt adds its prompt;
@@ -173,30 +220,57 @@ impl AgentRun<'_> {
         Ok(messages)
     }
 
-    /// Runs the calls one at a time, in order, emitting their events.
+    /// Runs one step's calls: consecutive read-only calls together, calls
+    /// that change things one at a time, in the model's order. Results go
+    /// back in that order too.
     async fn run_tools(&mut self, calls: Vec<(String, String, serde_json::Value)>) -> Result<Message, AgentError> {
-        let ctx = ToolContext { sandbox: self.sandbox };
         let mut parts = Vec::with_capacity(calls.len());
-        for (call_id, name, arguments) in calls {
-            self.events
-                .emit(EventBody::ToolCallReady {
+        let mut rest = calls.as_slice();
+        while !rest.is_empty() {
+            let read_only = |(_, name, _): &(String, String, serde_json::Value)| {
+                self.tools.get(name).is_some_and(|t| !t.is_mutating())
+            };
+            let batch_len = if read_only(&rest[0]) { rest.iter().take_while(|c| read_only(c)).count() } else { 1 };
+            let (batch, tail) = rest.split_at(batch_len);
+            rest = tail;
+            for (call_id, name, arguments) in batch {
+                self.events
+                    .emit(EventBody::ToolCallReady {
+                        call_id: call_id.clone(),
+                        name: name.clone(),
+                        arguments: arguments.clone(),
+                    })
+                    .await?;
+            }
+            let ctx = ToolContext { sandbox: self.sandbox };
+            let tools = self.tools;
+            let outcomes = futures::future::join_all(batch.iter().map(|(_, name, arguments)| {
+                let ctx = &ctx;
+                async move {
+                    let started = Instant::now();
+                    let outcome = tools.call(ctx, name, arguments.clone()).await;
+                    (outcome, started.elapsed())
+                }
+            }))
+            .await;
+            for ((call_id, name, _), (outcome, took)) in batch.iter().zip(outcomes) {
+                let outcome = outcome?;
+                self.events
+                    .emit(EventBody::ToolResult {
+                        call_id: call_id.clone(),
+                        name: name.clone(),
+                        output: outcome.output.clone(),
+                        is_error: outcome.is_error,
+                        duration_ms: took.as_millis() as u64,
+                    })
+                    .await?;
+                parts.push(Part::ToolResult {
                     call_id: call_id.clone(),
                     name: name.clone(),
-                    arguments: arguments.clone(),
-                })
-                .await?;
-            let started = Instant::now();
-            let outcome = self.tools.call(&ctx, &name, arguments).await?;
-            self.events
-                .emit(EventBody::ToolResult {
-                    call_id: call_id.clone(),
-                    name: name.clone(),
-                    output: outcome.output.clone(),
+                    output: outcome.output,
                     is_error: outcome.is_error,
-                    duration_ms: started.elapsed().as_millis() as u64,
-                })
-                .await?;
-            parts.push(Part::ToolResult { call_id, name, output: outcome.output, is_error: outcome.is_error });
+                });
+            }
         }
         Ok(Message { role: Role::Tool, parts })
     }

@@ -9,6 +9,8 @@ pub mod anthropic;
 pub mod assemble;
 pub mod error;
 pub mod openai;
+pub mod pricing;
+pub mod responses;
 mod sse;
 
 use futures::stream::BoxStream;

@@ -1,0 +1,141 @@
+//! `POST /v1/webhooks/github`: GitHub's deliveries.
+//!
+//! Authenticated by the payload's HMAC signature, not a bearer token (this
+//! handler takes no `Subject`). In order: refuse if webhooks are not
+//! configured; read the raw body (at most [`MAX_WEBHOOK_BODY_BYTES`]); check
+//! the signature over exactly those bytes; answer a delivery id seen before
+//! from the table; only then parse and decide. Every verified delivery is
+//! recorded, pings and ignored ones included, so redeliveries are one
+//! lookup and the table is a full log of what GitHub sent.
+//!
+//! Answers: 201 `{"run_id"}` (a run was queued), 200 `{"ok": true}` (ping),
+//! 202 `{"ignored": "<reason>"}`, 200 `{"duplicate": true, "run_id"}` (seen
+//! before; nothing created). GitHub shows these in the hook's delivery log.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use kiln_protocol::CreateRun;
+use kiln_store::{Delivery, NewGithubRun, PastDelivery, Recorded};
+use serde_json::json;
+
+use crate::github::events::{self, Decision, Payload, RunRequest};
+use crate::github::{GithubWebhookConfig, prompt};
+use crate::{ApiError, AppState};
+
+/// Largest delivery accepted. GitHub's payloads are far smaller in practice
+/// (it caps them at 25 MB, but issue bodies and comments at 64 K characters).
+pub const MAX_WEBHOOK_BODY_BYTES: usize = 1024 * 1024;
+
+const SIGNATURE_HEADER: &str = "x-hub-signature-256";
+const DELIVERY_HEADER: &str = "x-github-delivery";
+const EVENT_HEADER: &str = "x-github-event";
+
+pub async fn github(State(state): State<AppState>, request: Request) -> Result<Response, ApiError> {
+    let Some(config) = state.github.clone() else {
+        return Err(ApiError::NotFound(
+            "GitHub webhooks are disabled on this server: set KILN_GITHUB_WEBHOOK_SECRET to enable them".into(),
+        ));
+    };
+    let headers = request.headers().clone();
+    let body = read_body(request).await?;
+    let signature = headers.get(SIGNATURE_HEADER).map(|v| v.as_bytes());
+    config.secret.verify(signature, &body).map_err(|e| ApiError::Unauthorized(e.to_string()))?;
+
+    let delivery_id = delivery_id(&headers)?;
+    let event = event_name(&headers)?;
+    if let Some(past) = state.store.past_delivery(&delivery_id).await? {
+        return Ok(duplicate(past));
+    }
+    refuse_form_encoding(&headers)?;
+    let payload = Payload::parse(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let delivery = Delivery { id: delivery_id, event, action: payload.action(), repo: payload.repo() };
+    let decision =
+        events::decide(&delivery.event, &payload, &config.rules).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+
+    let response = match decision {
+        Decision::Ping => match state.store.record_delivery(&delivery, "ping").await? {
+            Recorded::New { .. } => (StatusCode::OK, Json(json!({ "ok": true }))).into_response(),
+            Recorded::Duplicate(past) => duplicate(past),
+        },
+        Decision::Ignore(reason) => {
+            match state.store.record_delivery(&delivery, &format!("ignored: {reason}")).await? {
+                Recorded::New { .. } => (StatusCode::ACCEPTED, Json(json!({ "ignored": reason }))).into_response(),
+                Recorded::Duplicate(past) => duplicate(past),
+            }
+        }
+        Decision::Run(request) => {
+            let new = new_run(*request, &config)?;
+            match state.store.create_github_run(&delivery, &new).await? {
+                Recorded::New { run_id } => (StatusCode::CREATED, Json(json!({ "run_id": run_id }))).into_response(),
+                Recorded::Duplicate(past) => duplicate(past),
+            }
+        }
+    };
+    tracing::info!(delivery = %delivery.id, event = %delivery.event, status = %response.status(), "GitHub delivery");
+    Ok(response)
+}
+
+/// The raw body, under the route's body limit.
+async fn read_body(request: Request) -> Result<Bytes, ApiError> {
+    Bytes::from_request(request, &()).await.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge(format!("webhook body is larger than {MAX_WEBHOOK_BODY_BYTES} bytes"))
+        } else {
+            ApiError::BadRequest(format!("could not read the request body: {}", e.body_text()))
+        }
+    })
+}
+
+/// `X-GitHub-Delivery`: a GUID per delivery, the same on redelivery.
+fn delivery_id(headers: &HeaderMap) -> Result<String, ApiError> {
+    let value =
+        headers.get(DELIVERY_HEADER).ok_or_else(|| ApiError::BadRequest("missing X-GitHub-Delivery header".into()))?;
+    value
+        .to_str()
+        .ok()
+        .filter(|id| !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_owned)
+        .ok_or_else(|| ApiError::BadRequest("X-GitHub-Delivery must be 1 to 128 printable ASCII characters".into()))
+}
+
+/// `X-GitHub-Event`, e.g. `issue_comment`.
+fn event_name(headers: &HeaderMap) -> Result<String, ApiError> {
+    let value =
+        headers.get(EVENT_HEADER).ok_or_else(|| ApiError::BadRequest("missing X-GitHub-Event header".into()))?;
+    value
+        .to_str()
+        .ok()
+        .filter(|e| !e.is_empty() && e.len() <= 64 && e.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))
+        .map(str::to_owned)
+        .ok_or_else(|| ApiError::BadRequest("X-GitHub-Event must be an event name like issue_comment".into()))
+}
+
+/// A hook set to GitHub's other content type sends `payload=<urlencoded
+/// JSON>`; say how to fix the hook rather than "malformed JSON".
+fn refuse_form_encoding(headers: &HeaderMap) -> Result<(), ApiError> {
+    let form = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("application/x-www-form-urlencoded"));
+    if form {
+        return Err(ApiError::UnsupportedMediaType(
+            "set the webhook's content type to application/json in GitHub's hook settings".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The run for a request, checked like an API-submitted run.
+fn new_run(request: RunRequest, config: &GithubWebhookConfig) -> Result<NewGithubRun, ApiError> {
+    let spec =
+        CreateRun { prompt: prompt::build(&request.task), repo: Some(request.repo.clone()), model: None, limits: None };
+    spec.validate().map_err(|e| ApiError::BadRequest(format!("cannot make a run from this delivery: {e}")))?;
+    Ok(NewGithubRun { owner: config.owner.clone(), prompt: spec.prompt, repo: request.repo, origin: request.origin })
+}
+
+fn duplicate(past: PastDelivery) -> Response {
+    (StatusCode::OK, Json(json!({ "duplicate": true, "run_id": past.run_id }))).into_response()
+}

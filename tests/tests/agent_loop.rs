@@ -1,0 +1,205 @@
+//! Loop controls, end to end: budgets, the loop guard, retries, parallel
+//! read-only tools.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use kiln_scripted_model::{Reply, ScriptedCall};
+use kiln_tests::{Ev, Options, TestApp, assert_dense, kinds};
+use serde_json::{Value, json};
+
+async fn run_to_end(app: &TestApp, body: Value) -> (String, Vec<Ev>) {
+    let run = app.create_run("alice", body).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let events = app.events_to_end("alice", &id).await;
+    assert_dense(&events, 1);
+    (id, events)
+}
+
+fn count(events: &[Ev], kind: &str) -> usize {
+    events.iter().filter(|e| e.kind == kind).count()
+}
+
+fn echo(n: u32) -> Reply {
+    Reply::tool("bash", json!({"command": format!("echo step {n}")}))
+}
+
+#[tokio::test]
+async fn the_step_budget_stops_the_run_before_the_next_model_call() {
+    let app = TestApp::spawn(Options { script: (1..=6).map(echo).collect(), ..Default::default() }).await;
+    let (id, events) = run_to_end(&app, json!({"prompt": "loop", "limits": {"max_steps": 2}})).await;
+    let last = events.last().unwrap();
+    assert_eq!(last.kind, "run.failed", "{:?}", kinds(&events));
+    assert!(last.data["error"].as_str().unwrap().contains("step budget exhausted: 2 of 2"), "{}", last.data);
+    assert_eq!(count(&events, "step.started"), 2);
+    assert_eq!(app.model.requests().len(), 2);
+    let run = app.get_run("alice", &id).await;
+    assert_eq!(run["status"], "failed");
+}
+
+#[tokio::test]
+async fn the_token_budget_stops_the_run_and_names_itself() {
+    let app = TestApp::spawn(Options { script: (1..=6).map(echo).collect(), ..Default::default() }).await;
+    // The scripted model reports ~1 input token per 4 request bytes: one
+    // request with the system prompt and tool schemas is well over 100.
+    let (_, events) = run_to_end(&app, json!({"prompt": "loop", "limits": {"max_tokens": 100}})).await;
+    let last = events.last().unwrap();
+    assert_eq!(last.kind, "run.failed");
+    assert!(last.data["error"].as_str().unwrap().contains("token budget exhausted"), "{}", last.data);
+    assert_eq!(app.model.requests().len(), 1, "stops before the second model call");
+}
+
+#[tokio::test]
+async fn at_eighty_percent_of_a_budget_the_model_is_told() {
+    let app = TestApp::spawn(Options { script: (1..=6).map(echo).collect(), ..Default::default() }).await;
+    let (_, events) = run_to_end(&app, json!({"prompt": "loop", "limits": {"max_steps": 5}})).await;
+    assert_eq!(events.last().unwrap().kind, "run.failed");
+    let requests = app.model.requests();
+    assert_eq!(requests.len(), 5);
+    let body = |i: usize| requests[i].body.to_string();
+    assert!(!body(3).contains("Budget note"), "step 4 of 5 is below 80 %");
+    assert!(body(4).contains("Budget note") && body(4).contains("1 of 5 steps left"), "{}", body(4));
+}
+
+#[tokio::test]
+async fn the_wall_clock_limit_ends_the_run_timed_out() {
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::tool("bash", json!({"command": "sleep 30"}))],
+        ..Default::default()
+    })
+    .await;
+    let started = std::time::Instant::now();
+    let (id, events) = run_to_end(&app, json!({"prompt": "wait", "limits": {"timeout_s": 2}})).await;
+    assert_eq!(events.last().unwrap().kind, "run.timed_out");
+    assert_eq!(events.last().unwrap().data["limit_s"], 2);
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert_eq!(app.get_run("alice", &id).await["status"], "timed_out");
+    assert!(app.containers_of(&id).await.is_empty());
+}
+
+#[tokio::test]
+async fn the_loop_guard_nudges_then_stops_a_repeating_model() {
+    let same = || Reply::tool("bash", json!({"command": "ls"}));
+    let app = TestApp::spawn(Options { script: (0..8).map(|_| same()).collect(), ..Default::default() }).await;
+    let (_, events) = run_to_end(&app, json!({"prompt": "loop"})).await;
+    let last = events.last().unwrap();
+    assert_eq!(last.kind, "run.failed");
+    assert!(last.data["error"].as_str().unwrap().contains("loop guard"), "{}", last.data);
+    let requests = app.model.requests();
+    assert_eq!(requests.len(), 5, "stopped at the fifth identical call");
+    assert!(!requests[2].body.to_string().contains("same tool call with the same arguments"));
+    assert!(requests[3].body.to_string().contains("same tool call with the same arguments 3 times"));
+}
+
+#[tokio::test]
+async fn an_overloaded_provider_is_retried_and_the_retry_is_an_event() {
+    let app =
+        TestApp::spawn(Options { script: vec![Reply::error(529), Reply::text("fine")], ..Default::default() }).await;
+    let (_, events) = run_to_end(&app, json!({"prompt": "hi"})).await;
+    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
+    let retry = events.iter().find(|e| e.kind == "model.retry").expect("model.retry event");
+    assert_eq!(retry.data["attempt"], 1);
+    assert!(retry.data["error"].as_str().unwrap().contains("529"));
+    assert_eq!(app.model.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn a_permanent_provider_error_fails_the_run_clearly() {
+    let app = TestApp::spawn(Options { script: vec![Reply::error(400)], ..Default::default() }).await;
+    let (_, events) = run_to_end(&app, json!({"prompt": "hi"})).await;
+    let last = events.last().unwrap();
+    assert_eq!(last.kind, "run.failed");
+    assert!(last.data["error"].as_str().unwrap().contains("400"), "{}", last.data);
+    assert_eq!(count(&events, "model.retry"), 0);
+}
+
+#[tokio::test]
+async fn read_only_calls_run_together_and_results_keep_the_models_order() {
+    let app = TestApp::spawn(Options {
+        script: vec![
+            Reply::tool("write", json!({"path": "a.txt", "content": "alpha\n"})),
+            Reply::tools(vec![
+                ScriptedCall::new("view", json!({"path": "a.txt"})),
+                ScriptedCall::new("view", json!({"path": "missing.txt"})),
+                ScriptedCall::new("bash", json!({"command": "echo after"})),
+                ScriptedCall::new("view", json!({"file_path": "a.txt"})),
+            ]),
+            Reply::text("done"),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let (_, events) = run_to_end(&app, json!({"prompt": "read"})).await;
+    assert_eq!(events.last().unwrap().kind, "run.succeeded");
+    // The second step's tool events: both views are announced before either
+    // result (one batch), the bash call runs alone, then the last view.
+    let step: Vec<(&str, &str)> = events
+        .iter()
+        .skip_while(|e| !(e.kind == "step.started" && e.data["step"] == 2))
+        .filter(|e| e.kind == "tool_call.ready" || e.kind == "tool.result")
+        .map(|e| (e.kind.as_str(), e.data["name"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        step,
+        [
+            ("tool_call.ready", "view"),
+            ("tool_call.ready", "view"),
+            ("tool.result", "view"),
+            ("tool.result", "view"),
+            ("tool_call.ready", "bash"),
+            ("tool.result", "bash"),
+            ("tool_call.ready", "view"),
+            ("tool.result", "view"),
+        ]
+    );
+    // Results go back to the model in the order it made the calls.
+    let requests = app.model.requests();
+    let messages = requests[2].body["messages"].as_array().unwrap();
+    let tool_outputs: Vec<&str> =
+        messages.iter().filter(|m| m["role"] == "tool").map(|m| m["content"].as_str().unwrap()).collect();
+    assert_eq!(tool_outputs.len(), 5);
+    assert!(tool_outputs[1].contains("alpha"));
+    assert!(tool_outputs[2].contains("no such file"));
+    assert!(tool_outputs[3].contains("after"));
+    assert!(tool_outputs[4].contains("alpha"), "file_path is accepted as an alias of path");
+}
+
+#[tokio::test]
+async fn the_cost_budget_stops_the_run_and_each_step_reports_its_cost() {
+    let app = TestApp::spawn(Options { script: (1..=20).map(echo).collect(), ..Default::default() }).await;
+    // The harness prices the scripted model at $1 per million tokens.
+    let (_, events) = run_to_end(&app, json!({"prompt": "loop", "limits": {"max_cost_usd": 0.001}})).await;
+    let last = events.last().unwrap();
+    assert_eq!(last.kind, "run.failed");
+    assert!(last.data["error"].as_str().unwrap().contains("cost budget exhausted"), "{}", last.data);
+    let costs: Vec<f64> =
+        events.iter().filter(|e| e.kind == "step.finished").map(|e| e.data["cost_usd"].as_f64().unwrap()).collect();
+    assert!(!costs.is_empty() && costs.iter().all(|c| *c > 0.0), "{costs:?}");
+    let total: f64 = costs.iter().sum();
+    let last_step = costs.last().unwrap();
+    // Never overshoots by more than one step's spend.
+    assert!(total >= 0.001 && total - last_step < 0.001, "total {total}, last step {last_step}");
+    assert!(app.model.requests().len() < 20);
+}
+
+#[tokio::test]
+async fn a_tool_call_cut_off_mid_stream_is_never_run() {
+    let app = TestApp::spawn(Options {
+        script: vec![
+            Reply::cut_mid_tool("bash", json!({"command": "echo SHOULD-NOT-RUN"})),
+            Reply::tool("bash", json!({"command": "echo second"})),
+            Reply::text("done"),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let (_, events) = run_to_end(&app, json!({"prompt": "go"})).await;
+    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
+    let retry = events.iter().find(|e| e.kind == "model.retry").expect("the cut stream is retried");
+    assert!(retry.data["error"].as_str().unwrap().contains("ended before"), "{}", retry.data);
+    let ran: Vec<&str> = events
+        .iter()
+        .filter(|e| e.kind == "tool_call.ready")
+        .map(|e| e.data["arguments"]["command"].as_str().unwrap())
+        .collect();
+    assert_eq!(ran, ["echo second"]);
+    assert!(!events.iter().any(|e| e.data.to_string().contains("SHOULD-NOT-RUN\\n")));
+}

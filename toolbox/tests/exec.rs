@@ -1,0 +1,213 @@
+//! `exec` through the real binary: streaming, state between calls, stdin,
+//! timeouts and cancellation killing whole process groups, bounded memory.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use kiln_toolbox::protocol::*;
+
+#[test]
+fn echo_streams_and_returns_merged_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tb = Toolbox::start(dir.path());
+    assert_eq!(tb.hello.protocol_version, PROTOCOL_VERSION);
+    assert_eq!(tb.hello.pid, tb.pid());
+
+    let (r, streamed) =
+        tb.exec_req(ExecRequest::new("echo hello; echo oops >&2; printf '\\033[1;31mred\\033[0m\\r\\n'"));
+    assert_eq!(r.output, "hello\noops\nred\n");
+    assert_eq!(streamed, r.output);
+    assert_eq!((r.exit_code, r.signal, r.timed_out, r.cancelled), (Some(0), None, false, false));
+    assert_eq!(r.cwd, dir.path().to_string_lossy());
+}
+
+#[test]
+fn cwd_and_exported_variables_persist_between_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tb = Toolbox::start(dir.path());
+    let r = tb.exec("cd /tmp && pwd");
+    assert_eq!((r.output.as_str(), r.cwd.as_str()), ("/tmp\n", "/tmp"));
+    assert_eq!(tb.exec("pwd").output, "/tmp\n");
+
+    // `exit` still records the state; so does a failing command.
+    let r = tb.exec("cd / && export KILN_T=1 && exit 3");
+    assert_eq!((r.exit_code, r.cwd.as_str()), (Some(3), "/"));
+    assert_eq!(tb.exec("echo \"$KILN_T $PWD\"").output, "1 /\n");
+    tb.exec("unset KILN_T");
+    assert_eq!(tb.exec("echo \"[${KILN_T-unset}]\"").output, "[unset]\n");
+
+    // Per-call variables apply to that call only.
+    let mut req = ExecRequest::new("echo $ONCE");
+    req.env = vec![("ONCE".into(), "x".into())];
+    assert_eq!(tb.exec_req(req).0.output, "x\n");
+    assert_eq!(tb.exec("echo \"[${ONCE-unset}]\"").output, "[unset]\n");
+    // SHLVL does not creep up call after call.
+    assert_eq!(tb.exec("echo $SHLVL").output, tb.exec("echo $SHLVL").output);
+
+    // The plumbing stays invisible.
+    assert_eq!(tb.exec("env | grep -c KILN_TOOLBOX; echo ${BASH_ENV-none}").output, "0\nnone\n");
+    // A syntax error is reported with the user's own line.
+    let r = tb.exec("echo a; fi");
+    assert_eq!(r.exit_code, Some(2));
+    assert!(r.output.contains("`echo a; fi'"), "{}", r.output);
+}
+
+#[test]
+fn stdin_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tb = Toolbox::start(dir.path());
+    let started = Instant::now();
+    let r = tb.exec("read x; echo \"rc=$?\"");
+    assert_eq!(r.output, "rc=1\n");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn exit_codes_and_signals_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tb = Toolbox::start(dir.path());
+    let r = tb.exec("exit 137");
+    assert_eq!((r.exit_code, r.signal, r.timed_out), (Some(137), None, false));
+    let r = tb.exec("kill -9 $$");
+    assert_eq!((r.exit_code, r.signal), (None, Some(9)));
+    // SIGPIPE is back to its default in commands (Rust ignores it in the toolbox itself).
+    let r = tb.exec("yes | head -n 2; echo \"${PIPESTATUS[0]}\"");
+    assert_eq!(r.output, "y\ny\n141\n");
+}
+
+#[test]
+fn timeout_kills_the_whole_process_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tb = Toolbox::start(dir.path());
+    let mut req =
+        ExecRequest::new("echo $$; sleep 600 & echo $!; nohup sleep 600 >/dev/null 2>&1 & echo $!; sleep 600");
+    req.timeout_ms = 1000;
+    let started = Instant::now();
+    let (r, _) = tb.exec_req(req);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(r.timed_out);
+    assert_eq!((r.exit_code, r.signal), (None, Some(9)));
+    let pids: Vec<u32> = r.output.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(pids.len(), 3, "{}", r.output);
+    for pid in &pids {
+        assert!(!process_exists(*pid), "process {pid} survived");
+    }
+    assert_eq!(group_members(pids[0]), Vec::<u32>::new());
+    // The session goes on.
+    assert_eq!(tb.exec("echo alive").output, "alive\n");
+}
+
+#[test]
+fn cancel_kills_a_running_exec() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tb = Toolbox::start(dir.path());
+    let started = Instant::now();
+    let id = tb.send(RequestBody::Exec(ExecRequest::new("echo started; sleep 600 & sleep 600")));
+    // Wait until it runs, then cancel it.
+    let mut first = String::new();
+    let out = tb.next_matching(|m| matches!(m, ServerMessage::Output(o) if o.id == id));
+    if let ServerMessage::Output(o) = out {
+        first = o.data;
+    }
+    assert_eq!(first, "started\n");
+    let cancel = tb.send(RequestBody::Cancel(CancelRequest { target: id }));
+    assert_eq!(tb.wait(cancel), Reply::Cancel(CancelResult { target: id, was_running: true }));
+    let Reply::Exec(r) = tb.wait(id) else { panic!("expected an exec result") };
+    assert!(r.cancelled && !r.timed_out);
+    assert_eq!(r.signal, Some(9));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // Cancelling what is not running says so.
+    let again = tb.send(RequestBody::Cancel(CancelRequest { target: id }));
+    assert_eq!(tb.wait(again), Reply::Cancel(CancelResult { target: id, was_running: false }));
+}
+
+#[test]
+fn background_children_do_not_hold_the_call_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tb = Toolbox::start(dir.path());
+    let started = Instant::now();
+    let r = tb.exec("sleep 600 & echo $!");
+    assert!(started.elapsed() < Duration::from_secs(5), "returned when the shell exited");
+    let pid: u32 = r.output.trim().parse().unwrap();
+    assert!(process_exists(pid), "a background process outlives its call");
+    tb.exec(&format!("kill {pid}"));
+}
+
+#[test]
+fn output_looking_like_frames_or_markers_is_returned_verbatim() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tb = Toolbox::start(dir.path());
+    // A length prefix and a complete fake response frame, a fake hello, fake markers.
+    let fake = r#"printf '\x00\x00\x00\x2e{"type":"response","id":1,"result":{"type":"pong"}}'; echo; echo '{"type":"hello","protocol_version":9}'; echo '__KILN_STATE__ /etc'; printf '%s\0' /etc"#;
+    let (r, streamed) = tb.exec_req(ExecRequest::new(fake));
+    assert_eq!(
+        r.output,
+        "\\x00\\x00\\x00.{\"type\":\"response\",\"id\":1,\"result\":{\"type\":\"pong\"}}\n{\"type\":\"hello\",\"protocol_version\":9}\n__KILN_STATE__ /etc\n/etc\\x00"
+    );
+    assert_eq!(streamed, r.output);
+    assert_eq!(r.cwd, dir.path().to_string_lossy(), "markers in the output do not move the cwd");
+    // The stream is still in sync.
+    assert_eq!(tb.call(RequestBody::Ping), Reply::Pong);
+    assert_eq!(tb.exec("echo ok").output, "ok\n");
+}
+
+#[test]
+fn huge_output_is_capped_with_head_and_tail_and_memory_stays_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tb = Toolbox::start(dir.path());
+    // 200 MB, streamed only for its first MB.
+    let mut req =
+        ExecRequest::new("echo BEGIN; yes 0123456789abcdefghijklmnopqrstuvwxyz | head -c 200000000; echo; echo END");
+    req.stream_cap_bytes = Some(1_000_000);
+    let mut streamed = 0usize;
+    let id = tb.send(RequestBody::Exec(req));
+    let Reply::Exec(r) = tb.wait_with(id, |d| streamed += d.len()) else { panic!("expected an exec result") };
+    assert_eq!(r.exit_code, Some(0));
+    assert!(r.output.starts_with("BEGIN\n0123456789"), "{}", &r.output[..100]);
+    assert!(r.output.ends_with("0123456789abcde\nEND\n"), "{}", &r.output[r.output.len() - 100..]);
+    assert!(r.output.contains(&format!("\n[... {} bytes omitted ...]\n", r.truncated_bytes)));
+    assert_eq!(r.total_bytes, 6 + 200_000_000 + 1 + 4);
+    assert_eq!(r.truncated_bytes, r.total_bytes - 30_000);
+    assert!(r.output.len() < 30_100);
+    assert!(streamed < 1_100_000, "streaming stopped at its cap ({streamed})");
+
+    // And 20 MB streamed in full: the consumer's pace bounds the queue.
+    let (r, streamed) = tb.exec_req(ExecRequest::new("yes abcdefghijklmnopqrstuvwxyz | head -c 20000000"));
+    assert_eq!(streamed.len(), 20_000_000);
+    assert_eq!(r.total_bytes, 20_000_000);
+
+    let hwm_kib = status_kib(tb.pid(), "VmHWM:");
+    assert!(hwm_kib < 64 * 1024, "toolbox peak RSS {hwm_kib} KiB");
+}
+
+#[test]
+fn closing_stdin_stops_the_toolbox_and_its_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tb = Toolbox::start(dir.path());
+    let id = tb.send(RequestBody::Exec(ExecRequest::new("echo $$; sleep 600")));
+    let ServerMessage::Output(o) = tb.next_matching(|m| matches!(m, ServerMessage::Output(o) if o.id == id)) else {
+        unreachable!()
+    };
+    let shell: u32 = o.data.trim().parse().unwrap();
+    let started = Instant::now();
+    let status = tb.close();
+    assert!(status.success());
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(group_members(shell).is_empty());
+}
+
+#[test]
+fn file_tools_run_while_a_command_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.txt"), "a\n").unwrap();
+    let mut tb = Toolbox::start(dir.path());
+    let id = tb.send(RequestBody::Exec(ExecRequest::new("sleep 2; echo done")));
+    let started = Instant::now();
+    let v = tb.view(ViewRequest::new("a.txt"));
+    assert!(v.text.contains("     1\ta"));
+    assert!(started.elapsed() < Duration::from_millis(1500), "view did not wait for the command");
+    let Reply::Exec(r) = tb.wait(id) else { panic!() };
+    assert_eq!(r.output, "done\n");
+}
