@@ -25,6 +25,8 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     MethodNotAllowed(String),
+    #[error("{message}")]
+    TooManyRequests { message: String, retry_after_s: u64 },
     #[error("the database is unavailable; try again shortly")]
     Unavailable,
     #[error("internal error")]
@@ -42,6 +44,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+            ApiError::TooManyRequests { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"),
             ApiError::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
@@ -78,6 +81,9 @@ impl IntoResponse for ApiError {
             }
             ApiError::Unavailable => {
                 response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
+            }
+            ApiError::TooManyRequests { retry_after_s, .. } => {
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_s));
             }
             _ => {}
         }

@@ -7,6 +7,7 @@ pub mod auth;
 mod error;
 mod extract;
 pub mod github;
+pub mod limits;
 mod routes;
 
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use kiln_store::{Listener, Store};
+use kiln_store::{Listener, Quota, Store};
 use tower_http::trace::TraceLayer;
 
 pub use auth::{AuthConfig, Authenticator};
@@ -36,6 +37,8 @@ pub struct AppState {
     pub settings: Arc<ApiSettings>,
     /// GitHub webhook settings; `None` disables the webhook route.
     pub github: Option<Arc<GithubWebhookConfig>>,
+    /// Open SSE streams per subject on this instance.
+    pub sse: Arc<limits::SseGauge>,
 }
 
 #[derive(Debug, Clone)]
@@ -46,6 +49,10 @@ pub struct ApiSettings {
     /// How often an SSE stream re-reads the table even without a
     /// notification (covers notifications lost while LISTEN reconnects).
     pub sse_poll: Duration,
+    /// Per-subject run quota (active runs, creations per minute).
+    pub quota: Quota,
+    /// SSE streams one subject may hold open on one instance.
+    pub max_sse_per_subject: usize,
 }
 
 impl Default for ApiSettings {
@@ -54,6 +61,8 @@ impl Default for ApiSettings {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             sse_keep_alive: Duration::from_secs(15),
             sse_poll: Duration::from_secs(2),
+            quota: Quota { max_active_runs: 20, max_runs_per_minute: 60 },
+            max_sse_per_subject: 32,
         }
     }
 }

@@ -39,6 +39,7 @@ pub async fn start_api(
         auth: Arc::new(auth),
         settings: Arc::new(settings),
         github: github.map(Arc::new),
+        sse: Default::default(),
     };
     let app = kiln_api::router(state);
     let handle = tokio::spawn(async move {
@@ -59,6 +60,16 @@ pub async fn start_worker(
     docker.ping().await.context("the Docker engine does not answer")?;
     let providers = Providers::new(endpoints).context("building the HTTP client")?;
     let listener = store.listener();
+    // `POST /v1/runs/{id}/deliver` retries, served beside the claim loop.
+    if let Some(github) = config.github.clone() {
+        let serve = kiln_worker::github::serve_delivery_requests(
+            github,
+            store.clone(),
+            config.allow_file_repos,
+            shutdown.clone(),
+        );
+        tokio::spawn(serve);
+    }
     let ctx = WorkerContext { store, docker, config, providers, prices, tools: Registry::standard() };
     let worker = Worker::new(ctx, listener);
     Ok(tokio::spawn(worker.run(shutdown)))

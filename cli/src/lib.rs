@@ -4,4 +4,5 @@
 pub mod app;
 pub mod client;
 pub mod local;
+pub mod local_model;
 pub mod settings;

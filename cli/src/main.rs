@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use kiln_cli::app::{open_store, start_api, start_worker};
 use kiln_cli::client::{KilnClient, Printer};
 use kiln_cli::local;
-use kiln_cli::settings::{ApiArgs, AuthArgs, DbArgs, GithubArgs, ModelArgs, WorkerArgs};
+use kiln_cli::settings::{ApiArgs, AuthArgs, DbArgs, GithubArgs, GithubDeliveryArgs, ModelArgs, WorkerArgs};
 use kiln_protocol::{CreateRun, RepoSpec};
 use tokio_util::sync::CancellationToken;
 
@@ -43,6 +43,8 @@ enum Command {
         model: ModelArgs,
         #[command(flatten)]
         worker: WorkerArgs,
+        #[command(flatten)]
+        delivery: GithubDeliveryArgs,
     },
     /// Local all-in-one: start what is missing (Postgres, sandbox image),
     /// then the API and a worker in this process.
@@ -68,6 +70,8 @@ enum Command {
         model: ModelArgs,
         #[command(flatten)]
         worker: WorkerArgs,
+        #[command(flatten)]
+        delivery: GithubDeliveryArgs,
     },
     /// Apply database migrations.
     Migrate {
@@ -175,16 +179,24 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             let github = github.webhook_config()?;
             let store = open_store(db.url()?, db.db_pool_size).await?;
             let shutdown = shutdown_signal();
-            let settings = kiln_api::ApiSettings { max_body_bytes: api.max_body_bytes, ..Default::default() };
+            let settings = api.settings();
             let webhooks = github.is_some();
             let server = start_api(store, auth, settings, github, api.listen, shutdown).await?;
             tracing::info!(addr = %server.addr, github_webhooks = webhooks, "API listening");
             server.handle.await??;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Worker { db, model, worker } => {
+        Command::Worker { db, model, worker, delivery } => {
             init_tracing("info");
-            let config = worker.config(&model)?;
+            if model.is_local() || model.is_scripted() {
+                bail!(
+                    "KILN_MODEL_PROVIDER={} is served by `kiln up`; for a separate worker, run the model server \
+                     yourself and set KILN_MODEL_BASE_URL (see local-model/README.md)",
+                    model.model_provider
+                );
+            }
+            let mut config = worker.config(&model)?;
+            config.github = delivery.github()?;
             let store = open_store(db.url()?, db.db_pool_size).await?;
             let shutdown = shutdown_signal();
             start_worker(store, config, model.endpoints()?, worker.prices()?, shutdown).await?.await?;
@@ -202,7 +214,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Run { prompt, repo, git_ref, follow, url, token } => {
             let client = KilnClient::new(&url, &token)?;
-            let spec = CreateRun { prompt, repo: repo.map(|url| RepoSpec { url, git_ref }), model: None, limits: None };
+            let spec = CreateRun { prompt, repo: repo.map(|url| RepoSpec { url, git_ref }), ..Default::default() };
             let run = client.create_run(&spec).await?;
             println!("run {} {}", run.id, run.status);
             if !follow {
@@ -210,9 +222,9 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             }
             follow_run(&client, run.id).await
         }
-        Command::Up { demo, state_dir, local_pg_port, db, auth, api, github, model, mut worker } => {
+        Command::Up { demo, state_dir, local_pg_port, db, auth, api, github, model, mut worker, delivery } => {
             init_tracing(if demo { "warn" } else { "info" });
-            up(demo, state_dir, local_pg_port, db, auth, api, github, model, &mut worker).await
+            up(demo, state_dir, local_pg_port, db, auth, api, github, model, &mut worker, delivery).await
         }
     }
 }
@@ -234,8 +246,10 @@ async fn up(
     github: GithubArgs,
     mut model: ModelArgs,
     worker: &mut WorkerArgs,
+    delivery: GithubDeliveryArgs,
 ) -> anyhow::Result<ExitCode> {
     let github = github.webhook_config()?;
+    let github_delivery = delivery.github()?;
     std::fs::create_dir_all(&state_dir).with_context(|| format!("creating {}", state_dir.display()))?;
     let url = match &db.database_url {
         Some(url) => url.clone(),
@@ -249,43 +263,64 @@ async fn up(
     };
     let auth = AuthArgs { jwt_secret: Some(secret.clone()), ..auth };
 
-    // Without a configured model, the demo uses the scripted model: a replay
-    // that exercises every part of Kiln, but not a real LLM.
-    let mut _demo_model = None;
-    if !model.is_configured() {
-        if demo {
-            let scripted = kiln_scripted_model::ScriptedModel::start(kiln_scripted_model::demo_script()).await?;
-            model.model_provider = "openai".into();
-            model.model_base_url = Some(scripted.openai_base_url());
-            model.model = "kiln-demo-script".into();
-            eprintln!(
-                "kiln: no model configured, so this demo uses Kiln's scripted demo model (a fixed replay,\n\
-                 not a real LLM). To use a real model set OPENAI_API_KEY, ANTHROPIC_API_KEY (with\n\
-                 KILN_MODEL_PROVIDER=anthropic) or KILN_MODEL_BASE_URL for any OpenAI-compatible server\n\
-                 (Ollama, vLLM, llama.cpp), and KILN_MODEL for the model name."
-            );
-            _demo_model = Some(scripted);
-        } else {
-            eprintln!(
-                "kiln: warning: no model configured; runs will fail. Set OPENAI_API_KEY, ANTHROPIC_API_KEY \
-                 or KILN_MODEL_BASE_URL (and KILN_MODEL)."
-            );
-        }
+    // The model: the one configured; else Kiln's local model (a tiny real
+    // LLM served on this machine); or, with KILN_MODEL_PROVIDER=scripted,
+    // the scripted demo model (a deterministic replay, not an LLM).
+    let mut _scripted_model = None;
+    let mut local_model = None;
+    if model.is_scripted() {
+        let scripted = kiln_scripted_model::ScriptedModel::start(kiln_scripted_model::demo_script()).await?;
+        model.model_provider = "openai".into();
+        model.model_base_url = Some(scripted.openai_base_url());
+        model.model = "kiln-demo-script".into();
+        eprintln!(
+            "kiln: KILN_MODEL_PROVIDER=scripted: runs use Kiln's scripted demo model, a fixed replay of the\n\
+             demo's script (deterministic, not a real LLM)."
+        );
+        _scripted_model = Some(scripted);
+    } else if model.is_local() || !model.is_configured() {
+        let options = model.local_model_options(&state_dir);
+        let (what, caveat) = match &options.model {
+            None => (
+                "SmolLM2-135M-Instruct, a tiny demo model (135M parameters)".to_owned(),
+                "A model this small shows the machinery (real streamed tool calls) but does no real work;\n  ",
+            ),
+            Some(path) => (path.display().to_string(), ""),
+        };
+        kiln_cli::local_model::ensure_installed(&options.dir).await?;
+        let started = std::time::Instant::now();
+        let server = kiln_cli::local_model::LocalModel::start_installed(options).await?;
+        eprintln!(
+            "kiln: {why}, so Kiln serves a local model on this CPU: {what},\n\
+             \x20 with llama.cpp's server at {url} (started in {secs:.1} s; log: {log}).\n\
+             \x20 {caveat}its answers are capped at {max} tokens (KILN_LOCAL_MODEL_MAX_TOKENS).\n\
+             \x20 For a real model set OPENAI_API_KEY (and KILN_MODEL),\n\
+             \x20 ANTHROPIC_API_KEY with KILN_MODEL_PROVIDER=anthropic, or KILN_MODEL_BASE_URL for Ollama, vLLM\n\
+             \x20 or any OpenAI-compatible server.",
+            why = if model.is_local() { "KILN_MODEL_PROVIDER=local" } else { "no model configured" },
+            url = server.base_url(),
+            secs = started.elapsed().as_secs_f64(),
+            log = server.log_path().display(),
+            max = model.local_model_max_tokens,
+        );
+        model.model_provider = "openai".into();
+        model.model_base_url = Some(server.openai_base_url());
+        model.anthropic_base_url = Some(server.anthropic_base_url());
+        // Keys are only for the providers they belong to.
+        model.openai_api_key = None;
+        model.anthropic_api_key = None;
+        model.model = server.model_name().to_owned();
+        model.model_max_tokens = model.local_model_max_tokens;
+        local_model = Some(server);
     }
     // `up` is the single-machine mode: local repositories are fair game.
     worker.allow_file_repos = true;
-    let config = worker.config(&model)?;
+    let mut config = worker.config(&model)?;
+    config.github = github_delivery;
     let shutdown = shutdown_signal();
     let webhooks = github.is_some();
-    let server = start_api(
-        store.clone(),
-        auth.authenticator()?,
-        kiln_api::ApiSettings { max_body_bytes: api.max_body_bytes, ..Default::default() },
-        github,
-        api.listen,
-        shutdown.clone(),
-    )
-    .await?;
+    let server =
+        start_api(store.clone(), auth.authenticator()?, api.settings(), github, api.listen, shutdown.clone()).await?;
     let worker_task = start_worker(store, config, model.endpoints()?, worker.prices()?, shutdown.clone()).await?;
     let base = format!("http://{}", server.addr);
     let token = kiln_api::auth::mint_hs256(secret.as_bytes(), "local", Duration::from_secs(7 * 86_400))?;
@@ -299,15 +334,28 @@ async fn up(
         shutdown.cancelled().await;
         let _ = worker_task.await;
         let _ = server.handle.await;
+        if let Some(local_model) = local_model {
+            local_model.stop().await;
+        }
         return Ok(ExitCode::SUCCESS);
     }
     let repo = local::ensure_demo_repo(&state_dir).await?;
     let client = KilnClient::new(&base, &token)?;
-    let spec = CreateRun {
-        prompt: "Look around the repository, add a NOTES.md that describes it, and check the result.".into(),
-        repo: Some(kiln_protocol::RepoSpec { url: format!("file://{}", repo.display()), git_ref: None }),
-        model: None,
-        limits: None,
+    let repo = Some(kiln_protocol::RepoSpec { url: format!("file://{}", repo.display()), git_ref: None });
+    let spec = if local_model.is_some() {
+        // A task the tiny model can do: one tool call, then one answer.
+        CreateRun {
+            prompt: "Run `cat README.md` with bash, then reply with one sentence.".into(),
+            repo,
+            limits: Some(kiln_protocol::Limits { max_steps: Some(4), timeout_s: Some(600), ..Default::default() }),
+            ..Default::default()
+        }
+    } else {
+        CreateRun {
+            prompt: "Look around the repository, add a NOTES.md that describes it, and check the result.".into(),
+            repo,
+            ..Default::default()
+        }
     };
     let run = client.create_run(&spec).await?;
     eprintln!("kiln: demo run {} submitted; following its events\n", run.id);
@@ -320,5 +368,8 @@ async fn up(
     }
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(15), worker_task).await;
+    if let Some(local_model) = local_model {
+        local_model.stop().await;
+    }
     if code == ExitCode::SUCCESS { Ok(code) } else { bail!("the demo run did not succeed") }
 }

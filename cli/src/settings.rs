@@ -75,6 +75,29 @@ pub struct ApiArgs {
     /// Largest request body, in bytes.
     #[arg(long, env = "KILN_MAX_BODY_BYTES", default_value_t = kiln_api::DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// Runs one subject may have queued or running at once (429 beyond).
+    #[arg(long, env = "KILN_MAX_ACTIVE_RUNS_PER_SUBJECT", default_value_t = 20)]
+    pub max_active_runs_per_subject: i64,
+    /// Runs one subject may create per minute (429 with Retry-After beyond).
+    #[arg(long, env = "KILN_MAX_RUNS_PER_MINUTE", default_value_t = 60)]
+    pub max_runs_per_minute: i64,
+    /// Event streams one subject may hold open on one API instance.
+    #[arg(long, env = "KILN_MAX_SSE_PER_SUBJECT", default_value_t = 32)]
+    pub max_sse_per_subject: usize,
+}
+
+impl ApiArgs {
+    pub fn settings(&self) -> kiln_api::ApiSettings {
+        kiln_api::ApiSettings {
+            max_body_bytes: self.max_body_bytes,
+            quota: kiln_store::Quota {
+                max_active_runs: self.max_active_runs_per_subject.max(1),
+                max_runs_per_minute: self.max_runs_per_minute.max(1),
+            },
+            max_sse_per_subject: self.max_sse_per_subject.max(1),
+            ..Default::default()
+        }
+    }
 }
 
 /// GitHub webhooks. The route is disabled unless a secret is set.
@@ -145,6 +168,20 @@ pub struct ModelArgs {
     /// Anthropic's base URL, when `KILN_MODEL_BASE_URL` names the OpenAI one.
     #[arg(long, env = "KILN_ANTHROPIC_BASE_URL")]
     pub anthropic_base_url: Option<String>,
+    /// Local model (`KILN_MODEL_PROVIDER=local`, and `kiln up` with no model
+    /// configured): a GGUF file to serve instead of the bundled SmolLM2-135M.
+    #[arg(long, env = "KILN_LOCAL_MODEL")]
+    pub local_model: Option<PathBuf>,
+    /// Local model: port on 127.0.0.1 (default: a free one).
+    #[arg(long, env = "KILN_LOCAL_MODEL_PORT")]
+    pub local_model_port: Option<u16>,
+    /// Local model: chat template. `kiln` (Kiln's tool-calling template for
+    /// ChatML models), `model` (the GGUF file's own) or a Jinja file.
+    #[arg(long, env = "KILN_LOCAL_MODEL_TEMPLATE", default_value = "kiln")]
+    pub local_model_template: String,
+    /// Local model: output token limit per model call.
+    #[arg(long, env = "KILN_LOCAL_MODEL_MAX_TOKENS", default_value_t = crate::local_model::DEFAULT_MAX_TOKENS)]
+    pub local_model_max_tokens: u32,
 }
 
 impl ModelArgs {
@@ -157,6 +194,26 @@ impl ModelArgs {
     /// True when the user configured a model of their own.
     pub fn is_configured(&self) -> bool {
         self.model_base_url.is_some() || self.openai_api_key.is_some() || self.anthropic_api_key.is_some()
+    }
+
+    /// `KILN_MODEL_PROVIDER=local`: Kiln serves a local model itself.
+    pub fn is_local(&self) -> bool {
+        self.model_provider == "local"
+    }
+
+    /// `KILN_MODEL_PROVIDER=scripted`: the scripted demo model (a fixed replay).
+    pub fn is_scripted(&self) -> bool {
+        self.model_provider == "scripted"
+    }
+
+    /// Where and what the local model serves, with its state under `state_dir`.
+    pub fn local_model_options(&self, state_dir: &std::path::Path) -> crate::local_model::Options {
+        crate::local_model::Options {
+            model: self.local_model.clone(),
+            template: crate::local_model::Template::parse(&self.local_model_template),
+            port: self.local_model_port,
+            ..crate::local_model::Options::new(state_dir)
+        }
     }
 
     pub fn endpoints(&self) -> anyhow::Result<ProviderEndpoints> {
@@ -206,6 +263,18 @@ pub struct WorkerArgs {
     /// Sandbox process limit.
     #[arg(long, env = "KILN_SANDBOX_PIDS", default_value_t = 256)]
     pub sandbox_pids: i64,
+    /// Size of the sandbox's /tmp (a tmpfs), in MiB.
+    #[arg(long, env = "KILN_SANDBOX_TMPFS_MB", default_value_t = 256)]
+    pub sandbox_tmpfs_mb: u64,
+    /// Open files per sandbox process (`nofile` ulimit).
+    #[arg(long, env = "KILN_SANDBOX_NOFILE", default_value_t = 4096)]
+    pub sandbox_nofile: i64,
+    /// OCI runtime for sandboxes, e.g. `runsc` (gVisor); the engine's default otherwise.
+    #[arg(long, env = "KILN_SANDBOX_RUNTIME")]
+    pub sandbox_runtime: Option<String>,
+    /// The kiln-toolbox binary copied into sandboxes; found next to `kiln` otherwise.
+    #[arg(long, env = "KILN_TOOLBOX_PATH")]
+    pub toolbox_path: Option<PathBuf>,
     /// JSON file of model prices (USD per million tokens); built-in defaults otherwise.
     #[arg(long, env = "KILN_PRICES_FILE")]
     pub prices_file: Option<PathBuf>,
@@ -239,6 +308,10 @@ impl WorkerArgs {
                 memory_bytes: self.sandbox_memory_mb * 1024 * 1024,
                 nano_cpus: (self.sandbox_cpus * 1e9) as i64,
                 pids_limit: self.sandbox_pids,
+                tmpfs_mb: self.sandbox_tmpfs_mb,
+                nofile: self.sandbox_nofile,
+                runtime: self.sandbox_runtime.clone(),
+                toolbox_path: self.toolbox_path.clone(),
                 ..SandboxConfig::default()
             },
             default_provider: model.provider()?,
@@ -246,6 +319,8 @@ impl WorkerArgs {
             default_max_tokens: model.model_max_tokens,
             allow_file_repos: self.allow_file_repos,
             shutdown_grace: Duration::from_secs(self.shutdown_grace_s),
+            // Set from `GithubDeliveryArgs` by the commands that deliver.
+            github: None,
         })
     }
 }
@@ -254,4 +329,62 @@ fn default_worker_id() -> String {
     let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_default();
     let host = if host.is_empty() { "worker".to_owned() } else { host };
     format!("{host}-{}-{:04x}", std::process::id(), rand::random::<u16>())
+}
+
+/// How a worker reports GitHub-triggered runs back to GitHub: a token, or a
+/// GitHub App. Without either, such runs still run but nothing is reported.
+#[derive(Clone, Args)]
+pub struct GithubDeliveryArgs {
+    /// GitHub's REST API (GitHub Enterprise: `https://HOST/api/v3`).
+    #[arg(long, env = "KILN_GITHUB_API_URL", default_value = "https://api.github.com")]
+    pub github_api_url: String,
+    /// A token with contents, issues and pull requests read/write.
+    #[arg(long, env = "KILN_GITHUB_TOKEN", hide_env_values = true)]
+    pub github_token: Option<String>,
+    /// The GitHub App's id (with KILN_GITHUB_APP_PRIVATE_KEY).
+    #[arg(long, env = "KILN_GITHUB_APP_ID")]
+    pub github_app_id: Option<String>,
+    /// Path to the GitHub App's private key (PEM).
+    #[arg(long, env = "KILN_GITHUB_APP_PRIVATE_KEY")]
+    pub github_app_private_key: Option<PathBuf>,
+    /// Where people reach this Kiln's API, to link runs from GitHub comments.
+    #[arg(long, env = "KILN_PUBLIC_URL")]
+    pub public_url: Option<String>,
+}
+
+impl std::fmt::Debug for GithubDeliveryArgs {
+    // The token is a secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GithubDeliveryArgs")
+            .field("github_api_url", &self.github_api_url)
+            .field("github_app_id", &self.github_app_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GithubDeliveryArgs {
+    /// The worker's GitHub connection, or `None` when none is configured.
+    pub fn github(&self) -> anyhow::Result<Option<kiln_worker::github::Github>> {
+        use kiln_worker::github::{Credentials, Github, GithubSettings, RetryPolicy};
+        let credentials = match (&self.github_token, &self.github_app_id, &self.github_app_private_key) {
+            (Some(_), Some(_), _) => bail!("set either KILN_GITHUB_TOKEN or KILN_GITHUB_APP_ID, not both"),
+            (Some(token), None, _) if token.trim().is_empty() => bail!("KILN_GITHUB_TOKEN is empty"),
+            (Some(token), None, _) => Credentials::Token(token.trim().to_owned()),
+            (None, Some(id), Some(path)) => {
+                let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+                Credentials::app(id, &pem)?
+            }
+            (None, Some(_), None) => bail!("KILN_GITHUB_APP_ID needs KILN_GITHUB_APP_PRIVATE_KEY (a PEM file)"),
+            (None, None, Some(_)) => bail!("KILN_GITHUB_APP_PRIVATE_KEY needs KILN_GITHUB_APP_ID"),
+            (None, None, None) => return Ok(None),
+        };
+        let settings = GithubSettings {
+            api_url: self.github_api_url.clone(),
+            credentials,
+            public_url: self.public_url.clone(),
+            retry: RetryPolicy::default(),
+            request_poll: Duration::from_secs(2),
+        };
+        Ok(Some(Github::new(settings)?))
+    }
 }

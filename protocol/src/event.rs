@@ -44,6 +44,19 @@ pub enum EventBody {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cost_usd: Option<f64>,
     },
+    /// A tool call waits for a person (`POST /v1/runs/{id}/approvals/{call_id}`).
+    #[serde(rename = "approval.requested")]
+    ApprovalRequested { call_id: String, name: String, arguments: Value },
+    #[serde(rename = "approval.resolved")]
+    ApprovalResolved {
+        call_id: String,
+        approved: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    /// A client's message will join the conversation before the next model call.
+    #[serde(rename = "message.queued")]
+    MessageQueued { text: String },
     #[serde(rename = "model.retry")]
     ModelRetry { attempt: u32, delay_ms: u64, error: String },
     #[serde(rename = "run.succeeded")]
@@ -54,6 +67,21 @@ pub enum EventBody {
     RunCancelled { reason: String },
     #[serde(rename = "run.timed_out")]
     RunTimedOut { limit_s: u32 },
+    /// A GitHub-triggered run's result was reported on GitHub. Comes after
+    /// the terminal event.
+    #[serde(rename = "delivery.succeeded")]
+    DeliverySucceeded {
+        /// The pull request opened, if the run changed files.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pull_request: Option<String>,
+        /// The issue comment posted.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        comment: Option<String>,
+    },
+    /// Reporting the result on GitHub failed; the run's own result stands.
+    /// `POST /v1/runs/{id}/deliver` tries again.
+    #[serde(rename = "delivery.failed")]
+    DeliveryFailed { error: String },
 }
 
 /// Kinds after which a run's stream ends.

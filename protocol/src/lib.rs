@@ -10,4 +10,4 @@ pub mod run;
 
 pub use event::{EventBody, EventRecord, StoredEvent};
 pub use message::{Message, Part, Role, Usage};
-pub use run::{CreateRun, Limits, ModelSpec, RepoSpec, Run, RunStatus, Trigger};
+pub use run::{ApprovalMode, CreateRun, Limits, ModelSpec, Policy, RepoSpec, Run, RunStatus, Trigger};

@@ -19,7 +19,7 @@ pub const DEFAULT_TIMEOUT_S: u32 = 3_600;
 
 /// Body of `POST /v1/runs`. Unknown fields are refused so that a typo in a
 /// limit never silently falls back to a default.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateRun {
     pub prompt: String,
@@ -29,6 +29,34 @@ pub struct CreateRun {
     pub model: Option<ModelSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Limits>,
+    /// Which tool calls wait for a person's approval (default: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalMode>,
+    /// The only tools the model sees; all tools when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_tools: Option<Vec<String>>,
+}
+
+/// Which tool calls need a person's approval before they run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalMode {
+    /// Nothing waits.
+    #[default]
+    Never,
+    /// Calls that change things (bash, edit, write) wait.
+    Mutating,
+    /// Every call waits.
+    Always,
+}
+
+/// What a run may do, stored with it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    #[serde(default)]
+    pub approval: ApprovalMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_tools: Option<Vec<String>>,
 }
 
 /// A repository to clone into the sandbox's `/workspace`.
@@ -97,6 +125,8 @@ pub enum SpecError {
     MaxSteps,
     #[error("limits.timeout_s must be between 1 and {TIMEOUT_CEILING_S}")]
     Timeout,
+    #[error("allowed_tools must be a list of at most 64 tool names (letters, digits, _)")]
+    AllowedTools,
     #[error("limits.max_tokens must be at least 1")]
     MaxRunTokens,
     #[error("limits.max_cost_usd must be a positive number of dollars")]
@@ -114,6 +144,16 @@ pub enum SpecError {
 }
 
 impl CreateRun {
+    /// A run of `prompt` with every other setting left to the defaults.
+    pub fn new(prompt: impl Into<String>) -> Self {
+        CreateRun { prompt: prompt.into(), ..Default::default() }
+    }
+
+    /// The policy stored with the run.
+    pub fn policy(&self) -> Policy {
+        Policy { approval: self.approval.unwrap_or_default(), allowed_tools: self.allowed_tools.clone() }
+    }
+
     /// Checks everything serde cannot: sizes, ranges and shapes of strings
     /// that later reach a command line.
     pub fn validate(&self) -> Result<(), SpecError> {
@@ -139,6 +179,15 @@ impl CreateRun {
             }
             if limits.max_cost_usd.is_some_and(|c| c.is_nan() || c <= 0.0 || c > 1_000_000.0) {
                 return Err(SpecError::MaxCost);
+            }
+        }
+        if let Some(tools) = &self.allowed_tools {
+            let bad = tools.len() > 64
+                || tools.iter().any(|t| {
+                    t.is_empty() || t.len() > 64 || !t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                });
+            if bad {
+                return Err(SpecError::AllowedTools);
             }
         }
         if let Some(repo) = &self.repo {
@@ -279,6 +328,9 @@ pub struct Run {
     pub repo: Option<RepoSpec>,
     pub model: ModelSpec,
     pub limits: Limits,
+    pub approval: ApprovalMode,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allowed_tools: Option<Vec<String>>,
     pub trigger: Trigger,
     pub attempt: i32,
     pub cancel_requested: bool,
@@ -325,12 +377,22 @@ mod tests {
         assert_eq!(s.validate(), Err(SpecError::MaxSteps));
         s.limits = Some(Limits { max_steps: Some(3), timeout_s: Some(TIMEOUT_CEILING_S + 1), ..Default::default() });
         assert_eq!(s.validate(), Err(SpecError::Timeout));
-        let big = CreateRun { prompt: "a".repeat(MAX_PROMPT_BYTES + 1), repo: None, model: None, limits: None };
+        let big = CreateRun { prompt: "a".repeat(MAX_PROMPT_BYTES + 1), ..Default::default() };
         assert_eq!(big.validate(), Err(SpecError::PromptTooLong(MAX_PROMPT_BYTES + 1)));
-        let nul = CreateRun { prompt: "a\0b".into(), repo: None, model: None, limits: None };
+        let nul = CreateRun { prompt: "a\0b".into(), ..Default::default() };
         assert_eq!(nul.validate(), Err(SpecError::NulInPrompt));
-        let blank = CreateRun { prompt: " \n".into(), repo: None, model: None, limits: None };
+        let blank = CreateRun { prompt: " \n".into(), ..Default::default() };
         assert_eq!(blank.validate(), Err(SpecError::EmptyPrompt));
+    }
+
+    #[test]
+    fn allowed_tools_and_approval_parse_and_are_checked() {
+        let s = spec(r#"{"prompt":"x","approval":"mutating","allowed_tools":["view","grep"]}"#).unwrap();
+        assert_eq!(s.validate(), Ok(()));
+        assert_eq!(s.policy().approval, ApprovalMode::Mutating);
+        assert!(spec(r#"{"prompt":"x","approval":"sometimes"}"#).is_err());
+        let bad = spec(r#"{"prompt":"x","allowed_tools":["rm -rf"]}"#).unwrap();
+        assert_eq!(bad.validate(), Err(SpecError::AllowedTools));
     }
 
     #[test]
@@ -339,8 +401,7 @@ mod tests {
             let s = CreateRun {
                 prompt: "x".into(),
                 repo: Some(RepoSpec { url: url.into(), git_ref: None }),
-                model: None,
-                limits: None,
+                ..Default::default()
             };
             assert!(matches!(s.validate(), Err(SpecError::RepoUrl(_))), "{url}");
         }
@@ -348,8 +409,7 @@ mod tests {
             let s = CreateRun {
                 prompt: "x".into(),
                 repo: Some(RepoSpec { url: "https://example.invalid/r.git".into(), git_ref: Some(r.into()) }),
-                model: None,
-                limits: None,
+                ..Default::default()
             };
             assert!(matches!(s.validate(), Err(SpecError::RepoRef(_))), "{r}");
         }

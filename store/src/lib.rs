@@ -5,6 +5,8 @@
 //! [`Lease`] (run id, attempt, worker) and only land while that lease is the
 //! current one, so a worker that lost its run can no longer change it.
 
+mod control;
+mod delivery;
 mod error;
 mod events;
 pub mod listen;
@@ -21,10 +23,12 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
+pub use control::{DecideOutcome, Decision, MessageOutcome};
+pub use delivery::{DeliveryJob, DeliveryRequest};
 pub use error::StoreError;
 pub use listen::{Listener, Notice};
 pub use queue::{HeartbeatOutcome, Lease, ReapedRun};
-pub use runs::{CancelOutcome, Cursor, NewRun, RunPage};
+pub use runs::{CancelOutcome, Cursor, NewRun, Quota, QuotaRefusal, RunPage};
 pub use webhooks::{Delivery, GithubOrigin, NewGithubRun, PastDelivery, Recorded};
 
 /// Channel names used with LISTEN/NOTIFY.
@@ -35,6 +39,8 @@ pub mod channels {
     pub const RUN_EVENTS: &str = "kiln_run_events";
     /// A client asked to cancel a run (payload: run id). Wakes its worker.
     pub const RUN_CANCEL: &str = "kiln_run_cancel";
+    /// A client sent a message or an approval decision (payload: run id).
+    pub const RUN_CONTROL: &str = "kiln_run_control";
 }
 
 /// Handle to the database. Cheap to clone.

@@ -1,7 +1,7 @@
 //! Row → protocol type conversions, in one place so every query selects the
 //! same columns.
 
-use kiln_protocol::{Limits, ModelSpec, RepoSpec, Run, RunStatus, Trigger};
+use kiln_protocol::{Limits, ModelSpec, Policy, RepoSpec, Run, RunStatus, Trigger};
 use tokio_postgres::Row;
 
 use crate::StoreError;
@@ -10,7 +10,7 @@ use crate::StoreError;
 /// reads, in order. Queries use `r` as the alias of `runs`.
 pub(crate) const RUN_COLUMNS: &str = "r.id, r.session_id, r.status, r.prompt, s.repo_url, s.repo_ref, \
      r.model, r.limits, r.trigger, r.attempt, r.cancel_requested, r.created_at, r.started_at, \
-     r.finished_at, r.result, r.error, r.last_event_seq";
+     r.finished_at, r.result, r.error, r.last_event_seq, r.policy";
 
 /// The same columns for a `RETURNING` clause, where `sessions` cannot be
 /// joined: the repo comes from a sub-select.
@@ -18,7 +18,7 @@ pub(crate) const RUN_RETURNING: &str = "r.id, r.session_id, r.status, r.prompt, 
      (SELECT repo_url FROM sessions s WHERE s.id = r.session_id), \
      (SELECT repo_ref FROM sessions s WHERE s.id = r.session_id), \
      r.model, r.limits, r.trigger, r.attempt, r.cancel_requested, r.created_at, r.started_at, \
-     r.finished_at, r.result, r.error, r.last_event_seq";
+     r.finished_at, r.result, r.error, r.last_event_seq, r.policy";
 
 pub(crate) fn run_from_row(row: &Row) -> Result<Run, StoreError> {
     let status: String = row.try_get(2)?;
@@ -27,6 +27,9 @@ pub(crate) fn run_from_row(row: &Row) -> Result<Run, StoreError> {
     let model: serde_json::Value = row.try_get(6)?;
     let limits: serde_json::Value = row.try_get(7)?;
     let trigger: String = row.try_get(8)?;
+    let policy: serde_json::Value = row.try_get(17)?;
+    let policy: Policy =
+        serde_json::from_value(policy).map_err(|e| StoreError::Corrupt(format!("runs.policy: {e}")))?;
     Ok(Run {
         id: row.try_get(0)?,
         session_id: row.try_get(1)?,
@@ -37,6 +40,8 @@ pub(crate) fn run_from_row(row: &Row) -> Result<Run, StoreError> {
             .map_err(|e| StoreError::Corrupt(format!("runs.model: {e}")))?,
         limits: serde_json::from_value::<Limits>(limits)
             .map_err(|e| StoreError::Corrupt(format!("runs.limits: {e}")))?,
+        approval: policy.approval,
+        allowed_tools: policy.allowed_tools,
         trigger: match trigger.as_str() {
             "github" => Trigger::Github,
             _ => Trigger::Api,

@@ -18,6 +18,22 @@ pub struct NewRun {
     pub idempotency_key: Option<String>,
 }
 
+/// Per-subject limits checked when a run is created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// Runs queued, running or awaiting approval at once.
+    pub max_active_runs: i64,
+    /// Runs created in any sliding minute.
+    pub max_runs_per_minute: i64,
+}
+
+/// Why a run was not created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QuotaRefusal {
+    TooManyActive { limit: i64 },
+    TooFast { limit: i64, retry_after_s: u64 },
+}
+
 /// One page of a listing, newest first.
 #[derive(Debug, Clone)]
 pub struct RunPage {
@@ -42,20 +58,39 @@ impl Store {
     /// `run.queued` event, and wakes a worker. With an idempotency key, a
     /// second call returns the first run; the bool says whether it is new.
     pub async fn create_run(&self, new: NewRun) -> Result<(Run, bool), StoreError> {
+        match self.create_run_within(new, None).await? {
+            Ok(created) => Ok(created),
+            Err(refusal) => Err(StoreError::Corrupt(format!("quota refusal without a quota: {refusal:?}"))),
+        }
+    }
+
+    /// [`Store::create_run`], refusing when `owner` is over `quota`. The
+    /// check and the insert share a transaction serialised per owner, so
+    /// concurrent requests cannot both slip under the limit.
+    pub async fn create_run_within(
+        &self,
+        new: NewRun,
+        quota: Option<&Quota>,
+    ) -> Result<Result<(Run, bool), QuotaRefusal>, StoreError> {
         if let Some(key) = &new.idempotency_key
             && let Some(run) = self.run_by_idempotency_key(&new.owner, key).await?
         {
-            return Ok((run, false));
+            return Ok(Ok((run, false)));
         }
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
+        if let Some(quota) = quota
+            && let Some(refusal) = check_quota_tx(&tx, &new.owner, quota).await?
+        {
+            return Ok(Err(refusal));
+        }
         let Some(run_id) = insert_queued_run_tx(&tx, &new).await? else {
             // Lost a race with a concurrent request carrying the same key.
             tx.rollback().await?;
             drop(client);
             let key = new.idempotency_key.as_deref().unwrap_or_default();
             return match self.run_by_idempotency_key(&new.owner, key).await? {
-                Some(run) => Ok((run, false)),
+                Some(run) => Ok(Ok((run, false))),
                 None => Err(StoreError::Corrupt("idempotency conflict without a run".into())),
             };
         };
@@ -68,7 +103,7 @@ impl Store {
             .await?;
         let run = run_from_row(&row)?;
         tx.commit().await?;
-        Ok((run, true))
+        Ok(Ok((run, true)))
     }
 
     async fn run_by_idempotency_key(&self, owner: &str, key: &str) -> Result<Option<Run>, StoreError> {
@@ -202,6 +237,36 @@ impl Store {
     }
 }
 
+/// Counts `owner`'s active and recent runs under a per-owner lock.
+async fn check_quota_tx(
+    tx: &deadpool_postgres::Transaction<'_>,
+    owner: &str,
+    quota: &Quota,
+) -> Result<Option<QuotaRefusal>, StoreError> {
+    tx.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))", &[&owner]).await?;
+    let row = tx
+        .query_one(
+            "SELECT count(*) FILTER (WHERE status IN ('queued', 'running', 'awaiting_approval')),
+                    count(*) FILTER (WHERE created_at > now() - interval '1 minute'),
+                    EXTRACT(EPOCH FROM (min(created_at) FILTER (WHERE created_at > now() - interval '1 minute')
+                                        + interval '1 minute' - now()))::float8
+             FROM runs WHERE owner = $1",
+            &[&owner],
+        )
+        .await?;
+    let active: i64 = row.try_get(0)?;
+    let recent: i64 = row.try_get(1)?;
+    if active >= quota.max_active_runs {
+        return Ok(Some(QuotaRefusal::TooManyActive { limit: quota.max_active_runs }));
+    }
+    if recent >= quota.max_runs_per_minute {
+        let wait: Option<f64> = row.try_get(2)?;
+        let retry_after_s = wait.unwrap_or(1.0).ceil().max(1.0) as u64;
+        return Ok(Some(QuotaRefusal::TooFast { limit: quota.max_runs_per_minute, retry_after_s }));
+    }
+    Ok(None)
+}
+
 /// Inserts a session, its queued run and the `run.queued` event inside the
 /// caller's transaction. `None` when the idempotency key is already taken.
 pub(crate) async fn insert_queued_run_tx(
@@ -221,10 +286,11 @@ pub(crate) async fn insert_queued_run_tx(
         .map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let limits =
         serde_json::to_value(new.spec.limits.unwrap_or_default()).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let policy = serde_json::to_value(new.spec.policy()).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let inserted = tx
         .query_opt(
-            "INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, idempotency_key)
-             VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8)
+            "INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, idempotency_key, policy)
+             VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8, $9)
              ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
              RETURNING id",
             &[
@@ -236,6 +302,7 @@ pub(crate) async fn insert_queued_run_tx(
                 &limits,
                 &new.trigger.as_str(),
                 &new.idempotency_key,
+                &policy,
             ],
         )
         .await?;

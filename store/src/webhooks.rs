@@ -133,7 +133,7 @@ impl Store {
         // take the worker's configuration.
         let run = NewRun {
             owner: new.owner.clone(),
-            spec: CreateRun { prompt: new.prompt.clone(), repo: Some(new.repo.clone()), model: None, limits: None },
+            spec: CreateRun { prompt: new.prompt.clone(), repo: Some(new.repo.clone()), ..Default::default() },
             trigger: Trigger::Github,
             idempotency_key: None,
         };

@@ -59,6 +59,8 @@ pub fn token(sub: &str) -> String {
 }
 
 pub struct Options {
+    /// API settings; the harness shortens the keep-alive interval to 1 s.
+    pub api: kiln_api::ApiSettings,
     pub script: Vec<Reply>,
     pub provider: ProviderKind,
     pub worker: bool,
@@ -72,6 +74,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
+            api: kiln_api::ApiSettings { sse_keep_alive: Duration::from_secs(1), ..Default::default() },
             script: Vec::new(),
             provider: ProviderKind::OpenAi,
             worker: true,
@@ -101,7 +104,7 @@ impl TestApp {
         let github = options
             .github_secret
             .map(|secret| kiln_api::GithubWebhookConfig::new(secret.as_bytes(), "kiln", "kiln", "github").unwrap());
-        let addr = Self::start_api_on(&store, github, shutdown.clone()).await;
+        let addr = Self::start_api_on(&store, options.api.clone(), github, shutdown.clone()).await;
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let app = TestApp { addr, db_url, store, model, http, shutdown };
         if options.worker {
@@ -127,6 +130,7 @@ impl TestApp {
 
     async fn start_api_on(
         store: &Store,
+        settings: kiln_api::ApiSettings,
         github: Option<kiln_api::GithubWebhookConfig>,
         shutdown: CancellationToken,
     ) -> SocketAddr {
@@ -136,13 +140,12 @@ impl TestApp {
             None,
         )
         .unwrap();
-        let settings = kiln_api::ApiSettings { sse_keep_alive: Duration::from_secs(1), ..Default::default() };
         start_api(store.clone(), auth, settings, github, "127.0.0.1:0".parse().unwrap(), shutdown).await.unwrap().addr
     }
 
     /// A second API instance on the same database (GitHub webhooks disabled).
     pub async fn second_api(&self) -> SocketAddr {
-        Self::start_api_on(&self.store, None, self.shutdown.clone()).await
+        Self::start_api_on(&self.store, Options::default().api, None, self.shutdown.clone()).await
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -251,6 +254,7 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         default_max_tokens: 1024,
         allow_file_repos: true,
         shutdown_grace: Duration::from_secs(5),
+        github: None,
     }
 }
 

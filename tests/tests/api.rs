@@ -866,3 +866,82 @@ async fn an_open_sse_stream_receives_run_cancelled_and_then_ends() {
     .expect("the stream ends after the terminal event");
     assert!(!rest.contains("id: "), "no event after the terminal one: {rest:?}");
 }
+
+// ---------------------------------------------------------------------------
+// 7. Abuse limits
+// ---------------------------------------------------------------------------
+
+async fn limited(quota: kiln_store::Quota, max_sse: usize) -> TestApp {
+    let api = kiln_api::ApiSettings {
+        quota,
+        max_sse_per_subject: max_sse,
+        sse_keep_alive: std::time::Duration::from_millis(200),
+        ..Default::default()
+    };
+    TestApp::spawn(Options { worker: false, api, ..Default::default() }).await
+}
+
+async fn try_create(app: &TestApp, sub: &str) -> Response {
+    app.http.post(app.url("/v1/runs")).bearer_auth(token(sub)).json(&json!({"prompt": "p"})).send().await.unwrap()
+}
+
+#[tokio::test]
+async fn a_subject_over_its_active_run_limit_gets_429_with_retry_after() {
+    let app = limited(kiln_store::Quota { max_active_runs: 2, max_runs_per_minute: 100 }, 8).await;
+    let first = try_create(&app, "alice").await.json::<Value>().await.unwrap();
+    assert_eq!(try_create(&app, "alice").await.status(), 201);
+    let refused = try_create(&app, "alice").await;
+    assert_eq!(refused.status(), 429);
+    assert!(refused.headers().get("retry-after").is_some());
+    let (_, code, message) = error_of(refused).await;
+    assert_eq!(code, "too_many_requests");
+    assert!(message.contains("active runs"), "{message}");
+    assert_eq!(try_create(&app, "bob").await.status(), 201, "other subjects are not limited by alice");
+    // Finishing one frees a slot.
+    let id = first["id"].as_str().unwrap();
+    app.http.post(app.url(&format!("/v1/runs/{id}/cancel"))).bearer_auth(token("alice")).send().await.unwrap();
+    assert_eq!(try_create(&app, "alice").await.status(), 201);
+}
+
+#[tokio::test]
+async fn a_subject_creating_runs_too_fast_gets_429_until_the_minute_passes() {
+    let app = limited(kiln_store::Quota { max_active_runs: 100, max_runs_per_minute: 3 }, 8).await;
+    for _ in 0..3 {
+        assert_eq!(try_create(&app, "alice").await.status(), 201);
+    }
+    let refused = try_create(&app, "alice").await;
+    assert_eq!(refused.status(), 429);
+    let retry: u64 = refused.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry), "Retry-After {retry}");
+    let (runs, _, _) = count_rows(&app).await;
+    assert_eq!(runs, 3, "nothing written for the refused request");
+}
+
+#[tokio::test]
+async fn a_subject_may_hold_only_so_many_event_streams() {
+    let app = limited(kiln_store::Quota { max_active_runs: 10, max_runs_per_minute: 100 }, 1).await;
+    let run = app.create_run("alice", json!({"prompt": "p"})).await;
+    let id = run["id"].as_str().unwrap();
+    let open = || {
+        app.http
+            .get(app.url(&format!("/v1/runs/{id}/events")))
+            .bearer_auth(token("alice"))
+            .header("accept", "text/event-stream")
+            .send()
+    };
+    let held = open().await.unwrap();
+    assert_eq!(held.status(), 200);
+    let refused = open().await.unwrap();
+    assert_eq!(refused.status(), 429);
+    drop(held);
+    // The server notices the closed stream at its next keep-alive write.
+    let mut status = 0;
+    for _ in 0..50 {
+        status = open().await.unwrap().status().as_u16();
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, 200, "the slot is given back when the stream closes");
+}

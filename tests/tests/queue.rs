@@ -16,7 +16,7 @@ async fn store() -> Store {
 }
 
 async fn queued_run(store: &Store) -> kiln_protocol::Run {
-    let spec = CreateRun { prompt: "p".into(), repo: None, model: None, limits: None };
+    let spec = CreateRun { prompt: "p".into(), repo: None, ..Default::default() };
     let (run, created) = store
         .create_run(NewRun { owner: "alice".into(), spec, trigger: Trigger::Api, idempotency_key: None })
         .await

@@ -217,7 +217,7 @@ impl ExecSession {
             .stdout(writer)
             .stderr(writer2)
             .process_group(0);
-        let child = cmd.spawn().map_err(|e| internal("starting bash", e))?;
+        let child = cmd.spawn().map_err(|e| spawn_error("starting bash", e))?;
         // `cmd` holds our copies of the pipe's write end: drop them, or the
         // pipe would never report end-of-file.
         drop(cmd);
@@ -616,6 +616,17 @@ fn find_in_path(env: &[(OsString, OsString)], name: &str) -> Option<PathBuf> {
 
 fn internal(what: &str, e: io::Error) -> ToolError {
     ToolError::new(ErrorKind::Internal, format!("{what}: {e}"))
+}
+
+/// A fork that failed with EAGAIN means the sandbox is at its pids limit
+/// (typically a runaway or fork bomb still running): say so, so the worker
+/// can reset the sandbox's processes instead of failing the run.
+pub fn spawn_error(what: &str, e: io::Error) -> ToolError {
+    if e.kind() == io::ErrorKind::WouldBlock {
+        ToolError::new(ErrorKind::ProcessLimit, format!("{what}: the sandbox is at its process limit ({e})"))
+    } else {
+        internal(what, e)
+    }
 }
 
 /// Locks, ignoring poisoning: the data behind these locks stays consistent

@@ -480,6 +480,10 @@ pub enum ErrorKind {
     InvalidArgument,
     /// Some other I/O failure on the path the model named (disk full, …).
     Io,
+    /// No process or thread could be started: the sandbox is at its pids
+    /// limit. Added in 0.1 without a version bump (an older worker reads
+    /// `other`); the worker recovers by killing the sandbox's processes.
+    ProcessLimit,
     // These are the worker's or the toolbox's problem, not the model's.
     /// The request could not be parsed.
     InvalidRequest,

@@ -140,8 +140,11 @@ impl Server {
             }
             body => {
                 let tools = self.tools.clone();
-                let tx = tx.clone();
-                Some(thread::spawn(move || {
+                let thread_tx = tx.clone();
+                // `thread::spawn` panics when no thread can be made (a fork
+                // bomb at the pids limit); that must not take the toolbox down.
+                let spawned = thread::Builder::new().spawn(move || {
+                    let tx = thread_tx;
                     let reply = catch_unwind(AssertUnwindSafe(|| tools.handle(id, body, &tx))).unwrap_or_else(|_| {
                         Reply::Error(ToolError::new(
                             ErrorKind::Internal,
@@ -149,7 +152,14 @@ impl Server {
                         ))
                     });
                     respond(&tx, id, reply);
-                }))
+                });
+                match spawned {
+                    Ok(handle) => Some(handle),
+                    Err(e) => {
+                        respond(tx, id, Reply::Error(crate::exec::spawn_error("starting a request thread", e)));
+                        None
+                    }
+                }
             }
         }
     }

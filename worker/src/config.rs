@@ -48,6 +48,9 @@ pub struct WorkerConfig {
     pub allow_file_repos: bool,
     /// How long running steps may take to finish after SIGTERM.
     pub shutdown_grace: Duration,
+    /// Reporting GitHub-triggered runs back to GitHub; `None`: such runs
+    /// clone anonymously and nothing is reported.
+    pub github: Option<crate::github::Github>,
 }
 
 impl WorkerConfig {

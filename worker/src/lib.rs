@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod config;
+pub mod github;
 pub mod providers;
 mod run_task;
 pub mod runner;

@@ -22,6 +22,8 @@ pub struct RunSignals {
     pub cancel: CancellationToken,
     /// The worker is shutting down: hand the run back to the queue.
     pub release: CancellationToken,
+    /// A client sent a message or an approval decision.
+    pub control: Arc<tokio::sync::Notify>,
 }
 
 /// How the run's task ended.
@@ -44,7 +46,7 @@ pub async fn execute(ctx: Arc<WorkerContext>, run: Run, lease: Lease, signals: R
         Ending::Cancelled
     } else {
         let remaining = remaining_time(&run);
-        let work = drive(&ctx, &run, &lease, &mut events);
+        let work = drive(&ctx, &run, &lease, &mut events, signals.control.clone());
         tokio::select! {
             result = work => match result {
                 Ok(outcome) => Ending::Finished(outcome),
@@ -68,7 +70,13 @@ pub async fn execute(ctx: Arc<WorkerContext>, run: Run, lease: Lease, signals: R
 }
 
 /// Starts the sandbox, brings in the workspace and runs the loop.
-async fn drive(ctx: &WorkerContext, run: &Run, lease: &Lease, events: &mut EventSink) -> Result<Outcome, AgentError> {
+async fn drive(
+    ctx: &WorkerContext,
+    run: &Run,
+    lease: &Lease,
+    events: &mut EventSink,
+    control: Arc<tokio::sync::Notify>,
+) -> Result<Outcome, AgentError> {
     events.emit(EventBody::RunStarted { worker: ctx.config.worker_id.clone(), attempt: lease.attempt }).await?;
     let owner = Owner { run_id: run.id, session_id: run.session_id, worker: ctx.config.worker_id.clone() };
     let sandbox = match Sandbox::start(&ctx.docker, &ctx.config.sandbox, &owner).await {
@@ -93,12 +101,18 @@ async fn drive(ctx: &WorkerContext, run: &Run, lease: &Lease, events: &mut Event
         pricing: &|model, usage| ctx.prices.cost(model, usage),
         tools: &ctx.tools,
         events,
+        control,
     };
-    agent.drive().await
+    let outcome = agent.drive().await?;
+    crate::github::capture(ctx, run, &sandbox, &outcome).await;
+    Ok(outcome)
 }
 
 async fn prepare_workspace(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox) -> Result<(), SandboxError> {
     let Some(repo) = &run.repo else { return Ok(()) };
+    if let Some(done) = crate::github::checkout(ctx, run, sandbox).await {
+        return done;
+    }
     if repo.url.starts_with("file://") && !ctx.config.allow_file_repos {
         return Err(SandboxError::Workspace(
             "file:// repositories are disabled on this worker (KILN_ALLOW_FILE_REPOS)".into(),
@@ -154,7 +168,7 @@ async fn finish(ctx: &WorkerContext, run: &Run, lease: &Lease, ending: Ending) {
     // The database may be briefly away; the terminal write is worth retrying.
     for attempt in 0..5 {
         match ctx.store.finish_run(lease, &terminal, result.as_ref()).await {
-            Ok(()) => return,
+            Ok(()) => return crate::github::deliver_finished(ctx, run).await,
             Err(StoreError::LeaseLost(_)) => return,
             Err(e) => {
                 tracing::warn!(run_id = %run.id, error = %e, attempt, "recording the run's end failed");

@@ -99,6 +99,13 @@ impl Worker {
                     signals.cancel.cancel();
                 }
             }
+            Ok(Notice::Notification { channel, payload }) if channel == channels::RUN_CONTROL => {
+                if let Ok(id) = Uuid::parse_str(&payload)
+                    && let Some(signals) = lock(&self.active).get(&id)
+                {
+                    signals.control.notify_one();
+                }
+            }
             // Queued runs, reconnects and lag all mean "try claiming"; the
             // loop does that on every turn. Heartbeats also carry
             // cancellation, so a missed cancel notice costs a heartbeat.

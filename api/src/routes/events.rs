@@ -24,6 +24,7 @@ use uuid::Uuid;
 
 use crate::auth::Subject;
 use crate::extract::{ApiQuery, RunIdPath};
+use crate::limits::SseSlot;
 use crate::{ApiError, AppState};
 
 /// Events read from the table per query.
@@ -68,8 +69,16 @@ pub async fn events(
         let done = events.iter().any(|e| is_terminal_kind(&e.kind));
         return Ok(Json(EventPage { events, next_after, done }).into_response());
     }
+    let slot =
+        state.sse.acquire(&owner, state.settings.max_sse_per_subject).ok_or_else(|| ApiError::TooManyRequests {
+            message: format!(
+                "at most {} event streams may be open per subject; close one first",
+                state.settings.max_sse_per_subject
+            ),
+            retry_after_s: 5,
+        })?;
     let keep_alive = KeepAlive::new().interval(state.settings.sse_keep_alive).text("keep-alive");
-    Ok(Sse::new(event_stream(state, id, after)).keep_alive(keep_alive).into_response())
+    Ok(Sse::new(event_stream(state, id, after, slot)).keep_alive(keep_alive).into_response())
 }
 
 /// `Last-Event-ID` wins over `?after=`: it is what a reconnecting
@@ -99,8 +108,15 @@ fn wants_json(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.contains("application/json") && !v.contains("text/event-stream"))
 }
 
-fn event_stream(state: AppState, run_id: Uuid, mut after: i64) -> impl Stream<Item = Result<Event, Infallible>> {
+/// `slot` lives as long as the stream, holding the subject's SSE slot.
+fn event_stream(
+    state: AppState,
+    run_id: Uuid,
+    mut after: i64,
+    slot: SseSlot,
+) -> impl Stream<Item = Result<Event, Infallible>> {
     async_stream::stream! {
+        let _slot = slot;
         // Subscribe before the first read so no notification falls between.
         let mut notices = state.listener.subscribe();
         let prefix = format!("{run_id}:");

@@ -1,3 +1,5 @@
+pub mod control;
+pub mod deliver;
 pub mod events;
 pub mod health;
 pub mod runs;
@@ -14,7 +16,10 @@ pub fn v1() -> Router<AppState> {
         .route("/runs", post(runs::create).get(runs::list))
         .route("/runs/{id}", get(runs::get))
         .route("/runs/{id}/cancel", post(runs::cancel))
+        .route("/runs/{id}/deliver", post(deliver::deliver))
         .route("/runs/{id}/events", get(events::events))
+        .route("/runs/{id}/messages", post(control::send_message))
+        .route("/runs/{id}/approvals/{call_id}", post(control::decide))
         .route(
             "/webhooks/github",
             post(webhooks::github).layer(DefaultBodyLimit::max(webhooks::MAX_WEBHOOK_BODY_BYTES)),

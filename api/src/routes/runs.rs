@@ -4,7 +4,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use kiln_protocol::{CreateRun, Run, RunStatus, Trigger};
-use kiln_store::{CancelOutcome, Cursor, NewRun};
+use kiln_store::{CancelOutcome, Cursor, NewRun, QuotaRefusal};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::Subject;
@@ -23,7 +23,22 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<Run>), ApiError> {
     spec.validate().map_err(|e| ApiError::Validation(e.to_string()))?;
     let idempotency_key = idempotency_key(&headers)?;
-    let (run, created) = state.store.create_run(NewRun { owner, spec, trigger: Trigger::Api, idempotency_key }).await?;
+    let new = NewRun { owner, spec, trigger: Trigger::Api, idempotency_key };
+    let (run, created) = match state.store.create_run_within(new, Some(&state.settings.quota)).await? {
+        Ok(created) => created,
+        Err(QuotaRefusal::TooManyActive { limit }) => {
+            return Err(ApiError::TooManyRequests {
+                message: format!("you have {limit} active runs, the most allowed; wait for one to finish"),
+                retry_after_s: 10,
+            });
+        }
+        Err(QuotaRefusal::TooFast { limit, retry_after_s }) => {
+            return Err(ApiError::TooManyRequests {
+                message: format!("at most {limit} runs may be created per minute"),
+                retry_after_s,
+            });
+        }
+    };
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(run)))
 }

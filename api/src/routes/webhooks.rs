@@ -131,7 +131,7 @@ fn refuse_form_encoding(headers: &HeaderMap) -> Result<(), ApiError> {
 /// The run for a request, checked like an API-submitted run.
 fn new_run(request: RunRequest, config: &GithubWebhookConfig) -> Result<NewGithubRun, ApiError> {
     let spec =
-        CreateRun { prompt: prompt::build(&request.task), repo: Some(request.repo.clone()), model: None, limits: None };
+        CreateRun { prompt: prompt::build(&request.task), repo: Some(request.repo.clone()), ..Default::default() };
     spec.validate().map_err(|e| ApiError::BadRequest(format!("cannot make a run from this delivery: {e}")))?;
     Ok(NewGithubRun { owner: config.owner.clone(), prompt: spec.prompt, repo: request.repo, origin: request.origin })
 }

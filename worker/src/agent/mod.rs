@@ -14,13 +14,13 @@ mod prompt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kiln_protocol::{EventBody, Message, Part, Role, Run, Usage};
-use kiln_store::{Lease, Store, StoreError};
+use kiln_protocol::{ApprovalMode, EventBody, Message, Part, Role, Run, Usage};
+use kiln_store::{Decision, Lease, Store, StoreError};
 
 use crate::providers::assemble::Assembled;
 use crate::providers::{FinishReason, ModelProvider, ModelRequest, ProviderError};
 use crate::sandbox::Sandbox;
-use crate::tools::{Registry, ToolContext, ToolFailure};
+use crate::tools::{OutputStream, Registry, ToolContext, ToolFailure, ToolOutcome};
 use budget::{Budget, BudgetCheck, Exhausted};
 use events::EventSink;
 use guard::{LoopGuard, Verdict};
@@ -29,6 +29,8 @@ use guard::{LoopGuard, Verdict};
 /// worker running it died (DESIGN.md §6): it must not be re-run blindly.
 pub const INTERRUPTED: &str = "interrupted: the worker running this call was lost; it may or may not have completed";
 
+/// How often a run waiting for approval re-reads the decision.
+const APPROVAL_POLL: Duration = Duration::from_secs(1);
 /// Continuations after the output limit cut an answer short, per run.
 const MAX_CONTINUATIONS: u32 = 3;
 const CONTINUE: &str = "[kiln] Your answer was cut off by the output limit. Continue exactly where you stopped.";
@@ -64,6 +66,8 @@ pub struct AgentRun<'a> {
     pub pricing: &'a (dyn Fn(&str, &Usage) -> Option<f64> + Send + Sync),
     pub tools: &'a Registry,
     pub events: &'a mut EventSink,
+    /// Woken when a client sends the run a message or an approval decision.
+    pub control: Arc<tokio::sync::Notify>,
 }
 
 impl AgentRun<'_> {
@@ -83,6 +87,12 @@ impl AgentRun<'_> {
         let mut guard = LoopGuard::default();
         let mut continuations = 0;
         loop {
+            // Steering: messages sent while the run works join the
+            // conversation before the next model call (and keep a run that
+            // was about to finish going).
+            for text in self.store.take_inbox(self.lease).await? {
+                self.persist(&mut messages, Message::user(text)).await?;
+            }
             if let Some(outcome) = finished(&messages) {
                 return Ok(outcome);
             }
@@ -169,7 +179,7 @@ impl AgentRun<'_> {
             model: self.model.clone(),
             system: prompt::system_prompt(),
             messages: request_messages,
-            tools: self.tools.specs(),
+            tools: self.tool_specs(),
             max_tokens: self.max_tokens,
             temperature: self.run.model.temperature,
         };
@@ -233,6 +243,7 @@ impl AgentRun<'_> {
             let batch_len = if read_only(&rest[0]) { rest.iter().take_while(|c| read_only(c)).count() } else { 1 };
             let (batch, tail) = rest.split_at(batch_len);
             rest = tail;
+            let mut verdicts = Vec::with_capacity(batch.len());
             for (call_id, name, arguments) in batch {
                 self.events
                     .emit(EventBody::ToolCallReady {
@@ -241,18 +252,25 @@ impl AgentRun<'_> {
                         arguments: arguments.clone(),
                     })
                     .await?;
+                verdicts.push(self.gate(call_id, name, arguments).await?);
             }
-            let ctx = ToolContext { sandbox: self.sandbox };
-            let tools = self.tools;
-            let outcomes = futures::future::join_all(batch.iter().map(|(_, name, arguments)| {
-                let ctx = &ctx;
-                async move {
-                    let started = Instant::now();
-                    let outcome = tools.call(ctx, name, arguments.clone()).await;
-                    (outcome, started.elapsed())
-                }
-            }))
-            .await;
+            let (sandbox, tools) = (self.sandbox, self.tools);
+            let stream = OutputStream::default();
+            let work =
+                futures::future::join_all(batch.iter().zip(verdicts).map(|((call_id, name, arguments), verdict)| {
+                    let ctx = ToolContext { sandbox, output: Some(stream.sink(call_id)) };
+                    async move {
+                        let started = Instant::now();
+                        let outcome = match verdict {
+                            // Refused before it ran (not allowed, or denied).
+                            Some(refusal) => Ok(refusal),
+                            None => tools.call(&ctx, name, arguments.clone()).await,
+                        };
+                        (outcome, started.elapsed())
+                    }
+                }));
+            // Streamed command output becomes tool.output events while the batch runs.
+            let outcomes = stream.forward(work, &mut *self.events).await?;
             for ((call_id, name, _), (outcome, took)) in batch.iter().zip(outcomes) {
                 let outcome = outcome?;
                 self.events
@@ -273,6 +291,62 @@ impl AgentRun<'_> {
             }
         }
         Ok(Message { role: Role::Tool, parts })
+    }
+
+    /// Whether a call may run: `Some(outcome)` refuses it with that result.
+    /// Calls outside `allowed_tools` are refused; calls the run's approval
+    /// mode covers wait (the run in `awaiting_approval`) for a person.
+    async fn gate(
+        &mut self,
+        call_id: &str,
+        name: &str,
+        arguments: &serde_json::Value,
+    ) -> Result<Option<ToolOutcome>, AgentError> {
+        if !self.tool_allowed(name) {
+            return Ok(Some(ToolOutcome::error(format!("the tool {name:?} is not available in this run"))));
+        }
+        let mutating = self.tools.get(name).is_none_or(|t| t.is_mutating());
+        let needs_approval = match self.run.approval {
+            ApprovalMode::Never => false,
+            ApprovalMode::Mutating => mutating,
+            ApprovalMode::Always => true,
+        };
+        if !needs_approval {
+            return Ok(None);
+        }
+        let decision = match self.store.request_approval(self.lease, call_id, name, arguments).await? {
+            Some(decision) => decision,
+            None => self.wait_for_decision(call_id).await?,
+        };
+        self.store.resume_after_approval(self.lease).await?;
+        Ok((!decision.approved).then(|| {
+            let why = decision.reason.map(|r| format!(": {r}")).unwrap_or_default();
+            ToolOutcome::error(format!("the user denied this call{why}"))
+        }))
+    }
+
+    /// Waits for a person's decision; woken by NOTIFY, with polling in case
+    /// the notification was missed. Cancellation and the wall clock still
+    /// apply (the run task stops this future).
+    async fn wait_for_decision(&self, call_id: &str) -> Result<Decision, AgentError> {
+        loop {
+            tokio::select! {
+                _ = self.control.notified() => {}
+                _ = tokio::time::sleep(APPROVAL_POLL) => {}
+            }
+            if let Some(decision) = self.store.approval_decision(self.run.id, call_id).await? {
+                return Ok(decision);
+            }
+        }
+    }
+
+    fn tool_allowed(&self, name: &str) -> bool {
+        self.run.allowed_tools.as_ref().is_none_or(|allowed| allowed.iter().any(|t| t == name))
+    }
+
+    /// The tools the model is shown: all, or the run's `allowed_tools`.
+    fn tool_specs(&self) -> Vec<crate::providers::ToolSpec> {
+        self.tools.specs().into_iter().filter(|spec| self.tool_allowed(&spec.name)).collect()
     }
 
     async fn persist(&mut self, messages: &mut Vec<Message>, message: Message) -> Result<(), AgentError> {

@@ -8,12 +8,17 @@
 mod exec;
 mod files;
 mod output;
+pub mod toolbox;
+mod toolbox_binary;
+mod toolbox_session;
 pub mod workspace;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use bollard::Docker;
-use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::models::{ContainerCreateBody, HostConfig, ResourcesUlimits};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
 };
@@ -22,9 +27,14 @@ use uuid::Uuid;
 pub use exec::ExecOutput;
 pub use files::FileError;
 pub use output::HeadTail;
+pub use toolbox::{OutputSink, ToolboxError};
+pub use toolbox_binary::PATH_ENV as TOOLBOX_PATH_ENV;
+use toolbox_session::ToolboxState;
 
 /// Where the session's files live inside the container.
 pub const WORKSPACE: &str = "/workspace";
+/// Who the container's idle main process runs as.
+const MAIN_PROCESS_USER: &str = "65534:65534";
 /// Label on every container Kiln creates; cleanup finds them by it.
 pub const LABEL_MANAGED: &str = "dev.kiln.managed";
 pub const LABEL_RUN: &str = "dev.kiln.run";
@@ -41,6 +51,8 @@ pub enum SandboxError {
     Workspace(String),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    #[error("toolbox: {0}")]
+    Toolbox(#[from] ToolboxError),
 }
 
 /// Resource limits and image of a sandbox.
@@ -55,6 +67,16 @@ pub struct SandboxConfig {
     pub user: String,
     /// Attach the default bridge network. Off by default.
     pub network: bool,
+    /// Size of the tmpfs mounted on `/tmp`, in MiB: filling it fails the
+    /// writer, not the host's disk.
+    pub tmpfs_mb: u64,
+    /// Open files per process (soft and hard `nofile` ulimit).
+    pub nofile: i64,
+    /// OCI runtime, e.g. `runsc` for gVisor; `None`: the engine's default.
+    pub runtime: Option<String>,
+    /// The toolbox binary to copy into containers; `None`: look for it
+    /// (`KILN_TOOLBOX_PATH`, then next to the executable).
+    pub toolbox_path: Option<PathBuf>,
 }
 
 impl Default for SandboxConfig {
@@ -66,6 +88,10 @@ impl Default for SandboxConfig {
             pids_limit: 256,
             user: "1000:1000".into(),
             network: false,
+            tmpfs_mb: 256,
+            nofile: 4096,
+            runtime: None,
+            toolbox_path: None,
         }
     }
 }
@@ -76,6 +102,8 @@ pub struct Sandbox {
     docker: Docker,
     id: String,
     config: SandboxConfig,
+    /// Shared by clones: one toolbox process per container.
+    toolbox: Arc<ToolboxState>,
 }
 
 /// Who a container belongs to, written as labels.
@@ -103,11 +131,13 @@ impl Sandbox {
             }
             Err(e) => return Err(e.into()),
         };
-        let sandbox = Sandbox { docker: docker.clone(), id: created.id, config: config.clone() };
+        let mut sandbox =
+            Sandbox { docker: docker.clone(), id: created.id, config: config.clone(), toolbox: Arc::default() };
         if let Err(e) = docker.start_container(&sandbox.id, None).await {
             sandbox.remove().await;
             return Err(e.into());
         }
+        sandbox.start_toolbox().await;
         Ok(sandbox)
     }
 
@@ -143,11 +173,27 @@ fn container_body(config: &SandboxConfig, owner: &Owner) -> ContainerCreateBody 
         memory_swap: Some(config.memory_bytes),
         nano_cpus: Some(config.nano_cpus),
         network_mode: Some(if config.network { "bridge".into() } else { "none".into() }),
+        ulimits: Some(vec![ResourcesUlimits {
+            name: Some("nofile".into()),
+            soft: Some(config.nofile),
+            hard: Some(config.nofile),
+        }]),
+        // nosuid/nodev like any scratch space; exec stays allowed because
+        // builds and tests run binaries from /tmp.
+        tmpfs: Some(HashMap::from([(
+            "/tmp".to_owned(),
+            format!("rw,nosuid,nodev,size={}m,mode=1777", config.tmpfs_mb),
+        )])),
+        runtime: config.runtime.clone(),
         ..Default::default()
     };
     ContainerCreateBody {
         image: Some(config.image.clone()),
-        user: Some(config.user.clone()),
+        // The container's own process (PID 1 and its `sleep`) runs as
+        // `nobody`, not as the command user: so the command user's processes
+        // can all be killed at once (`kill -9 -1`, see toolbox_session) without
+        // stopping the container. Every exec names its user explicitly.
+        user: Some(MAIN_PROCESS_USER.into()),
         working_dir: Some(WORKSPACE.into()),
         cmd: Some(vec!["sleep".into(), "infinity".into()]),
         // No TTY, no stdin: nothing in the container can wait on input.

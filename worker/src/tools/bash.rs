@@ -1,20 +1,25 @@
 use std::time::Duration;
 
+use kiln_toolbox::protocol::{ExecRequest, ExecResult, Reply, RequestBody};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{Tool, ToolContext, ToolFailure, ToolOutcome, parse_arguments, schema_of};
+use super::{Answer, Tool, ToolContext, ToolFailure, ToolOutcome, ask_toolbox, parse_arguments, schema_of, unexpected};
 
 const DEFAULT_TIMEOUT_S: u64 = 120;
 const MAX_TIMEOUT_S: u64 = 600;
 /// Characters of output returned to the model; head and tail are kept.
 const OUTPUT_CAP: usize = 30_000;
+/// Output streamed as `tool.output` events per command: enough to watch a
+/// build, while a command printing gigabytes cannot flood the event table.
+const STREAM_CAP: u64 = 1024 * 1024;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BashArgs {
-    /// The command to run with bash in /workspace.
+    /// The command to run with bash. The working directory and exported
+    /// variables carry over from the previous command (first: /workspace).
     pub command: String,
     /// Seconds before the command and its children are killed (default 120, max 600).
     #[serde(default)]
@@ -29,8 +34,9 @@ impl Tool for Bash {
         "bash"
     }
     fn description(&self) -> &'static str {
-        "Run a bash command in the workspace (/workspace). Stdin is closed. Output (stdout and stderr) \
-         is returned with the exit code; long output keeps its start and end."
+        "Run a bash command in the workspace (/workspace). `cd` and exported variables persist between \
+         calls. Stdin is closed. Output (stdout and stderr) is returned with the exit code; long output keeps \
+         its start and end. A timeout kills the command and everything it started."
     }
     fn schema(&self) -> Value {
         schema_of::<BashArgs>()
@@ -48,6 +54,19 @@ impl Tool for Bash {
             return Ok(ToolOutcome::error("command must not be empty"));
         }
         let timeout = Duration::from_secs(args.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S).clamp(1, MAX_TIMEOUT_S));
+        let request = ExecRequest {
+            timeout_ms: timeout.as_millis() as u64,
+            output_cap_bytes: OUTPUT_CAP as u64,
+            stream_cap_bytes: Some(STREAM_CAP),
+            ..ExecRequest::new(args.command.clone())
+        };
+        match ask_toolbox(ctx, RequestBody::Exec(request), true).await? {
+            Answer::Reply(Reply::Exec(result)) => return Ok(exec_outcome(result, timeout)),
+            Answer::Reply(other) => return Err(unexpected(self.name(), &other)),
+            Answer::Outcome(o) => return Ok(o),
+            Answer::NoToolbox => {}
+        }
+        // No toolbox: one `docker exec` per call (no persistent cwd).
         let out = ctx.sandbox.exec(&args.command, timeout, OUTPUT_CAP, |_| {}).await?;
         let mut text = out.output;
         if out.timed_out {
@@ -62,5 +81,107 @@ impl Tool for Bash {
             }
             None => Ok(ToolOutcome::error(format!("{text}\n[exit code unknown]"))),
         }
+    }
+}
+
+/// What the model reads: the output, then one bracketed line for anything
+/// but a clean exit. Non-zero exits, signals and timeouts are errors.
+fn exec_outcome(r: ExecResult, timeout: Duration) -> ToolOutcome {
+    let mut text = r.output;
+    let mut notes = Vec::new();
+    if r.truncated_bytes > 0 {
+        notes.push(format!(
+            "[output was {} bytes; {} bytes in the middle were omitted]",
+            r.total_bytes, r.truncated_bytes
+        ));
+    }
+    if let Some(note) = r.note {
+        notes.push(format!("[{note}]"));
+    }
+    let is_error = if r.timed_out {
+        notes.push(format!(
+            "[timed out after {} s: the command and every process it started were killed]",
+            timeout.as_secs()
+        ));
+        true
+    } else if r.cancelled {
+        notes.push("[cancelled]".into());
+        true
+    } else if let Some(sig) = r.signal {
+        notes.push(format!("[killed by signal {sig}{}]", signal_hint(sig)));
+        true
+    } else {
+        match r.exit_code {
+            Some(0) => false,
+            Some(137) => {
+                notes.push("[exit code 137: killed by SIGKILL, often the sandbox's memory limit]".into());
+                true
+            }
+            Some(code) => {
+                notes.push(format!("[exit code {code}]"));
+                true
+            }
+            None => {
+                notes.push("[exit status unknown]".into());
+                true
+            }
+        }
+    };
+    for note in notes {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(&note);
+    }
+    ToolOutcome { output: text, is_error }
+}
+
+fn signal_hint(sig: i32) -> &'static str {
+    match sig {
+        9 => " (SIGKILL; often the sandbox's memory limit)",
+        15 => " (SIGTERM)",
+        11 => " (SIGSEGV)",
+        6 => " (SIGABRT)",
+        _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(exit_code: Option<i32>, signal: Option<i32>, timed_out: bool) -> ExecResult {
+        ExecResult {
+            exit_code,
+            signal,
+            timed_out,
+            cancelled: false,
+            output: "out\n".into(),
+            truncated_bytes: 0,
+            total_bytes: 4,
+            cwd: "/workspace".into(),
+            duration_ms: 1,
+            note: None,
+        }
+    }
+
+    #[test]
+    fn the_status_is_told_to_the_model() {
+        let t = Duration::from_secs(5);
+        assert_eq!(exec_outcome(result(Some(0), None, false), t), ToolOutcome::ok("out\n"));
+        let failed = exec_outcome(result(Some(3), None, false), t);
+        assert!(failed.is_error && failed.output.ends_with("[exit code 3]"), "{failed:?}");
+        let killed = exec_outcome(result(None, Some(9), false), t);
+        assert!(killed.is_error && killed.output.contains("signal 9 (SIGKILL"), "{killed:?}");
+        let slow = exec_outcome(result(None, Some(9), true), t);
+        assert!(slow.is_error && slow.output.contains("timed out after 5 s"), "{slow:?}");
+    }
+
+    #[test]
+    fn truncation_is_stated() {
+        let mut r = result(Some(0), None, false);
+        r.truncated_bytes = 100;
+        r.total_bytes = 130;
+        assert!(exec_outcome(r, Duration::from_secs(1)).output.contains("100 bytes in the middle were omitted"));
     }
 }

@@ -1,8 +1,10 @@
+use kiln_toolbox::protocol::{EditRequest, Reply, RequestBody};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{Tool, ToolContext, ToolFailure, ToolOutcome, file_outcome, parse_arguments, schema_of};
+use super::{Answer, Tool, ToolContext, ToolFailure, ToolOutcome, ask_toolbox, file_outcome, parse_arguments};
+use super::{schema_of, unexpected};
 
 const MAX_EDIT_FILE_BYTES: u64 = 10 * 1024 * 1024;
 
@@ -29,7 +31,8 @@ impl Tool for Edit {
         "edit"
     }
     fn description(&self) -> &'static str {
-        "Replace exact text in a file. old_string must match exactly once (or set replace_all)."
+        "Replace exact text in a file you have viewed in this session (and that has not changed since). \
+         old_string must match exactly once (or set replace_all)."
     }
     fn schema(&self) -> Value {
         schema_of::<EditArgs>()
@@ -43,6 +46,9 @@ impl Tool for Edit {
             Ok(a) => a,
             Err(outcome) => return Ok(outcome),
         };
+        if ctx.sandbox.has_toolbox() {
+            return edit_checked(ctx, args).await;
+        }
         let bytes = match ctx.sandbox.read_file(&args.path, MAX_EDIT_FILE_BYTES).await {
             Ok(b) => b,
             Err(e) => return file_outcome(e),
@@ -58,6 +64,32 @@ impl Tool for Edit {
             Ok(()) => Ok(ToolOutcome::ok(format!("replaced {} occurrence(s) in {}", updated.1, args.path))),
             Err(e) => file_outcome(e),
         }
+    }
+}
+
+/// Through the toolbox, against the version the model last saw.
+async fn edit_checked(ctx: &ToolContext<'_>, args: EditArgs) -> Result<ToolOutcome, ToolFailure> {
+    let Some(expected) = ctx.sandbox.seen_version(&args.path) else {
+        return Ok(ToolOutcome::error(format!(
+            "{} has not been viewed in this session; view it first, then edit it",
+            args.path
+        )));
+    };
+    let request = EditRequest {
+        path: args.path.clone(),
+        old_string: args.old_string,
+        new_string: args.new_string,
+        replace_all: args.replace_all.unwrap_or(false),
+        expected: Some(expected),
+    };
+    match ask_toolbox(ctx, RequestBody::Edit(request), false).await? {
+        Answer::Reply(Reply::Edit(r)) => {
+            ctx.sandbox.record_seen(&args.path, r.version);
+            Ok(ToolOutcome::ok(format!("replaced {} occurrence(s) in {}\n{}", r.replacements, args.path, r.diff)))
+        }
+        Answer::Reply(other) => Err(unexpected("edit", &other)),
+        Answer::Outcome(o) => Ok(o),
+        Answer::NoToolbox => Ok(ToolOutcome::error("the sandbox's tool process is unavailable")),
     }
 }
 

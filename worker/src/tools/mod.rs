@@ -9,6 +9,10 @@
 
 mod bash;
 mod edit;
+mod glob;
+mod grep;
+mod ls;
+pub mod stream;
 mod view;
 mod write;
 
@@ -19,8 +23,12 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use kiln_toolbox::protocol::{Reply, RequestBody, ToolError};
+
 use crate::providers::ToolSpec;
-use crate::sandbox::{FileError, Sandbox, SandboxError};
+use crate::sandbox::{FileError, OutputSink, Sandbox, SandboxError, ToolboxError};
+
+pub use stream::OutputStream;
 
 /// What a tool call returns to the model.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,7 +62,60 @@ fn file_outcome(e: FileError) -> Result<ToolOutcome, ToolFailure> {
 /// Everything a tool call may use.
 pub struct ToolContext<'a> {
     pub sandbox: &'a Sandbox,
+    /// Where a running command's output goes as it arrives (`tool.output`
+    /// events); `None` when nobody listens.
+    pub output: Option<OutputSink>,
 }
+
+/// Told to the model when the toolbox died under its call.
+const TOOLBOX_DIED: &str = "the sandbox's tool process died during this call (it was killed, or the sandbox ran out \
+     of memory); the call's result is lost and its effects may or may not have happened. It is restarted for the \
+     next call, which starts again in /workspace with the default environment.";
+
+/// How a toolbox request went, in the terms a tool needs.
+enum Answer {
+    Reply(Reply),
+    /// The sandbox has no toolbox: use the per-exec path (or refuse).
+    NoToolbox,
+    /// Already the model-facing result (the toolbox died, or answered with
+    /// an error the model can act on).
+    Outcome(ToolOutcome),
+}
+
+/// Sends one request to the sandbox's toolbox and sorts the answer into the
+/// two tiers: model-fixable errors become outcomes, the rest failures.
+async fn ask_toolbox(ctx: &ToolContext<'_>, body: RequestBody, stream: bool) -> Result<Answer, ToolFailure> {
+    let output = if stream { ctx.output.clone() } else { None };
+    match ctx.sandbox.toolbox_call(body, output).await {
+        Ok(None) => Ok(Answer::NoToolbox),
+        Ok(Some(Reply::Error(e))) => toolbox_error(e).map(Answer::Outcome),
+        Ok(Some(reply)) => Ok(Answer::Reply(reply)),
+        Err(ToolboxError::Died) => Ok(Answer::Outcome(ToolOutcome::error(TOOLBOX_DIED))),
+        // A restart that failed (the sandbox is out of processes or memory):
+        // the model may free them up; the next call tries again.
+        Err(ToolboxError::Start(e)) => Ok(Answer::Outcome(ToolOutcome::error(format!(
+            "the sandbox's tool process could not be restarted ({e}); the sandbox may be out of processes or memory"
+        )))),
+        Err(e) => Err(ToolFailure(e.into())),
+    }
+}
+
+fn toolbox_error(e: ToolError) -> Result<ToolOutcome, ToolFailure> {
+    if e.kind.is_model_fixable() {
+        Ok(ToolOutcome::error(e.message))
+    } else {
+        Err(ToolFailure(ToolboxError::Unexpected(e.to_string()).into()))
+    }
+}
+
+/// A reply of the wrong type: a toolbox bug or version skew, not the model's.
+fn unexpected(tool: &str, reply: &Reply) -> ToolFailure {
+    ToolFailure(SandboxError::Toolbox(ToolboxError::Unexpected(format!("{tool} got {reply:?}"))))
+}
+
+/// What the read-only search tools say when the sandbox has no toolbox.
+const NEEDS_TOOLBOX: &str = "this sandbox has no toolbox process, so this tool is unavailable; use bash \
+     (ls, find, grep) instead";
 
 #[async_trait::async_trait]
 pub trait Tool: Send + Sync {
@@ -90,8 +151,15 @@ pub struct Registry {
 
 impl Registry {
     pub fn standard() -> Self {
-        let tools: [Arc<dyn Tool>; 4] =
-            [Arc::new(bash::Bash), Arc::new(view::View), Arc::new(write::Write), Arc::new(edit::Edit)];
+        let tools: [Arc<dyn Tool>; 7] = [
+            Arc::new(bash::Bash),
+            Arc::new(view::View),
+            Arc::new(write::Write),
+            Arc::new(edit::Edit),
+            Arc::new(ls::Ls),
+            Arc::new(glob::Glob),
+            Arc::new(grep::Grep),
+        ];
         Registry { tools: tools.into_iter().map(|t| (t.name(), t)).collect() }
     }
 
@@ -144,5 +212,8 @@ mod tests {
         assert_eq!(props("view"), ["limit", "offset", "path"]);
         assert_eq!(props("write"), ["content", "path"]);
         assert_eq!(props("edit"), ["new_string", "old_string", "path", "replace_all"]);
+        assert_eq!(props("ls"), ["path"]);
+        assert_eq!(props("glob"), ["path", "pattern"]);
+        assert_eq!(props("grep"), ["case_insensitive", "context", "include", "literal", "path", "pattern"]);
     }
 }

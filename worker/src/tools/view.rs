@@ -1,14 +1,16 @@
+use kiln_toolbox::protocol::{Reply, RequestBody, ViewRequest};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{Tool, ToolContext, ToolFailure, ToolOutcome, file_outcome, parse_arguments, schema_of};
+use super::{Answer, Tool, ToolContext, ToolFailure, ToolOutcome, ask_toolbox, file_outcome, parse_arguments};
+use super::{schema_of, unexpected};
 
 const DEFAULT_LIMIT: usize = 2000;
 const MAX_LINE_CHARS: usize = 2000;
 /// Byte budget of one answer, whatever the line count.
 const MAX_OUTPUT_BYTES: usize = 100 * 1024;
-/// Files are read whole in this first cut; the toolbox will page them.
+/// Without a toolbox, files are read whole through the archive API.
 const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -33,7 +35,9 @@ impl Tool for View {
         "view"
     }
     fn description(&self) -> &'static str {
-        "Show a file's lines, numbered. Use offset and limit to page through large files."
+        "Show a file's lines, numbered, with the total line count. Use offset and limit to page through \
+         files of any size. Binary files are described, not shown. A file must be viewed before edit or write \
+         may change it."
     }
     fn schema(&self) -> Value {
         schema_of::<ViewArgs>()
@@ -47,12 +51,29 @@ impl Tool for View {
             Ok(a) => a,
             Err(outcome) => return Ok(outcome),
         };
+        let offset = args.offset.unwrap_or(1).max(1);
+        let limit = args.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, DEFAULT_LIMIT);
+        let request = ViewRequest {
+            offset: offset as u64,
+            limit: limit as u64,
+            max_line_chars: MAX_LINE_CHARS as u64,
+            max_bytes: MAX_OUTPUT_BYTES as u64,
+            ..ViewRequest::new(args.path.clone())
+        };
+        match ask_toolbox(ctx, RequestBody::View(request), false).await? {
+            Answer::Reply(Reply::View(v)) => {
+                // What edit/write will insist the file still is.
+                ctx.sandbox.record_seen(&args.path, v.version);
+                return Ok(ToolOutcome::ok(v.text));
+            }
+            Answer::Reply(other) => return Err(unexpected(self.name(), &other)),
+            Answer::Outcome(o) => return Ok(o),
+            Answer::NoToolbox => {}
+        }
         let bytes = match ctx.sandbox.read_file(&args.path, MAX_FILE_BYTES).await {
             Ok(b) => b,
             Err(e) => return file_outcome(e),
         };
-        let offset = args.offset.unwrap_or(1).max(1);
-        let limit = args.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, DEFAULT_LIMIT);
         Ok(ToolOutcome::ok(render(&args.path, &bytes, offset, limit)))
     }
 }

@@ -1,0 +1,161 @@
+//! Talking to runs: steering messages, follow-up runs, approvals, allowed tools.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use kiln_scripted_model::Reply;
+use kiln_tests::{Ev, Options, TestApp, assert_dense, kinds, token};
+use serde_json::{Value, json};
+
+async fn post(app: &TestApp, sub: &str, path: &str, body: Value) -> (u16, Value) {
+    let r = app.http.post(app.url(path)).bearer_auth(token(sub)).json(&body).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+async fn until(app: &TestApp, id: &str, after: Option<i64>, kind: &str) -> Vec<Ev> {
+    let evs = app.sse_until(app.addr, "alice", id, after, usize::MAX, |e| e.kind == kind).await;
+    assert_eq!(evs.last().map(|e| e.kind.as_str()), Some(kind), "{:?}", kinds(&evs));
+    evs
+}
+
+fn user_texts(body: &Value) -> Vec<String> {
+    body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().map(str::to_owned).unwrap_or_else(|| m["content"].to_string()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_message_sent_mid_run_joins_the_conversation_before_the_next_model_call() {
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::tool("bash", json!({"command": "sleep 2; echo first"})), Reply::text("done")],
+        ..Default::default()
+    })
+    .await;
+    let run = app.create_run("alice", json!({"prompt": "start"})).await;
+    let id = run["id"].as_str().unwrap();
+    let seen = until(&app, id, None, "tool_call.ready").await;
+    let (status, body) =
+        post(&app, "alice", &format!("/v1/runs/{id}/messages"), json!({"text": "also check the tests"})).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["disposition"], "queued");
+    let rest = app.sse(app.addr, "alice", id, Some(seen.last().unwrap().seq), usize::MAX).await;
+    assert_eq!(rest.last().unwrap().kind, "run.succeeded");
+    assert!(rest.iter().any(|e| e.kind == "message.queued" && e.data["text"] == "also check the tests"));
+    let requests = app.model.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(user_texts(&requests[1].body).last().unwrap(), "also check the tests");
+}
+
+#[tokio::test]
+async fn a_message_to_a_finished_run_starts_a_follow_up_that_sees_the_conversation() {
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::text("first answer"), Reply::text("second answer")],
+        ..Default::default()
+    })
+    .await;
+    let run = app.create_run("alice", json!({"prompt": "first question"})).await;
+    let id = run["id"].as_str().unwrap();
+    assert_eq!(app.events_to_end("alice", id).await.last().unwrap().kind, "run.succeeded");
+    let (status, body) =
+        post(&app, "alice", &format!("/v1/runs/{id}/messages"), json!({"text": "second question"})).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["disposition"], "follow_up");
+    let follow = &body["run"];
+    assert_ne!(follow["id"], run["id"]);
+    assert_eq!(follow["session_id"], run["session_id"]);
+    let events = app.events_to_end("alice", follow["id"].as_str().unwrap()).await;
+    assert_dense(&events, 1);
+    assert_eq!(events.last().unwrap().data["summary"], "second answer");
+    let requests = app.model.requests();
+    let messages = requests[1].body["messages"].as_array().unwrap();
+    let text = serde_json::to_string(messages).unwrap();
+    assert!(text.contains("first question") && text.contains("first answer") && text.contains("second question"));
+}
+
+#[tokio::test]
+async fn an_approved_call_runs_and_a_denied_one_goes_back_to_the_model() {
+    let app = TestApp::spawn(Options {
+        script: vec![
+            Reply::tool("bash", json!({"command": "echo approved-ran"})),
+            Reply::tool("bash", json!({"command": "rm -rf /workspace"})),
+            Reply::text("done"),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let run = app.create_run("alice", json!({"prompt": "work", "approval": "mutating"})).await;
+    let id = run["id"].as_str().unwrap();
+
+    let first = until(&app, id, None, "approval.requested").await;
+    let request = first.last().unwrap();
+    assert_eq!(request.data["name"], "bash");
+    let call = request.data["call_id"].as_str().unwrap().to_owned();
+    assert_eq!(app.get_run("alice", id).await["status"], "awaiting_approval");
+    // Another subject cannot decide; an unknown call is not found.
+    let path = format!("/v1/runs/{id}/approvals/{call}");
+    assert_eq!(post(&app, "mallory", &path, json!({"decision": "approve"})).await.0, 404);
+    assert_eq!(
+        post(&app, "alice", &format!("/v1/runs/{id}/approvals/nope"), json!({"decision": "approve"})).await.0,
+        404
+    );
+    assert_eq!(post(&app, "alice", &path, json!({"decision": "maybe"})).await.0, 422);
+    assert_eq!(post(&app, "alice", &path, json!({"decision": "approve"})).await.0, 200);
+    assert_eq!(post(&app, "alice", &path, json!({"decision": "deny"})).await.0, 409, "decided once");
+
+    let second = until(&app, id, Some(request.seq), "approval.requested").await;
+    let result = second.iter().find(|e| e.kind == "tool.result").unwrap();
+    assert!(result.data["output"].as_str().unwrap().contains("approved-ran"));
+    assert!(second.iter().any(|e| e.kind == "approval.resolved" && e.data["approved"] == true));
+    let call2 = second.last().unwrap().data["call_id"].as_str().unwrap().to_owned();
+    let (status, _) = post(
+        &app,
+        "alice",
+        &format!("/v1/runs/{id}/approvals/{call2}"),
+        json!({"decision": "deny", "reason": "too risky"}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let rest = app.sse(app.addr, "alice", id, Some(second.last().unwrap().seq), usize::MAX).await;
+    assert_eq!(rest.last().unwrap().kind, "run.succeeded");
+    let denied = rest.iter().find(|e| e.kind == "tool.result").unwrap();
+    assert_eq!(denied.data["is_error"], true);
+    assert_eq!(denied.data["output"], "the user denied this call: too risky");
+    assert_eq!(app.get_run("alice", id).await["status"], "succeeded");
+    let requests = app.model.requests();
+    assert!(requests[2].body.to_string().contains("the user denied this call: too risky"));
+}
+
+#[tokio::test]
+async fn allowed_tools_limit_what_the_model_sees_and_can_call() {
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::tool("bash", json!({"command": "echo should-not-run"})), Reply::text("ok")],
+        ..Default::default()
+    })
+    .await;
+    let run = app.create_run("alice", json!({"prompt": "look", "allowed_tools": ["view"]})).await;
+    assert_eq!(run["allowed_tools"], json!(["view"]));
+    let events = app.events_to_end("alice", run["id"].as_str().unwrap()).await;
+    assert_eq!(events.last().unwrap().kind, "run.succeeded");
+    let result = events.iter().find(|e| e.kind == "tool.result").unwrap();
+    assert_eq!(result.data["is_error"], true);
+    assert!(result.data["output"].as_str().unwrap().contains("not available"));
+    let requests = app.model.requests();
+    let tools: Vec<&str> =
+        requests[0].body["tools"].as_array().unwrap().iter().map(|t| t["function"]["name"].as_str().unwrap()).collect();
+    assert_eq!(tools, ["view"]);
+}
+
+#[tokio::test]
+async fn messages_are_validated_and_scoped_to_their_owner() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let run = app.create_run("alice", json!({"prompt": "p"})).await;
+    let id = run["id"].as_str().unwrap();
+    assert_eq!(post(&app, "alice", &format!("/v1/runs/{id}/messages"), json!({"text": " "})).await.0, 422);
+    assert_eq!(post(&app, "alice", &format!("/v1/runs/{id}/messages"), json!({"txt": "x"})).await.0, 422);
+    assert_eq!(post(&app, "bob", &format!("/v1/runs/{id}/messages"), json!({"text": "x"})).await.0, 404);
+    let (status, body) = post(&app, "alice", &format!("/v1/runs/{id}/messages"), json!({"text": "queued early"})).await;
+    assert_eq!(status, 202, "a queued run takes messages too: {body}");
+}

@@ -1,0 +1,254 @@
+//! Hostile commands against a real sandbox (issue 3): each runs as a bash
+//! call in a real session (API → queue → worker → Docker → toolbox) and the
+//! test asserts the sandbox held *and* a following `echo ok` in the same
+//! run works. Network checks are by inspection only: no test sends traffic
+//! anywhere.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use kiln_scripted_model::Reply;
+use kiln_tests::{Ev, Options, TestApp};
+use serde_json::json;
+
+/// One tool result as the model saw it.
+#[derive(Debug)]
+struct Result {
+    output: String,
+    is_error: bool,
+}
+
+fn bash(command: &str) -> Reply {
+    Reply::tool("bash", json!({ "command": command }))
+}
+
+fn bash_with_timeout(command: &str, timeout_s: u64) -> Reply {
+    Reply::tool("bash", json!({ "command": command, "timeout_s": timeout_s }))
+}
+
+/// Runs the scripted tool calls (then a final answer) in one run and returns
+/// the run's events.
+async fn run_script(mut script: Vec<Reply>) -> (TestApp, Vec<Ev>) {
+    script.push(Reply::text("done"));
+    let app = TestApp::spawn(Options { script, ..Default::default() }).await;
+    let run = app.create_run("alice", json!({"prompt": "hostile"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let events = app.events_to_end("alice", &id).await;
+    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", events.last());
+    (app, events)
+}
+
+fn results(events: &[Ev]) -> Vec<Result> {
+    events
+        .iter()
+        .filter(|e| e.kind == "tool.result")
+        .map(|e| Result {
+            output: e.data["output"].as_str().unwrap().to_owned(),
+            is_error: e.data["is_error"].as_bool().unwrap(),
+        })
+        .collect()
+}
+
+/// The hostile call, then `echo ok`, which must work.
+async fn hostile_then_ok(hostile: Reply) -> Result {
+    let (_app, events) = run_script(vec![hostile, bash("echo ok")]).await;
+    let mut r = results(&events);
+    assert_eq!(r.len(), 2, "{r:?}");
+    let ok = r.pop().unwrap();
+    assert!(!ok.is_error && ok.output.trim() == "ok", "the session still works: {ok:?}");
+    r.pop().unwrap()
+}
+
+#[tokio::test]
+async fn a_fork_bomb_is_contained_and_killed_at_the_timeout() {
+    // `wait` keeps the shell in the call, as a bomb hidden in a build script
+    // would. At the pids limit the bomb either burns out (its forks fail) or
+    // is killed at the timeout; either way the call returns.
+    let started = Instant::now();
+    let (_app, events) = run_script(vec![
+        bash_with_timeout(":(){ :|:& };:; wait", 5),
+        bash("echo ok"),
+        bash("ps -eo args= | grep -c -v -e '^ps ' -e '^grep ' -e kiln-toolbox -e docker-init -e '^sleep infinity' || true"),
+    ])
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(60));
+    let r = results(&events);
+    let tail = &r[0].output[r[0].output.len().saturating_sub(300)..];
+    assert!(r[0].output.contains("fork") || r[0].output.contains("timed out"), "{tail:?}");
+    // A bomb that outlived its command is cleared before the next one runs,
+    // and the model is told.
+    assert!(!r[1].is_error && r[1].output.starts_with("ok\n"), "{:?}", r[1]);
+    // Only the shell of the counting command is left besides the fixtures.
+    let others: u32 = r[2].output.trim().parse().unwrap_or_else(|_| panic!("{:?}", r[2]));
+    assert!(others <= 2, "processes left after the bomb: {:?}", r[2]);
+}
+
+#[tokio::test]
+async fn a_memory_bomb_is_killed_and_reported_as_a_tool_error() {
+    let r = hostile_then_ok(bash("python3 -c \"x = 'a' * (4 * 1024 ** 3); print(len(x))\"")).await;
+    assert!(r.is_error, "{r:?}");
+    assert!(r.output.contains("SIGKILL") || r.output.contains("137") || r.output.contains("MemoryError"), "{r:?}");
+}
+
+#[tokio::test]
+async fn filling_tmp_hits_its_size_limit() {
+    let r = hostile_then_ok(bash("dd if=/dev/zero of=/tmp/fill bs=1M count=1024 2>&1; df -m /tmp | tail -1")).await;
+    assert!(r.output.contains("No space left on device"), "{r:?}");
+    // The tmpfs is 256 MiB by default: df shows its size in MiB.
+    assert!(r.output.contains(" 256 "), "{r:?}");
+}
+
+#[tokio::test]
+async fn printing_a_gigabyte_is_capped_for_the_model_and_the_worker() {
+    let (_app, events) = run_script(vec![
+        bash_with_timeout("yes 0123456789abcdefghijklmnopqrstuvwxyz | head -c 1000000000; echo; echo END", 300),
+        bash("echo ok"),
+    ])
+    .await;
+    let r = results(&events);
+    assert!(!r[0].is_error, "{:?}", &r[0].output[..200]);
+    assert!(r[0].output.len() < 40_000, "model-facing output is bounded: {}", r[0].output.len());
+    assert!(r[0].output.contains("bytes omitted"), "the cut is marked");
+    assert!(r[0].output.trim_end().ends_with("END") || r[0].output.contains("END\n"), "the tail is kept");
+    let streamed: usize =
+        events.iter().filter(|e| e.kind == "tool.output").map(|e| e.data["text"].as_str().unwrap().len()).sum();
+    assert!(streamed > 0 && streamed <= 2 * 1024 * 1024, "streamed output is bounded: {streamed}");
+    assert_eq!(r[1].output.trim(), "ok");
+    // The worker runs in this process: its memory never held the gigabyte.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let hwm_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    assert!(hwm_kb < 512 * 1024, "peak RSS {hwm_kb} kB");
+}
+
+#[tokio::test]
+async fn background_children_are_killed_at_the_timeout() {
+    let (_app, events) = run_script(vec![
+        bash_with_timeout("sleep 600 & nohup sleep 600 >/dev/null 2>&1 & sleep 60", 2),
+        bash("echo ok"),
+        bash("ps -eo args="),
+    ])
+    .await;
+    let r = results(&events);
+    assert!(r[0].is_error && r[0].output.contains("timed out"), "{:?}", r[0]);
+    assert_eq!(r[1].output.trim(), "ok");
+    assert!(!r[2].output.contains("sleep 600"), "none left: {:?}", r[2]);
+}
+
+#[tokio::test]
+async fn a_command_reading_stdin_gets_eof_at_once() {
+    let started = Instant::now();
+    let r = hostile_then_ok(bash_with_timeout("read line; echo \"got:[$line]\"; cat; python3 -c 'input()'", 60)).await;
+    assert!(r.output.contains("got:[]"), "{r:?}");
+    assert!(r.output.contains("EOFError"), "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(45), "did not wait for the timeout");
+}
+
+#[tokio::test]
+async fn the_network_is_none_by_inspection() {
+    let r = hostile_then_ok(bash("ls /sys/class/net; echo ---; tail -n +2 /proc/net/route | wc -l")).await;
+    assert!(!r.is_error, "{r:?}");
+    assert_eq!(r.output.trim(), "lo\n---\n0");
+}
+
+#[tokio::test]
+async fn commands_run_unprivileged_without_the_docker_socket() {
+    let r = hostile_then_ok(bash(
+        "id -u; grep -E '^(CapEff|NoNewPrivs):' /proc/self/status; ls /var/run/docker.sock /run/docker.sock 2>&1; true",
+    ))
+    .await;
+    let uid: u32 = r.output.lines().next().unwrap().trim().parse().unwrap();
+    assert_ne!(uid, 0);
+    assert!(r.output.contains("CapEff:\t0000000000000000"), "{r:?}");
+    assert!(r.output.contains("NoNewPrivs:\t1"), "{r:?}");
+    assert_eq!(r.output.matches("No such file or directory").count(), 2, "{r:?}");
+}
+
+#[tokio::test]
+async fn output_imitating_frames_and_markers_is_just_text() {
+    let r = hostile_then_ok(bash(
+        r#"printf '\x00\x00\x00\x2c{"type":"response","id":1,"result":{"type":"pong"}}'; printf '\x00\x00\x10\x00'; echo '[... 99 bytes omitted ...]'; echo '{"type":"hello","protocol_version":9}'; echo after"#,
+    ))
+    .await;
+    assert!(!r.is_error, "{r:?}");
+    assert!(r.output.contains(r#"{"type":"response","id":1"#), "{r:?}");
+    assert!(r.output.trim_end().ends_with("after"), "{r:?}");
+}
+
+#[tokio::test]
+async fn exit_137_is_reported() {
+    let r = hostile_then_ok(bash("exit 137")).await;
+    assert!(r.is_error && r.output.contains("137"), "{r:?}");
+}
+
+#[tokio::test]
+async fn the_working_directory_persists_between_calls() {
+    let (_app, events) = run_script(vec![bash("mkdir -p sub && cd sub && pwd"), bash("pwd"), bash("echo ok")]).await;
+    let r = results(&events);
+    assert_eq!(r[0].output.trim(), "/workspace/sub");
+    assert_eq!(r[1].output.trim(), "/workspace/sub");
+    assert_eq!(r[2].output.trim(), "ok");
+}
+
+#[tokio::test]
+async fn killing_the_toolbox_is_a_clear_tool_error_and_the_next_call_works() {
+    let r = hostile_then_ok(bash_with_timeout("pkill -KILL -x kiln-toolbox; sleep 20", 60)).await;
+    assert!(r.is_error, "{r:?}");
+    assert!(r.output.contains("died during this call"), "{r:?}");
+}
+
+#[tokio::test]
+async fn edit_and_write_need_a_fresh_view_and_new_tools_work() {
+    let (_app, events) = run_script(vec![
+        Reply::tool("write", json!({"path": "a.txt", "content": "alpha\n"})),
+        bash("echo beta > b.txt"),
+        Reply::tool("edit", json!({"path": "b.txt", "old_string": "beta", "new_string": "gamma"})),
+        Reply::tool("write", json!({"path": "b.txt", "content": "x\n"})),
+        Reply::tool("view", json!({"file_path": "b.txt"})),
+        Reply::tool("edit", json!({"path": "b.txt", "old_string": "beta", "new_string": "gamma"})),
+        bash("echo changed >> b.txt"),
+        Reply::tool("edit", json!({"path": "b.txt", "old_string": "gamma", "new_string": "delta"})),
+        Reply::tool("ls", json!({})),
+        Reply::tool("glob", json!({"pattern": "*.txt"})),
+        Reply::tool("grep", json!({"pattern": "gamma", "include": "*.txt"})),
+    ])
+    .await;
+    let r = results(&events);
+    assert!(!r[0].is_error, "a new file needs no view: {:?}", r[0]);
+    assert!(r[2].is_error && r[2].output.contains("view it first"), "{:?}", r[2]);
+    assert!(r[3].is_error && r[3].output.contains("view it first"), "{:?}", r[3]);
+    assert!(r[4].output.contains("     1\tbeta"), "{:?}", r[4]);
+    assert!(!r[5].is_error, "{:?}", r[5]);
+    assert!(r[7].is_error && r[7].output.contains("changed since"), "{:?}", r[7]);
+    assert!(r[8].output.contains("a.txt") && r[8].output.contains("b.txt"), "{:?}", r[8]);
+    assert_eq!(r[9].output, "a.txt\nb.txt\n");
+    assert!(r[10].output.starts_with("b.txt:1:gamma"), "{:?}", r[10]);
+}
+
+#[tokio::test]
+async fn bash_output_streams_as_tool_output_events() {
+    let (_app, events) =
+        run_script(vec![bash("for i in 1 2 3; do echo line$i; sleep 0.2; done"), bash("echo ok")]).await;
+    let streamed: String =
+        events.iter().filter(|e| e.kind == "tool.output").map(|e| e.data["text"].as_str().unwrap()).collect();
+    assert_eq!(streamed, "line1\nline2\nline3\nok\n");
+}
+
+#[tokio::test]
+async fn two_sessions_cannot_see_each_others_files_or_processes() {
+    let a = tokio::spawn(run_script(vec![bash("echo secret-a > a-only.txt && sleep 8 && echo ok")]));
+    // B looks while A's file exists and A's sleep runs.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (_app, events) = run_script(vec![bash(
+        "ls -a /workspace; ps -eo args; grep -rs secret-a /workspace /tmp /home 2>/dev/null; echo ok",
+    )])
+    .await;
+    let b = &results(&events)[0];
+    assert!(!b.output.contains("a-only.txt") && !b.output.contains("sleep 8"), "{b:?}");
+    assert!(!b.output.contains("secret-a\n"), "{b:?}");
+    let (_app_a, events_a) = a.await.unwrap();
+    assert_eq!(results(&events_a)[0].output.trim(), "ok");
+}

@@ -1,0 +1,310 @@
+//! The delivery steps: acknowledge, check out, capture, deliver.
+
+use std::path::Path;
+use std::time::Duration;
+
+use kiln_protocol::{EventBody, Run, RunStatus};
+use kiln_store::{DeliveryJob, GithubOrigin, Store};
+use uuid::Uuid;
+
+use super::git::{GitAuth, git};
+use super::{Github, GithubError};
+use crate::sandbox::Sandbox;
+
+/// Where the patch is written inside the sandbox. Under `.git` rather than
+/// `/tmp`: Docker's archive API cannot read tmpfs mounts, and git never
+/// lists its own directory in a diff.
+const PATCH_IN_SANDBOX: &str = "/workspace/.git/kiln-delivery.patch";
+/// Largest patch delivered; bigger changes are almost surely build output.
+const MAX_PATCH_BYTES: u64 = 20 * 1024 * 1024;
+const CAPTURE_TIMEOUT: Duration = Duration::from_secs(120);
+/// Longest agent answer quoted in a comment (GitHub caps bodies at 65536).
+const MAX_QUOTED_CHARS: usize = 20_000;
+
+/// Acknowledges the trigger once per run, in the background so a slow
+/// GitHub does not hold the run up. Marked first: a run retried after a
+/// lost lease does not acknowledge again, and a failed acknowledgement is
+/// only logged (the result comment still comes).
+pub fn spawn_ack(github: Github, store: Store, run_id: Uuid, origin: GithubOrigin) {
+    tokio::spawn(async move {
+        match store.mark_github_acked(run_id).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                tracing::warn!(%run_id, error = %e, "recording the GitHub acknowledgement failed");
+                return;
+            }
+        }
+        let client = &github.inner.client;
+        let result = async {
+            let token = github.inner.auth.token(client, origin.installation_id).await?;
+            match origin.comment_id {
+                Some(id) => client.react(&token, &origin.repo_full_name, id, "eyes").await,
+                None => {
+                    let body = format!("Kiln is working on it: run {}.", github.run_link(run_id));
+                    client.comment(&token, &origin.repo_full_name, origin.issue_number, &body).await.map(|_| ())
+                }
+            }
+        }
+        .await;
+        if let Err(e) = result {
+            let error = github.redact(&e.to_string()).await;
+            tracing::warn!(%run_id, %error, "acknowledging on GitHub failed");
+        }
+    });
+}
+
+/// Clones the run's repository on the worker with the token, records the
+/// base, and uploads the tree into the sandbox.
+pub async fn checkout(
+    github: &Github,
+    store: &Store,
+    run: &Run,
+    origin: &GithubOrigin,
+    sandbox: &Sandbox,
+    allow_file: bool,
+) -> Result<(), GithubError> {
+    let result = checkout_inner(github, store, run, origin, sandbox, allow_file).await;
+    match result {
+        Ok(()) => Ok(()),
+        Err(e) => Err(GithubError::Delivery(github.redact(&e.to_string()).await)),
+    }
+}
+
+async fn checkout_inner(
+    github: &Github,
+    store: &Store,
+    run: &Run,
+    origin: &GithubOrigin,
+    sandbox: &Sandbox,
+    allow_file: bool,
+) -> Result<(), GithubError> {
+    let repo = run.repo.as_ref().ok_or_else(|| GithubError::Delivery("the GitHub run names no repository".into()))?;
+    check_scheme(&repo.url, allow_file)?;
+    let client = &github.inner.client;
+    let token = github.inner.auth.token(client, origin.installation_id).await?;
+    let git_ref = match origin.pr_number {
+        // On a pull request's thread the run works on the PR's branch.
+        Some(number) => {
+            let pr = client.pull_request(&token, &origin.repo_full_name, number).await?;
+            match pr.head.repo {
+                Some(head) if head.full_name.eq_ignore_ascii_case(&origin.repo_full_name) => Some(pr.head.git_ref),
+                _ => {
+                    return Err(GithubError::Delivery(format!(
+                        "pull request #{number} comes from a fork; Kiln cannot push to forks"
+                    )));
+                }
+            }
+        }
+        None => repo.git_ref.clone(),
+    };
+    let dir = tempfile::tempdir().map_err(|e| GithubError::Git(format!("creating a temporary directory: {e}")))?;
+    let dest = dir.path().join("repo");
+    let dest_str = utf8(&dest)?;
+    let auth = GitAuth { url: &repo.url, token: Some(&token), allow_file };
+    let mut args = vec!["clone", "--quiet", "--no-tags", "--depth", "1"];
+    if let Some(r) = git_ref.as_deref() {
+        args.extend(["--branch", r]);
+    }
+    args.extend(["--", &repo.url, dest_str]);
+    git(&args, None, &auth).await?;
+    let sha = git(&["rev-parse", "HEAD"], Some(&dest), &auth).await?;
+    let branch = match git(&["symbolic-ref", "--quiet", "--short", "HEAD"], Some(&dest), &auth).await {
+        Ok(b) => b,
+        Err(_) => git_ref.clone().unwrap_or_default(),
+    };
+    store.set_github_base(run.id, &branch, &sha).await?;
+    sandbox.upload_dir(&dest).await.map_err(|e| GithubError::Sandbox(format!("uploading the checkout: {e}")))
+}
+
+/// Takes `/workspace`'s changes against the checked-out commit out of the
+/// sandbox (exec + archive download: nothing runs on the worker's side with
+/// the agent's files) and stores them. Commits the agent made are included.
+pub async fn capture(store: &Store, run_id: Uuid, sandbox: &Sandbox) -> Result<(), GithubError> {
+    let Some(base) = store.github_base_sha(run_id).await? else {
+        // A run checked out before GitHub delivery was configured.
+        return Err(GithubError::Delivery("the run's base commit was not recorded".into()));
+    };
+    if !(7..=64).contains(&base.len()) || !base.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(GithubError::Delivery(format!("the recorded base {base:?} is not a commit id")));
+    }
+    let command =
+        format!("git -C /workspace add -A && git -C /workspace diff --cached --binary {base} > {PATCH_IN_SANDBOX}");
+    let out = sandbox
+        .exec(&command, CAPTURE_TIMEOUT, 4096, |_| {})
+        .await
+        .map_err(|e| GithubError::Sandbox(format!("running git diff in the sandbox: {e}")))?;
+    if out.exit_code != Some(0) {
+        return Err(GithubError::Sandbox(format!("git diff in the sandbox failed: {}", out.output.trim())));
+    }
+    let patch = sandbox
+        .read_file(PATCH_IN_SANDBOX, MAX_PATCH_BYTES)
+        .await
+        .map_err(|e| GithubError::Sandbox(format!("reading the patch from the sandbox: {e}")))?;
+    store.set_github_patch(run_id, &patch).await?;
+    Ok(())
+}
+
+/// Delivers run `run_id` if it is a finished, undelivered GitHub run no
+/// other worker is delivering, and records the outcome as an event.
+pub async fn deliver(github: &Github, store: &Store, run_id: Uuid, allow_file: bool) {
+    let job = match store.begin_github_delivery(run_id).await {
+        Ok(Some(job)) => job,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(%run_id, error = %e, "starting the GitHub delivery failed");
+            return;
+        }
+    };
+    let (delivered, event) = match deliver_job(github, store, &job, allow_file).await {
+        Ok((pull_request, comment)) => {
+            tracing::info!(%run_id, ?pull_request, "delivered to GitHub");
+            (true, EventBody::DeliverySucceeded { pull_request, comment })
+        }
+        Err(e) => {
+            let error = github.redact(&e.to_string()).await;
+            tracing::warn!(%run_id, %error, "delivery to GitHub failed");
+            (false, EventBody::DeliveryFailed { error })
+        }
+    };
+    // The database may blink; the delivery's record is worth a few tries.
+    for attempt in 0..4u32 {
+        match store.end_github_delivery(run_id, delivered, &event).await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(%run_id, error = %e, attempt, "recording the delivery failed");
+                tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
+            }
+        }
+    }
+}
+
+/// Reports the run; returns the pull request and comment URLs.
+async fn deliver_job(
+    github: &Github,
+    store: &Store,
+    job: &DeliveryJob,
+    allow_file: bool,
+) -> Result<(Option<String>, Option<String>), GithubError> {
+    let client = &github.inner.client;
+    let (run, origin) = (&job.run, &job.origin);
+    let token = github.inner.auth.token(client, origin.installation_id).await?;
+    let link = github.run_link(run.id);
+    let error = run.error.as_deref().unwrap_or("no reason recorded");
+    let mut pr_url = job.pr_url.clone();
+    let body = match run.status {
+        RunStatus::Succeeded => {
+            let patch = job.patch.as_deref().ok_or_else(|| {
+                GithubError::Delivery(
+                    "the run succeeded but its changes were not collected from the sandbox (see the worker's log)"
+                        .into(),
+                )
+            })?;
+            if patch.is_empty() {
+                format!("Kiln run {link} finished without changing any files. Its answer:\n\n{}", quote(summary(run)))
+            } else {
+                let url = match &pr_url {
+                    Some(url) => url.clone(),
+                    None => {
+                        let url = open_pull_request(github, &token, job, patch, allow_file).await?;
+                        store.set_github_pr(run.id, &url).await?;
+                        pr_url = Some(url.clone());
+                        url
+                    }
+                };
+                format!("Kiln opened a pull request with its changes: {url}\n\nRun {link}.")
+            }
+        }
+        RunStatus::Failed => format!("Kiln run {link} failed: {error}"),
+        RunStatus::Cancelled => format!("Kiln run {link} was cancelled: {error}"),
+        RunStatus::TimedOut => format!("Kiln run {link} timed out: {error}"),
+        other => return Err(GithubError::Delivery(format!("the run is {other}, not finished"))),
+    };
+    let comment = client.comment(&token, &origin.repo_full_name, origin.issue_number, &body).await?;
+    Ok((pr_url, Some(comment.html_url)))
+}
+
+/// Applies the patch to a fresh worker-side clone at the run's base, commits
+/// it on `kiln/issue-<n>-<short run id>`, pushes, and opens the PR.
+async fn open_pull_request(
+    github: &Github,
+    token: &str,
+    job: &DeliveryJob,
+    patch: &[u8],
+    allow_file: bool,
+) -> Result<String, GithubError> {
+    let (run, origin) = (&job.run, &job.origin);
+    let repo = run.repo.as_ref().ok_or_else(|| GithubError::Delivery("the GitHub run names no repository".into()))?;
+    check_scheme(&repo.url, allow_file)?;
+    let (Some(base_ref), Some(base_sha)) = (job.base_ref.as_deref().filter(|r| !r.is_empty()), job.base_sha.as_deref())
+    else {
+        return Err(GithubError::Delivery("the workspace was not checked out on a branch; no base for a PR".into()));
+    };
+    let n = origin.issue_number;
+    let short = &run.id.simple().to_string()[..8];
+    let branch = format!("kiln/issue-{n}-{short}");
+    let issue = github.inner.client.issue(token, &origin.repo_full_name, n).await?;
+
+    let dir = tempfile::tempdir().map_err(|e| GithubError::Git(format!("creating a temporary directory: {e}")))?;
+    let dest = dir.path().join("repo");
+    let patch_file = dir.path().join("changes.patch");
+    tokio::fs::write(&patch_file, patch).await.map_err(|e| GithubError::Git(format!("writing the patch: {e}")))?;
+    let auth = GitAuth { url: &repo.url, token: Some(token), allow_file };
+    // The whole branch, not a shallow tip: the base commit may be behind it.
+    git(
+        &["clone", "--quiet", "--no-tags", "--single-branch", "--branch", base_ref, "--", &repo.url, utf8(&dest)?],
+        None,
+        &auth,
+    )
+    .await?;
+    let d = Some(dest.as_path());
+    git(&["checkout", "--quiet", "-B", &branch, base_sha], d, &auth).await?;
+    git(&["apply", "--index", "--whitespace=nowarn", utf8(&patch_file)?], d, &auth).await?;
+    let message = format!(
+        "Kiln: changes for #{n}: {}\n\nAsked for in {}#{n}; made by Kiln run {}.",
+        issue.title, origin.repo_full_name, run.id
+    );
+    git(&["commit", "--quiet", "--no-verify", "-m", &message], d, &auth).await?;
+    // Forced: the branch is Kiln's own, and a retried delivery re-creates
+    // the commit with a new timestamp.
+    git(&["push", "--quiet", "--force", "origin", &format!("HEAD:refs/heads/{branch}")], d, &auth).await?;
+
+    let mut body = format!("{}\n\n---\nMade by Kiln run {}", summary(run), github.run_link(run.id));
+    match origin.pr_number {
+        Some(pr) => body.push_str(&format!(", asked for in #{pr}.")),
+        None => body.push_str(&format!(".\n\nFixes #{n}")),
+    }
+    let created = github
+        .inner
+        .client
+        .open_pull_request(token, &origin.repo_full_name, &issue.title, &branch, base_ref, &body)
+        .await?;
+    Ok(created.html_url)
+}
+
+/// The agent's final answer, as stored in the run's result.
+fn summary(run: &Run) -> &str {
+    run.result.as_ref().and_then(|r| r.get("summary")).and_then(|s| s.as_str()).unwrap_or("")
+}
+
+/// `text` as a Markdown quote, bounded.
+fn quote(text: &str) -> String {
+    let text: String = text.chars().take(MAX_QUOTED_CHARS).collect();
+    if text.trim().is_empty() {
+        return "> (no answer)".into();
+    }
+    text.lines().map(|l| format!("> {l}")).collect::<Vec<_>>().join("\n")
+}
+
+fn check_scheme(url: &str, allow_file: bool) -> Result<(), GithubError> {
+    if url.starts_with("file://") && !allow_file {
+        return Err(GithubError::Delivery(
+            "file:// repositories are disabled on this worker (KILN_ALLOW_FILE_REPOS)".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn utf8(path: &Path) -> Result<&str, GithubError> {
+    path.to_str().ok_or_else(|| GithubError::Git("temporary path is not UTF-8".into()))
+}

@@ -1,0 +1,126 @@
+//! Git on the worker's side, authenticated with the GitHub token through
+//! git's environment (`GIT_CONFIG_*`), never the command line, the remote
+//! URL or any file: the clone uploaded into the sandbox carries no secret.
+
+use std::path::Path;
+use std::time::Duration;
+
+use tokio::process::Command;
+
+use super::GithubError;
+
+/// Upper bound on one git command (clone or push of a large repository).
+const GIT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Who Kiln's commits are by.
+const AUTHOR_NAME: &str = "Kiln";
+const AUTHOR_EMAIL: &str = "kiln@users.noreply.github.com";
+
+/// How git reaches the repository.
+pub struct GitAuth<'a> {
+    /// The repository's URL (clone and push both use it).
+    pub url: &'a str,
+    pub token: Option<&'a str>,
+    /// Allow `file://` (tests and single-machine setups).
+    pub allow_file: bool,
+}
+
+/// Runs git, returning its stdout.
+pub async fn git(args: &[&str], cwd: Option<&Path>, auth: &GitAuth<'_>) -> Result<String, GithubError> {
+    let protocols = if auth.allow_file { "https:http:file" } else { "https:http" };
+    let mut cmd = Command::new("git");
+    cmd.args(args)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_ALLOW_PROTOCOL", protocols)
+        // The worker's own git configuration (credential helpers, hooks,
+        // URL rewrites) has no say in what Kiln pushes.
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_NAME", AUTHOR_NAME)
+        .env("GIT_AUTHOR_EMAIL", AUTHOR_EMAIL)
+        .env("GIT_COMMITTER_NAME", AUTHOR_NAME)
+        .env("GIT_COMMITTER_EMAIL", AUTHOR_EMAIL)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    // Hooks in a repository the agent could have touched must not run here.
+    let mut config: Vec<(String, String)> = vec![("core.hooksPath".into(), "/dev/null".into())];
+    if let (Some(token), Some(origin)) = (auth.token, http_origin(auth.url)) {
+        // Scoped to the repository's host, so a redirect elsewhere does not
+        // carry the token.
+        config.push((format!("http.{origin}/.extraHeader"), format!("Authorization: Basic {}", basic(token))));
+    }
+    cmd.env("GIT_CONFIG_COUNT", config.len().to_string());
+    for (i, (k, v)) in config.iter().enumerate() {
+        cmd.env(format!("GIT_CONFIG_KEY_{i}"), k).env(format!("GIT_CONFIG_VALUE_{i}"), v);
+    }
+    if let Some(dir) = cwd {
+        cmd.current_dir(dir);
+    }
+    let verb = args.first().copied().unwrap_or("git");
+    let out = tokio::time::timeout(GIT_TIMEOUT, cmd.output())
+        .await
+        .map_err(|_| GithubError::Git(format!("git {verb} timed out")))?
+        .map_err(|e| GithubError::Git(format!("running git {verb}: {e}")))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        return Err(GithubError::Git(format!("git {verb} failed: {}", stderr.trim())));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// `scheme://host[:port]` of an http(s) URL; `None` for other schemes.
+fn http_origin(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    if scheme != "https" && scheme != "http" {
+        return None;
+    }
+    let host = rest.split(['/', '?', '#']).next()?;
+    // Userinfo in the URL would put a different identity in the origin.
+    let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
+    Some(format!("{scheme}://{host}"))
+}
+
+/// `base64("x-access-token:TOKEN")`, GitHub's HTTP basic form of a token.
+pub fn basic(token: &str) -> String {
+    base64(format!("x-access-token:{token}").as_bytes())
+}
+
+/// Standard base64 with padding; the workspace has no base64 crate of its own.
+fn base64(input: &[u8]) -> String {
+    const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(input.len().div_ceil(3) * 4);
+    for chunk in input.chunks(3) {
+        let b = [chunk[0], chunk.get(1).copied().unwrap_or(0), chunk.get(2).copied().unwrap_or(0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(TABLE[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_rfc_4648_vectors() {
+        for (input, want) in
+            [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foob", "Zm9vYg=="), ("fooba", "Zm9vYmE=")]
+        {
+            assert_eq!(base64(input.as_bytes()), want);
+        }
+        assert_eq!(basic("t"), "eC1hY2Nlc3MtdG9rZW46dA==");
+    }
+
+    #[test]
+    fn origins_are_scheme_and_host() {
+        assert_eq!(http_origin("https://github.com/o/r.git").as_deref(), Some("https://github.com"));
+        assert_eq!(http_origin("http://u@ghe.local:8080/o/r").as_deref(), Some("http://ghe.local:8080"));
+        assert_eq!(http_origin("file:///tmp/r.git"), None);
+    }
+}

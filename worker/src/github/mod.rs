@@ -1,0 +1,179 @@
+//! Reporting GitHub-triggered runs back to GitHub (issue 5, delivery half).
+//!
+//! The API side (`api/src/github`) turns a webhook into a queued run and a
+//! `github_runs` row. Here the worker:
+//! - acknowledges the trigger when it takes the run (👀 on the comment, or a
+//!   "working on it" comment for a label), once per run;
+//! - clones the repository on the worker's side with the token and uploads
+//!   the tree into the sandbox ([`checkout`]); the token never enters the
+//!   container;
+//! - when the run succeeds, captures `/workspace`'s changes as a binary patch
+//!   through the Docker API while the sandbox is still alive ([`capture`]) and
+//!   keeps it in the database;
+//! - after the terminal event, delivers ([`deliver_finished`]): a branch, a
+//!   pull request and an issue comment, or a comment with the reason. Its
+//!   outcome is a `delivery.*` event; it never changes the run's result.
+//! - serves `POST /v1/runs/{id}/deliver` retries, which the API records in
+//!   `github_runs.delivery_requested_at` ([`serve_delivery_requests`]).
+
+mod auth;
+mod client;
+mod delivery;
+mod git;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_protocol::Run;
+use kiln_store::{Store, StoreError};
+use tokio_util::sync::CancellationToken;
+
+pub use auth::Credentials;
+pub use client::RetryPolicy;
+
+use crate::agent::Outcome;
+use crate::runner::WorkerContext;
+use crate::sandbox::{Sandbox, SandboxError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum GithubError {
+    #[error("GitHub configuration: {0}")]
+    Config(String),
+    #[error("{what}: {error}")]
+    Http { what: String, error: String },
+    #[error("{what} answered {status}: {message}")]
+    Status { what: String, status: u16, message: String },
+    #[error("{what}: unexpected answer: {error}")]
+    Decode { what: String, error: String },
+    #[error("{0}")]
+    Git(String),
+    #[error("{0}")]
+    Sandbox(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Delivery(String),
+}
+
+/// How a worker talks to GitHub.
+#[derive(Debug, Clone)]
+pub struct GithubSettings {
+    /// `https://api.github.com`, or a GitHub Enterprise `/api/v3` URL.
+    pub api_url: String,
+    pub credentials: Credentials,
+    /// Where the API is reachable for people, to link runs from GitHub
+    /// (`{public_url}/v1/runs/{id}`); without it comments name the run id.
+    pub public_url: Option<String>,
+    pub retry: RetryPolicy,
+    /// How often to look for `POST /v1/runs/{id}/deliver` requests.
+    pub request_poll: Duration,
+}
+
+/// A worker's GitHub connection. Cheap to clone; clones share the
+/// installation-token cache.
+#[derive(Clone)]
+pub struct Github {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: client::GithubClient,
+    auth: auth::Auth,
+    public_url: Option<String>,
+    request_poll: Duration,
+    api_url: String,
+}
+
+impl std::fmt::Debug for Github {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Github").field("api_url", &self.inner.api_url).finish_non_exhaustive()
+    }
+}
+
+impl Github {
+    pub fn new(settings: GithubSettings) -> Result<Self, GithubError> {
+        let client = client::GithubClient::new(&settings.api_url, settings.retry)?;
+        Ok(Github {
+            inner: Arc::new(Inner {
+                client,
+                auth: auth::Auth::new(settings.credentials),
+                public_url: settings.public_url.map(|u| u.trim_end_matches('/').to_owned()),
+                request_poll: settings.request_poll,
+                api_url: settings.api_url,
+            }),
+        })
+    }
+
+    /// `text` with every token (and its git basic-auth form) masked: error
+    /// text from git or GitHub ends up in events, comments and logs.
+    async fn redact(&self, text: &str) -> String {
+        let mut out = text.to_owned();
+        for secret in self.inner.auth.secrets().await {
+            if !secret.is_empty() {
+                out = out.replace(&secret, "***").replace(&git::basic(&secret), "***");
+            }
+        }
+        out
+    }
+
+    /// How a comment points at run `id`.
+    fn run_link(&self, id: uuid::Uuid) -> String {
+        match &self.inner.public_url {
+            Some(base) => format!("[`{id}`]({base}/v1/runs/{id})"),
+            None => format!("`{id}`"),
+        }
+    }
+}
+
+/// Hook for `prepare_workspace`: for a GitHub run on a worker with GitHub
+/// configured, acknowledges the trigger (in the background) and checks the
+/// repository out with the token. `None`: not ours, clone as usual.
+pub async fn checkout(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox) -> Option<Result<(), SandboxError>> {
+    let github = ctx.config.github.as_ref()?;
+    let origin = match ctx.store.github_origin(run.id).await {
+        Ok(Some(origin)) => origin,
+        Ok(None) => return None,
+        Err(e) => return Some(Err(SandboxError::Workspace(format!("reading the run's GitHub origin: {e}")))),
+    };
+    delivery::spawn_ack(github.clone(), ctx.store.clone(), run.id, origin.clone());
+    let result = delivery::checkout(github, &ctx.store, run, &origin, sandbox, ctx.config.allow_file_repos).await;
+    Some(result.map_err(|e| SandboxError::Workspace(e.to_string())))
+}
+
+/// Hook for the end of a successful agent loop, while the sandbox lives:
+/// keeps the workspace's changes for delivery. Failures are logged; the
+/// delivery then reports that the changes could not be collected.
+pub async fn capture(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox, outcome: &Outcome) {
+    if ctx.config.github.is_none() || !matches!(outcome, Outcome::Succeeded { .. }) {
+        return;
+    }
+    if let Err(e) = delivery::capture(&ctx.store, run.id, sandbox).await {
+        tracing::warn!(run_id = %run.id, error = %e, "capturing the run's changes for GitHub failed");
+    }
+}
+
+/// Hook for after the terminal event: reports the run on GitHub.
+pub async fn deliver_finished(ctx: &WorkerContext, run: &Run) {
+    if let Some(github) = &ctx.config.github {
+        delivery::deliver(github, &ctx.store, run.id, ctx.config.allow_file_repos).await;
+    }
+}
+
+/// Serves delivery retries asked for through the API until `shutdown`.
+pub async fn serve_delivery_requests(github: Github, store: Store, allow_file: bool, shutdown: CancellationToken) {
+    loop {
+        match store.take_github_delivery_request().await {
+            Ok(Some(run_id)) => {
+                tracing::info!(%run_id, "delivery to GitHub requested");
+                delivery::deliver(&github, &store, run_id, allow_file).await;
+                continue;
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "looking for delivery requests failed"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(github.inner.request_poll) => {}
+        }
+    }
+}

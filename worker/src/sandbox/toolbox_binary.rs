@@ -1,0 +1,122 @@
+//! Finding the toolbox binary on the worker's machine and copying it into a
+//! container, so any image (not only `kiln-sandbox`) gets a toolbox.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use bollard::query_parameters::UploadToContainerOptionsBuilder;
+
+use super::{Sandbox, SandboxError};
+
+/// Where the copied binary lives in the container: not under `/tmp` (a
+/// tmpfs the model can fill) and on the root filesystem, which is not noexec.
+pub const CONTAINER_PATH: &str = "/usr/local/libexec/kiln/kiln-toolbox";
+/// What to run when no local binary was found: an image that ships the
+/// toolbox has it on `PATH`.
+pub const IMAGE_COMMAND: &str = "kiln-toolbox";
+const BINARY_NAME: &str = "kiln-toolbox";
+pub const PATH_ENV: &str = "KILN_TOOLBOX_PATH";
+
+/// The binary's bytes, read once per process: every session copies the same
+/// file, and a missing one is logged once rather than per session.
+static BINARY: OnceLock<Option<Vec<u8>>> = OnceLock::new();
+
+/// The toolbox binary to copy into containers, if one can be found.
+pub fn local_binary(configured: Option<&Path>) -> Option<&'static [u8]> {
+    BINARY
+        .get_or_init(|| {
+            let candidates = candidates(configured);
+            for path in &candidates {
+                match std::fs::read(path) {
+                    Ok(bytes) => {
+                        tracing::info!(path = %path.display(), "using the toolbox binary");
+                        return Some(bytes);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot read the toolbox binary"),
+                }
+            }
+            tracing::warn!(
+                tried = ?candidates,
+                "no kiln-toolbox binary found (set {PATH_ENV}); sessions use the image's toolbox if it has one, \
+                 otherwise one docker exec per command"
+            );
+            None
+        })
+        .as_deref()
+}
+
+/// In order: the configured path, `KILN_TOOLBOX_PATH`, next to the running
+/// executable, and one directory up (test binaries live in `target/debug/deps`
+/// while Cargo puts the toolbox in `target/debug`).
+fn candidates(configured: Option<&Path>) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = configured.map(Path::to_path_buf).into_iter().collect();
+    if let Some(env) = std::env::var_os(PATH_ENV).filter(|v| !v.is_empty()) {
+        // An explicit setting is the only candidate: falling back to another
+        // binary would hide a typo.
+        out.push(PathBuf::from(env));
+        return out;
+    }
+    if !out.is_empty() {
+        return out;
+    }
+    if let Some(dir) = std::env::current_exe().ok().and_then(|exe| exe.parent().map(Path::to_path_buf)) {
+        out.push(dir.join(BINARY_NAME));
+        if let Some(up) = dir.parent() {
+            out.push(up.join(BINARY_NAME));
+        }
+    }
+    out
+}
+
+impl Sandbox {
+    /// Copies `binary` to [`CONTAINER_PATH`] (root-owned, mode 0755) through
+    /// the archive API.
+    pub(super) async fn install_toolbox(&self, binary: &[u8]) -> Result<(), SandboxError> {
+        let tarball = tar_with_binary(binary)?;
+        let options = UploadToContainerOptionsBuilder::new().path("/").build();
+        self.docker.upload_to_container(&self.id, Some(options), bollard::body_full(tarball.into())).await?;
+        Ok(())
+    }
+}
+
+fn tar_with_binary(binary: &[u8]) -> Result<Vec<u8>, std::io::Error> {
+    let mut builder = tar::Builder::new(Vec::with_capacity(binary.len() + 4096));
+    let rel = CONTAINER_PATH.trim_start_matches('/');
+    let mut dir = PathBuf::new();
+    let parent = Path::new(rel).parent().map(Path::to_path_buf).unwrap_or_default();
+    for part in parent.components() {
+        dir.push(part);
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Directory);
+        header.set_mode(0o755);
+        header.set_size(0);
+        builder.append_data(&mut header, &dir, std::io::empty())?;
+    }
+    let mut header = tar::Header::new_gnu();
+    header.set_mode(0o755);
+    header.set_size(binary.len() as u64);
+    builder.append_data(&mut header, rel, binary)?;
+    builder.into_inner()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tarball_holds_the_directories_and_an_executable() {
+        let tarball = tar_with_binary(b"\x7fELF").unwrap();
+        let mut archive = tar::Archive::new(tarball.as_slice());
+        let entries: Vec<(String, u32)> = archive
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.path().unwrap().display().to_string(), e.header().mode().unwrap())
+            })
+            .collect();
+        assert_eq!(entries.last().unwrap(), &("usr/local/libexec/kiln/kiln-toolbox".to_owned(), 0o755));
+        assert!(entries.iter().any(|(p, _)| p == "usr/local/libexec"));
+    }
+}

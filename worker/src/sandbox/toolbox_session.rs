@@ -1,0 +1,252 @@
+//! A sandbox's toolbox: started with the container, restarted when it dies,
+//! and the session's record of which file versions the model has seen
+//! (so `edit`/`write` can insist on a fresh `view`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bollard::exec::{CreateExecOptions, StartExecOptions};
+use kiln_toolbox::protocol::{ErrorKind, FileVersion, Reply, RequestBody};
+
+use super::toolbox::{OutputSink, ToolboxConn, ToolboxError};
+use super::toolbox_binary::{self, CONTAINER_PATH, IMAGE_COMMAND};
+use super::{Sandbox, WORKSPACE};
+
+/// Beyond a command's own timeout (which the toolbox enforces), how long to
+/// wait before deciding the toolbox is stuck.
+const EXEC_GRACE: Duration = Duration::from_secs(30);
+/// Bound on the file tools, which the toolbox keeps small by design.
+const FILE_CALL_TIMEOUT: Duration = Duration::from_secs(120);
+const PROCESS_RESET_NOTE: &str = "the sandbox had reached its process limit (something kept forking), so every \
+     process in it was killed before this command ran, background processes included";
+/// Tries to run the sandbox-wide kill before giving up.
+const KILL_ATTEMPTS: u32 = 10;
+/// Tries to bring a dead toolbox back before the call fails.
+const RESTART_ATTEMPTS: u32 = 3;
+
+#[derive(Default)]
+pub(super) struct ToolboxState {
+    /// What to exec to start the toolbox; `None`: this sandbox has none and
+    /// the tools use one `docker exec` / archive transfer per call.
+    command: Option<String>,
+    conn: tokio::sync::Mutex<Option<Arc<ToolboxConn>>>,
+    /// Version of each file as the model last saw it (by `view`) or made it
+    /// (by `write`/`edit`), keyed by normalized absolute path.
+    seen: Mutex<HashMap<String, FileVersion>>,
+}
+
+impl std::fmt::Debug for ToolboxState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolboxState").field("command", &self.command).finish_non_exhaustive()
+    }
+}
+
+impl Sandbox {
+    /// Installs (when the worker has the binary) and starts the toolbox.
+    /// Any failure leaves the sandbox in per-exec mode, which still works.
+    pub(super) async fn start_toolbox(&mut self) {
+        let command = match toolbox_binary::local_binary(self.config.toolbox_path.as_deref()) {
+            Some(binary) => match self.install_toolbox(binary).await {
+                Ok(()) => CONTAINER_PATH,
+                Err(e) => {
+                    tracing::warn!(container = %self.id, error = %e, "copying the toolbox in failed; trying the image's");
+                    IMAGE_COMMAND
+                }
+            },
+            None => IMAGE_COMMAND,
+        };
+        match ToolboxConn::start(&self.docker, &self.id, command, &self.config.user).await {
+            Ok(conn) => {
+                self.toolbox = Arc::new(ToolboxState {
+                    command: Some(command.to_owned()),
+                    conn: tokio::sync::Mutex::new(Some(Arc::new(conn))),
+                    seen: Mutex::default(),
+                });
+            }
+            Err(e) => {
+                tracing::warn!(container = %self.id, error = %e, "no toolbox in this sandbox; using one exec per call");
+            }
+        }
+    }
+
+    /// Whether tools go through the toolbox.
+    pub fn has_toolbox(&self) -> bool {
+        self.toolbox.command.is_some()
+    }
+
+    /// One toolbox request. `Ok(None)`: this sandbox has no toolbox. A
+    /// toolbox that died is restarted here, on the call after the one it
+    /// died in (which gets [`ToolboxError::Died`]).
+    ///
+    /// A sandbox at its pids limit (a fork bomb that outlived its command)
+    /// cannot start anything: then every process of the command user is
+    /// killed and the call is tried once more, an exec's result saying so.
+    pub async fn toolbox_call(
+        &self,
+        body: RequestBody,
+        output: Option<OutputSink>,
+    ) -> Result<Option<Reply>, ToolboxError> {
+        let Some(command) = &self.toolbox.command else { return Ok(None) };
+        match self.call_once(command, body.clone(), output.clone()).await? {
+            Reply::Error(e) if e.kind == ErrorKind::ProcessLimit => {
+                tracing::warn!(container = %self.id, error = %e.message, "sandbox at its process limit; resetting it");
+                {
+                    let mut slot = self.toolbox.conn.lock().await;
+                    *slot = None;
+                    *slot = Some(Arc::new(self.restart_toolbox(command).await?));
+                }
+                let mut retry = self.call_once(command, body, output).await?;
+                if let Reply::Exec(r) = &mut retry {
+                    r.note = Some(match r.note.take() {
+                        Some(n) => format!("{PROCESS_RESET_NOTE}; {n}"),
+                        None => PROCESS_RESET_NOTE.to_owned(),
+                    });
+                }
+                Ok(Some(retry))
+            }
+            reply => Ok(Some(reply)),
+        }
+    }
+
+    async fn call_once(
+        &self,
+        command: &str,
+        body: RequestBody,
+        output: Option<OutputSink>,
+    ) -> Result<Reply, ToolboxError> {
+        let limit = match &body {
+            RequestBody::Exec(e) => Duration::from_millis(e.timeout_ms) + EXEC_GRACE,
+            _ => FILE_CALL_TIMEOUT,
+        };
+        let conn = {
+            let mut slot = self.toolbox.conn.lock().await;
+            match slot.as_ref() {
+                Some(c) if c.is_alive() => c.clone(),
+                _ => {
+                    tracing::warn!(container = %self.id, "the toolbox is not running; restarting it");
+                    *slot = None;
+                    let c = Arc::new(self.restart_toolbox(command).await?);
+                    *slot = Some(c.clone());
+                    c
+                }
+            }
+        };
+        match tokio::time::timeout(limit, conn.call(body, output)).await {
+            Ok(result) => result,
+            Err(_) => {
+                // Stuck: drop it (closing its stdin) so the next call starts afresh.
+                let mut slot = self.toolbox.conn.lock().await;
+                if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
+                    *slot = None;
+                }
+                Err(ToolboxError::Died)
+            }
+        }
+    }
+
+    /// Kills every process of the command user (orphans of the dead
+    /// toolbox, a fork bomb that outlived it), then starts a new toolbox.
+    /// The container's main process runs as another user and survives.
+    async fn restart_toolbox(&self, command: &str) -> Result<ToolboxConn, ToolboxError> {
+        let mut last = None;
+        for attempt in 0..RESTART_ATTEMPTS {
+            if let Err(e) = self.kill_user_processes().await {
+                tracing::warn!(container = %self.id, error = %e, attempt, "killing the sandbox's processes failed");
+            }
+            match ToolboxConn::start(&self.docker, &self.id, command, &self.config.user).await {
+                Ok(conn) => return Ok(conn),
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Err(last.unwrap_or_else(|| ToolboxError::Start("no attempt made".into())))
+    }
+
+    /// Runs `kill -9 -1` as the command user until one run of it got to
+    /// start: at the pids limit starting the kill itself can fail.
+    async fn kill_user_processes(&self) -> Result<(), ToolboxError> {
+        let mut last = Ok(());
+        for _ in 0..KILL_ATTEMPTS {
+            match self.kill_all_once().await {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => last = Err(e),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        last
+    }
+
+    /// Whether the kill ran. kill(-1) signals every process the caller may
+    /// signal in one system call, so a fork bomb cannot outrun it.
+    async fn kill_all_once(&self) -> Result<bool, ToolboxError> {
+        let exec = self
+            .docker
+            .create_exec(
+                &self.id,
+                CreateExecOptions {
+                    cmd: Some(vec!["kill", "-9", "-1"]),
+                    user: Some(self.config.user.as_str()),
+                    attach_stdout: Some(false),
+                    attach_stderr: Some(false),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        self.docker.start_exec(&exec.id, Some(StartExecOptions { detach: true, ..Default::default() })).await?;
+        for _ in 0..40 {
+            let state = self.docker.inspect_exec(&exec.id).await?;
+            if state.running == Some(false) {
+                // kill(-1) spares the caller; procps `kill` exits 1 when some
+                // process could not be signalled. 126/127/-1: it never started.
+                return Ok(matches!(state.exit_code, Some(0) | Some(1) | Some(137)));
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        Ok(false)
+    }
+
+    /// The version of `path` the model last saw, if any.
+    pub fn seen_version(&self, path: &str) -> Option<FileVersion> {
+        lock(&self.toolbox.seen).get(&version_key(path)).copied()
+    }
+
+    pub fn record_seen(&self, path: &str, version: FileVersion) {
+        lock(&self.toolbox.seen).insert(version_key(path), version);
+    }
+}
+
+fn lock(m: &Mutex<HashMap<String, FileVersion>>) -> std::sync::MutexGuard<'_, HashMap<String, FileVersion>> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Absolute, with `.` and `..` resolved lexically, so `a.txt`, `./a.txt`
+/// and `/workspace/a.txt` are one file for view-before-edit.
+fn version_key(path: &str) -> String {
+    let abs = if path.starts_with('/') { path.to_owned() } else { format!("{WORKSPACE}/{path}") };
+    let mut parts: Vec<&str> = Vec::new();
+    for part in abs.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            p => parts.push(p),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::version_key;
+
+    #[test]
+    fn paths_naming_one_file_share_a_key() {
+        assert_eq!(version_key("a.txt"), "/workspace/a.txt");
+        assert_eq!(version_key("./src/../a.txt"), "/workspace/a.txt");
+        assert_eq!(version_key("/workspace//a.txt"), "/workspace/a.txt");
+        assert_eq!(version_key("/etc/hosts"), "/etc/hosts");
+    }
+}
