@@ -283,7 +283,7 @@ async fn up(
         let (what, caveat) = match &options.model {
             None => (
                 "SmolLM2-135M-Instruct, a tiny demo model (135M parameters)".to_owned(),
-                "A model this small shows the machinery (real streamed tool calls) but does no real work;\n  ",
+                "A model this small shows the machinery (real streamed tool calls) but does no real work.\n  ",
             ),
             Some(path) => (path.display().to_string(), ""),
         };
@@ -293,7 +293,7 @@ async fn up(
         eprintln!(
             "kiln: {why}, so Kiln serves a local model on this CPU: {what},\n\
              \x20 with llama.cpp's server at {url} (started in {secs:.1} s; log: {log}).\n\
-             \x20 {caveat}its answers are capped at {max} tokens (KILN_LOCAL_MODEL_MAX_TOKENS).\n\
+             \x20 {caveat}Answers are capped at {max} tokens (KILN_LOCAL_MODEL_MAX_TOKENS).\n\
              \x20 For a real model set OPENAI_API_KEY (and KILN_MODEL),\n\
              \x20 ANTHROPIC_API_KEY with KILN_MODEL_PROVIDER=anthropic, or KILN_MODEL_BASE_URL for Ollama, vLLM\n\
              \x20 or any OpenAI-compatible server.",

@@ -28,9 +28,18 @@ impl StoreError {
     /// True when the database itself is unreachable (as opposed to a query
     /// failing), so callers can answer 503 rather than 500.
     pub fn is_unavailable(&self) -> bool {
+        use tokio_postgres::error::SqlState;
         match self {
             StoreError::Unavailable(_) => true,
-            StoreError::Db(e) => e.is_closed() || e.as_db_error().is_none(),
+            StoreError::Db(e) => match e.as_db_error() {
+                None => true,
+                // The server is shutting down or starting up: it will be back.
+                Some(db) => {
+                    e.is_closed()
+                        || [SqlState::ADMIN_SHUTDOWN, SqlState::CRASH_SHUTDOWN, SqlState::CANNOT_CONNECT_NOW]
+                            .contains(db.code())
+                }
+            },
             _ => false,
         }
     }

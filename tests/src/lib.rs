@@ -22,6 +22,8 @@ use uuid::Uuid;
 
 pub use kiln_scripted_model;
 
+pub mod pg;
+
 pub const SECRET: &str = "test-secret-0123456789abcdef0123456789";
 
 /// Admin connection for creating test databases.
@@ -31,7 +33,12 @@ pub fn admin_url() -> String {
 
 /// Creates an empty database and returns its URL.
 pub async fn fresh_database() -> String {
-    let admin = admin_url();
+    fresh_database_on(&admin_url()).await
+}
+
+/// Creates an empty database on the server of `admin` and returns its URL.
+pub async fn fresh_database_on(admin: &str) -> String {
+    let admin = admin.to_owned();
     let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
         .await
         .expect("connect to Postgres (is DATABASE_URL right? .ci/run starts one)");
@@ -65,6 +72,8 @@ pub struct Options {
     pub provider: ProviderKind,
     pub worker: bool,
     pub lease: Duration,
+    /// Admin URL of the Postgres server to use (default: `DATABASE_URL`).
+    pub postgres: Option<String>,
     /// GitHub webhook secret; `None` leaves the webhook route disabled.
     /// The other webhook settings take `kiln serve`'s defaults (handle and
     /// label `kiln`, runs owned by `github`).
@@ -79,6 +88,7 @@ impl Default for Options {
             provider: ProviderKind::OpenAi,
             worker: true,
             lease: Duration::from_secs(10),
+            postgres: None,
             github_secret: None,
         }
     }
@@ -97,7 +107,7 @@ pub struct TestApp {
 impl TestApp {
     pub async fn spawn(options: Options) -> TestApp {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let db_url = fresh_database().await;
+        let db_url = fresh_database_on(options.postgres.as_deref().unwrap_or(&admin_url())).await;
         let store = open_store(&db_url, 8).await.expect("migrate");
         let model = ScriptedModel::start(options.script).await.expect("scripted model");
         let shutdown = CancellationToken::new();

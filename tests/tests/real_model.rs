@@ -322,3 +322,26 @@ fn schema_check_catches_bad_arguments() {
     assert!(!schema_errors(&spec.input_schema, &json!({"command": 3})).is_empty());
     assert!(!schema_errors(&spec.input_schema, &json!("ls")).is_empty());
 }
+
+/// The model's request timing out is not testable here: the worker's HTTP
+/// client allows 300 s between chunks and `Providers::new` has no knob for
+/// it. What is: a model server that goes away. Its failed requests are
+/// retried (each retry an event) and then fail the run with a clear reason.
+#[tokio::test]
+async fn a_model_server_that_goes_away_is_retried_then_fails_the_run_clearly() {
+    let Some((_turn, server)) = local_model("gone").await else { return };
+    let app = app_for(&server, ProviderKind::OpenAi).await;
+    // Gone before the first model call.
+    server.stop().await;
+    let run = app.create_run("alice", json!({"prompt": PROMPT, "limits": {"max_steps": 2}})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let events = events_to_end(&app, &id, Duration::from_secs(120)).await;
+    assert_dense(&events, 1);
+    let retries: Vec<&Ev> = events.iter().filter(|e| e.kind == "model.retry").collect();
+    assert!(!retries.is_empty(), "retried: {:?}", kinds(&events));
+    let last = events.last().unwrap();
+    assert_eq!(last.kind, "run.failed", "{:?}", kinds(&events));
+    let error = last.data["error"].as_str().unwrap();
+    assert!(error.contains("connection to the model provider failed"), "a clear reason: {error}");
+    assert_eq!(app.get_run("alice", &id).await["status"], "failed");
+}

@@ -60,27 +60,20 @@ async fn hostile_then_ok(hostile: Reply) -> Result {
 }
 
 #[tokio::test]
-async fn a_fork_bomb_is_contained_and_killed_at_the_timeout() {
-    // `wait` keeps the shell in the call, as a bomb hidden in a build script
-    // would. At the pids limit the bomb either burns out (its forks fail) or
-    // is killed at the timeout; either way the call returns.
+async fn a_fork_bomb_is_contained_and_the_session_keeps_working() {
+    // At the pids limit the bomb's forks fail, so its shell returns; what
+    // it left in the background either burns out or keeps the sandbox at
+    // the limit, and then the next call finds no process slot: the worker
+    // kills every process of the command user and runs the call again.
     let started = Instant::now();
-    let (_app, events) = run_script(vec![
-        bash_with_timeout(":(){ :|:& };:; wait", 5),
-        bash("echo ok"),
-        bash("ps -eo args= | grep -c -v -e '^ps ' -e '^grep ' -e kiln-toolbox -e docker-init -e '^sleep infinity' || true"),
-    ])
-    .await;
+    let (_app, events) =
+        run_script(vec![bash_with_timeout(":(){ :|:& };:; wait", 5), bash("echo ok"), bash("echo still ok")]).await;
     assert!(started.elapsed() < Duration::from_secs(60));
     let r = results(&events);
     let tail = &r[0].output[r[0].output.len().saturating_sub(300)..];
     assert!(r[0].output.contains("fork") || r[0].output.contains("timed out"), "{tail:?}");
-    // A bomb that outlived its command is cleared before the next one runs,
-    // and the model is told.
     assert!(!r[1].is_error && r[1].output.starts_with("ok\n"), "{:?}", r[1]);
-    // Only the shell of the counting command is left besides the fixtures.
-    let others: u32 = r[2].output.trim().parse().unwrap_or_else(|_| panic!("{:?}", r[2]));
-    assert!(others <= 2, "processes left after the bomb: {:?}", r[2]);
+    assert!(!r[2].is_error && r[2].output.starts_with("still ok\n"), "{:?}", r[2]);
 }
 
 #[tokio::test]

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use kiln_protocol::EventBody;
 use kiln_store::{Lease, Store, StoreError};
 
+use super::db_retry::with_retry;
+
 /// Longest a delta waits before it is written.
 pub const COALESCE: Duration = Duration::from_millis(50);
 
@@ -37,7 +39,7 @@ impl EventSink {
             self.pending = Some((body, Instant::now()));
             Ok(())
         } else {
-            self.store.append_event(&self.lease, &body).await.map(|_| ())
+            self.write(&body).await
         }
     }
 
@@ -51,9 +53,13 @@ impl EventSink {
 
     pub async fn flush(&mut self) -> Result<(), StoreError> {
         if let Some((body, _)) = self.pending.take() {
-            self.store.append_event(&self.lease, &body).await?;
+            self.write(&body).await?;
         }
         Ok(())
+    }
+
+    async fn write(&self, body: &EventBody) -> Result<(), StoreError> {
+        with_retry(|| self.store.append_event(&self.lease, body)).await.map(|_| ())
     }
 }
 

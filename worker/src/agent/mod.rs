@@ -6,6 +6,7 @@
 //! them and continues from the last checkpoint.
 
 mod budget;
+mod db_retry;
 pub mod events;
 mod guard;
 mod model_call;
@@ -90,7 +91,7 @@ impl AgentRun<'_> {
             // Steering: messages sent while the run works join the
             // conversation before the next model call (and keep a run that
             // was about to finish going).
-            for text in self.store.take_inbox(self.lease).await? {
+            for text in db_retry::with_retry(|| self.store.take_inbox(self.lease)).await? {
                 self.persist(&mut messages, Message::user(text)).await?;
             }
             if let Some(outcome) = finished(&messages) {
@@ -115,15 +116,16 @@ impl AgentRun<'_> {
             let finish = assembled.finish_reason.clone().unwrap_or(FinishReason::EndTurn);
             let cost = (self.pricing)(&self.model, &assembled.usage);
             budget.record(&assembled.usage, cost);
-            self.store
-                .append_message(
+            db_retry::with_retry(|| {
+                self.store.append_message(
                     self.lease,
                     self.run.session_id,
                     &assembled.message,
                     Some(&assembled.usage),
                     Some(&self.model),
                 )
-                .await?;
+            })
+            .await?;
             messages.push(assembled.message.clone());
             self.events
                 .emit(EventBody::StepFinished {
@@ -350,7 +352,8 @@ impl AgentRun<'_> {
     }
 
     async fn persist(&mut self, messages: &mut Vec<Message>, message: Message) -> Result<(), AgentError> {
-        self.store.append_message(self.lease, self.run.session_id, &message, None, None).await?;
+        db_retry::with_retry(|| self.store.append_message(self.lease, self.run.session_id, &message, None, None))
+            .await?;
         messages.push(message);
         Ok(())
     }

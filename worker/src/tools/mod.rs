@@ -70,7 +70,8 @@ pub struct ToolContext<'a> {
 /// Told to the model when the toolbox died under its call.
 const TOOLBOX_DIED: &str = "the sandbox's tool process died during this call (it was killed, or the sandbox ran out \
      of memory); the call's result is lost and its effects may or may not have happened. It is restarted for the \
-     next call, which starts again in /workspace with the default environment.";
+     next call: every process left in the sandbox is stopped first, and the next command starts in /workspace with \
+     the default environment.";
 
 /// How a toolbox request went, in the terms a tool needs.
 enum Answer {
