@@ -77,6 +77,14 @@ def main():
                     assert msg["result"]["exit_code"] == 0, msg
                     return (time.perf_counter() - t) * 1000
 
+        def toolbox_ping(i):
+            t = time.perf_counter()
+            tb.stdin.write(frame({"id": i, "type": "ping"}))
+            tb.stdin.flush()
+            while read_frame(tb.stdout).get("id") != i:
+                pass
+            return (time.perf_counter() - t) * 1000
+
         def cli_true():
             t = time.perf_counter()
             subprocess.check_call(["docker", "exec", "-u", "1000:1000", container, "true"])
@@ -85,6 +93,8 @@ def main():
         toolbox_true(10_000)  # warm-up: first exec sets up the session state
         cli_true()
         kiln = [toolbox_true(i) for i in range(1, args.runs + 1)]
+        # The transport alone, to tell it apart from starting bash.
+        ping = [toolbox_ping(i) for i in range(20_000, 20_000 + args.runs)]
         cli = [cli_true() for _ in range(args.runs)]
         tb.stdin.close()
         tb.wait(timeout=10)
@@ -92,6 +102,7 @@ def main():
         subprocess.call(["docker", "rm", "-f", container], stdout=subprocess.DEVNULL)
 
     summary("toolbox exec `true`", kiln)
+    summary("toolbox ping (transport)", ping)
     summary("docker exec <c> true (CLI)", cli)
     ratio = statistics.median(kiln) / statistics.median(cli)
     print(f"ratio toolbox/CLI (median): {ratio:.4f}   goal <= 0.05: {'met' if ratio <= 0.05 else 'NOT met'}")

@@ -126,11 +126,12 @@ async fn app_for(server: &LocalModel, provider: ProviderKind) -> TestApp {
 }
 
 /// A small git repository (the demo's) in a fresh directory.
-async fn demo_repo() -> String {
+/// Returns the directory (to remove) and the repository's URL.
+async fn demo_repo() -> (PathBuf, String) {
     let dir = std::env::temp_dir().join(format!("kiln-real-model-repo-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let repo = kiln_cli::local::ensure_demo_repo(&dir).await.expect("demo repo");
-    format!("file://{}", repo.display())
+    (dir, format!("file://{}", repo.display()))
 }
 
 /// A minimal JSON-schema check, enough for the tools' argument schemas:
@@ -226,12 +227,14 @@ fn assert_structure(events: &[Ev]) {
 async fn full_run(test: &str, provider: ProviderKind) {
     let Some((_turn, server)) = local_model(test).await else { return };
     let app = app_for(&server, provider).await;
+    let (repo_dir, repo_url) = demo_repo().await;
     let body = json!({
         "prompt": PROMPT,
-        "repo": {"url": demo_repo().await},
+        "repo": {"url": repo_url},
         "limits": {"max_steps": MAX_STEPS, "timeout_s": 600},
         "model": {"temperature": 0.0},
     });
+    let server_log = server.log_path().to_owned();
     let started = Instant::now();
     let run = app.create_run("alice", body).await;
     let id = run["id"].as_str().unwrap().to_owned();
@@ -242,6 +245,8 @@ async fn full_run(test: &str, provider: ProviderKind) {
     assert!(["succeeded", "failed", "timed_out"].contains(&status.as_str()), "terminal status {status}");
     assert!(app.containers_of(&id).await.is_empty(), "sandbox removed");
     server.stop().await;
+    let _ = std::fs::remove_dir_all(repo_dir);
+    let _ = std::fs::remove_file(server_log);
 }
 
 #[tokio::test]
