@@ -17,6 +17,7 @@ use kiln_worker::providers::pricing::{ModelPrice, PriceTable};
 use kiln_worker::sandbox::SandboxConfig;
 use kiln_worker::{ProviderEndpoints, ProviderKind, WorkerConfig};
 use serde_json::Value;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -125,6 +126,12 @@ impl TestApp {
 
     /// Starts a worker against this app's database and scripted model.
     pub async fn start_worker(&self, config: WorkerConfig) {
+        self.start_worker_until(config, self.shutdown.clone()).await;
+    }
+
+    /// Starts a worker that stops when `shutdown` fires (or the app drops);
+    /// the handle finishes when the worker has exited.
+    pub async fn start_worker_until(&self, config: WorkerConfig, shutdown: CancellationToken) -> JoinHandle<()> {
         let endpoints = ProviderEndpoints {
             openai_base_url: Some(self.model.openai_base_url()),
             openai_api_key: Some("sk-test-openai".into()),
@@ -135,7 +142,14 @@ impl TestApp {
         // A price for the scripted model so cost budgets can be tested: $1
         // per million tokens in and out.
         prices.insert("scripted", ModelPrice { input: 1.0, output: 1.0, cache_read: None, cache_write: None });
-        start_worker(self.store.clone(), config, endpoints, prices, self.shutdown.clone()).await.expect("start worker");
+        // The app's shutdown also stops this worker.
+        let app_shutdown = self.shutdown.clone();
+        let token = shutdown.clone();
+        tokio::spawn(async move {
+            app_shutdown.cancelled().await;
+            token.cancel();
+        });
+        start_worker(self.store.clone(), config, endpoints, prices, shutdown).await.expect("start worker")
     }
 
     async fn start_api_on(

@@ -15,6 +15,15 @@ use crate::config::ProviderKind;
 use crate::runner::WorkerContext;
 use crate::sandbox::{self, Owner, Sandbox, SandboxError};
 
+/// Aborts the task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Ways to stop a run from outside its task.
 #[derive(Clone, Default)]
 pub struct RunSignals {
@@ -39,7 +48,10 @@ enum Ending {
 
 pub async fn execute(ctx: Arc<WorkerContext>, run: Run, lease: Lease, signals: RunSignals) {
     let lost = CancellationToken::new();
-    let heartbeat = tokio::spawn(heartbeat_loop(ctx.clone(), lease.clone(), signals.cancel.clone(), lost.clone()));
+    // Aborted when this task ends *or is dropped*: a run task torn down
+    // mid-way must stop extending its lease, or nobody could take the run over.
+    let heartbeat =
+        AbortOnDrop(tokio::spawn(heartbeat_loop(ctx.clone(), lease.clone(), signals.cancel.clone(), lost.clone())));
     let mut events = EventSink::new(ctx.store.clone(), lease.clone());
 
     let ending = if run.cancel_requested {
@@ -59,7 +71,7 @@ pub async fn execute(ctx: Arc<WorkerContext>, run: Run, lease: Lease, signals: R
             _ = tokio::time::sleep(remaining) => Ending::TimedOut,
         }
     };
-    heartbeat.abort();
+    drop(heartbeat);
     // Whatever happened, the session's container goes; labels find it even
     // if the loop was dropped halfway through starting it.
     remove_sandboxes(&ctx, &run).await;

@@ -1,0 +1,79 @@
+//! Runs outlive their workers: a worker that shuts down hands its runs back
+//! at once; a worker that dies loses them after the lease; either way the
+//! next worker continues from the stored conversation and never re-runs a
+//! call whose result was not stored.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use kiln_scripted_model::Reply;
+use kiln_tests::{Ev, Options, TestApp, assert_dense, kinds, worker_config};
+use kiln_worker::ProviderKind;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+const INTERRUPTED: &str = "interrupted: the worker running this call was lost; it may or may not have completed";
+
+fn script() -> Vec<Reply> {
+    vec![Reply::tool("bash", json!({"command": "sleep 30; echo never"})), Reply::text("recovered")]
+}
+
+async fn started(app: &TestApp, id: &str) -> Vec<Ev> {
+    app.sse_until(app.addr, "alice", id, None, usize::MAX, |e| e.kind == "tool_call.ready").await
+}
+
+fn assert_resumed(all: &[Ev]) {
+    assert_dense(all, 1);
+    assert_eq!(all.last().unwrap().kind, "run.succeeded", "{:?}", kinds(all));
+    let attempts: Vec<i64> =
+        all.iter().filter(|e| e.kind == "run.started").map(|e| e.data["attempt"].as_i64().unwrap()).collect();
+    assert_eq!(attempts, [1, 2]);
+    let results: Vec<&str> =
+        all.iter().filter(|e| e.kind == "tool.result").map(|e| e.data["output"].as_str().unwrap()).collect();
+    assert_eq!(results, [INTERRUPTED], "the lost call is answered, not run again");
+}
+
+#[tokio::test]
+async fn a_worker_shutting_down_hands_its_run_to_another_at_once() {
+    let app = TestApp::spawn(Options { script: script(), worker: false, ..Default::default() }).await;
+    let mut first = worker_config(ProviderKind::OpenAi, Duration::from_secs(30));
+    first.shutdown_grace = Duration::from_secs(1);
+    let stop_first = CancellationToken::new();
+    let first_done = app.start_worker_until(first, stop_first.clone()).await;
+    let run = app.create_run("alice", json!({"prompt": "work"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let seen = started(&app, &id).await;
+
+    let stopping = Instant::now();
+    stop_first.cancel();
+    tokio::time::timeout(Duration::from_secs(15), first_done).await.expect("worker exits after its grace").unwrap();
+    assert!(stopping.elapsed() < Duration::from_secs(15));
+    assert_eq!(app.get_run("alice", &id).await["status"], "queued", "the lease was handed back");
+
+    // A second worker takes the run long before the 30 s lease would expire.
+    app.start_worker(worker_config(ProviderKind::OpenAi, Duration::from_secs(30))).await;
+    let rest = app.sse(app.addr, "alice", &id, Some(seen.last().unwrap().seq), usize::MAX).await;
+    assert!(stopping.elapsed() < Duration::from_secs(25), "taken over at once, not after the lease");
+    let all: Vec<Ev> = seen.into_iter().chain(rest).collect();
+    assert_resumed(&all);
+    let requests = app.model.requests();
+    assert!(requests.last().unwrap().body.to_string().contains("interrupted: the worker running this call was lost"));
+}
+
+#[tokio::test]
+async fn a_run_whose_worker_died_is_taken_over_after_its_lease() {
+    let app = TestApp::spawn(Options { script: script(), worker: false, ..Default::default() }).await;
+    let lease = Duration::from_secs(3);
+    let doomed = app.start_worker_until(worker_config(ProviderKind::OpenAi, lease), CancellationToken::new()).await;
+    let run = app.create_run("alice", json!({"prompt": "work"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let seen = started(&app, &id).await;
+    // Kill the worker outright: no cleanup, no release, no final write.
+    doomed.abort();
+    let _ = doomed.await;
+    app.start_worker(worker_config(ProviderKind::OpenAi, lease)).await;
+    let rest = app.sse(app.addr, "alice", &id, Some(seen.last().unwrap().seq), usize::MAX).await;
+    let all: Vec<Ev> = seen.into_iter().chain(rest).collect();
+    assert_resumed(&all);
+    assert!(app.containers_of(&id).await.is_empty(), "the dead worker's container is gone too");
+}
