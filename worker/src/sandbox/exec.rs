@@ -73,6 +73,6 @@ impl Sandbox {
         }
         let exit_code = self.docker.inspect_exec(&exec.id).await?.exit_code;
         let timed_out = matches!(exit_code, Some(TIMEOUT_EXIT) | Some(KILLED_EXIT));
-        Ok(ExecOutput { exit_code, output: captured.render(), timed_out })
+        Ok(ExecOutput { exit_code, output: captured.render().0, timed_out })
     }
 }

@@ -7,7 +7,7 @@
 
 mod exec;
 mod files;
-mod output;
+
 pub mod toolbox;
 mod toolbox_binary;
 mod toolbox_session;
@@ -26,7 +26,8 @@ use uuid::Uuid;
 
 pub use exec::ExecOutput;
 pub use files::FileError;
-pub use output::HeadTail;
+// One bounded head-and-tail buffer, shared with the toolbox.
+pub use kiln_toolbox::output::HeadTail;
 pub use toolbox::{OutputSink, ToolboxError};
 pub use toolbox_binary::PATH_ENV as TOOLBOX_PATH_ENV;
 use toolbox_session::ToolboxState;
