@@ -251,6 +251,7 @@ impl LocalModel {
             openai_api_key: None,
             anthropic_base_url: Some(self.anthropic_base_url()),
             anthropic_api_key: None,
+            read_timeout: None,
         }
     }
 

@@ -158,6 +158,10 @@ pub struct ModelArgs {
     /// Model name sent to the provider.
     #[arg(long, env = "KILN_MODEL", default_value = "gpt-4o-mini")]
     pub model: String,
+    /// Seconds to wait for the next bytes of a model response before the
+    /// attempt fails and is retried.
+    #[arg(long, env = "KILN_MODEL_READ_TIMEOUT_S", default_value_t = 300)]
+    pub model_read_timeout_s: u64,
     /// Output token limit per model call.
     #[arg(long, env = "KILN_MODEL_MAX_TOKENS", default_value_t = 4096)]
     pub model_max_tokens: u32,
@@ -230,6 +234,7 @@ impl ModelArgs {
             openai_api_key: self.openai_api_key.clone(),
             anthropic_base_url,
             anthropic_api_key: self.anthropic_api_key.clone(),
+            read_timeout: Some(std::time::Duration::from_secs(self.model_read_timeout_s.max(1))),
         })
     }
 }

@@ -137,6 +137,7 @@ impl TestApp {
             openai_api_key: Some("sk-test-openai".into()),
             anthropic_base_url: Some(self.model.anthropic_base_url()),
             anthropic_api_key: Some("sk-ant-test".into()),
+            read_timeout: None,
         };
         let mut prices = PriceTable::empty();
         // A price for the scripted model so cost budgets can be tested: $1

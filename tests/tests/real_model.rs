@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 
 use kiln_cli::local_model::{self, LocalModel};
 use kiln_tests::{Ev, Options, TestApp, assert_dense, kinds, worker_config};
-use kiln_worker::ProviderKind;
 use kiln_worker::providers::pricing::PriceTable;
 use kiln_worker::tools::Registry;
+use kiln_worker::{ProviderEndpoints, ProviderKind};
 use serde_json::{Value, json};
 
 const PROMPT: &str = "Run `cat README.md` with bash, then reply with one sentence.";
@@ -109,19 +109,17 @@ async fn events_to_end(app: &TestApp, id: &str, limit: Duration) -> Vec<Ev> {
 
 /// An app whose worker talks to `server`, with `provider` as the default.
 async fn app_for(server: &LocalModel, provider: ProviderKind) -> TestApp {
+    app_with_endpoints(server, provider, server.endpoints()).await
+}
+
+async fn app_with_endpoints(server: &LocalModel, provider: ProviderKind, endpoints: ProviderEndpoints) -> TestApp {
     let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
     let mut config = worker_config(provider, Duration::from_secs(10));
     config.default_model = server.model_name().to_owned();
     config.default_max_tokens = local_model::DEFAULT_MAX_TOKENS;
-    kiln_cli::app::start_worker(
-        app.store.clone(),
-        config,
-        server.endpoints(),
-        PriceTable::empty(),
-        app.shutdown.clone(),
-    )
-    .await
-    .expect("start worker");
+    kiln_cli::app::start_worker(app.store.clone(), config, endpoints, PriceTable::empty(), app.shutdown.clone())
+        .await
+        .expect("start worker");
     app
 }
 
@@ -328,10 +326,29 @@ fn schema_check_catches_bad_arguments() {
     assert!(!schema_errors(&spec.input_schema, &json!("ls")).is_empty());
 }
 
-/// The model's request timing out is not testable here: the worker's HTTP
-/// client allows 300 s between chunks and `Providers::new` has no knob for
-/// it. What is: a model server that goes away. Its failed requests are
-/// retried (each retry an event) and then fail the run with a clear reason.
+/// A model request that exceeds its timeout is retried, each retry an
+/// event, and then fails the run with a clear reason. The tiny model needs
+/// well over 50 ms to read Kiln's system prompt before its first byte.
+#[tokio::test]
+async fn a_model_request_over_its_timeout_is_retried_then_fails_the_run_clearly() {
+    let Some((_turn, server)) = local_model("timeout").await else { return };
+    let endpoints = ProviderEndpoints { read_timeout: Some(Duration::from_millis(50)), ..server.endpoints() };
+    let app = app_with_endpoints(&server, ProviderKind::OpenAi, endpoints).await;
+    let run = app.create_run("alice", json!({"prompt": PROMPT, "limits": {"max_steps": 2}})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let events = events_to_end(&app, &id, Duration::from_secs(120)).await;
+    assert_dense(&events, 1);
+    let retries = events.iter().filter(|e| e.kind == "model.retry").count();
+    assert!(retries >= 1, "retried: {:?}", kinds(&events));
+    let last = events.last().unwrap();
+    assert_eq!(last.kind, "run.failed", "{:?}", kinds(&events));
+    let error = last.data["error"].as_str().unwrap();
+    assert!(error.contains("model call failed"), "a clear reason: {error}");
+    assert!(error.to_lowercase().contains("timed out") || error.contains("timeout"), "names the timeout: {error}");
+}
+
+/// A model server that goes away: its failed requests are retried (each
+/// retry an event) and then fail the run with a clear reason.
 #[tokio::test]
 async fn a_model_server_that_goes_away_is_retried_then_fails_the_run_clearly() {
     let Some((_turn, server)) = local_model("gone").await else { return };

@@ -75,13 +75,22 @@ pub struct ProviderEndpoints {
     pub openai_api_key: Option<String>,
     pub anthropic_base_url: Option<String>,
     pub anthropic_api_key: Option<String>,
+    /// Longest wait for the next bytes of a model response (the first
+    /// included); a model that stalls longer fails the attempt, which is
+    /// retried. `None`: [`DEFAULT_MODEL_READ_TIMEOUT`].
+    pub read_timeout: Option<Duration>,
 }
+
+/// Default of [`ProviderEndpoints::read_timeout`]: long enough for a slow
+/// local model reading a long prompt, short enough to notice a dead stream.
+pub const DEFAULT_MODEL_READ_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl std::fmt::Debug for ProviderEndpoints {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ProviderEndpoints")
             .field("openai_base_url", &self.openai_base_url)
             .field("anthropic_base_url", &self.anthropic_base_url)
+            .field("read_timeout", &self.read_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -94,7 +103,7 @@ impl Providers {
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             // Between two chunks of a stream; a stalled stream fails and is retried.
-            .read_timeout(Duration::from_secs(300))
+            .read_timeout(endpoints.read_timeout.unwrap_or(DEFAULT_MODEL_READ_TIMEOUT))
             .build()?;
         let openai_base_url = endpoints.openai_base_url.unwrap_or_else(|| "https://api.openai.com/v1".into());
         let openai = OpenAiChat::new(client.clone(), openai_base_url.clone(), endpoints.openai_api_key.clone());
