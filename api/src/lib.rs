@@ -39,6 +39,9 @@ pub struct AppState {
     pub github: Option<Arc<GithubWebhookConfig>>,
     /// Open SSE streams per subject on this instance.
     pub sse: Arc<limits::SseGauge>,
+    /// Fired when the process shuts down: SSE streams end so the server can
+    /// drain (clients reconnect elsewhere and resume with `Last-Event-ID`).
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 #[derive(Debug, Clone)]

@@ -945,3 +945,33 @@ async fn a_subject_may_hold_only_so_many_event_streams() {
     }
     assert_eq!(status, 200, "the slot is given back when the stream closes");
 }
+
+#[tokio::test]
+async fn shutting_down_the_api_ends_open_event_streams() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let run = app.create_run("alice", json!({"prompt": "p"})).await;
+    let id = run["id"].as_str().unwrap();
+    let response = app
+        .http
+        .get(app.url(&format!("/v1/runs/{id}/events")))
+        .bearer_auth(token("alice"))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.bytes_stream();
+    let first = tokio::time::timeout(Duration::from_secs(5), body.next()).await.unwrap().unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("run.queued"));
+    // The run is queued, so without a shutdown the stream would stay open.
+    app.shutdown.cancel();
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(chunk) = body.next().await {
+            if chunk.is_err() {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream ends when the API shuts down");
+}

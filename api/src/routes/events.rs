@@ -142,7 +142,11 @@ fn event_stream(
             if full {
                 continue;
             }
-            wait_for_news(&mut notices, &prefix, state.settings.sse_poll).await;
+            tokio::select! {
+                _ = wait_for_news(&mut notices, &prefix, state.settings.sse_poll) => {}
+                // Shutting down: end the stream; the client resumes elsewhere.
+                _ = state.shutdown.cancelled() => return,
+            }
         }
     }
 }
