@@ -443,44 +443,22 @@ fn usage(usage: &Value) -> Option<Usage> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::providers::assemble::{Assembled, AssistantBuilder};
-    use crate::providers::sse::test_support::*;
+    use crate::providers::assemble::Assembled;
+    use crate::providers::sse::test_support::{self, *};
     use serde_json::json;
 
     async fn decode_chunks(
         chunks: Vec<Result<bytes::Bytes, std::io::Error>>,
     ) -> Vec<Result<ModelEvent, ProviderError>> {
-        collect_items(decode_stream(futures::stream::iter(chunks))).await
+        test_support::decode_chunks(decode_stream, chunks).await
     }
 
-    fn assemble(items: &[Result<ModelEvent, ProviderError>]) -> Assembled {
-        let mut builder = AssistantBuilder::new();
-        for item in items {
-            builder.push(item.as_ref().unwrap());
-        }
-        builder.finish()
-    }
-
-    /// Decodes a fixture whole, in 1-, 7- and 64-byte chunks, in chunks of
-    /// varying size and with CRLF and CR line ends, checks every variant
-    /// yields the same events, and returns them.
     async fn decode_fixture(name: &str) -> Vec<Result<ModelEvent, ProviderError>> {
-        let bytes = fixture(&format!("openai_responses/{name}"));
-        let whole = decode_chunks(chunked(&bytes, bytes.len())).await;
-        for size in [1, 7, 64] {
-            assert_eq!(decode_chunks(chunked(&bytes, size)).await, whole, "{name} in {size}-byte chunks");
-        }
-        assert_eq!(decode_chunks(chunked_varying(&bytes)).await, whole, "{name} in varying chunks");
-        assert_eq!(decode_chunks(chunked_varying(&to_crlf(&bytes))).await, whole, "{name} with CRLF");
-        assert_eq!(decode_chunks(chunked(&to_cr(&bytes), 5)).await, whole, "{name} with CR");
-        whole
+        decode_fixture_variants(decode_stream, &format!("openai_responses/{name}")).await
     }
 
     async fn assembled_fixture(name: &str) -> Assembled {
-        let items = decode_fixture(name).await;
-        assert_eq!(items.iter().filter(|i| matches!(i, Ok(ModelEvent::Finish(_)))).count(), 1, "{name}: one Finish");
-        assert!(matches!(items.last(), Some(Ok(ModelEvent::Finish(_)))), "{name}: Finish comes last");
-        assemble(&items)
+        assemble_complete(&decode_fixture(name).await, name)
     }
 
     fn usage(input: u64, output: u64, cache_read: u64) -> Usage {

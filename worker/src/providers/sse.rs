@@ -217,6 +217,52 @@ pub(crate) mod test_support {
     pub(crate) async fn collect_ok(stream: ModelStream) -> Vec<ModelEvent> {
         stream.try_collect().await.unwrap()
     }
+
+    /// Recorded bytes, as chunks a network could deliver.
+    pub(crate) type Chunks = futures::stream::Iter<std::vec::IntoIter<Result<Bytes, std::io::Error>>>;
+    /// A provider's `decode_stream` for recorded chunks.
+    pub(crate) type Decode = fn(Chunks) -> ModelStream;
+
+    pub(crate) async fn decode_chunks(
+        decode: Decode,
+        chunks: Vec<Result<Bytes, std::io::Error>>,
+    ) -> Vec<Result<ModelEvent, ProviderError>> {
+        collect_items(decode(futures::stream::iter(chunks))).await
+    }
+
+    /// Decodes fixture `path` whole, in 1-, 7- and 64-byte chunks, in chunks
+    /// of varying size and with CRLF and CR line ends; checks every variant
+    /// yields the same items, and returns them.
+    pub(crate) async fn decode_fixture_variants(decode: Decode, path: &str) -> Vec<Result<ModelEvent, ProviderError>> {
+        let bytes = fixture(path);
+        let whole = decode_chunks(decode, chunked(&bytes, bytes.len())).await;
+        for size in [1, 7, 64] {
+            assert_eq!(decode_chunks(decode, chunked(&bytes, size)).await, whole, "{path} in {size}-byte chunks");
+        }
+        assert_eq!(decode_chunks(decode, chunked_varying(&bytes)).await, whole, "{path} in varying chunks");
+        assert_eq!(decode_chunks(decode, chunked_varying(&to_crlf(&bytes))).await, whole, "{path} with CRLF");
+        assert_eq!(decode_chunks(decode, chunked(&to_cr(&bytes), 5)).await, whole, "{path} with CR");
+        whole
+    }
+
+    /// Folds items that must all be events into the assistant message.
+    pub(crate) fn assemble(items: &[Result<ModelEvent, ProviderError>]) -> crate::providers::assemble::Assembled {
+        let mut builder = crate::providers::assemble::AssistantBuilder::new();
+        for item in items {
+            builder.push(item.as_ref().unwrap());
+        }
+        builder.finish()
+    }
+
+    /// A complete stream's items (exactly one Finish, last), assembled.
+    pub(crate) fn assemble_complete(
+        items: &[Result<ModelEvent, ProviderError>],
+        name: &str,
+    ) -> crate::providers::assemble::Assembled {
+        assert_eq!(items.iter().filter(|i| matches!(i, Ok(ModelEvent::Finish(_)))).count(), 1, "{name}: one Finish");
+        assert!(matches!(items.last(), Some(Ok(ModelEvent::Finish(_)))), "{name}: Finish comes last");
+        assemble(items)
+    }
 }
 
 #[cfg(test)]
