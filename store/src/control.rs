@@ -39,6 +39,25 @@ pub enum DecideOutcome {
     NotFound,
 }
 
+/// Moves a run this lease holds between `running` and `awaiting_approval`.
+async fn set_held_status(
+    client: &impl deadpool_postgres::GenericClient,
+    lease: &Lease,
+    status: RunStatus,
+) -> Result<(), StoreError> {
+    let n = client
+        .execute(
+            "UPDATE runs SET status = $4
+             WHERE id = $1 AND attempt = $2 AND lease_owner = $3 AND status IN ('running', 'awaiting_approval')",
+            &[&lease.run_id, &lease.attempt, &lease.worker, &status.as_str()],
+        )
+        .await?;
+    if n == 0 {
+        return Err(StoreError::LeaseLost(lease.run_id));
+    }
+    Ok(())
+}
+
 const ACTIVE: &str = "('queued', 'running', 'awaiting_approval')";
 
 impl Store {
@@ -131,16 +150,7 @@ impl Store {
         }
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        let held = tx
-            .execute(
-                "UPDATE runs SET status = 'awaiting_approval'
-                 WHERE id = $1 AND attempt = $2 AND lease_owner = $3 AND status IN ('running', 'awaiting_approval')",
-                &[&lease.run_id, &lease.attempt, &lease.worker],
-            )
-            .await?;
-        if held == 0 {
-            return Err(StoreError::LeaseLost(lease.run_id));
-        }
+        set_held_status(&tx, lease, RunStatus::AwaitingApproval).await?;
         let inserted = tx
             .execute(
                 "INSERT INTO approvals (run_id, call_id, name, arguments) VALUES ($1, $2, $3, $4)
@@ -175,17 +185,7 @@ impl Store {
     /// Puts a run that waited for approval back to `running` (fenced).
     pub async fn resume_after_approval(&self, lease: &Lease) -> Result<(), StoreError> {
         let client = self.client().await?;
-        let n = client
-            .execute(
-                "UPDATE runs SET status = 'running'
-                 WHERE id = $1 AND attempt = $2 AND lease_owner = $3 AND status IN ('running', 'awaiting_approval')",
-                &[&lease.run_id, &lease.attempt, &lease.worker],
-            )
-            .await?;
-        if n == 0 {
-            return Err(StoreError::LeaseLost(lease.run_id));
-        }
-        Ok(())
+        set_held_status(&client, lease, RunStatus::Running).await
     }
 
     /// Records `owner`'s decision on a pending call and wakes the worker.
