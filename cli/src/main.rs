@@ -315,6 +315,8 @@ async fn up(
     }
     // `up` is the single-machine mode: local repositories are fair game.
     worker.allow_file_repos = true;
+    // A new session should not wait for a container on one machine either.
+    worker.sandbox_warm = worker.sandbox_warm.or(Some(2));
     let mut config = worker.config(&model)?;
     config.github = github_delivery;
     let shutdown = shutdown_signal();

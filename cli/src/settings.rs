@@ -244,9 +244,17 @@ pub struct WorkerArgs {
     /// Name of this worker in leases and container labels (default: host and pid).
     #[arg(long, env = "KILN_WORKER_ID")]
     pub worker_id: Option<String>,
-    /// Runs this worker drives at once.
-    #[arg(long, env = "KILN_WORKER_CONCURRENCY", default_value_t = 4)]
+    /// Sessions (runs, each with its sandbox) this worker drives at once; it
+    /// claims runs only while it has a free slot.
+    #[arg(long = "max-sessions", env = "KILN_WORKER_MAX_SESSIONS", default_value_t = 4)]
     pub concurrency: usize,
+    /// Seconds a session's container stays after its last run ended, so a
+    /// follow-up finds its workspace; 0 removes it when the run ends.
+    #[arg(long, env = "KILN_SANDBOX_IDLE_S", default_value_t = 600)]
+    pub sandbox_idle_s: u64,
+    /// Started sandboxes kept ready for new sessions (default: 0, or 2 under `kiln up`).
+    #[arg(long, env = "KILN_SANDBOX_WARM")]
+    pub sandbox_warm: Option<usize>,
     /// Seconds a claim holds without a heartbeat.
     #[arg(long, env = "KILN_LEASE_S", default_value_t = 30)]
     pub lease_s: u64,
@@ -298,7 +306,7 @@ impl WorkerArgs {
 
     pub fn config(&self, model: &ModelArgs) -> anyhow::Result<WorkerConfig> {
         if self.concurrency == 0 {
-            bail!("KILN_WORKER_CONCURRENCY must be at least 1");
+            bail!("KILN_WORKER_MAX_SESSIONS must be at least 1");
         }
         if self.lease_s < 3 {
             bail!("KILN_LEASE_S must be at least 3");
@@ -306,6 +314,8 @@ impl WorkerArgs {
         Ok(WorkerConfig {
             worker_id: self.worker_id.clone().unwrap_or_else(default_worker_id),
             concurrency: self.concurrency,
+            sandbox_idle: Duration::from_secs(self.sandbox_idle_s),
+            warm_pool: self.sandbox_warm.unwrap_or(0),
             lease: Duration::from_secs(self.lease_s),
             poll_interval: Duration::from_secs(self.poll_s.max(1)),
             sandbox: SandboxConfig {

@@ -17,8 +17,20 @@ pub enum EventBody {
     RunQueued { prompt: String },
     #[serde(rename = "run.started")]
     RunStarted { worker: String, attempt: i32 },
+    /// `origin`: `reused` (the session's own container, workspace as the
+    /// last run left it), `warm` (from the warm pool) or `new`.
+    /// `workspace_lost`: the conversation continues in a sandbox that is not
+    /// the one it happened in (its container was gone), so earlier file
+    /// changes are not there.
     #[serde(rename = "sandbox.ready")]
-    SandboxReady { container: String, image: String },
+    SandboxReady {
+        container: String,
+        image: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        origin: Option<String>,
+        #[serde(default)]
+        workspace_lost: bool,
+    },
     #[serde(rename = "step.started")]
     StepStarted { step: u32 },
     #[serde(rename = "text.delta")]

@@ -16,6 +16,7 @@ mod queue;
 mod rows;
 mod runs;
 mod webhooks;
+mod workers;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -30,6 +31,7 @@ pub use listen::{Listener, Notice};
 pub use queue::{HeartbeatOutcome, Lease, ReapedRun};
 pub use runs::{CancelOutcome, Cursor, NewRun, Quota, QuotaRefusal, RunPage};
 pub use webhooks::{Delivery, GithubOrigin, NewGithubRun, PastDelivery, Recorded};
+pub use workers::{SessionActivity, WorkerPresence};
 
 /// Channel names used with LISTEN/NOTIFY.
 pub mod channels {

@@ -70,6 +70,13 @@ impl Store {
 }
 
 impl Store {
+    /// Messages the session's conversation holds so far.
+    pub async fn count_session_messages(&self, session_id: Uuid) -> Result<i64, StoreError> {
+        let client = self.client().await?;
+        let row = client.query_one("SELECT count(*) FROM messages WHERE session_id = $1", &[&session_id]).await?;
+        Ok(row.try_get(0)?)
+    }
+
     /// How many messages of `role` a run has stored (e.g. its steps so far).
     pub async fn count_run_messages(&self, run_id: Uuid, role: &str) -> Result<i64, StoreError> {
         let client = self.client().await?;

@@ -244,10 +244,19 @@ impl TestApp {
         self.sse(self.addr, sub, run, None, usize::MAX).await
     }
 
-    /// Ids of containers Kiln made for the run.
+    /// Ids of containers of the run's session (or made for the run).
     pub async fn containers_of(&self, run: &str) -> Vec<String> {
+        let run: Uuid = run.parse().unwrap();
+        let row = self.sql().await.query_one("SELECT session_id FROM runs WHERE id = $1", &[&run]).await.unwrap();
+        let session: Uuid = row.get(0);
         let docker = bollard::Docker::connect_with_local_defaults().unwrap();
-        kiln_worker::sandbox::list_managed(&docker, Some(run.parse().unwrap())).await.unwrap()
+        kiln_worker::sandbox::list_managed(&docker)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.session == Some(session) || c.run == Some(run))
+            .map(|c| c.id)
+            .collect()
     }
 
     /// A raw SQL connection to this test's database.
@@ -268,6 +277,9 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
     WorkerConfig {
         worker_id: format!("test-{}", Uuid::new_v4().simple()),
         concurrency: 2,
+        // Tests that need a session's container to outlive its run say so.
+        sandbox_idle: Duration::ZERO,
+        warm_pool: 0,
         lease,
         poll_interval: Duration::from_millis(500),
         sandbox: SandboxConfig {

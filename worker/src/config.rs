@@ -34,8 +34,14 @@ impl ProviderKind {
 pub struct WorkerConfig {
     /// Names this process in leases and container labels.
     pub worker_id: String,
-    /// Runs driven at once.
+    /// Sessions (runs, each with its sandbox) driven at once: the worker
+    /// claims only while it has a free slot (`KILN_WORKER_MAX_SESSIONS`).
     pub concurrency: usize,
+    /// How long a session's container stays after its last run ended, for
+    /// follow-ups; zero: removed when the run ends.
+    pub sandbox_idle: Duration,
+    /// Started containers kept ready for new sessions.
+    pub warm_pool: usize,
     /// How long a claim holds without a heartbeat.
     pub lease: Duration,
     /// Claim attempts without a notification (covers missed NOTIFYs).

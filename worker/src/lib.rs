@@ -8,6 +8,7 @@ pub mod providers;
 mod run_task;
 pub mod runner;
 pub mod sandbox;
+mod sandbox_reaper;
 pub mod tools;
 
 pub use config::{ProviderEndpoints, ProviderKind, Providers, WorkerConfig};

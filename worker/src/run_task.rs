@@ -1,6 +1,7 @@
 //! The lifecycle of one claimed run: heartbeat, sandbox, workspace, agent
 //! loop, and exactly one ending (succeeded, failed, cancelled, timed out,
-//! released, or lost to another worker), after which the sandbox is gone.
+//! released, or lost to another worker). The session's container outlives
+//! the run (for follow-ups and takeovers) unless the deployment keeps none.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +14,8 @@ use crate::agent::events::EventSink;
 use crate::agent::{AgentError, AgentRun, Outcome};
 use crate::config::ProviderKind;
 use crate::runner::WorkerContext;
+use crate::sandbox::lifecycle::{self, Origin};
+use crate::sandbox::pool::WarmPool;
 use crate::sandbox::{self, Owner, Sandbox, SandboxError};
 
 /// Aborts the task when dropped.
@@ -46,7 +49,19 @@ enum Ending {
     Error(String),
 }
 
-pub async fn execute(ctx: Arc<WorkerContext>, run: Run, lease: Lease, signals: RunSignals) {
+/// Told to the model when a run continues a conversation in a sandbox that
+/// is not the one the conversation happened in.
+const FRESH_SANDBOX_NOTE: &str = "[kiln] The sandbox was recreated (the session's earlier container was gone): files \
+     and processes from earlier in this session are lost, and the workspace is a fresh checkout. Check the state \
+     of any file before relying on earlier work.";
+
+pub async fn execute(
+    ctx: Arc<WorkerContext>,
+    pool: Option<Arc<WarmPool>>,
+    run: Run,
+    lease: Lease,
+    signals: RunSignals,
+) {
     let lost = CancellationToken::new();
     // Aborted when this task ends *or is dropped*: a run task torn down
     // mid-way must stop extending its lease, or nobody could take the run over.
@@ -58,7 +73,7 @@ pub async fn execute(ctx: Arc<WorkerContext>, run: Run, lease: Lease, signals: R
         Ending::Cancelled
     } else {
         let remaining = remaining_time(&run);
-        let work = drive(&ctx, &run, &lease, &mut events, signals.control.clone());
+        let work = drive(&ctx, pool.as_deref(), &run, &lease, &mut events, signals.control.clone());
         tokio::select! {
             result = work => match result {
                 Ok(outcome) => Ending::Finished(outcome),
@@ -72,9 +87,12 @@ pub async fn execute(ctx: Arc<WorkerContext>, run: Run, lease: Lease, signals: R
         }
     };
     drop(heartbeat);
-    // Whatever happened, the session's container goes; labels find it even
-    // if the loop was dropped halfway through starting it.
-    remove_sandboxes(&ctx, &run).await;
+    // A run handed to another worker leaves the container as it is: the
+    // next attempt adopts it and resets it itself.
+    if !matches!(ending, Ending::Released | Ending::LeaseLost) {
+        let keep = !ctx.config.sandbox_idle.is_zero();
+        lifecycle::after_run(&ctx.docker, &ctx.config.sandbox, run.session_id, keep).await;
+    }
     if !matches!(ending, Ending::LeaseLost) {
         let _ = events.flush().await;
     }
@@ -84,6 +102,7 @@ pub async fn execute(ctx: Arc<WorkerContext>, run: Run, lease: Lease, signals: R
 /// Starts the sandbox, brings in the workspace and runs the loop.
 async fn drive(
     ctx: &WorkerContext,
+    pool: Option<&WarmPool>,
     run: &Run,
     lease: &Lease,
     events: &mut EventSink,
@@ -91,15 +110,30 @@ async fn drive(
 ) -> Result<Outcome, AgentError> {
     events.emit(EventBody::RunStarted { worker: ctx.config.worker_id.clone(), attempt: lease.attempt }).await?;
     let owner = Owner { run_id: run.id, session_id: run.session_id, worker: ctx.config.worker_id.clone() };
-    let sandbox = match Sandbox::start(&ctx.docker, &ctx.config.sandbox, &owner).await {
+    let (sandbox, origin) = match lifecycle::acquire(&ctx.docker, &ctx.config.sandbox, pool, &owner).await {
         Ok(s) => s,
         Err(e) => return Ok(Outcome::Failed { error: format!("could not start the sandbox: {e}") }),
     };
-    if let Err(e) = prepare_workspace(ctx, run, &sandbox).await {
-        return Ok(Outcome::Failed { error: format!("could not prepare the workspace: {e}") });
+    let mut notice = None;
+    if origin != Origin::Reused {
+        if let Err(e) = prepare_workspace(ctx, run, &sandbox).await {
+            // A half-filled workspace must not be what a follow-up finds.
+            sandbox.remove().await;
+            return Ok(Outcome::Failed { error: format!("could not prepare the workspace: {e}") });
+        }
+        // A takeover or a follow-up whose container is gone: the
+        // conversation talks about files this sandbox does not have.
+        if ctx.store.count_session_messages(run.session_id).await? > 0 {
+            notice = Some(FRESH_SANDBOX_NOTE.to_owned());
+        }
     }
     events
-        .emit(EventBody::SandboxReady { container: sandbox.id().to_owned(), image: sandbox.image().to_owned() })
+        .emit(EventBody::SandboxReady {
+            container: sandbox.id().to_owned(),
+            image: sandbox.image().to_owned(),
+            origin: Some(origin.as_str().to_owned()),
+            workspace_lost: notice.is_some(),
+        })
         .await?;
     let kind = run.model.provider.as_deref().and_then(ProviderKind::parse).unwrap_or(ctx.config.default_provider);
     let agent = AgentRun {
@@ -114,6 +148,7 @@ async fn drive(
         tools: &ctx.tools,
         events,
         control,
+        notice,
     };
     let outcome = agent.drive().await?;
     crate::github::capture(ctx, run, &sandbox, &outcome).await;
@@ -141,17 +176,6 @@ fn remaining_time(run: &Run) -> Duration {
     let limit = Duration::from_secs(u64::from(run.limits.timeout_s()));
     let elapsed = run.started_at.map(|t| (chrono::Utc::now() - t).to_std().unwrap_or_default()).unwrap_or_default();
     limit.saturating_sub(elapsed)
-}
-
-async fn remove_sandboxes(ctx: &WorkerContext, run: &Run) {
-    match sandbox::list_managed(&ctx.docker, Some(run.id)).await {
-        Ok(ids) => {
-            for id in ids {
-                sandbox::remove_by_id(&ctx.docker, &id).await;
-            }
-        }
-        Err(e) => tracing::warn!(run_id = %run.id, error = %e, "listing the run's sandboxes failed"),
-    }
 }
 
 async fn finish(ctx: &WorkerContext, run: &Run, lease: &Lease, ending: Ending) {

@@ -1,13 +1,12 @@
-//! The claim loop: wait for queued runs, claim them up to the concurrency
-//! limit, drive each in its own task, reap expired leases, shut down
-//! gracefully.
+//! The claim loop: wait for queued runs, claim them while there is a free
+//! session slot, drive each in its own task, reap expired leases and unused
+//! sandboxes, keep the warm pool filled, shut down gracefully.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bollard::Docker;
-use kiln_protocol::RunStatus;
 use kiln_store::{Listener, Notice, Store, channels};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinSet;
@@ -17,7 +16,8 @@ use uuid::Uuid;
 use crate::config::{Providers, WorkerConfig};
 use crate::providers::pricing::PriceTable;
 use crate::run_task::{self, RunSignals};
-use crate::sandbox;
+use crate::sandbox::pool::WarmPool;
+use crate::sandbox_reaper::{self, ReapPolicy};
 use crate::tools::Registry;
 
 /// Shared by the claim loop and every run task.
@@ -37,11 +37,25 @@ pub struct Worker {
     /// Signals of the runs this worker drives, so a cancel notification can
     /// reach the right one.
     active: Arc<Mutex<HashMap<Uuid, RunSignals>>>,
+    pool: Option<Arc<WarmPool>>,
 }
 
 impl Worker {
     pub fn new(ctx: WorkerContext, listener: Listener) -> Self {
-        Worker { ctx: Arc::new(ctx), listener, active: Arc::default() }
+        let pool = (ctx.config.warm_pool > 0).then(|| {
+            Arc::new(WarmPool::new(
+                ctx.docker.clone(),
+                ctx.config.sandbox.clone(),
+                ctx.config.worker_id.clone(),
+                ctx.config.warm_pool,
+            ))
+        });
+        Worker { ctx: Arc::new(ctx), listener, active: Arc::default(), pool }
+    }
+
+    /// The warm pool, if this worker keeps one.
+    pub fn pool(&self) -> Option<Arc<WarmPool>> {
+        self.pool.clone()
     }
 
     /// Runs until `shutdown` fires, then stops claiming, gives running runs
@@ -49,8 +63,14 @@ impl Worker {
     pub async fn run(self, shutdown: CancellationToken) {
         let mut notices = self.listener.subscribe();
         let mut tasks = JoinSet::new();
-        self.clean_up_leftovers().await;
+        self.announce().await;
+        self.reap_sandboxes(true).await;
+        let pool_task = self.pool.clone().map(|pool| {
+            let stop = shutdown.child_token();
+            tokio::spawn(async move { pool.run(stop).await })
+        });
         let mut reap = tokio::time::interval(self.ctx.config.lease / 2);
+        let mut reap_sandboxes = tokio::time::interval(sandbox_reaper::interval(self.ctx.config.sandbox_idle));
         let mut poll = tokio::time::interval(self.ctx.config.poll_interval);
         tracing::info!(worker = %self.ctx.config.worker_id, "worker started");
         loop {
@@ -58,12 +78,30 @@ impl Worker {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = poll.tick() => {}
-                _ = reap.tick() => self.reap().await,
+                _ = reap.tick() => {
+                    self.announce().await;
+                    self.reap().await;
+                }
+                _ = reap_sandboxes.tick() => self.reap_sandboxes(false).await,
                 Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
                 notice = notices.recv() => self.on_notice(notice),
             }
         }
         self.shut_down(tasks).await;
+        if let Some(task) = pool_task {
+            // Cancelled with `shutdown`: it removes its containers and ends.
+            let _ = task.await;
+        }
+        if let Err(e) = self.ctx.store.worker_gone(&self.ctx.config.worker_id).await {
+            tracing::warn!(error = %e, "could not sign off; other workers will notice after a while");
+        }
+    }
+
+    /// Tells the database this worker is alive (see `sandbox_reaper`).
+    async fn announce(&self) {
+        if let Err(e) = self.ctx.store.worker_seen(&self.ctx.config.worker_id).await {
+            tracing::warn!(error = %e, "recording this worker's presence failed");
+        }
     }
 
     async fn claim_while_capacity(&self, tasks: &mut JoinSet<()>) {
@@ -74,10 +112,11 @@ impl Worker {
                     let signals = RunSignals::default();
                     lock(&self.active).insert(run.id, signals.clone());
                     let ctx = self.ctx.clone();
+                    let pool = self.pool.clone();
                     let active = self.active.clone();
                     tasks.spawn(async move {
                         let id = run.id;
-                        run_task::execute(ctx, run, lease, signals).await;
+                        run_task::execute(ctx, pool, run, lease, signals).await;
                         lock(&active).remove(&id);
                     });
                 }
@@ -124,29 +163,16 @@ impl Worker {
         }
     }
 
-    /// Removes containers whose runs are no longer active (finished, or back
-    /// in the queue): left by a worker that died, or by this one before a crash.
-    async fn clean_up_leftovers(&self) {
-        let containers = match sandbox::list_managed_with_runs(&self.ctx.docker).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "listing sandboxes failed");
-                return;
-            }
+    /// Removes sandboxes nobody will use again (see `sandbox_reaper`).
+    async fn reap_sandboxes(&self, at_start: bool) {
+        let policy = ReapPolicy {
+            worker: &self.ctx.config.worker_id,
+            at_start,
+            idle: self.ctx.config.sandbox_idle,
+            // Announced every lease/2: four missed announcements.
+            worker_gone_after: self.ctx.config.lease * 2,
         };
-        for (container, run_id) in containers {
-            // A container whose run this database does not know belongs to
-            // another Kiln deployment sharing the engine: not ours to remove.
-            let Some(run_id) = run_id else { continue };
-            let leftover = match self.ctx.store.get_run_unscoped(run_id).await {
-                Ok(Some(run)) => !matches!(run.status, RunStatus::Running | RunStatus::AwaitingApproval),
-                Ok(None) | Err(_) => false,
-            };
-            if leftover {
-                tracing::info!(%container, %run_id, "removing leftover sandbox");
-                sandbox::remove_by_id(&self.ctx.docker, &container).await;
-            }
-        }
+        sandbox_reaper::reap(&self.ctx.docker, &self.ctx.store, &policy).await;
     }
 
     async fn shut_down(&self, mut tasks: JoinSet<()>) {

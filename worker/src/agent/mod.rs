@@ -69,6 +69,9 @@ pub struct AgentRun<'a> {
     pub events: &'a mut EventSink,
     /// Woken when a client sends the run a message or an approval decision.
     pub control: Arc<tokio::sync::Notify>,
+    /// Told to the model (as a stored user message) before the first step,
+    /// e.g. that the sandbox is not the one the conversation happened in.
+    pub notice: Option<String>,
 }
 
 impl AgentRun<'_> {
@@ -77,6 +80,9 @@ impl AgentRun<'_> {
     /// could not fix become a failed outcome.
     pub async fn drive(mut self) -> Result<Outcome, AgentError> {
         let mut messages = self.resume().await?;
+        if let Some(text) = self.notice.take() {
+            self.persist(&mut messages, Message::user(text)).await?;
+        }
         let mut budget = Budget::new(self.run.limits);
         budget.steps = self.store.count_run_messages(self.run.id, "assistant").await? as u32;
         budget.record(&self.store.run_usage(self.run.id).await?, None);

@@ -1,5 +1,12 @@
 //! One Docker container per session, driven through the Docker API.
 //!
+//! A session's container is named after the session (`kiln-session-<id>`),
+//! so any worker on the engine finds it again: a follow-up run or a run
+//! taken over from a dead worker continues in the same workspace. It stays
+//! after a run ends until the session has been idle for a while (see
+//! `lifecycle`). Warm containers (`pool`) are started ahead of need and
+//! renamed when a session takes one.
+//!
 //! Containers run as an unprivileged user with every capability dropped,
 //! `no-new-privileges`, pids/memory/CPU limits and no network. The workspace
 //! enters and leaves through the archive API, so the worker can drive a
@@ -7,6 +14,8 @@
 
 mod exec;
 mod files;
+pub mod lifecycle;
+pub mod pool;
 
 pub mod toolbox;
 mod toolbox_binary;
@@ -41,6 +50,21 @@ pub const LABEL_MANAGED: &str = "dev.kiln.managed";
 pub const LABEL_RUN: &str = "dev.kiln.run";
 pub const LABEL_SESSION: &str = "dev.kiln.session";
 pub const LABEL_WORKER: &str = "dev.kiln.worker";
+/// On warm containers not yet given to a session.
+pub const LABEL_POOL: &str = "dev.kiln.pool";
+/// Name prefixes: the session's container, and warm ones.
+const SESSION_PREFIX: &str = "kiln-session-";
+const WARM_PREFIX: &str = "kiln-warm-";
+
+/// The container name that binds a container to its session.
+pub fn session_container_name(session_id: Uuid) -> String {
+    format!("{SESSION_PREFIX}{}", session_id.simple())
+}
+
+/// The session a container belongs to, from its name (`/kiln-session-…`).
+pub fn session_of_name(name: &str) -> Option<Uuid> {
+    Uuid::try_parse(name.trim_start_matches('/').strip_prefix(SESSION_PREFIX)?).ok()
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -115,20 +139,43 @@ pub struct Owner {
     pub worker: String,
 }
 
+/// What a new container is for: a session, or the warm pool.
+enum Purpose<'a> {
+    Session(&'a Owner),
+    Warm { worker: &'a str },
+}
+
 impl Sandbox {
-    /// Creates and starts a container for the session.
+    /// Creates and starts a container for the session. A stopped container
+    /// left under the session's name is replaced.
     pub async fn start(docker: &Docker, config: &SandboxConfig, owner: &Owner) -> Result<Sandbox, SandboxError> {
-        let name = format!("kiln-{}", owner.run_id.simple());
-        let options = CreateContainerOptionsBuilder::new().name(&name).build();
-        let created = match docker.create_container(Some(options.clone()), container_body(config, owner)).await {
+        Self::create(docker, config, &session_container_name(owner.session_id), Purpose::Session(owner)).await
+    }
+
+    /// Creates and starts a warm container, not yet anyone's.
+    pub async fn start_warm(docker: &Docker, config: &SandboxConfig, worker: &str) -> Result<Sandbox, SandboxError> {
+        let name = format!("{WARM_PREFIX}{}", Uuid::new_v4().simple());
+        Self::create(docker, config, &name, Purpose::Warm { worker }).await
+    }
+
+    async fn create(
+        docker: &Docker,
+        config: &SandboxConfig,
+        name: &str,
+        purpose: Purpose<'_>,
+    ) -> Result<Sandbox, SandboxError> {
+        let options = CreateContainerOptionsBuilder::new().name(name).build();
+        let body = || container_body(config, &purpose);
+        let created = match docker.create_container(Some(options.clone()), body()).await {
             Ok(c) => c,
             Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
                 return Err(SandboxError::ImageMissing(config.image.clone()));
             }
             Err(bollard::errors::Error::DockerResponseServerError { status_code: 409, .. }) => {
-                // A container of an earlier attempt of this run: start afresh.
-                remove_container(docker, &name).await;
-                docker.create_container(Some(options), container_body(config, owner)).await?
+                // A dead container under this name (callers adopt live ones
+                // first): start afresh.
+                remove_container(docker, name).await;
+                docker.create_container(Some(options), body()).await?
             }
             Err(e) => return Err(e.into()),
         };
@@ -156,13 +203,20 @@ impl Sandbox {
     }
 }
 
-fn container_body(config: &SandboxConfig, owner: &Owner) -> ContainerCreateBody {
-    let labels = HashMap::from([
-        (LABEL_MANAGED.to_owned(), "true".to_owned()),
-        (LABEL_RUN.to_owned(), owner.run_id.to_string()),
-        (LABEL_SESSION.to_owned(), owner.session_id.to_string()),
-        (LABEL_WORKER.to_owned(), owner.worker.clone()),
-    ]);
+fn container_body(config: &SandboxConfig, purpose: &Purpose<'_>) -> ContainerCreateBody {
+    let mut labels = HashMap::from([(LABEL_MANAGED.to_owned(), "true".to_owned())]);
+    match purpose {
+        Purpose::Session(owner) => {
+            // Who created it; the name, not these, binds it to the session.
+            labels.insert(LABEL_RUN.to_owned(), owner.run_id.to_string());
+            labels.insert(LABEL_SESSION.to_owned(), owner.session_id.to_string());
+            labels.insert(LABEL_WORKER.to_owned(), owner.worker.clone());
+        }
+        Purpose::Warm { worker } => {
+            labels.insert(LABEL_POOL.to_owned(), "true".to_owned());
+            labels.insert(LABEL_WORKER.to_owned(), (*worker).to_owned());
+        }
+    }
     let host_config = HostConfig {
         // docker-init as PID 1 reaps orphans, so killed commands leave no zombies.
         init: Some(true),
@@ -215,28 +269,35 @@ async fn remove_container(docker: &Docker, id: &str) {
     }
 }
 
-/// Ids of Kiln containers, optionally only those of one run.
-pub async fn list_managed(docker: &Docker, run_id: Option<Uuid>) -> Result<Vec<String>, SandboxError> {
-    let mut label = vec![format!("{LABEL_MANAGED}=true")];
-    if let Some(run) = run_id {
-        label.push(format!("{LABEL_RUN}={run}"));
-    }
-    let filters = HashMap::from([("label".to_owned(), label)]);
-    let options = ListContainersOptionsBuilder::new().all(true).filters(&filters).build();
-    let list = docker.list_containers(Some(options)).await?;
-    Ok(list.into_iter().filter_map(|c| c.id).collect())
+/// A Kiln container on the engine, as listed.
+#[derive(Debug, Clone)]
+pub struct Managed {
+    pub id: String,
+    /// The session it is bound to (by name), if any.
+    pub session: Option<Uuid>,
+    /// The run that created it (containers of older Kiln versions were
+    /// bound to a run, not a session).
+    pub run: Option<Uuid>,
+    /// A warm container, and the worker that keeps it.
+    pub pool_worker: Option<String>,
 }
 
-/// Every Kiln container with the run it belongs to (from its label).
-pub async fn list_managed_with_runs(docker: &Docker) -> Result<Vec<(String, Option<Uuid>)>, SandboxError> {
+/// Every container Kiln created on this engine.
+pub async fn list_managed(docker: &Docker) -> Result<Vec<Managed>, SandboxError> {
     let filters = HashMap::from([("label".to_owned(), vec![format!("{LABEL_MANAGED}=true")])]);
     let options = ListContainersOptionsBuilder::new().all(true).filters(&filters).build();
     let list = docker.list_containers(Some(options)).await?;
     Ok(list
         .into_iter()
         .filter_map(|c| {
-            let run = c.labels.as_ref().and_then(|l| l.get(LABEL_RUN)).and_then(|r| Uuid::parse_str(r).ok());
-            c.id.map(|id| (id, run))
+            let labels = c.labels.unwrap_or_default();
+            let label_uuid = |key: &str| labels.get(key).and_then(|v| Uuid::parse_str(v).ok());
+            let session = c.names.unwrap_or_default().iter().find_map(|n| session_of_name(n));
+            let pool_worker = match labels.get(LABEL_POOL).map(String::as_str) {
+                Some("true") => labels.get(LABEL_WORKER).cloned(),
+                _ => None,
+            };
+            Some(Managed { id: c.id?, session, run: label_uuid(LABEL_RUN), pool_worker })
         })
         .collect())
 }

@@ -70,6 +70,16 @@ impl Sandbox {
         }
     }
 
+    /// Whether a toolbox connection is up (a warm container whose toolbox
+    /// died is not worth handing out).
+    pub(super) fn toolbox_alive(&self) -> bool {
+        match self.toolbox.conn.try_lock() {
+            Ok(slot) => slot.as_ref().is_some_and(|c| c.is_alive()),
+            // Someone is using it: alive enough.
+            Err(_) => true,
+        }
+    }
+
     /// Whether tools go through the toolbox.
     pub fn has_toolbox(&self) -> bool {
         self.toolbox.command.is_some()
@@ -165,7 +175,7 @@ impl Sandbox {
 
     /// Runs `kill -9 -1` as the command user until one run of it got to
     /// start: at the pids limit starting the kill itself can fail.
-    async fn kill_user_processes(&self) -> Result<(), ToolboxError> {
+    pub(super) async fn kill_user_processes(&self) -> Result<(), ToolboxError> {
         let mut last = Ok(());
         for _ in 0..KILL_ATTEMPTS {
             match self.kill_all_once().await {

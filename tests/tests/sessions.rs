@@ -1,0 +1,258 @@
+//! A session's sandbox lifecycle: its container outlives a run (follow-ups
+//! and takeovers continue in the same workspace) until the session is idle;
+//! new sessions start from the warm pool; containers nobody will use again
+//! are removed, and those of another deployment on the same engine are not.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use kiln_scripted_model::Reply;
+use kiln_tests::{Ev, Options, TestApp, assert_dense, kinds, token, worker_config};
+use kiln_worker::sandbox::{Managed, list_managed, remove_by_id};
+use kiln_worker::{ProviderKind, WorkerConfig};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const INTERRUPTED: &str = "interrupted: the worker running this call was lost; it may or may not have completed";
+
+fn config(idle: Duration, warm: usize, lease: Duration) -> WorkerConfig {
+    WorkerConfig { sandbox_idle: idle, warm_pool: warm, ..worker_config(ProviderKind::OpenAi, lease) }
+}
+
+fn docker() -> bollard::Docker {
+    bollard::Docker::connect_with_local_defaults().unwrap()
+}
+
+async fn managed() -> Vec<Managed> {
+    list_managed(&docker()).await.unwrap()
+}
+
+/// Waits up to `limit` for `check` to hold on the engine's Kiln containers.
+async fn wait_for_containers(limit: Duration, what: &str, check: impl Fn(&[Managed]) -> bool) -> Vec<Managed> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let all = managed().await;
+        if check(&all) {
+            return all;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn pool_of<'a>(all: &'a [Managed], worker: &str) -> Vec<&'a Managed> {
+    all.iter().filter(|c| c.pool_worker.as_deref() == Some(worker)).collect()
+}
+
+/// `sandbox.ready` payloads of a run, in order.
+fn readies(events: &[Ev]) -> Vec<(String, String, bool)> {
+    events
+        .iter()
+        .filter(|e| e.kind == "sandbox.ready")
+        .map(|e| {
+            (
+                e.data["origin"].as_str().unwrap().to_owned(),
+                e.data["container"].as_str().unwrap().to_owned(),
+                e.data["workspace_lost"].as_bool().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn results(events: &[Ev]) -> Vec<String> {
+    events.iter().filter(|e| e.kind == "tool.result").map(|e| e.data["output"].as_str().unwrap().to_owned()).collect()
+}
+
+async fn follow_up(app: &TestApp, id: &str, text: &str) -> String {
+    let r = app
+        .http
+        .post(app.url(&format!("/v1/runs/{id}/messages")))
+        .bearer_auth(token("alice"))
+        .json(&json!({ "text": text }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["disposition"], "follow_up");
+    body["run"]["id"].as_str().unwrap().to_owned()
+}
+
+async fn remove_all(ids: &[String]) {
+    for id in ids {
+        remove_by_id(&docker(), id).await;
+    }
+}
+
+#[tokio::test]
+async fn a_follow_up_continues_in_the_same_container_and_workspace_without_the_old_processes() {
+    let app = TestApp::spawn(Options {
+        worker: false,
+        script: vec![
+            Reply::tool("bash", json!({"command": "echo from-first > kept.txt; (nohup sleep 600 >/dev/null 2>&1 &)"})),
+            Reply::text("first done"),
+            Reply::tool("bash", json!({"command": "cat kept.txt; ps -eo args | grep -c '^sleep 600'"})),
+            Reply::text("second done"),
+        ],
+        ..Default::default()
+    })
+    .await;
+    app.start_worker(config(Duration::from_secs(120), 0, Duration::from_secs(10))).await;
+    let first = app.create_run("alice", json!({"prompt": "write a file"})).await;
+    let first_id = first["id"].as_str().unwrap();
+    let events = app.events_to_end("alice", first_id).await;
+    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
+    let [(origin, container, lost)] = &readies(&events)[..] else { panic!("{:?}", kinds(&events)) };
+    assert_eq!((origin.as_str(), *lost), ("new", false));
+    assert_eq!(app.containers_of(first_id).await.len(), 1, "the session's container outlives its run");
+
+    let second_id = follow_up(&app, first_id, "now read it").await;
+    let events = app.events_to_end("alice", &second_id).await;
+    assert_dense(&events, 1);
+    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
+    let [(origin, again, lost)] = &readies(&events)[..] else { panic!("{:?}", kinds(&events)) };
+    assert_eq!((origin.as_str(), *lost), ("reused", false));
+    assert_eq!(again, container, "the same container");
+    let out = &results(&events)[0];
+    assert!(out.contains("from-first"), "the workspace was kept: {out}");
+    assert!(out.lines().any(|l| l.trim() == "0"), "the first run's background process was stopped: {out}");
+    remove_all(&app.containers_of(first_id).await).await;
+}
+
+#[tokio::test]
+async fn an_idle_session_container_is_removed_once_the_idle_time_has_passed() {
+    let app = TestApp::spawn(Options { worker: false, script: vec![Reply::text("done")], ..Default::default() }).await;
+    app.start_worker(config(Duration::from_secs(4), 0, Duration::from_secs(10))).await;
+    let run = app.create_run("alice", json!({"prompt": "hi"})).await;
+    let id = run["id"].as_str().unwrap();
+    assert_eq!(app.events_to_end("alice", id).await.last().unwrap().kind, "run.succeeded");
+    let ended = Instant::now();
+    assert_eq!(app.containers_of(id).await.len(), 1, "kept while the session is fresh");
+    let deadline = ended + Duration::from_secs(40);
+    while !app.containers_of(id).await.is_empty() {
+        assert!(Instant::now() < deadline, "the idle container was never removed");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(ended.elapsed() >= Duration::from_secs(2), "removed long before the idle time: {:?}", ended.elapsed());
+}
+
+#[tokio::test]
+async fn new_sessions_take_warm_containers_which_are_never_handed_out_twice() {
+    let app = TestApp::spawn(Options {
+        worker: false,
+        script: vec![
+            Reply::tool("bash", json!({"command": "echo one"})),
+            Reply::text("a done"),
+            Reply::tool("bash", json!({"command": "echo two"})),
+            Reply::text("b done"),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let cfg = config(Duration::ZERO, 1, Duration::from_secs(10));
+    let worker = cfg.worker_id.clone();
+    let stop = CancellationToken::new();
+    let handle = app.start_worker_until(cfg, stop.clone()).await;
+    let all =
+        wait_for_containers(Duration::from_secs(60), "a warm container", |all| pool_of(all, &worker).len() == 1).await;
+    let warm = pool_of(&all, &worker)[0].id.clone();
+
+    let a = app.create_run("alice", json!({"prompt": "a"})).await;
+    let a_events = app.events_to_end("alice", a["id"].as_str().unwrap()).await;
+    assert_eq!(a_events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&a_events));
+    assert_eq!(readies(&a_events), [("warm".to_owned(), warm.clone(), false)]);
+    assert!(results(&a_events)[0].contains("one"));
+
+    // The pool starts a replacement; the next session gets that one.
+    let all = wait_for_containers(Duration::from_secs(60), "a new warm container", |all| {
+        pool_of(all, &worker).iter().any(|c| c.id != warm)
+    })
+    .await;
+    let refill = pool_of(&all, &worker)[0].id.clone();
+    let b = app.create_run("alice", json!({"prompt": "b"})).await;
+    let b_events = app.events_to_end("alice", b["id"].as_str().unwrap()).await;
+    assert_eq!(b_events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&b_events));
+    assert_eq!(readies(&b_events), [("warm".to_owned(), refill.clone(), false)]);
+    assert_ne!(refill, warm);
+
+    // A worker that stops removes its pool.
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(60), handle).await.unwrap().unwrap();
+    let all = managed().await;
+    assert!(pool_of(&all, &worker).is_empty(), "the pool was drained on shutdown");
+    assert!(
+        !all.iter().any(|c| c.id == warm || c.id == refill),
+        "idle 0: the sessions' containers went with their runs"
+    );
+}
+
+#[tokio::test]
+async fn a_run_taken_over_from_a_dead_worker_continues_in_its_container() {
+    let app = TestApp::spawn(Options {
+        worker: false,
+        script: vec![
+            Reply::tool("bash", json!({"command": "echo before-crash | tee progress.txt; sleep 30; echo never"})),
+            Reply::tool("bash", json!({"command": "cat progress.txt; ps -eo args | grep -c '^sleep 30'"})),
+            Reply::text("recovered"),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let lease = Duration::from_secs(3);
+    let doomed = app.start_worker_until(config(Duration::from_secs(120), 0, lease), CancellationToken::new()).await;
+    let run = app.create_run("alice", json!({"prompt": "work"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let seen = app
+        .sse_until(app.addr, "alice", &id, None, usize::MAX, |e| {
+            e.kind == "tool.output" && e.data.to_string().contains("before-crash")
+        })
+        .await;
+    doomed.abort();
+    let _ = doomed.await;
+    app.start_worker(config(Duration::from_secs(120), 0, lease)).await;
+    let rest = app.sse(app.addr, "alice", &id, Some(seen.last().unwrap().seq), usize::MAX).await;
+    let all: Vec<Ev> = seen.into_iter().chain(rest).collect();
+    assert_dense(&all, 1);
+    assert_eq!(all.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&all));
+    let ready = readies(&all);
+    assert_eq!(ready.len(), 2, "{ready:?}");
+    assert_eq!((ready[0].0.as_str(), ready[1].0.as_str()), ("new", "reused"));
+    assert_eq!(ready[0].1, ready[1].1, "the second attempt adopted the first one's container");
+    let results = results(&all);
+    assert_eq!(results[0], INTERRUPTED);
+    assert!(results[1].contains("before-crash"), "the workspace survived the worker: {}", results[1]);
+    assert!(results[1].lines().any(|l| l.trim() == "0"), "the interrupted call was stopped: {}", results[1]);
+    remove_all(&app.containers_of(&id).await).await;
+}
+
+#[tokio::test]
+async fn warm_containers_of_a_dead_worker_are_removed_but_another_deployments_are_not() {
+    let lease = Duration::from_secs(3);
+    let ours = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let theirs = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let dead_cfg = config(Duration::from_secs(1), 1, lease);
+    let dead = dead_cfg.worker_id.clone();
+    let doomed = ours.start_worker_until(dead_cfg, CancellationToken::new()).await;
+    let other_cfg = config(Duration::from_secs(1), 1, lease);
+    let other = other_cfg.worker_id.clone();
+    let stop_other = CancellationToken::new();
+    let other_handle = theirs.start_worker_until(other_cfg, stop_other.clone()).await;
+    let all = wait_for_containers(Duration::from_secs(60), "both pools filled", |all| {
+        pool_of(all, &dead).len() == 1 && pool_of(all, &other).len() == 1
+    })
+    .await;
+    let orphan = pool_of(&all, &dead)[0].id.clone();
+    let foreign = pool_of(&all, &other)[0].id.clone();
+
+    // Killed outright: its pool is never drained.
+    doomed.abort();
+    let _ = doomed.await;
+    ours.start_worker(config(Duration::from_secs(1), 0, lease)).await;
+    wait_for_containers(Duration::from_secs(60), "the dead worker's warm container removed", |all| {
+        !all.iter().any(|c| c.id == orphan)
+    })
+    .await;
+    assert!(managed().await.iter().any(|c| c.id == foreign), "another deployment's container was left alone");
+    stop_other.cancel();
+    tokio::time::timeout(Duration::from_secs(60), other_handle).await.unwrap().unwrap();
+}

@@ -1,0 +1,106 @@
+//! Getting a session its container: the one it already has (a follow-up
+//! run, or a run taken over from a dead worker), a warm one from the pool,
+//! or a new one; and putting it to rest when a run ends.
+
+use bollard::Docker;
+use bollard::query_parameters::RenameContainerOptionsBuilder;
+use uuid::Uuid;
+
+use super::pool::WarmPool;
+use super::{Owner, Sandbox, SandboxConfig, SandboxError, remove_container, session_container_name};
+
+/// Where a run's sandbox came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The session's own container, with its workspace as the last run left it.
+    Reused,
+    /// Taken from the warm pool; the workspace is still to be brought in.
+    Warm,
+    /// Created for this run; the workspace is still to be brought in.
+    New,
+}
+
+impl Origin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::Reused => "reused",
+            Origin::Warm => "warm",
+            Origin::New => "new",
+        }
+    }
+}
+
+/// The session's container, from wherever it is quickest to get.
+pub async fn acquire(
+    docker: &Docker,
+    config: &SandboxConfig,
+    pool: Option<&WarmPool>,
+    owner: &Owner,
+) -> Result<(Sandbox, Origin), SandboxError> {
+    if let Some(sandbox) = Sandbox::adopt(docker, config, owner.session_id).await? {
+        return Ok((sandbox, Origin::Reused));
+    }
+    if let Some(pool) = pool {
+        while let Some(sandbox) = pool.take().await {
+            match sandbox.bind_to_session(owner.session_id).await {
+                Ok(()) => return Ok((sandbox, Origin::Warm)),
+                Err(e) => {
+                    tracing::warn!(container = %sandbox.id, error = %e, "binding a warm sandbox failed; dropping it");
+                    sandbox.remove().await;
+                }
+            }
+        }
+    }
+    Ok((Sandbox::start(docker, config, owner).await?, Origin::New))
+}
+
+/// After a run: with `keep`, the container stays for the session's next
+/// run but nothing the run started keeps running in it; otherwise it goes.
+/// Works by name, so it also covers a run dropped halfway through starting.
+pub async fn after_run(docker: &Docker, config: &SandboxConfig, session_id: Uuid, keep: bool) {
+    let name = session_container_name(session_id);
+    if !keep {
+        remove_container(docker, &name).await;
+        return;
+    }
+    let sandbox = Sandbox { docker: docker.clone(), id: name, config: config.clone(), toolbox: Default::default() };
+    if let Err(e) = sandbox.kill_user_processes().await {
+        tracing::warn!(%session_id, error = %e, "stopping the run's processes failed; removing the sandbox");
+        sandbox.remove().await;
+    }
+}
+
+impl Sandbox {
+    /// The session's running container, if there is one. Whatever an
+    /// earlier run left running in it (including a call a dead worker never
+    /// finished) is killed first; a stopped one is removed.
+    async fn adopt(docker: &Docker, config: &SandboxConfig, session_id: Uuid) -> Result<Option<Sandbox>, SandboxError> {
+        let name = session_container_name(session_id);
+        let info = match docker.inspect_container(&name, None).await {
+            Ok(info) => info,
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let id = info.id.unwrap_or(name);
+        if !info.state.and_then(|s| s.running).unwrap_or(false) {
+            remove_container(docker, &id).await;
+            return Ok(None);
+        }
+        let mut sandbox = Sandbox { docker: docker.clone(), id, config: config.clone(), toolbox: Default::default() };
+        if let Err(e) = sandbox.kill_user_processes().await {
+            tracing::warn!(container = %sandbox.id, error = %e, "could not reset the session's sandbox; replacing it");
+            sandbox.remove().await;
+            return Ok(None);
+        }
+        sandbox.start_toolbox().await;
+        Ok(Some(sandbox))
+    }
+
+    /// Names a warm container after the session: from now on it is that
+    /// session's, and no other can take it (names are unique on an engine).
+    async fn bind_to_session(&self, session_id: Uuid) -> Result<(), SandboxError> {
+        let options = RenameContainerOptionsBuilder::new().name(&session_container_name(session_id)).build();
+        self.docker.rename_container(&self.id, options).await?;
+        Ok(())
+    }
+}

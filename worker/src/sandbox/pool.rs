@@ -1,0 +1,144 @@
+//! The warm pool: containers started (toolbox running) before any session
+//! asks, so a new session's first command runs in milliseconds. A warm
+//! container goes to exactly one session and is never returned.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bollard::Docker;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::{Sandbox, SandboxConfig};
+
+/// Wait after a failed start before trying again (a missing image, an
+/// engine at its limits): the pool must not spin.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(5);
+/// How long a session waits for a warm container that is being started
+/// when none is ready. That start is already under way, so waiting for it
+/// beats starting another; the bound covers a start that hangs.
+const WAIT_FOR_STARTING: Duration = Duration::from_secs(15);
+
+pub struct WarmPool {
+    docker: Docker,
+    config: SandboxConfig,
+    worker: String,
+    target: usize,
+    ready: Mutex<VecDeque<Sandbox>>,
+    /// A warm container is being started.
+    starting: AtomicBool,
+    /// Woken when a container is taken.
+    taken: Notify,
+    /// Woken when a container is ready (or a start failed).
+    filled: Notify,
+}
+
+impl WarmPool {
+    pub fn new(docker: Docker, config: SandboxConfig, worker: String, target: usize) -> Self {
+        WarmPool {
+            docker,
+            config,
+            worker,
+            target,
+            ready: Mutex::default(),
+            starting: AtomicBool::new(false),
+            taken: Notify::new(),
+            filled: Notify::new(),
+        }
+    }
+
+    /// Warm containers ready now.
+    pub fn len(&self) -> usize {
+        lock(&self.ready).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A ready container whose toolbox still answers; when none is ready
+    /// but one is being started, waits for that one. `None`: start a
+    /// container yourself. The pool starts a replacement.
+    pub async fn take(&self) -> Option<Sandbox> {
+        let deadline = tokio::time::Instant::now() + WAIT_FOR_STARTING;
+        loop {
+            // Registered before looking, so a fill in between is not missed.
+            let filled = self.filled.notified();
+            tokio::pin!(filled);
+            filled.as_mut().enable();
+            if let Some(sandbox) = self.take_ready() {
+                return Some(sandbox);
+            }
+            if !self.starting.load(Ordering::SeqCst) {
+                return None;
+            }
+            if tokio::time::timeout_at(deadline, filled).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    fn take_ready(&self) -> Option<Sandbox> {
+        let taken = {
+            let mut ready = lock(&self.ready);
+            // The oldest first: the one most likely to have gone bad is
+            // checked (and dropped) rather than left to rot.
+            let mut found = None;
+            while let Some(sandbox) = ready.pop_front() {
+                if sandbox.toolbox_alive() {
+                    found = Some(sandbox);
+                    break;
+                }
+                let (docker, id) = (sandbox.docker.clone(), sandbox.id.clone());
+                tokio::spawn(async move { super::remove_container(&docker, &id).await });
+            }
+            found
+        };
+        self.taken.notify_one();
+        taken
+    }
+
+    /// Keeps the pool filled until `shutdown`, then removes what it holds.
+    pub async fn run(&self, shutdown: CancellationToken) {
+        loop {
+            while self.len() < self.target && !shutdown.is_cancelled() {
+                self.starting.store(true, Ordering::SeqCst);
+                let started = Sandbox::start_warm(&self.docker, &self.config, &self.worker).await;
+                if let Ok(sandbox) = started.as_ref() {
+                    lock(&self.ready).push_back(sandbox.clone());
+                }
+                self.starting.store(false, Ordering::SeqCst);
+                self.filled.notify_waiters();
+                match started {
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "starting a warm sandbox failed");
+                        tokio::select! {
+                            _ = tokio::time::sleep(RETRY_AFTER_FAILURE) => {}
+                            _ = shutdown.cancelled() => {}
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                _ = self.taken.notified() => {}
+                _ = shutdown.cancelled() => break,
+            }
+        }
+        self.drain().await;
+    }
+
+    /// Removes every container the pool holds.
+    pub async fn drain(&self) {
+        let all: Vec<Sandbox> = lock(&self.ready).drain(..).collect();
+        for sandbox in all {
+            sandbox.remove().await;
+        }
+    }
+}
+
+fn lock(m: &Mutex<VecDeque<Sandbox>>) -> std::sync::MutexGuard<'_, VecDeque<Sandbox>> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,81 @@
+//! Which of Kiln's containers on the engine nobody will use again, and
+//! removing them: sessions idle past `KILN_SANDBOX_IDLE_S`, warm containers
+//! of workers that are gone, and containers of older Kiln versions whose run
+//! is over. Containers this database knows nothing of belong to another
+//! deployment sharing the engine and are left alone.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use kiln_protocol::RunStatus;
+use kiln_store::{Store, WorkerPresence};
+
+use crate::sandbox::{self, Managed};
+
+/// What the reaper needs to decide.
+pub struct ReapPolicy<'a> {
+    /// This worker: its own warm containers are its pool's business...
+    pub worker: &'a str,
+    /// ...unless they are from before this process started (a restart
+    /// under the same `KILN_WORKER_ID`).
+    pub at_start: bool,
+    pub idle: Duration,
+    /// A worker not seen for this long is gone.
+    pub worker_gone_after: Duration,
+}
+
+/// One pass over the engine's Kiln containers. Errors are logged: a pass
+/// that fails is retried at the next tick.
+pub async fn reap(docker: &bollard::Docker, store: &Store, policy: &ReapPolicy<'_>) {
+    let containers = match sandbox::list_managed(docker).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "listing sandboxes failed");
+            return;
+        }
+    };
+    for container in containers {
+        match should_remove(store, policy, &container).await {
+            Ok(Some(why)) => {
+                tracing::info!(container = %container.id, session = ?container.session, why, "removing sandbox");
+                sandbox::remove_by_id(docker, &container.id).await;
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(container = %container.id, error = %e, "checking a sandbox failed"),
+        }
+    }
+}
+
+async fn should_remove(
+    store: &Store,
+    policy: &ReapPolicy<'_>,
+    c: &Managed,
+) -> Result<Option<&'static str>, kiln_store::StoreError> {
+    if let Some(worker) = &c.pool_worker {
+        if worker == policy.worker {
+            return Ok(policy.at_start.then_some("warm container of this worker's previous process"));
+        }
+        let presence = store.worker_presence(worker, policy.worker_gone_after).await?;
+        return Ok((presence == WorkerPresence::Gone).then_some("warm container of a worker that is gone"));
+    }
+    if let Some(session) = c.session {
+        let Some(activity) = store.session_activity(session).await? else { return Ok(None) };
+        if activity.active {
+            return Ok(None);
+        }
+        let idle_for = activity.last_finished_at.and_then(|t| (Utc::now() - t).to_std().ok()).unwrap_or_default();
+        return Ok((idle_for >= policy.idle).then_some("session idle"));
+    }
+    if let Some(run) = c.run {
+        let Some(run) = store.get_run_unscoped(run).await? else { return Ok(None) };
+        let over = !matches!(run.status, RunStatus::Queued | RunStatus::Running | RunStatus::AwaitingApproval);
+        return Ok(over.then_some("its run is over"));
+    }
+    Ok(None)
+}
+
+/// How often to look: often enough that an idle limit of a few seconds is
+/// kept roughly, rarely enough not to load the engine.
+pub fn interval(idle: Duration) -> Duration {
+    (idle / 2).clamp(Duration::from_secs(1), Duration::from_secs(30))
+}
