@@ -190,9 +190,11 @@ fn assistant_blocks(message: &Message) -> Vec<Block<'_>> {
         .parts
         .iter()
         .filter_map(|part| match part {
-            // Only signed thinking may be sent back; unsigned reasoning (from
-            // another provider) would be rejected.
-            Part::Reasoning { text, signature: Some(signature) } if !signature.is_empty() => {
+            // Only thinking Anthropic signed may be sent back; unsigned
+            // reasoning, or another provider's, would be rejected.
+            Part::Reasoning { text, signature: Some(signature) }
+                if !signature.is_empty() && !signature.starts_with(super::responses::ENCRYPTED_PREFIX) =>
+            {
                 Some(Block::Thinking { thinking: text, signature })
             }
             Part::Text { text } if !text.is_empty() => Some(Block::Text { text }),
@@ -620,6 +622,8 @@ mod tests {
                     parts: vec![
                         Part::Reasoning { text: "signed".into(), signature: Some("sig".into()) },
                         Part::Reasoning { text: "unsigned".into(), signature: None },
+                        // The Responses API's encrypted reasoning: not Anthropic's to read.
+                        Part::Reasoning { text: "openai".into(), signature: Some("oai-enc:E".into()) },
                         Part::Text { text: "Looking.".into() },
                         Part::ToolCall {
                             id: "toolu_1".into(),

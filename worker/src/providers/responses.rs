@@ -10,11 +10,13 @@
 //!
 //! Requests are stateless: `store: false`, the whole conversation in
 //! `input`, no `previous_response_id`. Reasoning is streamed (summaries and,
-//! where a server sends it, raw reasoning text) but never sent back: the
-//! API's opaque `encrypted_content`, the only form it accepts back without
-//! stored state, is not requested. A reasoning model therefore re-thinks
-//! each step from the visible conversation; nothing breaks, but the hidden
-//! chain of thought does not carry across tool calls.
+//! where a server sends it, raw reasoning text), and each reasoning item's
+//! opaque `encrypted_content` (requested with `include`) is kept as the
+//! reasoning part's signature, marked [`ENCRYPTED_PREFIX`], and sent back as
+//! a `reasoning` input item on later requests: the only form the API
+//! accepts without stored state, so a reasoning model's chain of thought
+//! carries across tool calls. Other providers never see these parts'
+//! signatures (the prefix cannot begin a base64 Anthropic signature).
 
 use std::fmt;
 
@@ -26,6 +28,9 @@ use serde_json::Value;
 
 use super::sse::{self, Decoder, Flow, SseEvent};
 use super::{FinishReason, ModelEvent, ModelProvider, ModelRequest, ModelStream, ProviderError, ToolSpec};
+
+/// Marks a reasoning part's signature as Responses `encrypted_content`.
+pub const ENCRYPTED_PREFIX: &str = "oai-enc:";
 
 /// A Responses API endpoint.
 #[derive(Clone)]
@@ -102,6 +107,9 @@ struct ResponsesRequest<'a> {
     /// Kiln keeps the conversation itself; nothing needs to live on the
     /// provider's side (and with `store: false` nothing does).
     store: bool,
+    /// `reasoning.encrypted_content`: reasoning comes back in a form that
+    /// can be sent again without server-side state.
+    include: [&'static str; 1],
 }
 
 #[derive(Serialize)]
@@ -121,6 +129,17 @@ enum InputItem<'a> {
         call_id: &'a str,
         output: &'a str,
     },
+    /// Earlier reasoning, returned as the API gave it.
+    Reasoning {
+        summary: Vec<Summary<'a>>,
+        encrypted_content: &'a str,
+    },
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Summary<'a> {
+    SummaryText { text: &'a str },
 }
 
 #[derive(Serialize)]
@@ -158,6 +177,7 @@ fn request_body(request: &ModelRequest) -> ResponsesRequest<'_> {
         temperature: request.temperature,
         stream: true,
         store: false,
+        include: ["reasoning.encrypted_content"],
     }
 }
 
@@ -174,9 +194,20 @@ fn tool(spec: &ToolSpec) -> WireTool<'_> {
 /// Maps one Kiln message to input items. Tool results become
 /// `function_call_output` items, placed before any text of the same message
 /// so they follow the calls that asked for them; an assistant turn becomes a
-/// `message` item with its text, then one `function_call` item per call.
-/// Reasoning parts are not sent (see the module docs).
+/// `message` item with its text, then one `function_call` item per call,
+/// after the reasoning items that led to them (only those this API produced:
+/// see the module docs).
 fn push_items<'a>(message: &'a Message, out: &mut Vec<InputItem<'a>>) {
+    if message.role == Role::Assistant {
+        for part in &message.parts {
+            if let Part::Reasoning { text, signature: Some(signature) } = part
+                && let Some(encrypted_content) = signature.strip_prefix(ENCRYPTED_PREFIX)
+            {
+                let summary = if text.is_empty() { Vec::new() } else { vec![Summary::SummaryText { text }] };
+                out.push(InputItem::Reasoning { summary, encrypted_content });
+            }
+        }
+    }
     for part in &message.parts {
         if let Part::ToolResult { call_id, output, .. } = part {
             out.push(InputItem::FunctionCallOutput { call_id, output });
@@ -217,6 +248,9 @@ struct ResponsesDecoder {
     /// Which reasoning stream the last reasoning delta belonged to, so a
     /// new summary part or reasoning item starts on a new paragraph.
     last_reasoning: Option<ReasoningKey>,
+    /// Reasoning items whose encrypted content was passed on (by item id,
+    /// or output index), so the final output's repeat is not taken twice.
+    signed_reasoning: Vec<String>,
 }
 
 struct CallState {
@@ -256,7 +290,7 @@ impl Decoder for ResponsesDecoder {
         match kind {
             "response.output_item.added" | "response.output_item.done" => {
                 if let Some(item) = json.get("item") {
-                    self.on_item(item, output_index(&json), out);
+                    self.on_item(item, output_index(&json), kind == "response.output_item.done", out);
                 }
             }
             "response.output_text.delta" | "response.refusal.delta" => {
@@ -283,7 +317,7 @@ impl Decoder for ResponsesDecoder {
                 // (a server that only reports the result) still counts.
                 let items = response.and_then(|r| r.get("output")).and_then(Value::as_array);
                 for (position, item) in items.into_iter().flatten().enumerate() {
-                    self.on_item(item, Some(position), out);
+                    self.on_item(item, Some(position), true, out);
                 }
                 if let Some(usage) = response.and_then(|r| r.get("usage")).and_then(usage) {
                     out.push(ModelEvent::Usage(usage));
@@ -335,9 +369,13 @@ impl ResponsesDecoder {
     /// An output item, added, done or listed in the final response. Only
     /// `function_call` items matter here: messages and reasoning arrive as
     /// deltas, and server-side tools are the provider's business.
-    fn on_item(&mut self, item: &Value, output_index: Option<usize>, out: &mut Vec<ModelEvent>) {
-        if item.get("type").and_then(Value::as_str) != Some("function_call") {
-            return;
+    /// `done`: the item is complete (`output_item.done`, or the final
+    /// output list); only then is a reasoning item's encrypted content final.
+    fn on_item(&mut self, item: &Value, output_index: Option<usize>, done: bool, out: &mut Vec<ModelEvent>) {
+        match item.get("type").and_then(Value::as_str) {
+            Some("function_call") => {}
+            Some("reasoning") if done => return self.on_reasoning_done(item, output_index, out),
+            _ => return,
         }
         let item_id = item.get("id").and_then(Value::as_str).filter(|s| !s.is_empty());
         // The item id names an item across its events; the index is the
@@ -376,6 +414,25 @@ impl ResponsesDecoder {
         }
         let item_id = json.get("item_id").and_then(Value::as_str)?;
         self.calls.iter_mut().find(|c| c.item_id.as_deref() == Some(item_id))
+    }
+
+    fn on_reasoning_done(&mut self, item: &Value, output_index: Option<usize>, out: &mut Vec<ModelEvent>) {
+        let Some(encrypted) = non_empty_str(item, "encrypted_content") else { return };
+        let key = match non_empty_str(item, "id") {
+            Some(id) => id.to_owned(),
+            None => format!("#{}", output_index.unwrap_or(usize::MAX)),
+        };
+        if self.signed_reasoning.contains(&key) {
+            return;
+        }
+        self.signed_reasoning.push(key);
+        // An item with no streamed text still gets a part of its own: an
+        // empty delta opens one when the previous part is already signed.
+        let streamed = self.last_reasoning.is_some_and(|k| k.output_index.map(|i| i as usize) == output_index);
+        if !streamed {
+            out.push(ModelEvent::ReasoningDelta(String::new()));
+        }
+        out.push(ModelEvent::ReasoningSignature(format!("{ENCRYPTED_PREFIX}{encrypted}")));
     }
 
     fn on_reasoning(&mut self, json: &Value, part_key: &str, summary: bool, out: &mut Vec<ModelEvent>) {
@@ -537,11 +594,19 @@ mod tests {
             id: "call_AB6AaRZ1FYZB2RwS6A5vbdqn".into(),
             name: "calculator".into()
         })));
-        assert!(
-            !items.iter().any(|i| matches!(i, Ok(ModelEvent::ReasoningSignature(_)))),
-            "encrypted content is not kept"
-        );
+        // The final encrypted content (from `output_item.done`, not the
+        // different one `added` carried), once, though `completed` repeats it.
+        let signatures: Vec<&String> = items
+            .iter()
+            .filter_map(|i| match i {
+                Ok(ModelEvent::ReasoningSignature(s)) => Some(s),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(signatures.len(), 1, "{signatures:?}");
+        assert!(signatures[0].starts_with("oai-enc:gAAAAABpPDIVOKrsHNZ0Gwso"), "{}", signatures[0]);
         let a = assemble(&items);
+        let signature = Some(signatures[0].clone());
         assert_eq!(
             a.message.parts,
             vec![
@@ -549,7 +614,7 @@ mod tests {
                     text: "**Calculating step-by-step using calculator**\n\nI'll compute 12 plus 7, then multiply the \
                            result by 3, and finally multiply that by 10, reporting the final product."
                         .into(),
-                    signature: None
+                    signature
                 },
                 Part::ToolCall {
                     id: "call_AB6AaRZ1FYZB2RwS6A5vbdqn".into(),
@@ -907,7 +972,10 @@ mod tests {
                 Message {
                     role: Role::Assistant,
                     parts: vec![
+                        // Anthropic's signature: never sent here.
                         Part::Reasoning { text: "hmm".into(), signature: Some("opaque".into()) },
+                        Part::Reasoning { text: "plan".into(), signature: Some("oai-enc:ENC1".into()) },
+                        Part::Reasoning { text: String::new(), signature: Some("oai-enc:ENC2".into()) },
                         Part::Text { text: "Looking.".into() },
                         Part::ToolCall {
                             id: "call_1".into(),
@@ -961,6 +1029,9 @@ mod tests {
                 "instructions": "You are Kiln.",
                 "input": [
                     {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list files"}]},
+                    {"type": "reasoning", "summary": [{"type": "summary_text", "text": "plan"}],
+                        "encrypted_content": "ENC1"},
+                    {"type": "reasoning", "summary": [], "encrypted_content": "ENC2"},
                     {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Looking."}]},
                     {"type": "function_call", "call_id": "call_1", "name": "bash", "arguments": "{\"command\":\"ls\"}"},
                     {"type": "function_call", "call_id": "call_2", "name": "view", "arguments": "{\"path\":\"a\"}"},
@@ -980,7 +1051,34 @@ mod tests {
                 "temperature": 0.5,
                 "stream": true,
                 "store": false,
+                "include": ["reasoning.encrypted_content"],
             })
+        );
+    }
+
+    #[tokio::test]
+    async fn reasoning_items_without_streamed_text_keep_their_own_encrypted_content() {
+        let item = |index: u64, id: &str, enc: &str| {
+            json!({"type": "response.output_item.done", "output_index": index,
+                "item": {"type": "reasoning", "id": id, "summary": [], "encrypted_content": enc}})
+        };
+        let body = stream_of(&[
+            json!({"type": "response.reasoning_summary_text.delta", "item_id": "rs1", "output_index": 0,
+                "summary_index": 0, "delta": "thinking"}),
+            item(0, "rs1", "E1"),
+            item(1, "rs2", "E2"),
+            json!({"type": "response.completed", "response": {"status": "completed", "output": [
+                {"type": "reasoning", "id": "rs1", "encrypted_content": "E1"},
+                {"type": "reasoning", "id": "rs2", "encrypted_content": "E2"},
+            ]}}),
+        ]);
+        let a = assemble(&decode_chunks(chunked(body.as_bytes(), 7)).await);
+        assert_eq!(
+            a.message.parts,
+            vec![
+                Part::Reasoning { text: "thinking".into(), signature: Some("oai-enc:E1".into()) },
+                Part::Reasoning { text: String::new(), signature: Some("oai-enc:E2".into()) },
+            ]
         );
     }
 
