@@ -31,6 +31,9 @@ pub enum EventBody {
         #[serde(default)]
         workspace_lost: bool,
     },
+    /// The agent's plan (the `todo` tool), the whole list each time.
+    #[serde(rename = "todo")]
+    Todo { items: Vec<TodoItem> },
     #[serde(rename = "step.started")]
     StepStarted { step: u32 },
     #[serde(rename = "text.delta")]
@@ -188,4 +191,21 @@ mod tests {
         }
         assert!(!is_terminal_kind("text.delta"));
     }
+}
+
+/// One item of the agent's plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TodoItem {
+    pub text: String,
+    pub status: TodoStatus,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TodoStatus {
+    #[default]
+    Pending,
+    InProgress,
+    #[serde(alias = "completed")]
+    Done,
 }

@@ -8,6 +8,6 @@ pub mod event;
 pub mod message;
 pub mod run;
 
-pub use event::{EventBody, EventRecord, StoredEvent};
+pub use event::{EventBody, EventRecord, StoredEvent, TodoItem, TodoStatus};
 pub use message::{Message, Part, Role, Usage};
 pub use run::{ApprovalMode, CreateRun, Limits, ModelSpec, Policy, RepoSpec, Run, RunStatus, Trigger};

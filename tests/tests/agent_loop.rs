@@ -203,3 +203,60 @@ async fn a_tool_call_cut_off_mid_stream_is_never_run() {
     assert_eq!(ran, ["echo second"]);
     assert!(!events.iter().any(|e| e.data.to_string().contains("SHOULD-NOT-RUN\\n")));
 }
+
+/// A git repository holding `files`, as a `file://` URL (the test workers
+/// allow those).
+fn repo_with(files: &[(&str, &str)]) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    for (path, content) in files {
+        std::fs::write(dir.path().join(path), content).unwrap();
+    }
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    git(&["init", "-q", "-b", "main"]);
+    git(&["add", "."]);
+    git(&["commit", "-q", "-m", "init"]);
+    let url = format!("file://{}", dir.path().display());
+    (dir, url)
+}
+
+#[tokio::test]
+async fn the_repositorys_agents_md_joins_the_system_prompt_and_the_plan_is_an_event() {
+    let (_repo, url) = repo_with(&[("AGENTS.md", "Always run `make lint` before you finish.\n"), ("a.txt", "x\n")]);
+    let plan = json!({"items": [
+        {"text": "read the code", "status": "done"},
+        {"content": "fix the bug", "status": "in_progress"},
+        {"text": "run make lint"},
+    ]});
+    let app =
+        TestApp::spawn(Options { script: vec![Reply::tool("todo", plan), Reply::text("done")], ..Default::default() })
+            .await;
+    let (_, events) = run_to_end(&app, json!({"prompt": "fix it", "repo": {"url": url}})).await;
+    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
+    let todo: Vec<&Ev> = events.iter().filter(|e| e.kind == "todo").collect();
+    assert_eq!(todo.len(), 1);
+    assert_eq!(
+        todo[0].data["items"],
+        json!([
+            {"text": "read the code", "status": "done"},
+            {"text": "fix the bug", "status": "in_progress"},
+            {"text": "run make lint", "status": "pending"},
+        ])
+    );
+    let requests = app.model.requests();
+    let system = requests[0].body["messages"][0].clone();
+    assert_eq!(system["role"], "system");
+    let system = system["content"].to_string();
+    assert!(system.contains("Always run `make lint` before you finish."), "{system}");
+    assert!(system.contains("Instructions from the repository (AGENTS.md)"));
+    // The model sees its plan back as the tool's result.
+    let result = events.iter().find(|e| e.kind == "tool.result").unwrap();
+    assert!(result.data["output"].as_str().unwrap().starts_with("Plan updated (1/3 done)"), "{}", result.data);
+}

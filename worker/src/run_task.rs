@@ -149,6 +149,7 @@ async fn drive(
         events,
         control,
         notice,
+        system: String::new(),
     };
     let outcome = agent.drive().await?;
     crate::github::capture(ctx, run, &sandbox, &outcome).await;

@@ -110,6 +110,7 @@ async fn responses_round_trip() {
     assert_eq!(
         sent.body,
         json!({
+            "include": ["reasoning.encrypted_content"],
             "model": "test-model",
             "instructions": "You are Kiln.",
             "input": [

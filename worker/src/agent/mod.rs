@@ -72,6 +72,8 @@ pub struct AgentRun<'a> {
     /// Told to the model (as a stored user message) before the first step,
     /// e.g. that the sandbox is not the one the conversation happened in.
     pub notice: Option<String>,
+    /// The system prompt, with the repository's `AGENTS.md`; set by `drive`.
+    pub system: String,
 }
 
 impl AgentRun<'_> {
@@ -80,6 +82,9 @@ impl AgentRun<'_> {
     /// could not fix become a failed outcome.
     pub async fn drive(mut self) -> Result<Outcome, AgentError> {
         let mut messages = self.resume().await?;
+        // Read once per attempt: the model may edit AGENTS.md, and the
+        // prompt should not change under it mid-run.
+        self.system = prompt::system_prompt(prompt::load_agents_md(self.sandbox).await.as_deref());
         if let Some(text) = self.notice.take() {
             self.persist(&mut messages, Message::user(text)).await?;
         }
@@ -185,7 +190,7 @@ impl AgentRun<'_> {
         }
         let request = ModelRequest {
             model: self.model.clone(),
-            system: prompt::system_prompt(),
+            system: self.system.clone(),
             messages: request_messages,
             tools: self.tool_specs(),
             max_tokens: self.max_tokens,
@@ -279,8 +284,14 @@ impl AgentRun<'_> {
                 }));
             // Streamed command output becomes tool.output events while the batch runs.
             let outcomes = stream.forward(work, &mut *self.events).await?;
-            for ((call_id, name, _), (outcome, took)) in batch.iter().zip(outcomes) {
+            for ((call_id, name, arguments), (outcome, took)) in batch.iter().zip(outcomes) {
                 let outcome = outcome?;
+                if name == crate::tools::todo::NAME
+                    && !outcome.is_error
+                    && let Ok(items) = crate::tools::todo::items(arguments)
+                {
+                    self.events.emit(EventBody::Todo { items }).await?;
+                }
                 self.events
                     .emit(EventBody::ToolResult {
                         call_id: call_id.clone(),

@@ -13,6 +13,7 @@ mod glob;
 mod grep;
 mod ls;
 pub mod stream;
+pub mod todo;
 mod view;
 mod write;
 
@@ -152,7 +153,7 @@ pub struct Registry {
 
 impl Registry {
     pub fn standard() -> Self {
-        let tools: [Arc<dyn Tool>; 7] = [
+        let tools: [Arc<dyn Tool>; 8] = [
             Arc::new(bash::Bash),
             Arc::new(view::View),
             Arc::new(write::Write),
@@ -160,6 +161,7 @@ impl Registry {
             Arc::new(ls::Ls),
             Arc::new(glob::Glob),
             Arc::new(grep::Grep),
+            Arc::new(todo::Todo),
         ];
         Registry { tools: tools.into_iter().map(|t| (t.name(), t)).collect() }
     }
@@ -216,5 +218,6 @@ mod tests {
         assert_eq!(props("ls"), ["path"]);
         assert_eq!(props("glob"), ["path", "pattern"]);
         assert_eq!(props("grep"), ["case_insensitive", "context", "include", "literal", "path", "pattern"]);
+        assert_eq!(props("todo"), ["items"]);
     }
 }
