@@ -165,6 +165,12 @@ pub struct ModelArgs {
     /// Output token limit per model call.
     #[arg(long, env = "KILN_MODEL_MAX_TOKENS", default_value_t = 4096)]
     pub model_max_tokens: u32,
+    /// The model's context window in tokens (a run's `model.context_window` overrides it).
+    #[arg(long, env = "KILN_MODEL_CONTEXT_TOKENS", default_value_t = 128_000)]
+    pub model_context_tokens: u32,
+    /// Share of the context window a step's input may reach before older messages are summarised.
+    #[arg(long, env = "KILN_COMPACTION_THRESHOLD", default_value_t = 0.8)]
+    pub compaction_threshold: f64,
     #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
     pub openai_api_key: Option<String>,
     #[arg(long, env = "ANTHROPIC_API_KEY", hide_env_values = true)]
@@ -308,6 +314,12 @@ impl WorkerArgs {
         if self.concurrency == 0 {
             bail!("KILN_WORKER_MAX_SESSIONS must be at least 1");
         }
+        if !(0.1..=1.0).contains(&model.compaction_threshold) {
+            bail!("KILN_COMPACTION_THRESHOLD must be between 0.1 and 1");
+        }
+        if model.model_context_tokens < 1_000 {
+            bail!("KILN_MODEL_CONTEXT_TOKENS must be at least 1000");
+        }
         if self.lease_s < 3 {
             bail!("KILN_LEASE_S must be at least 3");
         }
@@ -332,6 +344,8 @@ impl WorkerArgs {
             default_provider: model.provider()?,
             default_model: model.model.clone(),
             default_max_tokens: model.model_max_tokens,
+            context_window: model.model_context_tokens,
+            compaction_threshold: model.compaction_threshold,
             allow_file_repos: self.allow_file_repos,
             shutdown_grace: Duration::from_secs(self.shutdown_grace_s),
             // Set from `GithubDeliveryArgs` by the commands that deliver.

@@ -34,6 +34,19 @@ pub enum EventBody {
     /// The agent's plan (the `todo` tool), the whole list each time.
     #[serde(rename = "todo")]
     Todo { items: Vec<TodoItem> },
+    /// The older part of the conversation was summarised to fit the
+    /// context window: `summarized_messages` now stand behind a summary,
+    /// the last `kept_messages` stay verbatim. `input_tokens`: the step
+    /// input that called for it; `usage`/`cost_usd`: the summarising call.
+    #[serde(rename = "compaction")]
+    Compaction {
+        summarized_messages: u32,
+        kept_messages: u32,
+        input_tokens: u64,
+        usage: Usage,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cost_usd: Option<f64>,
+    },
     #[serde(rename = "step.started")]
     StepStarted { step: u32 },
     #[serde(rename = "text.delta")]

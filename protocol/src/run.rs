@@ -82,6 +82,11 @@ pub struct ModelSpec {
     pub max_tokens: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f32>,
+    /// The model's context window in tokens, when the deployment's default
+    /// (`KILN_MODEL_CONTEXT_TOKENS`) is wrong for it; compaction keeps each
+    /// step's input under a share of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u32>,
 }
 
 /// Budgets of one run. A budget that is spent stops the run before the next
@@ -141,6 +146,8 @@ pub enum SpecError {
     MaxTokens,
     #[error("model.temperature must be between 0 and 2")]
     Temperature,
+    #[error("model.context_window must be between 1000 and 10000000")]
+    ContextWindow,
 }
 
 impl CreateRun {
@@ -206,6 +213,9 @@ impl CreateRun {
             }
             if model.temperature.is_some_and(|t| !(0.0..=2.0).contains(&t) || t.is_nan()) {
                 return Err(SpecError::Temperature);
+            }
+            if model.context_window.is_some_and(|w| !(1_000..=10_000_000).contains(&w)) {
+                return Err(SpecError::ContextWindow);
             }
         }
         Ok(())

@@ -16,14 +16,42 @@ impl Store {
         usage: Option<&Usage>,
         model: Option<&str>,
     ) -> Result<i32, StoreError> {
+        self.insert_message(lease, session_id, message, usage, model, None).await
+    }
+
+    /// Appends a compaction summary: from now on the conversation loads as
+    /// this message followed by the `keeps` messages stored just before it
+    /// (and whatever comes after).
+    pub async fn append_summary(
+        &self,
+        lease: &Lease,
+        session_id: Uuid,
+        message: &Message,
+        keeps: usize,
+        usage: Option<&Usage>,
+        model: Option<&str>,
+    ) -> Result<i32, StoreError> {
+        let keeps = i32::try_from(keeps).map_err(|_| StoreError::Corrupt(format!("summary keeps {keeps}")))?;
+        self.insert_message(lease, session_id, message, usage, model, Some(keeps)).await
+    }
+
+    async fn insert_message(
+        &self,
+        lease: &Lease,
+        session_id: Uuid,
+        message: &Message,
+        usage: Option<&Usage>,
+        model: Option<&str>,
+        summary_keeps: Option<i32>,
+    ) -> Result<i32, StoreError> {
         let parts = serde_json::to_value(&message.parts).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let usage = usage.map(serde_json::to_value).transpose().map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let client = self.client().await?;
         let row = client
             .query_opt(
-                "INSERT INTO messages (session_id, seq, run_id, role, parts, usage, model)
+                "INSERT INTO messages (session_id, seq, run_id, role, parts, usage, model, summary_keeps)
                  SELECT $1, COALESCE((SELECT max(seq) FROM messages WHERE session_id = $1), 0) + 1,
-                        $2, $5, $6, $7, $8
+                        $2, $5, $6, $7, $8, $9
                  WHERE EXISTS (SELECT 1 FROM runs WHERE id = $2 AND attempt = $3 AND lease_owner = $4
                                AND status IN ('running', 'awaiting_approval'))
                  RETURNING seq",
@@ -36,6 +64,7 @@ impl Store {
                     &parts,
                     &usage,
                     &model,
+                    &summary_keeps,
                 ],
             )
             .await?;
@@ -45,12 +74,22 @@ impl Store {
         }
     }
 
-    /// The whole conversation of a session, in order.
+    /// The conversation of a session as the model should see it, in order:
+    /// from its latest compaction summary on (see [`Store::append_summary`]),
+    /// or all of it.
     pub async fn load_messages(&self, session_id: Uuid) -> Result<Vec<Message>, StoreError> {
         let client = self.client().await?;
-        let rows =
-            client.query("SELECT role, parts FROM messages WHERE session_id = $1 ORDER BY seq", &[&session_id]).await?;
-        rows.iter()
+        let rows = client
+            .query("SELECT role, parts, summary_keeps FROM messages WHERE session_id = $1 ORDER BY seq", &[&session_id])
+            .await?;
+        let mut keeps = Vec::with_capacity(rows.len());
+        for r in &rows {
+            keeps.push(r.try_get::<_, Option<i32>>(2)?);
+        }
+        let visible = visible_rows(&keeps);
+        visible
+            .into_iter()
+            .map(|i| &rows[i])
             .map(|r| {
                 let role: String = r.try_get(0)?;
                 let parts: serde_json::Value = r.try_get(1)?;
@@ -101,5 +140,34 @@ impl Store {
             total.add(&usage);
         }
         Ok(total)
+    }
+}
+
+/// Which rows (by index, in the order to show them) make up the
+/// conversation, given each row's `summary_keeps`: the latest summary, then
+/// the `keeps` non-summary rows just before it, then everything after it.
+fn visible_rows(keeps: &[Option<i32>]) -> Vec<usize> {
+    let Some(summary) = keeps.iter().rposition(Option::is_some) else {
+        return (0..keeps.len()).collect();
+    };
+    let wanted = keeps[summary].unwrap_or(0).max(0) as usize;
+    let mut kept: Vec<usize> = (0..summary).rev().filter(|&i| keeps[i].is_none()).take(wanted).collect();
+    kept.reverse();
+    std::iter::once(summary).chain(kept).chain(summary + 1..keeps.len()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::visible_rows;
+
+    #[test]
+    fn the_latest_summary_stands_in_for_what_it_summarised() {
+        assert_eq!(visible_rows(&[None, None, None]), [0, 1, 2]);
+        // u0 a1 t2 u3 S(keeps 2) a5
+        assert_eq!(visible_rows(&[None, None, None, None, Some(2), None]), [4, 2, 3, 5]);
+        // A second summary: earlier summaries are never "kept" messages.
+        assert_eq!(visible_rows(&[None, None, Some(1), None, None, Some(2), None]), [5, 3, 4, 6]);
+        assert_eq!(visible_rows(&[None, Some(0)]), [1]);
+        assert_eq!(visible_rows(&[Some(5)]), [0]);
     }
 }

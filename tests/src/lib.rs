@@ -289,6 +289,8 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         default_provider: provider,
         default_model: "scripted".into(),
         default_max_tokens: 1024,
+        context_window: 128_000,
+        compaction_threshold: 0.8,
         allow_file_repos: true,
         shutdown_grace: Duration::from_secs(5),
         github: None,

@@ -260,3 +260,61 @@ async fn the_repositorys_agents_md_joins_the_system_prompt_and_the_plan_is_an_ev
     let result = events.iter().find(|e| e.kind == "tool.result").unwrap();
     assert!(result.data["output"].as_str().unwrap().starts_with("Plan updated (1/3 done)"), "{}", result.data);
 }
+
+#[tokio::test]
+async fn a_step_near_the_context_window_compacts_the_older_conversation_into_a_summary() {
+    let app = TestApp::spawn(Options {
+        script: vec![
+            Reply::tool("bash", json!({"command": "seq 1 3000"})),
+            Reply::tool("bash", json!({"command": "echo after-the-big-output"})),
+            Reply::text("SUMMARY: printed 1..3000, then echoed a marker."),
+            Reply::text("done"),
+        ],
+        ..Default::default()
+    })
+    .await;
+    // 3,000 tokens at 0.8: the second step's input (the seq output) is over.
+    let body = json!({"prompt": "count, then mark", "model": {"context_window": 3000}});
+    let (id, events) = run_to_end(&app, body).await;
+    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
+    let compactions: Vec<&Ev> = events.iter().filter(|e| e.kind == "compaction").collect();
+    assert_eq!(compactions.len(), 1, "{:?}", kinds(&events));
+    assert_eq!(compactions[0].data["summarized_messages"], 3, "{}", compactions[0].data);
+    assert_eq!(compactions[0].data["kept_messages"], 2);
+    assert!(compactions[0].data["input_tokens"].as_u64().unwrap() > 2_400);
+    let streamed: String =
+        events.iter().filter(|e| e.kind == "text.delta").map(|e| e.data["text"].as_str().unwrap()).collect();
+    assert!(!streamed.contains("SUMMARY"), "the summary is not the agent talking: {streamed}");
+
+    let requests = app.model.requests();
+    assert_eq!(requests.len(), 4);
+    let summarising = requests[2].body["messages"].to_string();
+    assert!(summarising.contains("You are compacting the transcript"), "{summarising}");
+    assert!(summarising.contains("count, then mark") && summarising.contains("[called bash"), "{summarising}");
+    assert!(requests[2].body.get("tools").is_none_or(|t| t.as_array().is_some_and(Vec::is_empty)));
+    // The next step starts from the summary and the recent messages only.
+    let next = requests[3].body["messages"].as_array().unwrap();
+    assert_eq!(next[0]["role"], "system");
+    assert_eq!(next[1]["role"], "user");
+    let first = next[1]["content"].to_string();
+    assert!(first.contains("compacted") && first.contains("SUMMARY: printed 1..3000"), "{first}");
+    let rest = serde_json::to_string(&next[2..]).unwrap();
+    assert!(rest.contains("after-the-big-output"), "{rest}");
+    assert!(!rest.contains("2999") && !first.contains("2999"), "the big output is gone from the context");
+
+    // The full history stays in the database.
+    let rows = app
+        .sql()
+        .await
+        .query(
+            "SELECT m.role, m.summary_keeps FROM messages m JOIN runs r ON r.session_id = m.session_id \
+             WHERE r.id = $1::text::uuid ORDER BY m.seq",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    let stored: Vec<(String, Option<i32>)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let roles: Vec<&str> = stored.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(roles, ["user", "assistant", "tool", "assistant", "tool", "user", "assistant"]);
+    assert_eq!(stored[5].1, Some(2));
+}

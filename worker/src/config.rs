@@ -50,6 +50,11 @@ pub struct WorkerConfig {
     pub default_provider: ProviderKind,
     pub default_model: String,
     pub default_max_tokens: u32,
+    /// The model's context window in tokens (a run may name its own).
+    pub context_window: u32,
+    /// Share of the context window a step's input may reach before the
+    /// older conversation is compacted.
+    pub compaction_threshold: f64,
     /// Allow `file://` repository URLs (they read the worker's own disk).
     pub allow_file_repos: bool,
     /// How long running steps may take to finish after SIGTERM.

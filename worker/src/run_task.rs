@@ -150,6 +150,10 @@ async fn drive(
         control,
         notice,
         system: String::new(),
+        compaction: crate::agent::compaction::Policy {
+            context_window: run.model.context_window.unwrap_or(ctx.config.context_window),
+            threshold: ctx.config.compaction_threshold,
+        },
     };
     let outcome = agent.drive().await?;
     crate::github::capture(ctx, run, &sandbox, &outcome).await;

@@ -6,6 +6,7 @@
 //! them and continues from the last checkpoint.
 
 mod budget;
+pub mod compaction;
 mod db_retry;
 pub mod events;
 mod guard;
@@ -74,6 +75,8 @@ pub struct AgentRun<'a> {
     pub notice: Option<String>,
     /// The system prompt, with the repository's `AGENTS.md`; set by `drive`.
     pub system: String,
+    /// When to summarise the older conversation.
+    pub compaction: compaction::Policy,
 }
 
 impl AgentRun<'_> {
@@ -98,6 +101,8 @@ impl AgentRun<'_> {
         }
         let mut guard = LoopGuard::default();
         let mut continuations = 0;
+        // The last step's input, which says whether the next needs room.
+        let mut last_input: Option<Usage> = None;
         loop {
             // Steering: messages sent while the run works join the
             // conversation before the next model call (and keep a run that
@@ -114,6 +119,9 @@ impl AgentRun<'_> {
                 BudgetCheck::Exhausted(Exhausted::Time { limit_s }) => return Ok(Outcome::TimedOut { limit_s }),
                 BudgetCheck::Exhausted(Exhausted::Budget(reason)) => return Ok(Outcome::Failed { error: reason }),
             };
+            if let Some(input) = last_input.take().filter(|u| self.compaction.due(u)) {
+                self.compact(&mut messages, &input, &mut budget).await?;
+            }
             budget.steps += 1;
             let step = budget.steps;
             self.events.emit(EventBody::StepStarted { step }).await?;
@@ -127,6 +135,7 @@ impl AgentRun<'_> {
             let finish = assembled.finish_reason.clone().unwrap_or(FinishReason::EndTurn);
             let cost = (self.pricing)(&self.model, &assembled.usage);
             budget.record(&assembled.usage, cost);
+            last_input = Some(assembled.usage);
             db_retry::with_retry(|| {
                 self.store.append_message(
                     self.lease,
@@ -197,6 +206,66 @@ impl AgentRun<'_> {
             temperature: self.run.model.temperature,
         };
         model_call::call_model(self.provider.as_ref(), &request, self.events).await
+    }
+
+    /// Summarises the older part of the conversation and continues from the
+    /// summary plus the recent messages. A failed summarising call leaves
+    /// the conversation as it is (the next step may still fit).
+    async fn compact(
+        &mut self,
+        messages: &mut Vec<Message>,
+        input: &Usage,
+        budget: &mut Budget,
+    ) -> Result<(), AgentError> {
+        let Some(cut) = compaction::cut_point(messages, &self.compaction) else { return Ok(()) };
+        let request = ModelRequest {
+            model: self.model.clone(),
+            system: compaction::PROMPT.to_owned(),
+            messages: vec![Message::user(compaction::transcript(&messages[..cut], &self.compaction))],
+            tools: Vec::new(),
+            max_tokens: self.max_tokens,
+            temperature: None,
+        };
+        let assembled = match model_call::call_model_quietly(self.provider.as_ref(), &request, self.events).await {
+            Ok(a) => a,
+            Err(AgentError::Provider(e)) => {
+                tracing::warn!(run_id = %self.run.id, error = %e, "compaction failed; going on without it");
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        let summary = assembled.message.text();
+        if summary.trim().is_empty() {
+            tracing::warn!(run_id = %self.run.id, "the model's summary was empty; not compacting");
+            return Ok(());
+        }
+        let cost = (self.pricing)(&self.model, &assembled.usage);
+        budget.record(&assembled.usage, cost);
+        let summary = compaction::summary_message(&summary);
+        let kept = messages.len() - cut;
+        db_retry::with_retry(|| {
+            self.store.append_summary(
+                self.lease,
+                self.run.session_id,
+                &summary,
+                kept,
+                Some(&assembled.usage),
+                Some(&self.model),
+            )
+        })
+        .await?;
+        let recent = messages.split_off(cut);
+        *messages = std::iter::once(summary).chain(recent).collect();
+        self.events
+            .emit(EventBody::Compaction {
+                summarized_messages: cut as u32,
+                kept_messages: kept as u32,
+                input_tokens: input.input_tokens + input.cache_read_tokens + input.cache_write_tokens,
+                usage: assembled.usage,
+                cost_usd: cost,
+            })
+            .await?;
+        Ok(())
     }
 
     /// Wall clock since the run first started (across attempts).

@@ -24,9 +24,28 @@ pub async fn call_model(
     request: &ModelRequest,
     events: &mut EventSink,
 ) -> Result<Assembled, AgentError> {
+    call(provider, request, events, true).await
+}
+
+/// Like [`call_model`], but the answer is not streamed to clients (e.g. a
+/// compaction summary, which is not the agent talking); retries still are.
+pub async fn call_model_quietly(
+    provider: &dyn ModelProvider,
+    request: &ModelRequest,
+    events: &mut EventSink,
+) -> Result<Assembled, AgentError> {
+    call(provider, request, events, false).await
+}
+
+async fn call(
+    provider: &dyn ModelProvider,
+    request: &ModelRequest,
+    events: &mut EventSink,
+    stream_deltas: bool,
+) -> Result<Assembled, AgentError> {
     let mut attempt = 1;
     loop {
-        match stream_once(provider, request, events).await {
+        match stream_once(provider, request, events, stream_deltas).await {
             Ok(assembled) => return Ok(assembled),
             Err(AgentError::Provider(e)) if e.is_retryable() && attempt < MAX_ATTEMPTS => {
                 let delay = backoff(attempt, e.retry_after());
@@ -56,6 +75,7 @@ async fn stream_once(
     provider: &dyn ModelProvider,
     request: &ModelRequest,
     events: &mut EventSink,
+    stream_deltas: bool,
 ) -> Result<Assembled, AgentError> {
     let mut stream = provider.stream(request).await?;
     let mut builder = AssistantBuilder::new();
@@ -71,7 +91,7 @@ async fn stream_once(
         let Some(item) = item else { break };
         let event = item?;
         builder.push(&event);
-        if let Some(body) = event_for(&builder, &event) {
+        if stream_deltas && let Some(body) = event_for(&builder, &event) {
             events.emit(body).await?;
         }
         if matches!(event, ModelEvent::Finish(_)) {
