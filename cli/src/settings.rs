@@ -291,6 +291,9 @@ pub struct WorkerArgs {
     /// OCI runtime for sandboxes, e.g. `runsc` (gVisor); the engine's default otherwise.
     #[arg(long, env = "KILN_SANDBOX_RUNTIME")]
     pub sandbox_runtime: Option<String>,
+    /// Let runs ask for `bridge` networking (`"sandbox": {"network": "bridge"}`); off: no run gets a network.
+    #[arg(long, env = "KILN_SANDBOX_ALLOW_NETWORK", default_value_t = false)]
+    pub sandbox_allow_network: bool,
     /// The kiln-toolbox binary copied into sandboxes; found next to `kiln` otherwise.
     #[arg(long, env = "KILN_TOOLBOX_PATH")]
     pub toolbox_path: Option<PathBuf>,
@@ -338,6 +341,7 @@ impl WorkerArgs {
                 tmpfs_mb: self.sandbox_tmpfs_mb,
                 nofile: self.sandbox_nofile,
                 runtime: self.sandbox_runtime.clone(),
+                allow_network: self.sandbox_allow_network,
                 toolbox_path: self.toolbox_path.clone(),
                 ..SandboxConfig::default()
             },

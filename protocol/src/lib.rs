@@ -10,4 +10,6 @@ pub mod run;
 
 pub use event::{EventBody, EventRecord, StoredEvent, TodoItem, TodoStatus};
 pub use message::{Message, Part, Role, Usage};
-pub use run::{ApprovalMode, CreateRun, Limits, ModelSpec, Policy, RepoSpec, Run, RunStatus, Trigger};
+pub use run::{
+    ApprovalMode, CreateRun, Limits, ModelSpec, NetworkMode, Policy, RepoSpec, Run, RunStatus, SandboxSpec, Trigger,
+};

@@ -35,6 +35,36 @@ pub struct CreateRun {
     /// The only tools the model sees; all tools when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_tools: Option<Vec<String>>,
+    /// Narrower sandbox limits, or network access where the deployment
+    /// allows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxSpec>,
+}
+
+/// A run's sandbox, within what the deployment allows: limits can only be
+/// lowered (a larger value means the deployment's), and `bridge` networking
+/// only works on workers with `KILN_SANDBOX_ALLOW_NETWORK`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkMode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkMode {
+    /// No interface but loopback.
+    #[default]
+    None,
+    /// Docker's default bridge: outbound access.
+    Bridge,
 }
 
 /// Which tool calls need a person's approval before they run.
@@ -51,12 +81,14 @@ pub enum ApprovalMode {
 }
 
 /// What a run may do, stored with it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Policy {
     #[serde(default)]
     pub approval: ApprovalMode,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_tools: Option<Vec<String>>,
+    #[serde(default)]
+    pub sandbox: SandboxSpec,
 }
 
 /// A repository to clone into the sandbox's `/workspace`.
@@ -148,6 +180,8 @@ pub enum SpecError {
     Temperature,
     #[error("model.context_window must be between 1000 and 10000000")]
     ContextWindow,
+    #[error("sandbox.{0}")]
+    Sandbox(&'static str),
 }
 
 impl CreateRun {
@@ -158,7 +192,11 @@ impl CreateRun {
 
     /// The policy stored with the run.
     pub fn policy(&self) -> Policy {
-        Policy { approval: self.approval.unwrap_or_default(), allowed_tools: self.allowed_tools.clone() }
+        Policy {
+            approval: self.approval.unwrap_or_default(),
+            allowed_tools: self.allowed_tools.clone(),
+            sandbox: self.sandbox.clone().unwrap_or_default(),
+        }
     }
 
     /// Checks everything serde cannot: sizes, ranges and shapes of strings
@@ -203,6 +241,17 @@ impl CreateRun {
                 validate_git_ref(r)?;
             }
         }
+        if let Some(sandbox) = &self.sandbox {
+            if sandbox.memory_mb.is_some_and(|m| !(64..=1_048_576).contains(&m)) {
+                return Err(SpecError::Sandbox("memory_mb must be between 64 and 1048576"));
+            }
+            if sandbox.cpus.is_some_and(|c| !(0.05..=256.0).contains(&c) || c.is_nan()) {
+                return Err(SpecError::Sandbox("cpus must be between 0.05 and 256"));
+            }
+            if sandbox.pids.is_some_and(|p| !(16..=1_000_000).contains(&p)) {
+                return Err(SpecError::Sandbox("pids must be between 16 and 1000000"));
+            }
+        }
         if let Some(model) = &self.model {
             let known = |p: &&str| matches!(*p, "openai" | "openai-responses" | "anthropic");
             if let Some(p) = model.provider.as_deref().filter(|p| !known(p)) {
@@ -220,6 +269,10 @@ impl CreateRun {
         }
         Ok(())
     }
+}
+
+fn is_default_sandbox(spec: &SandboxSpec) -> bool {
+    *spec == SandboxSpec::default()
 }
 
 /// The URL is handed to `git clone` on the worker: refuse anything git could
@@ -341,6 +394,9 @@ pub struct Run {
     pub approval: ApprovalMode,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allowed_tools: Option<Vec<String>>,
+    /// The sandbox the run asked for (see [`SandboxSpec`]).
+    #[serde(default, skip_serializing_if = "is_default_sandbox")]
+    pub sandbox: SandboxSpec,
     pub trigger: Trigger,
     pub attempt: i32,
     pub cancel_requested: bool,

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kiln_protocol::{EventBody, Run};
+use kiln_protocol::{EventBody, Run, SandboxSpec};
 use kiln_store::{Lease, StoreError};
 use tokio_util::sync::CancellationToken;
 
@@ -110,7 +110,14 @@ async fn drive(
 ) -> Result<Outcome, AgentError> {
     events.emit(EventBody::RunStarted { worker: ctx.config.worker_id.clone(), attempt: lease.attempt }).await?;
     let owner = Owner { run_id: run.id, session_id: run.session_id, worker: ctx.config.worker_id.clone() };
-    let (sandbox, origin) = match lifecycle::acquire(&ctx.docker, &ctx.config.sandbox, pool, &owner).await {
+    let config = match ctx.config.sandbox.narrowed(&run.sandbox) {
+        Ok(config) => config,
+        Err(refusal) => return Ok(Outcome::Failed { error: refusal }),
+    };
+    // Warm containers have the deployment's settings; a run that narrows
+    // them gets its own.
+    let pool = pool.filter(|_| run.sandbox == SandboxSpec::default());
+    let (sandbox, origin) = match lifecycle::acquire(&ctx.docker, &config, pool, &owner).await {
         Ok(s) => s,
         Err(e) => return Ok(Outcome::Failed { error: format!("could not start the sandbox: {e}") }),
     };

@@ -31,6 +31,7 @@ use bollard::models::{ContainerCreateBody, HostConfig, ResourcesUlimits};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
 };
+use kiln_protocol::{NetworkMode, SandboxSpec};
 use uuid::Uuid;
 
 pub use exec::ExecOutput;
@@ -99,6 +100,8 @@ pub struct SandboxConfig {
     pub nofile: i64,
     /// OCI runtime, e.g. `runsc` for gVisor; `None`: the engine's default.
     pub runtime: Option<String>,
+    /// Runs may ask for `bridge` networking (`KILN_SANDBOX_ALLOW_NETWORK`).
+    pub allow_network: bool,
     /// The toolbox binary to copy into containers; `None`: look for it
     /// (`KILN_TOOLBOX_PATH`, then next to the executable).
     pub toolbox_path: Option<PathBuf>,
@@ -116,8 +119,36 @@ impl Default for SandboxConfig {
             tmpfs_mb: 256,
             nofile: 4096,
             runtime: None,
+            allow_network: false,
             toolbox_path: None,
         }
+    }
+}
+
+impl SandboxConfig {
+    /// This deployment's sandbox as a run asked for it: limits only ever
+    /// lowered, network only where allowed. `Err`: what the run may not have.
+    pub fn narrowed(&self, spec: &SandboxSpec) -> Result<SandboxConfig, String> {
+        let mut config = self.clone();
+        if let Some(mb) = spec.memory_mb {
+            config.memory_bytes = config.memory_bytes.min(i64::from(mb) * 1024 * 1024);
+        }
+        if let Some(cpus) = spec.cpus {
+            config.nano_cpus = config.nano_cpus.min((cpus * 1e9) as i64);
+        }
+        if let Some(pids) = spec.pids {
+            config.pids_limit = config.pids_limit.min(i64::from(pids));
+        }
+        match spec.network.unwrap_or_default() {
+            NetworkMode::None => config.network = false,
+            NetworkMode::Bridge if self.allow_network => config.network = true,
+            NetworkMode::Bridge => {
+                return Err("this run asked for network access (sandbox.network = \"bridge\"), which this \
+                     deployment does not allow (KILN_SANDBOX_ALLOW_NETWORK)"
+                    .into());
+            }
+        }
+        Ok(config)
     }
 }
 
