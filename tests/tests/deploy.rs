@@ -192,8 +192,8 @@ fn manifests() -> Vec<(String, Value)> {
 }
 
 fn kubernetes_validate() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("KILN_KUBERNETES_VALIDATE") {
-        return Some(PathBuf::from(p));
+    if let Some(p) = std::env::var_os("KILN_KUBERNETES_VALIDATE").map(PathBuf::from).filter(|p| p.is_file()) {
+        return Some(p);
     }
     let state = std::env::var_os("KILN_STATE_DIR").map_or_else(|| root().join(".kiln"), |d| root().join(d));
     let venv = state.join("tools/kubernetes-validate/bin/kubernetes-validate");

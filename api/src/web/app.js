@@ -664,7 +664,7 @@
     function showDiff(diff) {
       const body = $('diff-body');
       const frag = document.createDocumentFragment();
-      for (const line of diff.split('\n')) {
+      for (const line of diff.replace(/\n$/, '').split('\n')) {
         let cls = null;
         if (line.startsWith('@@')) cls = 'hunk';
         else if (line.startsWith('+') && !line.startsWith('+++')) cls = 'add';
