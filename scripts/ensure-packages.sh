@@ -4,7 +4,8 @@
 #
 #   scripts/ensure-packages.sh chromium:chromium chromedriver:chromium-driver
 #
-# Each argument is COMMAND:PACKAGE. Needs root (or sudo) to install; without
+# Each argument is COMMAND:PACKAGE. Recommended packages come too (for
+# Chromium: the fonts its screenshots need). Needs root (or sudo) to install; without
 # either it says what is missing and exits 0, so the tests that need the
 # command can skip (or fail, where CI requires them).
 set -euo pipefail
@@ -27,4 +28,4 @@ else
 fi
 log "installing ${missing[*]} with apt-get"
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q >&2
-"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >&2
