@@ -226,6 +226,26 @@ async fn a_run_is_followed_live_approved_steered_and_survives_a_network_cut() {
         .await;
     assert_eq!(row, json!({"status": "succeeded", "prompt": "greet the sandbox", "cost": cost}));
 
+    // A message to a finished run starts a follow-up run in its session,
+    // and the page follows it there.
+    b.client.goto(&format!("{site}/#/runs/{id}")).await.unwrap();
+    b.wait_js("the finished run", WAIT, "return !!document.querySelector('#timeline .end');", vec![]).await;
+    b.client.find(Locator::Css("#steer-text")).await.unwrap().send_keys("one more thing").await.unwrap();
+    b.client.find(Locator::Css("#steer-form button[type=submit]")).await.unwrap().click().await.unwrap();
+    let follow_up = b
+        .wait_js(
+            "the follow-up run's page",
+            WAIT,
+            "return location.hash !== '#/runs/' + arguments[0] && location.hash.startsWith('#/runs/') && location.hash.slice(7);",
+            vec![json!(id)],
+        )
+        .await;
+    let follow_up = follow_up.as_str().unwrap();
+    b.wait_js("the follow-up run's end", WAIT, "return !!document.querySelector('#timeline .end.succeeded');", vec![])
+        .await;
+    assert_eq!(app.get_run("alice", follow_up).await["session_id"], run["session_id"]);
+    assert_eq!(b.js("return document.getElementById('run-prompt').textContent;", vec![]).await, "one more thing");
+
     // Readable on a phone: nothing wider than the screen.
     b.client.set_window_size(390, 844).await.unwrap();
     b.client.goto(&format!("{site}/#/runs/{id}")).await.unwrap();
