@@ -9,6 +9,7 @@ mod extract;
 pub mod github;
 pub mod limits;
 mod routes;
+pub mod web;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,6 +75,7 @@ pub fn router(state: AppState) -> Router {
     let max_body = state.settings.max_body_bytes;
     Router::new()
         .merge(routes::health::routes())
+        .merge(web::routes())
         .nest("/v1", routes::v1())
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)

@@ -23,6 +23,8 @@ use uuid::Uuid;
 
 pub use kiln_scripted_model;
 
+pub mod browser;
+pub mod netcut;
 pub mod pg;
 
 pub const SECRET: &str = "test-secret-0123456789abcdef0123456789";

@@ -1,0 +1,732 @@
+// Kiln's web view: plain JavaScript, no build step, no dependencies.
+//
+// Rules this file keeps:
+// - Everything the API returns is untrusted (model output, tool output,
+//   prompts). It only ever becomes text nodes, attribute values or
+//   `textContent`; nothing is parsed as HTML. The page's CSP forbids inline
+//   script besides.
+// - A run page renders each event once, in seq order: events that arrive
+//   twice (a reconnect) are dropped, and a gap (an event kind this page has
+//   no listener for) is filled from the JSON page of the same endpoint.
+//   Every rendered piece carries `data-from`/`data-to`, the seqs it shows.
+// - Long runs stay fast: events are queued and rendered in batches, only
+//   ever appended or patched in place (never a re-render of the list), and
+//   consecutive text deltas grow one text node.
+'use strict';
+
+(() => {
+  const TOKEN_KEY = 'kiln.token';
+  const TERMINAL = ['run.succeeded', 'run.failed', 'run.cancelled', 'run.timed_out'];
+  // EventSource delivers named events only to listeners of that name.
+  const KINDS = [
+    'run.queued', 'run.started', 'sandbox.ready', 'step.started', 'text.delta', 'reasoning.delta',
+    'tool_call.started', 'tool_call.delta', 'tool_call.ready', 'tool.output', 'tool.result',
+    'step.finished', 'approval.requested', 'approval.resolved', 'message.queued', 'model.retry',
+    'compaction', 'todo', 'delivery.succeeded', 'delivery.failed', ...TERMINAL,
+  ];
+  const RENDER_BATCH = 500; // events rendered per frame; the rest wait for the next
+  const RUNS_POLL_MS = 2000;
+
+  const $ = (id) => document.getElementById(id);
+
+  // Builds an element. Children that are strings become text nodes.
+  function el(tag, props, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(props || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (key === 'class') node.className = value;
+      else if (key === 'data') for (const [k, v] of Object.entries(value)) node.dataset[k] = String(v);
+      else if (key.startsWith('on')) node.addEventListener(key.slice(2), value);
+      else node.setAttribute(key, value === true ? '' : String(value));
+    }
+    for (const child of children) if (child !== null && child !== undefined) node.append(child);
+    return node;
+  }
+
+  // ---- token and API -------------------------------------------------------
+
+  const token = () => sessionStorage.getItem(TOKEN_KEY) || '';
+
+  class ApiError extends Error {
+    constructor(status, code, message) {
+      super(message);
+      this.status = status;
+      this.code = code;
+    }
+  }
+
+  async function api(method, path, body) {
+    const headers = { Authorization: 'Bearer ' + token(), Accept: 'application/json' };
+    if (body !== undefined) headers['Content-Type'] = 'application/json';
+    let res;
+    try {
+      res = await fetch(path, {
+        method, headers, cache: 'no-store', body: body === undefined ? undefined : JSON.stringify(body),
+      });
+    } catch (e) {
+      throw new ApiError(0, 'network', 'The API cannot be reached (' + e.message + ')');
+    }
+    let data = null;
+    try { data = await res.json(); } catch (_) { /* not JSON: the status says enough */ }
+    if (!res.ok) {
+      const err = (data && data.error) || {};
+      if (res.status === 401) signOut('Signed out: ' + (err.message || 'the token was refused'));
+      throw new ApiError(res.status, err.code || 'http', err.message || 'HTTP ' + res.status);
+    }
+    return data;
+  }
+
+  // The subject and expiry of a JWT, for display only (the API checks it).
+  function tokenClaims(t) {
+    try {
+      const part = t.split('.')[1].replace(/-/g, '+').replace(/_/g, '/');
+      return JSON.parse(atob(part + '='.repeat((4 - (part.length % 4)) % 4)));
+    } catch (_) {
+      return {};
+    }
+  }
+
+  function notice(message) {
+    const n = $('notice');
+    n.textContent = message || '';
+    n.hidden = !message;
+  }
+
+  function signOut(message) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    route();
+    notice(message || '');
+  }
+
+  // ---- formatting ----------------------------------------------------------
+
+  function age(iso) {
+    const s = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
+    if (s < 60) return Math.floor(s) + 's';
+    if (s < 3600) return Math.floor(s / 60) + 'm';
+    if (s < 86400) return Math.floor(s / 3600) + 'h';
+    return Math.floor(s / 86400) + 'd';
+  }
+  const usd = (n) => '$' + n.toFixed(4);
+  const ms = (n) => (n >= 1000 ? (n / 1000).toFixed(1) + ' s' : n + ' ms');
+  const num = (n) => Number(n || 0).toLocaleString('en');
+  function pretty(value) {
+    if (typeof value === 'string') return value;
+    try { return JSON.stringify(value, null, 2); } catch (_) { return String(value); }
+  }
+  function safeLink(url) {
+    try {
+      const u = new URL(url);
+      if (u.protocol === 'https:' || u.protocol === 'http:') return el('a', { href: u.href, rel: 'noopener noreferrer', target: '_blank' }, u.href);
+    } catch (_) { /* not a URL: show as text */ }
+    return String(url);
+  }
+
+  // ---- routing -------------------------------------------------------------
+
+  let view = null; // the open view; its stop() ends its timers and streams
+
+  function route() {
+    if (view) view.stop();
+    view = null;
+    notice('');
+    for (const id of ['view-signin', 'view-runs', 'view-run']) $(id).hidden = true;
+    const t = token();
+    $('signout').hidden = !t;
+    $('whoami').textContent = t ? String(tokenClaims(t).sub || '') : '';
+    if (!t) {
+      $('view-signin').hidden = false;
+      return;
+    }
+    const m = /^#\/runs\/([0-9a-fA-F-]{36})$/.exec(location.hash);
+    view = m ? runView(m[1].toLowerCase()) : runsView();
+  }
+
+  // ---- sign in -------------------------------------------------------------
+
+  async function signIn(ev) {
+    ev.preventDefault();
+    const t = $('signin-token').value.trim().replace(/^Bearer\s+/i, '');
+    if (!t) return;
+    sessionStorage.setItem(TOKEN_KEY, t);
+    try {
+      await api('GET', '/v1/runs?limit=1');
+    } catch (e) {
+      if (e.status !== 401) notice(e.message);
+      return;
+    }
+    $('signin-token').value = '';
+    if (location.hash !== '#/' && !location.hash.startsWith('#/runs/')) location.hash = '#/';
+    route();
+  }
+
+  // ---- runs list -----------------------------------------------------------
+
+  // Cost per run, summed from its step.finished events and extended as new
+  // events arrive; `after` is the last seq read.
+  const costs = new Map();
+
+  function runsView() {
+    $('view-runs').hidden = false;
+    const body = $('runs-body');
+    body.replaceChildren();
+    const rows = new Map();
+    let timer = null;
+    let stopped = false;
+    let costing = false;
+
+    function makeRow(run) {
+      const status = el('span', { class: 'status' });
+      const link = el('a', { href: '#/runs/' + run.id }, run.prompt);
+      const tr = el('tr', { data: { run: run.id } },
+        el('td', null, status), el('td', { class: 'prompt', title: run.prompt }, link),
+        el('td', { class: 'age' }), el('td', { class: 'num cost' }, '…'));
+      tr.addEventListener('click', (e) => { if (e.target.tagName !== 'A') location.hash = '#/runs/' + run.id; });
+      return { tr, status, age: tr.children[2], cost: tr.children[3] };
+    }
+
+    function render(runs) {
+      runs.forEach((run, i) => {
+        let row = rows.get(run.id);
+        if (!row) { row = makeRow(run); rows.set(run.id, row); }
+        if (row.status.dataset.status !== run.status) {
+          row.status.dataset.status = run.status;
+          row.status.textContent = run.status.replace('_', ' ');
+        }
+        row.age.textContent = age(run.created_at);
+        row.age.title = run.created_at;
+        const c = costs.get(run.id);
+        if (c && c.after >= run.last_event_seq) row.cost.textContent = c.unpriced && !c.usd ? 'n/a' : usd(c.usd);
+        if (body.children[i] !== row.tr) body.insertBefore(row.tr, body.children[i] || null);
+      });
+      const keep = new Set(runs.map((r) => r.id));
+      for (const [id, row] of rows) if (!keep.has(id)) { row.tr.remove(); rows.delete(id); }
+      $('runs-empty').hidden = runs.length > 0;
+    }
+
+    // Reads new events of each listed run, one run at a time, to total its cost.
+    async function updateCosts(runs) {
+      if (costing) return;
+      costing = true;
+      try {
+        for (const run of runs) {
+          if (stopped) return;
+          const c = costs.get(run.id) || { after: 0, usd: 0, unpriced: false };
+          costs.set(run.id, c);
+          while (c.after < run.last_event_seq && !stopped) {
+            const page = await api('GET', `/v1/runs/${run.id}/events?after=${c.after}&limit=1000`);
+            for (const ev of page.events) {
+              if (ev.kind !== 'step.finished') continue;
+              if (typeof ev.payload.cost_usd === 'number') c.usd += ev.payload.cost_usd;
+              else c.unpriced = true;
+            }
+            if (!page.events.length) break;
+            c.after = page.next_after;
+          }
+          const row = rows.get(run.id);
+          if (row) row.cost.textContent = c.unpriced && !c.usd ? 'n/a' : usd(c.usd);
+        }
+      } catch (e) {
+        if (e.status !== 401) notice(e.message);
+      } finally {
+        costing = false;
+      }
+    }
+
+    async function refresh() {
+      timer = null;
+      try {
+        const page = await api('GET', '/v1/runs?limit=50');
+        if (stopped) return;
+        notice('');
+        render(page.runs);
+        updateCosts(page.runs);
+      } catch (e) {
+        if (e.status === 401) return;
+        notice(e.message);
+      }
+      // Slower while the tab is hidden: nobody is looking.
+      if (!stopped) timer = setTimeout(refresh, document.hidden ? RUNS_POLL_MS * 5 : RUNS_POLL_MS);
+    }
+    refresh();
+
+    return {
+      stop() {
+        stopped = true;
+        if (timer) clearTimeout(timer);
+      },
+    };
+  }
+
+  async function startRun(ev) {
+    ev.preventDefault();
+    const prompt = $('new-prompt').value;
+    if (!prompt.trim()) return;
+    const spec = { prompt, approval: $('new-approval').value };
+    const url = $('new-repo').value.trim();
+    if (url) {
+      spec.repo = { url };
+      const ref = $('new-ref').value.trim();
+      if (ref) spec.repo.ref = ref;
+    }
+    const button = $('new-run-submit');
+    button.disabled = true;
+    try {
+      const run = await api('POST', '/v1/runs', spec);
+      $('new-prompt').value = '';
+      location.hash = '#/runs/' + run.id;
+    } catch (e) {
+      if (e.status !== 401) notice('Could not start the run: ' + e.message);
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  // ---- one run -------------------------------------------------------------
+
+  function runView(id) {
+    $('view-run').hidden = false;
+    const timeline = $('timeline');
+    timeline.replaceChildren();
+    $('plan').hidden = true;
+    $('plan-items').replaceChildren();
+    $('diff').hidden = true;
+    $('diff-body').replaceChildren();
+    $('run-prompt').textContent = '';
+    const conn = $('run-conn');
+
+    const s = {
+      lastSeq: 0, // every event up to here is accepted (rendered or queued to render)
+      held: new Map(), // events that arrived ahead of a gap, by seq
+      filling: false,
+      queue: [],
+      flushTimer: null,
+      es: null,
+      retryTimer: null,
+      retryDelay: 1000,
+      reconnects: 0,
+      stopped: false,
+      done: false,
+      calls: new Map(), // call_id -> tool card
+      block: null, // the assistant text or reasoning block that text deltas extend
+      status: null,
+      pendingApprovals: new Set(),
+      totals: { input: 0, output: 0, usd: 0, unpriced: false, steps: 0 },
+    };
+
+    function setConn(state) {
+      conn.dataset.state = state;
+      conn.dataset.reconnects = String(s.reconnects);
+      conn.textContent = { connecting: 'connecting…', live: 'live', reconnecting: 'reconnecting…', ended: '' }[state];
+    }
+
+    function setStatus(status) {
+      if (!status || status === s.status) return;
+      s.status = status;
+      const badge = $('run-status');
+      badge.dataset.status = status;
+      badge.textContent = status.replace('_', ' ');
+      $('run-cancel').hidden = ['succeeded', 'failed', 'cancelled', 'timed_out'].includes(status);
+    }
+
+    api('GET', '/v1/runs/' + id).then((run) => {
+      if (s.stopped) return;
+      $('run-prompt').textContent = run.prompt;
+      if (!s.status || TERMINAL.includes('run.' + run.status)) setStatus(run.status);
+      if (run.result && typeof run.result.diff === 'string') showDiff(run.result.diff);
+    }).catch((e) => {
+      if (e.status === 404) notice('No run with this id (or it belongs to another subject).');
+      else if (e.status !== 401) notice(e.message);
+    });
+
+    // -- the stream --
+
+    function connect() {
+      if (s.stopped || s.done) return;
+      setConn(s.reconnects ? 'reconnecting' : 'connecting');
+      const url = `/v1/runs/${id}/events?after=${s.lastSeq}&access_token=${encodeURIComponent(token())}`;
+      const es = new EventSource(url);
+      s.es = es;
+      for (const kind of KINDS) es.addEventListener(kind, onEvent);
+      es.onmessage = onEvent; // events without a name
+      es.onopen = () => {
+        s.retryDelay = 1000;
+        setConn('live');
+      };
+      es.onerror = () => {
+        if (s.stopped || s.done) return;
+        s.reconnects += 1;
+        setConn('reconnecting');
+        // CONNECTING: the browser retries by itself, sending Last-Event-ID.
+        // CLOSED: it gave up (an error status, or it judged retrying futile).
+        if (es.readyState === EventSource.CLOSED) {
+          es.close();
+          s.es = null;
+          retryLater();
+        }
+      };
+    }
+
+    function retryLater() {
+      if (s.retryTimer || s.stopped || s.done) return;
+      s.retryTimer = setTimeout(async () => {
+        s.retryTimer = null;
+        s.retryDelay = Math.min(s.retryDelay * 2, 10000);
+        try {
+          // Tells a refused token (signs out) or a deleted run from a network error.
+          await api('GET', '/v1/runs/' + id);
+        } catch (e) {
+          if (e.status === 401 || e.status === 404) return;
+          retryLater();
+          return;
+        }
+        connect();
+      }, s.retryDelay);
+    }
+
+    function onEvent(e) {
+      const seq = Number(e.lastEventId);
+      if (!Number.isSafeInteger(seq) || seq < 1) return;
+      let payload;
+      try { payload = JSON.parse(e.data); } catch (_) { payload = { data: e.data }; }
+      ingest({ seq, kind: e.type, payload });
+    }
+
+    // Accepts events strictly in seq order, each once.
+    function ingest(ev) {
+      if (ev.seq <= s.lastSeq || s.held.has(ev.seq)) return; // seen already
+      if (ev.seq !== s.lastSeq + 1) {
+        s.held.set(ev.seq, ev);
+        fillGap();
+        return;
+      }
+      accept(ev);
+      while (s.held.has(s.lastSeq + 1)) {
+        const next = s.held.get(s.lastSeq + 1);
+        s.held.delete(next.seq);
+        accept(next);
+      }
+    }
+
+    function accept(ev) {
+      s.lastSeq = ev.seq;
+      s.queue.push(ev);
+      if (TERMINAL.includes(ev.kind)) {
+        // The server ends the stream here; without this EventSource would reconnect.
+        s.done = true;
+        s.held.clear();
+        if (s.es) s.es.close();
+        s.es = null;
+        setConn('ended');
+      }
+      if (!s.flushTimer) s.flushTimer = setTimeout(flush, 16);
+    }
+
+    // Reads the events missing before the held ones from the JSON page.
+    async function fillGap() {
+      if (s.filling) return;
+      s.filling = true;
+      try {
+        while (!s.stopped && s.held.size && !s.held.has(s.lastSeq + 1)) {
+          const first = Math.min(...s.held.keys());
+          const limit = Math.min(1000, first - s.lastSeq - 1);
+          const page = await api('GET', `/v1/runs/${id}/events?after=${s.lastSeq}&limit=${limit}`);
+          if (!page.events.length) break;
+          for (const ev of page.events) ingest(ev);
+        }
+      } catch (e) {
+        if (e.status !== 401) setTimeout(fillGap, 1000);
+      } finally {
+        s.filling = false;
+      }
+    }
+
+    function flush() {
+      s.flushTimer = null;
+      const stick = window.innerHeight + window.scrollY >= document.body.scrollHeight - 120;
+      const batch = s.queue.splice(0, RENDER_BATCH);
+      for (const ev of batch) {
+        try {
+          render(ev);
+        } catch (err) {
+          // One malformed payload must not stop the rest of the stream.
+          add(mark(el('div', { class: 'ev-meta ev-warn' }, `#${ev.seq} ${ev.kind}: cannot show (${err.message})`), ev.seq));
+        }
+      }
+      renderTotals();
+      if (s.queue.length) s.flushTimer = setTimeout(flush, 0);
+      if (stick) window.scrollTo(0, document.body.scrollHeight);
+    }
+
+    // -- rendering --
+
+    function mark(node, seq) {
+      node.dataset.from = String(seq);
+      node.dataset.to = String(seq);
+      return node;
+    }
+
+    // A new timeline entry; ends the text block deltas were extending.
+    function add(node) {
+      timeline.append(node);
+      s.block = null;
+      return node;
+    }
+
+    // Appends streamed text; grows the last segment when this event directly follows it.
+    function stream(container, seq, text) {
+      const last = container.lastElementChild;
+      if (last && last.classList.contains('seg') && Number(last.dataset.to) === seq - 1) {
+        last.firstChild.appendData(text);
+        last.dataset.to = String(seq);
+      } else {
+        container.append(mark(el('span', { class: 'seg' }, document.createTextNode(text)), seq));
+      }
+    }
+
+    function textBlock(kind) {
+      if (s.block && s.block.kind === kind && timeline.lastElementChild === s.block.root) return s.block.body;
+      let root;
+      let body;
+      if (kind === 'reasoning') {
+        body = el('div', { class: 'body' });
+        root = el('details', { class: 'reasoning' }, el('summary', null, 'Thinking'), body);
+      } else {
+        root = body = el('div', { class: 'msg assistant' });
+      }
+      timeline.append(root);
+      s.block = { kind, root, body };
+      return body;
+    }
+
+    function meta(seq, text, cls) {
+      return add(mark(el('div', { class: 'ev-meta' + (cls ? ' ' + cls : '') }, text), seq));
+    }
+
+    function card(callId, name) {
+      let c = s.calls.get(callId);
+      if (c) return c;
+      const head = el('div', { class: 'tool-head' }, name || 'tool');
+      const argsStream = el('pre', { class: 'args-stream' });
+      const args = el('pre', { class: 'args', hidden: true });
+      const out = el('pre', { class: 'output' });
+      const outBox = el('details', { class: 'out', hidden: true, open: true }, el('summary', null, 'Output'), out);
+      const root = add(el('div', { class: 'tool', data: { call: callId, state: 'running' } }, head, argsStream, args, outBox));
+      c = { root, head, argsStream, args, out, outBox, approval: null, buttons: [], named: Boolean(name) };
+      s.calls.set(callId, c);
+      return c;
+    }
+
+    function showArgs(c, args) {
+      c.args.textContent = pretty(args);
+      c.args.hidden = false;
+      c.argsStream.hidden = true;
+    }
+
+    function decide(callId, decision, c) {
+      for (const b of c.buttons) b.disabled = true;
+      api('POST', `/v1/runs/${id}/approvals/${encodeURIComponent(callId)}`, { decision }).catch((e) => {
+        if (e.status === 409) return; // decided elsewhere; approval.resolved will show how
+        for (const b of c.buttons) b.disabled = false;
+        if (e.status !== 401) notice('Could not ' + decision + ': ' + e.message);
+      });
+    }
+
+    function render(ev) {
+      const p = ev.payload || {};
+      switch (ev.kind) {
+        case 'run.queued':
+          setStatus('queued');
+          return meta(ev.seq, 'Queued');
+        case 'run.started':
+          setStatus(s.pendingApprovals.size ? 'awaiting_approval' : 'running');
+          return meta(ev.seq, `Started on ${p.worker} (attempt ${p.attempt})`);
+        case 'sandbox.ready':
+          return meta(ev.seq, `Sandbox ready (${p.image})`);
+        case 'step.started':
+          s.totals.steps = Math.max(s.totals.steps, Number(p.step) || 0);
+          return add(mark(el('div', { class: 'ev-step' }, `Step ${p.step}`), ev.seq));
+        case 'text.delta':
+          return stream(textBlock('text'), ev.seq, String(p.text));
+        case 'reasoning.delta':
+          return stream(textBlock('reasoning'), ev.seq, String(p.text));
+        case 'tool_call.started': {
+          const known = s.calls.has(p.call_id);
+          const c = card(p.call_id, p.name);
+          if (known) return c.root.append(mark(el('div', { class: 'ev-meta' }, 'started again'), ev.seq));
+          return mark(c.head, ev.seq);
+        }
+        case 'tool_call.delta':
+          return stream(card(p.call_id).argsStream, ev.seq, String(p.arguments_delta));
+        case 'tool_call.ready': {
+          const c = card(p.call_id, p.name);
+          if (!c.named) { c.head.textContent = p.name; c.named = true; }
+          showArgs(c, p.arguments);
+          // The formatted arguments replace the streamed ones on screen;
+          // this event is the formatted block.
+          return mark(c.args, ev.seq);
+        }
+        case 'approval.requested': {
+          const c = card(p.call_id, p.name);
+          if (c.args.hidden) showArgs(c, p.arguments);
+          const approve = el('button', { type: 'button', data: { decision: 'approve' } }, 'Approve');
+          const deny = el('button', { type: 'button', class: 'secondary', data: { decision: 'deny' } }, 'Deny');
+          approve.addEventListener('click', () => decide(p.call_id, 'approve', c));
+          deny.addEventListener('click', () => decide(p.call_id, 'deny', c));
+          c.buttons = [approve, deny];
+          c.root.dataset.state = 'awaiting';
+          s.pendingApprovals.add(p.call_id);
+          setStatus('awaiting_approval');
+          c.approval = mark(el('div', { class: 'approval' }, el('div', null, 'Waiting for your approval'), approve, deny), ev.seq);
+          return c.root.append(c.approval);
+        }
+        case 'approval.resolved': {
+          const c = card(p.call_id);
+          if (c.approval) {
+            // The request stays on the page (it is an event), without its buttons.
+            c.approval.replaceChildren('Approval requested');
+            c.approval.classList.add('done');
+          }
+          c.buttons = [];
+          c.root.dataset.state = p.approved ? 'running' : 'denied';
+          s.pendingApprovals.delete(p.call_id);
+          if (!s.pendingApprovals.size) setStatus('running');
+          const text = (p.approved ? 'Approved' : 'Denied') + (p.reason ? ': ' + p.reason : '');
+          return c.root.append(mark(el('div', { class: 'decision' }, text), ev.seq));
+        }
+        case 'tool.output': {
+          const c = card(p.call_id);
+          c.outBox.hidden = false;
+          return stream(c.out, ev.seq, String(p.text));
+        }
+        case 'tool.result': {
+          const c = card(p.call_id, p.name);
+          const output = String(p.output);
+          const lines = output ? output.replace(/\n$/, '').split('\n').length : 0;
+          const summary = `${p.is_error ? 'Error' : 'Result'} · ${ms(Number(p.duration_ms) || 0)} · ${lines} line${lines === 1 ? '' : 's'}`;
+          // The result holds the whole output: it replaces the streamed copy
+          // on screen. Short results open, long ones fold.
+          const open = lines <= 20;
+          c.outBox.hidden = true;
+          c.root.dataset.state = p.is_error ? 'error' : 'ok';
+          return c.root.append(mark(el('details', { class: 'result', open }, el('summary', null, summary), el('pre', null, output)), ev.seq));
+        }
+        case 'step.finished': {
+          const u = p.usage || {};
+          s.totals.input += Number(u.input_tokens) || 0;
+          s.totals.output += Number(u.output_tokens) || 0;
+          if (typeof p.cost_usd === 'number') s.totals.usd += p.cost_usd;
+          else s.totals.unpriced = true;
+          const cost = typeof p.cost_usd === 'number' ? ' · ' + usd(p.cost_usd) : '';
+          return meta(ev.seq, `Step ${p.step} finished (${p.finish_reason}) · ${num(u.input_tokens)} in / ${num(u.output_tokens)} out${cost}`);
+        }
+        case 'message.queued':
+          return add(mark(el('div', { class: 'msg user' }, String(p.text)), ev.seq));
+        case 'model.retry':
+          return meta(ev.seq, `Model call failed, retry ${p.attempt} in ${ms(Number(p.delay_ms) || 0)}: ${p.error}`, 'ev-warn');
+        case 'compaction':
+          return meta(ev.seq, 'Conversation compacted');
+        case 'todo':
+          renderPlan(p.items);
+          return meta(ev.seq, `Plan updated (${Array.isArray(p.items) ? p.items.length : 0} items)`);
+        case 'delivery.succeeded':
+          return add(mark(el('div', { class: 'ev-meta' }, 'Delivered to GitHub ',
+            p.pull_request ? safeLink(p.pull_request) : null, p.comment ? ' ' : null, p.comment ? safeLink(p.comment) : null), ev.seq));
+        case 'delivery.failed':
+          return meta(ev.seq, 'Delivery to GitHub failed: ' + p.error, 'ev-warn');
+        case 'run.succeeded':
+        case 'run.failed':
+        case 'run.cancelled':
+        case 'run.timed_out': {
+          const status = ev.kind.slice(4);
+          setStatus(status);
+          const detail = { succeeded: p.summary, failed: p.error, cancelled: p.reason, timed_out: `after ${p.limit_s} s` }[status];
+          if (typeof p.diff === 'string') showDiff(p.diff);
+          return add(mark(el('div', { class: 'end ' + status }, el('strong', null, status.replace('_', ' ')), detail ? ': ' + detail : ''), ev.seq));
+        }
+        default: {
+          let text = pretty(p);
+          if (text.length > 2000) text = text.slice(0, 2000) + '…';
+          return meta(ev.seq, `${ev.kind}: ${text}`);
+        }
+      }
+    }
+
+    function renderPlan(items) {
+      const list = $('plan-items');
+      if (!Array.isArray(items)) return;
+      list.replaceChildren(...items.map((item) =>
+        el('li', { data: { status: String(item.status || 'pending') } }, String(item.text || ''),
+          item.status === 'in_progress' ? ' (in progress)' : '')));
+      $('plan').hidden = items.length === 0;
+    }
+
+    function showDiff(diff) {
+      const body = $('diff-body');
+      const frag = document.createDocumentFragment();
+      for (const line of diff.replace(/\n$/, '').split('\n')) {
+        let cls = null;
+        if (line.startsWith('@@')) cls = 'hunk';
+        else if (line.startsWith('+') && !line.startsWith('+++')) cls = 'add';
+        else if (line.startsWith('-') && !line.startsWith('---')) cls = 'del';
+        frag.append(el('span', { class: cls }, line + '\n'));
+      }
+      body.replaceChildren(frag);
+      $('diff').hidden = false;
+    }
+
+    function renderTotals() {
+      const t = s.totals;
+      $('tot-in').textContent = num(t.input);
+      $('tot-out').textContent = num(t.output);
+      $('tot-cost').textContent = t.unpriced && !t.usd ? 'n/a' : usd(t.usd) + (t.unpriced ? '+' : '');
+      $('tot-steps').textContent = String(t.steps);
+    }
+
+    // -- actions --
+
+    async function steer(ev) {
+      ev.preventDefault();
+      const text = $('steer-text').value;
+      if (!text.trim()) return;
+      try {
+        const res = await api('POST', `/v1/runs/${id}/messages`, { text });
+        $('steer-text').value = '';
+        if (res.disposition === 'follow_up') location.hash = '#/runs/' + res.run.id;
+      } catch (e) {
+        if (e.status !== 401) notice('Could not send: ' + e.message);
+      }
+    }
+
+    async function cancel() {
+      try {
+        await api('POST', `/v1/runs/${id}/cancel`);
+      } catch (e) {
+        if (e.status !== 401) notice('Could not cancel: ' + e.message);
+      }
+    }
+
+    $('steer-form').onsubmit = steer;
+    $('run-cancel').onclick = cancel;
+    renderTotals();
+    connect();
+
+    return {
+      stop() {
+        s.stopped = true;
+        if (s.es) s.es.close();
+        for (const t of [s.flushTimer, s.retryTimer]) if (t) clearTimeout(t);
+        $('steer-form').onsubmit = null;
+        $('run-cancel').onclick = null;
+      },
+    };
+  }
+
+  document.addEventListener('DOMContentLoaded', () => {
+    $('signin-form').addEventListener('submit', signIn);
+    $('new-run-form').addEventListener('submit', startRun);
+    $('signout').addEventListener('click', () => signOut(''));
+    window.addEventListener('hashchange', route);
+    route();
+  });
+})();

@@ -1,0 +1,402 @@
+//! The web view at `/`, in a real headless Chromium (WebDriver), against
+//! the real API, worker, Postgres and Docker, with the scripted model.
+//!
+//! Skipped, loudly, only where Chromium is missing and
+//! `KILN_REQUIRE_BROWSER` is unset (`scripts/test` installs it; `.ci/run`
+//! sets the variable).
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use fantoccini::Locator;
+use kiln_tests::browser::{Browser, artifact};
+use kiln_tests::kiln_scripted_model::Reply;
+use kiln_tests::netcut::CutProxy;
+use kiln_tests::{Options, TestApp, token};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(60);
+const HOSTILE: &str = "<img src=x onerror=\"window.__pwned=1\"><script>window.__pwned=1</script>";
+
+/// The `[data-from, data-to]` seq ranges of everything rendered on the run page.
+const RANGES_JS: &str = "return Array.from(document.querySelectorAll('#timeline [data-from]'), \
+                         (n) => [Number(n.dataset.from), Number(n.dataset.to)]);";
+
+/// Asserts the rendered ranges cover 1..=last exactly: no gap, no duplicate.
+fn assert_exact_cover(ranges: &Value, last: i64) {
+    let mut ranges: Vec<(i64, i64)> =
+        ranges.as_array().unwrap().iter().map(|r| (r[0].as_i64().unwrap(), r[1].as_i64().unwrap())).collect();
+    ranges.sort();
+    let mut next = 1;
+    for (from, to) in &ranges {
+        assert_eq!(*from, next, "rendered events must be 1..={last} once each; {next} is missing or repeated");
+        assert!(to >= from);
+        next = to + 1;
+    }
+    assert_eq!(next - 1, last, "rendered events end at {}, the run's last is {last}", next - 1);
+}
+
+/// `12345` as `12,345`, as the page shows counts.
+fn thousands(n: i64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Opens the page at `site` and signs in as `sub` by pasting a token.
+async fn sign_in(b: &Browser, site: &str, sub: &str) {
+    b.client.goto(&format!("{site}/")).await.unwrap();
+    let field = b.client.wait().at_most(WAIT).for_element(Locator::Css("#signin-token")).await.unwrap();
+    field.send_keys(&token(sub)).await.unwrap();
+    b.client.find(Locator::Css("#signin-form button[type=submit]")).await.unwrap().click().await.unwrap();
+    b.wait_js("the runs list", WAIT, "return !document.getElementById('view-runs').hidden;", vec![]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_is_followed_live_approved_steered_and_survives_a_network_cut() {
+    let Some(b) = Browser::start("web_view::live_run", 1100, 1400).await else { return };
+    let app = TestApp::spawn(Options {
+        script: vec![
+            Reply::tool("bash", json!({"command": "echo hello-from-the-sandbox"}))
+                .with_text(format!("I will greet the sandbox first. {HOSTILE}")),
+            Reply::tool("bash", json!({"command": "echo second-call"})).with_text("Now a second command."),
+            Reply::text("All done: both commands ran."),
+        ],
+        ..Default::default()
+    })
+    .await;
+
+    // The page reaches the API through a proxy whose network the test cuts.
+    let net = CutProxy::start(app.addr).await;
+    let site = format!("http://{}", net.addr());
+    // Sign in by pasting a token, start a run from the form.
+    sign_in(&b, &site, "alice").await;
+    b.client.find(Locator::Css("#new-prompt")).await.unwrap().send_keys("greet the sandbox").await.unwrap();
+    b.client.find(Locator::Css("#new-approval")).await.unwrap().select_by_value("mutating").await.unwrap();
+    b.client.find(Locator::Css("#new-run-submit")).await.unwrap().click().await.unwrap();
+    let hash =
+        b.wait_js("the run page", WAIT, "return location.hash.startsWith('#/runs/') && location.hash;", vec![]).await;
+    let id = hash.as_str().unwrap().trim_start_matches("#/runs/").to_owned();
+
+    // The model's text and its tool call appear while the run waits for us.
+    b.wait_js(
+        "the streamed text",
+        WAIT,
+        "return [...document.querySelectorAll('#timeline .msg.assistant')].some((n) => n.textContent.includes('I will greet the sandbox first.'));",
+        vec![],
+    )
+    .await;
+    b.wait_js(
+        "the first tool call awaiting approval",
+        WAIT,
+        "const c = document.querySelector('.tool[data-state=awaiting]'); \
+         return !!c && c.querySelector('.tool-head').textContent === 'bash' \
+           && c.querySelector('.args').textContent.includes('hello-from-the-sandbox');",
+        vec![],
+    )
+    .await;
+    assert_eq!(app.get_run("alice", &id).await["status"], "awaiting_approval", "the page is live, not a replay");
+    assert_eq!(b.js("return document.getElementById('run-status').textContent;", vec![]).await, "awaiting approval");
+    // Hostile model text is shown as text, never parsed.
+    let hostile = b
+        .js(
+            "return { elements: document.querySelectorAll('#timeline img, #timeline script').length, \
+                      pwned: window.__pwned === 1, \
+                      shown: document.getElementById('timeline').textContent.includes(arguments[0]) };",
+            vec![json!(HOSTILE)],
+        )
+        .await;
+    assert_eq!(hostile, json!({"elements": 0, "pwned": false, "shown": true}));
+    b.screenshot(&artifact("web-view-approval.png")).await;
+
+    // Approve with the button; the command's output comes back.
+    b.client
+        .find(Locator::Css(".tool[data-state=awaiting] button[data-decision=approve]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    b.wait_js(
+        "the first call's result",
+        WAIT,
+        "return [...document.querySelectorAll('.tool[data-state=ok] .result pre')].some((n) => n.textContent.includes('hello-from-the-sandbox'));",
+        vec![],
+    )
+    .await;
+    let second_call = b
+        .wait_js(
+            "the second call awaiting approval",
+            WAIT,
+            "const c = document.querySelectorAll('.tool')[1]; return c && c.dataset.state === 'awaiting' && c.dataset.call;",
+            vec![],
+        )
+        .await;
+
+    // Steer while the run waits.
+    b.client.find(Locator::Css("#steer-text")).await.unwrap().send_keys("please also say goodbye").await.unwrap();
+    b.client.find(Locator::Css("#steer-form button[type=submit]")).await.unwrap().click().await.unwrap();
+    b.wait_js(
+        "the steering message",
+        WAIT,
+        "return [...document.querySelectorAll('#timeline .msg.user')].some((n) => n.textContent === 'please also say goodbye');",
+        vec![],
+    )
+    .await;
+
+    // Cut the page's network: the EventSource drops.
+    net.cut();
+    b.wait_js(
+        "the page to notice the cut",
+        WAIT,
+        "return Number(document.getElementById('run-conn').dataset.reconnects) >= 1;",
+        vec![],
+    )
+    .await;
+    // Meanwhile the run goes on and ends: approve from another client.
+    let r = app
+        .http
+        .post(app.url(&format!("/v1/runs/{id}/approvals/{}", second_call.as_str().unwrap())))
+        .bearer_auth(token("alice"))
+        .json(&json!({"decision": "approve"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let deadline = Instant::now() + WAIT;
+    let run = loop {
+        let run = app.get_run("alice", &id).await;
+        if run["status"] == "succeeded" {
+            break run;
+        }
+        assert!(Instant::now() < deadline, "run did not succeed: {run}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // Let the page's reconnects fail a while longer, then check it missed the end.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let missed = b.js("return document.querySelector('#timeline .end') === null;", vec![]).await;
+    assert_eq!(missed, true, "the page saw events while its network was cut: the cut did not take");
+
+    // Network back: the page resumes after its last event and renders the rest once.
+    net.restore();
+    b.wait_js("the run's end", WAIT, "return !!document.querySelector('#timeline .end.succeeded');", vec![]).await;
+    let last = run["last_event_seq"].as_i64().unwrap();
+    assert_exact_cover(&b.js(RANGES_JS, vec![]).await, last);
+    let page = b
+        .js(
+            "return { status: document.getElementById('run-status').textContent, \
+                      conn: document.getElementById('run-conn').dataset.state, \
+                      input: document.getElementById('tot-in').textContent, \
+                      cost: document.getElementById('tot-cost').textContent, \
+                      calls: document.querySelectorAll('.tool[data-state=ok]').length, \
+                      end: document.querySelector('#timeline .end').textContent };",
+            vec![],
+        )
+        .await;
+    assert_eq!(page["status"], "succeeded");
+    assert_eq!(page["conn"], "ended");
+    assert_eq!(page["calls"], 2);
+    assert!(page["end"].as_str().unwrap().contains("All done: both commands ran."), "{page}");
+    assert_ne!(page["input"], "0", "token totals come from step.finished: {page}");
+    let cost = page["cost"].as_str().unwrap().to_owned();
+    assert!(cost.starts_with('$') && cost != "$0.0000", "the scripted model is priced: {page}");
+    // The steering message reached the model.
+    assert!(app.model.requests().iter().any(|r| r.body.to_string().contains("please also say goodbye")));
+
+    b.js("window.scrollTo(0, 0);", vec![]).await;
+    b.screenshot(&artifact("web-view.png")).await;
+
+    // The runs list shows the run with its status and the same cost.
+    b.client.goto(&format!("{site}/#/")).await.unwrap();
+    let row = b
+        .wait_js(
+            "the run in the list with its cost",
+            WAIT,
+            "const r = document.querySelector(`#runs-body tr[data-run='${arguments[0]}']`); \
+             return r && r.querySelector('.cost').textContent.startsWith('$') && \
+               { status: r.querySelector('.status').textContent, prompt: r.querySelector('.prompt').textContent, cost: r.querySelector('.cost').textContent };",
+            vec![json!(id)],
+        )
+        .await;
+    assert_eq!(row, json!({"status": "succeeded", "prompt": "greet the sandbox", "cost": cost}));
+
+    // A message to a finished run starts a follow-up run in its session,
+    // and the page follows it there.
+    b.client.goto(&format!("{site}/#/runs/{id}")).await.unwrap();
+    b.wait_js("the finished run", WAIT, "return !!document.querySelector('#timeline .end');", vec![]).await;
+    b.client.find(Locator::Css("#steer-text")).await.unwrap().send_keys("one more thing").await.unwrap();
+    b.client.find(Locator::Css("#steer-form button[type=submit]")).await.unwrap().click().await.unwrap();
+    let follow_up = b
+        .wait_js(
+            "the follow-up run's page",
+            WAIT,
+            "return location.hash !== '#/runs/' + arguments[0] && location.hash.startsWith('#/runs/') && location.hash.slice(7);",
+            vec![json!(id)],
+        )
+        .await;
+    let follow_up = follow_up.as_str().unwrap();
+    b.wait_js("the follow-up run's end", WAIT, "return !!document.querySelector('#timeline .end.succeeded');", vec![])
+        .await;
+    assert_eq!(app.get_run("alice", follow_up).await["session_id"], run["session_id"]);
+    assert_eq!(b.js("return document.getElementById('run-prompt').textContent;", vec![]).await, "one more thing");
+
+    // Readable on a phone: nothing wider than the screen.
+    b.client.set_window_size(390, 844).await.unwrap();
+    b.client.goto(&format!("{site}/#/runs/{id}")).await.unwrap();
+    b.wait_js("the run page on a phone", WAIT, "return !!document.querySelector('#timeline .end');", vec![]).await;
+    let overflow = b.js("return document.documentElement.scrollWidth - window.innerWidth;", vec![]).await;
+    assert!(overflow.as_i64().unwrap() <= 0, "the page scrolls sideways on a phone by {overflow} px");
+    b.screenshot(&artifact("web-view-phone.png")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_serves_with_a_strict_policy_and_the_api_stays_json() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let page = app.http.get(app.url("/")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(page.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
+    let csp = page.headers()["content-security-policy"].to_str().unwrap().to_owned();
+    for directive in ["default-src 'none'", "script-src 'self'", "connect-src 'self'", "frame-ancestors 'none'"] {
+        assert!(csp.contains(directive), "{csp}");
+    }
+    assert!(!csp.contains("unsafe"), "{csp}");
+    assert_eq!(page.headers()["x-content-type-options"], "nosniff");
+    let html = page.text().await.unwrap();
+    assert!(html.contains("/web/app.js") && !html.contains("<script>"), "no inline script");
+    let js = app.http.get(app.url("/web/app.js")).send().await.unwrap();
+    assert!(js.headers()["content-type"].to_str().unwrap().starts_with("text/javascript"));
+    assert!(!js.text().await.unwrap().contains("innerHTML"), "the script never parses text as HTML");
+    // The API is unchanged: unknown routes and unauthenticated calls stay JSON errors.
+    let missing = app.http.get(app.url("/v1/nope")).send().await.unwrap();
+    assert_eq!(missing.status(), 404);
+    assert_eq!(missing.json::<Value>().await.unwrap()["error"]["code"], "not_found");
+    let anonymous = app.http.get(app.url("/v1/runs")).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    let elsewhere = app.http.get(app.url("/index.html")).send().await.unwrap();
+    assert_eq!(elsewhere.status(), 404);
+}
+
+/// The events of a long run: 5,000 in all, with every kind the page draws,
+/// two kinds it has no listener for (read back from the JSON page), a plan,
+/// hostile text and a final diff.
+fn long_run_events(total: i64) -> Vec<(String, Value)> {
+    let mut events: Vec<(String, Value)> = vec![
+        ("run.started".into(), json!({"worker": "w1", "attempt": 1})),
+        ("sandbox.ready".into(), json!({"container": "c1", "image": "kiln-sandbox:latest"})),
+    ];
+    let mut step = 0;
+    // run.queued is seq 1; the terminal event is the last.
+    while (events.len() as i64) < total - 60 {
+        step += 1;
+        let call = format!("call-{step}");
+        events.push(("step.started".into(), json!({"step": step})));
+        for i in 0..20 {
+            let text = if i == 3 { HOSTILE.to_owned() } else { format!("word{i} of step {step}. ") };
+            events.push(("text.delta".into(), json!({"text": text})));
+        }
+        events.push(("tool_call.started".into(), json!({"call_id": call, "name": "bash"})));
+        for piece in ["{\"command\":", " \"echo ", &format!("step {step}\"}}")] {
+            events.push(("tool_call.delta".into(), json!({"call_id": call, "arguments_delta": piece})));
+        }
+        events.push((
+            "tool_call.ready".into(),
+            json!({"call_id": call, "name": "bash", "arguments": {"command": format!("echo step {step}")}}),
+        ));
+        for i in 0..10 {
+            events.push(("tool.output".into(), json!({"call_id": call, "text": format!("line {i}\n")})));
+        }
+        events.push((
+            "tool.result".into(),
+            json!({"call_id": call, "name": "bash", "output": "line 0\n…", "is_error": false, "duration_ms": 12}),
+        ));
+        if step % 10 == 0 {
+            let items = json!([
+                {"text": "read the code", "status": "done"},
+                {"text": format!("step {step}"), "status": "in_progress"},
+                {"text": "write tests", "status": "pending"}
+            ]);
+            events.push(("todo".into(), json!({ "items": items })));
+            events.push(("mystery.kind".into(), json!({"note": HOSTILE})));
+        }
+        events.push((
+            "step.finished".into(),
+            json!({"step": step, "finish_reason": "tool_use",
+                   "usage": {"input_tokens": 1000, "output_tokens": 50}, "cost_usd": 0.00105}),
+        ));
+    }
+    while (events.len() as i64) < total - 3 {
+        events.push(("text.delta".into(), json!({"text": "closing words. "})));
+    }
+    events.push(("another.unknown".into(), json!({})));
+    let diff = "--- a/src/lib.rs\n+++ b/src/lib.rs\n@@ -1,2 +1,2 @@\n-fn old() {}\n+fn new() {}\n";
+    events.push(("run.succeeded".into(), json!({"summary": "long run done", "diff": diff})));
+    events
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_of_5000_events_renders_quickly_and_exactly() {
+    const TOTAL: i64 = 5000;
+    let Some(b) = Browser::start("web_view::long_run", 1100, 1400).await else { return };
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let run = app.create_run("alice", json!({"prompt": "a long run"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let events = long_run_events(TOTAL);
+    assert_eq!(events.len() as i64, TOTAL - 1);
+    let steps = events.iter().filter(|(k, _)| k == "step.finished").count() as i64;
+    let seqs: Vec<i64> = (2..=TOTAL).collect();
+    let kinds: Vec<String> = events.iter().map(|(k, _)| k.clone()).collect();
+    let payloads: Vec<String> = events.iter().map(|(_, p)| p.to_string()).collect();
+    let sql = app.sql().await;
+    sql.execute(
+        "INSERT INTO events (run_id, seq, kind, payload)
+         SELECT $1::text::uuid, s, k, p::jsonb FROM unnest($2::bigint[], $3::text[], $4::text[]) AS t(s, k, p)",
+        &[&id, &seqs, &kinds, &payloads],
+    )
+    .await
+    .unwrap();
+    sql.execute(
+        "UPDATE runs SET status = 'succeeded', last_event_seq = $2, started_at = now(), finished_at = now()
+         WHERE id = $1::text::uuid",
+        &[&id, &TOTAL],
+    )
+    .await
+    .unwrap();
+
+    sign_in(&b, &format!("http://{}", app.addr), "alice").await;
+    let started = Instant::now();
+    b.js("location.hash = '#/runs/' + arguments[0];", vec![json!(id)]).await;
+    b.wait_js("the long run's end", WAIT, "return !!document.querySelector('#timeline .end.succeeded');", vec![]).await;
+    let elapsed = started.elapsed();
+    eprintln!("web view: {TOTAL} events ({steps} steps) rendered in {} ms", elapsed.as_millis());
+    assert!(elapsed < Duration::from_secs(20), "5,000 events took {elapsed:?} to render");
+
+    assert_exact_cover(&b.js(RANGES_JS, vec![]).await, TOTAL);
+    let page = b
+        .js(
+            "return { pwned: window.__pwned === 1, \
+                      parsed: document.querySelectorAll('#timeline img, #timeline script').length, \
+                      tools: document.querySelectorAll('#timeline .tool').length, \
+                      plan: document.getElementById('plan').hidden ? null : \
+                        [...document.querySelectorAll('#plan-items li')].map((li) => li.dataset.status), \
+                      added: document.querySelectorAll('#diff-body .add').length, \
+                      removed: document.querySelectorAll('#diff-body .del').length, \
+                      input: document.getElementById('tot-in').textContent, \
+                      steps: document.getElementById('tot-steps').textContent };",
+            vec![],
+        )
+        .await;
+    let input = thousands(steps * 1000);
+    assert_eq!(
+        page,
+        json!({"pwned": false, "parsed": 0, "tools": steps, "plan": ["done", "in_progress", "pending"],
+               "added": 1, "removed": 1, "input": input, "steps": steps.to_string()})
+    );
+
+    b.screenshot(&artifact("web-view-long-run.png")).await;
+}
