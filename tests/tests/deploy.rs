@@ -73,7 +73,7 @@ fn settings() -> BTreeSet<String> {
             }
         }
     }
-    assert!(names.contains("DATABASE_URL") && names.contains("KILN_WORKER_CONCURRENCY"), "{names:?}");
+    assert!(names.contains("DATABASE_URL") && names.contains("KILN_WORKER_MAX_SESSIONS"), "{names:?}");
     names
 }
 
