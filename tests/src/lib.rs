@@ -23,6 +23,7 @@ use uuid::Uuid;
 
 pub use kiln_scripted_model;
 
+pub mod fake_github;
 pub mod pg;
 
 pub const SECRET: &str = "test-secret-0123456789abcdef0123456789";
