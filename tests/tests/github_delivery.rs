@@ -538,9 +538,9 @@ async fn a_delivery_left_by_a_dead_worker_is_taken_over_when_its_lease_runs_out(
     assert_eq!(cancel(&s, run).await, 200);
 
     // Two workers reach for the owed delivery at once: one gets it. That
-    // one dies without posting; its lease holds for 3 s more.
+    // one dies without posting; its lease holds for 5 s more.
     let store = &s.app.store;
-    let lease = Duration::from_secs(3);
+    let lease = Duration::from_secs(5);
     let claimed_at = tokio::time::Instant::now();
     let (a, b) =
         tokio::join!(store.claim_github_delivery(Some(run), lease), store.claim_github_delivery(Some(run), lease));
@@ -550,7 +550,7 @@ async fn a_delivery_left_by_a_dead_worker_is_taken_over_when_its_lease_runs_out(
     s.start_worker().await;
     // While the dead worker's lease holds, no one else delivers (the live
     // worker polls every 200 ms).
-    tokio::time::sleep_until(claimed_at + Duration::from_millis(2500)).await;
+    tokio::time::sleep_until(claimed_at + Duration::from_secs(3)).await;
     assert!(comments_on(&s, 22).is_empty(), "delivered while another worker held the delivery");
 
     // Then the live worker takes it over, once.
@@ -562,6 +562,35 @@ async fn a_delivery_left_by_a_dead_worker_is_taken_over_when_its_lease_runs_out(
     assert!(comments[0].contains("was cancelled"), "{}", comments[0]);
     let deliveries = events(&s, run).await.into_iter().filter(|e| e.kind.starts_with("delivery.")).count();
     assert_eq!(deliveries, 1);
+}
+
+#[tokio::test]
+async fn a_run_the_reaper_gives_up_on_is_reported_by_another_worker() {
+    let s = setup_idle(vec![Reply::text("never asked")]).await;
+    let run = github_run(&s, 23, false, Some(562)).await;
+    // Its last attempt's worker died holding it: the lease has run out.
+    let n = s
+        .app
+        .sql()
+        .await
+        .execute(
+            "UPDATE runs SET status = 'running', attempt = max_attempts, lease_owner = 'dead-worker',
+                    lease_expires_at = now() - interval '1 second'
+             WHERE id = $1",
+            &[&run],
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+
+    // A live worker's reaper fails the run; the failure is reported.
+    s.start_worker().await;
+    wait_for(&s, run, "delivery.succeeded").await;
+    assert_eq!(run_status(&s, run).await, "failed");
+    settle(&s, run).await;
+    let comments = comments_on(&s, 23);
+    assert_eq!(comments.len(), 1, "{comments:?}");
+    assert!(comments[0].contains("failed: the worker running this run was lost"), "{}", comments[0]);
 }
 
 /// The fake's git bridge handles what git sends, compressed negotiations
