@@ -7,7 +7,9 @@
 -- finishing worker at once, any worker by polling).
 
 -- `delivery_requested_at` now means "a delivery is owed since": set when the
--- run ends and by `POST /v1/runs/{id}/deliver`, cleared when an attempt ends.
+-- run ends and by `POST /v1/runs/{id}/deliver`, cleared when an attempt ends
+-- (unless it was set again during the attempt). `delivery_started_at` is
+-- when the current or last attempt began.
 
 -- The delivery in progress holds a lease instead of a bare start time: the
 -- worker extends it while it works, so a live delivery is never taken over
