@@ -61,15 +61,10 @@ pub async fn start_worker(
     docker.ping().await.context("the Docker engine does not answer")?;
     let providers = Providers::new(endpoints).context("building the HTTP client")?;
     let listener = store.listener();
-    // `POST /v1/runs/{id}/deliver` retries, served beside the claim loop.
+    // Owed GitHub deliveries no worker is making (runs cancelled while
+    // queued, retries, deliveries a dead worker left), beside the claim loop.
     if let Some(github) = config.github.clone() {
-        let serve = kiln_worker::github::serve_delivery_requests(
-            github,
-            store.clone(),
-            config.allow_file_repos,
-            shutdown.clone(),
-        );
-        tokio::spawn(serve);
+        tokio::spawn(kiln_worker::github::serve_pending_deliveries(github, store.clone(), shutdown.clone()));
     }
     let ctx = WorkerContext { store, docker, config, providers, prices, tools: Registry::standard() };
     let worker = Worker::new(ctx, listener);

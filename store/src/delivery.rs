@@ -1,9 +1,19 @@
 //! Reporting GitHub-triggered runs back to GitHub: the state the worker's
-//! delivery keeps in `github_runs` (see `migrations/V3__github_delivery.sql`).
+//! delivery keeps in `github_runs` (see `migrations/V3__github_delivery.sql`
+//! and `V7__github_owed_deliveries.sql`).
 //!
 //! Nothing here talks to GitHub. The worker captures the run's patch while the
 //! sandbox is alive, then delivers from these rows, so a retry can happen on
 //! any worker long after the container is gone.
+//!
+//! A run that ends owes a delivery (`delivery_requested_at`, set by a
+//! trigger in the transaction that ends it, whoever ends it); a worker claims
+//! an owed delivery under a lease it keeps extending, and settles it when
+//! done. So a run cancelled while queued, which no worker ever held, is
+//! delivered too, and a delivery a dead worker left is taken over once its
+//! lease runs out, never while a live worker holds it.
+
+use std::time::Duration;
 
 use kiln_protocol::{EventBody, Run};
 use uuid::Uuid;
@@ -12,14 +22,13 @@ use crate::events::insert_event_tx;
 use crate::webhooks::GithubOrigin;
 use crate::{Store, StoreError};
 
-/// A delivery lock older than this is a worker that died mid-delivery.
-const STALE_DELIVERY: &str = "10 minutes";
-
 /// Everything a worker needs to deliver one run.
 #[derive(Debug, Clone)]
 pub struct DeliveryJob {
     pub run: Run,
     pub origin: GithubOrigin,
+    /// This attempt's hold on the delivery (fences extending and ending it).
+    pub holder: Uuid,
     pub base_ref: Option<String>,
     pub base_sha: Option<String>,
     /// `None`: never captured (the run did not succeed, or capture failed).
@@ -31,7 +40,7 @@ pub struct DeliveryJob {
 /// What asking for a delivery came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeliveryRequest {
-    /// Queued; a worker will pick it up.
+    /// Owed; a worker will deliver it.
     Requested,
     /// No run with this id for this owner.
     NotFound,
@@ -72,28 +81,45 @@ impl Store {
         Ok(())
     }
 
-    /// Takes the delivery lock of a finished, undelivered GitHub run and
-    /// returns what to deliver; `None` when there is nothing to do (not a
-    /// GitHub run, not finished, delivered, or another worker is at it).
-    pub async fn begin_github_delivery(&self, run_id: Uuid) -> Result<Option<DeliveryJob>, StoreError> {
+    /// Takes the delivery lease of an owed delivery (a finished GitHub run
+    /// not yet delivered, see `migrations/V7__github_owed_deliveries.sql`)
+    /// whose lease is free or has run out, and returns what to deliver:
+    /// run `run_id`'s, or with `None` the longest-owed one. `None` when there
+    /// is nothing to do (nothing owed, or another worker holds the lease).
+    ///
+    /// The holder extends the lease with [`Store::extend_github_delivery`]
+    /// while it works; a worker that dies stops doing so, and the next claim
+    /// after the lease runs out takes the delivery over.
+    pub async fn claim_github_delivery(
+        &self,
+        run_id: Option<Uuid>,
+        lease: Duration,
+    ) -> Result<Option<DeliveryJob>, StoreError> {
+        let holder = Uuid::new_v4();
         let client = self.client().await?;
+        // SKIP LOCKED: two workers claiming at once never get the same row;
+        // a row whose lease was just taken is re-checked and left alone.
         let row = client
             .query_opt(
-                &format!(
-                    "UPDATE github_runs g SET delivery_started_at = now()
-                     FROM runs r
-                     WHERE g.run_id = $1 AND r.id = g.run_id
+                "UPDATE github_runs g
+                 SET delivery_holder = $2, delivery_started_at = now(),
+                     delivery_lease_until = now() + make_interval(secs => $3)
+                 WHERE g.run_id = (
+                     SELECT o.run_id FROM github_runs o JOIN runs r ON r.id = o.run_id
+                     WHERE o.delivery_requested_at IS NOT NULL AND o.delivered_at IS NULL
                        AND r.status IN ('succeeded', 'failed', 'cancelled', 'timed_out')
-                       AND g.delivered_at IS NULL
-                       AND (g.delivery_started_at IS NULL
-                            OR g.delivery_started_at < now() - interval '{STALE_DELIVERY}')
-                     RETURNING g.base_ref, g.base_sha, g.patch, g.pr_url"
-                ),
-                &[&run_id],
+                       AND (o.delivery_lease_until IS NULL OR o.delivery_lease_until < now())
+                       AND ($1::uuid IS NULL OR o.run_id = $1)
+                     ORDER BY o.delivery_requested_at
+                     LIMIT 1
+                     FOR UPDATE OF o SKIP LOCKED)
+                 RETURNING g.run_id, g.base_ref, g.base_sha, g.patch, g.pr_url",
+                &[&run_id, &holder, &lease.as_secs_f64()],
             )
             .await?;
         let Some(row) = row else { return Ok(None) };
         drop(client);
+        let run_id: Uuid = row.try_get(0)?;
         let run = self.get_run_unscoped(run_id).await?;
         let origin = self.github_origin(run_id).await?;
         let (Some(run), Some(origin)) = (run, origin) else {
@@ -102,11 +128,26 @@ impl Store {
         Ok(Some(DeliveryJob {
             run,
             origin,
-            base_ref: row.try_get(0)?,
-            base_sha: row.try_get(1)?,
-            patch: row.try_get(2)?,
-            pr_url: row.try_get(3)?,
+            holder,
+            base_ref: row.try_get(1)?,
+            base_sha: row.try_get(2)?,
+            patch: row.try_get(3)?,
+            pr_url: row.try_get(4)?,
         }))
+    }
+
+    /// Extends the lease of `job`'s delivery; false when it is no longer
+    /// `job`'s (it ran out and another worker took the delivery over).
+    pub async fn extend_github_delivery(&self, job: &DeliveryJob, lease: Duration) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let n = client
+            .execute(
+                "UPDATE github_runs SET delivery_lease_until = now() + make_interval(secs => $3)
+                 WHERE run_id = $1 AND delivery_holder = $2",
+                &[&job.run.id, &job.holder, &lease.as_secs_f64()],
+            )
+            .await?;
+        Ok(n == 1)
     }
 
     /// Remembers the pull request opened for the run.
@@ -116,29 +157,40 @@ impl Store {
         Ok(())
     }
 
-    /// Releases the delivery lock, marking the run delivered if `delivered`,
-    /// and appends `event` (a `delivery.*` event) to the run's events.
+    /// Ends `job`'s delivery attempt: releases the lease, marks the run
+    /// delivered if `delivered`, and appends `event` (a `delivery.*` event)
+    /// to the run's events. The debt is settled either way (a failed
+    /// delivery is retried on request), unless a request came in during the
+    /// attempt. False, recording nothing, when the lease is no longer `job`'s.
     ///
-    /// Unfenced: the run has ended and holds no lease. The event comes after
-    /// the terminal one; a live SSE stream has closed by then, a replay sees it.
+    /// Not fenced by the run's lease: the run has ended and holds none. The
+    /// event comes after the terminal one; a live SSE stream has closed by
+    /// then, a replay sees it.
     pub async fn end_github_delivery(
         &self,
-        run_id: Uuid,
+        job: &DeliveryJob,
         delivered: bool,
         event: &EventBody,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        tx.execute(
-            "UPDATE github_runs SET delivery_started_at = NULL,
-                    delivered_at = CASE WHEN $2 THEN now() ELSE delivered_at END
-             WHERE run_id = $1",
-            &[&run_id, &delivered],
-        )
-        .await?;
-        insert_event_tx(&tx, run_id, event).await?;
+        let n = tx
+            .execute(
+                "UPDATE github_runs SET delivery_holder = NULL, delivery_lease_until = NULL,
+                        delivered_at = CASE WHEN $3 THEN now() ELSE delivered_at END,
+                        delivery_requested_at = CASE
+                            WHEN $3 OR delivery_requested_at <= delivery_started_at THEN NULL
+                            ELSE delivery_requested_at END
+                 WHERE run_id = $1 AND delivery_holder = $2",
+                &[&job.run.id, &job.holder, &delivered],
+            )
+            .await?;
+        if n == 0 {
+            return Ok(false);
+        }
+        insert_event_tx(&tx, job.run.id, event).await?;
         tx.commit().await?;
-        Ok(())
+        Ok(true)
     }
 
     /// Asks for run `id`'s result to be delivered (again) to GitHub.
@@ -172,21 +224,6 @@ impl Store {
             )
             .await?;
         Ok(DeliveryRequest::Requested)
-    }
-
-    /// Takes one pending delivery request (oldest first), clearing it.
-    pub async fn take_github_delivery_request(&self) -> Result<Option<Uuid>, StoreError> {
-        let client = self.client().await?;
-        let row = client
-            .query_opt(
-                "UPDATE github_runs SET delivery_requested_at = NULL
-                 WHERE run_id = (SELECT run_id FROM github_runs WHERE delivery_requested_at IS NOT NULL
-                                 ORDER BY delivery_requested_at LIMIT 1 FOR UPDATE SKIP LOCKED)
-                 RETURNING run_id",
-                &[],
-            )
-            .await?;
-        row.map(|r| r.try_get(0)).transpose().map_err(StoreError::from)
     }
 }
 

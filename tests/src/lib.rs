@@ -24,6 +24,7 @@ use uuid::Uuid;
 pub use kiln_scripted_model;
 
 pub mod browser;
+pub mod fake_github;
 pub mod netcut;
 pub mod pg;
 

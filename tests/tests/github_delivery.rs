@@ -1,22 +1,19 @@
-//! GitHub delivery end to end: a run triggered from GitHub is checked out
-//! with the token on the worker's side, acknowledged, and reported back (a
-//! branch pushed to a real bare repository, a pull request and an issue
-//! comment, or a comment with the reason) against a fake GitHub REST API.
+//! GitHub delivery end to end: a signed webhook queues a run; the worker
+//! checks it out with the token on its own side, acknowledges it, and
+//! reports back against a fake GitHub (`kiln_tests::fake_github`): a branch
+//! pushed over git's smart HTTP to a real bare repository, a pull request
+//! and an issue comment, or a comment with the reason; also for a run
+//! cancelled while still queued, which no worker ever held.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
-use kiln_protocol::{RepoSpec, StoredEvent};
-use kiln_store::{Delivery, GithubOrigin, NewGithubRun, Recorded};
+use kiln_api::github::WebhookSecret;
+use kiln_protocol::StoredEvent;
+use kiln_tests::fake_github::{BareRepo, FakeGithub, git_basic_auth};
 use kiln_tests::kiln_scripted_model::Reply;
 use kiln_tests::{Options, TestApp, token, worker_config};
 use kiln_worker::ProviderKind;
@@ -25,160 +22,13 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 const REPO: &str = "acme/widget";
-
-/// One request the fake GitHub received.
-#[derive(Debug, Clone)]
-struct Seen {
-    method: String,
-    path: String,
-    auth: Option<String>,
-    body: Value,
-}
-
-#[derive(Default)]
-struct FakeState {
-    seen: Vec<Seen>,
-    /// Every request answers 503.
-    down: bool,
-    /// Requests to this path answer 502 this many times first.
-    flaky: Option<(String, usize)>,
-    next_id: i64,
-}
-
-#[derive(Clone)]
-struct FakeGithub {
-    url: String,
-    state: Arc<Mutex<FakeState>>,
-}
-
-impl FakeGithub {
-    async fn start() -> FakeGithub {
-        let state = Arc::new(Mutex::new(FakeState { next_id: 1000, ..Default::default() }));
-        let app = Router::new().fallback(fake_github).with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        FakeGithub { url, state }
-    }
-
-    fn seen(&self) -> Vec<Seen> {
-        self.state.lock().unwrap().seen.clone()
-    }
-
-    fn seen_to(&self, method: &str, path: &str) -> Vec<Seen> {
-        self.seen().into_iter().filter(|s| s.method == method && s.path == path).collect()
-    }
-
-    fn set_down(&self, down: bool) {
-        self.state.lock().unwrap().down = down;
-    }
-}
-
-async fn fake_github(
-    State(state): State<Arc<Mutex<FakeState>>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let path = uri.path().to_owned();
-    let mut s = state.lock().unwrap();
-    s.seen.push(Seen {
-        method: method.to_string(),
-        path: path.clone(),
-        auth: headers.get("authorization").map(|v| v.to_str().unwrap().to_owned()),
-        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
-    });
-    if s.down {
-        return (StatusCode::SERVICE_UNAVAILABLE, "GitHub is down").into_response();
-    }
-    if let Some((p, n)) = &mut s.flaky
-        && *p == path
-        && *n > 0
-    {
-        *n -= 1;
-        return (StatusCode::BAD_GATEWAY, "bad gateway").into_response();
-    }
-    s.next_id += 1;
-    let id = s.next_id;
-    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let created = |v: Value| (StatusCode::CREATED, axum::Json(v)).into_response();
-    match (method.as_str(), parts.as_slice()) {
-        ("GET", ["repos", o, r, "issues", n]) => {
-            axum::Json(json!({ "number": n.parse::<i64>().unwrap(), "title": format!("Fix the greeting in {o}/{r}") }))
-                .into_response()
-        }
-        ("GET", ["repos", o, r, "pulls", _]) => {
-            axum::Json(json!({ "head": { "ref": "feature", "repo": { "full_name": format!("{o}/{r}") } } }))
-                .into_response()
-        }
-        ("POST", ["repos", _, _, "issues", "comments", _, "reactions"]) => {
-            created(json!({ "id": id, "content": "eyes" }))
-        }
-        ("POST", ["repos", o, r, "issues", n, "comments"]) => created(
-            json!({ "id": id, "html_url": format!("https://github.test/{o}/{r}/issues/{n}#issuecomment-{id}") }),
-        ),
-        ("POST", ["app", "installations", n, "access_tokens"]) => {
-            let expires_at = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
-            created(json!({ "token": format!("ghs_secretinstallation{n}"), "expires_at": expires_at }))
-        }
-        ("POST", ["repos", o, r, "pulls"]) => {
-            created(json!({ "number": 77, "html_url": format!("https://github.test/{o}/{r}/pull/77") }))
-        }
-        _ => (StatusCode::NOT_FOUND, axum::Json(json!({ "message": "Not Found" }))).into_response(),
-    }
-}
-
-/// A bare repository with `main` (README.md) and `feature` (also
-/// feature.txt), reachable as `file://`.
-struct BareRepo {
-    _dir: tempfile::TempDir,
-    bare: PathBuf,
-}
-
-impl BareRepo {
-    fn create() -> BareRepo {
-        let dir = tempfile::tempdir().unwrap();
-        let bare = dir.path().join("widget.git");
-        let work = dir.path().join("work");
-        git(dir.path(), &["init", "--quiet", "--bare", "-b", "main", bare.to_str().unwrap()]);
-        git(dir.path(), &["init", "--quiet", "-b", "main", work.to_str().unwrap()]);
-        std::fs::write(work.join("README.md"), "# widget\n").unwrap();
-        git(&work, &["add", "-A"]);
-        git(&work, &["commit", "--quiet", "-m", "initial"]);
-        git(&work, &["checkout", "--quiet", "-b", "feature"]);
-        std::fs::write(work.join("feature.txt"), "only on the feature branch\n").unwrap();
-        git(&work, &["add", "-A"]);
-        git(&work, &["commit", "--quiet", "-m", "feature"]);
-        git(&work, &["push", "--quiet", bare.to_str().unwrap(), "main", "feature"]);
-        BareRepo { _dir: dir, bare }
-    }
-
-    fn url(&self) -> String {
-        format!("file://{}", self.bare.display())
-    }
-
-    /// `git <args>` in the bare repository; stdout.
-    fn git(&self, args: &[&str]) -> String {
-        git(&self.bare, args)
-    }
-}
-
-fn git(cwd: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args(["-c", "user.name=Test", "-c", "user.email=test@example.com"])
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+const WEBHOOK_SECRET: &str = "delivery-test-webhook-secret";
 
 struct Setup {
     app: TestApp,
     github: FakeGithub,
     repo: BareRepo,
+    credentials: Credentials,
     /// The fixed token; with an App, a placeholder (installation tokens
     /// still start with `ghs_secret`, which every leak check looks for).
     token: String,
@@ -187,59 +37,115 @@ struct Setup {
 }
 
 async fn setup(script: Vec<Reply>) -> Setup {
+    let s = setup_idle(script).await;
+    s.start_worker().await;
+    s
+}
+
+/// Kiln with the webhook on and a fixed token, but no worker yet.
+async fn setup_idle(script: Vec<Reply>) -> Setup {
     let token = format!("ghs_secret{}", Uuid::new_v4().simple());
-    setup_with(script, Credentials::Token(token.clone()), token, None).await
+    setup_without_worker(script, Credentials::Token(token.clone()), token, None).await
 }
 
-async fn setup_with(script: Vec<Reply>, credentials: Credentials, token: String, installation: Option<i64>) -> Setup {
-    let app = TestApp::spawn(Options { script, worker: false, ..Default::default() }).await;
-    let github = FakeGithub::start().await;
-    let repo = BareRepo::create();
-    let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
-    config.github = Some(
-        Github::new(GithubSettings {
-            api_url: github.url.clone(),
-            credentials,
-            public_url: Some(format!("http://{}", app.addr)),
-            retry: RetryPolicy {
-                attempts: 4,
-                base_delay: Duration::from_millis(50),
-                max_delay: Duration::from_secs(2),
-            },
-            request_poll: Duration::from_millis(200),
-        })
-        .unwrap(),
-    );
-    app.start_worker(config).await;
-    Setup { app, github, repo, token, installation }
-}
-
-/// Queues a GitHub run as the webhook route would.
-async fn github_run(s: &Setup, issue: i64, pr: Option<i64>, comment: Option<i64>, git_ref: Option<&str>) -> Uuid {
-    let delivery = Delivery {
-        id: Uuid::new_v4().to_string(),
-        event: if comment.is_some() { "issue_comment" } else { "issues" }.into(),
-        action: Some(if comment.is_some() { "created" } else { "labeled" }.into()),
-        repo: Some(REPO.into()),
-    };
-    let new = NewGithubRun {
-        owner: "github".into(),
-        prompt: "Fix the greeting".into(),
-        repo: RepoSpec { url: s.repo.url(), git_ref: git_ref.map(str::to_owned) },
-        origin: GithubOrigin {
-            event: delivery.event.clone(),
-            repo_full_name: REPO.into(),
-            issue_number: issue,
-            pr_number: pr,
-            comment_id: comment,
-            installation_id: s.installation,
-            sender_login: "octocat".into(),
-        },
-    };
-    match s.app.store.create_github_run(&delivery, &new).await.unwrap() {
-        Recorded::New { run_id: Some(id) } => id,
-        other => panic!("no run created: {other:?}"),
+async fn setup_without_worker(
+    script: Vec<Reply>,
+    credentials: Credentials,
+    token: String,
+    installation: Option<i64>,
+) -> Setup {
+    let app = TestApp::spawn(Options {
+        script,
+        worker: false,
+        github_secret: Some(WEBHOOK_SECRET.into()),
+        ..Default::default()
+    })
+    .await;
+    let repo = BareRepo::create(REPO);
+    let github = FakeGithub::start(repo.root().to_owned()).await;
+    if let Credentials::Token(t) = &credentials {
+        github.accept_git_token(t);
     }
+    Setup { app, github, repo, credentials, token, installation }
+}
+
+impl Setup {
+    /// Starts a worker with GitHub configured against the fake.
+    async fn start_worker(&self) {
+        let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
+        // GitHub runs reach their repository over http(s) only.
+        config.allow_file_repos = false;
+        config.github = Some(
+            Github::new(GithubSettings {
+                api_url: self.github.url.clone(),
+                credentials: self.credentials.clone(),
+                public_url: Some(format!("http://{}", self.app.addr)),
+                retry: RetryPolicy {
+                    attempts: 4,
+                    base_delay: Duration::from_millis(50),
+                    max_delay: Duration::from_secs(2),
+                },
+                request_poll: Duration::from_millis(200),
+            })
+            .unwrap(),
+        );
+        self.app.start_worker(config).await;
+    }
+}
+
+fn fixture(name: &str) -> Value {
+    let path = format!("{}/fixtures/github/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_str(&std::fs::read_to_string(&path).expect(&path)).unwrap()
+}
+
+/// Queues a GitHub run through the webhook, as GitHub would: a `/kiln`
+/// comment by the repository's owner (`comment`: its id) on issue `issue`
+/// (a pull request if `on_pr`), or else the `kiln` label on it.
+async fn github_run(s: &Setup, issue: i64, on_pr: bool, comment: Option<i64>) -> Uuid {
+    let (event, mut payload) = match comment {
+        Some(id) => {
+            let mut v = fixture("issue_comment.created.json");
+            v["comment"]["id"] = id.into();
+            v["comment"]["body"] = "/kiln fix the greeting".into();
+            v["comment"]["author_association"] = "OWNER".into();
+            ("issue_comment", v)
+        }
+        None => {
+            let mut v = fixture("issues.labeled.json");
+            v["label"]["name"] = "kiln".into();
+            ("issues", v)
+        }
+    };
+    payload["repository"]["full_name"] = REPO.into();
+    payload["repository"]["clone_url"] = s.github.clone_url(REPO).into();
+    payload["repository"]["default_branch"] = "main".into();
+    payload["issue"]["number"] = issue.into();
+    if on_pr {
+        payload["issue"]["pull_request"] = json!({ "url": format!("{}/repos/{REPO}/pulls/{issue}", s.github.url) });
+    }
+    match s.installation {
+        Some(id) => payload["installation"] = json!({ "id": id }),
+        None => {
+            payload.as_object_mut().unwrap().remove("installation");
+        }
+    }
+    let body = serde_json::to_vec(&payload).unwrap();
+    let signature = WebhookSecret::new(WEBHOOK_SECRET.as_bytes()).unwrap().sign(&body);
+    let response = s
+        .app
+        .http
+        .post(s.app.url("/v1/webhooks/github"))
+        .header("content-type", "application/json")
+        .header("x-github-event", event)
+        .header("x-github-delivery", Uuid::new_v4().to_string())
+        .header("x-hub-signature-256", signature)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201, "the webhook should queue a run");
+    let created: Value = response.json().await.unwrap();
+    created["run_id"].as_str().unwrap().parse().unwrap()
 }
 
 async fn events(s: &Setup, run: Uuid) -> Vec<StoredEvent> {
@@ -272,22 +178,74 @@ async fn run_status(s: &Setup, run: Uuid) -> String {
     s.app.store.get_run_unscoped(run).await.unwrap().unwrap().status.to_string()
 }
 
+/// `base64("x-access-token:ghs_secre")`: how every test token starts in
+/// the basic-auth header git sends (base64 keeps 3-byte groups aligned, and
+/// `x-access-token:` is 15 bytes).
+const BASIC_TOKEN_PREFIX: &str = "eC1hY2Nlc3MtdG9rZW46Z2hzX3NlY3Jl";
+
+/// Neither the token nor its git basic-auth form appears in `text`.
+fn assert_no_token_in(text: &str, token: &str, what: &str) {
+    assert!(!text.contains(token), "the token leaked into {what}");
+    assert!(!text.contains("ghs_secret"), "a token fragment leaked into {what}");
+    assert!(!text.contains(&git_basic_auth(token)[6..]), "the token's basic-auth form leaked into {what}");
+    assert!(!text.contains(BASIC_TOKEN_PREFIX), "a basic-auth token leaked into {what}");
+}
+
 /// Neither the token nor its git basic-auth form appears in any event.
 fn assert_token_absent(evs: &[StoredEvent], token: &str) {
     let all = serde_json::to_string(&evs.iter().map(|e| &e.payload).collect::<Vec<_>>()).unwrap();
-    assert!(!all.contains(token), "the token leaked into an event");
-    assert!(!all.contains("ghs_secret"), "a token fragment leaked into an event");
+    assert_no_token_in(&all, token, "an event");
 }
 
 /// Looks for the token in the container: in its environment (what a bash
-/// call sees) and in its files. The pattern is assembled in the shell so the
-/// command itself does not carry it.
-const TOKEN_HUNT: &str = "env; P=ghs_; P=${P}secret; \
-     if grep -rIqs \"$P\" /workspace /tmp /home /etc /proc/1/environ; then echo found=yes; else echo found=no; fi; \
+/// call sees) and in its files, as itself or in the basic-auth form git
+/// sends it in; and for git's `extraheader` setting, which the worker gives
+/// git through its environment only. The patterns are assembled in the
+/// shell so the command itself does not carry them.
+const TOKEN_HUNT: &str = "env; P=ghs_; P=${P}secret; B=eC1hY2Nlc3Mt; B=${B}dG9rZW46Z2hzX3NlY3Jl; \
+     if grep -rIqs -e \"$P\" -e \"$B\" /workspace /tmp /home /etc /proc/1/environ; \
+     then echo found=yes; else echo found=no; fi; \
+     if grep -rIqsi extraheader /workspace; then echo header=yes; else echo header=no; fi; \
      sleep 2";
+
+/// Every log line the process writes, for leak checks.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    /// Installs a subscriber recording everything at debug level and above
+    /// (each test is its own process under nextest).
+    fn capture() -> Logs {
+        let logs = Logs::default();
+        let writer = logs.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(tracing_subscriber::filter::LevelFilter::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .try_init()
+            .expect("no other subscriber in this test process");
+        logs
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 
 #[tokio::test]
 async fn a_run_with_changes_is_pushed_and_opened_as_a_pull_request() {
+    let logs = Logs::capture();
     let s = setup(vec![
         Reply::tool("bash", json!({ "command": "echo 'hello from kiln' > greeting.txt && git status --short" })),
         Reply::tool("bash", json!({ "command": TOKEN_HUNT })),
@@ -295,8 +253,8 @@ async fn a_run_with_changes_is_pushed_and_opened_as_a_pull_request() {
     ])
     .await;
     // GitHub stumbles on the pull request: 502 twice, then it goes through.
-    s.github.state.lock().unwrap().flaky = Some((format!("/repos/{REPO}/pulls"), 2));
-    let run = github_run(&s, 42, None, Some(555), Some("main")).await;
+    s.github.set_flaky(&format!("/repos/{REPO}/pulls"), 2);
+    let run = github_run(&s, 42, false, Some(555)).await;
 
     // While the sandbox lives, its configuration carries no token.
     wait_for(&s, run, "sandbox.ready").await;
@@ -319,7 +277,12 @@ async fn a_run_with_changes_is_pushed_and_opened_as_a_pull_request() {
     assert!(hunt.is_some(), "the token hunt did not run: {:?}", kinds(&evs));
     let output = hunt.unwrap().payload["output"].as_str().unwrap();
     assert!(output.contains("found=no"), "the token was found in the container: {output}");
+    assert!(output.contains("header=no"), "git's auth header setting is in the workspace: {output}");
     assert_token_absent(&evs, &s.token);
+    // Nor in any log line the worker (or anything else here) wrote.
+    let log = logs.text();
+    assert!(log.contains("delivered to GitHub"), "the worker's log was not captured: {log}");
+    assert_no_token_in(&log, &s.token, "a log line");
 
     // The branch is in the bare repository with the agent's change.
     let branch = format!("kiln/issue-42-{}", &run.simple().to_string()[..8]);
@@ -347,10 +310,32 @@ async fn a_run_with_changes_is_pushed_and_opened_as_a_pull_request() {
     let comments = s.github.seen_to("POST", &format!("/repos/{REPO}/issues/42/comments"));
     assert_eq!(comments.len(), 1);
     assert!(comments[0].body["body"].as_str().unwrap().contains("https://github.test/acme/widget/pull/77"));
-    // Every call used the token, and only as a bearer credential.
-    for seen in s.github.seen() {
+    // Every REST call used the token, and only as a bearer credential.
+    let api = s.github.api_seen();
+    assert!(!api.is_empty());
+    for seen in api {
         assert_eq!(seen.auth.as_deref(), Some(format!("Bearer {}", s.token).as_str()), "{seen:?}");
     }
+    // git went over smart HTTP, every request with the token as basic auth:
+    // the checkout's clone (upload-pack) and the delivery's clone and push
+    // (receive-pack).
+    let git = s.github.git_seen();
+    let paths: Vec<String> = git.iter().map(|g| format!("{} {}", g.method, g.path)).collect();
+    for service in ["git-upload-pack", "git-receive-pack"] {
+        assert!(paths.contains(&format!("POST /{REPO}.git/{service}")), "no {service}: {paths:?}");
+    }
+    for seen in &git {
+        assert_eq!(seen.auth.as_deref(), Some(git_basic_auth(&s.token).as_str()), "{seen:?}");
+    }
+    // And the fake does want it: without the token git is turned away.
+    let anonymous = tokio::process::Command::new("git")
+        .args(["ls-remote", &s.github.clone_url(REPO)])
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .output()
+        .await
+        .unwrap();
+    assert!(!anonymous.status.success(), "the fake GitHub served git without a token: {anonymous:?}");
+    assert_eq!(s.github.git_seen().last().unwrap().auth, None);
 }
 
 #[tokio::test]
@@ -361,7 +346,7 @@ async fn a_run_without_changes_on_a_pull_request_comments_its_answer() {
     ])
     .await;
     // A comment on pull request #7: the run works on the PR's branch.
-    let run = github_run(&s, 7, Some(7), Some(556), None).await;
+    let run = github_run(&s, 7, true, Some(556)).await;
     let evs = wait_for(&s, run, "delivery.succeeded").await;
     assert_eq!(run_status(&s, run).await, "succeeded");
     let cat = evs.iter().find(|e| e.kind == "tool.result").unwrap();
@@ -381,7 +366,7 @@ async fn a_run_without_changes_on_a_pull_request_comments_its_answer() {
 #[tokio::test]
 async fn a_failed_labelled_run_says_working_on_it_then_comments_the_reason() {
     let s = setup(vec![Reply::error(400)]).await;
-    let run = github_run(&s, 9, None, None, Some("main")).await;
+    let run = github_run(&s, 9, false, None).await;
     let evs = wait_for(&s, run, "delivery.succeeded").await;
     assert_eq!(run_status(&s, run).await, "failed");
     let comments = s.github.seen_to("POST", &format!("/repos/{REPO}/issues/9/comments"));
@@ -399,8 +384,8 @@ async fn a_failed_labelled_run_says_working_on_it_then_comments_the_reason() {
 async fn when_github_is_down_delivery_fails_as_an_event_and_can_be_retried() {
     let s =
         setup(vec![Reply::tool("bash", json!({ "command": "echo fixed > fix.txt" })), Reply::text("Fixed it.")]).await;
-    s.github.set_down(true);
-    let run = github_run(&s, 5, None, Some(557), Some("main")).await;
+    s.github.set_api_down(true);
+    let run = github_run(&s, 5, false, Some(557)).await;
     let evs = wait_for(&s, run, "delivery.failed").await;
     // The run's own result stands.
     assert_eq!(run_status(&s, run).await, "succeeded");
@@ -410,7 +395,7 @@ async fn when_github_is_down_delivery_fails_as_an_event_and_can_be_retried() {
     assert_token_absent(&evs, &s.token);
 
     // GitHub is back; a client asks for the delivery again.
-    s.github.set_down(false);
+    s.github.set_api_down(false);
     let url = s.app.url(&format!("/v1/runs/{run}/deliver"));
     let r = s.app.http.post(&url).bearer_auth(token("github")).send().await.unwrap();
     assert_eq!(r.status(), 202);
@@ -448,8 +433,9 @@ const TEST_APP_PUBLIC_KEY: &str = "-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9
 async fn a_github_app_signs_a_jwt_and_caches_the_installation_token() {
     let credentials = Credentials::app("12345", TEST_APP_KEY.as_bytes()).unwrap();
     let script = vec![Reply::tool("bash", json!({ "command": "echo app > app.txt" })), Reply::text("Added app.txt.")];
-    let s = setup_with(script, credentials, "ghs_secretinstallation99".into(), Some(99)).await;
-    let run = github_run(&s, 11, None, Some(558), Some("main")).await;
+    let s = setup_without_worker(script, credentials, "ghs_secretinstallation99".into(), Some(99)).await;
+    s.start_worker().await;
+    let run = github_run(&s, 11, false, Some(558)).await;
     let evs = wait_for(&s, run, "delivery.succeeded").await;
     assert_eq!(delivery_event(&evs).kind, "delivery.succeeded");
     assert_token_absent(&evs, &s.token);
@@ -465,10 +451,183 @@ async fn a_github_app_signs_a_jwt_and_caches_the_installation_token() {
     let claims = jsonwebtoken::decode::<Value>(jwt, &key, &validation).unwrap().claims;
     let lifetime = claims["exp"].as_i64().unwrap() - claims["iat"].as_i64().unwrap();
     assert!(lifetime <= 600, "GitHub refuses App JWTs over 10 minutes: {lifetime}");
-    // Everything else uses the installation token.
-    for seen in s.github.seen().iter().filter(|r| !r.path.starts_with("/app/")) {
+    // Everything else uses the installation token: REST as a bearer
+    // credential, git as basic auth.
+    for seen in s.github.api_seen().iter().filter(|r| !r.path.starts_with("/app/")) {
         assert_eq!(seen.auth.as_deref(), Some("Bearer ghs_secretinstallation99"), "{seen:?}");
+    }
+    let git = s.github.git_seen();
+    assert!(!git.is_empty(), "git did not go over HTTP");
+    for seen in &git {
+        assert_eq!(seen.auth.as_deref(), Some(git_basic_auth("ghs_secretinstallation99").as_str()), "{seen:?}");
     }
     let branch = format!("kiln/issue-11-{}", &run.simple().to_string()[..8]);
     assert_eq!(s.repo.git(&["show", &format!("{branch}:app.txt")]), "app\n");
+}
+
+/// Cancels `run` through the API, as its owner.
+async fn cancel(s: &Setup, run: Uuid) -> u16 {
+    let url = s.app.url(&format!("/v1/runs/{run}/cancel"));
+    s.app.http.post(&url).bearer_auth(token("github")).send().await.unwrap().status().as_u16()
+}
+
+/// Comments posted on issue `n`.
+fn comments_on(s: &Setup, n: i64) -> Vec<String> {
+    s.github
+        .seen_to("POST", &format!("/repos/{REPO}/issues/{n}/comments"))
+        .iter()
+        .map(|c| c.body["body"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Waits until no delivery is owed or in progress for `run`, then a few
+/// poll intervals more, so a second delivery would have happened.
+async fn settle(s: &Setup, run: Uuid) {
+    let sql = s.app.sql().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let row = sql
+            .query_one(
+                "SELECT delivery_requested_at IS NULL AND delivery_holder IS NULL FROM github_runs WHERE run_id = $1",
+                &[&run],
+            )
+            .await
+            .unwrap();
+        if row.get::<_, bool>(0) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the delivery never settled");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn a_run_cancelled_while_queued_is_reported_once_by_a_worker_started_later() {
+    // No worker: the run stays queued, and nobody ever claims it.
+    let s = setup_idle(vec![Reply::text("never asked")]).await;
+    let run = github_run(&s, 21, false, Some(560)).await;
+    assert_eq!(run_status(&s, run).await, "queued");
+    assert_eq!(cancel(&s, run).await, 200);
+    assert_eq!(run_status(&s, run).await, "cancelled");
+    assert!(s.github.seen().is_empty(), "no worker, so nothing on GitHub yet");
+
+    // A worker that starts later reports it: it never runs it.
+    s.start_worker().await;
+    let evs = wait_for(&s, run, "delivery.succeeded").await;
+    settle(&s, run).await;
+    let comments = comments_on(&s, 21);
+    assert_eq!(comments.len(), 1, "{comments:?}");
+    assert!(comments[0].contains("was cancelled"), "{}", comments[0]);
+    assert!(comments[0].contains(&run.to_string()), "{}", comments[0]);
+    assert_eq!(
+        kinds(&events(&s, run).await),
+        ["run.queued", "run.cancelled", "delivery.succeeded"],
+        "reported once, never run"
+    );
+    // Nothing else: no 👀 for a run nobody worked on, no checkout, no PR.
+    assert_eq!(s.github.seen().len(), 1, "{:?}", s.github.seen());
+    assert!(s.app.model.requests().is_empty(), "the model was asked for a cancelled run");
+    assert_token_absent(&evs, &s.token);
+}
+
+#[tokio::test]
+async fn a_delivery_left_by_a_dead_worker_is_taken_over_when_its_lease_runs_out() {
+    let s = setup_idle(vec![Reply::text("never asked")]).await;
+    let run = github_run(&s, 22, false, Some(561)).await;
+    assert_eq!(cancel(&s, run).await, 200);
+
+    // Two workers reach for the owed delivery at once: one gets it. That
+    // one dies without posting; its lease holds for 5 s more.
+    let store = &s.app.store;
+    let lease = Duration::from_secs(5);
+    let claimed_at = tokio::time::Instant::now();
+    let (a, b) =
+        tokio::join!(store.claim_github_delivery(Some(run), lease), store.claim_github_delivery(Some(run), lease));
+    let claimed = [a.unwrap(), b.unwrap()];
+    assert_eq!(claimed.iter().filter(|c| c.is_some()).count(), 1, "exactly one claim wins");
+
+    s.start_worker().await;
+    // While the dead worker's lease holds, no one else delivers (the live
+    // worker polls every 200 ms).
+    tokio::time::sleep_until(claimed_at + Duration::from_secs(3)).await;
+    assert!(comments_on(&s, 22).is_empty(), "delivered while another worker held the delivery");
+
+    // Then the live worker takes it over, once.
+    wait_for(&s, run, "delivery.succeeded").await;
+    assert!(claimed_at.elapsed() >= lease);
+    settle(&s, run).await;
+    let comments = comments_on(&s, 22);
+    assert_eq!(comments.len(), 1, "{comments:?}");
+    assert!(comments[0].contains("was cancelled"), "{}", comments[0]);
+    let deliveries = events(&s, run).await.into_iter().filter(|e| e.kind.starts_with("delivery.")).count();
+    assert_eq!(deliveries, 1);
+}
+
+#[tokio::test]
+async fn a_run_the_reaper_gives_up_on_is_reported_by_another_worker() {
+    let s = setup_idle(vec![Reply::text("never asked")]).await;
+    let run = github_run(&s, 23, false, Some(562)).await;
+    // Its last attempt's worker died holding it: the lease has run out.
+    let n = s
+        .app
+        .sql()
+        .await
+        .execute(
+            "UPDATE runs SET status = 'running', attempt = max_attempts, lease_owner = 'dead-worker',
+                    lease_expires_at = now() - interval '1 second'
+             WHERE id = $1",
+            &[&run],
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+
+    // A live worker's reaper fails the run; the failure is reported.
+    s.start_worker().await;
+    wait_for(&s, run, "delivery.succeeded").await;
+    assert_eq!(run_status(&s, run).await, "failed");
+    settle(&s, run).await;
+    let comments = comments_on(&s, 23);
+    assert_eq!(comments.len(), 1, "{comments:?}");
+    assert!(comments[0].contains("failed: the worker running this run was lost"), "{}", comments[0]);
+}
+
+/// The fake's git bridge handles what git sends, compressed negotiations
+/// included: a fetch by a clone with many commits the server lacks sends
+/// enough `have` lines for git to gzip the request.
+#[tokio::test]
+async fn the_fake_github_serves_gzipped_git_negotiations() {
+    let repo = BareRepo::create(REPO);
+    let github = FakeGithub::start(repo.root().to_owned()).await;
+    github.accept_git_token("ghs_secretfake");
+    let auth = format!("http.extraHeader=Authorization: {}", git_basic_auth("ghs_secretfake"));
+    let dir = tempfile::tempdir().unwrap();
+    let git = |args: Vec<String>| {
+        let mut cmd = tokio::process::Command::new("git");
+        cmd.args(["-c", &auth, "-c", "user.name=Test", "-c", "user.email=test@example.com"])
+            .args(args)
+            .current_dir(dir.path())
+            .env("GIT_TERMINAL_PROMPT", "0");
+        async move {
+            let out = cmd.output().await.unwrap();
+            assert!(out.status.success(), "{out:?}");
+        }
+    };
+    let args = |a: &str| a.split(' ').map(str::to_owned).collect::<Vec<_>>();
+    git(vec!["clone".into(), "--quiet".into(), github.clone_url(REPO), "w".into()]).await;
+    for i in 0..200 {
+        git(args(&format!("-C w commit --quiet --allow-empty -m local{i}"))).await;
+    }
+    // A commit on the server the clone does not have yet.
+    let tree = repo.git(&["rev-parse", "main^{tree}"]);
+    let next = repo.git(&["commit-tree", tree.trim(), "-p", "main", "-m", "upstream"]);
+    repo.git(&["update-ref", "refs/heads/main", next.trim()]);
+
+    git(args("-C w fetch --quiet origin")).await;
+    // Local only from here: no request to the fake, so blocking is fine.
+    let fetched = kiln_tests::fake_github::git(dir.path(), &["-C", "w", "rev-parse", "origin/main"]);
+    assert_eq!(fetched, next, "the fetch did not bring the new commit");
+    let gzipped = github.git_seen().iter().filter(|s| s.encoding.as_deref() == Some("gzip")).count();
+    assert!(gzipped > 0, "git sent no gzipped request: {:?}", github.git_seen());
 }

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use kiln_protocol::{EventBody, Run, RunStatus};
+use kiln_protocol::{Run, RunStatus};
 use kiln_store::{DeliveryJob, GithubOrigin, Store};
 use uuid::Uuid;
 
@@ -62,9 +62,8 @@ pub async fn checkout(
     run: &Run,
     origin: &GithubOrigin,
     sandbox: &Sandbox,
-    allow_file: bool,
 ) -> Result<(), GithubError> {
-    let result = checkout_inner(github, store, run, origin, sandbox, allow_file).await;
+    let result = checkout_inner(github, store, run, origin, sandbox).await;
     match result {
         Ok(()) => Ok(()),
         Err(e) => Err(GithubError::Delivery(github.redact(&e.to_string()).await)),
@@ -77,10 +76,9 @@ async fn checkout_inner(
     run: &Run,
     origin: &GithubOrigin,
     sandbox: &Sandbox,
-    allow_file: bool,
 ) -> Result<(), GithubError> {
     let repo = run.repo.as_ref().ok_or_else(|| GithubError::Delivery("the GitHub run names no repository".into()))?;
-    check_scheme(&repo.url, allow_file)?;
+    check_scheme(&repo.url)?;
     let client = &github.inner.client;
     let token = github.inner.auth.token(client, origin.installation_id).await?;
     let git_ref = match origin.pr_number {
@@ -101,7 +99,7 @@ async fn checkout_inner(
     let dir = tempfile::tempdir().map_err(|e| GithubError::Git(format!("creating a temporary directory: {e}")))?;
     let dest = dir.path().join("repo");
     let dest_str = utf8(&dest)?;
-    let auth = GitAuth { url: &repo.url, token: Some(&token), allow_file };
+    let auth = GitAuth { url: &repo.url, token: Some(&token) };
     let mut args = vec!["clone", "--quiet", "--no-tags", "--depth", "1"];
     if let Some(r) = git_ref.as_deref() {
         args.extend(["--branch", r]);
@@ -145,46 +143,11 @@ pub async fn capture(store: &Store, run_id: Uuid, sandbox: &Sandbox) -> Result<(
     Ok(())
 }
 
-/// Delivers run `run_id` if it is a finished, undelivered GitHub run no
-/// other worker is delivering, and records the outcome as an event.
-pub async fn deliver(github: &Github, store: &Store, run_id: Uuid, allow_file: bool) {
-    let job = match store.begin_github_delivery(run_id).await {
-        Ok(Some(job)) => job,
-        Ok(None) => return,
-        Err(e) => {
-            tracing::warn!(%run_id, error = %e, "starting the GitHub delivery failed");
-            return;
-        }
-    };
-    let (delivered, event) = match deliver_job(github, store, &job, allow_file).await {
-        Ok((pull_request, comment)) => {
-            tracing::info!(%run_id, ?pull_request, "delivered to GitHub");
-            (true, EventBody::DeliverySucceeded { pull_request, comment })
-        }
-        Err(e) => {
-            let error = github.redact(&e.to_string()).await;
-            tracing::warn!(%run_id, %error, "delivery to GitHub failed");
-            (false, EventBody::DeliveryFailed { error })
-        }
-    };
-    // The database may blink; the delivery's record is worth a few tries.
-    for attempt in 0..4u32 {
-        match store.end_github_delivery(run_id, delivered, &event).await {
-            Ok(()) => return,
-            Err(e) => {
-                tracing::warn!(%run_id, error = %e, attempt, "recording the delivery failed");
-                tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
-            }
-        }
-    }
-}
-
 /// Reports the run; returns the pull request and comment URLs.
-async fn deliver_job(
+pub async fn deliver_job(
     github: &Github,
     store: &Store,
     job: &DeliveryJob,
-    allow_file: bool,
 ) -> Result<(Option<String>, Option<String>), GithubError> {
     let client = &github.inner.client;
     let (run, origin) = (&job.run, &job.origin);
@@ -206,7 +169,7 @@ async fn deliver_job(
                 let url = match &pr_url {
                     Some(url) => url.clone(),
                     None => {
-                        let url = open_pull_request(github, &token, job, patch, allow_file).await?;
+                        let url = open_pull_request(github, &token, job, patch).await?;
                         store.set_github_pr(run.id, &url).await?;
                         pr_url = Some(url.clone());
                         url
@@ -231,11 +194,10 @@ async fn open_pull_request(
     token: &str,
     job: &DeliveryJob,
     patch: &[u8],
-    allow_file: bool,
 ) -> Result<String, GithubError> {
     let (run, origin) = (&job.run, &job.origin);
     let repo = run.repo.as_ref().ok_or_else(|| GithubError::Delivery("the GitHub run names no repository".into()))?;
-    check_scheme(&repo.url, allow_file)?;
+    check_scheme(&repo.url)?;
     let (Some(base_ref), Some(base_sha)) = (job.base_ref.as_deref().filter(|r| !r.is_empty()), job.base_sha.as_deref())
     else {
         return Err(GithubError::Delivery("the workspace was not checked out on a branch; no base for a PR".into()));
@@ -249,7 +211,7 @@ async fn open_pull_request(
     let dest = dir.path().join("repo");
     let patch_file = dir.path().join("changes.patch");
     tokio::fs::write(&patch_file, patch).await.map_err(|e| GithubError::Git(format!("writing the patch: {e}")))?;
-    let auth = GitAuth { url: &repo.url, token: Some(token), allow_file };
+    let auth = GitAuth { url: &repo.url, token: Some(token) };
     // The whole branch, not a shallow tip: the base commit may be behind it.
     git(
         &["clone", "--quiet", "--no-tags", "--single-branch", "--branch", base_ref, "--", &repo.url, utf8(&dest)?],
@@ -296,11 +258,12 @@ fn quote(text: &str) -> String {
     text.lines().map(|l| format!("> {l}")).collect::<Vec<_>>().join("\n")
 }
 
-fn check_scheme(url: &str, allow_file: bool) -> Result<(), GithubError> {
-    if url.starts_with("file://") && !allow_file {
-        return Err(GithubError::Delivery(
-            "file:// repositories are disabled on this worker (KILN_ALLOW_FILE_REPOS)".into(),
-        ));
+/// GitHub repositories are reached over http(s) only. The webhook refuses
+/// other clone URLs already; this keeps a `file://` URL (which would read the
+/// worker's own disk with the worker's rights) out however a run got here.
+fn check_scheme(url: &str) -> Result<(), GithubError> {
+    if !(url.starts_with("https://") || url.starts_with("http://")) {
+        return Err(GithubError::Delivery("GitHub repositories are cloned over http(s) only".into()));
     }
     Ok(())
 }

@@ -13,13 +13,15 @@
 //! - after the terminal event, delivers ([`deliver_finished`]): a branch, a
 //!   pull request and an issue comment, or a comment with the reason. Its
 //!   outcome is a `delivery.*` event; it never changes the run's result.
-//! - serves `POST /v1/runs/{id}/deliver` retries, which the API records in
-//!   `github_runs.delivery_requested_at` ([`serve_delivery_requests`]).
+//! - delivers every other owed delivery ([`serve_pending_deliveries`]): runs
+//!   cancelled while queued, runs the reaper failed, retries asked for with
+//!   `POST /v1/runs/{id}/deliver`, deliveries a dead worker left (`owed`).
 
 mod auth;
 mod client;
 mod delivery;
 mod git;
+mod owed;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,7 +67,8 @@ pub struct GithubSettings {
     /// (`{public_url}/v1/runs/{id}`); without it comments name the run id.
     pub public_url: Option<String>,
     pub retry: RetryPolicy,
-    /// How often to look for `POST /v1/runs/{id}/deliver` requests.
+    /// How often to look for owed deliveries no worker is making (runs
+    /// cancelled while queued, `POST /v1/runs/{id}/deliver` retries, …).
     pub request_poll: Duration,
 }
 
@@ -136,7 +139,7 @@ pub async fn checkout(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox) -> Opti
         Err(e) => return Some(Err(SandboxError::Workspace(format!("reading the run's GitHub origin: {e}")))),
     };
     delivery::spawn_ack(github.clone(), ctx.store.clone(), run.id, origin.clone());
-    let result = delivery::checkout(github, &ctx.store, run, &origin, sandbox, ctx.config.allow_file_repos).await;
+    let result = delivery::checkout(github, &ctx.store, run, &origin, sandbox).await;
     Some(result.map_err(|e| SandboxError::Workspace(e.to_string())))
 }
 
@@ -152,25 +155,20 @@ pub async fn capture(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox, outcome:
     }
 }
 
-/// Hook for after the terminal event: reports the run on GitHub.
+/// Hook for after the terminal event: reports the run on GitHub. (If this
+/// worker dies first, the delivery stays owed and another worker makes it.)
 pub async fn deliver_finished(ctx: &WorkerContext, run: &Run) {
     if let Some(github) = &ctx.config.github {
-        delivery::deliver(github, &ctx.store, run.id, ctx.config.allow_file_repos).await;
+        owed::deliver_owed(github, &ctx.store, Some(run.id)).await;
     }
 }
 
-/// Serves delivery retries asked for through the API until `shutdown`.
-pub async fn serve_delivery_requests(github: Github, store: Store, allow_file: bool, shutdown: CancellationToken) {
+/// Makes owed deliveries no worker is making (see [`owed`]) until
+/// `shutdown`, polling when there are none.
+pub async fn serve_pending_deliveries(github: Github, store: Store, shutdown: CancellationToken) {
     loop {
-        match store.take_github_delivery_request().await {
-            Ok(Some(run_id)) => {
-                tracing::info!(%run_id, "delivery to GitHub requested");
-                delivery::deliver(&github, &store, run_id, allow_file).await;
-                continue;
-            }
-            Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, "looking for delivery requests failed"),
-        }
+        // Drain what is owed now, then wait.
+        while !shutdown.is_cancelled() && owed::deliver_owed(&github, &store, None).await {}
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(github.inner.request_poll) => {}
