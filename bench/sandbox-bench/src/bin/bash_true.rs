@@ -27,15 +27,37 @@ async fn main() -> anyhow::Result<()> {
     let docker = setup::docker().await?;
     let sandbox = Sandbox::start(&docker, &config, &setup::owner()).await?;
     let result = measure(&sandbox, args.common.runs).await;
+    let floor = spawn_floor(&sandbox).await;
     sandbox.remove().await;
     let (kiln, ping, exec) = result?;
+    let (bash_us, true_us) = floor?;
 
     println!("one `bash true`, image {}:", args.common.image);
     let k = stats::report("Kiln bash `true` (toolbox)", &kiln);
     stats::report("Kiln toolbox ping (transport only)", &ping);
     let e = stats::report("docker exec <c> true (CLI)", &exec);
     stats::ratio("Kiln / docker exec", k, e, Some(0.05));
+    println!(
+        "inside the container, mean of {FLOOR_LOOPS}: `bash -c true` {:.2} ms, `/bin/true` {:.2} ms (what starting bash costs)",
+        bash_us / 1000.0,
+        true_us / 1000.0
+    );
     Ok(())
+}
+
+const FLOOR_LOOPS: u32 = 50;
+
+/// What starting a bash (and, for scale, any process) costs in this
+/// container: a loop inside it, timed by the container's own clock.
+async fn spawn_floor(sandbox: &Sandbox) -> anyhow::Result<(f64, f64)> {
+    let mean_us = |what: &str| {
+        format!(
+            "s=$(date +%s%N); for i in $(seq {FLOOR_LOOPS}); do {what}; done; e=$(date +%s%N); echo $(( (e - s) / {FLOOR_LOOPS} / 1000 ))"
+        )
+    };
+    let bash = setup::bash(sandbox, &mean_us("bash -c true"), TIMEOUT).await?;
+    let proc = setup::bash(sandbox, &mean_us("/bin/true"), TIMEOUT).await?;
+    Ok((bash.trim().parse()?, proc.trim().parse()?))
 }
 
 async fn measure(sandbox: &Sandbox, runs: usize) -> anyhow::Result<(Vec<Duration>, Vec<Duration>, Vec<Duration>)> {
