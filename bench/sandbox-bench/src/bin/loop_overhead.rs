@@ -304,7 +304,7 @@ async fn scratch_database(admin: &str) -> anyhow::Result<(String, String)> {
     let (client, conn) =
         tokio_postgres::connect(admin, tokio_postgres::NoTls).await.context("connecting to Postgres")?;
     tokio::spawn(conn);
-    let name = format!("kiln_bench_{}", uuid::Uuid::new_v4().simple());
+    let name = format!("kiln_loop_bench_{}", uuid::Uuid::new_v4().simple());
     client.execute(&format!("CREATE DATABASE {name}"), &[]).await?;
     let base = admin.rsplit_once('/').map(|(base, _)| base).context("DATABASE_URL has no database name")?;
     Ok((format!("{base}/{name}"), name))
