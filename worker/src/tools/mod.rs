@@ -163,6 +163,12 @@ impl Registry {
             Arc::new(grep::Grep),
             Arc::new(todo::Todo),
         ];
+        Self::from_tools(tools)
+    }
+
+    /// A registry of exactly these tools (benchmarks measure the loop with a
+    /// no-op tool; a deployment uses [`Registry::standard`]).
+    pub fn from_tools(tools: impl IntoIterator<Item = Arc<dyn Tool>>) -> Self {
         Registry { tools: tools.into_iter().map(|t| (t.name(), t)).collect() }
     }
 

@@ -1,0 +1,158 @@
+//! `view` of a 1 GB file in the workspace: 2000 lines at line 5,000,001 with
+//! Kiln's toolbox against `docker exec <c> sed -n '5000001,5002000p' f`, then
+//! the next page (Kiln continues from where the page ended; sed has no way
+//! to and reads from the start again), then the first page.
+//!
+//! Before each measured first view the file is touched: its line index is
+//! keyed by size, mtime and inode, so every repetition pays the full scan a
+//! file seen for the first time costs, rather than reusing the last one's.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use kiln_bench_sandbox::setup::{self, Common};
+use kiln_bench_sandbox::{cli, stats};
+use kiln_toolbox::protocol::{Reply, RequestBody, ViewRequest, ViewResult};
+use kiln_worker::sandbox::Sandbox;
+
+const FILE: &str = "big.txt";
+/// 10-digit line number, a space, 188 filler bytes, newline: 200 bytes.
+const LINE_BYTES: u64 = 200;
+const LINES: u64 = 5_368_709; // x 200 bytes = 1 GiB (less 24 bytes)
+const PAGE: u64 = 2000;
+const AT: u64 = 5_000_001;
+const GENERATE_TIMEOUT: Duration = Duration::from_secs(900);
+const SHORT: Duration = Duration::from_secs(30);
+
+#[derive(Parser)]
+#[command(about = "view paging through a 1 GB file: Kiln vs sed -n")]
+struct Args {
+    #[command(flatten)]
+    common: Common,
+}
+
+struct Series {
+    at: Vec<Duration>,
+    next: Vec<Duration>,
+    first: Vec<Duration>,
+    sed_at: Vec<Duration>,
+    sed_first: Vec<Duration>,
+    sed_first_quit: Vec<Duration>,
+    scanned_next: u64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let config = args.common.sandbox_config()?;
+    let docker = setup::docker().await?;
+    let sandbox = Sandbox::start(&docker, &config, &setup::owner()).await?;
+    let result = run(&sandbox, args.common.runs).await;
+    sandbox.remove().await;
+    let s = result?;
+
+    println!(
+        "view of a {} byte, {LINES}-line file, pages of {PAGE} lines, image {}:",
+        LINES * LINE_BYTES,
+        args.common.image
+    );
+    let at = stats::report("Kiln view offset=5000001 (file not indexed)", &s.at);
+    let next = stats::report("Kiln view offset=5002001 (next page)", &s.next);
+    let first = stats::report("Kiln view offset=1 (file not indexed)", &s.first);
+    let sed_at = stats::report("docker exec sed -n '5000001,5002000p' (CLI)", &s.sed_at);
+    let sed_first = stats::report("docker exec sed -n '1,2000p' (CLI)", &s.sed_first);
+    let sed_quit = stats::report("docker exec sed -n '1,2000p;2000q' (CLI)", &s.sed_first_quit);
+    stats::ratio("page at 5,000,001 / sed", at, sed_at, Some(1.0));
+    stats::ratio("next page / sed", next, sed_at, Some(0.1));
+    stats::ratio("first page / sed -n '1,2000p'", first, sed_first, None);
+    stats::ratio("first page / sed with q (stops early)", first, sed_quit, None);
+    println!("bytes scanned for the next page: {} (no rescan from the start)", s.scanned_next);
+    Ok(())
+}
+
+async fn run(sandbox: &Sandbox, runs: usize) -> anyhow::Result<Series> {
+    let generate = format!(
+        "awk 'BEGIN {{ pad = sprintf(\"%{w}s\", \"\"); gsub(/ /, \"x\", pad); \
+         for (i = 1; i <= {LINES}; i++) printf \"%010d %s\\n\", i, pad }}' > {FILE} && stat -c %s {FILE}",
+        w = LINE_BYTES - 12
+    );
+    let started = Instant::now();
+    let size = setup::bash(sandbox, &generate, GENERATE_TIMEOUT).await?;
+    if size.trim() != (LINES * LINE_BYTES).to_string() {
+        bail!("generated file has {} bytes, expected {}", size.trim(), LINES * LINE_BYTES);
+    }
+    eprintln!("generated {FILE} in {:.1} s", started.elapsed().as_secs_f64());
+
+    let id = sandbox.id().to_owned();
+    let sed = |range: &str| -> anyhow::Result<(Duration, Vec<u8>)> {
+        cli::docker(&cli::exec_args(&id, &["sed", "-n", range, FILE]))
+    };
+    let mut s = Series {
+        at: vec![],
+        next: vec![],
+        first: vec![],
+        sed_at: vec![],
+        sed_first: vec![],
+        sed_first_quit: vec![],
+        scanned_next: 0,
+    };
+    for rep in 0..=runs {
+        setup::bash(sandbox, &format!("touch {FILE}"), SHORT).await?;
+        let (took_at, page) = view(sandbox, AT).await?;
+        let (took_next, next) = view(sandbox, AT + PAGE).await?;
+        let (took_sed, sed_out) = sed(&format!("{AT},{}p", AT + PAGE - 1))?;
+        check_same(&page, &sed_out)?;
+        if next.first_line != AT + PAGE || next.last_line != AT + 2 * PAGE - 1 {
+            bail!("next page shows lines {}-{}", next.first_line, next.last_line);
+        }
+
+        setup::bash(sandbox, &format!("touch {FILE}"), SHORT).await?;
+        let (took_first, first) = view(sandbox, 1).await?;
+        let (took_sed_first, sed_first) = sed(&format!("1,{PAGE}p"))?;
+        check_same(&first, &sed_first)?;
+        let (took_sed_quit, _) = sed(&format!("1,{PAGE}p;{PAGE}q"))?;
+        if rep > 0 {
+            s.at.push(took_at);
+            s.next.push(took_next);
+            s.first.push(took_first);
+            s.sed_at.push(took_sed);
+            s.sed_first.push(took_sed_first);
+            s.sed_first_quit.push(took_sed_quit);
+            s.scanned_next = s.scanned_next.max(next.bytes_scanned);
+        }
+    }
+    Ok(s)
+}
+
+/// One `view` request as the view tool sends it, except for a byte budget
+/// large enough for 2000 of these 200-byte lines (the tool's own answer is
+/// capped at 100 KiB, which would show about 490 of them).
+async fn view(sandbox: &Sandbox, offset: u64) -> anyhow::Result<(Duration, ViewResult)> {
+    let request =
+        ViewRequest { offset, limit: PAGE, max_line_chars: 2000, max_bytes: 1024 * 1024, ..ViewRequest::new(FILE) };
+    let started = Instant::now();
+    let reply = sandbox.toolbox_call(RequestBody::View(request), None).await?;
+    let took = started.elapsed();
+    match reply {
+        Some(Reply::View(v)) if v.last_line + 1 - v.first_line == PAGE => Ok((took, v)),
+        Some(Reply::View(v)) => bail!("view at {offset} showed lines {}-{}", v.first_line, v.last_line),
+        other => bail!("unexpected reply to view at {offset}: {other:?}"),
+    }
+}
+
+/// Kiln's page shows the lines sed printed (numbered, after a header).
+fn check_same(page: &ViewResult, sed: &[u8]) -> anyhow::Result<()> {
+    let sed = std::str::from_utf8(sed).context("sed printed invalid UTF-8")?;
+    let sed_lines: Vec<&str> = sed.lines().collect();
+    let kiln_lines: Vec<&str> = page.text.lines().filter_map(|l| l.split_once('\t').map(|(_, text)| text)).collect();
+    if sed_lines.len() as u64 != PAGE || kiln_lines != sed_lines {
+        bail!(
+            "Kiln's page (lines {}-{}) differs from sed's ({} lines)",
+            page.first_line,
+            page.last_line,
+            sed_lines.len()
+        );
+    }
+    Ok(())
+}

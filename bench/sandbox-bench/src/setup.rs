@@ -1,0 +1,74 @@
+//! Sandboxes configured as the worker configures them, and the options all
+//! the benchmarks share.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use bollard::Docker;
+use kiln_toolbox::protocol::{ExecRequest, Reply, RequestBody};
+use kiln_worker::sandbox::{Owner, Sandbox, SandboxConfig};
+use uuid::Uuid;
+
+/// Options every benchmark takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Common {
+    /// Measured repetitions (after one unmeasured warm-up).
+    #[arg(long, default_value_t = 20)]
+    pub runs: usize,
+    /// Sandbox image, for Kiln and the baseline alike.
+    #[arg(long, default_value = "kiln-sandbox:latest")]
+    pub image: String,
+    /// The toolbox binary copied into sandboxes (default: `kiln-toolbox`
+    /// next to this executable, as the worker looks for it).
+    #[arg(long)]
+    pub toolbox: Option<PathBuf>,
+}
+
+impl Common {
+    /// The worker's default sandbox settings, with this image and toolbox.
+    pub fn sandbox_config(&self) -> anyhow::Result<SandboxConfig> {
+        if self.runs == 0 {
+            bail!("--runs must be at least 1");
+        }
+        let toolbox = match &self.toolbox {
+            Some(path) => path.clone(),
+            None => std::env::current_exe().context("locating this executable")?.with_file_name("kiln-toolbox"),
+        };
+        if !toolbox.is_file() {
+            bail!(
+                "no toolbox binary at {} (build it first: cargo build --release -p kiln-toolbox, or pass --toolbox)",
+                toolbox.display()
+            );
+        }
+        Ok(SandboxConfig { image: self.image.clone(), toolbox_path: Some(toolbox), ..SandboxConfig::default() })
+    }
+}
+
+/// The local Docker engine, checked to answer.
+pub async fn docker() -> anyhow::Result<Docker> {
+    let docker = Docker::connect_with_local_defaults().context("connecting to Docker")?;
+    docker.ping().await.context("Docker does not answer")?;
+    Ok(docker)
+}
+
+/// A fresh session owner; the worker name marks the containers as the
+/// benchmark's (a crashed benchmark's containers are Kiln-labelled, so a
+/// worker's start-up cleanup removes them).
+pub fn owner() -> Owner {
+    Owner { run_id: Uuid::new_v4(), session_id: Uuid::new_v4(), worker: format!("bench-{}", Uuid::new_v4().simple()) }
+}
+
+/// Runs `command` through the sandbox's toolbox, as the `bash` tool does,
+/// and fails unless it exits 0. Returns its output.
+pub async fn bash(sandbox: &Sandbox, command: &str, timeout: Duration) -> anyhow::Result<String> {
+    let request = ExecRequest { timeout_ms: timeout.as_millis() as u64, ..ExecRequest::new(command) };
+    match sandbox.toolbox_call(RequestBody::Exec(request), None).await? {
+        Some(Reply::Exec(r)) if r.exit_code == Some(0) => Ok(r.output),
+        Some(Reply::Exec(r)) => {
+            bail!("{command:?} failed: exit {:?}, signal {:?}: {}", r.exit_code, r.signal, r.output)
+        }
+        Some(other) => bail!("unexpected toolbox reply to {command:?}: {other:?}"),
+        None => bail!("the sandbox has no toolbox (was the binary copied in?)"),
+    }
+}
