@@ -207,8 +207,7 @@ async fn agent_pass(store: &Store, sandbox: &Sandbox, steps: usize) -> anyhow::R
         repo: None,
         model: None,
         limits: Some(Limits { max_steps: Some(steps as u32 + 1), ..Limits::default() }),
-        approval: None,
-        allowed_tools: None,
+        ..CreateRun::default()
     };
     store.create_run(NewRun { owner: "bench".into(), spec, trigger: Trigger::Api, idempotency_key: None }).await?;
     let Some((run, lease)) = store.claim_run("bench-worker", Duration::from_secs(3600)).await? else {
@@ -228,6 +227,9 @@ async fn agent_pass(store: &Store, sandbox: &Sandbox, steps: usize) -> anyhow::R
         events: &mut events,
         control: Arc::default(),
         notice: None,
+        system: String::new(),
+        // Never due: the bench's conversation stays small.
+        compaction: kiln_worker::agent::compaction::Policy { context_window: 1_000_000, threshold: 1.0 },
     };
     match agent.drive().await? {
         Outcome::Succeeded { .. } => {}
