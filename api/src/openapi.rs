@@ -22,6 +22,11 @@ use crate::routes::{control, deliver, events as events_route, health, runs, webh
 
 pub use errors::{ErrorBody, ErrorCode};
 
+/// Routes the document leaves out: the web view, a page for people that
+/// uses the API like any other client. Every other route is documented
+/// (`tests/tests/openapi.rs` checks both directions against the router).
+pub const NOT_DOCUMENTED: &[&str] = &["/", "/web/app.js", "/web/app.css"];
+
 /// Name of the bearer JWT security scheme.
 pub const BEARER: &str = "bearer";
 /// Name of the `?access_token=` scheme (the events route only).
