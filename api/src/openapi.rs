@@ -145,6 +145,7 @@ fn cached() -> Result<&'static [u8], ApiError> {
 #[utoipa::path(
     get,
     path = "/v1/openapi.json",
+    operation_id = "openapi",
     tag = "meta",
     security(()),
     responses(

@@ -40,6 +40,7 @@ pub struct MessageAccepted {
 #[utoipa::path(
     post,
     path = "/v1/runs/{id}/messages",
+    operation_id = "send_message",
     tag = "control",
     params(("id" = uuid::Uuid, Path, description = "The run's id.")),
     request_body = SendMessage,
@@ -105,6 +106,7 @@ pub struct Decide {
 #[utoipa::path(
     post,
     path = "/v1/runs/{id}/approvals/{call_id}",
+    operation_id = "decide_approval",
     tag = "control",
     params(("id" = uuid::Uuid, Path, description = "The run's id."), ("call_id" = String, Path, description = "The `call_id` of the `approval.requested` event.")),
     request_body = Decide,

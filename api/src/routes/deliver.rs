@@ -24,6 +24,7 @@ use crate::{ApiError, AppState};
 #[utoipa::path(
     post,
     path = "/v1/runs/{id}/deliver",
+    operation_id = "deliver_run",
     tag = "github",
     params(("id" = uuid::Uuid, Path, description = "The run's id.")),
     responses(

@@ -74,6 +74,7 @@ pub(crate) struct EventPage {
 #[utoipa::path(
     get,
     path = "/v1/runs/{id}/events",
+    operation_id = "run_events",
     tag = "events",
     params(
         ("id" = uuid::Uuid, Path, description = "The run's id."),

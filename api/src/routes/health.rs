@@ -15,6 +15,7 @@ pub fn routes() -> Router<AppState> {
 #[utoipa::path(
     get,
     path = "/healthz",
+    operation_id = "healthz",
     tag = "meta",
     security(()),
     responses((status = 200, description = "Always, while the process serves.", body = crate::openapi::Health,
@@ -28,6 +29,7 @@ pub(crate) async fn healthz() -> impl IntoResponse {
 #[utoipa::path(
     get,
     path = "/readyz",
+    operation_id = "readyz",
     tag = "meta",
     security(()),
     responses(

@@ -23,6 +23,7 @@ const DEFAULT_PAGE: u32 = 50;
 #[utoipa::path(
     post,
     path = "/v1/runs",
+    operation_id = "create_run",
     tag = "runs",
     request_body = CreateRun,
     params(
@@ -86,6 +87,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 #[utoipa::path(
     get,
     path = "/v1/runs/{id}",
+    operation_id = "get_run",
     tag = "runs",
     params(("id" = uuid::Uuid, Path, description = "The run's id.")),
     responses(
@@ -134,6 +136,7 @@ pub struct RunList {
 #[utoipa::path(
     get,
     path = "/v1/runs",
+    operation_id = "list_runs",
     tag = "runs",
     params(ListQuery),
     responses(
@@ -175,6 +178,7 @@ pub async fn list(
 #[utoipa::path(
     post,
     path = "/v1/runs/{id}/cancel",
+    operation_id = "cancel_run",
     tag = "runs",
     params(("id" = uuid::Uuid, Path, description = "The run's id.")),
     responses(

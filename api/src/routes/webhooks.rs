@@ -42,6 +42,7 @@ const EVENT_HEADER: &str = "x-github-event";
 #[utoipa::path(
     post,
     path = "/v1/webhooks/github",
+    operation_id = "github_webhook",
     tag = "github",
     security(()),
     params(
