@@ -30,7 +30,8 @@ pub fn refine(doc: &mut Value) -> Result<(), ShapeError> {
     let mut refs = Vec::new();
     let mut mapping = Map::new();
     let mut sse = Vec::new();
-    for variant in variants {
+    for mut variant in variants {
+        dedupe_description(&mut variant);
         let kind = variant
             .pointer("/properties/kind/enum/0")
             .and_then(Value::as_str)
@@ -68,6 +69,18 @@ pub fn refine(doc: &mut Value) -> Result<(), ShapeError> {
     Ok(())
 }
 
+/// utoipa puts a variant's doc comment on both the variant and its payload;
+/// once is enough.
+fn dedupe_description(variant: &mut Value) {
+    let outer = variant.get("description").cloned();
+    if let Some(payload) = variant.pointer_mut("/properties/payload").and_then(Value::as_object_mut)
+        && outer.is_some()
+        && payload.get("description") == outer.as_ref()
+    {
+        payload.remove("description");
+    }
+}
+
 /// `tool_call.started` → `ToolCallStartedEvent`.
 fn component_name(kind: &str) -> String {
     let mut name: String = kind
@@ -100,6 +113,18 @@ fn sse_variant(kind: &str, reference: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_kind_is_a_component_behind_the_discriminator() {
+        let doc = crate::openapi::document().unwrap();
+        let schemas = &doc["components"]["schemas"];
+        let mapping = schemas["EventBody"]["discriminator"]["mapping"].as_object().unwrap();
+        assert_eq!(mapping["tool.result"], "#/components/schemas/ToolResultEvent");
+        assert_eq!(mapping.len(), schemas["SseEvent"]["oneOf"].as_array().unwrap().len());
+        let sandbox = &schemas["SandboxReadyEvent"];
+        assert!(sandbox["description"].is_string());
+        assert!(sandbox["properties"]["payload"].get("description").is_none(), "said once");
+    }
 
     #[test]
     fn kinds_name_their_components() {
