@@ -8,6 +8,7 @@ mod error;
 mod extract;
 pub mod github;
 pub mod limits;
+pub mod openapi;
 mod routes;
 pub mod web;
 

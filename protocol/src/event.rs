@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::message::Usage;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "kind", content = "payload")]
 pub enum EventBody {
     #[serde(rename = "run.queued")]
@@ -207,13 +207,15 @@ mod tests {
 }
 
 /// One item of the agent's plan.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TodoItem {
     pub text: String,
     pub status: TodoStatus,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum TodoStatus {
     #[default]

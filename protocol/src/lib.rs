@@ -7,6 +7,7 @@
 pub mod event;
 pub mod message;
 pub mod run;
+mod schema;
 
 pub use event::{EventBody, EventRecord, StoredEvent, TodoItem, TodoStatus};
 pub use message::{Message, Part, Role, Usage};

@@ -88,7 +88,7 @@ impl Message {
 }
 
 /// Token usage of one model call.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Usage {
     pub input_tokens: u64,
     pub output_tokens: u64,

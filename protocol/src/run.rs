@@ -19,7 +19,7 @@ pub const DEFAULT_TIMEOUT_S: u32 = 3_600;
 
 /// Body of `POST /v1/runs`. Unknown fields are refused so that a typo in a
 /// limit never silently falls back to a default.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateRun {
     pub prompt: String,
@@ -44,7 +44,7 @@ pub struct CreateRun {
 /// A run's sandbox, within what the deployment allows: limits can only be
 /// lowered (a larger value means the deployment's), and `bridge` networking
 /// only works on workers with `KILN_SANDBOX_ALLOW_NETWORK`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -57,7 +57,7 @@ pub struct SandboxSpec {
     pub pids: Option<u32>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum NetworkMode {
     /// No interface but loopback.
@@ -68,7 +68,7 @@ pub enum NetworkMode {
 }
 
 /// Which tool calls need a person's approval before they run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ApprovalMode {
     /// Nothing waits.
@@ -92,7 +92,7 @@ pub struct Policy {
 }
 
 /// A repository to clone into the sandbox's `/workspace`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RepoSpec {
     pub url: String,
@@ -102,7 +102,7 @@ pub struct RepoSpec {
 
 /// Per-run model overrides; anything left out comes from the worker's
 /// configuration.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
     /// `openai` (Chat Completions), `openai-responses` or `anthropic`.
@@ -123,7 +123,7 @@ pub struct ModelSpec {
 
 /// Budgets of one run. A budget that is spent stops the run before the next
 /// model call.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// Model calls.
@@ -304,7 +304,7 @@ fn truncate(s: &str) -> String {
 
 /// The lifecycle of a run. Every transition is one SQL statement that checks
 /// the expected current status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
     Queued,
@@ -364,7 +364,7 @@ impl FromStr for RunStatus {
 }
 
 /// Where a run came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Trigger {
     Api,
@@ -381,7 +381,7 @@ impl Trigger {
 }
 
 /// A run as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Run {
     pub id: Uuid,
     pub session_id: Uuid,

@@ -17,19 +17,47 @@ use crate::{ApiError, AppState};
 const MAX_MESSAGE_BYTES: usize = kiln_protocol::run::MAX_PROMPT_BYTES;
 const MAX_REASON_BYTES: usize = 4096;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SendMessage {
+    /// At most 64 KiB, not blank, without NUL.
     text: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct MessageAccepted {
     /// `queued` (joins the active run) or `follow_up` (a new run in the session).
+    #[schema(value_type = String, pattern = "^(queued|follow_up)$")]
     disposition: &'static str,
     run: Run,
 }
 
+/// Send a message to a run
+///
+/// To an active run, the message joins the conversation before the next
+/// model call (202, `queued`); to a finished run, it starts a follow-up run
+/// in the same session, with its workspace (201, `follow_up`).
+#[utoipa::path(
+    post,
+    path = "/v1/runs/{id}/messages",
+    operation_id = "send_message",
+    tag = "control",
+    params(("id" = uuid::Uuid, Path, description = "The run's id.")),
+    request_body = SendMessage,
+    responses(
+        (status = 202, description = "Queued for the active run.", body = MessageAccepted),
+        (status = 201, description = "A follow-up run was created in the session.", body = MessageAccepted),
+        (status = 400, response = crate::openapi::errors::BadRequest),
+        (status = 404, response = crate::openapi::errors::NotFound),
+        (status = 409, response = crate::openapi::errors::Conflict),
+        (status = 413, response = crate::openapi::errors::PayloadTooLarge),
+        (status = 415, response = crate::openapi::errors::UnsupportedMediaType),
+        (status = 422, response = crate::openapi::errors::Unprocessable),
+        (status = 401, response = crate::openapi::errors::Unauthorized),
+        (status = 500, response = crate::openapi::errors::Internal),
+        (status = 503, response = crate::openapi::errors::Unavailable),
+    )
+)]
 pub async fn send_message(
     State(state): State<AppState>,
     Subject(owner): Subject,
@@ -55,21 +83,46 @@ pub async fn send_message(
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 enum DecisionKind {
     Approve,
     Deny,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Decide {
     decision: DecisionKind,
+    /// Passed to the model with a denial; at most 4096 bytes.
     #[serde(default)]
     reason: Option<String>,
 }
 
+/// Approve or deny a tool call
+///
+/// Resolves an `approval.requested` event. A denial reaches the model as the
+/// tool's result, with `reason`.
+#[utoipa::path(
+    post,
+    path = "/v1/runs/{id}/approvals/{call_id}",
+    operation_id = "decide_approval",
+    tag = "control",
+    params(("id" = uuid::Uuid, Path, description = "The run's id."), ("call_id" = String, Path, description = "The `call_id` of the `approval.requested` event.")),
+    request_body = Decide,
+    responses(
+        (status = 200, description = "The call was decided.", body = crate::openapi::Decided),
+        (status = 400, response = crate::openapi::errors::BadRequest),
+        (status = 404, response = crate::openapi::errors::NotFound),
+        (status = 409, response = crate::openapi::errors::Conflict),
+        (status = 413, response = crate::openapi::errors::PayloadTooLarge),
+        (status = 415, response = crate::openapi::errors::UnsupportedMediaType),
+        (status = 422, response = crate::openapi::errors::Unprocessable),
+        (status = 401, response = crate::openapi::errors::Unauthorized),
+        (status = 500, response = crate::openapi::errors::Internal),
+        (status = 503, response = crate::openapi::errors::Unavailable),
+    )
+)]
 pub async fn decide(
     State(state): State<AppState>,
     Subject(owner): Subject,

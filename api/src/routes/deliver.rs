@@ -16,6 +16,27 @@ use crate::auth::Subject;
 use crate::extract::RunIdPath;
 use crate::{ApiError, AppState};
 
+/// Deliver a run's result on GitHub again
+///
+/// For a finished, GitHub-triggered run whose delivery failed: a worker
+/// with GitHub configured retries it and appends `delivery.succeeded` or
+/// `delivery.failed` to the run's events.
+#[utoipa::path(
+    post,
+    path = "/v1/runs/{id}/deliver",
+    operation_id = "deliver_run",
+    tag = "github",
+    params(("id" = uuid::Uuid, Path, description = "The run's id.")),
+    responses(
+        (status = 202, description = "Delivery was requested.", body = crate::openapi::DeliveryRequested),
+        (status = 400, response = crate::openapi::errors::BadRequest),
+        (status = 404, response = crate::openapi::errors::NotFound),
+        (status = 409, response = crate::openapi::errors::Conflict),
+        (status = 401, response = crate::openapi::errors::Unauthorized),
+        (status = 500, response = crate::openapi::errors::Internal),
+        (status = 503, response = crate::openapi::errors::Unavailable),
+    )
+)]
 pub async fn deliver(
     State(state): State<AppState>,
     Subject(owner): Subject,

@@ -31,18 +31,26 @@ use crate::{ApiError, AppState};
 const BATCH: i64 = 500;
 const MAX_JSON_PAGE: i64 = 1000;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct EventsQuery {
+    /// Only events after this seq (`Last-Event-ID` wins over it).
+    #[param(minimum = 0)]
     after: Option<i64>,
+    /// JSON form only: events per page, 1 to 1000 (default 500).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<i64>,
     /// Accepted here only so the query extractor doesn't refuse it; the
-    /// auth extractor reads it.
+    /// auth extractor reads it. (Documented as the `access_token` security
+    /// scheme, not as a parameter.)
     #[allow(dead_code)]
+    #[param(ignore)]
     access_token: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
-struct EventPage {
+/// A page of a run's events, oldest first.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct EventPage {
     events: Vec<StoredEvent>,
     /// Pass as `after` to get the next page.
     next_after: i64,
@@ -50,6 +58,44 @@ struct EventPage {
     done: bool,
 }
 
+/// Follow a run's events
+///
+/// As `text/event-stream` (the default): every event after the resume
+/// point, then each new one as it happens, until the run's terminal event
+/// (`run.succeeded`, `run.failed`, `run.cancelled`, `run.timed_out`), after
+/// which the stream ends. Each SSE event has `id:` its seq, `event:` its
+/// kind and `data:` its payload as JSON (schema `SseEvent`; the kinds and
+/// their payloads are `EventBody`); a `: keep-alive` comment comes every
+/// 15 s. Reconnect with `Last-Event-ID` to resume, from any API instance,
+/// with nothing missed or repeated.
+///
+/// With `Accept: application/json` (and not `text/event-stream`): one page
+/// of stored events as JSON instead.
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{id}/events",
+    operation_id = "run_events",
+    tag = "events",
+    params(
+        ("id" = uuid::Uuid, Path, description = "The run's id."),
+        ("Last-Event-ID" = Option<i64>, Header, minimum = 0,
+            description = "Resume after this seq (what EventSource sends on reconnect)."),
+        EventsQuery,
+    ),
+    security(("bearer" = []), ("access_token" = [])),
+    responses(
+        (status = 200, description = "The run's events.", content(
+            (crate::openapi::SseEvent = "text/event-stream"),
+            (EventPage = "application/json"),
+        )),
+        (status = 400, response = crate::openapi::errors::BadRequest),
+        (status = 404, response = crate::openapi::errors::NotFound),
+        (status = 429, response = crate::openapi::errors::TooManyRequests),
+        (status = 401, response = crate::openapi::errors::Unauthorized),
+        (status = 500, response = crate::openapi::errors::Internal),
+        (status = 503, response = crate::openapi::errors::Unavailable),
+    )
+)]
 pub async fn events(
     State(state): State<AppState>,
     Subject(owner): Subject,

@@ -12,12 +12,33 @@ pub fn routes() -> Router<AppState> {
 }
 
 /// The process is up.
-async fn healthz() -> impl IntoResponse {
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    tag = "meta",
+    security(()),
+    responses((status = 200, description = "Always, while the process serves.", body = crate::openapi::Health,
+        example = json!({"status": "ok"})))
+)]
+pub(crate) async fn healthz() -> impl IntoResponse {
     Json(json!({ "status": "ok" }))
 }
 
 /// The process can serve: the database answers.
-async fn readyz(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "readyz",
+    tag = "meta",
+    security(()),
+    responses(
+        (status = 200, description = "The database answered.", body = crate::openapi::Health,
+            example = json!({"status": "ready"})),
+        (status = 503, response = crate::openapi::errors::Unavailable),
+    )
+)]
+pub(crate) async fn readyz(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     match tokio::time::timeout(std::time::Duration::from_secs(3), state.store.ping()).await {
         Ok(Ok(())) => Ok(Json(json!({ "status": "ready" }))),
         _ => Err(ApiError::Unavailable),

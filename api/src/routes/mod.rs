@@ -20,6 +20,7 @@ pub fn v1() -> Router<AppState> {
         .route("/runs/{id}/events", get(events::events))
         .route("/runs/{id}/messages", post(control::send_message))
         .route("/runs/{id}/approvals/{call_id}", post(control::decide))
+        .route("/openapi.json", get(crate::openapi::serve))
         .route(
             "/webhooks/github",
             post(webhooks::github).layer(DefaultBodyLimit::max(webhooks::MAX_WEBHOOK_BODY_BYTES)),

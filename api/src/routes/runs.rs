@@ -15,6 +15,34 @@ const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 const MAX_PAGE: u32 = 200;
 const DEFAULT_PAGE: u32 = 50;
 
+/// Create a run
+///
+/// Queues a run of `prompt` against `repo`. With an `Idempotency-Key`, a
+/// retry of the same request answers the run it created (200) instead of
+/// creating another.
+#[utoipa::path(
+    post,
+    path = "/v1/runs",
+    operation_id = "create_run",
+    tag = "runs",
+    request_body = CreateRun,
+    params(
+        ("Idempotency-Key" = Option<String>, Header,
+            description = "1 to 255 printable ASCII characters; the same key answers the same run."),
+    ),
+    responses(
+        (status = 201, description = "The run was queued.", body = Run),
+        (status = 200, description = "A run with this `Idempotency-Key` already exists; this is it.", body = Run),
+        (status = 400, response = crate::openapi::errors::BadRequest),
+        (status = 413, response = crate::openapi::errors::PayloadTooLarge),
+        (status = 415, response = crate::openapi::errors::UnsupportedMediaType),
+        (status = 422, response = crate::openapi::errors::Unprocessable),
+        (status = 429, response = crate::openapi::errors::TooManyRequests),
+        (status = 401, response = crate::openapi::errors::Unauthorized),
+        (status = 500, response = crate::openapi::errors::Internal),
+        (status = 503, response = crate::openapi::errors::Unavailable),
+    )
+)]
 pub async fn create(
     State(state): State<AppState>,
     Subject(owner): Subject,
@@ -55,6 +83,22 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     Ok(Some(key.to_owned()))
 }
 
+/// Get a run
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{id}",
+    operation_id = "get_run",
+    tag = "runs",
+    params(("id" = uuid::Uuid, Path, description = "The run's id.")),
+    responses(
+        (status = 200, description = "The run.", body = Run),
+        (status = 400, response = crate::openapi::errors::BadRequest),
+        (status = 404, response = crate::openapi::errors::NotFound),
+        (status = 401, response = crate::openapi::errors::Unauthorized),
+        (status = 500, response = crate::openapi::errors::Internal),
+        (status = 503, response = crate::openapi::errors::Unavailable),
+    )
+)]
 pub async fn get(
     State(state): State<AppState>,
     Subject(owner): Subject,
@@ -64,20 +108,45 @@ pub async fn get(
     Ok(Json(run))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
+    /// Only runs with this status.
+    #[param(value_type = Option<RunStatus>)]
     status: Option<String>,
+    /// Runs per page, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     limit: Option<u32>,
+    /// `next_cursor` of the previous page.
     cursor: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+/// A page of runs, newest first.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct RunList {
     runs: Vec<Run>,
+    /// Pass as `cursor` for the next page; absent (null) on the last page.
     next_cursor: Option<String>,
 }
 
+/// List runs
+///
+/// The caller's runs, newest first, a page at a time.
+#[utoipa::path(
+    get,
+    path = "/v1/runs",
+    operation_id = "list_runs",
+    tag = "runs",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of runs.", body = RunList),
+        (status = 400, response = crate::openapi::errors::BadRequest),
+        (status = 401, response = crate::openapi::errors::Unauthorized),
+        (status = 500, response = crate::openapi::errors::Internal),
+        (status = 503, response = crate::openapi::errors::Unavailable),
+    )
+)]
 pub async fn list(
     State(state): State<AppState>,
     Subject(owner): Subject,
@@ -102,6 +171,27 @@ pub async fn list(
     Ok(Json(RunList { runs: page.runs, next_cursor: page.next_cursor }))
 }
 
+/// Cancel a run
+///
+/// A queued run is cancelled at once (200); an active one is asked to stop
+/// (202), and its worker ends it with `run.cancelled` within seconds.
+#[utoipa::path(
+    post,
+    path = "/v1/runs/{id}/cancel",
+    operation_id = "cancel_run",
+    tag = "runs",
+    params(("id" = uuid::Uuid, Path, description = "The run's id.")),
+    responses(
+        (status = 200, description = "The run was cancelled.", body = Run),
+        (status = 202, description = "The run's worker was asked to stop it; follow its events.", body = Run),
+        (status = 400, response = crate::openapi::errors::BadRequest),
+        (status = 404, response = crate::openapi::errors::NotFound),
+        (status = 409, response = crate::openapi::errors::Conflict),
+        (status = 401, response = crate::openapi::errors::Unauthorized),
+        (status = 500, response = crate::openapi::errors::Internal),
+        (status = 503, response = crate::openapi::errors::Unavailable),
+    )
+)]
 pub async fn cancel(
     State(state): State<AppState>,
     Subject(owner): Subject,

@@ -33,6 +33,39 @@ const SIGNATURE_HEADER: &str = "x-hub-signature-256";
 const DELIVERY_HEADER: &str = "x-github-delivery";
 const EVENT_HEADER: &str = "x-github-event";
 
+/// Receive a GitHub webhook delivery
+///
+/// Authenticated by `X-Hub-Signature-256` (HMAC-SHA256 of the body with the
+/// hook's secret), not by a bearer token. A mention of the bot in an issue
+/// or comment, or the trigger label, queues a run; other deliveries are
+/// recorded and ignored; a redelivery answers what the first one did.
+#[utoipa::path(
+    post,
+    path = "/v1/webhooks/github",
+    operation_id = "github_webhook",
+    tag = "github",
+    security(()),
+    params(
+        ("X-Hub-Signature-256" = String, Header, description = "`sha256=` and the hex HMAC-SHA256 of the body."),
+        ("X-GitHub-Delivery" = String, Header, description = "The delivery's GUID; the same on redelivery."),
+        ("X-GitHub-Event" = String, Header, description = "The event's name, e.g. `issue_comment`."),
+    ),
+    request_body(content = Object, content_type = "application/json",
+        description = "GitHub's event payload, at most 1 MiB."),
+    responses(
+        (status = 201, description = "A run was queued.", body = crate::openapi::WebhookRun),
+        (status = 200, description = "A ping, or a delivery seen before (nothing was created).",
+            body = crate::openapi::WebhookAnswered),
+        (status = 202, description = "Recorded and ignored, with the reason.", body = crate::openapi::WebhookIgnored),
+        (status = 400, response = crate::openapi::errors::BadRequest),
+        (status = 401, response = crate::openapi::errors::Unauthorized),
+        (status = 404, description = "GitHub webhooks are not enabled on this server.", body = crate::openapi::ErrorBody),
+        (status = 413, response = crate::openapi::errors::PayloadTooLarge),
+        (status = 415, response = crate::openapi::errors::UnsupportedMediaType),
+        (status = 500, response = crate::openapi::errors::Internal),
+        (status = 503, response = crate::openapi::errors::Unavailable),
+    )
+)]
 pub async fn github(State(state): State<AppState>, request: Request) -> Result<Response, ApiError> {
     let Some(config) = state.github.clone() else {
         return Err(ApiError::NotFound(
