@@ -270,6 +270,11 @@ pub struct WorkerArgs {
     /// Seconds running steps get to finish after SIGTERM.
     #[arg(long, env = "KILN_SHUTDOWN_GRACE_S", default_value_t = 30)]
     pub shutdown_grace_s: u64,
+    /// Address for this worker's own `GET /metrics` (e.g. 0.0.0.0:9090);
+    /// unset serves none. Under `kiln up` the API's `/metrics` already
+    /// includes the worker.
+    #[arg(long, env = "KILN_METRICS_LISTEN")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// Sandbox image.
     #[arg(long, env = "KILN_SANDBOX_IMAGE", default_value = "kiln-sandbox:latest")]
     pub sandbox_image: String,
