@@ -184,8 +184,9 @@ pub async fn serve_metrics(listen: SocketAddr, shutdown: CancellationToken) -> a
             async move { ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body) }
         }),
     );
-    let listener =
-        tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding the metrics listener {listen}"))?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding the metrics listener {listen}"))?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
         let served = axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await;

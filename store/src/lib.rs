@@ -30,8 +30,8 @@ pub use delivery::{DeliveryJob, DeliveryRequest};
 pub use error::StoreError;
 pub use listen::{Listener, Notice};
 pub use queue::{HeartbeatOutcome, Lease, ReapedRun};
-pub use stats::RunStats;
 pub use runs::{CancelOutcome, Cursor, NewRun, Quota, QuotaRefusal, RunPage};
+pub use stats::RunStats;
 pub use webhooks::{Delivery, GithubOrigin, NewGithubRun, PastDelivery, Recorded};
 pub use workers::{SessionActivity, WorkerPresence};
 

@@ -84,14 +84,15 @@ async fn execute_in_span(
     lease: Lease,
     signals: RunSignals,
 ) {
+    // Logged here rather than by the claim loop so the line has the run's span.
+    tracing::info!(attempt = lease.attempt, "claimed run");
     let lost = CancellationToken::new();
     // Aborted when this task ends *or is dropped*: a run task torn down
     // mid-way must stop extending its lease, or nobody could take the run over.
-    let heartbeat =
-        AbortOnDrop(tokio::spawn(
-            heartbeat_loop(ctx.clone(), lease.clone(), signals.cancel.clone(), lost.clone())
-                .instrument(tracing::Span::current()),
-        ));
+    let heartbeat = AbortOnDrop(tokio::spawn(
+        heartbeat_loop(ctx.clone(), lease.clone(), signals.cancel.clone(), lost.clone())
+            .instrument(tracing::Span::current()),
+    ));
     let mut events = EventSink::new(ctx.store.clone(), lease.clone());
 
     let ending = if run.cancel_requested {
