@@ -88,6 +88,10 @@ where
 }
 
 fn tracer_provider(endpoint: &str) -> anyhow::Result<SdkTracerProvider> {
+    // The exporter builds a reqwest client, which (built without a default
+    // TLS backend) needs a process-wide crypto provider; `main` installs
+    // the same one, so whichever comes first wins.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_endpoint(endpoint)

@@ -184,3 +184,18 @@ async fn queue_gauges_show_waiting_runs_and_their_age() {
     assert!((1.0..60.0).contains(&age), "oldest queued run waited {age} s");
     assert_eq!(value(&queued, "kiln_metrics_db_up", &[]), 1.0);
 }
+
+#[tokio::test]
+async fn a_worker_serves_its_own_metrics_listener() {
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let addr = kiln_cli::telemetry::serve_metrics("127.0.0.1:0".parse().unwrap(), shutdown.clone()).await.unwrap();
+    // The worker records into the recorder the listener renders.
+    kiln_worker::metrics::warm_pool_size(3);
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let body = http.get(format!("http://{addr}/metrics")).send().await.unwrap().text().await.unwrap();
+    let samples: Vec<_> =
+        body.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()).map(sample_line).collect();
+    assert!(samples.iter().any(|(n, _, v)| n == "kiln_warm_pool_size" && *v == 3.0), "{body}");
+    shutdown.cancel();
+}
