@@ -56,9 +56,11 @@ impl Telemetry {
 /// (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as is, else
 /// `OTEL_EXPORTER_OTLP_ENDPOINT` plus `/v1/traces`), or `None` for no traces.
 pub fn traces_endpoint_from_env() -> Option<String> {
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-    var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        .or_else(|| var("OTEL_EXPORTER_OTLP_ENDPOINT").map(|base| format!("{}/v1/traces", base.trim_end_matches('/'))))
+    let set = |value: Result<String, std::env::VarError>| value.ok().filter(|v| !v.trim().is_empty());
+    set(std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")).or_else(|| {
+        set(std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT"))
+            .map(|base| format!("{}/v1/traces", base.trim_end_matches('/')))
+    })
 }
 
 /// The subscriber `kiln` logs and traces with: `filter` for both, `json`
