@@ -174,7 +174,7 @@ async fn queue_gauges_show_waiting_runs_and_their_age() {
     assert_eq!(value(&empty, "kiln_queue_depth", &[]), 0.0);
     assert_eq!(value(&empty, "kiln_queue_oldest_age_seconds", &[]), 0.0);
 
-    app.create_run("alice", json!({"prompt": "one"})).await;
+    let first = app.create_run("alice", json!({"prompt": "one"})).await;
     app.create_run("bob", json!({"prompt": "two"})).await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let queued = scrape(&app).await;
@@ -183,6 +183,26 @@ async fn queue_gauges_show_waiting_runs_and_their_age() {
     let age = value(&queued, "kiln_queue_oldest_age_seconds", &[]);
     assert!((1.0..60.0).contains(&age), "oldest queued run waited {age} s");
     assert_eq!(value(&queued, "kiln_metrics_db_up", &[]), 1.0);
+
+    // An open event stream is counted while it is open.
+    let stream = app
+        .http
+        .get(app.url(&format!("/v1/runs/{}/events", first["id"].as_str().unwrap())))
+        .bearer_auth(kiln_tests::token("alice"))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    assert_eq!(value(&scrape(&app).await, "kiln_sse_connections", &[]), 1.0);
+    drop(stream);
+    // The server notices the closed connection at its next write (the
+    // harness's keep-alive is 1 s).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while value(&scrape(&app).await, "kiln_sse_connections", &[]) != 0.0 {
+        assert!(std::time::Instant::now() < deadline, "the closed stream is still counted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[tokio::test]
