@@ -8,6 +8,7 @@ mod error;
 mod extract;
 pub mod github;
 pub mod limits;
+pub mod metrics;
 pub mod openapi;
 mod routes;
 pub mod web;
@@ -44,6 +45,8 @@ pub struct AppState {
     /// Fired when the process shuts down: SSE streams end so the server can
     /// drain (clients reconnect elsewhere and resume with `Last-Event-ID`).
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// Serves `GET /metrics`; `None` answers it 404.
+    pub metrics: Option<Arc<metrics::Exporter>>,
 }
 
 #[derive(Debug, Clone)]
@@ -58,6 +61,9 @@ pub struct ApiSettings {
     pub quota: Quota,
     /// SSE streams one subject may hold open on one instance.
     pub max_sse_per_subject: usize,
+    /// `/metrics` re-reads runs by status from the database at most this
+    /// often (one grouped count over the runs table).
+    pub metrics_refresh: Duration,
 }
 
 impl Default for ApiSettings {
@@ -68,6 +74,7 @@ impl Default for ApiSettings {
             sse_poll: Duration::from_secs(2),
             quota: Quota { max_active_runs: 20, max_runs_per_minute: 60 },
             max_sse_per_subject: 32,
+            metrics_refresh: Duration::from_secs(10),
         }
     }
 }
@@ -77,10 +84,12 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(routes::health::routes())
         .merge(web::routes())
+        .merge(metrics::routes())
         .nest("/v1", routes::v1())
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn(metrics::track_http))
         // Spans name the path only: a query may carry `access_token`.
         .layer(TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
             tracing::info_span!("request", method = %req.method(), path = %req.uri().path())

@@ -30,6 +30,11 @@ impl SseGauge {
         Some(SseSlot { gauge: self.clone(), subject: subject.to_owned() })
     }
 
+    /// Open streams across all subjects (the `kiln_sse_connections` gauge).
+    pub fn total(&self) -> usize {
+        self.open.lock().unwrap_or_else(|p| p.into_inner()).values().sum()
+    }
+
     pub fn open_for(&self, subject: &str) -> usize {
         self.open.lock().unwrap_or_else(|p| p.into_inner()).get(subject).copied().unwrap_or(0)
     }
@@ -58,6 +63,7 @@ mod tests {
         let _b = gauge.acquire("alice", 2).unwrap();
         assert!(gauge.acquire("alice", 2).is_none());
         assert!(gauge.acquire("bob", 2).is_some(), "other subjects are not affected");
+        assert_eq!(gauge.total(), 2, "bob's slot was dropped at once");
         drop(a);
         assert_eq!(gauge.open_for("alice"), 1);
         assert!(gauge.acquire("alice", 2).is_some());

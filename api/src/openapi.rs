@@ -54,6 +54,7 @@ pub const ACCESS_TOKEN: &str = "access_token";
         webhooks::github,
         health::healthz,
         health::readyz,
+        crate::metrics::scrape,
         serve,
     ),
     components(

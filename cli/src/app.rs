@@ -33,6 +33,9 @@ pub async fn start_api(
 ) -> anyhow::Result<ApiServer> {
     let listener = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     let addr = listener.local_addr()?;
+    let prometheus = crate::telemetry::prometheus();
+    let render: kiln_api::metrics::Render = Arc::new(move || prometheus.render());
+    let metrics = Some(Arc::new(kiln_api::metrics::Exporter::new(render, settings.metrics_refresh)));
     let state = AppState {
         listener: store.listener(),
         store,
@@ -41,6 +44,7 @@ pub async fn start_api(
         github: github.map(Arc::new),
         sse: Default::default(),
         shutdown: shutdown.clone(),
+        metrics,
     };
     let app = kiln_api::router(state);
     let handle = tokio::spawn(async move {

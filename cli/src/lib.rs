@@ -6,3 +6,4 @@ pub mod client;
 pub mod local;
 pub mod local_model;
 pub mod settings;
+pub mod telemetry;

@@ -122,16 +122,9 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
+/// Logs (and traces, with `OTEL_EXPORTER_OTLP_ENDPOINT`); see `telemetry`.
 fn init_tracing(default: &str) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let json = std::env::var("KILN_LOG_FORMAT").is_ok_and(|f| f == "json");
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
+    kiln_cli::telemetry::init(default);
 }
 
 /// Cancelled on Ctrl-C or SIGTERM.
@@ -162,13 +155,16 @@ async fn main() -> ExitCode {
     // reqwest is built without a default TLS backend; pick ring's.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
-    match dispatch(cli.command).await {
+    let code = match dispatch(cli.command).await {
         Ok(code) => code,
         Err(e) => {
             eprintln!("kiln: error: {e:#}");
             ExitCode::FAILURE
         }
-    }
+    };
+    // Spans still buffered go out before the process ends.
+    kiln_cli::telemetry::shutdown().await;
+    code
 }
 
 async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
@@ -199,6 +195,10 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             config.github = delivery.github()?;
             let store = open_store(db.url()?, db.db_pool_size).await?;
             let shutdown = shutdown_signal();
+            if let Some(listen) = worker.metrics_listen {
+                let addr = kiln_cli::telemetry::serve_metrics(listen, shutdown.clone()).await?;
+                tracing::info!(%addr, "worker metrics at /metrics");
+            }
             start_worker(store, config, model.endpoints()?, worker.prices()?, shutdown).await?.await?;
             Ok(ExitCode::SUCCESS)
         }

@@ -84,6 +84,10 @@ pub struct ApiArgs {
     /// Event streams one subject may hold open on one API instance.
     #[arg(long, env = "KILN_MAX_SSE_PER_SUBJECT", default_value_t = 32)]
     pub max_sse_per_subject: usize,
+    /// Seconds `/metrics` reuses its database read (runs by status, queue
+    /// depth and age); one grouped count over the runs table per refresh.
+    #[arg(long, env = "KILN_METRICS_REFRESH_S", default_value_t = 10)]
+    pub metrics_refresh_s: u64,
 }
 
 impl ApiArgs {
@@ -95,6 +99,7 @@ impl ApiArgs {
                 max_runs_per_minute: self.max_runs_per_minute.max(1),
             },
             max_sse_per_subject: self.max_sse_per_subject.max(1),
+            metrics_refresh: std::time::Duration::from_secs(self.metrics_refresh_s),
             ..Default::default()
         }
     }
@@ -270,6 +275,11 @@ pub struct WorkerArgs {
     /// Seconds running steps get to finish after SIGTERM.
     #[arg(long, env = "KILN_SHUTDOWN_GRACE_S", default_value_t = 30)]
     pub shutdown_grace_s: u64,
+    /// Address for this worker's own `GET /metrics` (e.g. 0.0.0.0:9090);
+    /// unset serves none. Under `kiln up` the API's `/metrics` already
+    /// includes the worker.
+    #[arg(long, env = "KILN_METRICS_LISTEN")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// Sandbox image.
     #[arg(long, env = "KILN_SANDBOX_IMAGE", default_value = "kiln-sandbox:latest")]
     pub sandbox_image: String,

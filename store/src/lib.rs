@@ -15,6 +15,7 @@ mod migrate;
 mod queue;
 mod rows;
 mod runs;
+mod stats;
 mod webhooks;
 mod workers;
 
@@ -30,6 +31,7 @@ pub use error::StoreError;
 pub use listen::{Listener, Notice};
 pub use queue::{HeartbeatOutcome, Lease, ReapedRun};
 pub use runs::{CancelOutcome, Cursor, NewRun, Quota, QuotaRefusal, RunPage};
+pub use stats::RunStats;
 pub use webhooks::{Delivery, GithubOrigin, NewGithubRun, PastDelivery, Recorded};
 pub use workers::{SessionActivity, WorkerPresence};
 

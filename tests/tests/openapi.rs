@@ -150,6 +150,7 @@ fn router_paths(app: &TestApp) -> BTreeSet<String> {
         )),
         sse: Default::default(),
         shutdown: app.shutdown.clone(),
+        metrics: None,
     };
     let debug = format!("{:?}", kiln_api::router(state));
     let table = debug

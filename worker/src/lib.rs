@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod config;
 pub mod github;
+pub mod metrics;
 pub mod providers;
 mod run_task;
 pub mod runner;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use kiln_protocol::{EventBody, Run, SandboxSpec};
 use kiln_store::{Lease, StoreError};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::agent::events::EventSink;
 use crate::agent::{AgentError, AgentRun, Outcome};
@@ -55,6 +56,8 @@ const FRESH_SANDBOX_NOTE: &str = "[kiln] The sandbox was recreated (the session'
      and processes from earlier in this session are lost, and the workspace is a fresh checkout. Check the state \
      of any file before relying on earlier work.";
 
+/// Drives one claimed run inside its `run` span: every log line and trace
+/// span of the run carries its ids, and `step` follows the loop.
 pub async fn execute(
     ctx: Arc<WorkerContext>,
     pool: Option<Arc<WarmPool>>,
@@ -62,11 +65,34 @@ pub async fn execute(
     lease: Lease,
     signals: RunSignals,
 ) {
+    let span = tracing::info_span!(
+        "run",
+        run_id = %run.id,
+        session_id = %run.session_id,
+        attempt = lease.attempt,
+        // 0 until the first step starts; the loop records each step.
+        step = 0u32,
+        outcome = tracing::field::Empty,
+    );
+    execute_in_span(ctx, pool, run, lease, signals).instrument(span).await;
+}
+
+async fn execute_in_span(
+    ctx: Arc<WorkerContext>,
+    pool: Option<Arc<WarmPool>>,
+    run: Run,
+    lease: Lease,
+    signals: RunSignals,
+) {
+    // Logged here rather than by the claim loop so the line has the run's span.
+    tracing::info!(attempt = lease.attempt, "claimed run");
     let lost = CancellationToken::new();
     // Aborted when this task ends *or is dropped*: a run task torn down
     // mid-way must stop extending its lease, or nobody could take the run over.
-    let heartbeat =
-        AbortOnDrop(tokio::spawn(heartbeat_loop(ctx.clone(), lease.clone(), signals.cancel.clone(), lost.clone())));
+    let heartbeat = AbortOnDrop(tokio::spawn(
+        heartbeat_loop(ctx.clone(), lease.clone(), signals.cancel.clone(), lost.clone())
+            .instrument(tracing::Span::current()),
+    ));
     let mut events = EventSink::new(ctx.store.clone(), lease.clone());
 
     let ending = if run.cancel_requested {
@@ -121,6 +147,7 @@ async fn drive(
         Ok(s) => s,
         Err(e) => return Ok(Outcome::Failed { error: format!("could not start the sandbox: {e}") }),
     };
+    let _active = crate::metrics::ActiveSandbox::enter();
     let mut notice = None;
     if origin != Origin::Reused {
         if let Err(e) = prepare_workspace(ctx, run, &sandbox).await {
@@ -198,16 +225,26 @@ async fn finish(ctx: &WorkerContext, run: &Run, lease: &Lease, ending: Ending) {
         Ending::TimedOut => EventBody::RunTimedOut { limit_s: run.limits.timeout_s() },
         Ending::Finished(Outcome::TimedOut { limit_s }) => EventBody::RunTimedOut { limit_s },
         Ending::Released => {
+            tracing::Span::current().record("outcome", "released");
             if let Err(e) = ctx.store.release_run(lease).await {
                 tracing::warn!(run_id = %run.id, error = %e, "releasing run failed; its lease will expire");
             }
             return;
         }
         Ending::LeaseLost => {
+            tracing::Span::current().record("outcome", "lease_lost");
             tracing::warn!(run_id = %run.id, "lease lost; another worker has the run");
             return;
         }
     };
+    let status = match &terminal {
+        EventBody::RunSucceeded { .. } => "succeeded",
+        EventBody::RunFailed { .. } => "failed",
+        EventBody::RunCancelled { .. } => "cancelled",
+        _ => "timed_out",
+    };
+    tracing::Span::current().record("outcome", status);
+    crate::metrics::run_finished(status);
     let result = match &terminal {
         EventBody::RunSucceeded { summary } => Some(serde_json::json!({ "summary": summary })),
         _ => None,

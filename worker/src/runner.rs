@@ -108,7 +108,7 @@ impl Worker {
         while tasks.len() < self.ctx.config.concurrency {
             match self.ctx.store.claim_run(&self.ctx.config.worker_id, self.ctx.config.lease).await {
                 Ok(Some((run, lease))) => {
-                    tracing::info!(run_id = %run.id, attempt = lease.attempt, "claimed run");
+                    crate::metrics::run_claimed(&run, lease.attempt);
                     let signals = RunSignals::default();
                     lock(&self.active).insert(run.id, signals.clone());
                     let ctx = self.ctx.clone();

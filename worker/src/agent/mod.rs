@@ -26,6 +26,7 @@ use crate::tools::{OutputStream, Registry, ToolContext, ToolFailure, ToolOutcome
 use budget::{Budget, BudgetCheck, Exhausted};
 use events::EventSink;
 use guard::{LoopGuard, Verdict};
+use tracing::Instrument;
 
 /// Said to the model for a call whose result was never stored because the
 /// worker running it died (DESIGN.md §6): it must not be re-run blindly.
@@ -124,68 +125,90 @@ impl AgentRun<'_> {
             }
             budget.steps += 1;
             let step = budget.steps;
-            self.events.emit(EventBody::StepStarted { step }).await?;
-            let assembled = match self.call_model(&messages, note).await {
-                Ok(a) => a,
-                Err(AgentError::Provider(e)) => {
-                    return Ok(Outcome::Failed { error: format!("model call failed: {e}") });
-                }
-                Err(e) => return Err(e),
-            };
-            let finish = assembled.finish_reason.clone().unwrap_or(FinishReason::EndTurn);
-            let cost = (self.pricing)(&self.model, &assembled.usage);
-            budget.record(&assembled.usage, cost);
-            last_input = Some(assembled.usage);
-            db_retry::with_retry(|| {
-                self.store.append_message(
-                    self.lease,
-                    self.run.session_id,
-                    &assembled.message,
-                    Some(&assembled.usage),
-                    Some(&self.model),
-                )
-            })
-            .await?;
-            messages.push(assembled.message.clone());
-            self.events
-                .emit(EventBody::StepFinished {
-                    step,
-                    finish_reason: finish.as_str().to_owned(),
-                    usage: assembled.usage,
-                    cost_usd: cost,
+            // Lines logged before the next step still say which step the
+            // run is at; the step's own span times it and parents its calls.
+            tracing::Span::current().record("step", step);
+            let span = tracing::info_span!(
+                "step",
+                run_id = %self.run.id,
+                session_id = %self.run.session_id,
+                step,
+                finish_reason = tracing::field::Empty,
+                tool_calls = tracing::field::Empty,
+            );
+            let started = Instant::now();
+            let stepped: Result<Option<Outcome>, AgentError> = async {
+                self.events.emit(EventBody::StepStarted { step }).await?;
+                let assembled = match self.call_model(&messages, note).await {
+                    Ok(a) => a,
+                    Err(AgentError::Provider(e)) => {
+                        return Ok(Some(Outcome::Failed { error: format!("model call failed: {e}") }));
+                    }
+                    Err(e) => return Err(e),
+                };
+                let finish = assembled.finish_reason.clone().unwrap_or(FinishReason::EndTurn);
+                let cost = (self.pricing)(&self.model, &assembled.usage);
+                budget.record(&assembled.usage, cost);
+                last_input = Some(assembled.usage);
+                db_retry::with_retry(|| {
+                    self.store.append_message(
+                        self.lease,
+                        self.run.session_id,
+                        &assembled.message,
+                        Some(&assembled.usage),
+                        Some(&self.model),
+                    )
                 })
                 .await?;
+                messages.push(assembled.message.clone());
+                self.events
+                    .emit(EventBody::StepFinished {
+                        step,
+                        finish_reason: finish.as_str().to_owned(),
+                        usage: assembled.usage,
+                        cost_usd: cost,
+                    })
+                    .await?;
 
-            let calls: Vec<(String, String, serde_json::Value)> = assembled
-                .message
-                .tool_calls()
-                .map(|(id, name, args)| (id.to_owned(), name.to_owned(), args.clone()))
-                .collect();
-            let verdict = guard.observe(calls.iter().map(|(_, name, args)| (name.as_str(), args)));
-            if !calls.is_empty() {
-                let results = self.run_tools(calls).await?;
-                self.persist(&mut messages, results).await?;
+                let calls: Vec<(String, String, serde_json::Value)> = assembled
+                    .message
+                    .tool_calls()
+                    .map(|(id, name, args)| (id.to_owned(), name.to_owned(), args.clone()))
+                    .collect();
+                tracing::Span::current().record("finish_reason", finish.as_str()).record("tool_calls", calls.len());
+                let verdict = guard.observe(calls.iter().map(|(_, name, args)| (name.as_str(), args)));
+                if !calls.is_empty() {
+                    let results = self.run_tools(calls).await?;
+                    self.persist(&mut messages, results).await?;
+                }
+                if !assembled.rejected_calls.is_empty() {
+                    // Not stored as tool calls (they never completed), so the
+                    // model is told in a user message instead of tool results.
+                    let text = assembled
+                        .rejected_calls
+                        .iter()
+                        .map(|r| format!("Your call to {} was not run: {}", r.name, r.error))
+                        .collect::<Vec<_>>()
+                        .join("\n");
+                    self.persist(&mut messages, Message::user(text)).await?;
+                }
+                match verdict {
+                    Verdict::Continue => {}
+                    Verdict::Nudge(text) => self.persist(&mut messages, Message::user(text)).await?,
+                    Verdict::Stop(reason) => return Ok(Some(Outcome::Failed { error: reason })),
+                }
+                let cut_short = finish == FinishReason::MaxTokens && assembled.message.tool_calls().next().is_none();
+                if cut_short && continuations < MAX_CONTINUATIONS {
+                    continuations += 1;
+                    self.persist(&mut messages, Message::user(CONTINUE)).await?;
+                }
+                Ok(None)
             }
-            if !assembled.rejected_calls.is_empty() {
-                // Not stored as tool calls (they never completed), so the
-                // model is told in a user message instead of tool results.
-                let text = assembled
-                    .rejected_calls
-                    .iter()
-                    .map(|r| format!("Your call to {} was not run: {}", r.name, r.error))
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                self.persist(&mut messages, Message::user(text)).await?;
-            }
-            match verdict {
-                Verdict::Continue => {}
-                Verdict::Nudge(text) => self.persist(&mut messages, Message::user(text)).await?,
-                Verdict::Stop(reason) => return Ok(Outcome::Failed { error: reason }),
-            }
-            let cut_short = finish == FinishReason::MaxTokens && assembled.message.tool_calls().next().is_none();
-            if cut_short && continuations < MAX_CONTINUATIONS {
-                continuations += 1;
-                self.persist(&mut messages, Message::user(CONTINUE)).await?;
+            .instrument(span)
+            .await;
+            crate::metrics::step_finished(started.elapsed());
+            if let Some(outcome) = stepped? {
+                return Ok(outcome);
             }
         }
     }
@@ -341,15 +364,37 @@ impl AgentRun<'_> {
             let work =
                 futures::future::join_all(batch.iter().zip(verdicts).map(|((call_id, name, arguments), verdict)| {
                     let ctx = ToolContext { sandbox, output: Some(stream.sink(call_id)) };
+                    // Labels only for tools that exist: the model can make up names.
+                    let label = if tools.get(name).is_some() { name.clone() } else { "unknown".to_owned() };
+                    let span = tracing::info_span!(
+                        "tool_call",
+                        tool = %label,
+                        call_id = %call_id,
+                        outcome = tracing::field::Empty,
+                        duration_ms = tracing::field::Empty,
+                    );
                     async move {
                         let started = Instant::now();
+                        let refused = verdict.is_some();
                         let outcome = match verdict {
                             // Refused before it ran (not allowed, or denied).
                             Some(refusal) => Ok(refusal),
                             None => tools.call(&ctx, name, arguments.clone()).await,
                         };
-                        (outcome, started.elapsed())
+                        let took = started.elapsed();
+                        let result = match &outcome {
+                            Err(_) => "failure",
+                            Ok(_) if refused => "refused",
+                            Ok(o) if o.is_error => "error",
+                            Ok(_) => "ok",
+                        };
+                        tracing::Span::current()
+                            .record("outcome", result)
+                            .record("duration_ms", took.as_millis() as u64);
+                        crate::metrics::tool_call(label, result, took);
+                        (outcome, took)
                     }
+                    .instrument(span)
                 }));
             // Streamed command output becomes tool.output events while the batch runs.
             let outcomes = stream.forward(work, &mut *self.events).await?;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use kiln_protocol::EventBody;
 use rand::Rng;
+use tracing::Instrument;
 
 use super::AgentError;
 use super::events::{COALESCE, EventSink};
@@ -37,7 +38,41 @@ pub async fn call_model_quietly(
     call(provider, request, events, false).await
 }
 
+/// One model call in its `model_call` span, timed and counted (retries
+/// included: the time is what the run waited).
 async fn call(
+    provider: &dyn ModelProvider,
+    request: &ModelRequest,
+    events: &mut EventSink,
+    stream_deltas: bool,
+) -> Result<Assembled, AgentError> {
+    let span = tracing::info_span!(
+        "model_call",
+        provider = provider.name(),
+        model = %request.model,
+        attempts = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        input_tokens = tracing::field::Empty,
+        output_tokens = tracing::field::Empty,
+        finish_reason = tracing::field::Empty,
+    );
+    let started = std::time::Instant::now();
+    let result = call_with_retries(provider, request, events, stream_deltas).instrument(span.clone()).await;
+    let usage = result.as_ref().ok().map(|a| &a.usage);
+    let outcome = if result.is_ok() { "ok" } else { "error" };
+    span.record("outcome", outcome);
+    if let Ok(assembled) = &result {
+        span.record("input_tokens", assembled.usage.input_tokens)
+            .record("output_tokens", assembled.usage.output_tokens);
+        if let Some(reason) = &assembled.finish_reason {
+            span.record("finish_reason", reason.as_str());
+        }
+    }
+    crate::metrics::model_call(provider.name(), &request.model, outcome, started.elapsed(), usage);
+    result
+}
+
+async fn call_with_retries(
     provider: &dyn ModelProvider,
     request: &ModelRequest,
     events: &mut EventSink,
@@ -45,6 +80,7 @@ async fn call(
 ) -> Result<Assembled, AgentError> {
     let mut attempt = 1;
     loop {
+        tracing::Span::current().record("attempts", attempt);
         match stream_once(provider, request, events, stream_deltas).await {
             Ok(assembled) => return Ok(assembled),
             Err(AgentError::Provider(e)) if e.is_retryable() && attempt < MAX_ATTEMPTS => {

@@ -94,6 +94,7 @@ impl WarmPool {
                 let (docker, id) = (sandbox.docker.clone(), sandbox.id.clone());
                 tokio::spawn(async move { super::remove_container(&docker, &id).await });
             }
+            crate::metrics::warm_pool_size(ready.len());
             found
         };
         self.taken.notify_one();
@@ -107,7 +108,9 @@ impl WarmPool {
                 self.starting.store(true, Ordering::SeqCst);
                 let started = Sandbox::start_warm(&self.docker, &self.config, &self.worker).await;
                 if let Ok(sandbox) = started.as_ref() {
-                    lock(&self.ready).push_back(sandbox.clone());
+                    let mut ready = lock(&self.ready);
+                    ready.push_back(sandbox.clone());
+                    crate::metrics::warm_pool_size(ready.len());
                 }
                 self.starting.store(false, Ordering::SeqCst);
                 self.filled.notify_waiters();
@@ -133,6 +136,7 @@ impl WarmPool {
     /// Removes every container the pool holds.
     pub async fn drain(&self) {
         let all: Vec<Sandbox> = lock(&self.ready).drain(..).collect();
+        crate::metrics::warm_pool_size(0);
         for sandbox in all {
             sandbox.remove().await;
         }

@@ -1,0 +1,204 @@
+//! Logs, traces and the metrics recorder of the `kiln` binary.
+//!
+//! - Logs: text, or one JSON object per line with `KILN_LOG_FORMAT=json`;
+//!   JSON lines carry the current span and the list of spans they are in,
+//!   so a line logged while working on a run names its `run_id`,
+//!   `session_id` and `step`.
+//! - Traces: with `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+//!   `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) set, the same spans go out over
+//!   OTLP/HTTP (protobuf).
+//! - Metrics: one Prometheus recorder per process, installed on first use,
+//!   which the API's `/metrics` and the worker's metrics listener render.
+
+use std::net::SocketAddr;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use anyhow::Context;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::SubscriberExt;
+
+/// Histogram buckets (seconds) for every `*_seconds` metric: from a fast
+/// tool call (5 ms) to a long model answer or a queue wait (10 min).
+const BUCKETS: &[f64] = &[0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0];
+
+/// How often histograms are drained when nobody scrapes (bounds memory).
+const UPKEEP: Duration = Duration::from_secs(5);
+
+/// What must be flushed before the process exits.
+#[derive(Default)]
+pub struct Telemetry {
+    tracer: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Sends the spans still buffered. The SDK's shutdown blocks, so it runs
+    /// off the async threads (the export itself runs on them).
+    pub async fn shutdown(self) {
+        if let Some(provider) = self.tracer
+            && let Ok(Err(e)) = tokio::task::spawn_blocking(move || provider.shutdown()).await
+        {
+            eprintln!("kiln: flushing traces failed: {e}");
+        }
+    }
+}
+
+/// Where spans go: the OTLP/HTTP traces URL from the standard variables
+/// (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as is, else
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` plus `/v1/traces`), or `None` for no traces.
+pub fn traces_endpoint_from_env() -> Option<String> {
+    let set = |value: Result<String, std::env::VarError>| value.ok().filter(|v| !v.trim().is_empty());
+    set(std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")).or_else(|| {
+        set(std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT"))
+            .map(|base| format!("{}/v1/traces", base.trim_end_matches('/')))
+    })
+}
+
+/// The subscriber `kiln` logs and traces with: `filter` for both, `json`
+/// lines or text to `writer`, and spans to `traces` (an OTLP/HTTP traces
+/// URL) when given. Must be called inside the Tokio runtime (the span
+/// exporter runs on it).
+pub fn subscriber<W>(
+    filter: EnvFilter,
+    json: bool,
+    writer: W,
+    traces: Option<&str>,
+) -> anyhow::Result<(impl tracing::Subscriber + Send + Sync + 'static, Telemetry)>
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let fmt = tracing_subscriber::fmt::layer().with_writer(writer);
+    let fmt = if json {
+        // The span list is what puts the run's ids on every line of the run.
+        fmt.json().with_current_span(true).with_span_list(true).boxed()
+    } else {
+        fmt.boxed()
+    };
+    let tracer = traces.map(tracer_provider).transpose()?;
+    let otel = tracer.as_ref().map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("kiln")));
+    let subscriber = tracing_subscriber::registry().with(filter).with(fmt).with(otel);
+    Ok((subscriber, Telemetry { tracer }))
+}
+
+fn tracer_provider(endpoint: &str) -> anyhow::Result<SdkTracerProvider> {
+    // The exporter builds a reqwest client, which (built without a default
+    // TLS backend) needs a process-wide crypto provider; `main` installs
+    // the same one, so whichever comes first wins.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_endpoint(endpoint)
+        .build()
+        .with_context(|| format!("building the OTLP exporter for {endpoint}"))?;
+    // The async-runtime processor exports with the workspace's async reqwest
+    // on Tokio (the default processor's own thread has no Tokio reactor).
+    let processor = BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build();
+    let service = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "kiln".into());
+    Ok(SdkTracerProvider::builder()
+        .with_span_processor(processor)
+        .with_resource(Resource::builder().with_service_name(service).build())
+        .build())
+}
+
+/// The recorder's flush handle, kept for [`shutdown`].
+static TELEMETRY: Mutex<Option<Telemetry>> = Mutex::new(None);
+
+/// Installs the process's subscriber from the environment (`RUST_LOG`,
+/// `KILN_LOG_FORMAT`, `OTEL_EXPORTER_OTLP_*`), logging to stderr. A trace
+/// exporter that cannot be built is reported and left out: logs still work.
+pub fn init(default_filter: &str) {
+    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let json = std::env::var("KILN_LOG_FORMAT").is_ok_and(|f| f == "json");
+    let traces = traces_endpoint_from_env();
+    let built = match subscriber(filter(), json, std::io::stderr, traces.as_deref()) {
+        Ok(built) => built,
+        Err(e) => {
+            eprintln!("kiln: traces are off: {e:#}");
+            match subscriber(filter(), json, std::io::stderr, None) {
+                Ok(built) => built,
+                Err(e) => return eprintln!("kiln: logging is off: {e:#}"),
+            }
+        }
+    };
+    let (subscriber, telemetry) = built;
+    if tracing::subscriber::set_global_default(subscriber).is_ok() {
+        *TELEMETRY.lock().unwrap_or_else(|p| p.into_inner()) = Some(telemetry);
+    }
+}
+
+/// Flushes what [`init`] set up; call before the process exits.
+pub async fn shutdown() {
+    let telemetry = TELEMETRY.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown().await;
+    }
+}
+
+/// The process's Prometheus recorder, installed on first use. The API and
+/// an in-process worker (`kiln up`) record into the same one, so the API's
+/// `/metrics` shows both.
+pub fn prometheus() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new();
+            let builder = match builder.set_buckets_for_metric(Matcher::Suffix("_seconds".into()), BUCKETS) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!(error = %e, "histogram buckets refused; exporting summaries");
+                    PrometheusBuilder::new()
+                }
+            };
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("another metrics recorder is installed; /metrics shows only what reaches this one");
+            }
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let upkeep = handle.clone();
+                rt.spawn(async move {
+                    let mut tick = tokio::time::interval(UPKEEP);
+                    loop {
+                        tick.tick().await;
+                        upkeep.run_upkeep();
+                    }
+                });
+            }
+            handle
+        })
+        .clone()
+}
+
+/// Serves `GET /metrics` from this process's recorder on `listen` (a
+/// worker's own listener; the API serves `/metrics` itself) until
+/// `shutdown` fires. Returns the bound address.
+pub async fn serve_metrics(listen: SocketAddr, shutdown: CancellationToken) -> anyhow::Result<SocketAddr> {
+    let handle = prometheus();
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let body = handle.render();
+            async move { ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding the metrics listener {listen}"))?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        let served = axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await;
+        if let Err(e) = served {
+            tracing::warn!(error = %e, "the metrics listener stopped");
+        }
+    });
+    Ok(addr)
+}

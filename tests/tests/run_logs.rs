@@ -1,0 +1,73 @@
+//! JSON logs (`KILN_LOG_FORMAT=json`): every line the worker logs while
+//! working on a run names the run, its session and the step, through the
+//! spans the line was logged in. The subscriber is the one `kiln` installs
+//! (`kiln_cli::telemetry::subscriber`), writing to a buffer.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use kiln_scripted_model::Reply;
+use kiln_tests::{Options, TestApp};
+use serde_json::{Value, json};
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// Collects what the subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The value of `field` in the innermost span of the line that has it.
+fn from_spans<'a>(line: &'a Value, field: &str) -> Option<&'a Value> {
+    line["spans"].as_array()?.iter().rev().find_map(|span| span.get(field))
+}
+
+#[tokio::test]
+async fn every_line_of_a_run_carries_run_session_and_step() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let (subscriber, _telemetry) =
+        kiln_cli::telemetry::subscriber(EnvFilter::new("info"), true, move || writer.clone(), None).unwrap();
+    subscriber.try_init().unwrap();
+
+    let script = vec![Reply::tool("bash", json!({"command": "echo hi"})), Reply::text("done")];
+    let app = TestApp::spawn(Options { script, ..Default::default() }).await;
+    let run = app.create_run("alice", json!({"prompt": "say hi"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let session = run["session_id"].as_str().unwrap().to_owned();
+    let events = app.events_to_end("alice", &id).await;
+    assert_eq!(events.last().unwrap().kind, "run.succeeded");
+    // "run finished" is logged before the terminal event is written.
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<Value> =
+        text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect();
+
+    // The worker's lines about this run: any that names it anywhere.
+    let of_run: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["target"].as_str().is_some_and(|t| t.starts_with("kiln_worker")))
+        .filter(|l| l.to_string().contains(&id))
+        .collect();
+    let messages: Vec<&str> = of_run.iter().filter_map(|l| l["fields"]["message"].as_str()).collect();
+    assert!(messages.contains(&"claimed run"), "{messages:?}");
+    assert!(messages.contains(&"run finished"), "{messages:?}");
+    for line in &of_run {
+        assert_eq!(from_spans(line, "run_id"), Some(&json!(id)), "run_id on {line}");
+        assert_eq!(from_spans(line, "session_id"), Some(&json!(session)), "session_id on {line}");
+        assert!(from_spans(line, "step").is_some_and(Value::is_u64), "step on {line}");
+    }
+    // The step follows the loop: the run ended in its second step.
+    let finished = of_run.iter().find(|l| l["fields"]["message"] == "run finished").unwrap();
+    assert_eq!(from_spans(finished, "step"), Some(&json!(2)), "{finished}");
+    assert_eq!(finished["span"]["name"], "run", "the current span is named: {finished}");
+}

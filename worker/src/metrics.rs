@@ -1,0 +1,80 @@
+//! What the worker counts, recorded through the `metrics` facade: every
+//! call is a no-op unless the binary installed a recorder (`kiln up`, or
+//! `kiln worker` with `KILN_METRICS_LISTEN`). Names and labels are the
+//! ones README's "Operating Kiln" lists; keep the two in step.
+
+use std::time::Duration;
+
+use kiln_protocol::{Run, Usage};
+
+/// A run was claimed. Claim latency (queued → claimed) counts first
+/// attempts only: a retried run's age says how long ago it was submitted,
+/// not how long it waited this time.
+pub fn run_claimed(run: &Run, attempt: i32) {
+    metrics::counter!("kiln_runs_claimed_total").increment(1);
+    if attempt == 1 {
+        let waited = (chrono::Utc::now() - run.created_at).to_std().unwrap_or_default();
+        metrics::histogram!("kiln_claim_latency_seconds").record(waited.as_secs_f64());
+    }
+}
+
+/// A run this worker drove ended with `status` (a run status name).
+pub fn run_finished(status: &'static str) {
+    metrics::counter!("kiln_runs_finished_total", "status" => status).increment(1);
+}
+
+/// One agent step (model call plus its tool calls) took `took`.
+pub fn step_finished(took: Duration) {
+    metrics::counter!("kiln_steps_total").increment(1);
+    metrics::histogram!("kiln_step_duration_seconds").record(took.as_secs_f64());
+}
+
+/// One model call (retries included) ended with `outcome` (`ok` or `error`).
+pub fn model_call(provider: &'static str, model: &str, outcome: &'static str, took: Duration, usage: Option<&Usage>) {
+    let model = model.to_owned();
+    metrics::histogram!(
+        "kiln_model_call_duration_seconds",
+        "provider" => provider, "model" => model.clone(), "outcome" => outcome
+    )
+    .record(took.as_secs_f64());
+    let Some(usage) = usage else { return };
+    for (kind, n) in [
+        ("input", usage.input_tokens),
+        ("output", usage.output_tokens),
+        ("cache_read", usage.cache_read_tokens),
+        ("cache_write", usage.cache_write_tokens),
+    ] {
+        metrics::counter!("kiln_model_tokens_total", "provider" => provider, "model" => model.clone(), "kind" => kind)
+            .increment(n);
+    }
+}
+
+/// One tool call ended. `tool` must be a registered tool's name (or
+/// `unknown`): the model can make up names, and labels must stay few.
+pub fn tool_call(tool: String, outcome: &'static str, took: Duration) {
+    metrics::counter!("kiln_tool_calls_total", "tool" => tool.clone(), "outcome" => outcome).increment(1);
+    metrics::histogram!("kiln_tool_call_duration_seconds", "tool" => tool, "outcome" => outcome)
+        .record(took.as_secs_f64());
+}
+
+/// Warm containers ready now.
+pub fn warm_pool_size(n: usize) {
+    metrics::gauge!("kiln_warm_pool_size").set(n as f64);
+}
+
+/// Counts a sandbox in use by a run while it lives; dropping it (however
+/// the run ends) gives the count back.
+pub struct ActiveSandbox(());
+
+impl ActiveSandbox {
+    pub fn enter() -> Self {
+        metrics::gauge!("kiln_sandboxes_active").increment(1.0);
+        ActiveSandbox(())
+    }
+}
+
+impl Drop for ActiveSandbox {
+    fn drop(&mut self) {
+        metrics::gauge!("kiln_sandboxes_active").decrement(1.0);
+    }
+}
