@@ -57,6 +57,9 @@ pub struct ApiSettings {
     pub quota: Quota,
     /// SSE streams one subject may hold open on one instance.
     pub max_sse_per_subject: usize,
+    /// Runs may name a `callback_url`: the deployment has a secret to sign
+    /// callbacks with (`KILN_CALLBACK_SECRET`). Off: such runs are refused.
+    pub callbacks_enabled: bool,
 }
 
 impl Default for ApiSettings {
@@ -67,6 +70,7 @@ impl Default for ApiSettings {
             sse_poll: Duration::from_secs(2),
             quota: Quota { max_active_runs: 20, max_runs_per_minute: 60 },
             max_sse_per_subject: 32,
+            callbacks_enabled: false,
         }
     }
 }
