@@ -315,3 +315,82 @@ async fn a_follow_up_run_calls_back_to_the_same_url() {
     assert_eq!(bodies[1]["run"]["result"]["summary"], "second");
     assert_ne!(bodies[0]["delivery_id"], bodies[1]["delivery_id"], "each run's callback is its own delivery");
 }
+
+/// A run cancelled while queued (no sandbox, no model): the cheapest way
+/// to a run that owes a callback.
+async fn cancelled_run(app: &TestApp, url: &str) -> Uuid {
+    let r = create(app, json!({"prompt": "never runs", "callback_url": url})).await;
+    assert_eq!(r.status(), 201);
+    let id: Uuid = r.json::<Value>().await.unwrap()["id"].as_str().unwrap().parse().unwrap();
+    let r = app.http.post(app.url(&format!("/v1/runs/{id}/cancel"))).bearer_auth(token(SUB)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    id
+}
+
+#[tokio::test]
+async fn a_run_the_reaper_fails_calls_back() {
+    let app = app(Vec::new()).await;
+    let (receiver, addr) = Receiver::start(&[]).await;
+    let r = create(&app, json!({"prompt": "p", "callback_url": format!("http://{addr}/hook")})).await;
+    let id: Uuid = r.json::<Value>().await.unwrap()["id"].as_str().unwrap().parse().unwrap();
+    // Workers that claim the run and die, until the reaper gives up on it.
+    for _ in 0..3 {
+        app.store.claim_run("dying", Duration::from_millis(100)).await.unwrap().unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        app.store.reap_expired_leases().await.unwrap();
+    }
+    start_worker(&app, true).await;
+
+    wait_for(&app, id, "callback.succeeded").await;
+    let got = receiver.received();
+    assert_eq!(got.len(), 1);
+    let body: Value = serde_json::from_slice(&got[0].body).unwrap();
+    assert_eq!(body["event"], "run.failed");
+    assert!(body["run"]["error"].as_str().unwrap().contains("lost 3 times"), "{body}");
+}
+
+#[tokio::test]
+async fn a_callback_held_by_a_dead_worker_is_taken_over_when_its_lease_runs_out() {
+    let app = app(Vec::new()).await;
+    let (receiver, addr) = Receiver::start(&[]).await;
+    let id = cancelled_run(&app, &format!("http://{addr}/hook")).await;
+    // A worker claims the callback and dies at once (never extends, never sends).
+    let lease = Duration::from_secs(3);
+    let ghost = app.store.claim_callback(lease).await.unwrap().expect("the callback is owed");
+    assert_eq!(ghost.run.id, id);
+    let claimed = Instant::now();
+    start_worker(&app, true).await;
+
+    // While the lease holds, the live worker leaves it alone.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(receiver.received().is_empty(), "a callback held by another worker was sent");
+    wait_for(&app, id, "callback.succeeded").await;
+    assert!(claimed.elapsed() >= lease, "taken over before the lease ran out");
+    assert_eq!(receiver.received().len(), 1);
+    assert_eq!(receiver.received()[0].headers["x-kiln-delivery"], ghost.delivery_id.to_string().as_str());
+    // The dead worker's late record is refused: the callback is not its own any more.
+    let late = kiln_protocol::EventBody::CallbackFailed {
+        attempt: 1,
+        status: None,
+        error: "late".into(),
+        delivery_id: ghost.delivery_id.to_string(),
+        retry_in_ms: None,
+    };
+    assert!(!app.store.record_callback_attempt(&ghost, kiln_store::CallbackAttempt::GaveUp, &late).await.unwrap());
+}
+
+#[tokio::test]
+async fn a_receiver_answering_a_client_error_is_not_retried() {
+    let app = app(Vec::new()).await;
+    let (receiver, addr) = Receiver::start(&[404]).await;
+    let id = cancelled_run(&app, &format!("http://{addr}/hook")).await;
+    start_worker(&app, true).await;
+
+    let evs = wait_for(&app, id, "callback.failed").await;
+    let cb = callback_events(&evs);
+    assert_eq!(cb[0].payload["status"], 404);
+    assert!(cb[0].payload.get("retry_in_ms").is_none(), "{}", cb[0].payload);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(callback_events(&events(&app, id).await).len(), 1);
+    assert_eq!(receiver.received().len(), 1);
+}
