@@ -106,6 +106,10 @@ pub async fn attempt(req: &Request<'_>) -> Sent {
 }
 
 fn refused(e: &TargetError) -> Sent {
+    if let TargetError::NotPublic { host, addr, kind } = e {
+        // The operator may want the address; the user's event does not get it.
+        tracing::warn!(%host, %addr, kind, "refused a callback to a non-public address");
+    }
     failed(None, e.to_string(), e.is_transient())
 }
 

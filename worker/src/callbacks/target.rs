@@ -24,9 +24,11 @@ pub enum TargetError {
     Url(String),
     #[error("could not resolve {host}: {error}")]
     Resolve { host: String, error: String },
+    /// The message names the kind of address, not the address: it is shown
+    /// to the user, who must not learn the internal network's layout from it.
     #[error(
-        "refused to call {host}: it resolves to {addr}, a {kind} address; callbacks only go to public addresses \
-         unless the deployment sets KILN_CALLBACK_ALLOW_PRIVATE=true"
+        "refused to call {host}: it resolves to a {kind} address; callbacks only go to public addresses unless \
+         the deployment sets KILN_CALLBACK_ALLOW_PRIVATE=true"
     )]
     NotPublic { host: String, addr: IpAddr, kind: &'static str },
 }
