@@ -187,7 +187,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             let github = github.webhook_config()?;
             let store = open_store(db.url()?, db.db_pool_size).await?;
             let shutdown = shutdown_signal();
-            let settings = kiln_api::ApiSettings { callbacks_enabled: callbacks.enabled(), ..api.settings() };
+            let settings = kiln_api::ApiSettings { callbacks_enabled: callbacks.enabled()?, ..api.settings() };
             let webhooks = github.is_some();
             let server = start_api(store, auth, settings, github, api.listen, shutdown).await?;
             tracing::info!(addr = %server.addr, github_webhooks = webhooks, "API listening");
@@ -342,7 +342,7 @@ async fn up(
     let mut config = worker.config(&model)?;
     config.github = github_delivery;
     config.callbacks = callbacks.settings()?;
-    let api_settings = kiln_api::ApiSettings { callbacks_enabled: callbacks.enabled(), ..api.settings() };
+    let api_settings = kiln_api::ApiSettings { callbacks_enabled: callbacks.enabled()?, ..api.settings() };
     let shutdown = shutdown_signal();
     let webhooks = github.is_some();
     let server =

@@ -475,8 +475,13 @@ impl CallbackArgs {
         }))
     }
 
-    /// Whether the API may accept `callback_url` (a secret is set).
-    pub fn enabled(&self) -> bool {
-        self.callback_secret.as_deref().is_some_and(|s| !s.is_empty())
+    /// Whether the API may accept `callback_url` (a secret is set). An empty
+    /// secret is a mistake, refused as the worker refuses it.
+    pub fn enabled(&self) -> anyhow::Result<bool> {
+        match self.callback_secret.as_deref() {
+            None => Ok(false),
+            Some("") => bail!("KILN_CALLBACK_SECRET is empty"),
+            Some(_) => Ok(true),
+        }
     }
 }
