@@ -185,9 +185,10 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             init_tracing("info");
             let auth = auth.authenticator()?;
             let github = github.webhook_config()?;
+            // Settings are checked before the database is touched.
+            let settings = kiln_api::ApiSettings { callbacks_enabled: callbacks.enabled()?, ..api.settings() };
             let store = open_store(db.url()?, db.db_pool_size).await?;
             let shutdown = shutdown_signal();
-            let settings = kiln_api::ApiSettings { callbacks_enabled: callbacks.enabled()?, ..api.settings() };
             let webhooks = github.is_some();
             let server = start_api(store, auth, settings, github, api.listen, shutdown).await?;
             tracing::info!(addr = %server.addr, github_webhooks = webhooks, "API listening");
@@ -272,6 +273,8 @@ async fn up(
 ) -> anyhow::Result<ExitCode> {
     let github = github.webhook_config()?;
     let github_delivery = delivery.github()?;
+    let callback_settings = callbacks.settings()?;
+    let api_settings = kiln_api::ApiSettings { callbacks_enabled: callbacks.enabled()?, ..api.settings() };
     std::fs::create_dir_all(&state_dir).with_context(|| format!("creating {}", state_dir.display()))?;
     let url = match &db.database_url {
         Some(url) => url.clone(),
@@ -341,8 +344,7 @@ async fn up(
     worker.sandbox_warm = worker.sandbox_warm.or(Some(2));
     let mut config = worker.config(&model)?;
     config.github = github_delivery;
-    config.callbacks = callbacks.settings()?;
-    let api_settings = kiln_api::ApiSettings { callbacks_enabled: callbacks.enabled()?, ..api.settings() };
+    config.callbacks = callback_settings;
     let shutdown = shutdown_signal();
     let webhooks = github.is_some();
     let server =
