@@ -33,6 +33,7 @@ const SUB: &str = "alice";
 struct Received {
     headers: HeaderMap,
     body: Bytes,
+    at: Instant,
 }
 
 /// A webhook receiver on 127.0.0.1 that records what it gets and answers
@@ -59,10 +60,19 @@ impl Receiver {
     }
 }
 
-async fn receive(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
-    r.received.lock().unwrap().push(Received { headers, body });
+/// A 429 asks for a second's wait; a 3xx points elsewhere on the receiver
+/// (which records what arrives there too).
+async fn receive(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> (StatusCode, HeaderMap) {
+    r.received.lock().unwrap().push(Received { headers, body, at: Instant::now() });
     let status = r.plan.lock().unwrap().pop_front().unwrap_or(200);
-    StatusCode::from_u16(status).unwrap()
+    let mut answer = HeaderMap::new();
+    if status == 429 {
+        answer.insert("retry-after", "1".parse().unwrap());
+    }
+    if (300..400).contains(&status) {
+        answer.insert("location", "/hook".parse().unwrap());
+    }
+    (StatusCode::from_u16(status).unwrap(), answer)
 }
 
 /// What a receiver does first: check `X-Kiln-Signature-256` over the raw body.
@@ -393,4 +403,37 @@ async fn a_receiver_answering_a_client_error_is_not_retried() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(callback_events(&events(&app, id).await).len(), 1);
     assert_eq!(receiver.received().len(), 1);
+}
+
+#[tokio::test]
+async fn a_429_is_retried_no_sooner_than_its_retry_after() {
+    let app = app(Vec::new()).await;
+    let (receiver, addr) = Receiver::start(&[429]).await;
+    let id = cancelled_run(&app, &format!("http://{addr}/hook")).await;
+    start_worker(&app, true).await;
+
+    let evs = wait_for(&app, id, "callback.succeeded").await;
+    let cb = callback_events(&evs);
+    assert_eq!(cb[0].payload["status"], 429);
+    // The backoff alone would be 50 to 100 ms; the receiver asked for 1 s.
+    assert!(cb[0].payload["retry_in_ms"].as_u64().unwrap() >= 1000, "{}", cb[0].payload);
+    let got = receiver.received();
+    assert_eq!(got.len(), 2);
+    assert!(got[1].at - got[0].at >= Duration::from_millis(950), "retried after {:?}", got[1].at - got[0].at);
+}
+
+#[tokio::test]
+async fn a_redirect_is_not_followed() {
+    let app = app(Vec::new()).await;
+    let (receiver, addr) = Receiver::start(&[302]).await;
+    let id = cancelled_run(&app, &format!("http://{addr}/hook")).await;
+    start_worker(&app, true).await;
+
+    let evs = wait_for(&app, id, "callback.failed").await;
+    let cb = callback_events(&evs);
+    assert_eq!(cb[0].payload["status"], 302);
+    assert!(cb[0].payload["error"].as_str().unwrap().contains("redirects are not followed"), "{}", cb[0].payload);
+    assert!(cb[0].payload.get("retry_in_ms").is_none());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(receiver.received().len(), 1, "the Location was followed");
 }
