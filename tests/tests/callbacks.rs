@@ -1,9 +1,12 @@
 //! Completion callbacks end to end: a run naming a `callback_url` is POSTed
 //! its final state when it ends, signed with HMAC-SHA256, to a receiver the
-//! test runs on 127.0.0.1; a receiver answering 500 is retried; a run
-//! cancelled while queued calls back too; bad URLs and a deployment without
-//! a callback secret are refused at submission; and a worker that does not
-//! allow private targets refuses a loopback one without sending anything.
+//! test runs on 127.0.0.1; a receiver answering 500 is retried (a 429 no
+//! sooner than its Retry-After; a 4xx or a redirect not at all); a run
+//! cancelled while queued or failed by the reaper calls back too, and so does
+//! a follow-up; a callback a dead worker held is taken over once its lease
+//! runs out; bad URLs and a deployment without a callback secret are refused
+//! at submission; and a worker that does not allow private targets refuses a
+//! loopback one without sending anything.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
