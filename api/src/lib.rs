@@ -64,6 +64,9 @@ pub struct ApiSettings {
     /// `/metrics` re-reads runs by status from the database at most this
     /// often (one grouped count over the runs table).
     pub metrics_refresh: Duration,
+    /// Runs may name a `callback_url`: the deployment has a secret to sign
+    /// callbacks with (`KILN_CALLBACK_SECRET`). Off: such runs are refused.
+    pub callbacks_enabled: bool,
 }
 
 impl Default for ApiSettings {
@@ -75,6 +78,7 @@ impl Default for ApiSettings {
             quota: Quota { max_active_runs: 20, max_runs_per_minute: 60 },
             max_sse_per_subject: 32,
             metrics_refresh: Duration::from_secs(10),
+            callbacks_enabled: false,
         }
     }
 }

@@ -70,6 +70,10 @@ pub async fn start_worker(
     if let Some(github) = config.github.clone() {
         tokio::spawn(kiln_worker::github::serve_pending_deliveries(github, store.clone(), shutdown.clone()));
     }
+    // Owed completion callbacks, whether or not GitHub is configured.
+    if let Some(callbacks) = config.callbacks.clone() {
+        tokio::spawn(kiln_worker::callbacks::serve(callbacks, store.clone(), listener.clone(), shutdown.clone()));
+    }
     let ctx = WorkerContext { store, docker, config, providers, prices, tools: Registry::standard() };
     let worker = Worker::new(ctx, listener);
     Ok(tokio::spawn(worker.run(shutdown)))

@@ -10,7 +10,9 @@ use clap::{Parser, Subcommand};
 use kiln_cli::app::{open_store, start_api, start_worker};
 use kiln_cli::client::{KilnClient, Printer};
 use kiln_cli::local;
-use kiln_cli::settings::{ApiArgs, AuthArgs, DbArgs, GithubArgs, GithubDeliveryArgs, ModelArgs, WorkerArgs};
+use kiln_cli::settings::{
+    ApiArgs, AuthArgs, CallbackArgs, DbArgs, GithubArgs, GithubDeliveryArgs, ModelArgs, WorkerArgs,
+};
 use kiln_protocol::{CreateRun, RepoSpec};
 use tokio_util::sync::CancellationToken;
 
@@ -34,6 +36,8 @@ enum Command {
         api: ApiArgs,
         #[command(flatten)]
         github: GithubArgs,
+        #[command(flatten)]
+        callbacks: CallbackArgs,
     },
     /// Claim and drive runs.
     Worker {
@@ -45,6 +49,8 @@ enum Command {
         worker: WorkerArgs,
         #[command(flatten)]
         delivery: GithubDeliveryArgs,
+        #[command(flatten)]
+        callbacks: CallbackArgs,
     },
     /// Local all-in-one: start what is missing (Postgres, sandbox image),
     /// then the API and a worker in this process.
@@ -72,6 +78,8 @@ enum Command {
         worker: WorkerArgs,
         #[command(flatten)]
         delivery: GithubDeliveryArgs,
+        #[command(flatten)]
+        callbacks: CallbackArgs,
     },
     /// Apply database migrations.
     Migrate {
@@ -169,20 +177,21 @@ async fn main() -> ExitCode {
 
 async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Serve { db, auth, api, github } => {
+        Command::Serve { db, auth, api, github, callbacks } => {
             init_tracing("info");
             let auth = auth.authenticator()?;
             let github = github.webhook_config()?;
+            // Settings are checked before the database is touched.
+            let settings = kiln_api::ApiSettings { callbacks_enabled: callbacks.enabled()?, ..api.settings() };
             let store = open_store(db.url()?, db.db_pool_size).await?;
             let shutdown = shutdown_signal();
-            let settings = api.settings();
             let webhooks = github.is_some();
             let server = start_api(store, auth, settings, github, api.listen, shutdown).await?;
             tracing::info!(addr = %server.addr, github_webhooks = webhooks, "API listening");
             server.handle.await??;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Worker { db, model, worker, delivery } => {
+        Command::Worker { db, model, worker, delivery, callbacks } => {
             init_tracing("info");
             if model.is_local() || model.is_scripted() {
                 bail!(
@@ -193,6 +202,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             }
             let mut config = worker.config(&model)?;
             config.github = delivery.github()?;
+            config.callbacks = callbacks.settings()?;
             let store = open_store(db.url()?, db.db_pool_size).await?;
             let shutdown = shutdown_signal();
             if let Some(listen) = worker.metrics_listen {
@@ -222,9 +232,21 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             }
             follow_run(&client, run.id).await
         }
-        Command::Up { demo, state_dir, local_pg_port, db, auth, api, github, model, mut worker, delivery } => {
+        Command::Up {
+            demo,
+            state_dir,
+            local_pg_port,
+            db,
+            auth,
+            api,
+            github,
+            model,
+            mut worker,
+            delivery,
+            callbacks,
+        } => {
             init_tracing(if demo { "warn" } else { "info" });
-            up(demo, state_dir, local_pg_port, db, auth, api, github, model, &mut worker, delivery).await
+            up(demo, state_dir, local_pg_port, db, auth, api, github, model, &mut worker, delivery, callbacks).await
         }
     }
 }
@@ -247,9 +269,12 @@ async fn up(
     mut model: ModelArgs,
     worker: &mut WorkerArgs,
     delivery: GithubDeliveryArgs,
+    callbacks: CallbackArgs,
 ) -> anyhow::Result<ExitCode> {
     let github = github.webhook_config()?;
     let github_delivery = delivery.github()?;
+    let callback_settings = callbacks.settings()?;
+    let api_settings = kiln_api::ApiSettings { callbacks_enabled: callbacks.enabled()?, ..api.settings() };
     std::fs::create_dir_all(&state_dir).with_context(|| format!("creating {}", state_dir.display()))?;
     let url = match &db.database_url {
         Some(url) => url.clone(),
@@ -319,10 +344,11 @@ async fn up(
     worker.sandbox_warm = worker.sandbox_warm.or(Some(2));
     let mut config = worker.config(&model)?;
     config.github = github_delivery;
+    config.callbacks = callback_settings;
     let shutdown = shutdown_signal();
     let webhooks = github.is_some();
     let server =
-        start_api(store.clone(), auth.authenticator()?, api.settings(), github, api.listen, shutdown.clone()).await?;
+        start_api(store.clone(), auth.authenticator()?, api_settings, github, api.listen, shutdown.clone()).await?;
     let worker_task = start_worker(store, config, model.endpoints()?, worker.prices()?, shutdown.clone()).await?;
     let base = format!("http://{}", server.addr);
     let token = kiln_api::auth::mint_hs256(secret.as_bytes(), "local", Duration::from_secs(7 * 86_400))?;

@@ -364,6 +364,8 @@ impl WorkerArgs {
             shutdown_grace: Duration::from_secs(self.shutdown_grace_s),
             // Set from `GithubDeliveryArgs` by the commands that deliver.
             github: None,
+            // Set from `CallbackArgs` likewise.
+            callbacks: None,
         })
     }
 }
@@ -429,5 +431,67 @@ impl GithubDeliveryArgs {
             request_poll: Duration::from_secs(2),
         };
         Ok(Some(Github::new(settings)?))
+    }
+}
+
+/// Completion callbacks (`callback_url` on a run). Both the API (which
+/// refuses `callback_url` without a secret) and workers (which sign and
+/// send) read these.
+#[derive(Clone, Args)]
+pub struct CallbackArgs {
+    /// HMAC-SHA256 key callbacks are signed with (`X-Kiln-Signature-256`).
+    /// Unset: runs naming a `callback_url` are refused with 422.
+    #[arg(long, env = "KILN_CALLBACK_SECRET", hide_env_values = true)]
+    pub callback_secret: Option<String>,
+    /// Let callbacks reach loopback, private and link-local addresses (on-prem
+    /// receivers, tests). Off: such targets are refused after DNS resolution.
+    #[arg(long, env = "KILN_CALLBACK_ALLOW_PRIVATE", default_value_t = false)]
+    pub callback_allow_private: bool,
+    /// Attempts per callback, the first included (retried on connection
+    /// errors, timeouts, 408, 429 and 5xx with exponential backoff).
+    #[arg(long, env = "KILN_CALLBACK_MAX_ATTEMPTS", default_value_t = kiln_worker::callbacks::DEFAULT_MAX_ATTEMPTS)]
+    pub callback_max_attempts: u32,
+    /// Seconds one callback attempt may take.
+    #[arg(long, env = "KILN_CALLBACK_TIMEOUT_S", default_value_t = 10)]
+    pub callback_timeout_s: u64,
+}
+
+impl std::fmt::Debug for CallbackArgs {
+    // Never print the secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallbackArgs")
+            .field("callback_secret", &self.callback_secret.as_ref().map(|_| "<redacted>"))
+            .field("callback_allow_private", &self.callback_allow_private)
+            .field("callback_max_attempts", &self.callback_max_attempts)
+            .field("callback_timeout_s", &self.callback_timeout_s)
+            .finish()
+    }
+}
+
+impl CallbackArgs {
+    /// The worker's callback settings, or `None` without a secret.
+    pub fn settings(&self) -> anyhow::Result<Option<kiln_worker::callbacks::CallbackSettings>> {
+        use kiln_worker::callbacks::{CallbackSecret, CallbackSettings};
+        let Some(secret) = &self.callback_secret else { return Ok(None) };
+        let secret = CallbackSecret::new(secret.as_bytes()).context("KILN_CALLBACK_SECRET is empty")?;
+        if self.callback_max_attempts == 0 {
+            bail!("KILN_CALLBACK_MAX_ATTEMPTS must be at least 1");
+        }
+        Ok(Some(CallbackSettings {
+            allow_private: self.callback_allow_private,
+            max_attempts: self.callback_max_attempts,
+            timeout: Duration::from_secs(self.callback_timeout_s.max(1)),
+            ..CallbackSettings::new(secret)
+        }))
+    }
+
+    /// Whether the API may accept `callback_url` (a secret is set). An empty
+    /// secret is a mistake, refused as the worker refuses it.
+    pub fn enabled(&self) -> anyhow::Result<bool> {
+        match self.callback_secret.as_deref() {
+            None => Ok(false),
+            Some("") => bail!("KILN_CALLBACK_SECRET is empty"),
+            Some(_) => Ok(true),
+        }
     }
 }

@@ -110,6 +110,32 @@ pub enum EventBody {
     /// `POST /v1/runs/{id}/deliver` tries again.
     #[serde(rename = "delivery.failed")]
     DeliveryFailed { error: String },
+    /// The run's completion callback (`callback_url`) was answered with a
+    /// 2xx. Comes after the terminal event.
+    #[serde(rename = "callback.succeeded")]
+    CallbackSucceeded {
+        /// 1 for the first try.
+        attempt: u32,
+        /// The receiver's HTTP status.
+        status: u16,
+        /// The `X-Kiln-Delivery` id, the same on every attempt.
+        delivery_id: String,
+    },
+    /// One attempt at the completion callback failed: no request was made
+    /// (the target is not allowed), it went unanswered, or the answer was
+    /// not a 2xx. `retry_in_ms` says when the next attempt is due; absent,
+    /// Kiln has given up on this callback.
+    #[serde(rename = "callback.failed")]
+    CallbackFailed {
+        attempt: u32,
+        /// The receiver's HTTP status, if it answered.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<u16>,
+        error: String,
+        delivery_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_in_ms: Option<u64>,
+    },
 }
 
 /// Kinds after which a run's stream ends.

@@ -4,11 +4,13 @@
 //! types, the store persists them, the API serves them; none of those crates
 //! redefines them. This crate does no I/O.
 
+pub mod callback;
 pub mod event;
 pub mod message;
 pub mod run;
 mod schema;
 
+pub use callback::CallbackBody;
 pub use event::{EventBody, EventRecord, StoredEvent, TodoItem, TodoStatus};
 pub use message::{Message, Part, Role, Usage};
 pub use run::{

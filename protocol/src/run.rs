@@ -39,6 +39,10 @@ pub struct CreateRun {
     /// allows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<SandboxSpec>,
+    /// Where to POST the run's final state when it ends (see
+    /// [`crate::callback`]); the deployment must have a callback secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_url: Option<String>,
 }
 
 /// A run's sandbox, within what the deployment allows: limits can only be
@@ -182,6 +186,8 @@ pub enum SpecError {
     ContextWindow,
     #[error("sandbox.{0}")]
     Sandbox(&'static str),
+    #[error("callback_url {0}")]
+    CallbackUrl(String),
 }
 
 impl CreateRun {
@@ -251,6 +257,9 @@ impl CreateRun {
             if sandbox.pids.is_some_and(|p| !(16..=1_000_000).contains(&p)) {
                 return Err(SpecError::Sandbox("pids must be between 16 and 1000000"));
             }
+        }
+        if let Some(url) = &self.callback_url {
+            crate::callback::validate_callback_url(url)?;
         }
         if let Some(model) = &self.model {
             let known = |p: &&str| matches!(*p, "openai" | "openai-responses" | "anthropic");
@@ -410,6 +419,9 @@ pub struct Run {
     pub result: Option<serde_json::Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Where the run's final state is POSTed when it ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_url: Option<String>,
     /// Seq of the newest event; a client that has seen this many events has
     /// seen them all.
     pub last_event_seq: i64,
@@ -479,6 +491,14 @@ mod tests {
             };
             assert!(matches!(s.validate(), Err(SpecError::RepoRef(_))), "{r}");
         }
+    }
+
+    #[test]
+    fn callback_url_is_validated_with_the_spec() {
+        let s = spec(r#"{"prompt":"x","callback_url":"https://hooks.example.com/kiln"}"#).unwrap();
+        assert_eq!(s.validate(), Ok(()));
+        let bad = spec(r#"{"prompt":"x","callback_url":"https://me:pw@hooks.example.com/"}"#).unwrap();
+        assert!(matches!(bad.validate(), Err(SpecError::CallbackUrl(_))));
     }
 
     #[test]

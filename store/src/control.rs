@@ -96,8 +96,11 @@ impl Store {
         }
         let new_id = Uuid::now_v7();
         tx.execute(
-            "INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, policy)
-             SELECT $1, session_id, owner, 'queued', $2, model, limits, $3, policy FROM runs WHERE id = $4",
+            // The follow-up continues the same task: whoever asked to be
+            // called back when it ended hears of the follow-up's end too.
+            "INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, policy, callback_url)
+             SELECT $1, session_id, owner, 'queued', $2, model, limits, $3, policy, callback_url
+             FROM runs WHERE id = $4",
             &[&new_id, &text, &Trigger::Api.as_str(), &id],
         )
         .await?;

@@ -5,6 +5,7 @@
 //! [`Lease`] (run id, attempt, worker) and only land while that lease is the
 //! current one, so a worker that lost its run can no longer change it.
 
+mod callbacks;
 mod control;
 mod delivery;
 mod error;
@@ -25,6 +26,7 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
+pub use callbacks::{CallbackAttempt, CallbackJob};
 pub use control::{DecideOutcome, Decision, MessageOutcome};
 pub use delivery::{DeliveryJob, DeliveryRequest};
 pub use error::StoreError;
@@ -45,6 +47,9 @@ pub mod channels {
     pub const RUN_CANCEL: &str = "kiln_run_cancel";
     /// A client sent a message or an approval decision (payload: run id).
     pub const RUN_CONTROL: &str = "kiln_run_control";
+    /// A run ended owing a completion callback (payload: run id; sent by the
+    /// trigger in `migrations/V8__callbacks.sql`). Wakes workers.
+    pub const CALLBACKS_OWED: &str = "kiln_callbacks_owed";
 }
 
 /// Handle to the database. Cheap to clone.

@@ -289,8 +289,9 @@ pub(crate) async fn insert_queued_run_tx(
     let policy = serde_json::to_value(new.spec.policy()).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let inserted = tx
         .query_opt(
-            "INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, idempotency_key, policy)
-             VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8, $9)
+            "INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, idempotency_key, policy,
+                               callback_url)
+             VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8, $9, $10)
              ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
              RETURNING id",
             &[
@@ -303,6 +304,7 @@ pub(crate) async fn insert_queued_run_tx(
                 &new.trigger.as_str(),
                 &new.idempotency_key,
                 &policy,
+                &new.spec.callback_url,
             ],
         )
         .await?;

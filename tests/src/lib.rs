@@ -297,6 +297,7 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         allow_file_repos: true,
         shutdown_grace: Duration::from_secs(5),
         github: None,
+        callbacks: None,
     }
 }
 

@@ -62,6 +62,9 @@ pub struct WorkerConfig {
     /// Reporting GitHub-triggered runs back to GitHub; `None`: such runs
     /// clone anonymously and nothing is reported.
     pub github: Option<crate::github::Github>,
+    /// Delivering completion callbacks (`callback_url`); `None`: this worker
+    /// leaves them to workers with `KILN_CALLBACK_SECRET`.
+    pub callbacks: Option<crate::callbacks::CallbackSettings>,
 }
 
 impl WorkerConfig {

@@ -2,6 +2,7 @@
 //! session and drives the agent loop whose tools run inside it.
 
 pub mod agent;
+pub mod callbacks;
 pub mod config;
 pub mod github;
 pub mod metrics;

@@ -50,6 +50,14 @@ pub async fn create(
     ApiJson(spec): ApiJson<CreateRun>,
 ) -> Result<(StatusCode, Json<Run>), ApiError> {
     spec.validate().map_err(|e| ApiError::Validation(e.to_string()))?;
+    // Refused here rather than accepted and never sent: an unsigned callback
+    // could not be told from a forged one.
+    if spec.callback_url.is_some() && !state.settings.callbacks_enabled {
+        return Err(ApiError::Validation(
+            "callback_url cannot be used here: this deployment has no KILN_CALLBACK_SECRET to sign callbacks with"
+                .into(),
+        ));
+    }
     let idempotency_key = idempotency_key(&headers)?;
     let new = NewRun { owner, spec, trigger: Trigger::Api, idempotency_key };
     let (run, created) = match state.store.create_run_within(new, Some(&state.settings.quota)).await? {

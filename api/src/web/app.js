@@ -22,7 +22,8 @@
     'run.queued', 'run.started', 'sandbox.ready', 'step.started', 'text.delta', 'reasoning.delta',
     'tool_call.started', 'tool_call.delta', 'tool_call.ready', 'tool.output', 'tool.result',
     'step.finished', 'approval.requested', 'approval.resolved', 'message.queued', 'model.retry',
-    'compaction', 'todo', 'delivery.succeeded', 'delivery.failed', ...TERMINAL,
+    'compaction', 'todo', 'delivery.succeeded', 'delivery.failed', 'callback.succeeded', 'callback.failed',
+    ...TERMINAL,
   ];
   const RENDER_BATCH = 500; // events rendered per frame; the rest wait for the next
   const RUNS_POLL_MS = 2000;
@@ -634,6 +635,12 @@
             p.pull_request ? safeLink(p.pull_request) : null, p.comment ? ' ' : null, p.comment ? safeLink(p.comment) : null), ev.seq));
         case 'delivery.failed':
           return meta(ev.seq, 'Delivery to GitHub failed: ' + p.error, 'ev-warn');
+        case 'callback.succeeded':
+          return meta(ev.seq, `Callback delivered (attempt ${p.attempt}, HTTP ${p.status})`);
+        case 'callback.failed': {
+          const next = typeof p.retry_in_ms === 'number' ? `; retrying in ${ms(p.retry_in_ms)}` : '; given up';
+          return meta(ev.seq, `Callback attempt ${p.attempt} failed: ${p.error}${next}`, 'ev-warn');
+        }
         case 'run.succeeded':
         case 'run.failed':
         case 'run.cancelled':

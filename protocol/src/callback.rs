@@ -1,0 +1,111 @@
+//! Completion callbacks: the `callback_url` a run may name, and what Kiln
+//! POSTs to it when the run ends.
+//!
+//! The request body is [`CallbackBody`] as JSON; the headers below carry the
+//! signature (HMAC-SHA256 of the raw body with the deployment's
+//! `KILN_CALLBACK_SECRET`), the delivery id (the same on every attempt of
+//! one callback, so a receiver can drop repeats) and the time of sending.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::run::{Run, SpecError};
+
+/// Longest `callback_url` accepted, in bytes.
+pub const MAX_CALLBACK_URL_BYTES: usize = 2048;
+
+/// `sha256=<hex of HMAC-SHA256(secret, raw body)>`.
+pub const SIGNATURE_HEADER: &str = "x-kiln-signature-256";
+/// The callback's id; every retry of the same callback repeats it.
+pub const DELIVERY_HEADER: &str = "x-kiln-delivery";
+/// The event name, as in the body.
+pub const EVENT_HEADER: &str = "x-kiln-event";
+/// Unix seconds when this attempt was sent (also `sent_at` in the body,
+/// where the signature covers it).
+pub const TIMESTAMP_HEADER: &str = "x-kiln-timestamp";
+
+/// What a callback carries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallbackBody {
+    /// The run's terminal event kind: `run.succeeded`, `run.failed`,
+    /// `run.cancelled` or `run.timed_out`.
+    pub event: String,
+    /// Same as the delivery header.
+    pub delivery_id: Uuid,
+    /// When this attempt was sent.
+    pub sent_at: DateTime<Utc>,
+    /// The run as `GET /v1/runs/{id}` shows it when it ended.
+    pub run: Run,
+}
+
+/// Checks what can be checked without the network: an http(s) URL with a
+/// host, bounded in length, without credentials (the callback is signed
+/// instead; a password in a URL ends up in logs). Whether the host is one
+/// a worker may reach is decided by the worker, after resolving it.
+pub fn validate_callback_url(raw: &str) -> Result<(), SpecError> {
+    if raw.len() > MAX_CALLBACK_URL_BYTES {
+        return Err(SpecError::CallbackUrl(format!("is {} bytes; the limit is {MAX_CALLBACK_URL_BYTES}", raw.len())));
+    }
+    // The URL parser quietly drops surrounding whitespace and tabs; refuse
+    // them so that what is stored is what is called.
+    if raw.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(SpecError::CallbackUrl("must not contain whitespace or control characters".into()));
+    }
+    let url = url::Url::parse(raw).map_err(|e| SpecError::CallbackUrl(format!("is not a URL ({e})")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(SpecError::CallbackUrl(format!("must be http or https, not {}", url.scheme())));
+    }
+    if url.host().is_none() {
+        return Err(SpecError::CallbackUrl("must name a host".into()));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(SpecError::CallbackUrl(
+            "must not carry credentials (user:password@); callbacks are signed with KILN_CALLBACK_SECRET instead"
+                .into(),
+        ));
+    }
+    if url.fragment().is_some() {
+        return Err(SpecError::CallbackUrl("must not have a #fragment (it is never sent)".into()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_and_https_urls_pass() {
+        for ok in ["https://hooks.example.com/kiln", "http://127.0.0.1:9000/cb?x=1", "https://[::1]:8443/"] {
+            assert_eq!(validate_callback_url(ok), Ok(()), "{ok}");
+        }
+    }
+
+    #[test]
+    fn other_schemes_credentials_and_oversized_urls_are_refused() {
+        let long = format!("https://example.com/{}", "a".repeat(MAX_CALLBACK_URL_BYTES));
+        for bad in [
+            "ftp://example.com/x",
+            "file:///etc/passwd",
+            "gopher://example.com",
+            "https://user:pw@example.com/",
+            "https://token@example.com/",
+            "not a url",
+            "https://example.com/ x",
+            " https://example.com/",
+            "https://example.com/#frag",
+            long.as_str(),
+        ] {
+            assert!(matches!(validate_callback_url(bad), Err(SpecError::CallbackUrl(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_reason_names_the_problem() {
+        let e = validate_callback_url("https://u:p@example.com/").unwrap_err().to_string();
+        assert!(e.starts_with("callback_url must not carry credentials"), "{e}");
+        let e = validate_callback_url("ftp://example.com/").unwrap_err().to_string();
+        assert!(e.contains("http or https"), "{e}");
+    }
+}

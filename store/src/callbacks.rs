@@ -1,0 +1,149 @@
+//! Completion callbacks owed by ended runs (`run_callbacks`, see
+//! `migrations/V8__callbacks.sql`).
+//!
+//! Nothing here talks HTTP. A run with a `callback_url` that ends owes a
+//! callback (a row, inserted by a trigger in the transaction that ends it,
+//! whoever ends it); a worker claims an owed callback under a lease it keeps
+//! extending, records every attempt (an event, and the attempt count) fenced
+//! by that lease, and settles the row when the receiver answered with a 2xx
+//! or it gives up. A callback a dead worker left is taken over once its lease
+//! runs out, never while a live worker holds it, so two workers never call
+//! the same receiver at once.
+
+use std::time::Duration;
+
+use kiln_protocol::{EventBody, Run};
+use uuid::Uuid;
+
+use crate::events::insert_event_tx;
+use crate::{Store, StoreError};
+
+/// Everything a worker needs to deliver one callback.
+#[derive(Debug, Clone)]
+pub struct CallbackJob {
+    /// The run as it ended.
+    pub run: Run,
+    pub url: String,
+    /// Sent on every attempt, so the receiver can drop repeats.
+    pub delivery_id: Uuid,
+    /// Attempts already made (by this worker or a dead one).
+    pub attempts: u32,
+    /// This claim's hold on the callback (fences extending and recording).
+    pub holder: Uuid,
+}
+
+/// What an attempt came to, for the row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallbackAttempt {
+    /// Answered with a 2xx: settled.
+    Delivered,
+    /// Failed; another attempt follows.
+    WillRetry,
+    /// Failed for good: settled, not delivered.
+    GaveUp,
+}
+
+impl Store {
+    /// Takes the lease of an owed callback whose lease is free or has run
+    /// out, longest-owed first. `None`: nothing owed, or all of it held.
+    pub async fn claim_callback(&self, lease: Duration) -> Result<Option<CallbackJob>, StoreError> {
+        let holder = Uuid::new_v4();
+        let client = self.client().await?;
+        // SKIP LOCKED: two workers claiming at once never get the same row.
+        let row = client
+            .query_opt(
+                "UPDATE run_callbacks c
+                 SET holder = $1, lease_until = now() + make_interval(secs => $2)
+                 WHERE c.run_id = (
+                     SELECT o.run_id FROM run_callbacks o
+                     WHERE o.settled_at IS NULL
+                       AND (o.lease_until IS NULL OR o.lease_until < now())
+                     ORDER BY o.owed_since
+                     LIMIT 1
+                     FOR UPDATE SKIP LOCKED)
+                 RETURNING c.run_id, c.url, c.delivery_id, c.attempts",
+                &[&holder, &lease.as_secs_f64()],
+            )
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        drop(client);
+        let run_id: Uuid = row.try_get(0)?;
+        let attempts: i32 = row.try_get(3)?;
+        let run = self
+            .get_run_unscoped(run_id)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("run {run_id} vanished while its callback was owed")))?;
+        Ok(Some(CallbackJob {
+            run,
+            url: row.try_get(1)?,
+            delivery_id: row.try_get(2)?,
+            attempts: u32::try_from(attempts).unwrap_or(0),
+            holder,
+        }))
+    }
+
+    /// Extends `job`'s lease; false when it is no longer `job`'s (it ran out
+    /// and another worker took the callback over).
+    pub async fn extend_callback(&self, job: &CallbackJob, lease: Duration) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let n = client
+            .execute(
+                "UPDATE run_callbacks SET lease_until = now() + make_interval(secs => $3)
+                 WHERE run_id = $1 AND holder = $2 AND settled_at IS NULL",
+                &[&job.run.id, &job.holder, &lease.as_secs_f64()],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    /// Records one attempt of `job`'s callback: counts it, appends `event`
+    /// (a `callback.*` event) to the run, and settles the callback unless
+    /// another attempt follows (which releases nothing: the holder keeps the
+    /// lease through its backoff). False, recording nothing, when the lease
+    /// is no longer `job`'s.
+    ///
+    /// Not fenced by the run's lease: the run has ended and holds none. The
+    /// event comes after the terminal one; a live SSE stream has closed by
+    /// then, a replay sees it.
+    pub async fn record_callback_attempt(
+        &self,
+        job: &CallbackJob,
+        outcome: CallbackAttempt,
+        event: &EventBody,
+    ) -> Result<bool, StoreError> {
+        let settled = outcome != CallbackAttempt::WillRetry;
+        let delivered = outcome == CallbackAttempt::Delivered;
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let n = tx
+            .execute(
+                "UPDATE run_callbacks SET attempts = attempts + 1,
+                        settled_at = CASE WHEN $3 THEN now() END,
+                        delivered = $4,
+                        holder = CASE WHEN $3 THEN NULL ELSE holder END,
+                        lease_until = CASE WHEN $3 THEN NULL ELSE lease_until END
+                 WHERE run_id = $1 AND holder = $2 AND settled_at IS NULL",
+                &[&job.run.id, &job.holder, &settled, &delivered],
+            )
+            .await?;
+        if n == 0 {
+            return Ok(false);
+        }
+        insert_event_tx(&tx, job.run.id, event).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Hands `job`'s callback back unsettled (the worker is stopping), so
+    /// another worker takes it over at once instead of after the lease.
+    pub async fn release_callback(&self, job: &CallbackJob) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "UPDATE run_callbacks SET holder = NULL, lease_until = NULL WHERE run_id = $1 AND holder = $2",
+                &[&job.run.id, &job.holder],
+            )
+            .await?;
+        Ok(())
+    }
+}
