@@ -71,6 +71,9 @@ pub async fn start_worker(
         );
         tokio::spawn(serve);
     }
+    if let Some(keep) = config.event_retention {
+        tokio::spawn(kiln_worker::retention::serve(store.clone(), keep, shutdown.clone()));
+    }
     let ctx = WorkerContext { store, docker, config, providers, prices, tools: Registry::standard() };
     let worker = Worker::new(ctx, listener);
     Ok(tokio::spawn(worker.run(shutdown)))

@@ -13,6 +13,7 @@ pub mod listen;
 mod messages;
 mod migrate;
 mod queue;
+mod retention;
 mod rows;
 mod runs;
 mod webhooks;
@@ -28,6 +29,7 @@ pub use delivery::{DeliveryJob, DeliveryRequest};
 pub use error::StoreError;
 pub use listen::{Listener, Notice};
 pub use queue::{HeartbeatOutcome, Lease, ReapedRun};
+pub use retention::Pruned;
 pub use runs::{CancelOutcome, Cursor, NewRun, Quota, QuotaRefusal, RunPage};
 pub use webhooks::{Delivery, GithubOrigin, NewGithubRun, PastDelivery, Recorded};
 

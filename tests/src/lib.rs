@@ -279,6 +279,7 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         default_max_tokens: 1024,
         allow_file_repos: true,
         shutdown_grace: Duration::from_secs(5),
+        event_retention: None,
         github: None,
     }
 }

@@ -5,6 +5,7 @@ pub mod agent;
 pub mod config;
 pub mod github;
 pub mod providers;
+pub mod retention;
 mod run_task;
 pub mod runner;
 pub mod sandbox;
