@@ -1,4 +1,5 @@
--- Idempotent event appends, and pruning the events of old runs (issue 6).
+-- Idempotent event appends, pruning the events of old runs, and a quota
+-- check that does not grow with history (issue 6).
 
 -- Chosen by the writer before its first attempt and kept across retries: an
 -- insert whose commit succeeded but whose answer was lost (the connection
@@ -17,3 +18,8 @@ ALTER TABLE runs ADD COLUMN events_pruned_at timestamptz;
 -- Pruned runs leave the index, so it stays as small as the backlog.
 CREATE INDEX runs_prunable ON runs (finished_at)
     WHERE finished_at IS NOT NULL AND events_pruned_at IS NULL;
+
+-- The per-subject quota counts a subject's active runs on every submission;
+-- this keeps that count to the active runs instead of the subject's whole
+-- history (the recent-runs count uses runs_owner_created).
+CREATE INDEX runs_owner_active ON runs (owner) WHERE status IN ('queued', 'running', 'awaiting_approval');

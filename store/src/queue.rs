@@ -40,23 +40,24 @@ fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// The claim statement (`$1` worker, `$2` lease in milliseconds as float8).
+/// Public so the queue benchmark's baseline runs exactly this SQL.
+pub fn claim_statement() -> String {
+    format!(
+        "UPDATE runs r SET status = 'running', attempt = attempt + 1, lease_owner = $1,
+                lease_expires_at = now() + $2 * interval '1 millisecond',
+                started_at = COALESCE(started_at, now())
+         WHERE id = (SELECT id FROM runs WHERE status = 'queued'
+                     ORDER BY priority, created_at FOR UPDATE SKIP LOCKED LIMIT 1)
+         RETURNING {RUN_RETURNING}"
+    )
+}
+
 impl Store {
     /// Claims the oldest queued run (highest priority first) for `worker`.
     pub async fn claim_run(&self, worker: &str, lease: Duration) -> Result<Option<(Run, Lease)>, StoreError> {
         let client = self.client().await?;
-        let row = client
-            .query_opt(
-                &format!(
-                    "UPDATE runs r SET status = 'running', attempt = attempt + 1, lease_owner = $1,
-                            lease_expires_at = now() + $2 * interval '1 millisecond',
-                            started_at = COALESCE(started_at, now())
-                     WHERE id = (SELECT id FROM runs WHERE status = 'queued'
-                                 ORDER BY priority, created_at FOR UPDATE SKIP LOCKED LIMIT 1)
-                     RETURNING {RUN_RETURNING}"
-                ),
-                &[&worker, &millis(lease)],
-            )
-            .await?;
+        let row = client.query_opt(&claim_statement(), &[&worker, &millis(lease)]).await?;
         let Some(row) = row else { return Ok(None) };
         let run = run_from_row(&row)?;
         let lease = Lease { run_id: run.id, attempt: run.attempt, worker: worker.to_owned() };
