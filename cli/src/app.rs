@@ -40,6 +40,7 @@ pub async fn start_api(
         settings: Arc::new(settings),
         github: github.map(Arc::new),
         sse: Default::default(),
+        feeds: Default::default(),
         shutdown: shutdown.clone(),
     };
     let app = kiln_api::router(state);
