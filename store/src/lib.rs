@@ -29,7 +29,7 @@ pub use control::{DecideOutcome, Decision, MessageOutcome};
 pub use delivery::{DeliveryJob, DeliveryRequest};
 pub use error::StoreError;
 pub use listen::{Listener, Notice};
-pub use queue::{HeartbeatOutcome, Lease, ReapedRun, claim_statement};
+pub use queue::{FINISH_STATEMENT, HeartbeatOutcome, Lease, ReapedRun, claim_statement};
 pub use retention::Pruned;
 pub use runs::{CancelOutcome, Cursor, NewRun, Quota, QuotaRefusal, RunPage};
 pub use webhooks::{Delivery, GithubOrigin, NewGithubRun, PastDelivery, Recorded};
