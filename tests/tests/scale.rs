@@ -222,6 +222,43 @@ async fn two_hundred_sse_clients_some_reconnecting_all_see_every_event_once_in_o
     }
 }
 
+#[tokio::test]
+async fn one_subjects_burst_of_submissions_does_not_starve_other_requests() {
+    // The harness's pool has 8 connections; 300 submissions of one subject
+    // queue for its quota lock. They must queue in the process, not each on
+    // a pooled connection, or everyone else waits for the pool (and gets 503).
+    let app = TestApp::spawn(Options { api: unlimited_api(), worker: false, ..Default::default() }).await;
+    let burst = (0..300).map(|i| {
+        let app = &app;
+        async move {
+            let r = app
+                .http
+                .post(app.url("/v1/runs"))
+                .bearer_auth(token("alice"))
+                .json(&json!({"prompt": format!("burst {i}")}))
+                .send()
+                .await
+                .unwrap();
+            r.status().as_u16()
+        }
+    });
+    let others = async {
+        // Once the burst is under way, another subject's requests answer promptly.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut slowest = Duration::ZERO;
+        for _ in 0..5 {
+            let t = Instant::now();
+            let r = app.http.get(app.url("/v1/runs")).bearer_auth(token("bob")).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            slowest = slowest.max(t.elapsed());
+        }
+        slowest
+    };
+    let (statuses, slowest) = tokio::join!(join_all(burst), others);
+    assert!(statuses.iter().all(|s| *s == 201), "every submission of the burst was taken: {statuses:?}");
+    assert!(slowest < Duration::from_secs(2), "another subject waited {slowest:?} behind the burst");
+}
+
 /// How many workers and runs per worker the thousand-run test uses.
 fn thousand_run_concurrency() -> usize {
     std::env::var("KILN_SCALE_CONCURRENCY").ok().and_then(|v| v.parse().ok()).unwrap_or(8)
