@@ -24,8 +24,11 @@ use crate::routes::events::{BATCH, wait_for_news};
 pub type Batch = Arc<[StoredEvent]>;
 
 /// Batches a subscriber may fall behind before it is told it lagged (and
-/// reads the table instead).
-const CAPACITY: usize = 256;
+/// reads the table instead). Small on purpose: the channel keeps every batch
+/// a subscriber has not read yet, so a client that stops reading pins up to
+/// this many batches (events of up to 64 KiB each) in the API's memory.
+/// Falling behind costs only a table read.
+const CAPACITY: usize = 16;
 
 /// The feeds of one API instance, by run.
 #[derive(Debug, Default)]
