@@ -6,6 +6,7 @@
 pub mod auth;
 mod error;
 mod extract;
+pub mod feed;
 pub mod github;
 pub mod limits;
 pub mod metrics;
@@ -42,6 +43,8 @@ pub struct AppState {
     pub github: Option<Arc<GithubWebhookConfig>>,
     /// Open SSE streams per subject on this instance.
     pub sse: Arc<limits::SseGauge>,
+    /// One reader per followed run, shared by its SSE streams.
+    pub feeds: Arc<feed::Feeds>,
     /// Fired when the process shuts down: SSE streams end so the server can
     /// drain (clients reconnect elsewhere and resume with `Last-Event-ID`).
     pub shutdown: tokio_util::sync::CancellationToken,

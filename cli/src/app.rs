@@ -43,6 +43,7 @@ pub async fn start_api(
         settings: Arc::new(settings),
         github: github.map(Arc::new),
         sse: Default::default(),
+        feeds: Default::default(),
         shutdown: shutdown.clone(),
         metrics,
     };
@@ -73,6 +74,9 @@ pub async fn start_worker(
     // Owed completion callbacks, whether or not GitHub is configured.
     if let Some(callbacks) = config.callbacks.clone() {
         tokio::spawn(kiln_worker::callbacks::serve(callbacks, store.clone(), listener.clone(), shutdown.clone()));
+    }
+    if let Some(keep) = config.event_retention {
+        tokio::spawn(kiln_worker::retention::serve(store.clone(), keep, shutdown.clone()));
     }
     let ctx = WorkerContext { store, docker, config, providers, prices, tools: Registry::standard() };
     let worker = Worker::new(ctx, listener);

@@ -310,6 +310,9 @@ pub struct WorkerArgs {
     /// JSON file of model prices (USD per million tokens); built-in defaults otherwise.
     #[arg(long, env = "KILN_PRICES_FILE")]
     pub prices_file: Option<PathBuf>,
+    /// Days to keep the events of ended runs (all but the terminal event); 0 keeps them forever.
+    #[arg(long, env = "KILN_EVENT_RETENTION_DAYS", default_value_t = 0)]
+    pub event_retention_days: u64,
     /// Allow `file://` repository URLs (they read this host's disk).
     #[arg(long, env = "KILN_ALLOW_FILE_REPOS", default_value_t = false)]
     pub allow_file_repos: bool,
@@ -362,6 +365,8 @@ impl WorkerArgs {
             compaction_threshold: model.compaction_threshold,
             allow_file_repos: self.allow_file_repos,
             shutdown_grace: Duration::from_secs(self.shutdown_grace_s),
+            event_retention: (self.event_retention_days > 0)
+                .then(|| Duration::from_secs(self.event_retention_days.saturating_mul(86_400))),
             // Set from `GithubDeliveryArgs` by the commands that deliver.
             github: None,
             // Set from `CallbackArgs` likewise.

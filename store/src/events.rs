@@ -36,27 +36,54 @@ pub(crate) async fn insert_event_tx(
 }
 
 impl Store {
-    /// Appends an event for a run this worker holds. The seq bump, the insert
-    /// and the notification are one statement, so seqs stay dense and a
-    /// worker that lost the lease writes nothing.
+    /// Appends an event for a run this worker holds, under a fresh event id.
+    /// Callers that retry a failed append should use
+    /// [`Store::append_event_once`] with one id for all attempts.
     pub async fn append_event(&self, lease: &Lease, body: &EventBody) -> Result<i64, StoreError> {
+        self.append_event_once(lease, Uuid::now_v7(), body).await
+    }
+
+    /// Appends an event for a run this worker holds; returns its seq. The seq
+    /// bump, the insert and the notification are one statement, so seqs stay
+    /// dense and a worker that lost the lease writes nothing.
+    ///
+    /// Idempotent in `event_id`: when an earlier attempt with the same id was
+    /// committed (its answer lost with the connection), this returns that
+    /// event's seq and stores nothing.
+    pub async fn append_event_once(&self, lease: &Lease, event_id: Uuid, body: &EventBody) -> Result<i64, StoreError> {
         let (kind, payload) = split(body)?;
         let client = self.client().await?;
-        let row = client
+        let result = client
             .query_opt(
-                "WITH bump AS (
+                "WITH earlier AS (
+                     SELECT seq FROM events WHERE event_id = $7
+                 ), bump AS (
                      UPDATE runs SET last_event_seq = last_event_seq + 1
                      WHERE id = $1 AND attempt = $2 AND lease_owner = $3
                        AND status IN ('running', 'awaiting_approval')
+                       AND NOT EXISTS (SELECT 1 FROM earlier)
                      RETURNING last_event_seq
                  ), ins AS (
-                     INSERT INTO events (run_id, seq, kind, payload)
-                     SELECT $1, last_event_seq, $4, $5 FROM bump RETURNING seq
+                     INSERT INTO events (run_id, seq, kind, payload, event_id)
+                     SELECT $1, last_event_seq, $4, $5, $7 FROM bump RETURNING seq
                  )
-                 SELECT seq, pg_notify($6, $1::text || ':' || seq) IS NULL FROM ins",
-                &[&lease.run_id, &lease.attempt, &lease.worker, &kind, &payload, &channels::RUN_EVENTS],
+                 SELECT seq, pg_notify($6, $1::text || ':' || seq) IS NULL FROM ins
+                 UNION ALL
+                 SELECT seq, false FROM earlier",
+                &[&lease.run_id, &lease.attempt, &lease.worker, &kind, &payload, &channels::RUN_EVENTS, &event_id],
             )
-            .await?;
+            .await;
+        let row = match result {
+            Ok(row) => row,
+            // The earlier attempt committed while this statement ran (its
+            // snapshot could not see it): the unique index refused the copy
+            // and the whole statement, seq bump included, rolled back. The
+            // event is stored; look up its seq.
+            Err(e) if is_duplicate_event_id(&e) => {
+                client.query_opt("SELECT seq FROM events WHERE event_id = $1", &[&event_id]).await?
+            }
+            Err(e) => return Err(e.into()),
+        };
         match row {
             Some(row) => Ok(row.try_get(0)?),
             None => Err(StoreError::LeaseLost(lease.run_id)),
@@ -79,4 +106,10 @@ impl Store {
             })
             .collect()
     }
+}
+
+fn is_duplicate_event_id(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        *db.code() == tokio_postgres::error::SqlState::UNIQUE_VIOLATION && db.constraint() == Some("events_event_id")
+    })
 }

@@ -13,7 +13,9 @@ mod events;
 pub mod listen;
 mod messages;
 mod migrate;
+mod owner_gate;
 mod queue;
+mod retention;
 mod rows;
 mod runs;
 mod stats;
@@ -31,7 +33,8 @@ pub use control::{DecideOutcome, Decision, MessageOutcome};
 pub use delivery::{DeliveryJob, DeliveryRequest};
 pub use error::StoreError;
 pub use listen::{Listener, Notice};
-pub use queue::{HeartbeatOutcome, Lease, ReapedRun};
+pub use queue::{FINISH_STATEMENT, HeartbeatOutcome, Lease, ReapedRun, claim_statement};
+pub use retention::Pruned;
 pub use runs::{CancelOutcome, Cursor, NewRun, Quota, QuotaRefusal, RunPage};
 pub use stats::RunStats;
 pub use webhooks::{Delivery, GithubOrigin, NewGithubRun, PastDelivery, Recorded};
@@ -57,6 +60,8 @@ pub mod channels {
 pub struct Store {
     pool: Pool,
     config: tokio_postgres::Config,
+    /// Queues an owner's submissions before they take a connection.
+    owner_gate: std::sync::Arc<owner_gate::OwnerGate>,
 }
 
 impl std::fmt::Debug for Store {
@@ -90,7 +95,7 @@ impl Store {
             .recycle_timeout(Some(Duration::from_secs(5)))
             .build()
             .map_err(|e| StoreError::Config(e.to_string()))?;
-        Ok(Store { pool, config })
+        Ok(Store { pool, config, owner_gate: Default::default() })
     }
 
     /// Checks that the database answers.

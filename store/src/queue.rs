@@ -40,23 +40,43 @@ fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// The claim statement (`$1` worker, `$2` lease in milliseconds as float8).
+/// Public so the queue benchmark's baseline runs exactly this SQL.
+pub fn claim_statement() -> String {
+    format!(
+        "UPDATE runs r SET status = 'running', attempt = attempt + 1, lease_owner = $1,
+                lease_expires_at = now() + $2 * interval '1 millisecond',
+                started_at = COALESCE(started_at, now())
+         WHERE id = (SELECT id FROM runs WHERE status = 'queued'
+                     ORDER BY priority, created_at FOR UPDATE SKIP LOCKED LIMIT 1)
+         RETURNING {RUN_RETURNING}"
+    )
+}
+
+/// The finish statement: `$1` run, `$2` attempt, `$3` worker (the fence),
+/// `$4` status, `$5` result, `$6` error, `$7` kind and `$8` payload of the
+/// terminal event, `$9` the events channel. Public for the queue benchmark's
+/// baseline.
+pub const FINISH_STATEMENT: &str = "WITH fin AS (
+         UPDATE runs SET status = $4, finished_at = now(), result = $5, error = $6,
+                lease_owner = NULL, lease_expires_at = NULL, last_event_seq = last_event_seq + 1
+         WHERE id = $1 AND attempt = $2 AND lease_owner = $3
+           AND status IN ('running', 'awaiting_approval')
+         RETURNING id, last_event_seq
+     ), ins AS (
+         INSERT INTO events (run_id, seq, kind, payload)
+         SELECT id, last_event_seq, $7, $8 FROM fin RETURNING seq
+     )
+     SELECT seq, pg_notify($9, $1::text || ':' || seq) IS NULL FROM ins";
+
 impl Store {
     /// Claims the oldest queued run (highest priority first) for `worker`.
     pub async fn claim_run(&self, worker: &str, lease: Duration) -> Result<Option<(Run, Lease)>, StoreError> {
         let client = self.client().await?;
-        let row = client
-            .query_opt(
-                &format!(
-                    "UPDATE runs r SET status = 'running', attempt = attempt + 1, lease_owner = $1,
-                            lease_expires_at = now() + $2 * interval '1 millisecond',
-                            started_at = COALESCE(started_at, now())
-                     WHERE id = (SELECT id FROM runs WHERE status = 'queued'
-                                 ORDER BY priority, created_at FOR UPDATE SKIP LOCKED LIMIT 1)
-                     RETURNING {RUN_RETURNING}"
-                ),
-                &[&worker, &millis(lease)],
-            )
-            .await?;
+        // Prepared once per connection: claims are the queue's hot path, and
+        // an unprepared query costs a second round trip every time.
+        let claim = client.prepare_cached(&claim_statement()).await?;
+        let row = client.query_opt(&claim, &[&worker, &millis(lease)]).await?;
         let Some(row) = row else { return Ok(None) };
         let run = run_from_row(&row)?;
         let lease = Lease { run_id: run.id, attempt: run.attempt, worker: worker.to_owned() };
@@ -83,7 +103,7 @@ impl Store {
     }
 
     /// Moves a held run to a terminal status and writes its terminal event,
-    /// in one transaction.
+    /// in one statement.
     pub async fn finish_run(
         &self,
         lease: &Lease,
@@ -99,23 +119,32 @@ impl Store {
             }
             other => return Err(StoreError::Corrupt(format!("not a terminal event: {other:?}"))),
         };
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        let n = tx
-            .execute(
-                "UPDATE runs SET status = $4, finished_at = now(), result = $5, error = $6,
-                        lease_owner = NULL, lease_expires_at = NULL
-                 WHERE id = $1 AND attempt = $2 AND lease_owner = $3
-                   AND status IN ('running', 'awaiting_approval')",
-                &[&lease.run_id, &lease.attempt, &lease.worker, &status.as_str(), &result, &error],
+        let (kind, payload) = terminal.clone().into_parts().map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        // The status move, the seq bump, the terminal event and its
+        // notification in one statement: one round trip and one commit, and
+        // nothing at all when the lease is gone.
+        let client = self.client().await?;
+        let finish = client.prepare_cached(FINISH_STATEMENT).await?;
+        let row = client
+            .query_opt(
+                &finish,
+                &[
+                    &lease.run_id,
+                    &lease.attempt,
+                    &lease.worker,
+                    &status.as_str(),
+                    &result,
+                    &error,
+                    &kind,
+                    &payload,
+                    &channels::RUN_EVENTS,
+                ],
             )
             .await?;
-        if n == 0 {
-            return Err(StoreError::LeaseLost(lease.run_id));
+        match row {
+            Some(_) => Ok(()),
+            None => Err(StoreError::LeaseLost(lease.run_id)),
         }
-        insert_event_tx(&tx, lease.run_id, terminal).await?;
-        tx.commit().await?;
-        Ok(())
     }
 
     /// Hands a held run back to the queue (graceful shutdown), so another

@@ -135,6 +135,17 @@ impl TestApp {
     /// Starts a worker that stops when `shutdown` fires (or the app drops);
     /// the handle finishes when the worker has exited.
     pub async fn start_worker_until(&self, config: WorkerConfig, shutdown: CancellationToken) -> JoinHandle<()> {
+        self.start_worker_on(self.store.clone(), config, shutdown).await
+    }
+
+    /// Like [`TestApp::start_worker_until`], with a connection pool of the
+    /// worker's own (as a separate worker process would have).
+    pub async fn start_worker_on(
+        &self,
+        store: Store,
+        config: WorkerConfig,
+        shutdown: CancellationToken,
+    ) -> JoinHandle<()> {
         let endpoints = ProviderEndpoints {
             openai_base_url: Some(self.model.openai_base_url()),
             openai_api_key: Some("sk-test-openai".into()),
@@ -153,7 +164,7 @@ impl TestApp {
             app_shutdown.cancelled().await;
             token.cancel();
         });
-        start_worker(self.store.clone(), config, endpoints, prices, shutdown).await.expect("start worker")
+        start_worker(store, config, endpoints, prices, shutdown).await.expect("start worker")
     }
 
     async fn start_api_on(
@@ -174,6 +185,11 @@ impl TestApp {
     /// A second API instance on the same database (GitHub webhooks disabled).
     pub async fn second_api(&self) -> SocketAddr {
         Self::start_api_on(&self.store, Options::default().api, None, self.shutdown.clone()).await
+    }
+
+    /// A second API instance with settings of its own.
+    pub async fn second_api_with(&self, settings: kiln_api::ApiSettings) -> SocketAddr {
+        Self::start_api_on(&self.store, settings, None, self.shutdown.clone()).await
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -296,6 +312,7 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         compaction_threshold: 0.8,
         allow_file_repos: true,
         shutdown_grace: Duration::from_secs(5),
+        event_retention: None,
         github: None,
         callbacks: None,
     }

@@ -151,6 +151,7 @@ fn router_paths(app: &TestApp) -> BTreeSet<String> {
         sse: Default::default(),
         shutdown: app.shutdown.clone(),
         metrics: None,
+        feeds: Default::default(),
     };
     let debug = format!("{:?}", kiln_api::router(state));
     let table = debug

@@ -59,6 +59,9 @@ pub struct WorkerConfig {
     pub allow_file_repos: bool,
     /// How long running steps may take to finish after SIGTERM.
     pub shutdown_grace: Duration,
+    /// Prune the events of runs that ended longer ago than this (all but the
+    /// terminal event); `None` keeps them forever.
+    pub event_retention: Option<Duration>,
     /// Reporting GitHub-triggered runs back to GitHub; `None`: such runs
     /// clone anonymously and nothing is reported.
     pub github: Option<crate::github::Github>,

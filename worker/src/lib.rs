@@ -7,6 +7,7 @@ pub mod config;
 pub mod github;
 pub mod metrics;
 pub mod providers;
+pub mod retention;
 mod run_task;
 pub mod runner;
 pub mod sandbox;

@@ -3,7 +3,8 @@
 //! The stream reads from the events table, never from memory: a notification
 //! only says "look again". So a reconnect to any API instance with
 //! `Last-Event-ID: N` gets exactly the events after N, and a slow client
-//! merely falls behind and catches up from the table.
+//! merely falls behind and catches up from the table. Streams that are
+//! caught up share one reader per run (`crate::feed`).
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -28,7 +29,7 @@ use crate::limits::SseSlot;
 use crate::{ApiError, AppState};
 
 /// Events read from the table per query.
-const BATCH: i64 = 500;
+pub(crate) const BATCH: i64 = 500;
 const MAX_JSON_PAGE: i64 = 1000;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -163,24 +164,27 @@ fn event_stream(
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     async_stream::stream! {
         let _slot = slot;
-        // Subscribe before the first read so no notification falls between.
-        let mut notices = state.listener.subscribe();
-        let prefix = format!("{run_id}:");
+        // Join the run's feed before the first read, so nothing published
+        // between the read and the subscription is missed.
+        let mut feed = state.feeds.subscribe(&state, run_id, after);
         loop {
+            // Catch up from the table.
             let batch = match state.store.events_after(run_id, after, BATCH).await {
                 Ok(batch) => batch,
                 Err(e) => {
                     // Keep the client connected; the database may come back.
                     tracing::warn!(error = %e, %run_id, "reading events failed; retrying");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                        _ = state.shutdown.cancelled() => return,
+                    }
                 }
             };
             let full = batch.len() as i64 == BATCH;
             for ev in batch {
                 after = ev.seq;
                 let terminal = is_terminal_kind(&ev.kind);
-                yield Ok(Event::default().id(ev.seq.to_string()).event(&ev.kind).data(ev.payload.to_string()));
+                yield Ok(sse_event(&ev));
                 if terminal {
                     return;
                 }
@@ -188,18 +192,57 @@ fn event_stream(
             if full {
                 continue;
             }
-            tokio::select! {
-                _ = wait_for_news(&mut notices, &prefix, state.settings.sse_poll) => {}
-                // Shutting down: end the stream; the client resumes elsewhere.
-                _ = state.shutdown.cancelled() => return,
+            // Caught up: follow the feed for as long as it continues exactly
+            // where this stream is; anything else sends it back to the table.
+            loop {
+                let next = tokio::select! {
+                    next = feed.recv() => next,
+                    // Shutting down: end the stream; the client resumes elsewhere.
+                    _ = state.shutdown.cancelled() => return,
+                };
+                let batch = match next {
+                    Ok(batch) => batch,
+                    Err(RecvError::Lagged(_)) => break,
+                    Err(RecvError::Closed) => {
+                        feed = state.feeds.subscribe(&state, run_id, after);
+                        break;
+                    }
+                };
+                let mut gap = false;
+                for ev in batch.iter() {
+                    if ev.seq <= after {
+                        continue;
+                    }
+                    if ev.seq != after + 1 {
+                        gap = true;
+                        break;
+                    }
+                    after = ev.seq;
+                    let terminal = is_terminal_kind(&ev.kind);
+                    yield Ok(sse_event(ev));
+                    if terminal {
+                        return;
+                    }
+                }
+                if gap {
+                    break;
+                }
             }
         }
     }
 }
 
+fn sse_event(ev: &StoredEvent) -> Event {
+    Event::default().id(ev.seq.to_string()).event(&ev.kind).data(ev.payload.to_string())
+}
+
 /// Waits until a notification names this run, the listener reconnected or
 /// fell behind (anything may have been missed), or the poll interval passed.
-async fn wait_for_news(notices: &mut tokio::sync::broadcast::Receiver<Notice>, prefix: &str, poll: Duration) {
+pub(crate) async fn wait_for_news(
+    notices: &mut tokio::sync::broadcast::Receiver<Notice>,
+    prefix: &str,
+    poll: Duration,
+) {
     let deadline = tokio::time::sleep(poll);
     tokio::pin!(deadline);
     loop {

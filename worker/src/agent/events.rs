@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use kiln_protocol::EventBody;
 use kiln_store::{Lease, Store, StoreError};
+use uuid::Uuid;
 
 use super::db_retry::with_retry;
 
@@ -59,7 +60,10 @@ impl EventSink {
     }
 
     async fn write(&self, body: &EventBody) -> Result<(), StoreError> {
-        with_retry(|| self.store.append_event(&self.lease, body)).await.map(|_| ())
+        // One id for every attempt: a retry after a commit whose answer was
+        // lost finds the stored event instead of storing it again.
+        let event_id = Uuid::now_v7();
+        with_retry(|| self.store.append_event_once(&self.lease, event_id, body)).await.map(|_| ())
     }
 }
 

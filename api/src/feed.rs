@@ -1,0 +1,109 @@
+//! One reader per followed run: the new events of a run are read from the
+//! table once per API instance and handed to every SSE stream of that run,
+//! instead of each stream querying on every notification (with a thousand
+//! clients on one run that was a thousand queries per event).
+//!
+//! The table stays the truth. A stream reads it itself to catch up, and
+//! whenever the feed cannot vouch for continuity (it fell behind, skipped
+//! ahead, or ended); the feed only saves the queries of streams that are
+//! already caught up. A feed lives while it has subscribers and ends after
+//! the run's terminal event.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use kiln_protocol::StoredEvent;
+use kiln_protocol::event::is_terminal_kind;
+use tokio::sync::broadcast;
+use uuid::Uuid;
+
+use crate::AppState;
+use crate::routes::events::{BATCH, wait_for_news};
+
+/// A batch of consecutive events, shared by every subscriber.
+pub type Batch = Arc<[StoredEvent]>;
+
+/// Batches a subscriber may fall behind before it is told it lagged (and
+/// reads the table instead). Small on purpose: the channel keeps every batch
+/// a subscriber has not read yet, so a client that stops reading pins up to
+/// this many batches (events of up to 64 KiB each) in the API's memory.
+/// Falling behind costs only a table read.
+const CAPACITY: usize = 16;
+
+/// The feeds of one API instance, by run.
+#[derive(Debug, Default)]
+pub struct Feeds {
+    runs: Mutex<HashMap<Uuid, broadcast::Sender<Batch>>>,
+}
+
+impl Feeds {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Uuid, broadcast::Sender<Batch>>> {
+        self.runs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Subscribes to the run's feed, starting a reader (from `after`) when
+    /// the run has none.
+    pub fn subscribe(&self, state: &AppState, run_id: Uuid, after: i64) -> broadcast::Receiver<Batch> {
+        let mut runs = self.lock();
+        if let Some(tx) = runs.get(&run_id) {
+            return tx.subscribe();
+        }
+        let (tx, rx) = broadcast::channel(CAPACITY);
+        runs.insert(run_id, tx.clone());
+        tokio::spawn(read_run(state.clone(), run_id, after, tx));
+        rx
+    }
+
+    /// Ends a reader nobody listens to any more. Under the map's lock, so a
+    /// subscriber cannot join a reader that is about to stop.
+    fn retire_if_unheard(&self, run_id: Uuid, tx: &broadcast::Sender<Batch>, finished: bool) -> bool {
+        let mut runs = self.lock();
+        if !finished && tx.receiver_count() > 0 {
+            return false;
+        }
+        if runs.get(&run_id).is_some_and(|t| t.same_channel(tx)) {
+            runs.remove(&run_id);
+        }
+        true
+    }
+}
+
+/// The reader of one run: after every notification for it, reads what is
+/// new and sends it to the subscribers.
+async fn read_run(state: AppState, run_id: Uuid, mut after: i64, tx: broadcast::Sender<Batch>) {
+    let mut notices = state.listener.subscribe();
+    let prefix = format!("{run_id}:");
+    loop {
+        let mut finished = false;
+        loop {
+            let batch = match state.store.events_after(run_id, after, BATCH).await {
+                Ok(batch) => batch,
+                Err(e) => {
+                    // Subscribers still read the table themselves on a gap;
+                    // try again at the next notification or poll.
+                    tracing::warn!(error = %e, %run_id, "feed: reading events failed");
+                    break;
+                }
+            };
+            let Some(last) = batch.last() else { break };
+            after = last.seq;
+            finished = batch.iter().any(|e| is_terminal_kind(&e.kind));
+            let full = batch.len() as i64 == BATCH;
+            // No subscriber: fine, checked below.
+            let _ = tx.send(batch.into());
+            if finished || !full {
+                break;
+            }
+        }
+        if state.feeds.retire_if_unheard(run_id, &tx, finished) {
+            return;
+        }
+        tokio::select! {
+            _ = wait_for_news(&mut notices, &prefix, state.settings.sse_poll) => {}
+            _ = state.shutdown.cancelled() => {
+                state.feeds.retire_if_unheard(run_id, &tx, true);
+                return;
+            }
+        }
+    }
+}

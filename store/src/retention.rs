@@ -1,0 +1,101 @@
+//! Event retention: removing the events of runs that ended long ago.
+//!
+//! Events are most of the database's bulk (every step, delta and command
+//! output of every run). Once a run has ended and nobody will follow it
+//! again, its stream can go; the run row (status, result, error) and the
+//! conversation stay. The terminal event and anything after it (delivery
+//! reports) are kept, so a client that opens the stream of a pruned run still
+//! learns how it ended, and the stream still closes.
+//!
+//! Work goes in small batches, each its own short statement, so pruning never
+//! holds locks that claims, appends or reads would wait on for long.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use kiln_protocol::event::TERMINAL_KINDS;
+
+use crate::{Store, StoreError};
+
+/// Runs looked at per batch. Each costs a scan of its events for the
+/// terminal one; the event limit bounds the delete itself.
+const RUNS_PER_BATCH: i64 = 50;
+
+/// What one [`Store::prune_events`] call did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub events: u64,
+    /// Runs finished with: all their prunable events are gone.
+    pub runs: u64,
+}
+
+impl Store {
+    /// Deletes events of runs that ended more than `older_than` ago, at most
+    /// `batch` events per statement, until none are left. Safe to run from
+    /// several workers at once: they delete the same rows at worst.
+    pub async fn prune_events(&self, older_than: Duration, batch: i64) -> Result<Pruned, StoreError> {
+        // One cutoff for the whole pass: a run that crosses it meanwhile must
+        // not be marked pruned by a batch that never looked at its events.
+        let age_ms = older_than.as_secs_f64() * 1000.0;
+        let cutoff: DateTime<Utc> = self
+            .client()
+            .await?
+            .query_one("SELECT now() - $1 * interval '1 millisecond'", &[&age_ms])
+            .await?
+            .try_get(0)?;
+        let mut total = Pruned::default();
+        loop {
+            let step = self.prune_batch(cutoff, batch).await?;
+            total.events += step.events;
+            total.runs += step.runs;
+            if step == Pruned::default() {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// One batch: delete up to `batch` events of the oldest ended runs not yet
+    /// pruned (at most [`RUNS_PER_BATCH`] runs), then mark the runs that have nothing left to prune.
+    async fn prune_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned, StoreError> {
+        let terminal: Vec<&str> = TERMINAL_KINDS.to_vec();
+        let client = self.client().await?;
+        // Runs in `runs_prunable` order; per run, the events before its
+        // terminal event. A run without a terminal event (it cannot be
+        // ended, but be safe) yields none: `seq < NULL` is never true.
+        let events = client
+            .execute(
+                "WITH old AS (
+                     SELECT r.id,
+                            (SELECT min(t.seq) FROM events t WHERE t.run_id = r.id AND t.kind = ANY($3)) AS keep_from
+                     FROM runs r
+                     WHERE r.finished_at IS NOT NULL AND r.events_pruned_at IS NULL
+                       AND r.finished_at < $1
+                     ORDER BY r.finished_at
+                     LIMIT $4
+                 ), doomed AS (
+                     SELECT e.run_id, e.seq FROM old o JOIN events e ON e.run_id = o.id AND e.seq < o.keep_from
+                     LIMIT $2
+                 )
+                 DELETE FROM events e USING doomed d WHERE e.run_id = d.run_id AND e.seq = d.seq",
+                &[&cutoff, &batch, &terminal, &RUNS_PER_BATCH],
+            )
+            .await?;
+        if events > 0 {
+            // More may be left in these runs; mark none until a batch finds
+            // nothing to delete, so a run is never marked half-pruned.
+            return Ok(Pruned { events, runs: 0 });
+        }
+        let runs = client
+            .execute(
+                "UPDATE runs SET events_pruned_at = now()
+                 WHERE id IN (SELECT id FROM runs
+                              WHERE finished_at IS NOT NULL AND events_pruned_at IS NULL
+                                AND finished_at < $1
+                              ORDER BY finished_at
+                              LIMIT $2)",
+                &[&cutoff, &RUNS_PER_BATCH],
+            )
+            .await?;
+        Ok(Pruned { events: 0, runs })
+    }
+}

@@ -1,0 +1,102 @@
+//! Event retention: the events of runs that ended longer ago than the
+//! retention are pruned in batches (all but the terminal event), the rest are
+//! kept, and the worker does it on its own when configured.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use kiln_protocol::{CreateRun, EventBody, Trigger};
+use kiln_store::{Lease, NewRun, Pruned, Store};
+use kiln_tests::{Options, TestApp, kinds, worker_config};
+use kiln_worker::ProviderKind;
+use uuid::Uuid;
+
+const DAY: Duration = Duration::from_secs(86_400);
+/// Events a test run writes between `run.queued` and its terminal event.
+const STEPS: i64 = 20;
+
+/// A run with `run.queued`, [`STEPS`] step events, and (when `finish`) a
+/// terminal event and a delivery report after it, claimed as `worker`.
+async fn run_with_events(store: &Store, finish: bool) -> (Uuid, Lease) {
+    let spec = CreateRun { prompt: "p".into(), repo: None, ..Default::default() };
+    let new = NewRun { owner: "alice".into(), spec, trigger: Trigger::Api, idempotency_key: None };
+    let (run, _) = store.create_run(new).await.unwrap();
+    let (claimed, lease) = store.claim_run("w", Duration::from_secs(600)).await.unwrap().unwrap();
+    assert_eq!(claimed.id, run.id);
+    for step in 1..=STEPS {
+        store.append_event(&lease, &EventBody::StepStarted { step: step as u32 }).await.unwrap();
+    }
+    if finish {
+        store.finish_run(&lease, &EventBody::RunSucceeded { summary: "ok".into() }, None).await.unwrap();
+    }
+    (run.id, lease)
+}
+
+async fn ended_days_ago(app: &TestApp, run: Uuid, days: i32) {
+    app.sql()
+        .await
+        .execute("UPDATE runs SET finished_at = now() - make_interval(days => $2) WHERE id = $1", &[&run, &days])
+        .await
+        .unwrap();
+}
+
+async fn event_count(app: &TestApp, run: Uuid) -> i64 {
+    app.sql().await.query_one("SELECT count(*) FROM events WHERE run_id = $1", &[&run]).await.unwrap().get(0)
+}
+
+#[tokio::test]
+async fn events_of_runs_that_ended_before_the_retention_are_pruned_in_batches_but_the_ending_stays() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let old_a = run_with_events(&app.store, true).await.0;
+    let old_b = run_with_events(&app.store, true).await.0;
+    let recent = run_with_events(&app.store, true).await.0;
+    // Active for ten days and not ended: never pruned, however old.
+    let (active, _lease) = run_with_events(&app.store, false).await;
+    app.sql()
+        .await
+        .execute("UPDATE runs SET created_at = now() - interval '10 days' WHERE id = $1", &[&active])
+        .await
+        .unwrap();
+    ended_days_ago(&app, old_a, 10).await;
+    ended_days_ago(&app, old_b, 8).await;
+    ended_days_ago(&app, recent, 6).await;
+
+    // A batch of 7 events takes several statements per run.
+    let pruned = app.store.prune_events(7 * DAY, 7).await.unwrap();
+    // run.queued and the steps of each old run; the terminal events stay.
+    assert_eq!(pruned, Pruned { events: 2 * (1 + STEPS as u64), runs: 2 });
+    for old in [old_a, old_b] {
+        // The stream of a pruned run still says how it ended, and ends.
+        let events = app.sse(app.addr, "alice", &old.to_string(), None, usize::MAX).await;
+        assert_eq!(kinds(&events), ["run.succeeded"]);
+        assert_eq!(events[0].seq, STEPS + 2, "the terminal event keeps its id");
+    }
+    assert_eq!(event_count(&app, recent).await, STEPS + 2);
+    assert_eq!(event_count(&app, active).await, STEPS + 1);
+
+    // Nothing left to do; the pruned runs are not looked at again.
+    assert_eq!(app.store.prune_events(7 * DAY, 7).await.unwrap(), Pruned::default());
+    // A shorter retention reaches the recent run too.
+    assert_eq!(app.store.prune_events(5 * DAY, 1000).await.unwrap(), Pruned { events: 1 + STEPS as u64, runs: 1 });
+    assert_eq!(event_count(&app, recent).await, 1);
+    assert_eq!(event_count(&app, active).await, STEPS + 1);
+}
+
+#[tokio::test]
+async fn a_worker_with_a_retention_prunes_old_runs_on_its_own() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let old = run_with_events(&app.store, true).await.0;
+    let recent = run_with_events(&app.store, true).await.0;
+    ended_days_ago(&app, old, 31).await;
+    ended_days_ago(&app, recent, 29).await;
+
+    let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
+    config.event_retention = Some(30 * DAY);
+    app.start_worker(config).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while event_count(&app, old).await > 1 {
+        assert!(Instant::now() < deadline, "the worker never pruned the old run");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(event_count(&app, recent).await, STEPS + 2);
+}
