@@ -53,9 +53,8 @@ impl Store {
     pub async fn append_event_once(&self, lease: &Lease, event_id: Uuid, body: &EventBody) -> Result<i64, StoreError> {
         let (kind, payload) = split(body)?;
         let client = self.client().await?;
-        let result = client
-            .query_opt(
-                "WITH earlier AS (
+        // Prepared once per connection: the hot path of every run.
+        let statement = client.prepare_cached("WITH earlier AS (
                      SELECT seq FROM events WHERE event_id = $7
                  ), bump AS (
                      UPDATE runs SET last_event_seq = last_event_seq + 1
@@ -69,7 +68,10 @@ impl Store {
                  )
                  SELECT seq, pg_notify($6, $1::text || ':' || seq) IS NULL FROM ins
                  UNION ALL
-                 SELECT seq, false FROM earlier",
+                 SELECT seq, false FROM earlier").await?;
+        let result = client
+            .query_opt(
+                &statement,
                 &[&lease.run_id, &lease.attempt, &lease.worker, &kind, &payload, &channels::RUN_EVENTS, &event_id],
             )
             .await;
@@ -93,10 +95,12 @@ impl Store {
     /// Events of a run with seq > `after`, oldest first, at most `limit`.
     pub async fn events_after(&self, run_id: Uuid, after: i64, limit: i64) -> Result<Vec<StoredEvent>, StoreError> {
         let client = self.client().await?;
+        // Prepared once per connection: every stream's catch-up runs it.
+        let statement = client.prepare_cached("SELECT seq, kind, payload, at FROM events
+                 WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3").await?;
         let rows = client
             .query(
-                "SELECT seq, kind, payload, at FROM events
-                 WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                &statement,
                 &[&run_id, &after, &limit],
             )
             .await?;
