@@ -3,6 +3,8 @@
 
 pub mod app;
 pub mod client;
+pub mod commands;
 pub mod local;
 pub mod local_model;
+pub mod render;
 pub mod settings;
