@@ -36,7 +36,7 @@ const COST_READS_AT_ONCE: usize = 4;
 /// with its outcome.
 pub async fn run(client: &KilnClient, spec: &CreateRun, follow: bool, json: bool) -> anyhow::Result<ExitCode> {
     let run = client.create_run(spec).await?;
-    let header = format!("run {} {}: {}", run.id, run.status, one_line(&run.prompt, 80));
+    let header = format!("run {} {}: {}", run.id, run.status, one_line(&run.prompt, 50));
     if json && !follow {
         println!("{}", serde_json::to_string(&run)?);
     } else if json {

@@ -87,11 +87,26 @@ impl Live {
         let mark = if is_error { style("✗").red().to_string() } else { style("✓").green().to_string() };
         let took = style(format!("{duration_ms} ms")).dim();
         let mut line = format!("{mark} {} {what} · {took}", style(name).bold());
-        if is_error && let Some(first) = output.lines().find(|l| !l.trim().is_empty()) {
-            line.push_str(&format!(" — {}", one_line(first, 120)));
+        if is_error {
+            line.push_str(&format!(" — {}", error_gist(output)));
         }
         line
     }
+}
+
+/// Why a call failed, in one line: the last thing it said (where errors
+/// go), with the `[exit code N]` the bash tool ends with.
+fn error_gist(output: &str) -> String {
+    let mut lines = output.lines().map(str::trim).filter(|l| !l.is_empty()).rev();
+    let gist = match lines.next() {
+        Some(code) if code.starts_with("[exit code") => match lines.next() {
+            Some(said) => format!("{said} {code}"),
+            None => code.to_owned(),
+        },
+        Some(said) => said.to_owned(),
+        None => String::new(),
+    };
+    one_line(&gist, 120)
 }
 
 impl Render for Live {
@@ -189,5 +204,19 @@ impl Drop for Live {
         if !self.bar.is_finished() {
             self.bar.finish_and_clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_call_is_summed_up_by_its_last_words_and_exit_code() {
+        let output =
+            "total 8\ndrwxr-xr-x 2 kiln kiln 4096 .\ncat: README.md: No such file or directory\n[exit code 1]\n";
+        assert_eq!(error_gist(output), "cat: README.md: No such file or directory [exit code 1]");
+        assert_eq!(error_gist("no such file: a.rs"), "no such file: a.rs");
+        assert_eq!(error_gist("[exit code 2]"), "[exit code 2]");
     }
 }
