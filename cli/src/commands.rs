@@ -29,6 +29,9 @@ impl Connection {
     }
 }
 
+/// The exit code after Ctrl-C, as shells report a SIGINT death (128 + 2).
+const INTERRUPTED: u8 = 130;
+
 /// Runs listed at once by `kiln runs` whose events are read for their cost.
 const COST_READS_AT_ONCE: usize = 4;
 
@@ -58,14 +61,28 @@ pub async fn run(client: &KilnClient, spec: &CreateRun, follow: bool, json: bool
 pub async fn watch(client: &KilnClient, id: Uuid, follow: bool, mode: Mode) -> anyhow::Result<ExitCode> {
     let mut render = mode.renderer(id);
     let mut totals = Totals::default();
-    let on_event = |event: &StreamedEvent| {
-        totals.observe(event);
-        render.event(event);
+    let interrupted = {
+        let on_event = |event: &StreamedEvent| {
+            totals.observe(event);
+            render.event(event);
+        };
+        let read = async {
+            if follow { client.follow(id, 0, on_event).await.map(drop) } else { client.events(id, 0, on_event).await }
+        };
+        tokio::select! {
+            read = read => {
+                read?;
+                false
+            }
+            _ = tokio::signal::ctrl_c() => true,
+        }
     };
-    if follow {
-        client.follow(id, 0, on_event).await?;
-    } else {
-        client.events(id, 0, on_event).await?;
+    if interrupted {
+        // Ctrl-C stops the watching, not the run: clear the spinner and say
+        // how to carry on.
+        drop(render);
+        eprintln!("\nkiln: stopped following; run {id} goes on: kiln logs {id} --follow (or kiln cancel {id})");
+        return Ok(ExitCode::from(INTERRUPTED));
     }
     if totals.outcome.is_some() && mode != Mode::Json {
         totals.wall = wall_time(&client.get_run(id).await?);

@@ -136,40 +136,63 @@ fn open_pty() -> (OwnedFd, OwnedFd) {
     (master, slave)
 }
 
-async fn in_terminal(mut cmd: tokio::process::Command) -> Terminal {
-    let (master, slave) = open_pty();
-    cmd.stdout(Stdio::from(slave)).stderr(Stdio::piped()).env("TERM", "xterm-256color");
-    let child = cmd.spawn().expect("start kiln");
-    // `cmd` holds the parent's copy of the slave side: drop it so that the
-    // master reads end (EIO) once the child has exited.
-    drop(cmd);
-    let reader = tokio::task::spawn_blocking(move || {
-        let mut master = std::fs::File::from(master);
-        let mut raw = Vec::new();
-        let mut buf = [0u8; 4096];
-        loop {
-            match master.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => raw.extend_from_slice(&buf[..n]),
+/// `kiln` running on a pseudo-terminal.
+struct Running {
+    child: tokio::process::Child,
+    /// Everything written to the terminal, once the child has exited.
+    reader: tokio::task::JoinHandle<Vec<u8>>,
+}
+
+impl Running {
+    fn start(mut cmd: tokio::process::Command) -> Running {
+        let (master, slave) = open_pty();
+        cmd.stdout(Stdio::from(slave)).stderr(Stdio::piped()).env("TERM", "xterm-256color");
+        let child = cmd.spawn().expect("start kiln");
+        // `cmd` holds the parent's copy of the slave side: drop it so that
+        // the master's reads end (EIO) once the child has exited.
+        drop(cmd);
+        let reader = tokio::task::spawn_blocking(move || {
+            let mut master = std::fs::File::from(master);
+            let mut raw = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                match master.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => raw.extend_from_slice(&buf[..n]),
+                }
             }
-        }
-        raw
-    });
-    let out = tokio::time::timeout(Duration::from_secs(180), child.wait_with_output())
-        .await
-        .expect("kiln finished in time")
-        .unwrap();
-    let raw = reader.await.unwrap();
-    let mut parser = vt100::Parser::new(ROWS.try_into().unwrap(), COLS.try_into().unwrap(), 0);
-    parser.process(&raw);
-    Terminal {
-        status: out.status,
-        // Row by row: a row written to its last column counts as wrapped
-        // for `contents()`, which would join it to the next.
-        screen: parser.screen().rows(0, COLS).map(|row| row.trim_end().to_owned()).collect::<Vec<_>>().join("\n"),
-        raw: String::from_utf8_lossy(&raw).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            raw
+        });
+        Running { child, reader }
     }
+
+    /// Ctrl-C, as the terminal's line discipline would send it.
+    fn interrupt(&self) {
+        let pid = rustix::process::Pid::from_raw(self.child.id().unwrap() as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+    }
+
+    async fn finish(self) -> Terminal {
+        let out = tokio::time::timeout(Duration::from_secs(180), self.child.wait_with_output())
+            .await
+            .expect("kiln finished in time")
+            .unwrap();
+        let raw = self.reader.await.unwrap();
+        let mut parser = vt100::Parser::new(ROWS.try_into().unwrap(), COLS.try_into().unwrap(), 0);
+        parser.process(&raw);
+        Terminal {
+            status: out.status,
+            // Row by row: a row written to its last column counts as
+            // wrapped for `contents()`, which would join it to the next.
+            screen: parser.screen().rows(0, COLS).map(|row| row.trim_end().to_owned()).collect::<Vec<_>>().join("\n"),
+            raw: String::from_utf8_lossy(&raw).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
+async fn in_terminal(cmd: tokio::process::Command) -> Terminal {
+    Running::start(cmd).finish().await
 }
 
 fn with_commas(n: u64) -> String {
@@ -466,4 +489,73 @@ async fn following_resumes_after_a_dropped_connection_with_nothing_missed_or_rep
     assert!(status.success(), "{printed:?}");
     let streamed = app.events_to_end("alice", &id).await;
     assert_eq!(printed, as_streamed(&streamed));
+}
+
+#[tokio::test]
+async fn on_a_terminal_a_waiting_call_shows_the_command_that_approves_it() {
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::tool("bash", json!({"command": "echo approved-ran"})), Reply::text("Done.")],
+        ..Default::default()
+    })
+    .await;
+    let running =
+        Running::start(kiln(&app.url(""), "alice", &["run", "--prompt", "work", "--approval", "mutating", "--follow"]));
+    // The run kiln submitted: alice's only one.
+    let id = loop {
+        let list: Value =
+            app.http.get(app.url("/v1/runs")).bearer_auth(token("alice")).send().await.unwrap().json().await.unwrap();
+        if let Some(id) = list["runs"][0]["id"].as_str() {
+            break id.to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let waiting = app.sse_until(app.addr, "alice", &id, None, usize::MAX, |e| e.kind == "approval.requested").await;
+    let call = waiting.last().unwrap().data["call_id"].as_str().unwrap().to_owned();
+    // Long enough for the spinner to say so.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let r = app
+        .http
+        .post(app.url(&format!("/v1/runs/{id}/approvals/{call}")))
+        .bearer_auth(token("alice"))
+        .json(&json!({"decision": "approve"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let term = running.finish().await;
+    let screen = &term.screen;
+    assert!(term.status.success(), "{screen}\n{}", term.stderr);
+    let lines: Vec<&str> = screen.lines().collect();
+    let at = lines.iter().position(|l| *l == "⏸ bash echo approved-ran waits for approval").expect(screen);
+    assert_eq!(lines[at + 1], format!("  kiln approve {id} {call}   (or --deny --reason …)"));
+    assert_eq!(lines[at + 2], "  approved");
+    assert!(lines[at + 3].starts_with("✓ bash echo approved-ran · ") && lines[at + 3].ends_with(" ms"), "{screen}");
+    assert!(term.raw.contains("waiting for approval"), "the spinner said what the run waits for");
+    assert!(!screen.contains("waiting for approval"), "{screen}");
+}
+
+#[tokio::test]
+async fn ctrl_c_stops_following_not_the_run_and_clears_the_spinner() {
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::tool("bash", json!({"command": "sleep 60"})).with_text("Waiting a minute.")],
+        ..Default::default()
+    })
+    .await;
+    let run = app.create_run("alice", json!({"prompt": "wait"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let running = Running::start(kiln(&app.url(""), "alice", &["logs", &id, "--follow"]));
+    app.sse_until(app.addr, "alice", &id, None, usize::MAX, |e| e.kind == "tool_call.ready").await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    running.interrupt();
+    let term = running.finish().await;
+    assert_eq!(term.status.code(), Some(130), "{}\n{}", term.screen, term.stderr);
+    assert!(term.screen.contains("Waiting a minute."), "{}", term.screen);
+    assert!(term.raw.contains("step 1"), "the spinner was drawn");
+    assert!(!term.screen.contains("step 1"), "and cleared:\n{}", term.screen);
+    assert!(
+        term.stderr.contains(&format!("stopped following; run {id} goes on: kiln logs {id} --follow")),
+        "{}",
+        term.stderr
+    );
+    assert_eq!(app.get_run("alice", &id).await["status"], "running");
 }
