@@ -109,7 +109,8 @@ enum Command {
         /// lines otherwise); exit 0 if the run succeeds, 1 if not.
         #[arg(long)]
         follow: bool,
-        /// Print one JSON object per event (`seq`, `kind`, `payload`), for scripts.
+        /// Print one JSON object per event (`seq`, `kind`, `payload`), for
+        /// scripts; without --follow, the run as the API returned it.
         #[arg(long)]
         json: bool,
         #[command(flatten)]

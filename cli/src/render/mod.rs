@@ -57,6 +57,12 @@ impl Mode {
 /// What a person needs to read a tool call at a glance: the command for
 /// `bash`, the path for the file tools, the arguments otherwise.
 pub fn call_summary(name: &str, arguments: &serde_json::Value) -> String {
+    if name == "todo"
+        && let Some(items) = arguments.get("items").and_then(|v| v.as_array())
+    {
+        // The plan itself is printed from its `todo` event.
+        return if items.len() == 1 { "1 item".to_owned() } else { format!("{} items", items.len()) };
+    }
     let field = match name {
         "bash" => "command",
         "view" | "write" | "edit" | "ls" => "path",
@@ -90,7 +96,8 @@ mod tests {
     fn calls_are_summarised_by_what_matters_most() {
         assert_eq!(call_summary("bash", &json!({"command": "ls -la\n  && pwd"})), "ls -la && pwd");
         assert_eq!(call_summary("edit", &json!({"path": "a.rs", "old_string": "x"})), "a.rs");
-        assert_eq!(call_summary("todo", &json!({"items": []})), r#"{"items":[]}"#);
+        assert_eq!(call_summary("todo", &json!({"items": [{"text": "a"}, {"text": "b"}]})), "2 items");
+        assert_eq!(call_summary("mcp_tool", &json!({"q": 1})), r#"{"q":1}"#);
         assert_eq!(one_line(&"a".repeat(5), 3), "aaa…");
     }
 }
