@@ -8,7 +8,7 @@ use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Output, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use kiln_scripted_model::{Reply, ScriptedCall};
@@ -139,8 +139,10 @@ fn open_pty() -> (OwnedFd, OwnedFd) {
 /// `kiln` running on a pseudo-terminal.
 struct Running {
     child: tokio::process::Child,
-    /// Everything written to the terminal, once the child has exited.
-    reader: tokio::task::JoinHandle<Vec<u8>>,
+    /// Everything written to the terminal so far.
+    written: Arc<Mutex<Vec<u8>>>,
+    /// Ends once the child has exited and the terminal is read to its end.
+    reader: tokio::task::JoinHandle<()>,
 }
 
 impl Running {
@@ -151,19 +153,30 @@ impl Running {
         // `cmd` holds the parent's copy of the slave side: drop it so that
         // the master's reads end (EIO) once the child has exited.
         drop(cmd);
+        let written = Arc::new(Mutex::new(Vec::new()));
+        let sink = written.clone();
         let reader = tokio::task::spawn_blocking(move || {
             let mut master = std::fs::File::from(master);
-            let mut raw = Vec::new();
             let mut buf = [0u8; 4096];
             loop {
                 match master.read(&mut buf) {
                     Ok(0) | Err(_) => break,
-                    Ok(n) => raw.extend_from_slice(&buf[..n]),
+                    Ok(n) => sink.lock().unwrap().extend_from_slice(&buf[..n]),
                 }
             }
-            raw
         });
-        Running { child, reader }
+        Running { child, written, reader }
+    }
+
+    /// Waits until the terminal has been sent `text` (a minute at most).
+    async fn wait_for(&self, text: &str) {
+        for _ in 0..600 {
+            if String::from_utf8_lossy(&self.written.lock().unwrap()).contains(text) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the terminal never showed {text:?}: {}", String::from_utf8_lossy(&self.written.lock().unwrap()));
     }
 
     /// Ctrl-C, as the terminal's line discipline would send it.
@@ -177,7 +190,8 @@ impl Running {
             .await
             .expect("kiln finished in time")
             .unwrap();
-        let raw = self.reader.await.unwrap();
+        self.reader.await.unwrap();
+        let raw = std::mem::take(&mut *self.written.lock().unwrap());
         let mut parser = vt100::Parser::new(ROWS.try_into().unwrap(), COLS.try_into().unwrap(), 0);
         parser.process(&raw);
         Terminal {
@@ -512,8 +526,7 @@ async fn on_a_terminal_a_waiting_call_shows_the_command_that_approves_it() {
     };
     let waiting = app.sse_until(app.addr, "alice", &id, None, usize::MAX, |e| e.kind == "approval.requested").await;
     let call = waiting.last().unwrap().data["call_id"].as_str().unwrap().to_owned();
-    // Long enough for the spinner to say so.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    running.wait_for("waiting for approval").await;
     let r = app
         .http
         .post(app.url(&format!("/v1/runs/{id}/approvals/{call}")))
@@ -531,7 +544,6 @@ async fn on_a_terminal_a_waiting_call_shows_the_command_that_approves_it() {
     assert_eq!(lines[at + 1], format!("  kiln approve {id} {call}   (or --deny --reason …)"));
     assert_eq!(lines[at + 2], "  approved");
     assert!(lines[at + 3].starts_with("✓ bash echo approved-ran · ") && lines[at + 3].ends_with(" ms"), "{screen}");
-    assert!(term.raw.contains("waiting for approval"), "the spinner said what the run waits for");
     assert!(!screen.contains("waiting for approval"), "{screen}");
 }
 
@@ -545,8 +557,7 @@ async fn ctrl_c_stops_following_not_the_run_and_clears_the_spinner() {
     let run = app.create_run("alice", json!({"prompt": "wait"})).await;
     let id = run["id"].as_str().unwrap().to_owned();
     let running = Running::start(kiln(&app.url(""), "alice", &["logs", &id, "--follow"]));
-    app.sse_until(app.addr, "alice", &id, None, usize::MAX, |e| e.kind == "tool_call.ready").await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    running.wait_for("sleep 60").await;
     running.interrupt();
     let term = running.finish().await;
     assert_eq!(term.status.code(), Some(130), "{}\n{}", term.screen, term.stderr);
