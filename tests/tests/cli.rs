@@ -168,15 +168,19 @@ impl Running {
         Running { child, written, reader }
     }
 
+    fn written(&self) -> String {
+        String::from_utf8_lossy(&self.written.lock().unwrap()).into_owned()
+    }
+
     /// Waits until the terminal has been sent `text` (a minute at most).
     async fn wait_for(&self, text: &str) {
         for _ in 0..600 {
-            if String::from_utf8_lossy(&self.written.lock().unwrap()).contains(text) {
+            if self.written().contains(text) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        panic!("the terminal never showed {text:?}: {}", String::from_utf8_lossy(&self.written.lock().unwrap()));
+        panic!("the terminal never showed {text:?}: {}", self.written());
     }
 
     /// Ctrl-C, as the terminal's line discipline would send it.
@@ -515,15 +519,9 @@ async fn on_a_terminal_a_waiting_call_shows_the_command_that_approves_it() {
     .await;
     let running =
         Running::start(kiln(&app.url(""), "alice", &["run", "--prompt", "work", "--approval", "mutating", "--follow"]));
-    // The run kiln submitted: alice's only one.
-    let id = loop {
-        let list: Value =
-            app.http.get(app.url("/v1/runs")).bearer_auth(token("alice")).send().await.unwrap().json().await.unwrap();
-        if let Some(id) = list["runs"][0]["id"].as_str() {
-            break id.to_owned();
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    // The run kiln submitted: the id on the first line it printed.
+    running.wait_for(" queued: work").await;
+    let id = running.written().lines().next().map(run_id_in).unwrap();
     let waiting = app.sse_until(app.addr, "alice", &id, None, usize::MAX, |e| e.kind == "approval.requested").await;
     let call = waiting.last().unwrap().data["call_id"].as_str().unwrap().to_owned();
     running.wait_for("waiting for approval").await;
