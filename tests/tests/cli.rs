@@ -468,6 +468,7 @@ async fn runs_lists_id_status_age_cost_and_prompt() {
     assert_eq!(runs[0]["status"], "succeeded");
     let cancel = output(kiln(&app.url(""), "alice", &["cancel", &waiting_id])).await;
     assert!(cancel.status.success(), "{cancel:?}");
+    assert_eq!(app.events_to_end("alice", &waiting_id).await.last().unwrap().kind, "run.cancelled");
 }
 
 #[tokio::test]
@@ -568,4 +569,8 @@ async fn ctrl_c_stops_following_not_the_run_and_clears_the_spinner() {
         term.stderr
     );
     assert_eq!(app.get_run("alice", &id).await["status"], "running");
+    // End it, so its worker removes its container before the test's end stops that worker.
+    let cancel = output(kiln(&app.url(""), "alice", &["cancel", &id])).await;
+    assert!(cancel.status.success(), "{cancel:?}");
+    assert_eq!(app.events_to_end("alice", &id).await.last().unwrap().kind, "run.cancelled");
 }
