@@ -1,15 +1,68 @@
-//! A client of a running Kiln: submit a run, follow its events.
+//! A client of a running Kiln: submit, list, cancel and approve runs, and
+//! read their events (a page at a time, or following the SSE stream).
 
-use std::io::Write;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use kiln_protocol::event::is_terminal_kind;
-use kiln_protocol::{CreateRun, Run};
-use serde_json::Value;
+use kiln_protocol::{CreateRun, EventBody, Run, RunStatus};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 use uuid::Uuid;
+
+/// Reconnection attempts in a row, without an event in between, before
+/// following gives up.
+const MAX_RECONNECTS: u32 = 10;
+/// Events per page when reading a run's events as JSON (the API's largest).
+const PAGE: u32 = 1000;
+
+/// One event exactly as the API streamed it: what `--json` prints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamedEvent {
+    pub seq: i64,
+    pub kind: String,
+    pub payload: Value,
+}
+
+impl StreamedEvent {
+    /// The typed event, or `None` for a kind newer than this client.
+    pub fn body(&self) -> Option<EventBody> {
+        serde_json::from_value(json!({ "kind": self.kind, "payload": self.payload })).ok()
+    }
+
+    pub fn is_terminal(&self) -> bool {
+        is_terminal_kind(&self.kind)
+    }
+}
+
+/// How a decided approval went, for `kiln approve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Approve,
+    Deny,
+}
+
+/// What `POST /v1/runs/{id}/cancel` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancelled {
+    /// The run was queued and is now cancelled.
+    Now,
+    /// The run is working; its worker stops it and writes `run.cancelled`.
+    Requested,
+}
+
+#[derive(Deserialize)]
+struct RunList {
+    runs: Vec<Run>,
+}
+
+#[derive(Deserialize)]
+struct EventPage {
+    events: Vec<StreamedEvent>,
+    next_after: i64,
+}
 
 pub struct KilnClient {
     base: String,
@@ -23,33 +76,104 @@ impl KilnClient {
         Ok(KilnClient { base: base.trim_end_matches('/').to_owned(), token: token.to_owned(), http })
     }
 
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
+        request.bearer_auth(&self.token).send().await.with_context(|| format!("connecting to Kiln at {}", self.base))
+    }
+
     pub async fn create_run(&self, spec: &CreateRun) -> anyhow::Result<Run> {
-        let response = self
-            .http
-            .post(format!("{}/v1/runs", self.base))
-            .bearer_auth(&self.token)
-            .json(spec)
-            .send()
-            .await
-            .with_context(|| format!("connecting to Kiln at {}", self.base))?;
-        parse(response).await
+        parse(self.send(self.http.post(self.url("/v1/runs")).json(spec)).await?).await
     }
 
     pub async fn get_run(&self, id: Uuid) -> anyhow::Result<Run> {
-        let response = self.http.get(format!("{}/v1/runs/{id}", self.base)).bearer_auth(&self.token).send().await?;
-        parse(response).await
+        parse(self.send(self.http.get(self.url(&format!("/v1/runs/{id}")))).await?).await
     }
 
-    /// Follows the run's events until its terminal event, reconnecting with
-    /// `Last-Event-ID` when the connection drops. `on_event` sees each
-    /// `(seq, kind, payload)` exactly once.
-    pub async fn follow(&self, id: Uuid, mut on_event: impl FnMut(i64, &str, &Value)) -> anyhow::Result<String> {
-        let mut last_seq = 0i64;
+    /// The newest runs first, at most `limit` (the API allows 1 to 200).
+    pub async fn list_runs(&self, status: Option<RunStatus>, limit: u32) -> anyhow::Result<Vec<Run>> {
+        // Numbers and status words need no escaping in a query string.
+        let mut path = format!("/v1/runs?limit={limit}");
+        if let Some(status) = status {
+            path.push_str(&format!("&status={status}"));
+        }
+        let list: RunList = parse(self.send(self.http.get(self.url(&path))).await?).await?;
+        Ok(list.runs)
+    }
+
+    pub async fn cancel_run(&self, id: Uuid) -> anyhow::Result<(Cancelled, Run)> {
+        let response = self.send(self.http.post(self.url(&format!("/v1/runs/{id}/cancel")))).await?;
+        let how =
+            if response.status() == reqwest::StatusCode::ACCEPTED { Cancelled::Requested } else { Cancelled::Now };
+        Ok((how, parse(response).await?))
+    }
+
+    pub async fn decide(
+        &self,
+        id: Uuid,
+        call_id: &str,
+        decision: Decision,
+        reason: Option<&str>,
+    ) -> anyhow::Result<()> {
+        let decision = match decision {
+            Decision::Approve => "approve",
+            Decision::Deny => "deny",
+        };
+        let mut body = json!({ "decision": decision });
+        if let Some(reason) = reason {
+            body["reason"] = json!(reason);
+        }
+        // Call ids are the model's; keep whatever they hold inside one path segment.
+        let mut url = reqwest::Url::parse(&self.url(&format!("/v1/runs/{id}/approvals/")))
+            .with_context(|| format!("KILN_URL {:?} is not a URL", self.base))?;
+        url.path_segments_mut().map_err(|()| anyhow::anyhow!("KILN_URL cannot be a base URL"))?.pop().push(call_id);
+        parse::<Value>(self.send(self.http.post(url).json(&body)).await?).await?;
+        Ok(())
+    }
+
+    /// The run's events after `after` as they are now, one page of the
+    /// JSON form of the events route at a time (this includes what comes
+    /// after the terminal event, such as GitHub deliveries).
+    pub async fn events(
+        &self,
+        id: Uuid,
+        mut after: i64,
+        mut on_event: impl FnMut(&StreamedEvent),
+    ) -> anyhow::Result<()> {
+        loop {
+            let request = self
+                .http
+                .get(self.url(&format!("/v1/runs/{id}/events?after={after}&limit={PAGE}")))
+                .header("accept", "application/json");
+            let page: EventPage = parse(self.send(request).await?).await?;
+            if page.events.is_empty() {
+                return Ok(());
+            }
+            for event in &page.events {
+                on_event(event);
+            }
+            after = page.next_after;
+        }
+    }
+
+    /// Follows the run's events after `after` until its terminal event,
+    /// reconnecting with `Last-Event-ID` when the connection drops, and
+    /// returns that event's kind. `on_event` sees each event exactly once,
+    /// in order.
+    pub async fn follow(
+        &self,
+        id: Uuid,
+        after: i64,
+        mut on_event: impl FnMut(&StreamedEvent),
+    ) -> anyhow::Result<String> {
+        let mut last_seq = after;
         let mut failures = 0u32;
         loop {
             let response = self
                 .http
-                .get(format!("{}/v1/runs/{id}/events", self.base))
+                .get(self.url(&format!("/v1/runs/{id}/events")))
                 .bearer_auth(&self.token)
                 .header("accept", "text/event-stream")
                 .header("last-event-id", last_seq.to_string())
@@ -57,15 +181,20 @@ impl KilnClient {
                 .await;
             let response = match response {
                 Ok(r) if r.status().is_success() => r,
-                Ok(r) => {
+                // The API is there and says no (unknown run, bad token): retrying will not help.
+                Ok(r) if r.status().is_client_error() => {
                     let status = r.status();
                     let body = r.text().await.unwrap_or_default();
-                    bail!("following run {id} failed: HTTP {status}: {body}");
+                    bail!("following run {id} failed: HTTP {status}: {}", error_message(&body));
                 }
-                Err(e) => {
+                // Unreachable, or unavailable for now (a 5xx while the database restarts).
+                other => {
                     failures += 1;
-                    if failures > 10 {
-                        return Err(e).context("following the run's events");
+                    if failures > MAX_RECONNECTS {
+                        return match other {
+                            Err(e) => Err(e).with_context(|| format!("following run {id} at {}", self.base)),
+                            Ok(r) => bail!("following run {id} failed: HTTP {}", r.status()),
+                        };
                     }
                     tokio::time::sleep(Duration::from_millis(500 * u64::from(failures))).await;
                     continue;
@@ -73,20 +202,29 @@ impl KilnClient {
             };
             let mut stream = response.bytes_stream().eventsource();
             while let Some(item) = stream.next().await {
+                // A broken stream: reconnect below and resume after the last event seen.
                 let Ok(event) = item else { break };
+                // Keep-alive comments and anything else without an id carry no event.
                 let Ok(seq) = event.id.parse::<i64>() else { continue };
                 if seq <= last_seq {
                     continue;
                 }
                 last_seq = seq;
                 failures = 0;
-                let payload: Value = serde_json::from_str(&event.data).unwrap_or(Value::Null);
-                on_event(seq, &event.event, &payload);
-                if is_terminal_kind(&event.event) {
-                    return Ok(event.event);
+                let payload: Value = serde_json::from_str(&event.data)
+                    .with_context(|| format!("event {seq} of run {id} is not JSON: {}", event.data))?;
+                let event = StreamedEvent { seq, kind: event.event, payload };
+                on_event(&event);
+                if event.is_terminal() {
+                    return Ok(event.kind);
                 }
             }
-            // The stream ended without a terminal event: reconnect and resume.
+            // The stream ended without a terminal event (the API instance
+            // stopped, the network dropped it): resume where it left off.
+            failures += 1;
+            if failures > MAX_RECONNECTS {
+                bail!("following run {id}: the event stream kept ending without the run's end");
+            }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
@@ -96,93 +234,15 @@ async fn parse<T: serde::de::DeserializeOwned>(response: reqwest::Response) -> a
     let status = response.status();
     let body = response.text().await?;
     if !status.is_success() {
-        let message = serde_json::from_str::<Value>(&body)
-            .ok()
-            .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-            .unwrap_or(body);
-        bail!("Kiln answered HTTP {status}: {message}");
+        bail!("Kiln answered HTTP {status}: {}", error_message(&body));
     }
     serde_json::from_str(&body).with_context(|| format!("unexpected answer from Kiln: {body}"))
 }
 
-/// Prints events for a person: streamed text inline, one line per tool call
-/// and result, the ending in words.
-pub struct Printer<W: Write> {
-    out: W,
-    /// Whether the cursor sits after streamed text (needs a newline first).
-    mid_line: bool,
-}
-
-impl<W: Write> Printer<W> {
-    pub fn new(out: W) -> Self {
-        Printer { out, mid_line: false }
-    }
-
-    pub fn print(&mut self, kind: &str, payload: &Value) {
-        let line = match kind {
-            "text.delta" => {
-                let text = payload["text"].as_str().unwrap_or_default();
-                let _ = write!(self.out, "{text}");
-                let _ = self.out.flush();
-                self.mid_line = !text.ends_with('\n');
-                return;
-            }
-            "run.queued" => "● queued".to_owned(),
-            "run.started" => format!("● started (attempt {})", payload["attempt"]),
-            "sandbox.ready" => format!("● sandbox ready ({})", payload["image"].as_str().unwrap_or_default()),
-            "tool_call.ready" => format!(
-                "→ {} {}",
-                payload["name"].as_str().unwrap_or_default(),
-                one_line(&payload["arguments"].to_string(), 120)
-            ),
-            "tool.result" => {
-                let mark = if payload["is_error"].as_bool() == Some(true) { "✗" } else { "✓" };
-                format!(
-                    "  {mark} {} ({} ms): {}",
-                    payload["name"].as_str().unwrap_or_default(),
-                    payload["duration_ms"],
-                    one_line(payload["output"].as_str().unwrap_or_default(), 160)
-                )
-            }
-            "model.retry" => {
-                format!("● model call failed, retrying: {}", payload["error"].as_str().unwrap_or_default())
-            }
-            "run.succeeded" => "● run succeeded".to_owned(),
-            "run.failed" => format!("● run failed: {}", payload["error"].as_str().unwrap_or_default()),
-            "run.cancelled" => format!("● run cancelled: {}", payload["reason"].as_str().unwrap_or_default()),
-            "run.timed_out" => format!("● run timed out after {} s", payload["limit_s"]),
-            _ => return,
-        };
-        if self.mid_line {
-            let _ = writeln!(self.out);
-            self.mid_line = false;
-        }
-        let _ = writeln!(self.out, "{line}");
-    }
-}
-
-fn one_line(s: &str, max: usize) -> String {
-    let flat: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
-    if flat.chars().count() > max { format!("{}…", flat.chars().take(max).collect::<String>()) } else { flat }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn printer_renders_text_inline_and_tools_as_lines() {
-        let mut buf = Vec::new();
-        let mut p = Printer::new(&mut buf);
-        p.print("text.delta", &serde_json::json!({"text": "hel"}));
-        p.print("text.delta", &serde_json::json!({"text": "lo"}));
-        p.print("tool_call.ready", &serde_json::json!({"name": "bash", "arguments": {"command": "ls"}}));
-        p.print(
-            "tool.result",
-            &serde_json::json!({"name": "bash", "duration_ms": 5, "output": "a\nb", "is_error": false}),
-        );
-        p.print("run.succeeded", &serde_json::json!({"summary": "x"}));
-        let out = String::from_utf8(buf).unwrap();
-        assert_eq!(out, "hello\n→ bash {\"command\":\"ls\"}\n  ✓ bash (5 ms): a b\n● run succeeded\n");
-    }
+/// The API's `{"error": {"message"}}`, or the body as it is.
+fn error_message(body: &str) -> String {
+    serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| body.to_owned())
 }

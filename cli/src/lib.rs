@@ -3,7 +3,9 @@
 
 pub mod app;
 pub mod client;
+pub mod commands;
 pub mod local;
 pub mod local_model;
+pub mod render;
 pub mod settings;
 pub mod telemetry;

@@ -8,13 +8,16 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use kiln_cli::app::{open_store, start_api, start_worker};
-use kiln_cli::client::{KilnClient, Printer};
+use kiln_cli::client::{Decision, KilnClient};
+use kiln_cli::commands::{self, Connection};
 use kiln_cli::local;
+use kiln_cli::render::Mode;
 use kiln_cli::settings::{
     ApiArgs, AuthArgs, CallbackArgs, DbArgs, GithubArgs, GithubDeliveryArgs, ModelArgs, WorkerArgs,
 };
-use kiln_protocol::{CreateRun, RepoSpec};
+use kiln_protocol::{ApprovalMode, CreateRun, RepoSpec, RunStatus};
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "Run coding agents remotely, in Docker sandboxes")]
@@ -107,14 +110,70 @@ enum Command {
         /// Branch, tag or commit of the repository.
         #[arg(long = "ref")]
         git_ref: Option<String>,
-        /// Print the events as they arrive; exit non-zero unless the run succeeds.
+        /// Which tool calls wait for `kiln approve`: never, mutating (bash, edit, write) or always.
+        #[arg(long, value_parser = parse_approval)]
+        approval: Option<ApprovalMode>,
+        /// Show the events as they arrive (live progress on a terminal, plain
+        /// lines otherwise); exit 0 if the run succeeds, 1 if not.
         #[arg(long)]
         follow: bool,
-        #[arg(long, env = "KILN_URL", default_value = "http://127.0.0.1:8080")]
-        url: String,
-        #[arg(long, env = "KILN_TOKEN", hide_env_values = true)]
-        token: String,
+        /// Print one JSON object per event (`seq`, `kind`, `payload`), for
+        /// scripts; without --follow, the run as the API returned it.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        connection: Connection,
     },
+    /// List your runs, newest first: id, status, age, cost, prompt.
+    Runs {
+        /// Only runs with this status (queued, running, awaiting_approval, succeeded, …).
+        #[arg(long)]
+        status: Option<RunStatus>,
+        /// How many (1 to 200).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=200))]
+        limit: u32,
+        /// Print the API's run objects, one JSON object per line.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Show a run's events from the start; exit 0 if it succeeded, 1 if it ended otherwise.
+    Logs {
+        run: Uuid,
+        /// Keep following until the run ends (resuming after a dropped connection).
+        #[arg(long)]
+        follow: bool,
+        /// Print one JSON object per event (`seq`, `kind`, `payload`), for scripts.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Cancel a run.
+    Cancel {
+        run: Uuid,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Approve (or with --deny, refuse) a tool call waiting for approval.
+    Approve {
+        run: Uuid,
+        /// The call's id, as `approval.requested` (and `kiln logs`) shows it.
+        call: String,
+        #[arg(long)]
+        deny: bool,
+        /// Why; a denial's reason goes back to the model.
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        connection: Connection,
+    },
+}
+
+fn parse_approval(s: &str) -> Result<ApprovalMode, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_owned()))
+        .map_err(|_| format!("{s:?}: expected never, mutating or always"))
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -222,15 +281,21 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             println!("{}", kiln_api::auth::mint_hs256(jwt_secret.as_bytes(), &sub, ttl)?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run { prompt, repo, git_ref, follow, url, token } => {
-            let client = KilnClient::new(&url, &token)?;
-            let spec = CreateRun { prompt, repo: repo.map(|url| RepoSpec { url, git_ref }), ..Default::default() };
-            let run = client.create_run(&spec).await?;
-            println!("run {} {}", run.id, run.status);
-            if !follow {
-                return Ok(ExitCode::SUCCESS);
-            }
-            follow_run(&client, run.id).await
+        Command::Run { prompt, repo, git_ref, approval, follow, json, connection } => {
+            let spec =
+                CreateRun { prompt, repo: repo.map(|url| RepoSpec { url, git_ref }), approval, ..Default::default() };
+            commands::run(&connection.client()?, &spec, follow, json).await
+        }
+        Command::Runs { status, limit, json, connection } => {
+            commands::runs(&connection.client()?, status, limit, json).await
+        }
+        Command::Logs { run, follow, json, connection } => {
+            commands::watch(&connection.client()?, run, follow, Mode::choose(json)).await
+        }
+        Command::Cancel { run, connection } => commands::cancel(&connection.client()?, run).await,
+        Command::Approve { run, call, deny, reason, connection } => {
+            let decision = if deny { Decision::Deny } else { Decision::Approve };
+            commands::approve(&connection.client()?, run, &call, decision, reason.as_deref()).await
         }
         Command::Up {
             demo,
@@ -249,12 +314,6 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             up(demo, state_dir, local_pg_port, db, auth, api, github, model, &mut worker, delivery, callbacks).await
         }
     }
-}
-
-async fn follow_run(client: &KilnClient, id: uuid::Uuid) -> anyhow::Result<ExitCode> {
-    let mut printer = Printer::new(std::io::stdout());
-    let terminal = client.follow(id, |_, kind, payload| printer.print(kind, payload)).await?;
-    Ok(if terminal == "run.succeeded" { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -387,7 +446,7 @@ async fn up(
     };
     let run = client.create_run(&spec).await?;
     eprintln!("kiln: demo run {} submitted; following its events\n", run.id);
-    let code = follow_run(&client, run.id).await?;
+    let code = commands::watch(&client, run.id, true, Mode::choose(false)).await?;
     let finished = client.get_run(run.id).await?;
     if finished.status == kiln_protocol::RunStatus::Succeeded {
         println!("\nkiln: the demo run succeeded ({}).", run.id);

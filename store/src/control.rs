@@ -121,17 +121,16 @@ impl Store {
     pub async fn take_inbox(&self, lease: &Lease) -> Result<Vec<String>, StoreError> {
         let client = self.client().await?;
         // Prepared once per connection: this runs on every step.
-        let statement = client.prepare_cached("UPDATE run_inbox SET consumed_at = now()
+        let statement = client
+            .prepare_cached(
+                "UPDATE run_inbox SET consumed_at = now()
                  WHERE run_id = $1 AND consumed_at IS NULL
                    AND EXISTS (SELECT 1 FROM runs WHERE id = $1 AND attempt = $2 AND lease_owner = $3
                                AND status IN ('running', 'awaiting_approval'))
-                 RETURNING id, text").await?;
-        let rows = client
-            .query(
-                &statement,
-                &[&lease.run_id, &lease.attempt, &lease.worker],
+                 RETURNING id, text",
             )
             .await?;
+        let rows = client.query(&statement, &[&lease.run_id, &lease.attempt, &lease.worker]).await?;
         let mut messages = rows
             .iter()
             .map(|r| Ok((r.try_get::<_, i64>(0)?, r.try_get::<_, String>(1)?)))

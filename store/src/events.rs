@@ -54,7 +54,9 @@ impl Store {
         let (kind, payload) = split(body)?;
         let client = self.client().await?;
         // Prepared once per connection: the hot path of every run.
-        let statement = client.prepare_cached("WITH earlier AS (
+        let statement = client
+            .prepare_cached(
+                "WITH earlier AS (
                      SELECT seq FROM events WHERE event_id = $7
                  ), bump AS (
                      UPDATE runs SET last_event_seq = last_event_seq + 1
@@ -68,7 +70,9 @@ impl Store {
                  )
                  SELECT seq, pg_notify($6, $1::text || ':' || seq) IS NULL FROM ins
                  UNION ALL
-                 SELECT seq, false FROM earlier").await?;
+                 SELECT seq, false FROM earlier",
+            )
+            .await?;
         let result = client
             .query_opt(
                 &statement,
@@ -96,14 +100,13 @@ impl Store {
     pub async fn events_after(&self, run_id: Uuid, after: i64, limit: i64) -> Result<Vec<StoredEvent>, StoreError> {
         let client = self.client().await?;
         // Prepared once per connection: every stream's catch-up runs it.
-        let statement = client.prepare_cached("SELECT seq, kind, payload, at FROM events
-                 WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3").await?;
-        let rows = client
-            .query(
-                &statement,
-                &[&run_id, &after, &limit],
+        let statement = client
+            .prepare_cached(
+                "SELECT seq, kind, payload, at FROM events
+                 WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
             )
             .await?;
+        let rows = client.query(&statement, &[&run_id, &after, &limit]).await?;
         rows.iter()
             .map(|r| {
                 Ok(StoredEvent { seq: r.try_get(0)?, kind: r.try_get(1)?, payload: r.try_get(2)?, at: r.try_get(3)? })

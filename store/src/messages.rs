@@ -48,12 +48,16 @@ impl Store {
         let usage = usage.map(serde_json::to_value).transpose().map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let client = self.client().await?;
         // Prepared once per connection: this runs on every step.
-        let statement = client.prepare_cached("INSERT INTO messages (session_id, seq, run_id, role, parts, usage, model, summary_keeps)
+        let statement = client
+            .prepare_cached(
+                "INSERT INTO messages (session_id, seq, run_id, role, parts, usage, model, summary_keeps)
                  SELECT $1, COALESCE((SELECT max(seq) FROM messages WHERE session_id = $1), 0) + 1,
                         $2, $5, $6, $7, $8, $9
                  WHERE EXISTS (SELECT 1 FROM runs WHERE id = $2 AND attempt = $3 AND lease_owner = $4
                                AND status IN ('running', 'awaiting_approval'))
-                 RETURNING seq").await?;
+                 RETURNING seq",
+            )
+            .await?;
         let row = client
             .query_opt(
                 &statement,

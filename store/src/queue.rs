@@ -88,16 +88,16 @@ impl Store {
     pub async fn heartbeat(&self, lease: &Lease, extend: Duration) -> Result<HeartbeatOutcome, StoreError> {
         let client = self.client().await?;
         // Prepared once per connection: every running run beats.
-        let statement = client.prepare_cached("UPDATE runs SET lease_expires_at = now() + $4 * interval '1 millisecond'
+        let statement = client
+            .prepare_cached(
+                "UPDATE runs SET lease_expires_at = now() + $4 * interval '1 millisecond'
                  WHERE id = $1 AND attempt = $2 AND lease_owner = $3
                    AND status IN ('running', 'awaiting_approval')
-                 RETURNING cancel_requested").await?;
-        let row = client
-            .query_opt(
-                &statement,
-                &[&lease.run_id, &lease.attempt, &lease.worker, &millis(extend)],
+                 RETURNING cancel_requested",
             )
             .await?;
+        let row =
+            client.query_opt(&statement, &[&lease.run_id, &lease.attempt, &lease.worker, &millis(extend)]).await?;
         match row {
             Some(r) => Ok(HeartbeatOutcome { cancel_requested: r.try_get(0)? }),
             None => Err(StoreError::LeaseLost(lease.run_id)),

@@ -1,0 +1,103 @@
+//! How the terminal client shows a run's events: a live progress display on
+//! a terminal ([`live`]), plain lines otherwise ([`plain`]), or the events
+//! themselves as JSON lines for scripts ([`json`]). All three see the same
+//! events; [`totals`] adds them up for the closing line.
+
+pub mod json;
+pub mod live;
+pub mod plain;
+pub mod totals;
+
+use std::io::IsTerminal;
+
+use uuid::Uuid;
+
+use crate::client::StreamedEvent;
+pub use totals::{Outcome, Totals};
+
+/// Shows one run's events as they come.
+pub trait Render {
+    fn event(&mut self, event: &StreamedEvent);
+
+    /// The events are over (the run ended, or they were all read);
+    /// `totals` adds them up.
+    fn finish(&mut self, totals: &Totals);
+}
+
+/// Which display a command uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Live,
+    Plain,
+    Json,
+}
+
+impl Mode {
+    /// `--json` wins; otherwise live on a terminal, plain lines elsewhere.
+    pub fn choose(json: bool) -> Mode {
+        if json {
+            Mode::Json
+        } else if std::io::stdout().is_terminal() {
+            Mode::Live
+        } else {
+            Mode::Plain
+        }
+    }
+
+    /// The renderer for run `run`, writing to stdout.
+    pub fn renderer(self, run: Uuid) -> Box<dyn Render> {
+        match self {
+            Mode::Live => Box::new(live::Live::new(run)),
+            Mode::Plain => Box::new(plain::Printer::new(std::io::stdout(), run)),
+            Mode::Json => Box::new(json::JsonLines::new(std::io::stdout())),
+        }
+    }
+}
+
+/// What a person needs to read a tool call at a glance: the command for
+/// `bash`, the path for the file tools, the arguments otherwise.
+pub fn call_summary(name: &str, arguments: &serde_json::Value) -> String {
+    if name == "todo"
+        && let Some(items) = arguments.get("items").and_then(|v| v.as_array())
+    {
+        // The plan itself is printed from its `todo` event.
+        return if items.len() == 1 { "1 item".to_owned() } else { format!("{} items", items.len()) };
+    }
+    let field = match name {
+        "bash" => "command",
+        "view" | "write" | "edit" | "ls" => "path",
+        "glob" | "grep" => "pattern",
+        _ => "",
+    };
+    match arguments.get(field).and_then(|v| v.as_str()) {
+        Some(s) => one_line(s, 100),
+        None => one_line(&arguments.to_string(), 100),
+    }
+}
+
+/// `s` on one line (whitespace runs become one space), at most `max`
+/// characters, with an ellipsis when cut.
+pub fn one_line(s: &str, max: usize) -> String {
+    let flat: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    if flat.chars().count() > max { format!("{}…", flat.chars().take(max).collect::<String>()) } else { flat }
+}
+
+/// The commands that decide a waiting call, as printed beside it.
+pub fn approve_hint(run: Uuid, call_id: &str) -> String {
+    format!("kiln approve {run} {call_id}   (or --deny --reason …)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn calls_are_summarised_by_what_matters_most() {
+        assert_eq!(call_summary("bash", &json!({"command": "ls -la\n  && pwd"})), "ls -la && pwd");
+        assert_eq!(call_summary("edit", &json!({"path": "a.rs", "old_string": "x"})), "a.rs");
+        assert_eq!(call_summary("todo", &json!({"items": [{"text": "a"}, {"text": "b"}]})), "2 items");
+        assert_eq!(call_summary("mcp_tool", &json!({"q": 1})), r#"{"q":1}"#);
+        assert_eq!(one_line(&"a".repeat(5), 3), "aaa…");
+    }
+}

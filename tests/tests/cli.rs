@@ -1,0 +1,576 @@
+//! The terminal client, as a person and a script use it: the real `kiln`
+//! binary against a real Kiln (Postgres, Docker, the scripted model), under
+//! a pseudo-terminal for the live display and through pipes for plain lines
+//! and `--json`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Output, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use kiln_scripted_model::{Reply, ScriptedCall};
+use kiln_tests::netcut::CutProxy;
+use kiln_tests::{Ev, Options, TestApp, assert_dense, kinds, token};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const ROWS: u16 = 200;
+const COLS: u16 = 140;
+
+/// The `kiln` binary. A workspace test run (`scripts/test`) builds it with
+/// the tests (kiln-cli has integration tests of its own), next to this test
+/// executable's directory; when it is missing or older than the sources
+/// (say after `cargo nextest run -p kiln-tests`), Cargo builds it, so these
+/// tests never run a stale one. `KILN_BIN` points at another build instead.
+fn kiln_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("KILN_BIN") {
+            return PathBuf::from(bin);
+        }
+        let exe = std::env::current_exe().unwrap();
+        // Test executables live in target/<profile>/deps.
+        let built = exe.parent().and_then(Path::parent).unwrap().join("kiln");
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let fresh = modified(&built).is_some_and(|bin| newest_source(workspace) <= bin);
+        if fresh { built } else { cargo_build_kiln(workspace) }
+    })
+    .clone()
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// The newest file the binary is built from: the crates it links, the
+/// files they embed (migrations, the web view, prompts), the lock file.
+fn newest_source(workspace: &Path) -> SystemTime {
+    fn walk(path: &Path, newest: &mut SystemTime) {
+        if path.is_dir() {
+            for entry in std::fs::read_dir(path).unwrap() {
+                walk(&entry.unwrap().path(), newest);
+            }
+        } else if let Some(t) = modified(path) {
+            *newest = (*newest).max(t);
+        }
+    }
+    let mut newest = SystemTime::UNIX_EPOCH;
+    for krate in ["cli", "protocol", "store", "api", "worker", "scripted-model", "toolbox"] {
+        walk(&workspace.join(krate).join("src"), &mut newest);
+        walk(&workspace.join(krate).join("Cargo.toml"), &mut newest);
+    }
+    for shared in ["migrations", "local-model", "Cargo.toml", "Cargo.lock"] {
+        walk(&workspace.join(shared), &mut newest);
+    }
+    newest
+}
+
+fn cargo_build_kiln(workspace: &Path) -> PathBuf {
+    let mut build = escargot::CargoBuild::new()
+        .manifest_path(workspace.join("Cargo.toml"))
+        .package("kiln-cli")
+        .bin("kiln")
+        .current_release();
+    // Cargo and nextest describe this test package to the test in these
+    // variables. Some build scripts (ring's) watch them, so with them the
+    // build would differ from the one the tests came from and rebuild half
+    // the tree, twice.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        let described = ["CARGO_PKG_", "CARGO_CRATE_", "CARGO_BIN_", "CARGO_MANIFEST_", "NEXTEST"]
+            .iter()
+            .any(|prefix| name.starts_with(prefix))
+            || ["CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR", "OUT_DIR"].contains(&name.as_ref());
+        if described {
+            build = build.env_remove(name.as_ref());
+        }
+    }
+    build.run().expect("build the kiln binary").path().to_path_buf()
+}
+
+/// `kiln ARGS` against `app`, as subject `sub`, with nothing from the
+/// environment that would point it elsewhere.
+fn kiln(app_url: &str, sub: &str, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(kiln_bin());
+    cmd.args(args)
+        .env("KILN_URL", app_url)
+        .env("KILN_TOKEN", token(sub))
+        .env_remove("NO_COLOR")
+        .env_remove("CLICOLOR_FORCE")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn output(mut cmd: tokio::process::Command) -> Output {
+    tokio::time::timeout(Duration::from_secs(180), cmd.output()).await.expect("kiln finished in time").unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+/// What a terminal showed: `kiln ARGS` run on a pseudo-terminal of
+/// ROWS x COLS, its output rendered as a screen (cursor movement and
+/// erasing applied, as a person would see it at the end), and the raw bytes.
+struct Terminal {
+    status: ExitStatus,
+    screen: String,
+    raw: String,
+    stderr: String,
+}
+
+fn open_pty() -> (OwnedFd, OwnedFd) {
+    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC).expect("openpt");
+    grantpt(&master).unwrap();
+    unlockpt(&master).unwrap();
+    let name = ptsname(&master, Vec::new()).unwrap();
+    let flags = rustix::fs::OFlags::RDWR | rustix::fs::OFlags::NOCTTY | rustix::fs::OFlags::CLOEXEC;
+    let slave = rustix::fs::open(name.as_c_str(), flags, rustix::fs::Mode::empty()).expect("open the pty's slave");
+    let size = rustix::termios::Winsize { ws_row: ROWS, ws_col: COLS, ws_xpixel: 0, ws_ypixel: 0 };
+    rustix::termios::tcsetwinsize(&slave, size).unwrap();
+    (master, slave)
+}
+
+/// `kiln` running on a pseudo-terminal.
+struct Running {
+    child: tokio::process::Child,
+    /// Everything written to the terminal so far.
+    written: Arc<Mutex<Vec<u8>>>,
+    /// Ends once the child has exited and the terminal is read to its end.
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    fn start(mut cmd: tokio::process::Command) -> Running {
+        let (master, slave) = open_pty();
+        cmd.stdout(Stdio::from(slave)).stderr(Stdio::piped()).env("TERM", "xterm-256color");
+        let child = cmd.spawn().expect("start kiln");
+        // `cmd` holds the parent's copy of the slave side: drop it so that
+        // the master's reads end (EIO) once the child has exited.
+        drop(cmd);
+        let written = Arc::new(Mutex::new(Vec::new()));
+        let sink = written.clone();
+        let reader = tokio::task::spawn_blocking(move || {
+            let mut master = std::fs::File::from(master);
+            let mut buf = [0u8; 4096];
+            loop {
+                match master.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => sink.lock().unwrap().extend_from_slice(&buf[..n]),
+                }
+            }
+        });
+        Running { child, written, reader }
+    }
+
+    fn written(&self) -> String {
+        String::from_utf8_lossy(&self.written.lock().unwrap()).into_owned()
+    }
+
+    /// Waits until the terminal has been sent `text` (a minute at most).
+    async fn wait_for(&self, text: &str) {
+        for _ in 0..600 {
+            if self.written().contains(text) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the terminal never showed {text:?}: {}", self.written());
+    }
+
+    /// Ctrl-C, as the terminal's line discipline would send it.
+    fn interrupt(&self) {
+        let pid = rustix::process::Pid::from_raw(self.child.id().unwrap() as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+    }
+
+    async fn finish(self) -> Terminal {
+        let out = tokio::time::timeout(Duration::from_secs(180), self.child.wait_with_output())
+            .await
+            .expect("kiln finished in time")
+            .unwrap();
+        self.reader.await.unwrap();
+        let raw = std::mem::take(&mut *self.written.lock().unwrap());
+        let mut parser = vt100::Parser::new(ROWS.try_into().unwrap(), COLS.try_into().unwrap(), 0);
+        parser.process(&raw);
+        Terminal {
+            status: out.status,
+            // Row by row: a row written to its last column counts as
+            // wrapped for `contents()`, which would join it to the next.
+            screen: parser.screen().rows(0, COLS).map(|row| row.trim_end().to_owned()).collect::<Vec<_>>().join("\n"),
+            raw: String::from_utf8_lossy(&raw).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
+async fn in_terminal(cmd: tokio::process::Command) -> Terminal {
+    Running::start(cmd).finish().await
+}
+
+fn with_commas(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The run id `kiln run` printed first: `run <id> <status>: <prompt>`.
+fn run_id_in(line: &str) -> String {
+    line.split_whitespace().nth(1).expect("run line names the run").to_owned()
+}
+
+fn as_streamed(events: &[Ev]) -> Vec<Value> {
+    events.iter().map(|e| json!({"seq": e.seq, "kind": e.kind, "payload": e.data})).collect()
+}
+
+fn json_lines(text: &str) -> Vec<Value> {
+    text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}"))).collect()
+}
+
+#[tokio::test]
+async fn on_a_terminal_run_follow_shows_live_progress_text_tool_lines_with_durations_and_totals() {
+    let app = TestApp::spawn(Options {
+        script: vec![
+            Reply::tool(
+                "todo",
+                json!({"items": [
+                    {"text": "look around", "status": "in_progress"},
+                    {"text": "say hello", "status": "pending"}
+                ]}),
+            )
+            .with_text("First a plan.\nThen the work."),
+            Reply::tools(vec![ScriptedCall::new("bash", json!({"command": "sleep 0.3; echo hello-from-bash"}))])
+                .with_text("Running a command now."),
+            Reply::text("All done: the command said hello."),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let term = in_terminal(kiln(&app.url(""), "alice", &["run", "--prompt", "say hello", "--follow"])).await;
+    let screen = &term.screen;
+    assert!(term.status.success(), "exit {:?}\n{screen}\nstderr: {}", term.status, term.stderr);
+
+    let id = run_id_in(screen.lines().next().unwrap());
+    let events = app.events_to_end("alice", &id).await;
+    // The model's streamed text, each line once, as written.
+    for text in ["First a plan.", "Then the work.", "Running a command now.", "All done: the command said hello."] {
+        assert_eq!(screen.lines().filter(|l| l.trim_end() == text).count(), 1, "{text:?} in\n{screen}");
+    }
+    // The plan.
+    assert!(screen.contains("[>] look around") && screen.contains("[ ] say hello"), "{screen}");
+    // One line per tool call, with the duration the worker measured.
+    let duration = |name: &str| {
+        events.iter().find(|e| e.kind == "tool.result" && e.data["name"] == name).unwrap().data["duration_ms"]
+            .as_u64()
+            .unwrap()
+    };
+    let bash_ms = duration("bash");
+    assert!(bash_ms >= 300, "{bash_ms}");
+    let bash_line = format!("✓ bash sleep 0.3; echo hello-from-bash · {bash_ms} ms");
+    assert_eq!(screen.lines().filter(|l| l.trim_end() == bash_line).count(), 1, "{bash_line:?} in\n{screen}");
+    let todo_line = format!("✓ todo 2 items · {} ms", duration("todo"));
+    assert!(screen.lines().any(|l| l == todo_line), "{todo_line:?} in\n{screen}");
+    // The totals: steps, tool calls, tokens and cost as the steps reported them, wall time, the end.
+    let steps: Vec<&Ev> = events.iter().filter(|e| e.kind == "step.finished").collect();
+    assert_eq!(steps.len(), 3);
+    let tokens = |field: &str| steps.iter().map(|e| e.data["usage"][field].as_u64().unwrap()).sum::<u64>();
+    let cost: f64 = steps.iter().map(|e| e.data["cost_usd"].as_f64().unwrap()).sum();
+    let totals = format!(
+        "✓ 3 steps · 2 tool calls · {} tokens in / {} out · ${cost:.4} · ",
+        with_commas(tokens("input_tokens")),
+        with_commas(tokens("output_tokens"))
+    );
+    let last = screen.lines().rev().find(|l| !l.trim().is_empty()).unwrap();
+    assert!(last.starts_with(&totals) && last.ends_with(" s · succeeded"), "{last:?} should start {totals:?}");
+    // It was live: the spinner line showed the step as it went, and was
+    // cleared from the screen at the end.
+    assert!(term.raw.contains("step 2"), "no spinner was drawn");
+    assert!(!screen.contains("step 2") && !screen.contains("thinking"), "the spinner was left behind:\n{screen}");
+    assert!(term.raw.contains("\u{1b}["), "a terminal gets colours and cursor movement");
+}
+
+#[tokio::test]
+async fn json_output_is_exactly_the_streamed_events_and_plain_output_has_no_escapes() {
+    let app = TestApp::spawn(Options {
+        script: vec![
+            Reply::tool("bash", json!({"command": "echo one; echo two"})).with_text("Let me look."),
+            Reply::text("Finished."),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let out = output(kiln(&app.url(""), "alice", &["run", "--prompt", "look", "--follow", "--json"])).await;
+    assert!(out.status.success(), "{out:?}");
+    let printed = json_lines(&stdout(&out));
+    let id = run_id_in(String::from_utf8_lossy(&out.stderr).lines().next().unwrap());
+    let streamed = app.events_to_end("alice", &id).await;
+    assert_dense(&streamed, 1);
+    assert_eq!(printed, as_streamed(&streamed));
+    assert_eq!(kinds(&streamed).last(), Some(&"run.succeeded"));
+
+    // `kiln logs` of the finished run: the same events, read as pages.
+    let logs = output(kiln(&app.url(""), "alice", &["logs", &id, "--json"])).await;
+    assert!(logs.status.success(), "{logs:?}");
+    assert_eq!(json_lines(&stdout(&logs)), as_streamed(&streamed));
+
+    // Without a terminal and without --json: plain lines, no escape codes.
+    let plain = output(kiln(&app.url(""), "alice", &["logs", &id])).await;
+    let text = stdout(&plain);
+    assert!(plain.status.success() && !text.contains('\u{1b}'), "{text}");
+    assert!(text.contains("Let me look.\n→ bash {\"command\":\"echo one; echo two\"}\n  ✓ bash ("), "{text}");
+    assert!(text.lines().last().unwrap().starts_with("● 2 steps · 1 tool call · "), "{text}");
+    assert!(text.trim_end().ends_with(" s · succeeded"), "{text}");
+}
+
+#[tokio::test]
+async fn logs_follow_a_running_run_until_kiln_cancel_ends_it_and_exit_non_zero() {
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::tool("bash", json!({"command": "sleep 60"})).with_text("Waiting a minute.")],
+        ..Default::default()
+    })
+    .await;
+    let run = app.create_run("alice", json!({"prompt": "wait"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let mut logs = kiln(&app.url(""), "alice", &["logs", &id, "--follow"]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(logs.stdout.take().unwrap()).lines();
+    // The follower shows the call while it runs.
+    let mut seen = Vec::new();
+    while let Some(line) = tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await.unwrap().unwrap() {
+        seen.push(line.clone());
+        if line.starts_with("→ bash") {
+            break;
+        }
+    }
+    assert_eq!(seen.last().map(String::as_str), Some("→ bash {\"command\":\"sleep 60\"}"), "{seen:?}");
+
+    let cancel = output(kiln(&app.url(""), "alice", &["cancel", &id])).await;
+    assert!(cancel.status.success(), "{cancel:?}");
+    assert_eq!(stdout(&cancel), format!("run {id}: cancellation requested; its worker is stopping it\n"));
+
+    let status = tokio::time::timeout(Duration::from_secs(60), logs.wait()).await.unwrap().unwrap();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        seen.push(line);
+    }
+    assert_eq!(status.code(), Some(1), "a cancelled run is not a success: {seen:?}");
+    assert!(seen.contains(&"● run cancelled: cancelled by client".to_owned()), "{seen:?}");
+    assert!(seen.last().unwrap().ends_with(" s · cancelled: cancelled by client"), "{seen:?}");
+
+    // Cancelling again is refused, and says why.
+    let again = output(kiln(&app.url(""), "alice", &["cancel", &id])).await;
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already finished"), "{again:?}");
+    // Someone else's run does not exist for them.
+    let other = output(kiln(&app.url(""), "mallory", &["logs", &id])).await;
+    assert!(!other.status.success() && String::from_utf8_lossy(&other.stderr).contains("404"), "{other:?}");
+}
+
+#[tokio::test]
+async fn the_approve_command_a_waiting_call_prints_is_the_one_that_decides_it() {
+    let app = TestApp::spawn(Options {
+        script: vec![
+            Reply::tool("bash", json!({"command": "echo approved-ran"})),
+            Reply::tool("bash", json!({"command": "rm -rf /workspace"})),
+            Reply::text("done"),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let url = app.url("");
+    let mut run = kiln(&url, "alice", &["run", "--prompt", "work", "--approval", "mutating", "--follow"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let mut decided = 0;
+    while let Some(line) = tokio::time::timeout(Duration::from_secs(90), lines.next_line()).await.unwrap().unwrap() {
+        seen.push(line.clone());
+        // `  kiln approve RUN CALL   (or --deny --reason …)`: run it as printed.
+        let Some(hint) = line.trim().strip_prefix("kiln approve ") else { continue };
+        let args: Vec<&str> = hint.split_whitespace().take(2).collect();
+        let mut argv = vec!["approve", args[0], args[1]];
+        if decided == 1 {
+            argv.extend(["--deny", "--reason", "too risky"]);
+        }
+        let decision = output(kiln(&url, "alice", &argv)).await;
+        assert!(decision.status.success(), "{decision:?}");
+        let word = if decided == 0 { "approved" } else { "denied" };
+        assert_eq!(stdout(&decision), format!("call {} of run {} {word}\n", args[1], args[0]));
+        decided += 1;
+    }
+    let status = run.wait().await.unwrap();
+    assert!(status.success(), "{seen:?}");
+    assert_eq!(decided, 2, "{seen:?}");
+    let text = seen.join("\n");
+    assert!(text.contains("⏸ bash {\"command\":\"echo approved-ran\"} waits for approval"), "{text}");
+    assert!(text.contains("  approved\n  ✓ bash ("), "{text}");
+    assert!(text.contains("approved-ran"), "{text}");
+    assert!(text.contains("  denied: too risky\n  ✗ bash ("), "{text}");
+    // A call that is not waiting cannot be decided.
+    let id = run_id_in(&seen[0]);
+    let late = output(kiln(&url, "alice", &["approve", &id, "call_nope"])).await;
+    assert!(!late.status.success() && String::from_utf8_lossy(&late.stderr).contains("404"), "{late:?}");
+}
+
+#[tokio::test]
+async fn runs_lists_id_status_age_cost_and_prompt() {
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::text("ok"), Reply::tool("bash", json!({"command": "true"}))],
+        ..Default::default()
+    })
+    .await;
+    let done = app.create_run("alice", json!({"prompt": "the finished one"})).await;
+    let done_id = done["id"].as_str().unwrap().to_owned();
+    let events = app.events_to_end("alice", &done_id).await;
+    let cost = events.iter().find(|e| e.kind == "step.finished").unwrap().data["cost_usd"].as_f64().unwrap();
+    // A second run that waits for approval of its first call.
+    let waiting =
+        app.create_run("alice", json!({"prompt": "the waiting one\nwith a second line", "approval": "always"})).await;
+    let waiting_id = waiting["id"].as_str().unwrap().to_owned();
+    app.sse_until(app.addr, "alice", &waiting_id, None, usize::MAX, |e| e.kind == "approval.requested").await;
+    app.create_run("bob", json!({"prompt": "not alice's"})).await;
+
+    let out = output(kiln(&app.url(""), "alice", &["runs"])).await;
+    assert!(out.status.success(), "{out:?}");
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "a header and alice's two runs:\n{text}");
+    let columns =
+        |line: &str| line.split("  ").map(str::trim).filter(|c| !c.is_empty()).map(str::to_owned).collect::<Vec<_>>();
+    assert_eq!(columns(lines[0]), ["ID", "STATUS", "AGE", "COST", "PROMPT"]);
+    // Newest first.
+    let waiting_row = columns(lines[1]);
+    assert_eq!(waiting_row[0], waiting_id);
+    assert_eq!(waiting_row[1], "awaiting_approval");
+    assert!(waiting_row[2].ends_with('s'), "{waiting_row:?}");
+    assert_eq!(waiting_row[4], "the waiting one with a second line");
+    let done_row = columns(lines[2]);
+    assert_eq!(
+        done_row,
+        [done_id.clone(), "succeeded".into(), done_row[2].clone(), format!("${cost:.4}"), "the finished one".into()]
+    );
+
+    let json = output(kiln(&app.url(""), "alice", &["runs", "--json", "--status", "succeeded"])).await;
+    let runs = json_lines(&stdout(&json));
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0]["id"], done_id.as_str());
+    assert_eq!(runs[0]["status"], "succeeded");
+    let cancel = output(kiln(&app.url(""), "alice", &["cancel", &waiting_id])).await;
+    assert!(cancel.status.success(), "{cancel:?}");
+    assert_eq!(app.events_to_end("alice", &waiting_id).await.last().unwrap().kind, "run.cancelled");
+}
+
+#[tokio::test]
+async fn following_resumes_after_a_dropped_connection_with_nothing_missed_or_repeated() {
+    let app = TestApp::spawn(Options {
+        script: vec![
+            Reply::tool("bash", json!({"command": "sleep 2; echo after-the-cut"})).with_text("Before the cut."),
+            Reply::text("After the cut."),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let proxy = CutProxy::start(app.addr).await;
+    let run = app.create_run("alice", json!({"prompt": "p"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let mut logs = kiln(&format!("http://{}", proxy.addr()), "alice", &["logs", &id, "--follow", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(logs.stdout.take().unwrap()).lines();
+    let mut printed = Vec::new();
+    while let Some(line) = tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await.unwrap().unwrap() {
+        let event: Value = serde_json::from_str(&line).unwrap();
+        let ready = event["kind"] == "tool_call.ready";
+        printed.push(event);
+        if ready {
+            break;
+        }
+    }
+    // The network drops while the command runs, and comes back.
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    proxy.restore();
+    let status = tokio::time::timeout(Duration::from_secs(90), logs.wait()).await.unwrap().unwrap();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        printed.push(serde_json::from_str(&line).unwrap());
+    }
+    assert!(status.success(), "{printed:?}");
+    let streamed = app.events_to_end("alice", &id).await;
+    assert_eq!(printed, as_streamed(&streamed));
+}
+
+#[tokio::test]
+async fn on_a_terminal_a_waiting_call_shows_the_command_that_approves_it() {
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::tool("bash", json!({"command": "echo approved-ran"})), Reply::text("Done.")],
+        ..Default::default()
+    })
+    .await;
+    let running =
+        Running::start(kiln(&app.url(""), "alice", &["run", "--prompt", "work", "--approval", "mutating", "--follow"]));
+    // The run kiln submitted: the id on the first line it printed.
+    running.wait_for(" queued: work").await;
+    let id = running.written().lines().next().map(run_id_in).unwrap();
+    let waiting = app.sse_until(app.addr, "alice", &id, None, usize::MAX, |e| e.kind == "approval.requested").await;
+    let call = waiting.last().unwrap().data["call_id"].as_str().unwrap().to_owned();
+    running.wait_for("waiting for approval").await;
+    let r = app
+        .http
+        .post(app.url(&format!("/v1/runs/{id}/approvals/{call}")))
+        .bearer_auth(token("alice"))
+        .json(&json!({"decision": "approve"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let term = running.finish().await;
+    let screen = &term.screen;
+    assert!(term.status.success(), "{screen}\n{}", term.stderr);
+    let lines: Vec<&str> = screen.lines().collect();
+    let at = lines.iter().position(|l| *l == "⏸ bash echo approved-ran waits for approval").expect(screen);
+    assert_eq!(lines[at + 1], format!("  kiln approve {id} {call}   (or --deny --reason …)"));
+    assert_eq!(lines[at + 2], "  approved");
+    assert!(lines[at + 3].starts_with("✓ bash echo approved-ran · ") && lines[at + 3].ends_with(" ms"), "{screen}");
+    assert!(!screen.contains("waiting for approval"), "{screen}");
+}
+
+#[tokio::test]
+async fn ctrl_c_stops_following_not_the_run_and_clears_the_spinner() {
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::tool("bash", json!({"command": "sleep 60"})).with_text("Waiting a minute.")],
+        ..Default::default()
+    })
+    .await;
+    let run = app.create_run("alice", json!({"prompt": "wait"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let running = Running::start(kiln(&app.url(""), "alice", &["logs", &id, "--follow"]));
+    running.wait_for("sleep 60").await;
+    running.interrupt();
+    let term = running.finish().await;
+    assert_eq!(term.status.code(), Some(130), "{}\n{}", term.screen, term.stderr);
+    assert!(term.screen.contains("Waiting a minute."), "{}", term.screen);
+    assert!(term.raw.contains("step 1"), "the spinner was drawn");
+    assert!(!term.screen.contains("step 1"), "and cleared:\n{}", term.screen);
+    assert!(
+        term.stderr.contains(&format!("stopped following; run {id} goes on: kiln logs {id} --follow")),
+        "{}",
+        term.stderr
+    );
+    assert_eq!(app.get_run("alice", &id).await["status"], "running");
+    // End it, so its worker removes its container before the test's end stops that worker.
+    let cancel = output(kiln(&app.url(""), "alice", &["cancel", &id])).await;
+    assert!(cancel.status.success(), "{cancel:?}");
+    assert_eq!(app.events_to_end("alice", &id).await.last().unwrap().kind, "run.cancelled");
+}
