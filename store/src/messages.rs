@@ -7,7 +7,9 @@ use crate::queue::Lease;
 use crate::{Store, StoreError};
 
 impl Store {
-    /// Appends a message to the session, fenced by the run's lease.
+    /// Appends a message to the session, fenced by the run's lease, under a
+    /// fresh message id. Callers that retry should use
+    /// [`Store::append_message_once`] with one id for all attempts.
     pub async fn append_message(
         &self,
         lease: &Lease,
@@ -16,15 +18,32 @@ impl Store {
         usage: Option<&Usage>,
         model: Option<&str>,
     ) -> Result<i32, StoreError> {
-        self.insert_message(lease, session_id, message, usage, model, None).await
+        self.insert_message(lease, Uuid::now_v7(), session_id, message, usage, model, None).await
+    }
+
+    /// Appends a message; returns its seq. Idempotent in `message_id`: when
+    /// an earlier attempt with the same id was committed (its answer lost
+    /// with the connection), returns that message's seq and stores nothing.
+    pub async fn append_message_once(
+        &self,
+        lease: &Lease,
+        message_id: Uuid,
+        session_id: Uuid,
+        message: &Message,
+        usage: Option<&Usage>,
+        model: Option<&str>,
+    ) -> Result<i32, StoreError> {
+        self.insert_message(lease, message_id, session_id, message, usage, model, None).await
     }
 
     /// Appends a compaction summary: from now on the conversation loads as
     /// this message followed by the `keeps` messages stored just before it
     /// (and whatever comes after).
+    #[allow(clippy::too_many_arguments)]
     pub async fn append_summary(
         &self,
         lease: &Lease,
+        message_id: Uuid,
         session_id: Uuid,
         message: &Message,
         keeps: usize,
@@ -32,12 +51,14 @@ impl Store {
         model: Option<&str>,
     ) -> Result<i32, StoreError> {
         let keeps = i32::try_from(keeps).map_err(|_| StoreError::Corrupt(format!("summary keeps {keeps}")))?;
-        self.insert_message(lease, session_id, message, usage, model, Some(keeps)).await
+        self.insert_message(lease, message_id, session_id, message, usage, model, Some(keeps)).await
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn insert_message(
         &self,
         lease: &Lease,
+        message_id: Uuid,
         session_id: Uuid,
         message: &Message,
         usage: Option<&Usage>,
@@ -50,15 +71,21 @@ impl Store {
         // Prepared once per connection: this runs on every step.
         let statement = client
             .prepare_cached(
-                "INSERT INTO messages (session_id, seq, run_id, role, parts, usage, model, summary_keeps)
-                 SELECT $1, COALESCE((SELECT max(seq) FROM messages WHERE session_id = $1), 0) + 1,
-                        $2, $5, $6, $7, $8, $9
-                 WHERE EXISTS (SELECT 1 FROM runs WHERE id = $2 AND attempt = $3 AND lease_owner = $4
-                               AND status IN ('running', 'awaiting_approval'))
-                 RETURNING seq",
+                "WITH earlier AS (
+                     SELECT seq FROM messages WHERE message_id = $10
+                 ), ins AS (
+                     INSERT INTO messages (session_id, seq, run_id, role, parts, usage, model, summary_keeps, message_id)
+                     SELECT $1, COALESCE((SELECT max(seq) FROM messages WHERE session_id = $1), 0) + 1,
+                            $2, $5, $6, $7, $8, $9, $10
+                     WHERE EXISTS (SELECT 1 FROM runs WHERE id = $2 AND attempt = $3 AND lease_owner = $4
+                                   AND status IN ('running', 'awaiting_approval'))
+                       AND NOT EXISTS (SELECT 1 FROM earlier)
+                     RETURNING seq
+                 )
+                 SELECT seq FROM ins UNION ALL SELECT seq FROM earlier",
             )
             .await?;
-        let row = client
+        let result = client
             .query_opt(
                 &statement,
                 &[
@@ -71,9 +98,19 @@ impl Store {
                     &usage,
                     &model,
                     &summary_keeps,
+                    &message_id,
                 ],
             )
-            .await?;
+            .await;
+        let row = match result {
+            Ok(row) => row,
+            // The earlier attempt committed while this one ran: the unique
+            // index refused the copy; the message is stored, find its seq.
+            Err(e) if is_duplicate_message_id(&e) => {
+                client.query_opt("SELECT seq FROM messages WHERE message_id = $1", &[&message_id]).await?
+            }
+            Err(e) => return Err(e.into()),
+        };
         match row {
             Some(r) => Ok(r.try_get(0)?),
             None => Err(StoreError::LeaseLost(lease.run_id)),
@@ -147,6 +184,13 @@ impl Store {
         }
         Ok(total)
     }
+}
+
+fn is_duplicate_message_id(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        *db.code() == tokio_postgres::error::SqlState::UNIQUE_VIOLATION
+            && db.constraint() == Some("messages_message_id")
+    })
 }
 
 /// Which rows (by index, in the order to show them) make up the

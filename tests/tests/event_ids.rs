@@ -142,3 +142,42 @@ async fn an_event_whose_commit_answer_was_lost_is_not_stored_twice() {
     assert_eq!(seqs_of_kind(&app, lease.run_id, "step.started").await, [2, 3]);
     assert_eq!(last_event_seq(&app, lease.run_id).await, 3);
 }
+
+#[tokio::test]
+async fn a_message_whose_commit_answer_was_lost_is_not_stored_twice() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let lease = claimed_run(&app.store).await;
+    let session: Uuid =
+        app.sql().await.query_one("SELECT session_id FROM runs WHERE id = $1", &[&lease.run_id]).await.unwrap().get(0);
+    let config: tokio_postgres::Config = app.db_url.parse().unwrap();
+    let port = config.get_ports()[0];
+    let host = match &config.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(h) => h.clone(),
+        other => panic!("test databases are reached over TCP, not {other:?}"),
+    };
+    let proxy = AnswerEater::start(format!("{host}:{port}"), b"INSERT INTO messages").await;
+    let url = app.db_url.replace(&format!("{host}:{port}/"), &format!("{}/", proxy.addr));
+    let via_proxy = Store::connect(&url, 2).unwrap();
+
+    // What the agent loop does: one id, retried until it gets an answer.
+    let id = Uuid::now_v7();
+    let message = kiln_protocol::Message::user("do the thing");
+    proxy.armed.store(true, Ordering::SeqCst);
+    let first = via_proxy.append_message_once(&lease, id, session, &message, None, None).await;
+    assert!(first.is_err(), "the answer was eaten: {first:?}");
+    assert_eq!(proxy.eaten.load(Ordering::SeqCst), 1);
+    let seq = via_proxy.append_message_once(&lease, id, session, &message, None, None).await.unwrap();
+    let next = via_proxy
+        .append_message_once(&lease, Uuid::now_v7(), session, &kiln_protocol::Message::user("next"), None, None)
+        .await
+        .unwrap();
+    assert_eq!((seq, next), (1, 2));
+    let rows = app
+        .sql()
+        .await
+        .query("SELECT seq FROM messages WHERE session_id = $1 ORDER BY seq", &[&session])
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 2, "stored once, though written twice");
+    assert_eq!(app.store.load_messages(session).await.unwrap().len(), 2);
+}

@@ -150,9 +150,13 @@ impl AgentRun<'_> {
                 let cost = (self.pricing)(&self.model, &assembled.usage);
                 budget.record(&assembled.usage, cost);
                 last_input = Some(assembled.usage);
+                // One id for every attempt: a retry after a commit whose
+                // answer was lost finds the stored message, not a copy.
+                let message_id = uuid::Uuid::now_v7();
                 db_retry::with_retry(|| {
-                    self.store.append_message(
+                    self.store.append_message_once(
                         self.lease,
+                        message_id,
                         self.run.session_id,
                         &assembled.message,
                         Some(&assembled.usage),
@@ -266,9 +270,11 @@ impl AgentRun<'_> {
         budget.record(&assembled.usage, cost);
         let summary = compaction::summary_message(&summary);
         let kept = messages.len() - cut;
+        let message_id = uuid::Uuid::now_v7();
         db_retry::with_retry(|| {
             self.store.append_summary(
                 self.lease,
+                message_id,
                 self.run.session_id,
                 &summary,
                 kept,
@@ -483,8 +489,11 @@ impl AgentRun<'_> {
     }
 
     async fn persist(&mut self, messages: &mut Vec<Message>, message: Message) -> Result<(), AgentError> {
-        db_retry::with_retry(|| self.store.append_message(self.lease, self.run.session_id, &message, None, None))
-            .await?;
+        let message_id = uuid::Uuid::now_v7();
+        db_retry::with_retry(|| {
+            self.store.append_message_once(self.lease, message_id, self.run.session_id, &message, None, None)
+        })
+        .await?;
         messages.push(message);
         Ok(())
     }
