@@ -96,6 +96,78 @@ impl Store {
         }
     }
 
+    /// Appends several events for a run this worker holds, in order, in one
+    /// statement (one commit, one notification); returns the last seq.
+    /// Seqs stay dense. Idempotent in the events' ids: the batch is stored
+    /// all at once or not at all, so when a retry finds its first id stored,
+    /// the whole batch is, and nothing is stored again.
+    pub async fn append_events_once(&self, lease: &Lease, events: &[(Uuid, EventBody)]) -> Result<i64, StoreError> {
+        let Some((first_id, _)) = events.first() else {
+            return Err(StoreError::Corrupt("an empty batch of events".into()));
+        };
+        let mut kinds = Vec::with_capacity(events.len());
+        let mut payloads = Vec::with_capacity(events.len());
+        let mut ids = Vec::with_capacity(events.len());
+        for (id, body) in events {
+            let (kind, payload) = split(body)?;
+            kinds.push(kind);
+            payloads.push(payload);
+            ids.push(*id);
+        }
+        let count = events.len() as i64;
+        let client = self.client().await?;
+        // Prepared once per connection: the hot path of every run.
+        let statement = client
+            .prepare_cached(
+                "WITH earlier AS (
+                     SELECT max(seq) AS seq FROM events WHERE event_id = ANY($7)
+                 ), bump AS (
+                     UPDATE runs SET last_event_seq = last_event_seq + $8
+                     WHERE id = $1 AND attempt = $2 AND lease_owner = $3
+                       AND status IN ('running', 'awaiting_approval')
+                       AND NOT EXISTS (SELECT 1 FROM events WHERE event_id = $9)
+                     RETURNING last_event_seq
+                 ), ins AS (
+                     INSERT INTO events (run_id, seq, kind, payload, event_id)
+                     SELECT $1, bump.last_event_seq - $8 + e.ord, e.kind, e.payload, e.id
+                     FROM bump, unnest($4::text[], $5::jsonb[], $7::uuid[]) WITH ORDINALITY AS e(kind, payload, id, ord)
+                     RETURNING seq
+                 )
+                 SELECT max(seq), pg_notify($6, $1::text || ':' || max(seq)) IS NULL FROM ins HAVING count(*) > 0
+                 UNION ALL
+                 SELECT seq, false FROM earlier WHERE seq IS NOT NULL",
+            )
+            .await?;
+        let result = client
+            .query_opt(
+                &statement,
+                &[
+                    &lease.run_id,
+                    &lease.attempt,
+                    &lease.worker,
+                    &kinds,
+                    &payloads,
+                    &channels::RUN_EVENTS,
+                    &ids,
+                    &count,
+                    first_id,
+                ],
+            )
+            .await;
+        let row = match result {
+            Ok(row) => row,
+            // The earlier attempt committed while this one ran: stored.
+            Err(e) if is_duplicate_event_id(&e) => {
+                client.query_opt("SELECT max(seq) FROM events WHERE event_id = ANY($1)", &[&ids]).await?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        match row.map(|r| r.try_get::<_, Option<i64>>(0)).transpose()?.flatten() {
+            Some(seq) => Ok(seq),
+            None => Err(StoreError::LeaseLost(lease.run_id)),
+        }
+    }
+
     /// Events of a run with seq > `after`, oldest first, at most `limit`.
     pub async fn events_after(&self, run_id: Uuid, after: i64, limit: i64) -> Result<Vec<StoredEvent>, StoreError> {
         let client = self.client().await?;

@@ -181,3 +181,33 @@ async fn a_message_whose_commit_answer_was_lost_is_not_stored_twice() {
     assert_eq!(rows.len(), 2, "stored once, though written twice");
     assert_eq!(app.store.load_messages(session).await.unwrap().len(), 2);
 }
+
+#[tokio::test]
+async fn a_batch_of_events_is_stored_densely_in_order_and_once() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let lease = claimed_run(&app.store).await;
+    let batch: Vec<(Uuid, EventBody)> = (1..=3).map(|step| (Uuid::now_v7(), EventBody::StepStarted { step })).collect();
+    let last = app.store.append_events_once(&lease, &batch).await.unwrap();
+    assert_eq!(last, 4, "run.queued is 1; the batch is 2..=4");
+    // A retry of the same batch (its answer lost) stores nothing more.
+    assert_eq!(app.store.append_events_once(&lease, &batch).await.unwrap(), 4);
+    assert_eq!(seqs_of_kind(&app, lease.run_id, "step.started").await, [2, 3, 4]);
+    let steps: Vec<i64> = app
+        .sql()
+        .await
+        .query(
+            "SELECT (payload->>'step')::bigint FROM events WHERE run_id = $1 AND seq > 1 ORDER BY seq",
+            &[&lease.run_id],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(steps, [1, 2, 3], "in the order given");
+    assert_eq!(last_event_seq(&app, lease.run_id).await, 4);
+    // A worker that lost the lease writes nothing.
+    let stale = Lease { attempt: lease.attempt + 1, ..lease.clone() };
+    let refused = app.store.append_events_once(&stale, &[(Uuid::now_v7(), EventBody::StepStarted { step: 9 })]).await;
+    assert!(matches!(refused, Err(kiln_store::StoreError::LeaseLost(_))), "{refused:?}");
+}

@@ -190,6 +190,8 @@ async fn drive(
         },
     };
     let outcome = agent.drive().await?;
+    // What the loop queued goes out before anything else writes events.
+    events.flush().await?;
     crate::github::capture(ctx, run, &sandbox, &outcome).await;
     Ok(outcome)
 }

@@ -138,7 +138,8 @@ impl AgentRun<'_> {
             );
             let started = Instant::now();
             let stepped: Result<Option<Outcome>, AgentError> = async {
-                self.events.emit(EventBody::StepStarted { step }).await?;
+                // Goes out with the model's first output (or within 50 ms).
+                self.events.emit_soon(EventBody::StepStarted { step }).await?;
                 let assembled = match self.call_model(&messages, note).await {
                     Ok(a) => a,
                     Err(AgentError::Provider(e)) => {
@@ -166,7 +167,7 @@ impl AgentRun<'_> {
                 .await?;
                 messages.push(assembled.message.clone());
                 self.events
-                    .emit(EventBody::StepFinished {
+                    .emit_soon(EventBody::StepFinished {
                         step,
                         finish_reason: finish.as_str().to_owned(),
                         usage: assembled.usage,
@@ -410,10 +411,12 @@ impl AgentRun<'_> {
                     && !outcome.is_error
                     && let Ok(items) = crate::tools::todo::items(arguments)
                 {
-                    self.events.emit(EventBody::Todo { items }).await?;
+                    self.events.emit_soon(EventBody::Todo { items }).await?;
                 }
+                // Goes out with the next write: the next step's start, or
+                // within 50 ms.
                 self.events
-                    .emit(EventBody::ToolResult {
+                    .emit_soon(EventBody::ToolResult {
                         call_id: call_id.clone(),
                         name: name.clone(),
                         output: outcome.output.clone(),
@@ -453,6 +456,8 @@ impl AgentRun<'_> {
         if !needs_approval {
             return Ok(None);
         }
+        // The store writes `approval.requested` itself: what is queued first.
+        self.events.flush().await?;
         let decision = match self.store.request_approval(self.lease, call_id, name, arguments).await? {
             Some(decision) => decision,
             None => self.wait_for_decision(call_id).await?,
