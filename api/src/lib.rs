@@ -52,6 +52,30 @@ pub struct AppState {
     pub metrics: Option<Arc<metrics::Exporter>>,
 }
 
+impl AppState {
+    /// The state of one API instance on `store`: no SSE streams open yet,
+    /// no metrics exporter (set `metrics` to serve `/metrics`).
+    pub fn new(
+        store: Store,
+        auth: Authenticator,
+        settings: ApiSettings,
+        github: Option<GithubWebhookConfig>,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Self {
+        AppState {
+            listener: store.listener(),
+            store,
+            auth: Arc::new(auth),
+            settings: Arc::new(settings),
+            github: github.map(Arc::new),
+            sse: Default::default(),
+            feeds: Default::default(),
+            shutdown,
+            metrics: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ApiSettings {
     pub max_body_bytes: usize,

@@ -115,17 +115,7 @@ pub async fn serve_api_if_child() -> anyhow::Result<()> {
         ..Default::default()
     };
     // As `kiln serve` wires it (cli/src/app.rs), minus GitHub.
-    let state = kiln_api::AppState {
-        listener: store.listener(),
-        store,
-        auth: std::sync::Arc::new(auth),
-        settings: std::sync::Arc::new(settings),
-        github: None,
-        sse: Default::default(),
-        feeds: Default::default(),
-        shutdown: tokio_util::sync::CancellationToken::new(),
-        metrics: None,
-    };
+    let state = kiln_api::AppState::new(store, auth, settings, None, tokio_util::sync::CancellationToken::new());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     println!("listening {}", listener.local_addr()?);
     axum::serve(listener, kiln_api::router(state)).await?;

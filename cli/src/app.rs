@@ -36,17 +36,7 @@ pub async fn start_api(
     let prometheus = crate::telemetry::prometheus();
     let render: kiln_api::metrics::Render = Arc::new(move || prometheus.render());
     let metrics = Some(Arc::new(kiln_api::metrics::Exporter::new(render, settings.metrics_refresh)));
-    let state = AppState {
-        listener: store.listener(),
-        store,
-        auth: Arc::new(auth),
-        settings: Arc::new(settings),
-        github: github.map(Arc::new),
-        sse: Default::default(),
-        feeds: Default::default(),
-        shutdown: shutdown.clone(),
-        metrics,
-    };
+    let state = AppState { metrics, ..AppState::new(store, auth, settings, github, shutdown.clone()) };
     let app = kiln_api::router(state);
     let handle = tokio::spawn(async move {
         axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await

@@ -51,49 +51,8 @@ impl Store {
     /// committed (its answer lost with the connection), this returns that
     /// event's seq and stores nothing.
     pub async fn append_event_once(&self, lease: &Lease, event_id: Uuid, body: &EventBody) -> Result<i64, StoreError> {
-        let (kind, payload) = split(body)?;
-        let client = self.client().await?;
-        // Prepared once per connection: the hot path of every run.
-        let statement = client
-            .prepare_cached(
-                "WITH earlier AS (
-                     SELECT seq FROM events WHERE event_id = $7
-                 ), bump AS (
-                     UPDATE runs SET last_event_seq = last_event_seq + 1
-                     WHERE id = $1 AND attempt = $2 AND lease_owner = $3
-                       AND status IN ('running', 'awaiting_approval')
-                       AND NOT EXISTS (SELECT 1 FROM earlier)
-                     RETURNING last_event_seq
-                 ), ins AS (
-                     INSERT INTO events (run_id, seq, kind, payload, event_id)
-                     SELECT $1, last_event_seq, $4, $5, $7 FROM bump RETURNING seq
-                 )
-                 SELECT seq, pg_notify($6, $1::text || ':' || seq) IS NULL FROM ins
-                 UNION ALL
-                 SELECT seq, false FROM earlier",
-            )
-            .await?;
-        let result = client
-            .query_opt(
-                &statement,
-                &[&lease.run_id, &lease.attempt, &lease.worker, &kind, &payload, &channels::RUN_EVENTS, &event_id],
-            )
-            .await;
-        let row = match result {
-            Ok(row) => row,
-            // The earlier attempt committed while this statement ran (its
-            // snapshot could not see it): the unique index refused the copy
-            // and the whole statement, seq bump included, rolled back. The
-            // event is stored; look up its seq.
-            Err(e) if is_duplicate_event_id(&e) => {
-                client.query_opt("SELECT seq FROM events WHERE event_id = $1", &[&event_id]).await?
-            }
-            Err(e) => return Err(e.into()),
-        };
-        match row {
-            Some(row) => Ok(row.try_get(0)?),
-            None => Err(StoreError::LeaseLost(lease.run_id)),
-        }
+        // A batch of one: the same statement, seq bump and notification.
+        self.append_events_once(lease, &[(event_id, body.clone())]).await
     }
 
     /// Appends several events for a run this worker holds, in order, in one

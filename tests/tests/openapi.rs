@@ -11,7 +11,6 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Arc;
 
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
@@ -138,21 +137,13 @@ async fn the_document_is_valid_openapi_3_1() {
 /// (axum has no public way to list routes). The test fails loudly if that
 /// output changes shape, rather than comparing against nothing.
 fn router_paths(app: &TestApp) -> BTreeSet<String> {
-    let state = kiln_api::AppState {
-        listener: app.store.listener(),
-        store: app.store.clone(),
-        auth: Arc::new(
-            kiln_api::Authenticator::new(&kiln_api::AuthConfig::Hs256 { secret: b"x".repeat(32) }, None, None).unwrap(),
-        ),
-        settings: Arc::new(kiln_api::ApiSettings::default()),
-        github: Some(Arc::new(
-            kiln_api::GithubWebhookConfig::new(WEBHOOK_SECRET.as_bytes(), "kiln", "kiln", "github").unwrap(),
-        )),
-        sse: Default::default(),
-        shutdown: app.shutdown.clone(),
-        metrics: None,
-        feeds: Default::default(),
-    };
+    let state = kiln_api::AppState::new(
+        app.store.clone(),
+        kiln_api::Authenticator::new(&kiln_api::AuthConfig::Hs256 { secret: b"x".repeat(32) }, None, None).unwrap(),
+        kiln_api::ApiSettings::default(),
+        Some(kiln_api::GithubWebhookConfig::new(WEBHOOK_SECRET.as_bytes(), "kiln", "kiln", "github").unwrap()),
+        app.shutdown.clone(),
+    );
     let debug = format!("{:?}", kiln_api::router(state));
     let table = debug
         .split_once("path_router: PathRouter")

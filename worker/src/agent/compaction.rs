@@ -77,8 +77,8 @@ pub fn transcript(older: &[Message], policy: &Policy) -> String {
     let limit = policy.tokens(TRANSCRIPT_SHARE) * BYTES_PER_TOKEN;
     if out.len() > limit {
         // The start holds the task; the end, the latest state.
-        let head = floor_char_boundary(&out, limit / 3);
-        let tail = ceil_char_boundary(&out, out.len() - (limit - head));
+        let head = out.floor_char_boundary(limit / 3);
+        let tail = out.ceil_char_boundary(out.len() - (limit - head));
         let dropped = tail - head;
         out = format!("{}\n[... {dropped} bytes of the transcript left out ...]\n{}", &out[..head], &out[tail..]);
     }
@@ -105,7 +105,7 @@ fn render(message: &Message) -> String {
             Part::ToolCall { name, arguments, .. } => out.push_str(&format!("[called {name} {arguments}]")),
             Part::ToolResult { name, output, is_error, .. } => {
                 let status = if *is_error { " (error)" } else { "" };
-                let cut = floor_char_boundary(output, TOOL_OUTPUT_CHARS);
+                let cut = output.floor_char_boundary(TOOL_OUTPUT_CHARS);
                 let more = if cut < output.len() {
                     format!(" [... {} more bytes]", output.len() - cut)
                 } else {
@@ -130,22 +130,6 @@ fn approx_bytes(message: &Message) -> usize {
         })
         .sum::<usize>()
         + 16
-}
-
-fn floor_char_boundary(s: &str, mut i: usize) -> usize {
-    i = i.min(s.len());
-    while !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
-}
-
-fn ceil_char_boundary(s: &str, mut i: usize) -> usize {
-    i = i.min(s.len());
-    while !s.is_char_boundary(i) {
-        i += 1;
-    }
-    i
 }
 
 #[cfg(test)]

@@ -45,10 +45,7 @@ pub async fn load_agents_md(sandbox: &Sandbox) -> Option<String> {
     if text.len() <= AGENTS_MAX_BYTES {
         return Some(text.to_owned());
     }
-    let mut cut = AGENTS_MAX_BYTES;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
+    let cut = text.floor_char_boundary(AGENTS_MAX_BYTES);
     Some(format!("{}\n\n[kiln: AGENTS.md cut at {AGENTS_MAX_BYTES} of {} bytes]", &text[..cut], text.len()))
 }
 
