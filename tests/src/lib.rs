@@ -47,7 +47,11 @@ pub async fn fresh_database_on(admin: &str) -> String {
         .await
         .expect("connect to Postgres (is DATABASE_URL right? .ci/run starts one)");
     tokio::spawn(conn);
-    let name = format!("kiln_test_{}", Uuid::new_v4().simple());
+    // The creation time in the name lets scripts/drop-stale-test-databases.sh
+    // tell an old run's database from one a run beside it is about to use.
+    let created =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default();
+    let name = format!("kiln_test_{created}_{}", Uuid::new_v4().simple());
     client.execute(&format!("CREATE DATABASE {name}"), &[]).await.expect("create test database");
     let mut config: tokio_postgres::Config = admin.parse().expect("DATABASE_URL parses");
     config.dbname(&name);
