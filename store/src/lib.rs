@@ -19,6 +19,7 @@ mod retention;
 mod rows;
 mod runs;
 mod stats;
+mod step_writes;
 mod webhooks;
 mod workers;
 
@@ -37,6 +38,7 @@ pub use queue::{FINISH_STATEMENT, HeartbeatOutcome, Lease, ReapedRun, claim_stat
 pub use retention::Pruned;
 pub use runs::{CancelOutcome, Cursor, NewRun, Quota, QuotaRefusal, RunPage};
 pub use stats::RunStats;
+pub use step_writes::StepWrite;
 pub use webhooks::{Delivery, GithubOrigin, NewGithubRun, PastDelivery, Recorded};
 pub use workers::{SessionActivity, WorkerPresence};
 

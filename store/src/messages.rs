@@ -186,7 +186,7 @@ impl Store {
     }
 }
 
-fn is_duplicate_message_id(e: &tokio_postgres::Error) -> bool {
+pub(crate) fn is_duplicate_message_id(e: &tokio_postgres::Error) -> bool {
     e.as_db_error().is_some_and(|db| {
         *db.code() == tokio_postgres::error::SqlState::UNIQUE_VIOLATION
             && db.constraint() == Some("messages_message_id")

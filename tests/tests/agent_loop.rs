@@ -318,3 +318,43 @@ async fn a_step_near_the_context_window_compacts_the_older_conversation_into_a_s
     assert_eq!(roles, ["user", "assistant", "tool", "assistant", "tool", "user", "assistant"]);
     assert_eq!(stored[5].1, Some(2));
 }
+
+/// The transaction that wrote each row (Postgres' `xmin`): rows with the same
+/// one were committed together.
+async fn writers(app: &TestApp, run: &str) -> (Vec<(String, i64)>, Vec<(String, i64)>) {
+    let sql = app.sql().await;
+    let run: uuid::Uuid = run.parse().unwrap();
+    let messages = sql
+        .query("SELECT role, xmin::text::bigint FROM messages WHERE run_id = $1 ORDER BY seq", &[&run])
+        .await
+        .unwrap();
+    let events =
+        sql.query("SELECT kind, xmin::text::bigint FROM events WHERE run_id = $1 ORDER BY seq", &[&run]).await.unwrap();
+    let pairs = |rows: Vec<tokio_postgres::Row>| rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    (pairs(messages), pairs(events))
+}
+
+#[tokio::test]
+async fn a_step_with_a_tool_call_commits_twice_its_message_with_its_events() {
+    let app = TestApp::spawn(Options { script: vec![echo(1), Reply::text("done")], ..Default::default() }).await;
+    let (id, events) = run_to_end(&app, json!({"prompt": "one tool call"})).await;
+    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
+    let (messages, rows) = writers(&app, &id).await;
+    let roles: Vec<&str> = messages.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(roles, ["user", "assistant", "tool", "assistant"]);
+    let tx_of = |kind: &str, nth: usize| rows.iter().filter(|(k, _)| k == kind).nth(nth).unwrap().1;
+
+    // Step 1: the model's message with the step's end and the call being
+    // ready: one commit, before the tool ran. (What it streamed joins too
+    // unless the stream took longer than the 50 ms an event may wait.)
+    let model_message = messages[1].1;
+    for kind in ["step.finished", "tool_call.ready"] {
+        assert_eq!(tx_of(kind, 0), model_message, "{kind} shares the assistant message's commit: {rows:?}");
+    }
+    // Then the tool message with the tool's result: the second commit.
+    let tool_message = messages[2].1;
+    assert_ne!(tool_message, model_message);
+    assert_eq!(tx_of("tool.result", 0), tool_message, "{rows:?}");
+    // Step 2 (no tool call): its message with its end.
+    assert_eq!(tx_of("step.finished", 1), messages[3].1, "{rows:?}");
+}

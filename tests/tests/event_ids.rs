@@ -211,3 +211,75 @@ async fn a_batch_of_events_is_stored_densely_in_order_and_once() {
     let refused = app.store.append_events_once(&stale, &[(Uuid::now_v7(), EventBody::StepStarted { step: 9 })]).await;
     assert!(matches!(refused, Err(kiln_store::StoreError::LeaseLost(_))), "{refused:?}");
 }
+
+#[tokio::test]
+async fn a_message_and_its_events_are_stored_together_once_and_only_under_the_lease() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let lease = claimed_run(&app.store).await;
+    let session: Uuid =
+        app.sql().await.query_one("SELECT session_id FROM runs WHERE id = $1", &[&lease.run_id]).await.unwrap().get(0);
+    let config: tokio_postgres::Config = app.db_url.parse().unwrap();
+    let port = config.get_ports()[0];
+    let host = match &config.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(h) => h.clone(),
+        other => panic!("test databases are reached over TCP, not {other:?}"),
+    };
+    let proxy = AnswerEater::start(format!("{host}:{port}"), b"INSERT INTO messages").await;
+    let url = app.db_url.replace(&format!("{host}:{port}/"), &format!("{}/", proxy.addr));
+    let via_proxy = Store::connect(&url, 2).unwrap();
+
+    // What EventSink::flush does with a held message: one id, retried.
+    let id = Uuid::now_v7();
+    let message = kiln_protocol::Message::user("do the thing");
+    let batch: Vec<(Uuid, EventBody)> = (1..=2).map(|step| (Uuid::now_v7(), EventBody::StepStarted { step })).collect();
+    proxy.armed.store(true, Ordering::SeqCst);
+    let first = via_proxy.append_message_with_events_once(&lease, id, session, &message, None, None, &batch).await;
+    assert!(first.is_err(), "the answer was eaten: {first:?}");
+    assert_eq!(proxy.eaten.load(Ordering::SeqCst), 1);
+    let again = via_proxy.append_message_with_events_once(&lease, id, session, &message, None, None, &batch).await;
+    assert_eq!(again.unwrap(), kiln_store::StepWrite { message_seq: 1, last_event_seq: None }, "found, not stored");
+    assert_eq!(seqs_of_kind(&app, lease.run_id, "step.started").await, [2, 3], "once, densely after run.queued");
+    assert_eq!(last_event_seq(&app, lease.run_id).await, 3);
+
+    // The next one goes on from there, message and events alike.
+    let next = app
+        .store
+        .append_message_with_events_once(
+            &lease,
+            Uuid::now_v7(),
+            session,
+            &kiln_protocol::Message::user("next"),
+            None,
+            None,
+            &[(Uuid::now_v7(), EventBody::StepStarted { step: 3 })],
+        )
+        .await
+        .unwrap();
+    assert_eq!(next, kiln_store::StepWrite { message_seq: 2, last_event_seq: Some(4) });
+    // A message alone spends no event seq.
+    let alone = app
+        .store
+        .append_message_with_events_once(&lease, Uuid::now_v7(), session, &message, None, None, &[])
+        .await
+        .unwrap();
+    assert_eq!(alone, kiln_store::StepWrite { message_seq: 3, last_event_seq: None });
+    assert_eq!(last_event_seq(&app, lease.run_id).await, 4);
+
+    // A worker that lost the lease stores neither.
+    let stale = Lease { attempt: lease.attempt + 1, ..lease.clone() };
+    let refused = app
+        .store
+        .append_message_with_events_once(
+            &stale,
+            Uuid::now_v7(),
+            session,
+            &message,
+            None,
+            None,
+            &[(Uuid::now_v7(), EventBody::StepStarted { step: 9 })],
+        )
+        .await;
+    assert!(matches!(refused, Err(kiln_store::StoreError::LeaseLost(_))), "{refused:?}");
+    assert_eq!(app.store.load_messages(session).await.unwrap().len(), 3);
+    assert_eq!(last_event_seq(&app, lease.run_id).await, 4);
+}

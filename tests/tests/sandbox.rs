@@ -65,9 +65,12 @@ async fn a_fork_bomb_is_contained_and_the_session_keeps_working() {
     // it left in the background either burns out or keeps the sandbox at
     // the limit, and then the next call finds no process slot: the worker
     // kills every process of the command user and runs the call again.
+    // The shell sleeps rather than `wait`s: `wait` only waits for its own
+    // children, which return as soon as they have forked theirs, so the
+    // shell could end before the bomb reached the limit and said so.
     let started = Instant::now();
     let (_app, events) =
-        run_script(vec![bash_with_timeout(":(){ :|:& };:; wait", 5), bash("echo ok"), bash("echo still ok")]).await;
+        run_script(vec![bash_with_timeout(":(){ :|:& };:; sleep 3", 5), bash("echo ok"), bash("echo still ok")]).await;
     assert!(started.elapsed() < Duration::from_secs(60));
     let r = results(&events);
     let tail = &r[0].output[r[0].output.len().saturating_sub(300)..];

@@ -9,6 +9,9 @@
 //! output, so no marker can be confused with what the command prints, and the
 //! command line bash reports in its errors is exactly the user's.
 //!
+//! The shell that runs a command is usually started before the command
+//! arrives (see [`standby`]): starting bash is most of a short command's time.
+//!
 //! Why a file and not an inherited pipe on fd 3: every background child would
 //! inherit the pipe (`sleep 600 &` would hold it open), and the trap must also
 //! run when the command calls `exit`, where a descriptor closed around the
@@ -17,7 +20,7 @@
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::io::{self, PipeReader, Read};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -29,6 +32,10 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::process::{Pid, PidfdFlags, Signal, WaitOptions};
 
+mod export_list;
+mod standby;
+
+use self::standby::{BOOTSTRAP, Launched, Standby};
 use crate::output::{HeadTail, Sanitizer};
 use crate::protocol::{ErrorKind, ExecRequest, ExecResult, ToolError, defaults};
 
@@ -45,31 +52,36 @@ const REAP_LIMIT: Duration = Duration::from_secs(2);
 
 /// Variables of the toolbox's own plumbing, never persisted.
 const STATE_VAR: &str = "KILN_TOOLBOX_STATE";
+const COMMAND_VAR: &str = "KILN_TOOLBOX_COMMAND";
 const USER_BASH_ENV_VAR: &str = "KILN_TOOLBOX_USER_BASH_ENV";
 
 /// Sourced by bash (through `BASH_ENV`) before the command. It unsets its own
 /// plumbing so nested shells see none of it, and sets the EXIT trap that
 /// records the state. `builtin` guards against functions of the same name.
+/// A standby shell (see [`standby`]) waits in `__kiln_standby` for its go
+/// line, then takes its command from the file named by `KILN_TOOLBOX_COMMAND`.
 const PREAMBLE: &str = r#"# kiln-toolbox preamble: sourced through BASH_ENV before each command.
 __kiln_state=$KILN_TOOLBOX_STATE
-unset KILN_TOOLBOX_STATE BASH_ENV
+__kiln_command=${KILN_TOOLBOX_COMMAND-}
+unset KILN_TOOLBOX_STATE KILN_TOOLBOX_COMMAND BASH_ENV
+__kiln_standby() {
+    # The command comes NUL-terminated on stdin, which is then at its end (a
+    # command reading it gets EOF); an empty one means "in the file". End of
+    # input before a NUL: the toolbox discarded this shell, leave no state.
+    IFS= builtin read -r -d '' BASH_EXECUTION_STRING || { builtin trap - EXIT; builtin exit 0; }
+    if [[ -z $BASH_EXECUTION_STRING ]]; then
+        IFS= builtin read -r -d '' BASH_EXECUTION_STRING <"$__kiln_command"
+    fi
+}
 if [ -n "${KILN_TOOLBOX_USER_BASH_ENV+set}" ]; then
     export BASH_ENV="$KILN_TOOLBOX_USER_BASH_ENV"
     unset KILN_TOOLBOX_USER_BASH_ENV
 fi
 __kiln_save_state() {
-    local __kiln_rc=$? __kiln_k __kiln_names
-    {
-        # Names go through the state file itself: a $(...) would cost a fork.
-        builtin compgen -e >|"$__kiln_state"
-        builtin mapfile -t __kiln_names <"$__kiln_state"
-        {
-            builtin printf '%s\0' "$PWD"
-            for __kiln_k in "${__kiln_names[@]}"; do
-                builtin printf '%s=%s\0' "$__kiln_k" "${!__kiln_k}"
-            done
-        } >|"$__kiln_state"
-    } 2>/dev/null
+    local __kiln_rc=$?
+    # One file, opened once (see export_list.rs); a closed stderr keeps any
+    # error about it out of the command's output.
+    { builtin printf '%s\0' "$PWD"; builtin export -p; } >|"$__kiln_state" 2>&-
     builtin exit "$__kiln_rc"
 }
 trap __kiln_save_state EXIT
@@ -108,6 +120,10 @@ struct SessionState {
     start_dir: PathBuf,
     env: Vec<(OsString, OsString)>,
     seq: u64,
+    /// A shell started with `cwd` and `env`, waiting for the next command.
+    standby: Option<Standby>,
+    /// State and command files of finished commands, not yet removed.
+    leftovers: Vec<PathBuf>,
 }
 
 enum Kill {
@@ -121,7 +137,14 @@ impl ExecSession {
         let bash = find_in_path(&env, "bash").unwrap_or_else(|| PathBuf::from("/bin/bash"));
         let state_dir = choose_state_dir();
         ExecSession {
-            state: Mutex::new(SessionState { cwd: start_dir.clone(), start_dir, env, seq: 0 }),
+            state: Mutex::new(SessionState {
+                cwd: start_dir.clone(),
+                start_dir,
+                env,
+                seq: 0,
+                standby: None,
+                leftovers: Vec::new(),
+            }),
             active: Mutex::new(HashMap::new()),
             bash,
             state_dir,
@@ -150,6 +173,44 @@ impl ExecSession {
     pub fn reap_idle(&self) {
         if let Ok(_state) = self.state.try_lock() {
             reap_orphans();
+        }
+    }
+
+    /// Starts the shell for the next command, unless one waits already or a
+    /// command is running (the command's own thread calls this when it is
+    /// over). Failing is harmless: the next command starts its own shell.
+    pub fn prepare_standby(&self) {
+        let Ok(mut state) = self.state.try_lock() else { return };
+        for file in std::mem::take(&mut state.leftovers) {
+            let _ = std::fs::remove_file(file);
+        }
+        if state.standby.as_mut().is_some_and(Standby::is_alive) {
+            return;
+        }
+        if let Some(gone) = state.standby.take() {
+            gone.discard();
+        }
+        if !state.cwd.is_dir() {
+            return;
+        }
+        let Ok(preamble) = self.prepare_state_dir() else { return };
+        state.seq += 1;
+        let seq = state.seq;
+        let state_file = self.state_dir.join(format!("state-{seq}"));
+        let command_file = self.state_dir.join(format!("command-{seq}"));
+        let env = command_env(&state.env, &[]);
+        let spawned = self.spawn_shell(BOOTSTRAP, &state.cwd, env, &preamble, &state_file, Some(&command_file));
+        if let Ok((mut child, output)) = spawned {
+            match child.stdin.take() {
+                Some(go) => {
+                    let cwd = state.cwd.clone();
+                    state.standby = Some(Standby::new(child, go, output, state_file, command_file, cwd));
+                }
+                None => {
+                    kill_group(Pid::from_child(&child));
+                    let _ = child.wait();
+                }
+            }
         }
     }
 
@@ -198,44 +259,45 @@ impl ExecSession {
                 state.start_dir.clone()
             }
         };
-        let preamble = self.prepare_state_dir().map_err(|e| internal("preparing the state directory", e))?;
-        state.seq += 1;
-        let state_file = self.state_dir.join(format!("state-{}", state.seq));
-        let _ = std::fs::remove_file(&state_file);
-
-        let (reader, writer) = std::io::pipe().map_err(|e| internal("creating the output pipe", e))?;
-        let writer2 = writer.try_clone().map_err(|e| internal("creating the output pipe", e))?;
-        let mut cmd = Command::new(&self.bash);
-        cmd.arg("-c")
-            .arg(&req.command)
-            .current_dir(&cwd)
-            .env_clear()
-            .envs(command_env(&state.env, &req.env))
-            .env("BASH_ENV", &preamble)
-            .env(STATE_VAR, &state_file)
-            .stdin(Stdio::null())
-            .stdout(writer)
-            .stderr(writer2)
-            .process_group(0);
-        let child = cmd.spawn().map_err(|e| spawn_error("starting bash", e))?;
-        // `cmd` holds our copies of the pipe's write end: drop them, or the
-        // pipe would never report end-of-file.
-        drop(cmd);
+        // The standby was started with the session's cwd and environment: it
+        // fits a command that asks for neither another cwd nor variables.
+        let standby = match state.standby.take() {
+            Some(s) if req.cwd.is_none() && req.env.is_empty() && s.is_in(&cwd) => s.start(&req.command),
+            Some(s) => {
+                s.discard();
+                None
+            }
+            None => None,
+        };
+        let launched = match standby {
+            Some(launched) => launched,
+            None => {
+                let preamble = self.prepare_state_dir().map_err(|e| internal("preparing the state directory", e))?;
+                state.seq += 1;
+                let state_file = self.state_dir.join(format!("state-{}", state.seq));
+                let env = command_env(&state.env, &req.env);
+                let (child, output) = self.spawn_shell(&req.command, &cwd, env, &preamble, &state_file, None)?;
+                Launched { child, output, state_file, command_file: None }
+            }
+        };
 
         let cap = req.output_cap_bytes.min(defaults::EXEC_OUTPUT_CAP_MAX) as usize;
         let mut out = Collector::new(sink, cap, req.stream_cap_bytes);
         let deadline = started + Duration::from_millis(req.timeout_ms);
-        let (status, kill) =
-            supervise(child, reader, deadline, cancel, &mut out).map_err(|e| internal("running the command", e))?;
+        let (status, kill) = supervise(launched.child, launched.output, deadline, cancel, &mut out)
+            .map_err(|e| internal("running the command", e))?;
         out.finish();
 
         if kill.is_none() {
             // SIGKILL leaves no trap to run; a killed command keeps the old state.
-            apply_state_file(state, &state_file, &req.env);
+            apply_state_file(state, &launched.state_file, &req.env);
         } else {
             state.cwd = cwd;
         }
-        let _ = std::fs::remove_file(&state_file);
+        // Removed once the reply is out (`prepare_standby`): each file
+        // operation costs a tenth of a millisecond or more in a sandbox.
+        state.leftovers.push(launched.state_file);
+        state.leftovers.extend(launched.command_file);
 
         let (output, truncated_bytes) = out.capture.render();
         Ok(ExecResult {
@@ -252,6 +314,43 @@ impl ExecSession {
         })
     }
 
+    /// Starts `bash -c SCRIPT` in a process group of its own, stdout and
+    /// stderr into one new pipe. stdin is `/dev/null`, or for a standby
+    /// (`command_file` given) a pipe for its go line.
+    fn spawn_shell(
+        &self,
+        script: &str,
+        cwd: &Path,
+        env: Vec<(OsString, OsString)>,
+        preamble: &Path,
+        state_file: &Path,
+        command_file: Option<&Path>,
+    ) -> Result<(Child, PipeReader), ToolError> {
+        let _ = std::fs::remove_file(state_file);
+        let (reader, writer) = std::io::pipe().map_err(|e| internal("creating the output pipe", e))?;
+        let writer2 = writer.try_clone().map_err(|e| internal("creating the output pipe", e))?;
+        let mut cmd = Command::new(&self.bash);
+        cmd.arg("-c")
+            .arg(script)
+            .current_dir(cwd)
+            .env_clear()
+            .envs(env)
+            .env("BASH_ENV", preamble)
+            .env(STATE_VAR, state_file)
+            .stdout(writer)
+            .stderr(writer2)
+            .process_group(0);
+        match command_file {
+            Some(file) => cmd.env(COMMAND_VAR, file).stdin(Stdio::piped()),
+            None => cmd.stdin(Stdio::null()),
+        };
+        let child = cmd.spawn().map_err(|e| spawn_error("starting bash", e))?;
+        // `cmd` holds our copies of the pipe's write end: drop them, or the
+        // pipe would never report end-of-file.
+        drop(cmd);
+        Ok((child, reader))
+    }
+
     /// (Re)creates the private directory and the preamble: a command may have
     /// removed them (`rm -rf /tmp/*`).
     fn prepare_state_dir(&self) -> io::Result<PathBuf> {
@@ -266,6 +365,9 @@ impl ExecSession {
 
 impl Drop for ExecSession {
     fn drop(&mut self) {
+        if let Some(standby) = lock(&self.state).standby.take() {
+            standby.discard();
+        }
         let _ = std::fs::remove_dir_all(&self.state_dir);
     }
 }
@@ -342,27 +444,26 @@ fn command_env(session: &[(OsString, OsString)], extra: &[(String, String)]) -> 
     env
 }
 
-/// Reads what the EXIT trap recorded: `$PWD`, then `NAME=value` for each
-/// exported variable, all NUL-terminated. A missing or empty file (the
-/// command `exec`ed another program, or replaced the trap) keeps the old state.
+/// Reads what the EXIT trap recorded: `$PWD` and a NUL, then what `export
+/// -p` printed. A missing or empty file (the command `exec`ed another
+/// program, or replaced the trap) keeps the old state.
 fn apply_state_file(state: &mut SessionState, file: &Path, extra: &[(String, String)]) {
     let Ok(bytes) = std::fs::read(file) else { return };
-    let mut fields = bytes.split(|&b| b == 0).filter(|f| !f.is_empty());
-    let Some(pwd) = fields.next() else { return };
+    let Some(nul) = bytes.iter().position(|&b| b == 0) else { return };
+    let (pwd, exports) = (&bytes[..nul], &bytes[nul + 1..]);
+    if pwd.is_empty() {
+        return;
+    }
     let pwd = PathBuf::from(OsStr::from_bytes(pwd));
     if pwd.is_dir() {
         state.cwd = pwd;
     }
-    let mut env: Vec<(OsString, OsString)> = Vec::new();
-    for field in fields {
-        let Some(eq) = field.iter().position(|&b| b == b'=') else { continue };
-        let (k, v) = (&field[..eq], &field[eq + 1..]);
-        // SHLVL would grow by one each call; `_` is bash's last argument.
-        if k == b"SHLVL" || k == b"_" || k.starts_with(b"KILN_TOOLBOX_") {
-            continue;
-        }
-        env.push((OsString::from_vec(k.to_vec()), OsString::from_vec(v.to_vec())));
-    }
+    let mut env: Vec<(OsString, OsString)> = export_list::parse(exports);
+    // SHLVL would grow by one each call; `_` is bash's last argument.
+    env.retain(|(k, _)| {
+        let k = k.as_bytes();
+        k != b"SHLVL" && k != b"_" && !k.starts_with(b"KILN_TOOLBOX_")
+    });
     // A per-call variable the command left as it was given is not persisted:
     // the session goes back to its previous value (or to not having it).
     for (k, v) in extra {
@@ -542,7 +643,9 @@ fn supervise(
     if pipe_open {
         // Background children still hold the pipe. Keep it drained so they
         // do not die of SIGPIPE or block, but their output is no longer ours.
-        std::thread::spawn(move || {
+        // At the pids limit (a fork bomb left running) there may be no thread
+        // to spare: then the pipe closes and they get EPIPE, which is fine.
+        let _ = std::thread::Builder::new().spawn(move || {
             let mut b = [0u8; 8192];
             while matches!(reader.read(&mut b), Ok(n) if n > 0) {}
         });
@@ -658,9 +761,14 @@ mod tests {
             start_dir: "/".into(),
             env: vec![("SHLVL".into(), "1".into()), ("KEEP".into(), "old".into())],
             seq: 0,
+            standby: None,
+            leftovers: Vec::new(),
         };
         let mut data = format!("{}\0", dir.path().display()).into_bytes();
-        data.extend(b"KEEP=given\0NEW=a=b\nc\0SHLVL=2\0_=/bin/ls\0ONCE=x\0");
+        data.extend(
+            b"declare -x KEEP=\"given\"\ndeclare -x NEW=\"a=b\nc\"\ndeclare -x SHLVL=\"2\"\n\
+              declare -x _=\"/bin/ls\"\ndeclare -x ONCE=\"x\"\n",
+        );
         std::fs::write(&file, data).unwrap();
         apply_state_file(&mut state, &file, &[("KEEP".into(), "given".into()), ("ONCE".into(), "x".into())]);
         assert_eq!(state.cwd, dir.path());

@@ -68,8 +68,11 @@ impl Server {
         let (stop_reaper, stopped) = mpsc::channel::<()>();
         let tools = self.tools.clone();
         let reaper = thread::spawn(move || {
+            tools.exec.prepare_standby();
             while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(REAP_INTERVAL) {
                 tools.exec.reap_idle();
+                // Replaces a standby shell that a command killed.
+                tools.exec.prepare_standby();
             }
         });
 
@@ -145,6 +148,7 @@ impl Server {
                 // bomb at the pids limit); that must not take the toolbox down.
                 let spawned = thread::Builder::new().spawn(move || {
                     let tx = thread_tx;
+                    let is_exec = matches!(body, RequestBody::Exec(_));
                     let reply = catch_unwind(AssertUnwindSafe(|| tools.handle(id, body, &tx))).unwrap_or_else(|_| {
                         Reply::Error(ToolError::new(
                             ErrorKind::Internal,
@@ -152,6 +156,11 @@ impl Server {
                         ))
                     });
                     respond(&tx, id, reply);
+                    if is_exec {
+                        // After the reply: the next command's shell starts
+                        // while the model thinks, not on this call's clock.
+                        tools.exec.prepare_standby();
+                    }
                 });
                 match spawned {
                     Ok(handle) => Some(handle),

@@ -211,3 +211,57 @@ fn file_tools_run_while_a_command_runs() {
     let Reply::Exec(r) = tb.wait(id) else { panic!() };
     assert_eq!(r.output, "done\n");
 }
+
+#[test]
+fn a_command_runs_in_a_shell_started_before_it_arrived_with_the_sessions_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tb = Toolbox::start(dir.path());
+    tb.exec("mkdir -p sub && cd sub && export KILN_T=kept");
+    let standby = standby_pid(tb.pid());
+
+    let command = "echo \"$$ $PWD $KILN_T $LINENO\"\necho \"[$BASH_EXECUTION_STRING]\"; read x; echo \"rc=$?\"";
+    let r = tb.exec(command);
+    let sub = dir.path().join("sub");
+    assert_eq!(r.output, format!("{standby} {} kept 1\n[{command}]\nrc=1\n", sub.display()));
+    assert_eq!(r.cwd, sub.to_string_lossy());
+
+    // Errors read as `bash -c`'s do, with the user's own line and number.
+    standby_pid(tb.pid());
+    let r = tb.exec("true\necho a; fi");
+    assert_eq!(r.exit_code, Some(2));
+    assert!(r.output.contains("line 2: `echo a; fi'"), "{}", r.output);
+    standby_pid(tb.pid());
+    let r = tb.exec("exit 7");
+    assert_eq!((r.exit_code, r.output.as_str()), (Some(7), ""));
+}
+
+#[test]
+fn a_killed_standby_or_a_replaced_directory_falls_back_to_a_new_shell() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tb = Toolbox::start(dir.path());
+    tb.exec("mkdir d && cd d");
+
+    // Killed while it waited (as `kill -9 -1` in the sandbox would).
+    let standby = standby_pid(tb.pid());
+    std::process::Command::new("kill").args(["-9", &standby.to_string()]).status().unwrap();
+    let r = tb.exec("echo $$");
+    assert_eq!(r.exit_code, Some(0));
+    assert_ne!(r.output.trim(), standby.to_string());
+
+    // Its directory removed and made again: the command runs in the new one,
+    // not in the removed directory the standby still sits in.
+    standby_pid(tb.pid());
+    let d = dir.path().join("d");
+    std::fs::remove_dir(&d).unwrap();
+    std::fs::create_dir(&d).unwrap();
+    std::fs::write(d.join("new.txt"), "x").unwrap();
+    assert_eq!(tb.exec("ls").output, "new.txt\n");
+
+    // The standby that is replaced never shows up again.
+    let old = standby_pid(tb.pid());
+    let mut req = ExecRequest::new("echo $$ $ONCE");
+    req.env = vec![("ONCE".into(), "x".into())];
+    let (r, _) = tb.exec_req(req);
+    assert!(r.output.ends_with(" x\n") && !r.output.starts_with(&old.to_string()), "{}", r.output);
+    assert!(!process_exists(old), "the discarded standby was killed");
+}

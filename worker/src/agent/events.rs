@@ -9,10 +9,14 @@
 //! starting, a step's usage, a tool's result) wait the same way and go out
 //! in one statement with whatever is written next: every commit waits for
 //! the WAL flush, so fewer commits a step is most of the loop's overhead.
+//! Messages go through here too ([`EventSink::append_message`],
+//! [`EventSink::stage_message`]), so that a step's message and its events
+//! share a commit: a step with a tool call makes two, the model's message
+//! with its events and the tool message with the results.
 
 use std::time::{Duration, Instant};
 
-use kiln_protocol::EventBody;
+use kiln_protocol::{EventBody, Message, Usage};
 use kiln_store::{Lease, Store, StoreError};
 use uuid::Uuid;
 
@@ -31,11 +35,60 @@ pub struct EventSink {
     pending: Option<EventBody>,
     /// When the oldest of `queued` and `pending` was emitted.
     since: Option<Instant>,
+    /// A message to write with the next flush.
+    staged: Option<StagedMessage>,
+}
+
+/// A message of the session, with the id it keeps across retries.
+struct StagedMessage {
+    id: Uuid,
+    session_id: Uuid,
+    message: Message,
+    usage: Option<Usage>,
+    model: Option<String>,
 }
 
 impl EventSink {
     pub fn new(store: Store, lease: Lease) -> Self {
-        EventSink { store, lease, queued: Vec::new(), pending: None, since: None }
+        EventSink { store, lease, queued: Vec::new(), pending: None, since: None, staged: None }
+    }
+
+    /// Appends `message` to the session now, with every event waiting, in
+    /// one statement.
+    pub async fn append_message(
+        &mut self,
+        session_id: Uuid,
+        message: Message,
+        usage: Option<Usage>,
+        model: Option<String>,
+    ) -> Result<(), StoreError> {
+        self.stage_message(session_id, message, usage, model).await?;
+        self.flush().await
+    }
+
+    /// Holds `message` back to be written with the next flush (the caller
+    /// is about to emit an event that flushes). A message already held is
+    /// written first.
+    pub async fn stage_message(
+        &mut self,
+        session_id: Uuid,
+        message: Message,
+        usage: Option<Usage>,
+        model: Option<String>,
+    ) -> Result<(), StoreError> {
+        if self.staged.is_some() {
+            self.flush().await?;
+        }
+        // One id for every attempt: a retry after a commit whose answer was
+        // lost finds the stored message, not a copy.
+        self.staged = Some(StagedMessage { id: Uuid::now_v7(), session_id, message, usage, model });
+        Ok(())
+    }
+
+    /// Queues `body` without writing anything: it goes out with the next
+    /// write, whenever that is (use when one follows at once).
+    pub fn queue_for_next_write(&mut self, body: EventBody) {
+        self.queue(body);
     }
 
     /// Queues or writes `body`. Deltas are merged and wait; anything else is
@@ -53,7 +106,11 @@ impl EventSink {
     /// [`COALESCE`] at the next [`EventSink::flush_if_stale`], or at the next
     /// [`EventSink::flush`]): for events nobody needs in the next moment.
     pub async fn emit_soon(&mut self, body: EventBody) -> Result<(), StoreError> {
-        self.queue(body);
+        if is_delta(&body) {
+            self.push_delta(body);
+        } else {
+            self.queue(body);
+        }
         self.flush_if_stale().await
     }
 
@@ -86,20 +143,32 @@ impl EventSink {
         }
     }
 
-    /// Writes everything waiting, in one statement.
+    /// Writes everything waiting (and the held message), in one statement.
     pub async fn flush(&mut self) -> Result<(), StoreError> {
         if let Some(done) = self.pending.take() {
             self.queued.push((Uuid::now_v7(), done));
         }
-        if self.queued.is_empty() {
-            self.since = None;
-            return Ok(());
-        }
-        // The ids were chosen when the events were queued and stay the same
-        // on every attempt: a retry after a commit whose answer was lost
-        // finds the stored batch instead of storing it again.
+        // The ids were chosen when the events and the message were queued
+        // and stay the same on every attempt: a retry after a commit whose
+        // answer was lost finds the stored rows instead of storing them again.
         let batch = &self.queued;
-        with_retry(|| self.store.append_events_once(&self.lease, batch)).await?;
+        if let Some(m) = &self.staged {
+            with_retry(|| {
+                self.store.append_message_with_events_once(
+                    &self.lease,
+                    m.id,
+                    m.session_id,
+                    &m.message,
+                    m.usage.as_ref(),
+                    m.model.as_deref(),
+                    batch,
+                )
+            })
+            .await?;
+            self.staged = None;
+        } else if !batch.is_empty() {
+            with_retry(|| self.store.append_events_once(&self.lease, batch)).await?;
+        }
         self.queued.clear();
         self.since = None;
         Ok(())

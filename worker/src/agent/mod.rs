@@ -151,35 +151,28 @@ impl AgentRun<'_> {
                 let cost = (self.pricing)(&self.model, &assembled.usage);
                 budget.record(&assembled.usage, cost);
                 last_input = Some(assembled.usage);
-                // One id for every attempt: a retry after a commit whose
-                // answer was lost finds the stored message, not a copy.
-                let message_id = uuid::Uuid::now_v7();
-                db_retry::with_retry(|| {
-                    self.store.append_message_once(
-                        self.lease,
-                        message_id,
-                        self.run.session_id,
-                        &assembled.message,
-                        Some(&assembled.usage),
-                        Some(&self.model),
-                    )
-                })
-                .await?;
-                messages.push(assembled.message.clone());
-                self.events
-                    .emit_soon(EventBody::StepFinished {
-                        step,
-                        finish_reason: finish.as_str().to_owned(),
-                        usage: assembled.usage,
-                        cost_usd: cost,
-                    })
-                    .await?;
-
+                self.events.queue_for_next_write(EventBody::StepFinished {
+                    step,
+                    finish_reason: finish.as_str().to_owned(),
+                    usage: assembled.usage,
+                    cost_usd: cost,
+                });
                 let calls: Vec<(String, String, serde_json::Value)> = assembled
                     .message
                     .tool_calls()
                     .map(|(id, name, args)| (id.to_owned(), name.to_owned(), args.clone()))
                     .collect();
+                // The message, the step's events and its end share a commit.
+                // With tool calls it waits for the first `tool_call.ready`
+                // (written before the tool runs) to share that one too.
+                let (message, usage, model) =
+                    (assembled.message.clone(), Some(assembled.usage), Some(self.model.clone()));
+                if calls.is_empty() {
+                    self.events.append_message(self.run.session_id, message, usage, model).await?;
+                } else {
+                    self.events.stage_message(self.run.session_id, message, usage, model).await?;
+                }
+                messages.push(assembled.message.clone());
                 tracing::Span::current().record("finish_reason", finish.as_str()).record("tool_calls", calls.len());
                 let verdict = guard.observe(calls.iter().map(|(_, name, args)| (name.as_str(), args)));
                 if !calls.is_empty() {
@@ -493,12 +486,10 @@ impl AgentRun<'_> {
         self.tools.specs().into_iter().filter(|spec| self.tool_allowed(&spec.name)).collect()
     }
 
+    /// Stores `message` (with the events waiting, e.g. tool results) and
+    /// adds it to the conversation.
     async fn persist(&mut self, messages: &mut Vec<Message>, message: Message) -> Result<(), AgentError> {
-        let message_id = uuid::Uuid::now_v7();
-        db_retry::with_retry(|| {
-            self.store.append_message_once(self.lease, message_id, self.run.session_id, &message, None, None)
-        })
-        .await?;
+        self.events.append_message(self.run.session_id, message.clone(), None, None).await?;
         messages.push(message);
         Ok(())
     }

@@ -128,13 +128,14 @@ async fn stream_once(
         let event = item?;
         builder.push(&event);
         if stream_deltas && let Some(body) = event_for(&builder, &event) {
-            events.emit(body).await?;
+            // Shown within the coalescing window; the rest waits for the
+            // step's message, which is written right after the stream.
+            events.emit_soon(body).await?;
         }
         if matches!(event, ModelEvent::Finish(_)) {
             break;
         }
     }
-    events.flush().await?;
     if builder.finish_reason().is_none() {
         return Err(ProviderError::Truncated.into());
     }
