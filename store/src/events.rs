@@ -79,38 +79,28 @@ impl Store {
         let statement = client
             .prepare_cached(
                 "WITH earlier AS (
-                     SELECT max(seq) AS seq FROM events WHERE event_id = ANY($7)
+                     SELECT max(seq) AS seq FROM events WHERE event_id = ANY($6)
                  ), bump AS (
-                     UPDATE runs SET last_event_seq = last_event_seq + $8
+                     UPDATE runs SET last_event_seq = last_event_seq + $7
                      WHERE id = $1 AND attempt = $2 AND lease_owner = $3
                        AND status IN ('running', 'awaiting_approval')
-                       AND NOT EXISTS (SELECT 1 FROM events WHERE event_id = $9)
+                       AND NOT EXISTS (SELECT 1 FROM events WHERE event_id = $8)
                      RETURNING last_event_seq
                  ), ins AS (
                      INSERT INTO events (run_id, seq, kind, payload, event_id)
-                     SELECT $1, bump.last_event_seq - $8 + e.ord, e.kind, e.payload, e.id
-                     FROM bump, unnest($4::text[], $5::jsonb[], $7::uuid[]) WITH ORDINALITY AS e(kind, payload, id, ord)
+                     SELECT $1, bump.last_event_seq - $7 + e.ord, e.kind, e.payload, e.id
+                     FROM bump, unnest($4::text[], $5::jsonb[], $6::uuid[]) WITH ORDINALITY AS e(kind, payload, id, ord)
                      RETURNING seq
                  )
-                 SELECT max(seq), pg_notify($6, $1::text || ':' || max(seq)) IS NULL FROM ins HAVING count(*) > 0
+                 SELECT max(seq) FROM ins HAVING count(*) > 0
                  UNION ALL
-                 SELECT seq, false FROM earlier WHERE seq IS NOT NULL",
+                 SELECT seq FROM earlier WHERE seq IS NOT NULL",
             )
             .await?;
         let result = client
             .query_opt(
                 &statement,
-                &[
-                    &lease.run_id,
-                    &lease.attempt,
-                    &lease.worker,
-                    &kinds,
-                    &payloads,
-                    &channels::RUN_EVENTS,
-                    &ids,
-                    &count,
-                    first_id,
-                ],
+                &[&lease.run_id, &lease.attempt, &lease.worker, &kinds, &payloads, &ids, &count, first_id],
             )
             .await;
         let row = match result {
@@ -122,7 +112,12 @@ impl Store {
             Err(e) => return Err(e.into()),
         };
         match row.map(|r| r.try_get::<_, Option<i64>>(0)).transpose()?.flatten() {
-            Some(seq) => Ok(seq),
+            Some(seq) => {
+                // Also after a retry that found the batch stored: the first
+                // attempt's notification may never have been sent.
+                self.announce_event(lease.run_id, seq);
+                Ok(seq)
+            }
             None => Err(StoreError::LeaseLost(lease.run_id)),
         }
     }

@@ -13,6 +13,7 @@ mod events;
 pub mod listen;
 mod messages;
 mod migrate;
+mod notifier;
 mod owner_gate;
 mod queue;
 mod retention;
@@ -64,6 +65,8 @@ pub struct Store {
     config: tokio_postgres::Config,
     /// Queues an owner's submissions before they take a connection.
     owner_gate: std::sync::Arc<owner_gate::OwnerGate>,
+    /// Sends the NOTIFYs of the hot writes after their commit.
+    notifier: std::sync::Arc<notifier::Notifier>,
 }
 
 impl std::fmt::Debug for Store {
@@ -97,7 +100,8 @@ impl Store {
             .recycle_timeout(Some(Duration::from_secs(5)))
             .build()
             .map_err(|e| StoreError::Config(e.to_string()))?;
-        Ok(Store { pool, config, owner_gate: Default::default() })
+        let notifier = std::sync::Arc::new(notifier::Notifier::new(config.clone()));
+        Ok(Store { pool, config, owner_gate: Default::default(), notifier })
     }
 
     /// Checks that the database answers.
@@ -120,5 +124,11 @@ impl Store {
 
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         Ok(self.pool.get().await?)
+    }
+
+    /// Announces event `seq` of `run` to the SSE streams (after its commit;
+    /// see `notifier`).
+    pub(crate) fn announce_event(&self, run: uuid::Uuid, seq: i64) {
+        self.notifier.notify(channels::RUN_EVENTS, format!("{run}:{seq}"));
     }
 }

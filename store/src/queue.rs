@@ -55,8 +55,8 @@ pub fn claim_statement() -> String {
 
 /// The finish statement: `$1` run, `$2` attempt, `$3` worker (the fence),
 /// `$4` status, `$5` result, `$6` error, `$7` kind and `$8` payload of the
-/// terminal event, `$9` the events channel. Public for the queue benchmark's
-/// baseline.
+/// terminal event. Answers the terminal event's seq (no row: the lease was
+/// lost). Public for the queue benchmark's baseline.
 pub const FINISH_STATEMENT: &str = "WITH fin AS (
          UPDATE runs SET status = $4, finished_at = now(), result = $5, error = $6,
                 lease_owner = NULL, lease_expires_at = NULL, last_event_seq = last_event_seq + 1
@@ -67,7 +67,36 @@ pub const FINISH_STATEMENT: &str = "WITH fin AS (
          INSERT INTO events (run_id, seq, kind, payload)
          SELECT id, last_event_seq, $7, $8 FROM fin RETURNING seq
      )
-     SELECT seq, pg_notify($9, $1::text || ':' || seq) IS NULL FROM ins";
+     SELECT seq FROM ins";
+
+/// [`FINISH_STATEMENT`] and, when the run could be finished, the claim of
+/// the next queued run for `$9` (lease `$10` ms): the ending run's worker
+/// takes its next run in the same commit. Answers one row when the finish
+/// happened: the claimed run (all NULL when none was queued), then the
+/// terminal event's seq.
+fn finish_and_claim_statement() -> String {
+    format!(
+        "WITH fin AS (
+             UPDATE runs SET status = $4, finished_at = now(), result = $5, error = $6,
+                    lease_owner = NULL, lease_expires_at = NULL, last_event_seq = last_event_seq + 1
+             WHERE id = $1 AND attempt = $2 AND lease_owner = $3
+               AND status IN ('running', 'awaiting_approval')
+             RETURNING id, last_event_seq
+         ), ins AS (
+             INSERT INTO events (run_id, seq, kind, payload)
+             SELECT id, last_event_seq, $7, $8 FROM fin RETURNING seq
+         ), next AS (
+             UPDATE runs r SET status = 'running', attempt = attempt + 1, lease_owner = $9,
+                    lease_expires_at = now() + $10 * interval '1 millisecond',
+                    started_at = COALESCE(started_at, now())
+             WHERE id = (SELECT id FROM runs WHERE status = 'queued'
+                         ORDER BY priority, created_at FOR UPDATE SKIP LOCKED LIMIT 1)
+               AND EXISTS (SELECT 1 FROM fin)
+             RETURNING {RUN_RETURNING}
+         )
+         SELECT next.*, ins.seq FROM ins LEFT JOIN next ON true"
+    )
+}
 
 impl Store {
     /// Claims the oldest queued run (highest priority first) for `worker`.
@@ -112,24 +141,45 @@ impl Store {
         terminal: &EventBody,
         result: Option<&serde_json::Value>,
     ) -> Result<(), StoreError> {
-        let (status, error) = match terminal {
-            EventBody::RunSucceeded { .. } => (RunStatus::Succeeded, None),
-            EventBody::RunFailed { error } => (RunStatus::Failed, Some(error.clone())),
-            EventBody::RunCancelled { reason } => (RunStatus::Cancelled, Some(reason.clone())),
-            EventBody::RunTimedOut { limit_s } => {
-                (RunStatus::TimedOut, Some(format!("the run exceeded its wall-clock limit of {limit_s} s")))
-            }
-            other => return Err(StoreError::Corrupt(format!("not a terminal event: {other:?}"))),
-        };
-        let (kind, payload) = terminal.clone().into_parts().map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        // The status move, the seq bump, the terminal event and its
-        // notification in one statement: one round trip and one commit, and
-        // nothing at all when the lease is gone.
+        let (status, error, kind, payload) = terminal_parts(terminal)?;
+        // The status move, the seq bump and the terminal event in one
+        // statement: one round trip and one commit, and nothing at all when
+        // the lease is gone. The notification follows the commit (notifier).
         let client = self.client().await?;
         let finish = client.prepare_cached(FINISH_STATEMENT).await?;
         let row = client
             .query_opt(
                 &finish,
+                &[&lease.run_id, &lease.attempt, &lease.worker, &status.as_str(), &result, &error, &kind, &payload],
+            )
+            .await?;
+        match row {
+            Some(row) => {
+                self.announce_event(lease.run_id, row.try_get(0)?);
+                Ok(())
+            }
+            None => Err(StoreError::LeaseLost(lease.run_id)),
+        }
+    }
+
+    /// [`Store::finish_run`], and in the same statement (one commit) the
+    /// claim of the next queued run for `next_worker`, as
+    /// [`Store::claim_run`] would: for a worker that has a slot free once
+    /// this run ends.
+    pub async fn finish_run_and_claim(
+        &self,
+        lease: &Lease,
+        terminal: &EventBody,
+        result: Option<&serde_json::Value>,
+        next_worker: &str,
+        next_lease: Duration,
+    ) -> Result<Option<(Run, Lease)>, StoreError> {
+        let (status, error, kind, payload) = terminal_parts(terminal)?;
+        let client = self.client().await?;
+        let statement = client.prepare_cached(&finish_and_claim_statement()).await?;
+        let row = client
+            .query_opt(
+                &statement,
                 &[
                     &lease.run_id,
                     &lease.attempt,
@@ -139,14 +189,20 @@ impl Store {
                     &error,
                     &kind,
                     &payload,
-                    &channels::RUN_EVENTS,
+                    &next_worker,
+                    &millis(next_lease),
                 ],
             )
             .await?;
-        match row {
-            Some(_) => Ok(()),
-            None => Err(StoreError::LeaseLost(lease.run_id)),
+        let Some(row) = row else { return Err(StoreError::LeaseLost(lease.run_id)) };
+        let seq_column = row.len() - 1;
+        self.announce_event(lease.run_id, row.try_get(seq_column)?);
+        if row.try_get::<_, Option<Uuid>>(0)?.is_none() {
+            return Ok(None);
         }
+        let run = run_from_row(&row)?;
+        let next = Lease { run_id: run.id, attempt: run.attempt, worker: next_worker.to_owned() };
+        Ok(Some((run, next)))
     }
 
     /// Hands a held run back to the queue (graceful shutdown), so another
@@ -210,4 +266,19 @@ impl Store {
         tx.commit().await?;
         Ok(reaped)
     }
+}
+
+/// The status, error, and event kind and payload a terminal event stands for.
+fn terminal_parts(terminal: &EventBody) -> Result<(RunStatus, Option<String>, String, serde_json::Value), StoreError> {
+    let (status, error) = match terminal {
+        EventBody::RunSucceeded { .. } => (RunStatus::Succeeded, None),
+        EventBody::RunFailed { error } => (RunStatus::Failed, Some(error.clone())),
+        EventBody::RunCancelled { reason } => (RunStatus::Cancelled, Some(reason.clone())),
+        EventBody::RunTimedOut { limit_s } => {
+            (RunStatus::TimedOut, Some(format!("the run exceeded its wall-clock limit of {limit_s} s")))
+        }
+        other => return Err(StoreError::Corrupt(format!("not a terminal event: {other:?}"))),
+    };
+    let (kind, payload) = terminal.clone().into_parts().map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    Ok((status, error, kind, payload))
 }

@@ -10,7 +10,7 @@ use kiln_protocol::{EventBody, Message, Usage};
 use uuid::Uuid;
 
 use crate::queue::Lease;
-use crate::{Store, StoreError, channels};
+use crate::{Store, StoreError};
 
 /// What [`Store::append_message_with_events_once`] stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,12 +24,12 @@ pub struct StepWrite {
 
 /// The message and event rows of [`Store::append_message_with_events_once`].
 /// Fenced like every worker write: nothing is stored unless `$2..$4` still
-/// hold the run. Idempotent in the message id `$10`: the message and its
+/// hold the run. Idempotent in the message id `$9`: the message and its
 /// events commit together, so a stored message means stored events too.
 const STATEMENT: &str = "WITH earlier AS (
-         SELECT seq FROM messages WHERE message_id = $10
+         SELECT seq FROM messages WHERE message_id = $9
      ), bump AS (
-         UPDATE runs SET last_event_seq = last_event_seq + $11
+         UPDATE runs SET last_event_seq = last_event_seq + $10
          WHERE id = $2 AND attempt = $3 AND lease_owner = $4
            AND status IN ('running', 'awaiting_approval')
            AND NOT EXISTS (SELECT 1 FROM earlier)
@@ -37,21 +37,20 @@ const STATEMENT: &str = "WITH earlier AS (
      ), msg AS (
          INSERT INTO messages (session_id, seq, run_id, role, parts, usage, model, message_id)
          SELECT $1, COALESCE((SELECT max(seq) FROM messages WHERE session_id = $1), 0) + 1,
-                $2, $5, $6, $7, $8, $10
+                $2, $5, $6, $7, $8, $9
          FROM bump
          RETURNING seq
      ), ins AS (
          INSERT INTO events (run_id, seq, kind, payload, event_id)
-         SELECT $2, bump.last_event_seq - $11 + e.ord, e.kind, e.payload, e.id
-         FROM bump, unnest($12::text[], $13::jsonb[], $14::uuid[]) WITH ORDINALITY AS e(kind, payload, id, ord)
+         SELECT $2, bump.last_event_seq - $10 + e.ord, e.kind, e.payload, e.id
+         FROM bump, unnest($11::text[], $12::jsonb[], $13::uuid[]) WITH ORDINALITY AS e(kind, payload, id, ord)
          RETURNING seq
      ), last AS (
          SELECT max(seq) AS seq FROM ins
      )
-     SELECT msg.seq, last.seq, (SELECT pg_notify($9, $2::text || ':' || last.seq) WHERE last.seq IS NOT NULL) IS NULL
-     FROM msg, last
+     SELECT msg.seq, last.seq FROM msg, last
      UNION ALL
-     SELECT seq, NULL, false FROM earlier";
+     SELECT seq, NULL FROM earlier";
 
 impl Store {
     /// Appends `message` to the session and `events` to the run, in one
@@ -96,7 +95,6 @@ impl Store {
                     &parts,
                     &usage,
                     &model,
-                    &channels::RUN_EVENTS,
                     &message_id,
                     &count,
                     &kinds,
@@ -110,15 +108,15 @@ impl Store {
             // The earlier attempt committed while this one ran: the unique
             // index refused the copy; all of it is stored.
             Err(e) if crate::messages::is_duplicate_message_id(&e) => {
-                client
-                    .query_opt("SELECT seq, NULL::bigint, false FROM messages WHERE message_id = $1", &[&message_id])
-                    .await?
+                client.query_opt("SELECT seq, NULL::bigint FROM messages WHERE message_id = $1", &[&message_id]).await?
             }
             Err(e) => return Err(e.into()),
         };
-        match row {
-            Some(r) => Ok(StepWrite { message_seq: r.try_get(0)?, last_event_seq: r.try_get(1)? }),
-            None => Err(StoreError::LeaseLost(lease.run_id)),
+        let Some(row) = row else { return Err(StoreError::LeaseLost(lease.run_id)) };
+        let written = StepWrite { message_seq: row.try_get(0)?, last_event_seq: row.try_get(1)? };
+        if let Some(seq) = written.last_event_seq {
+            self.announce_event(lease.run_id, seq);
         }
+        Ok(written)
     }
 }

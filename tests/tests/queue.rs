@@ -122,3 +122,60 @@ async fn a_worker_takes_over_a_run_whose_first_worker_vanished() {
     assert_eq!(started.data["attempt"], 2);
     assert!(lost(app.store.append_event(&ghost, &EventBody::StepStarted { step: 9 }).await));
 }
+
+#[tokio::test]
+async fn finishing_a_run_can_claim_the_next_in_the_same_commit_and_only_under_the_lease() {
+    let store = store().await;
+    let first = queued_run(&store).await;
+    let second = queued_run(&store).await;
+    let (_, lease) = store.claim_run("w1", Duration::from_secs(30)).await.unwrap().unwrap();
+    let done = EventBody::RunSucceeded { summary: "ok".into() };
+
+    // A worker that lost the run neither finishes it nor claims.
+    let stale = kiln_store::Lease { attempt: lease.attempt + 1, ..lease.clone() };
+    assert!(lost(store.finish_run_and_claim(&stale, &done, None, "w1", Duration::from_secs(30)).await));
+    assert_eq!(store.get_run("alice", second.id).await.unwrap().unwrap().status, RunStatus::Queued);
+
+    let (next, next_lease) =
+        store.finish_run_and_claim(&lease, &done, None, "w1", Duration::from_secs(30)).await.unwrap().unwrap();
+    assert_eq!(
+        (next.id, next.status, next_lease.attempt, next_lease.worker.as_str()),
+        (second.id, RunStatus::Running, 1, "w1")
+    );
+    let ended = store.get_run("alice", first.id).await.unwrap().unwrap();
+    assert_eq!(ended.status, RunStatus::Succeeded);
+    // One transaction: Postgres' now() is the same for both.
+    assert_eq!(ended.finished_at, next.started_at);
+    let events = store.events_after(first.id, 0, 10).await.unwrap();
+    assert_eq!(events.last().unwrap().kind, "run.succeeded");
+
+    // Nothing queued: the run just ends.
+    assert!(
+        store.finish_run_and_claim(&next_lease, &done, None, "w1", Duration::from_secs(30)).await.unwrap().is_none()
+    );
+    assert_eq!(store.get_run("alice", second.id).await.unwrap().unwrap().status, RunStatus::Succeeded);
+}
+
+#[tokio::test]
+async fn a_worker_whose_run_ends_takes_its_next_run_in_the_same_commit() {
+    let app = TestApp::spawn(Options {
+        worker: false,
+        script: vec![Reply::text("first done"), Reply::text("second done")],
+        ..Default::default()
+    })
+    .await;
+    let a = app.create_run("alice", json!({"prompt": "one"})).await["id"].as_str().unwrap().to_owned();
+    let b = app.create_run("alice", json!({"prompt": "two"})).await["id"].as_str().unwrap().to_owned();
+    // One slot: the worker can only take the second run when the first ends.
+    app.start_worker(kiln_worker::WorkerConfig {
+        concurrency: 1,
+        ..worker_config(ProviderKind::OpenAi, Duration::from_secs(10))
+    })
+    .await;
+    for id in [&a, &b] {
+        let events = app.events_to_end("alice", id).await;
+        assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
+    }
+    let (a, b) = (app.get_run("alice", &a).await, app.get_run("alice", &b).await);
+    assert_eq!(a["finished_at"], b["started_at"], "claimed in the commit that ended the first: {a} {b}");
+}

@@ -5,6 +5,7 @@ pub mod agent;
 pub mod callbacks;
 pub mod config;
 pub mod github;
+mod handoff;
 pub mod metrics;
 pub mod providers;
 pub mod retention;

@@ -14,6 +14,7 @@ use tracing::Instrument;
 use crate::agent::events::EventSink;
 use crate::agent::{AgentError, AgentRun, Outcome};
 use crate::config::ProviderKind;
+use crate::handoff::Handoff;
 use crate::runner::WorkerContext;
 use crate::sandbox::lifecycle::{self, Origin};
 use crate::sandbox::pool::WarmPool;
@@ -37,6 +38,8 @@ pub struct RunSignals {
     pub release: CancellationToken,
     /// A client sent a message or an approval decision.
     pub control: Arc<tokio::sync::Notify>,
+    /// Where the run's end may hand the worker's next run (see `handoff`).
+    pub handoff: Option<Handoff>,
 }
 
 /// How the run's task ended.
@@ -122,7 +125,7 @@ async fn execute_in_span(
     if !matches!(ending, Ending::LeaseLost) {
         let _ = events.flush().await;
     }
-    finish(&ctx, &run, &lease, ending).await;
+    finish(&ctx, &run, &lease, ending, signals.handoff.as_ref()).await;
 }
 
 /// Starts the sandbox, brings in the workspace and runs the loop.
@@ -219,7 +222,7 @@ fn remaining_time(run: &Run) -> Duration {
     limit.saturating_sub(elapsed)
 }
 
-async fn finish(ctx: &WorkerContext, run: &Run, lease: &Lease, ending: Ending) {
+async fn finish(ctx: &WorkerContext, run: &Run, lease: &Lease, ending: Ending, handoff: Option<&Handoff>) {
     let terminal = match ending {
         Ending::Finished(Outcome::Succeeded { summary }) => EventBody::RunSucceeded { summary },
         Ending::Finished(Outcome::Failed { error }) | Ending::Error(error) => EventBody::RunFailed { error },
@@ -254,7 +257,7 @@ async fn finish(ctx: &WorkerContext, run: &Run, lease: &Lease, ending: Ending) {
     tracing::info!(run_id = %run.id, kind = ?terminal, "run finished");
     // The database may be briefly away; the terminal write is worth retrying.
     for attempt in 0..5 {
-        match ctx.store.finish_run(lease, &terminal, result.as_ref()).await {
+        match finish_and_maybe_claim(ctx, lease, &terminal, result.as_ref(), handoff).await {
             Ok(()) => return crate::github::deliver_finished(ctx, run).await,
             Err(StoreError::LeaseLost(_)) => return,
             Err(e) => {
@@ -263,6 +266,32 @@ async fn finish(ctx: &WorkerContext, run: &Run, lease: &Lease, ending: Ending) {
             }
         }
     }
+}
+
+/// Records the run's end; with a handoff open, claims the worker's next run
+/// in the same statement and hands it to the claim loop.
+async fn finish_and_maybe_claim(
+    ctx: &WorkerContext,
+    lease: &Lease,
+    terminal: &EventBody,
+    result: Option<&serde_json::Value>,
+    handoff: Option<&Handoff>,
+) -> Result<(), StoreError> {
+    let Some(handoff) = handoff.filter(|h| h.is_open()) else {
+        return ctx.store.finish_run(lease, terminal, result).await;
+    };
+    let next = ctx.store.finish_run_and_claim(lease, terminal, result, &ctx.config.worker_id, ctx.config.lease).await?;
+    if let Some((run, next_lease)) = next
+        && let Err(next_lease) = handoff.give(run, next_lease)
+    {
+        // The claim loop is gone (the worker is stopping): put it back.
+        let run_id = next_lease.run_id;
+        tracing::info!(%run_id, "handing back a run claimed while the worker stopped");
+        if let Err(e) = ctx.store.release_run(&next_lease).await {
+            tracing::warn!(%run_id, error = %e, "releasing run failed; its lease will expire");
+        }
+    }
+    Ok(())
 }
 
 /// Extends the lease every third of its length; reports a cancel request

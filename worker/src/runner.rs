@@ -7,13 +7,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bollard::Docker;
-use kiln_store::{Listener, Notice, Store, channels};
+use kiln_protocol::Run;
+use kiln_store::{Lease, Listener, Notice, Store, channels};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::config::{Providers, WorkerConfig};
+use crate::handoff::{self, Handoff, Successors};
 use crate::providers::pricing::PriceTable;
 use crate::run_task::{self, RunSignals};
 use crate::sandbox::pool::WarmPool;
@@ -63,6 +65,7 @@ impl Worker {
     pub async fn run(self, shutdown: CancellationToken) {
         let mut notices = self.listener.subscribe();
         let mut tasks = JoinSet::new();
+        let (handoff, mut successors) = handoff::channel();
         self.announce().await;
         self.reap_sandboxes(true).await;
         let pool_task = self.pool.clone().map(|pool| {
@@ -74,7 +77,12 @@ impl Worker {
         let mut poll = tokio::time::interval(self.ctx.config.poll_interval);
         tracing::info!(worker = %self.ctx.config.worker_id, "worker started");
         loop {
-            self.claim_while_capacity(&mut tasks).await;
+            // Runs handed over by ending runs first: they hold the slots
+            // those runs freed, and must not be claimed around.
+            while let Some((run, lease)) = successors.try_next() {
+                self.spawn_run(&mut tasks, run, lease, &handoff);
+            }
+            self.claim_while_capacity(&mut tasks, &handoff).await;
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = poll.tick() => {}
@@ -84,10 +92,12 @@ impl Worker {
                 }
                 _ = reap_sandboxes.tick() => self.reap_sandboxes(false).await,
                 Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                Some((run, lease)) = successors.next() => self.spawn_run(&mut tasks, run, lease, &handoff),
                 notice = notices.recv() => self.on_notice(notice),
             }
         }
-        self.shut_down(tasks).await;
+        successors.close();
+        self.shut_down(tasks, successors).await;
         if let Some(task) = pool_task {
             // Cancelled with `shutdown`: it removes its containers and ends.
             let _ = task.await;
@@ -104,22 +114,10 @@ impl Worker {
         }
     }
 
-    async fn claim_while_capacity(&self, tasks: &mut JoinSet<()>) {
+    async fn claim_while_capacity(&self, tasks: &mut JoinSet<()>, handoff: &Handoff) {
         while tasks.len() < self.ctx.config.concurrency {
             match self.ctx.store.claim_run(&self.ctx.config.worker_id, self.ctx.config.lease).await {
-                Ok(Some((run, lease))) => {
-                    crate::metrics::run_claimed(&run, lease.attempt);
-                    let signals = RunSignals::default();
-                    lock(&self.active).insert(run.id, signals.clone());
-                    let ctx = self.ctx.clone();
-                    let pool = self.pool.clone();
-                    let active = self.active.clone();
-                    tasks.spawn(async move {
-                        let id = run.id;
-                        run_task::execute(ctx, pool, run, lease, signals).await;
-                        lock(&active).remove(&id);
-                    });
-                }
+                Ok(Some((run, lease))) => self.spawn_run(tasks, run, lease, handoff),
                 Ok(None) => return,
                 Err(e) => {
                     tracing::warn!(error = %e, "claiming failed");
@@ -127,6 +125,20 @@ impl Worker {
                 }
             }
         }
+    }
+
+    fn spawn_run(&self, tasks: &mut JoinSet<()>, run: Run, lease: Lease, handoff: &Handoff) {
+        crate::metrics::run_claimed(&run, lease.attempt);
+        let signals = RunSignals { handoff: Some(handoff.clone()), ..Default::default() };
+        lock(&self.active).insert(run.id, signals.clone());
+        let ctx = self.ctx.clone();
+        let pool = self.pool.clone();
+        let active = self.active.clone();
+        tasks.spawn(async move {
+            let id = run.id;
+            run_task::execute(ctx, pool, run, lease, signals).await;
+            lock(&active).remove(&id);
+        });
     }
 
     fn on_notice(&self, notice: Result<Notice, RecvError>) {
@@ -175,7 +187,18 @@ impl Worker {
         sandbox_reaper::reap(&self.ctx.docker, &self.ctx.store, &policy).await;
     }
 
-    async fn shut_down(&self, mut tasks: JoinSet<()>) {
+    async fn shut_down(&self, tasks: JoinSet<()>, mut successors: Successors) {
+        self.wait_for_runs(tasks).await;
+        // Runs that ending runs claimed just before the handoff closed: no
+        // task of this worker will drive them, so another worker should.
+        while let Some((run, lease)) = successors.try_next() {
+            if let Err(e) = self.ctx.store.release_run(&lease).await {
+                tracing::warn!(run_id = %run.id, error = %e, "releasing run failed; its lease will expire");
+            }
+        }
+    }
+
+    async fn wait_for_runs(&self, mut tasks: JoinSet<()>) {
         tracing::info!(runs = tasks.len(), "worker stopping; no new claims");
         let grace = tokio::time::sleep(self.ctx.config.shutdown_grace);
         tokio::pin!(grace);

@@ -40,8 +40,9 @@ async fn main() -> anyhow::Result<()> {
 
     let baseline = baseline_per_s(&args, false).await?;
     let baseline_finish = baseline_per_s(&args, true).await?;
-    let claim_only = kiln_per_s(&args, false).await?;
-    let claim_finish = kiln_per_s(&args, true).await?;
+    let claim_only = kiln_per_s(&args, Path::ClaimOnly).await?;
+    let claim_finish = kiln_per_s(&args, Path::ClaimThenFinish).await?;
+    let handoff = kiln_per_s(&args, Path::FinishAndClaim).await?;
     println!("baseline  claim statement, tight loop, {} conns: {baseline:>8.0} claims/s", args.workers);
     println!(
         "baseline  claim + finish statements, {} conns:     {baseline_finish:>8.0} runs/s    ({:.2}x claim-only)",
@@ -59,6 +60,12 @@ async fn main() -> anyhow::Result<()> {
         args.workers,
         claim_finish / baseline,
         claim_finish / baseline_finish
+    );
+    println!(
+        "kiln      finish_run_and_claim (the worker's path), {} workers: {handoff:>8.0} runs/s  ({:.2}x claim-only \
+         baseline)",
+        args.workers,
+        handoff / baseline
     );
 
     let (empty, full_dirty, full_clean) = claim_latency(&args).await?;
@@ -101,17 +108,8 @@ async fn baseline_per_s(args: &Args, finish: bool) -> anyhow::Result<f64> {
                     if finish {
                         let id: uuid::Uuid = row.try_get(0)?;
                         let attempt: i32 = row.try_get("attempt")?;
-                        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
-                            &id,
-                            &attempt,
-                            &worker,
-                            &"succeeded",
-                            &no_result,
-                            &no_error,
-                            &"run.succeeded",
-                            &payload,
-                            &kiln_store::channels::RUN_EVENTS,
-                        ];
+                        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] =
+                            [&id, &attempt, &worker, &"succeeded", &no_result, &no_error, &"run.succeeded", &payload];
                         client.query_opt(&done, &params).await?;
                     }
                     n += 1;
@@ -127,7 +125,19 @@ async fn baseline_per_s(args: &Args, finish: bool) -> anyhow::Result<f64> {
     Ok(total as f64 / started.elapsed().as_secs_f64())
 }
 
-async fn kiln_per_s(args: &Args, finish: bool) -> anyhow::Result<f64> {
+/// What each Kiln worker of the throughput figure does with the queue.
+#[derive(Clone, Copy, PartialEq)]
+enum Path {
+    /// Claims and never finishes (against the claim-only baseline).
+    ClaimOnly,
+    /// Claims, then finishes: two statements, two commits per run.
+    ClaimThenFinish,
+    /// What the worker does: claims once, then each run's end claims the
+    /// next in the same statement (`finish_run_and_claim`).
+    FinishAndClaim,
+}
+
+async fn kiln_per_s(args: &Args, path: Path) -> anyhow::Result<f64> {
     let (url, _) = database().await?;
     insert_runs(&connect(&url).await?, args.runs, "queued").await?;
     let store = Arc::new(Store::connect(&url, args.workers)?);
@@ -137,12 +147,19 @@ async fn kiln_per_s(args: &Args, finish: bool) -> anyhow::Result<f64> {
             let store = store.clone();
             tokio::spawn(async move {
                 let worker = format!("kiln-{i}");
+                let done = EventBody::RunSucceeded { summary: String::new() };
                 let mut n = 0u64;
-                while let Some((_, lease)) = store.claim_run(&worker, LEASE).await? {
-                    if finish {
-                        store.finish_run(&lease, &EventBody::RunSucceeded { summary: String::new() }, None).await?;
-                    }
+                let mut held = store.claim_run(&worker, LEASE).await?;
+                while let Some((_, lease)) = held {
                     n += 1;
+                    held = match path {
+                        Path::ClaimOnly => store.claim_run(&worker, LEASE).await?,
+                        Path::ClaimThenFinish => {
+                            store.finish_run(&lease, &done, None).await?;
+                            store.claim_run(&worker, LEASE).await?
+                        }
+                        Path::FinishAndClaim => store.finish_run_and_claim(&lease, &done, None, &worker, LEASE).await?,
+                    };
                 }
                 anyhow::Ok(n)
             })

@@ -51,7 +51,22 @@ pub async fn acquire(
             }
         }
     }
-    Ok((Sandbox::start(docker, config, owner).await?, Origin::New))
+    match Sandbox::start(docker, config, owner).await {
+        Ok(sandbox) => Ok((sandbox, Origin::New)),
+        // The session's name is taken: another attempt of this run (taken
+        // over while the first was still creating the container) made it
+        // in the meantime. It is the session's; adopt it.
+        Err(SandboxError::Docker(bollard::errors::Error::DockerResponseServerError { status_code: 409, message }))
+            if message.contains("is already in use") =>
+        {
+            tracing::info!(session_id = %owner.session_id, "the session's container appeared while starting one; adopting it");
+            match Sandbox::adopt(docker, config, owner.session_id).await? {
+                Some(sandbox) => Ok((sandbox, Origin::Reused)),
+                None => Ok((Sandbox::start(docker, config, owner).await?, Origin::New)),
+            }
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// After a run: with `keep`, the container stays for the session's next
