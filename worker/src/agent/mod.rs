@@ -16,6 +16,7 @@ mod prompt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use kiln_protocol::{ApprovalMode, EventBody, Message, Part, Role, Run, Usage};
 use kiln_store::{Decision, Lease, Store, StoreError};
 
@@ -34,6 +35,9 @@ pub const INTERRUPTED: &str = "interrupted: the worker running this call was los
 
 /// How often a run waiting for approval re-reads the decision.
 const APPROVAL_POLL: Duration = Duration::from_secs(1);
+/// Longest the loop goes without looking at the inbox when no message was
+/// announced (a missed notification costs at most this much delay).
+const INBOX_POLL: Duration = Duration::from_secs(1);
 /// Continuations after the output limit cut an answer short, per run.
 const MAX_CONTINUATIONS: u32 = 3;
 const CONTINUE: &str = "[kiln] Your answer was cut off by the output limit. Continue exactly where you stopped.";
@@ -104,12 +108,21 @@ impl AgentRun<'_> {
         let mut continuations = 0;
         // The last step's input, which says whether the next needs room.
         let mut last_input: Option<Usage> = None;
+        let mut inbox_checked = None;
         loop {
             // Steering: messages sent while the run works join the
             // conversation before the next model call (and keep a run that
             // was about to finish going).
-            for text in db_retry::with_retry(|| self.store.take_inbox(self.lease)).await? {
-                self.persist(&mut messages, Message::user(text)).await?;
+            // Looked at when a message was announced (NOTIFY), at least
+            // every INBOX_POLL in case an announcement was missed, and always
+            // before the run would end: a round trip saved on most steps.
+            let announced = self.control.notified().now_or_never().is_some();
+            let due = inbox_checked.is_none_or(|at: Instant| at.elapsed() >= INBOX_POLL);
+            if announced || due || finished(&messages).is_some() {
+                inbox_checked = Some(Instant::now());
+                for text in db_retry::with_retry(|| self.store.take_inbox(self.lease)).await? {
+                    self.persist(&mut messages, Message::user(text)).await?;
+                }
             }
             if let Some(outcome) = finished(&messages) {
                 return Ok(outcome);
