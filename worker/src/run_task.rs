@@ -11,6 +11,7 @@ use kiln_store::{Lease, StoreError};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::agent::control::Control;
 use crate::agent::events::EventSink;
 use crate::agent::{AgentError, AgentRun, Outcome};
 use crate::config::ProviderKind;
@@ -37,7 +38,7 @@ pub struct RunSignals {
     /// The worker is shutting down: hand the run back to the queue.
     pub release: CancellationToken,
     /// A client sent a message or an approval decision.
-    pub control: Arc<tokio::sync::Notify>,
+    pub control: Arc<Control>,
     /// Where the run's end may hand the worker's next run (see `handoff`).
     pub handoff: Option<Handoff>,
 }
@@ -135,7 +136,7 @@ async fn drive(
     run: &Run,
     lease: &Lease,
     events: &mut EventSink,
-    control: Arc<tokio::sync::Notify>,
+    control: Arc<Control>,
 ) -> Result<Outcome, AgentError> {
     events.emit(EventBody::RunStarted { worker: ctx.config.worker_id.clone(), attempt: lease.attempt }).await?;
     let owner = Owner { run_id: run.id, session_id: run.session_id, worker: ctx.config.worker_id.clone() };

@@ -154,7 +154,7 @@ impl Worker {
                 if let Ok(id) = Uuid::parse_str(&payload)
                     && let Some(signals) = lock(&self.active).get(&id)
                 {
-                    signals.control.notify_one();
+                    signals.control.signal();
                 }
             }
             // Queued runs, reconnects and lag all mean "try claiming"; the

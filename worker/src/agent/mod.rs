@@ -7,6 +7,7 @@
 
 mod budget;
 pub mod compaction;
+pub mod control;
 mod db_retry;
 pub mod events;
 mod guard;
@@ -16,7 +17,6 @@ mod prompt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::FutureExt;
 use kiln_protocol::{ApprovalMode, EventBody, Message, Part, Role, Run, Usage};
 use kiln_store::{Decision, Lease, Store, StoreError};
 
@@ -74,7 +74,7 @@ pub struct AgentRun<'a> {
     pub tools: &'a Registry,
     pub events: &'a mut EventSink,
     /// Woken when a client sends the run a message or an approval decision.
-    pub control: Arc<tokio::sync::Notify>,
+    pub control: Arc<control::Control>,
     /// Told to the model (as a stored user message) before the first step,
     /// e.g. that the sandbox is not the one the conversation happened in.
     pub notice: Option<String>,
@@ -116,10 +116,11 @@ impl AgentRun<'_> {
             // Looked at when a message was announced (NOTIFY), at least
             // every INBOX_POLL in case an announcement was missed, and always
             // before the run would end: a round trip saved on most steps.
-            let announced = self.control.notified().now_or_never().is_some();
-            let due = inbox_checked.is_none_or(|at: Instant| at.elapsed() >= INBOX_POLL);
-            if announced || due || finished(&messages).is_some() {
-                inbox_checked = Some(Instant::now());
+            let announced = self.control.announced();
+            let due =
+                inbox_checked.is_none_or(|(at, seen): (Instant, u64)| seen != announced || at.elapsed() >= INBOX_POLL);
+            if due || finished(&messages).is_some() {
+                inbox_checked = Some((Instant::now(), announced));
                 for text in db_retry::with_retry(|| self.store.take_inbox(self.lease)).await? {
                     self.persist(&mut messages, Message::user(text)).await?;
                 }
@@ -481,7 +482,7 @@ impl AgentRun<'_> {
     async fn wait_for_decision(&self, call_id: &str) -> Result<Decision, AgentError> {
         loop {
             tokio::select! {
-                _ = self.control.notified() => {}
+                _ = self.control.wait() => {}
                 _ = tokio::time::sleep(APPROVAL_POLL) => {}
             }
             if let Some(decision) = self.store.approval_decision(self.run.id, call_id).await? {
