@@ -11,6 +11,31 @@ fn split(body: &EventBody) -> Result<(String, serde_json::Value), StoreError> {
     body.clone().into_parts().map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
+/// A batch of events as the array parameters of a multi-row insert
+/// (`unnest($kinds::text[], $payloads::jsonb[], $ids::uuid[])`).
+pub(crate) struct EventColumns {
+    pub kinds: Vec<String>,
+    pub payloads: Vec<serde_json::Value>,
+    pub ids: Vec<Uuid>,
+}
+
+impl EventColumns {
+    pub(crate) fn of(events: &[(Uuid, EventBody)]) -> Result<Self, StoreError> {
+        let mut columns = EventColumns {
+            kinds: Vec::with_capacity(events.len()),
+            payloads: Vec::with_capacity(events.len()),
+            ids: Vec::with_capacity(events.len()),
+        };
+        for (id, body) in events {
+            let (kind, payload) = split(body)?;
+            columns.kinds.push(kind);
+            columns.payloads.push(payload);
+            columns.ids.push(*id);
+        }
+        Ok(columns)
+    }
+}
+
 /// Appends an event inside a caller's transaction, unfenced: for the API and
 /// the reaper, which act on a run without holding its lease. The caller has
 /// already locked or checked the run row.
@@ -64,15 +89,7 @@ impl Store {
         let Some((first_id, _)) = events.first() else {
             return Err(StoreError::Corrupt("an empty batch of events".into()));
         };
-        let mut kinds = Vec::with_capacity(events.len());
-        let mut payloads = Vec::with_capacity(events.len());
-        let mut ids = Vec::with_capacity(events.len());
-        for (id, body) in events {
-            let (kind, payload) = split(body)?;
-            kinds.push(kind);
-            payloads.push(payload);
-            ids.push(*id);
-        }
+        let EventColumns { kinds, payloads, ids } = EventColumns::of(events)?;
         let count = events.len() as i64;
         let client = self.client().await?;
         // Prepared once per connection: the hot path of every run.

@@ -65,8 +65,7 @@ impl Store {
         model: Option<&str>,
         summary_keeps: Option<i32>,
     ) -> Result<i32, StoreError> {
-        let parts = serde_json::to_value(&message.parts).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let usage = usage.map(serde_json::to_value).transpose().map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let (parts, usage) = message_columns(message, usage)?;
         let client = self.client().await?;
         // Prepared once per connection: this runs on every step.
         let statement = client
@@ -184,6 +183,16 @@ impl Store {
         }
         Ok(total)
     }
+}
+
+/// A message's `parts` and `usage` columns.
+pub(crate) fn message_columns(
+    message: &Message,
+    usage: Option<&Usage>,
+) -> Result<(serde_json::Value, Option<serde_json::Value>), StoreError> {
+    let parts = serde_json::to_value(&message.parts).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let usage = usage.map(serde_json::to_value).transpose().map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    Ok((parts, usage))
 }
 
 pub(crate) fn is_duplicate_message_id(e: &tokio_postgres::Error) -> bool {

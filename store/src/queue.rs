@@ -4,6 +4,7 @@
 //! once; the agent loop runs outside any transaction. Every write a worker
 //! makes afterwards is fenced by its [`Lease`].
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use kiln_protocol::{EventBody, Run, RunStatus};
@@ -98,13 +99,17 @@ fn finish_and_claim_statement() -> String {
     )
 }
 
+/// Built once: the hot paths look them up in the prepared-statement cache.
+static CLAIM: LazyLock<String> = LazyLock::new(claim_statement);
+static FINISH_AND_CLAIM: LazyLock<String> = LazyLock::new(finish_and_claim_statement);
+
 impl Store {
     /// Claims the oldest queued run (highest priority first) for `worker`.
     pub async fn claim_run(&self, worker: &str, lease: Duration) -> Result<Option<(Run, Lease)>, StoreError> {
         let client = self.client().await?;
         // Prepared once per connection: claims are the queue's hot path, and
         // an unprepared query costs a second round trip every time.
-        let claim = client.prepare_cached(&claim_statement()).await?;
+        let claim = client.prepare_cached(&CLAIM).await?;
         let row = client.query_opt(&claim, &[&worker, &millis(lease)]).await?;
         let Some(row) = row else { return Ok(None) };
         let run = run_from_row(&row)?;
@@ -176,7 +181,7 @@ impl Store {
     ) -> Result<Option<(Run, Lease)>, StoreError> {
         let (status, error, kind, payload) = terminal_parts(terminal)?;
         let client = self.client().await?;
-        let statement = client.prepare_cached(&finish_and_claim_statement()).await?;
+        let statement = client.prepare_cached(&FINISH_AND_CLAIM).await?;
         let row = client
             .query_opt(
                 &statement,

@@ -9,6 +9,8 @@
 use kiln_protocol::{EventBody, Message, Usage};
 use uuid::Uuid;
 
+use crate::events::EventColumns;
+use crate::messages::message_columns;
 use crate::queue::Lease;
 use crate::{Store, StoreError};
 
@@ -68,17 +70,8 @@ impl Store {
         model: Option<&str>,
         events: &[(Uuid, EventBody)],
     ) -> Result<StepWrite, StoreError> {
-        let parts = serde_json::to_value(&message.parts).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let usage = usage.map(serde_json::to_value).transpose().map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let mut kinds = Vec::with_capacity(events.len());
-        let mut payloads = Vec::with_capacity(events.len());
-        let mut ids = Vec::with_capacity(events.len());
-        for (id, body) in events {
-            let (kind, payload) = body.clone().into_parts().map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            kinds.push(kind);
-            payloads.push(payload);
-            ids.push(*id);
-        }
+        let (parts, usage) = message_columns(message, usage)?;
+        let EventColumns { kinds, payloads, ids } = EventColumns::of(events)?;
         let count = events.len() as i64;
         let client = self.client().await?;
         // Prepared once per connection: two of these per step of every run.

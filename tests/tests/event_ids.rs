@@ -61,6 +61,19 @@ struct AnswerEater {
 }
 
 impl AnswerEater {
+    /// A proxy in front of `app`'s database, and a store that goes through it.
+    async fn in_front_of(app: &TestApp, pattern: &'static [u8]) -> (AnswerEater, Store) {
+        let config: tokio_postgres::Config = app.db_url.parse().unwrap();
+        let port = config.get_ports()[0];
+        let host = match &config.get_hosts()[0] {
+            tokio_postgres::config::Host::Tcp(h) => h.clone(),
+            other => panic!("test databases are reached over TCP, not {other:?}"),
+        };
+        let proxy = AnswerEater::start(format!("{host}:{port}"), pattern).await;
+        let url = app.db_url.replace(&format!("{host}:{port}/"), &format!("{}/", proxy.addr));
+        (proxy, Store::connect(&url, 2).unwrap())
+    }
+
     async fn start(upstream: String, pattern: &'static [u8]) -> AnswerEater {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -122,15 +135,7 @@ async fn pipe(client: TcpStream, server: TcpStream, pattern: &[u8], armed: Arc<A
 async fn an_event_whose_commit_answer_was_lost_is_not_stored_twice() {
     let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
     let lease = claimed_run(&app.store).await;
-    let config: tokio_postgres::Config = app.db_url.parse().unwrap();
-    let port = config.get_ports()[0];
-    let host = match &config.get_hosts()[0] {
-        tokio_postgres::config::Host::Tcp(h) => h.clone(),
-        other => panic!("test databases are reached over TCP, not {other:?}"),
-    };
-    let proxy = AnswerEater::start(format!("{host}:{port}"), b"INSERT INTO events").await;
-    let url = app.db_url.replace(&format!("{host}:{port}/"), &format!("{}/", proxy.addr));
-    let via_proxy = Store::connect(&url, 2).unwrap();
+    let (proxy, via_proxy) = AnswerEater::in_front_of(&app, b"INSERT INTO events").await;
 
     let mut sink = EventSink::new(via_proxy, lease.clone());
     proxy.armed.store(true, Ordering::SeqCst);
@@ -149,15 +154,7 @@ async fn a_message_whose_commit_answer_was_lost_is_not_stored_twice() {
     let lease = claimed_run(&app.store).await;
     let session: Uuid =
         app.sql().await.query_one("SELECT session_id FROM runs WHERE id = $1", &[&lease.run_id]).await.unwrap().get(0);
-    let config: tokio_postgres::Config = app.db_url.parse().unwrap();
-    let port = config.get_ports()[0];
-    let host = match &config.get_hosts()[0] {
-        tokio_postgres::config::Host::Tcp(h) => h.clone(),
-        other => panic!("test databases are reached over TCP, not {other:?}"),
-    };
-    let proxy = AnswerEater::start(format!("{host}:{port}"), b"INSERT INTO messages").await;
-    let url = app.db_url.replace(&format!("{host}:{port}/"), &format!("{}/", proxy.addr));
-    let via_proxy = Store::connect(&url, 2).unwrap();
+    let (proxy, via_proxy) = AnswerEater::in_front_of(&app, b"INSERT INTO messages").await;
 
     // What the agent loop does: one id, retried until it gets an answer.
     let id = Uuid::now_v7();
@@ -218,15 +215,7 @@ async fn a_message_and_its_events_are_stored_together_once_and_only_under_the_le
     let lease = claimed_run(&app.store).await;
     let session: Uuid =
         app.sql().await.query_one("SELECT session_id FROM runs WHERE id = $1", &[&lease.run_id]).await.unwrap().get(0);
-    let config: tokio_postgres::Config = app.db_url.parse().unwrap();
-    let port = config.get_ports()[0];
-    let host = match &config.get_hosts()[0] {
-        tokio_postgres::config::Host::Tcp(h) => h.clone(),
-        other => panic!("test databases are reached over TCP, not {other:?}"),
-    };
-    let proxy = AnswerEater::start(format!("{host}:{port}"), b"INSERT INTO messages").await;
-    let url = app.db_url.replace(&format!("{host}:{port}/"), &format!("{}/", proxy.addr));
-    let via_proxy = Store::connect(&url, 2).unwrap();
+    let (proxy, via_proxy) = AnswerEater::in_front_of(&app, b"INSERT INTO messages").await;
 
     // What EventSink::flush does with a held message: one id, retried.
     let id = Uuid::now_v7();
