@@ -244,6 +244,13 @@ fn a_killed_standby_or_a_replaced_directory_falls_back_to_a_new_shell() {
     // Killed while it waited (as `kill -9 -1` in the sandbox would).
     let standby = standby_pid(tb.pid());
     std::process::Command::new("kill").args(["-9", &standby.to_string()]).status().unwrap();
+    // SIGKILL lands asynchronously: wait until it has (a command handed to
+    // a shell the signal is still on its way to would die with it).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while process_exists(standby) && !is_zombie(standby) {
+        assert!(Instant::now() < deadline, "the standby outlived SIGKILL");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let r = tb.exec("echo $$");
     assert_eq!(r.exit_code, Some(0));
     assert_ne!(r.output.trim(), standby.to_string());

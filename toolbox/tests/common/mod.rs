@@ -164,6 +164,14 @@ pub fn process_exists(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// Whether `pid` has exited and waits to be reaped.
+pub fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
 /// Pids of every process whose process group is `pgid`.
 pub fn group_members(pgid: u32) -> Vec<u32> {
     let mut found = Vec::new();
