@@ -8,6 +8,7 @@
 mod callbacks;
 mod control;
 mod delivery;
+mod end_batch;
 mod error;
 mod events;
 pub mod listen;
@@ -35,7 +36,7 @@ pub use control::{DecideOutcome, Decision, MessageOutcome};
 pub use delivery::{DeliveryJob, DeliveryRequest};
 pub use error::StoreError;
 pub use listen::{Listener, Notice};
-pub use queue::{FINISH_STATEMENT, HeartbeatOutcome, Lease, ReapedRun, claim_statement};
+pub use queue::{FINISH_STATEMENT, HeartbeatOutcome, Lease, ReapedRun, claim_statement, finish_and_claim_statement};
 pub use retention::Pruned;
 pub use runs::{CancelOutcome, Cursor, NewRun, Quota, QuotaRefusal, RunPage};
 pub use stats::RunStats;
@@ -67,6 +68,8 @@ pub struct Store {
     owner_gate: std::sync::Arc<owner_gate::OwnerGate>,
     /// Sends the NOTIFYs of the hot writes after their commit.
     notifier: std::sync::Arc<notifier::Notifier>,
+    /// Ends of this process's runs that go to the database together.
+    end_batcher: std::sync::Arc<end_batch::EndBatcher>,
 }
 
 impl std::fmt::Debug for Store {
@@ -101,7 +104,7 @@ impl Store {
             .build()
             .map_err(|e| StoreError::Config(e.to_string()))?;
         let notifier = std::sync::Arc::new(notifier::Notifier::new(config.clone()));
-        Ok(Store { pool, config, owner_gate: Default::default(), notifier })
+        Ok(Store { pool, config, owner_gate: Default::default(), notifier, end_batcher: Default::default() })
     }
 
     /// Checks that the database answers.

@@ -27,6 +27,8 @@ use tokio_postgres::NoTls;
 /// Most notifications sent in one transaction.
 const BATCH: usize = 512;
 
+const MIN_GAP: std::time::Duration = std::time::Duration::from_millis(2);
+
 const SEND: &str = "SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) AS n(c, p)";
 
 pub(crate) struct Notifier {
@@ -64,7 +66,11 @@ impl Notifier {
 async fn send_loop(config: tokio_postgres::Config, mut rx: mpsc::UnboundedReceiver<(&'static str, String)>) {
     let mut conn: Option<(tokio_postgres::Client, tokio_postgres::Statement)> = None;
     let mut batch = Vec::with_capacity(BATCH);
+    let mut last_sent: Option<tokio::time::Instant> = None;
     while let Some(first) = rx.recv().await {
+        if let Some(at) = last_sent {
+            tokio::time::sleep_until(at + MIN_GAP).await;
+        }
         batch.push(first);
         while batch.len() < BATCH {
             match rx.try_recv() {
@@ -90,6 +96,7 @@ async fn send_loop(config: tokio_postgres::Config, mut rx: mpsc::UnboundedReceiv
             }
         }
         batch.clear();
+        last_sent = Some(tokio::time::Instant::now());
     }
 }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 use kiln_protocol::{EventBody, Run, RunStatus};
 use uuid::Uuid;
 
+use crate::end_batch::End;
 use crate::events::insert_event_tx;
 use crate::rows::{RUN_RETURNING, run_from_row};
 use crate::{Store, StoreError, channels};
@@ -37,7 +38,7 @@ pub struct ReapedRun {
     pub attempt: i32,
 }
 
-fn millis(d: Duration) -> f64 {
+pub(crate) fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
@@ -75,7 +76,7 @@ pub const FINISH_STATEMENT: &str = "WITH fin AS (
 /// takes its next run in the same commit. Answers one row when the finish
 /// happened: the claimed run (all NULL when none was queued), then the
 /// terminal event's seq.
-fn finish_and_claim_statement() -> String {
+pub fn finish_and_claim_statement() -> String {
     format!(
         "WITH fin AS (
              UPDATE runs SET status = $4, finished_at = now(), result = $5, error = $6,
@@ -170,8 +171,28 @@ impl Store {
     /// [`Store::finish_run`], and in the same statement (one commit) the
     /// claim of the next queued run for `next_worker`, as
     /// [`Store::claim_run`] would: for a worker that has a slot free once
-    /// this run ends.
+    /// this run ends. Runs of one worker that end while such a statement is
+    /// in flight share the next one (`end_batch`).
     pub async fn finish_run_and_claim(
+        &self,
+        lease: &Lease,
+        terminal: &EventBody,
+        result: Option<&serde_json::Value>,
+        next_worker: &str,
+        next_lease: Duration,
+    ) -> Result<Option<(Run, Lease)>, StoreError> {
+        let end = End {
+            lease: lease.clone(),
+            terminal: terminal.clone(),
+            result: result.cloned(),
+            next_worker: next_worker.to_owned(),
+            next_lease,
+        };
+        self.end_batcher.end(self, end).await
+    }
+
+    /// [`Store::finish_run_and_claim`] for this run alone.
+    pub(crate) async fn finish_run_and_claim_alone(
         &self,
         lease: &Lease,
         terminal: &EventBody,
@@ -274,7 +295,9 @@ impl Store {
 }
 
 /// The status, error, and event kind and payload a terminal event stands for.
-fn terminal_parts(terminal: &EventBody) -> Result<(RunStatus, Option<String>, String, serde_json::Value), StoreError> {
+pub(crate) fn terminal_parts(
+    terminal: &EventBody,
+) -> Result<(RunStatus, Option<String>, String, serde_json::Value), StoreError> {
     let (status, error) = match terminal {
         EventBody::RunSucceeded { .. } => (RunStatus::Succeeded, None),
         EventBody::RunFailed { error } => (RunStatus::Failed, Some(error.clone())),

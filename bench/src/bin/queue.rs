@@ -1,9 +1,10 @@
 //! Queue throughput and claim latency.
 //!
 //! 1. Runs claimed and completed per second by N workers doing no work
-//!    (Kiln's `claim_run` + `finish_run` through its pool), against the
-//!    baseline: Kiln's claim statement, prepared once, in a tight loop over N
-//!    plain connections (what this database can do on this machine).
+//!    (what Kiln's worker does: one `claim_run`, then `finish_run_and_claim`
+//!    at each run's end, through its pool), against the baseline: Kiln's
+//!    claim statement, prepared once, in a tight loop over N plain
+//!    connections (what this database can do on this machine).
 //! 2. Claim latency with 100,000 finished runs in the table against an empty
 //!    one.
 
@@ -17,9 +18,10 @@ use kiln_store::Store;
 
 #[derive(Parser)]
 struct Args {
-    /// Workers (Kiln) and connections (baseline).
-    #[arg(long, default_value_t = 4)]
-    workers: usize,
+    /// Runs a Kiln worker holds at once (its slots, `KILN_WORKER_MAX_SESSIONS`)
+    /// and the baseline's connections; one set of figures per value.
+    #[arg(long, value_delimiter = ',', default_value = "4,16")]
+    workers: Vec<usize>,
     /// Runs drained per throughput measurement.
     #[arg(long, default_value_t = 4000)]
     runs: i64,
@@ -29,6 +31,9 @@ struct Args {
     /// Claims timed per latency measurement.
     #[arg(long, default_value_t = 2000)]
     claims: i64,
+    /// Rounds of the throughput figures (each figure is the median).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
 }
 
 const LEASE: Duration = Duration::from_secs(60);
@@ -36,37 +41,9 @@ const LEASE: Duration = Duration::from_secs(60);
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    println!("queue benchmark: {} workers/connections, {} runs per throughput figure", args.workers, args.runs);
-
-    let baseline = baseline_per_s(&args, false).await?;
-    let baseline_finish = baseline_per_s(&args, true).await?;
-    let claim_only = kiln_per_s(&args, Path::ClaimOnly).await?;
-    let claim_finish = kiln_per_s(&args, Path::ClaimThenFinish).await?;
-    let handoff = kiln_per_s(&args, Path::FinishAndClaim).await?;
-    println!("baseline  claim statement, tight loop, {} conns: {baseline:>8.0} claims/s", args.workers);
-    println!(
-        "baseline  claim + finish statements, {} conns:     {baseline_finish:>8.0} runs/s    ({:.2}x claim-only)",
-        args.workers,
-        baseline_finish / baseline
-    );
-    println!(
-        "kiln      claim_run only, {} workers:           {claim_only:>8.0} claims/s  ({:.2}x baseline)",
-        args.workers,
-        claim_only / baseline
-    );
-    println!(
-        "kiln      claim_run + finish_run, {} workers:   {claim_finish:>8.0} runs/s    ({:.2}x claim-only baseline, \
-         {:.2}x claim + finish baseline)",
-        args.workers,
-        claim_finish / baseline,
-        claim_finish / baseline_finish
-    );
-    println!(
-        "kiln      finish_run_and_claim (the worker's path), {} workers: {handoff:>8.0} runs/s  ({:.2}x claim-only \
-         baseline)",
-        args.workers,
-        handoff / baseline
-    );
+    for &n in &args.workers {
+        throughput(&args, n).await?;
+    }
 
     let (empty, full_dirty, full_clean) = claim_latency(&args).await?;
     println!("claim latency, empty table:                         {empty}");
@@ -81,38 +58,127 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Kiln's own statements, prepared once, over plain connections: the claim
-/// alone, or the claim and then the finish (what a worker that does no work
-/// asks of the database).
-async fn baseline_per_s(args: &Args, finish: bool) -> anyhow::Result<f64> {
+/// The throughput figures with `n` slots / connections.
+async fn throughput(args: &Args, n: usize) -> anyhow::Result<()> {
+    println!(
+        "queue throughput: {n} slots/connections, {} runs per figure, median of {} rounds",
+        args.runs, args.rounds
+    );
+    // The figures alternate within each round, so a checkpoint or a noisy
+    // neighbour lands on all of them alike rather than on whichever ran last.
+    let mut figures: [Vec<f64>; 7] = Default::default();
+    for round in 0..args.rounds {
+        figures[0].push(baseline_per_s(args, n, Baseline::Claim).await?);
+        figures[1].push(kiln_per_s(args, n, Path::FinishAndClaim).await?);
+        figures[6].push(kiln_per_s(args, n, Path::FinishAndClaimApart).await?);
+        figures[2].push(baseline_per_s(args, n, Baseline::ClaimThenFinish).await?);
+        figures[3].push(baseline_per_s(args, n, Baseline::FinishAndClaim).await?);
+        figures[4].push(kiln_per_s(args, n, Path::ClaimOnly).await?);
+        figures[5].push(kiln_per_s(args, n, Path::ClaimThenFinish).await?);
+        eprintln!("round {}: {:?}", round + 1, figures.iter().map(|f| f[round].round()).collect::<Vec<_>>());
+    }
+    let [baseline, handoff, baseline_finish, baseline_handoff, claim_only, claim_finish, apart] = figures.map(median);
+    println!("baseline  claim statement, tight loop, {n} conns:              {baseline:>8.0} claims/s");
+    println!(
+        "kiln      one worker, {n} runs at a time (finish_run_and_claim): {handoff:>8.0} runs/s   ({:.2}x baseline)",
+        handoff / baseline
+    );
+    println!(
+        "kiln      {n} workers, one run each (finish_run_and_claim):     {apart:>8.0} runs/s   ({:.2}x baseline)",
+        apart / baseline
+    );
+    println!(
+        "  for reference: finish-and-claim statement, tight loop, {n} conns: {baseline_handoff:>8.0} runs/s   \
+         ({:.2}x baseline; kiln's path {:.2}x this)",
+        baseline_handoff / baseline,
+        handoff / baseline_handoff
+    );
+    println!(
+        "  for reference: claim then finish statements, {n} conns:          {baseline_finish:>8.0} runs/s   ({:.2}x)",
+        baseline_finish / baseline
+    );
+    println!(
+        "  for reference: kiln claim_run only, {n} workers:                 {claim_only:>8.0} claims/s ({:.2}x)",
+        claim_only / baseline
+    );
+    println!(
+        "  for reference: kiln claim_run then finish_run, {n} workers:      {claim_finish:>8.0} runs/s   ({:.2}x)",
+        claim_finish / baseline
+    );
+
+    Ok(())
+}
+
+fn median(mut sample: Vec<f64>) -> f64 {
+    sample.sort_by(f64::total_cmp);
+    sample.get(sample.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// A fresh database with `runs` queued runs, checkpointed so that no phase
+/// pays for the previous one's dirty pages.
+async fn queued_database(runs: i64) -> anyhow::Result<String> {
     let (url, _store) = database().await?;
-    insert_runs(&connect(&url).await?, args.runs, "queued").await?;
+    let sql = connect(&url).await?;
+    insert_runs(&sql, runs, "queued").await?;
+    sql.batch_execute("VACUUM ANALYZE runs").await?;
+    sql.batch_execute("CHECKPOINT").await?;
+    Ok(url)
+}
+
+/// What the baseline's connections run, each statement prepared once.
+#[derive(Clone, Copy, PartialEq)]
+enum Baseline {
+    /// The claim statement alone: the figure the issue measures against.
+    Claim,
+    /// The claim, then the finish: two commits per run.
+    ClaimThenFinish,
+    /// The claim once, then the finish-and-claim statement: what Kiln's
+    /// worker asks of the database, without Kiln around it.
+    FinishAndClaim,
+}
+
+/// Kiln's own statements, prepared once, over plain connections.
+async fn baseline_per_s(args: &Args, n: usize, what: Baseline) -> anyhow::Result<f64> {
+    let url = queued_database(args.runs).await?;
     let mut conns = Vec::new();
-    for i in 0..args.workers {
+    for i in 0..n {
         let client = connect(&url).await?;
         let claim = client.prepare(&kiln_store::claim_statement()).await?;
-        let done = client.prepare(kiln_store::FINISH_STATEMENT).await?;
-        conns.push((client, claim, done, format!("baseline-{i}")));
+        let finish = client.prepare(kiln_store::FINISH_STATEMENT).await?;
+        let finish_and_claim = client.prepare(&kiln_store::finish_and_claim_statement()).await?;
+        conns.push((client, claim, finish, finish_and_claim, format!("baseline-{i}")));
     }
     let started = Instant::now();
     let tasks: Vec<_> = conns
         .into_iter()
-        .map(|(client, claim, done, worker)| {
+        .map(|(client, claim, finish, finish_and_claim, worker)| {
             tokio::spawn(async move {
                 let lease_ms = LEASE.as_secs_f64() * 1000.0;
                 let payload = serde_json::json!({"summary": ""});
                 let no_result: Option<serde_json::Value> = None;
                 let no_error: Option<String> = None;
                 let mut n = 0u64;
-                while let Some(row) = client.query_opt(&claim, &[&worker, &lease_ms]).await? {
-                    if finish {
-                        let id: uuid::Uuid = row.try_get(0)?;
-                        let attempt: i32 = row.try_get("attempt")?;
-                        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] =
-                            [&id, &attempt, &worker, &"succeeded", &no_result, &no_error, &"run.succeeded", &payload];
-                        client.query_opt(&done, &params).await?;
-                    }
+                let mut held = client.query_opt(&claim, &[&worker, &lease_ms]).await?;
+                while let Some(row) = held {
                     n += 1;
+                    let id: uuid::Uuid = row.try_get("id")?;
+                    let attempt: i32 = row.try_get("attempt")?;
+                    let ends: [&(dyn tokio_postgres::types::ToSql + Sync); 8] =
+                        [&id, &attempt, &worker, &"succeeded", &no_result, &no_error, &"run.succeeded", &payload];
+                    held = match what {
+                        Baseline::Claim => client.query_opt(&claim, &[&worker, &lease_ms]).await?,
+                        Baseline::ClaimThenFinish => {
+                            client.query_opt(&finish, &ends).await?;
+                            client.query_opt(&claim, &[&worker, &lease_ms]).await?
+                        }
+                        Baseline::FinishAndClaim => {
+                            let mut params = ends.to_vec();
+                            params.push(&worker);
+                            params.push(&lease_ms);
+                            let row = client.query_one(&finish_and_claim, &params).await?;
+                            row.try_get::<_, Option<uuid::Uuid>>("id")?.map(|_| row)
+                        }
+                    };
                 }
                 anyhow::Ok(n)
             })
@@ -132,21 +198,36 @@ enum Path {
     ClaimOnly,
     /// Claims, then finishes: two statements, two commits per run.
     ClaimThenFinish,
-    /// What the worker does: claims once, then each run's end claims the
-    /// next in the same statement (`finish_run_and_claim`).
+    /// What a worker with N slots does: claims once per slot, then each
+    /// run's end claims the next in the same statement
+    /// (`finish_run_and_claim`); ends that meet share a statement.
     FinishAndClaim,
+    /// The same as N workers of one slot each (distinct worker names, so
+    /// their ends never share a statement).
+    FinishAndClaimApart,
 }
 
-async fn kiln_per_s(args: &Args, path: Path) -> anyhow::Result<f64> {
-    let (url, _) = database().await?;
-    insert_runs(&connect(&url).await?, args.runs, "queued").await?;
-    let store = Arc::new(Store::connect(&url, args.workers)?);
+async fn kiln_per_s(args: &Args, n: usize, path: Path) -> anyhow::Result<f64> {
+    let url = queued_database(args.runs).await?;
+    // One worker process (one store, its pool as big as its slots), or N
+    // processes of one slot each.
+    let shared = Arc::new(Store::connect(&url, n)?);
+    let mut stores = Vec::new();
+    for _ in 0..n {
+        stores.push(if path == Path::FinishAndClaimApart {
+            Arc::new(Store::connect(&url, 1)?)
+        } else {
+            shared.clone()
+        });
+    }
     let started = Instant::now();
-    let tasks: Vec<_> = (0..args.workers)
+    let tasks: Vec<_> = (0..n)
         .map(|i| {
-            let store = store.clone();
+            let store = stores[i].clone();
             tokio::spawn(async move {
-                let worker = format!("kiln-{i}");
+                // One worker's slots share its name; `FinishAndClaimApart`
+                // plays N workers.
+                let worker = if path == Path::FinishAndClaimApart { format!("kiln-{i}") } else { "kiln".to_owned() };
                 let done = EventBody::RunSucceeded { summary: String::new() };
                 let mut n = 0u64;
                 let mut held = store.claim_run(&worker, LEASE).await?;
@@ -158,7 +239,9 @@ async fn kiln_per_s(args: &Args, path: Path) -> anyhow::Result<f64> {
                             store.finish_run(&lease, &done, None).await?;
                             store.claim_run(&worker, LEASE).await?
                         }
-                        Path::FinishAndClaim => store.finish_run_and_claim(&lease, &done, None, &worker, LEASE).await?,
+                        Path::FinishAndClaim | Path::FinishAndClaimApart => {
+                            store.finish_run_and_claim(&lease, &done, None, &worker, LEASE).await?
+                        }
                     };
                 }
                 anyhow::Ok(n)

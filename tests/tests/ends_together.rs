@@ -1,0 +1,139 @@
+//! Runs of one worker that end while another end is on its way share one
+//! statement and commit (`store/src/end_batch.rs`), each still fenced by its
+//! own lease and answered on its own.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use futures::future::join_all;
+use kiln_protocol::{CreateRun, EventBody, RunStatus, Trigger};
+use kiln_store::{Lease, NewRun, Store, StoreError};
+use uuid::Uuid;
+
+const LEASE: Duration = Duration::from_secs(60);
+
+/// A store and a plain connection to the same fresh database.
+async fn store() -> (Store, tokio_postgres::Client) {
+    let url = kiln_tests::fresh_database().await;
+    let store = kiln_cli::app::open_store(&url, 8).await.unwrap();
+    let (sql, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    (store, sql)
+}
+
+async fn queue_runs(store: &Store, n: usize) {
+    for _ in 0..n {
+        let spec = CreateRun { prompt: "p".into(), repo: None, ..Default::default() };
+        let new = NewRun { owner: "alice".into(), spec, trigger: Trigger::Api, idempotency_key: None };
+        store.create_run(new).await.unwrap();
+    }
+}
+
+async fn claim(store: &Store, n: usize) -> Vec<Lease> {
+    let mut leases = Vec::new();
+    for _ in 0..n {
+        leases.push(store.claim_run("w", LEASE).await.unwrap().unwrap().1);
+    }
+    leases
+}
+
+/// The transaction that last wrote each run: equal for runs committed together.
+async fn writer(sql: &tokio_postgres::Client, run: Uuid) -> i64 {
+    sql.query_one("SELECT xmin::text::bigint FROM runs WHERE id = $1", &[&run]).await.unwrap().get(0)
+}
+
+async fn status(store: &Store, run: Uuid) -> RunStatus {
+    store.get_run("alice", run).await.unwrap().unwrap().status
+}
+
+/// Ends all `leases` at once, as a worker's runs ending together would.
+/// On this single-threaded test runtime every end is queued before any
+/// statement comes back: the first two go at once (two statements may be in
+/// flight), the rest wait and go together behind them.
+async fn end_all(store: &Store, leases: &[Lease]) -> Vec<Result<Option<(kiln_protocol::Run, Lease)>, StoreError>> {
+    let done = EventBody::RunSucceeded { summary: "ok".into() };
+    join_all(leases.iter().map(|lease| store.finish_run_and_claim(lease, &done, None, "w", LEASE))).await
+}
+
+#[tokio::test]
+async fn ends_that_meet_share_one_commit_each_fenced_by_its_own_lease() {
+    let (store, sql) = store().await;
+    queue_runs(&store, 12).await;
+    let mut leases = claim(&store, 6).await;
+    // The last one's worker lost the run (another attempt holds it).
+    let lost_run = leases[5].run_id;
+    sql.execute("UPDATE runs SET attempt = attempt + 1 WHERE id = $1", &[&lost_run]).await.unwrap();
+
+    let answers = end_all(&store, &leases).await;
+
+    assert!(matches!(answers[5], Err(StoreError::LeaseLost(id)) if id == lost_run), "{:?}", answers[5]);
+    assert_eq!(status(&store, lost_run).await, RunStatus::Running, "a lost lease ends nothing");
+    let mut claimed = HashSet::new();
+    for (lease, answer) in leases.iter().zip(&answers).take(5) {
+        let (next, next_lease) = answer.as_ref().unwrap().as_ref().expect("each ended run claims the next");
+        assert_eq!((next.status, next_lease.worker.as_str(), next_lease.run_id), (RunStatus::Running, "w", next.id));
+        assert!(claimed.insert(next.id), "a run handed to two callers");
+        assert_eq!(status(&store, lease.run_id).await, RunStatus::Succeeded);
+        let events = store.events_after(lease.run_id, 0, 100).await.unwrap();
+        assert_eq!(events.iter().filter(|e| e.kind == "run.succeeded").count(), 1);
+    }
+    // One claim per run that ended, none for the lost one: 12 - 6 - 5.
+    let queued: i64 = sql.query_one("SELECT count(*) FROM runs WHERE status = 'queued'", &[]).await.unwrap().get(0);
+    assert_eq!(queued, 1);
+
+    // Runs 2, 3 and 4 waited behind the first two statements and went in one:
+    // their ends and the runs claimed for them have one writer.
+    let together = writer(&sql, leases[2].run_id).await;
+    for i in [3, 4] {
+        assert_eq!(writer(&sql, leases[i].run_id).await, together, "end {i} committed apart");
+    }
+    for answer in &answers[2..5] {
+        let next = &answer.as_ref().unwrap().as_ref().unwrap().0;
+        assert_eq!(writer(&sql, next.id).await, together);
+        let ended = store.get_run("alice", leases[2].run_id).await.unwrap().unwrap();
+        assert_eq!(ended.finished_at, next.started_at, "claimed in the commit that ended it");
+    }
+    // The first two went alone, each in its own commit.
+    let (first, second) = (writer(&sql, leases[0].run_id).await, writer(&sql, leases[1].run_id).await);
+    assert!(first != second && first != together && second != together);
+
+    // The next ends work as before, batched or not.
+    leases = answers.into_iter().take(5).map(|a| a.unwrap().unwrap().1).collect();
+    let answers = end_all(&store, &leases).await;
+    let claimed_again = answers.iter().filter(|a| matches!(a, Ok(Some(_)))).count();
+    assert_eq!(claimed_again, 1, "only one run was left to claim");
+    assert!(answers.iter().all(|a| a.is_ok()), "{answers:?}");
+}
+
+#[tokio::test]
+async fn one_bad_end_does_not_fail_the_ends_it_was_sent_with() {
+    let (store, sql) = store().await;
+    queue_runs(&store, 12).await;
+    let leases = claim(&store, 6).await;
+    // Run 3's terminal event cannot be stored: its seq is taken (as if the
+    // run's history were damaged). Run 3 waits with 2, 4 and 5, so their
+    // shared statement fails on it.
+    let bad = leases[3].run_id;
+    sql.execute(
+        "INSERT INTO events (run_id, seq, kind, payload)
+         SELECT id, last_event_seq + 1, 'note', '{}' FROM runs WHERE id = $1",
+        &[&bad],
+    )
+    .await
+    .unwrap();
+
+    let answers = end_all(&store, &leases).await;
+
+    assert!(matches!(answers[3], Err(StoreError::Db(_))), "the bad end gets its own error: {:?}", answers[3]);
+    assert_eq!(status(&store, bad).await, RunStatus::Running);
+    for i in [0, 1, 2, 4, 5] {
+        assert!(matches!(answers[i], Ok(Some(_))), "end {i}: {:?}", answers[i]);
+        assert_eq!(status(&store, leases[i].run_id).await, RunStatus::Succeeded, "end {i}");
+    }
+    // Retried one by one: 2, 4 and 5 committed apart.
+    let writers: HashSet<i64> = join_all([2, 4, 5].map(|i| writer(&sql, leases[i].run_id))).await.into_iter().collect();
+    assert_eq!(writers.len(), 3);
+    let queued: i64 = sql.query_one("SELECT count(*) FROM runs WHERE status = 'queued'", &[]).await.unwrap().get(0);
+    assert_eq!(queued, 1, "one claim per run that ended");
+}
