@@ -1,10 +1,12 @@
 //! Queue throughput and claim latency.
 //!
-//! 1. Runs claimed and completed per second by N workers doing no work
-//!    (what Kiln's worker does: one `claim_run`, then `finish_run_and_claim`
-//!    at each run's end, through its pool), against the baseline: Kiln's
-//!    claim statement, prepared once, in a tight loop over N plain
-//!    connections (what this database can do on this machine).
+//! 1. Runs claimed and completed per second with N runs held at once: what
+//!    Kiln's worker does (one `claim_run` per slot, then
+//!    `finish_run_and_claim` at each run's end, through its pool), as one
+//!    worker of N slots and as N workers of one, against the baseline:
+//!    Kiln's claim statement, prepared once, in a tight loop over N plain
+//!    connections (what this database can do on this machine). Medians of
+//!    alternating rounds.
 //! 2. Claim latency with 100,000 finished runs in the table against an empty
 //!    one.
 
@@ -20,7 +22,7 @@ use kiln_store::Store;
 struct Args {
     /// Runs a Kiln worker holds at once (its slots, `KILN_WORKER_MAX_SESSIONS`)
     /// and the baseline's connections; one set of figures per value.
-    #[arg(long, value_delimiter = ',', default_value = "4,16")]
+    #[arg(long, value_delimiter = ',', default_value = "4,8,16")]
     workers: Vec<usize>,
     /// Runs drained per throughput measurement.
     #[arg(long, default_value_t = 4000)]
@@ -32,7 +34,7 @@ struct Args {
     #[arg(long, default_value_t = 2000)]
     claims: i64,
     /// Rounds of the throughput figures (each figure is the median).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     rounds: usize,
 }
 
