@@ -99,15 +99,15 @@ impl Store {
                 None => Err(StoreError::Corrupt("idempotency conflict without a run".into())),
             };
         };
-        tx.execute("SELECT pg_notify($1, $2)", &[&channels::RUNS_QUEUED, &run_id.to_string()]).await?;
-        let row = tx
-            .query_one(
-                &format!("SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session_id WHERE r.id = $1"),
-                &[&run_id],
-            )
-            .await?;
+        let select = tx.prepare_cached(&SELECT_RUN).await?;
+        let row = tx.query_one(&select, &[&run_id]).await?;
         let run = run_from_row(&row)?;
         tx.commit().await?;
+        // After the commit, from the notifier (see `notifier`): a notifying
+        // transaction holds a database-wide lock through its commit, so
+        // notifying inside would make concurrent submissions commit one at
+        // a time.
+        self.announce_queued(run_id);
         Ok(Ok((run, true)))
     }
 
@@ -248,9 +248,12 @@ async fn check_quota_tx(
     owner: &str,
     quota: &Quota,
 ) -> Result<Option<QuotaRefusal>, StoreError> {
-    tx.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))", &[&owner]).await?;
-    let row = tx
-        .query_one(
+    // Prepared once per connection, like every statement of a submission:
+    // an unprepared one costs a second round trip.
+    let lock = tx.prepare_cached("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))").await?;
+    tx.execute(&lock, &[&owner]).await?;
+    let count = tx
+        .prepare_cached(
             // Two index lookups (runs_owner_active, runs_owner_created) that
             // touch only the owner's active and recent runs: the cost of a
             // submission must not grow with the owner's finished history.
@@ -259,9 +262,9 @@ async fn check_quota_tx(
                     count(*),
                     EXTRACT(EPOCH FROM (min(created_at) + interval '1 minute' - now()))::float8
              FROM runs WHERE owner = $1 AND created_at > now() - interval '1 minute'",
-            &[&owner],
         )
         .await?;
+    let row = tx.query_one(&count, &[&owner]).await?;
     let active: i64 = row.try_get(0)?;
     let recent: i64 = row.try_get(1)?;
     if active >= quota.max_active_runs {
@@ -275,8 +278,11 @@ async fn check_quota_tx(
     Ok(None)
 }
 
-/// Inserts a session, its queued run and the `run.queued` event inside the
-/// caller's transaction. `None` when the idempotency key is already taken.
+/// Inserts a session, its queued run and the `run.queued` event (seq 1)
+/// inside the caller's transaction, in one statement. `None` when the
+/// idempotency key is already taken (the session is inserted anyway: the
+/// caller rolls back). Notifies nobody: the caller announces the run after
+/// its commit ([`Store::announce_queued`]).
 pub(crate) async fn insert_queued_run_tx(
     tx: &deadpool_postgres::Transaction<'_>,
     new: &NewRun,
@@ -285,23 +291,33 @@ pub(crate) async fn insert_queued_run_tx(
     let run_id = Uuid::now_v7();
     let repo_url = new.spec.repo.as_ref().map(|r| r.url.clone());
     let repo_ref = new.spec.repo.as_ref().and_then(|r| r.git_ref.clone());
-    tx.execute(
-        "INSERT INTO sessions (id, owner, repo_url, repo_ref) VALUES ($1, $2, $3, $4)",
-        &[&session_id, &new.owner, &repo_url, &repo_ref],
-    )
-    .await?;
     let model = serde_json::to_value(new.spec.model.clone().unwrap_or_default())
         .map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let limits =
         serde_json::to_value(new.spec.limits.unwrap_or_default()).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let policy = serde_json::to_value(new.spec.policy()).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let (kind, payload) = EventBody::RunQueued { prompt: new.spec.prompt.clone() }
+        .into_parts()
+        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let insert = tx
+        .prepare_cached(
+            "WITH s AS (
+                 INSERT INTO sessions (id, owner, repo_url, repo_ref) VALUES ($2, $3, $11, $12) RETURNING id
+             ), r AS (
+                 INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, idempotency_key,
+                                   policy, callback_url, last_event_seq)
+                 SELECT $1, s.id, $3, 'queued', $4, $5, $6, $7, $8, $9, $10, 1 FROM s
+                 ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+                 RETURNING id
+             ), e AS (
+                 INSERT INTO events (run_id, seq, kind, payload) SELECT id, 1, $13, $14 FROM r
+             )
+             SELECT id FROM r",
+        )
+        .await?;
     let inserted = tx
         .query_opt(
-            "INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, idempotency_key, policy,
-                               callback_url)
-             VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8, $9, $10)
-             ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-             RETURNING id",
+            &insert,
             &[
                 &run_id,
                 &session_id,
@@ -313,14 +329,28 @@ pub(crate) async fn insert_queued_run_tx(
                 &new.idempotency_key,
                 &policy,
                 &new.spec.callback_url,
+                &repo_url,
+                &repo_ref,
+                &kind,
+                &payload,
             ],
         )
         .await?;
-    if inserted.is_none() {
-        return Ok(None);
+    Ok(inserted.map(|_| run_id))
+}
+
+/// A run with its session's repository, by id.
+static SELECT_RUN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!("SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session_id WHERE r.id = $1")
+});
+
+impl Store {
+    /// Tells workers that `run_id` was queued, and SSE streams of its
+    /// `run.queued` event (seq 1). Call after the commit that queued it.
+    pub(crate) fn announce_queued(&self, run_id: Uuid) {
+        self.notifier.notify(channels::RUNS_QUEUED, run_id.to_string());
+        self.announce_event(run_id, 1);
     }
-    insert_event_tx(tx, run_id, &EventBody::RunQueued { prompt: new.spec.prompt.clone() }).await?;
-    Ok(Some(run_id))
 }
 
 enum Kind {

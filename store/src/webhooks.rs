@@ -10,7 +10,7 @@ use tokio_postgres::Row;
 use uuid::Uuid;
 
 use crate::runs::{NewRun, insert_queued_run_tx};
-use crate::{Store, StoreError, channels};
+use crate::{Store, StoreError};
 
 /// A webhook delivery as GitHub labelled it.
 #[derive(Debug, Clone)]
@@ -160,8 +160,8 @@ impl Store {
         .await?;
         tx.execute("UPDATE webhook_deliveries SET run_id = $2 WHERE delivery_id = $1", &[&delivery.id, &run_id])
             .await?;
-        tx.execute("SELECT pg_notify($1, $2)", &[&channels::RUNS_QUEUED, &run_id.to_string()]).await?;
         tx.commit().await?;
+        self.announce_queued(run_id);
         Ok(Recorded::New { run_id: Some(run_id) })
     }
 
