@@ -49,8 +49,10 @@ async fn status(store: &Store, run: Uuid) -> RunStatus {
 
 /// Ends all `leases` at once, as a worker's runs ending together would.
 /// On this single-threaded test runtime every end is queued before any
-/// statement comes back: the first two go at once (two statements may be in
-/// flight), the rest wait and go together behind them.
+/// statement comes back. With eight under way, the first four go at once
+/// (up to four statements in flight while few ends are under way), the
+/// other four wait; once two of the four statements are back, the next one
+/// carries all four waiting ends (with a backlog, two statements in flight).
 async fn end_all(store: &Store, leases: &[Lease]) -> Vec<Result<Option<(kiln_protocol::Run, Lease)>, StoreError>> {
     let done = EventBody::RunSucceeded { summary: "ok".into() };
     join_all(leases.iter().map(|lease| store.finish_run_and_claim(lease, &done, None, "w", LEASE))).await
@@ -59,18 +61,18 @@ async fn end_all(store: &Store, leases: &[Lease]) -> Vec<Result<Option<(kiln_pro
 #[tokio::test]
 async fn ends_that_meet_share_one_commit_each_fenced_by_its_own_lease() {
     let (store, sql) = store().await;
-    queue_runs(&store, 12).await;
-    let mut leases = claim(&store, 6).await;
+    queue_runs(&store, 16).await;
+    let mut leases = claim(&store, 8).await;
     // The last one's worker lost the run (another attempt holds it).
-    let lost_run = leases[5].run_id;
+    let lost_run = leases[7].run_id;
     sql.execute("UPDATE runs SET attempt = attempt + 1 WHERE id = $1", &[&lost_run]).await.unwrap();
 
     let answers = end_all(&store, &leases).await;
 
-    assert!(matches!(answers[5], Err(StoreError::LeaseLost(id)) if id == lost_run), "{:?}", answers[5]);
+    assert!(matches!(answers[7], Err(StoreError::LeaseLost(id)) if id == lost_run), "{:?}", answers[7]);
     assert_eq!(status(&store, lost_run).await, RunStatus::Running, "a lost lease ends nothing");
     let mut claimed = HashSet::new();
-    for (lease, answer) in leases.iter().zip(&answers).take(5) {
+    for (lease, answer) in leases.iter().zip(&answers).take(7) {
         let (next, next_lease) = answer.as_ref().unwrap().as_ref().expect("each ended run claims the next");
         assert_eq!((next.status, next_lease.worker.as_str(), next_lease.run_id), (RunStatus::Running, "w", next.id));
         assert!(claimed.insert(next.id), "a run handed to two callers");
@@ -78,28 +80,31 @@ async fn ends_that_meet_share_one_commit_each_fenced_by_its_own_lease() {
         let events = store.events_after(lease.run_id, 0, 100).await.unwrap();
         assert_eq!(events.iter().filter(|e| e.kind == "run.succeeded").count(), 1);
     }
-    // One claim per run that ended, none for the lost one: 12 - 6 - 5.
+    // One claim per run that ended, none for the lost one: 16 - 8 - 7.
     let queued: i64 = sql.query_one("SELECT count(*) FROM runs WHERE status = 'queued'", &[]).await.unwrap().get(0);
     assert_eq!(queued, 1);
 
-    // Runs 2, 3 and 4 waited behind the first two statements and went in one:
-    // their ends and the runs claimed for them have one writer.
-    let together = writer(&sql, leases[2].run_id).await;
-    for i in [3, 4] {
+    // Runs 4, 5 and 6 waited behind the first four statements and went in
+    // one (with 7, which ended nothing): their ends and the runs claimed for
+    // them have one writer.
+    let together = writer(&sql, leases[4].run_id).await;
+    for i in [5, 6] {
         assert_eq!(writer(&sql, leases[i].run_id).await, together, "end {i} committed apart");
     }
-    for answer in &answers[2..5] {
+    let ended = store.get_run("alice", leases[4].run_id).await.unwrap().unwrap();
+    for answer in &answers[4..7] {
         let next = &answer.as_ref().unwrap().as_ref().unwrap().0;
         assert_eq!(writer(&sql, next.id).await, together);
-        let ended = store.get_run("alice", leases[2].run_id).await.unwrap().unwrap();
         assert_eq!(ended.finished_at, next.started_at, "claimed in the commit that ended it");
     }
-    // The first two went alone, each in its own commit.
-    let (first, second) = (writer(&sql, leases[0].run_id).await, writer(&sql, leases[1].run_id).await);
-    assert!(first != second && first != together && second != together);
+    // The first four went at once, each in its own commit.
+    let mut apart = HashSet::from([together]);
+    for lease in &leases[..4] {
+        assert!(apart.insert(writer(&sql, lease.run_id).await), "the first four ends committed apart");
+    }
 
     // The next ends work as before, batched or not.
-    leases = answers.into_iter().take(5).map(|a| a.unwrap().unwrap().1).collect();
+    leases = answers.into_iter().take(7).map(|a| a.unwrap().unwrap().1).collect();
     let answers = end_all(&store, &leases).await;
     let claimed_again = answers.iter().filter(|a| matches!(a, Ok(Some(_)))).count();
     assert_eq!(claimed_again, 1, "only one run was left to claim");
@@ -109,12 +114,12 @@ async fn ends_that_meet_share_one_commit_each_fenced_by_its_own_lease() {
 #[tokio::test]
 async fn one_bad_end_does_not_fail_the_ends_it_was_sent_with() {
     let (store, sql) = store().await;
-    queue_runs(&store, 12).await;
-    let leases = claim(&store, 6).await;
-    // Run 3's terminal event cannot be stored: its seq is taken (as if the
-    // run's history were damaged). Run 3 waits with 2, 4 and 5, so their
+    queue_runs(&store, 16).await;
+    let leases = claim(&store, 8).await;
+    // Run 5's terminal event cannot be stored: its seq is taken (as if the
+    // run's history were damaged). Run 5 waits with 4, 6 and 7, so their
     // shared statement fails on it.
-    let bad = leases[3].run_id;
+    let bad = leases[5].run_id;
     sql.execute(
         "INSERT INTO events (run_id, seq, kind, payload)
          SELECT id, last_event_seq + 1, 'note', '{}' FROM runs WHERE id = $1",
@@ -125,14 +130,14 @@ async fn one_bad_end_does_not_fail_the_ends_it_was_sent_with() {
 
     let answers = end_all(&store, &leases).await;
 
-    assert!(matches!(answers[3], Err(StoreError::Db(_))), "the bad end gets its own error: {:?}", answers[3]);
+    assert!(matches!(answers[5], Err(StoreError::Db(_))), "the bad end gets its own error: {:?}", answers[5]);
     assert_eq!(status(&store, bad).await, RunStatus::Running);
-    for i in [0, 1, 2, 4, 5] {
+    for i in [0, 1, 2, 3, 4, 6, 7] {
         assert!(matches!(answers[i], Ok(Some(_))), "end {i}: {:?}", answers[i]);
         assert_eq!(status(&store, leases[i].run_id).await, RunStatus::Succeeded, "end {i}");
     }
-    // Retried one by one: 2, 4 and 5 committed apart.
-    let writers: HashSet<i64> = join_all([2, 4, 5].map(|i| writer(&sql, leases[i].run_id))).await.into_iter().collect();
+    // Retried one by one: 4, 6 and 7 committed apart.
+    let writers: HashSet<i64> = join_all([4, 6, 7].map(|i| writer(&sql, leases[i].run_id))).await.into_iter().collect();
     assert_eq!(writers.len(), 3);
     let queued: i64 = sql.query_one("SELECT count(*) FROM runs WHERE status = 'queued'", &[]).await.unwrap().get(0);
     assert_eq!(queued, 1, "one claim per run that ended");
