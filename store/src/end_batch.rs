@@ -222,14 +222,10 @@ async fn send(store: &Store, own: End, others: Vec<Waiting>) -> Answer {
         }
     }
     for w in others {
-        let answer = end_alone(store, &w.end).await;
+        let answer = store.finish_run_and_claim_alone(&w.end).await;
         let _ = w.reply.send(Reply::Answer(Box::new(answer)));
     }
-    end_alone(store, &own).await
-}
-
-async fn end_alone(store: &Store, e: &End) -> Answer {
-    store.finish_run_and_claim_alone(&e.lease, &e.terminal, e.result.as_ref(), &e.next_worker, e.next_lease).await
+    store.finish_run_and_claim_alone(&own).await
 }
 
 /// The one-run statement (`queue::finish_and_claim_statement`) for many:

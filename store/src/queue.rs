@@ -192,14 +192,8 @@ impl Store {
     }
 
     /// [`Store::finish_run_and_claim`] for this run alone.
-    pub(crate) async fn finish_run_and_claim_alone(
-        &self,
-        lease: &Lease,
-        terminal: &EventBody,
-        result: Option<&serde_json::Value>,
-        next_worker: &str,
-        next_lease: Duration,
-    ) -> Result<Option<(Run, Lease)>, StoreError> {
+    pub(crate) async fn finish_run_and_claim_alone(&self, end: &End) -> Result<Option<(Run, Lease)>, StoreError> {
+        let End { lease, terminal, result, next_worker, next_lease } = end;
         let (status, error, kind, payload) = terminal_parts(terminal)?;
         let client = self.client().await?;
         let statement = client.prepare_cached(&FINISH_AND_CLAIM).await?;
@@ -216,7 +210,7 @@ impl Store {
                     &kind,
                     &payload,
                     &next_worker,
-                    &millis(next_lease),
+                    &millis(*next_lease),
                 ],
             )
             .await?;
@@ -227,7 +221,7 @@ impl Store {
             return Ok(None);
         }
         let run = run_from_row(&row)?;
-        let next = Lease { run_id: run.id, attempt: run.attempt, worker: next_worker.to_owned() };
+        let next = Lease { run_id: run.id, attempt: run.attempt, worker: next_worker.clone() };
         Ok(Some((run, next)))
     }
 
