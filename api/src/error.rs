@@ -25,6 +25,8 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     MethodNotAllowed(String),
+    #[error("{0}")]
+    RequestTimeout(String),
     #[error("{message}")]
     TooManyRequests { message: String, retry_after_s: u64 },
     #[error("the database is unavailable; try again shortly")]
@@ -44,6 +46,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+            ApiError::RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
             ApiError::TooManyRequests { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"),
             ApiError::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
@@ -84,6 +87,11 @@ impl IntoResponse for ApiError {
             }
             ApiError::TooManyRequests { retry_after_s, .. } => {
                 response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_s));
+            }
+            ApiError::RequestTimeout(_) => {
+                // The rest of the body may still be on its way: this
+                // connection cannot carry another request.
+                response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
             _ => {}
         }

@@ -4,6 +4,7 @@
 //! and the tests serve it the same way.
 
 pub mod auth;
+mod deadline;
 mod error;
 mod extract;
 pub mod feed;
@@ -12,6 +13,7 @@ pub mod limits;
 pub mod metrics;
 pub mod openapi;
 mod routes;
+pub mod serve;
 pub mod web;
 
 use std::sync::Arc;
@@ -26,6 +28,7 @@ pub use auth::{AuthConfig, Authenticator};
 pub use error::ApiError;
 pub use github::GithubWebhookConfig;
 pub use jsonwebtoken::Algorithm;
+pub use serve::{HttpTimeouts, serve};
 
 /// Largest request body accepted, in bytes. A prompt is capped at 64 KiB;
 /// this leaves room for the rest of the JSON and nothing more.
@@ -94,6 +97,14 @@ pub struct ApiSettings {
     /// Runs may name a `callback_url`: the deployment has a secret to sign
     /// callbacks with (`KILN_CALLBACK_SECRET`). Off: such runs are refused.
     pub callbacks_enabled: bool,
+    /// How long a request may take to arrive and be answered (an event
+    /// stream: until its headers); beyond it, 408.
+    pub request_timeout: Duration,
+    /// An event stream ends after this long; the client resumes with
+    /// `Last-Event-ID` (from any instance), so nobody holds one forever.
+    pub sse_max_duration: Duration,
+    /// Connection limits: header read, stalled writes.
+    pub connection: HttpTimeouts,
 }
 
 impl Default for ApiSettings {
@@ -106,6 +117,9 @@ impl Default for ApiSettings {
             max_sse_per_subject: 32,
             metrics_refresh: Duration::from_secs(10),
             callbacks_enabled: false,
+            request_timeout: Duration::from_secs(30),
+            sse_max_duration: Duration::from_secs(30 * 60),
+            connection: HttpTimeouts::default(),
         }
     }
 }
@@ -120,6 +134,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn_with_state(state.settings.request_timeout, deadline::within))
         .layer(axum::middleware::from_fn(metrics::track_http))
         // Spans name the path only: a query may carry `access_token`.
         .layer(TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {

@@ -37,10 +37,9 @@ pub async fn start_api(
     let render: kiln_api::metrics::Render = Arc::new(move || prometheus.render());
     let metrics = Some(Arc::new(kiln_api::metrics::Exporter::new(render, settings.metrics_refresh)));
     let state = AppState { metrics, ..AppState::new(store, auth, settings, github, shutdown.clone()) };
+    let timeouts = state.settings.connection;
     let app = kiln_api::router(state);
-    let handle = tokio::spawn(async move {
-        axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
-    });
+    let handle = tokio::spawn(kiln_api::serve(listener, app, timeouts, shutdown));
     Ok(ApiServer { addr, handle })
 }
 

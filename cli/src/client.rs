@@ -15,6 +15,9 @@ use uuid::Uuid;
 /// Reconnection attempts in a row, without an event in between, before
 /// following gives up.
 const MAX_RECONNECTS: u32 = 10;
+/// A stream open this long before it ended was working (the server ended
+/// it): reconnecting after it is not a failure.
+const STREAM_WORKED: Duration = Duration::from_secs(5);
 /// Events per page when reading a run's events as JSON (the API's largest).
 const PAGE: u32 = 1000;
 
@@ -180,6 +183,10 @@ impl KilnClient {
                 .send()
                 .await;
             let response = match response {
+                // The run ended and its terminal event was seen already.
+                Ok(r) if r.status() == reqwest::StatusCode::NO_CONTENT => {
+                    return Ok(format!("run.{}", self.get_run(id).await?.status.as_str()));
+                }
                 Ok(r) if r.status().is_success() => r,
                 // The API is there and says no (unknown run, bad token): retrying will not help.
                 Ok(r) if r.status().is_client_error() => {
@@ -200,6 +207,7 @@ impl KilnClient {
                     continue;
                 }
             };
+            let opened = std::time::Instant::now();
             let mut stream = response.bytes_stream().eventsource();
             while let Some(item) = stream.next().await {
                 // A broken stream: reconnect below and resume after the last event seen.
@@ -220,7 +228,12 @@ impl KilnClient {
                 }
             }
             // The stream ended without a terminal event (the API instance
-            // stopped, the network dropped it): resume where it left off.
+            // stopped, the network dropped it, it reached `KILN_SSE_MAX_S`):
+            // resume where it left off. Only streams that end at once count
+            // as failures: a quiet run's stream may end many times.
+            if opened.elapsed() >= STREAM_WORKED {
+                failures = 0;
+            }
             failures += 1;
             if failures > MAX_RECONNECTS {
                 bail!("following run {id}: the event stream kept ending without the run's end");

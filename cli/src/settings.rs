@@ -88,6 +88,23 @@ pub struct ApiArgs {
     /// depth and age); one grouped count over the runs table per refresh.
     #[arg(long, env = "KILN_METRICS_REFRESH_S", default_value_t = 10)]
     pub metrics_refresh_s: u64,
+    /// Seconds a request may take to arrive and be answered (408 beyond);
+    /// for an event stream, until its headers.
+    #[arg(long, env = "KILN_HTTP_REQUEST_TIMEOUT_S", default_value_t = 30)]
+    pub http_request_timeout_s: u64,
+    /// Seconds a client may take to send a request's headers (and an idle
+    /// keep-alive connection may stay open).
+    #[arg(long, env = "KILN_HTTP_HEADER_TIMEOUT_S", default_value_t = 30)]
+    pub http_header_timeout_s: u64,
+    /// Seconds a response may wait for a client that takes no bytes before
+    /// its connection is closed (a stalled event stream resumes with
+    /// `Last-Event-ID`).
+    #[arg(long, env = "KILN_HTTP_WRITE_STALL_S", default_value_t = 120)]
+    pub http_write_stall_s: u64,
+    /// Seconds an event stream stays open; then it ends and the client
+    /// resumes with `Last-Event-ID` (EventSource does so by itself).
+    #[arg(long, env = "KILN_SSE_MAX_S", default_value_t = 1800)]
+    pub sse_max_s: u64,
 }
 
 impl ApiArgs {
@@ -100,9 +117,20 @@ impl ApiArgs {
             },
             max_sse_per_subject: self.max_sse_per_subject.max(1),
             metrics_refresh: std::time::Duration::from_secs(self.metrics_refresh_s),
+            request_timeout: seconds(self.http_request_timeout_s),
+            sse_max_duration: seconds(self.sse_max_s),
+            connection: kiln_api::HttpTimeouts {
+                header_read: seconds(self.http_header_timeout_s),
+                write_stall: seconds(self.http_write_stall_s),
+            },
             ..Default::default()
         }
     }
+}
+
+/// A limit in whole seconds; 0 would refuse everything, so it means 1.
+fn seconds(s: u64) -> std::time::Duration {
+    std::time::Duration::from_secs(s.max(1))
 }
 
 /// GitHub webhooks. The route is disabled unless a secret is set.

@@ -1,6 +1,7 @@
 //! The events table: dense per-run seqs, fenced appends, paged reads.
 
 use deadpool_postgres::GenericClient;
+use kiln_protocol::event::TERMINAL_KINDS;
 use kiln_protocol::{EventBody, StoredEvent};
 use uuid::Uuid;
 
@@ -155,6 +156,17 @@ impl Store {
                 Ok(StoredEvent { seq: r.try_get(0)?, kind: r.try_get(1)?, payload: r.try_get(2)?, at: r.try_get(3)? })
             })
             .collect()
+    }
+
+    /// The seq of the run's terminal event, if it has ended (retention keeps
+    /// that event). A stream resuming at or past it has nothing left to get.
+    pub async fn terminal_event_seq(&self, run_id: Uuid) -> Result<Option<i64>, StoreError> {
+        let client = self.client().await?;
+        let terminal: Vec<&str> = TERMINAL_KINDS.to_vec();
+        let row = client
+            .query_one("SELECT min(seq) FROM events WHERE run_id = $1 AND kind = ANY($2)", &[&run_id, &terminal])
+            .await?;
+        Ok(row.try_get(0)?)
     }
 }
 

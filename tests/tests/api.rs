@@ -632,6 +632,39 @@ async fn a_non_numeric_or_negative_resume_point_is_400() {
 }
 
 #[tokio::test]
+async fn a_resume_point_past_the_last_event_is_400_and_one_after_the_end_is_204() {
+    let app = api().await;
+    let run = queued_run(&app, "alice").await; // run.queued is seq 1
+    let url = app.url(&format!("/v1/runs/{run}/events"));
+    let get = |accept: &'static str, last: String| {
+        app.http.get(&url).bearer_auth(token("alice")).header("accept", accept).header("last-event-id", last).send()
+    };
+    for accept in ["text/event-stream", "application/json"] {
+        for last in [2, i64::MAX] {
+            // Without the check, the stream waited forever for seqs that never come.
+            let r =
+                tokio::time::timeout(Duration::from_secs(10), get(accept, last.to_string())).await.unwrap().unwrap();
+            assert_error(r, 400, "bad_request", "past this run's last event (1)").await;
+        }
+    }
+    let r = app.http.post(app.url(&format!("/v1/runs/{run}/cancel"))).bearer_auth(token("alice")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+
+    // Resuming after the terminal event (seq 2): nothing to stream, and the
+    // stream says so at once instead of staying open.
+    let r = tokio::time::timeout(Duration::from_secs(10), get("text/event-stream", "2".into())).await.unwrap().unwrap();
+    assert_eq!(r.status(), 204, "an EventSource stops reconnecting on 204");
+    let page: Value = get("application/json", "2".into()).await.unwrap().json().await.unwrap();
+    assert_eq!(page["events"], json!([]));
+    assert_eq!(page["done"], true, "a client paging after the end is told it is done");
+    // Resuming before it: the terminal event, then the stream ends.
+    let r = get("text/event-stream", "1".into()).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let body = tokio::time::timeout(Duration::from_secs(10), r.text()).await.unwrap().unwrap();
+    assert!(body.contains("id: 2\nevent: run.cancelled"), "{body}");
+}
+
+#[tokio::test]
 async fn an_unknown_route_is_404_json() {
     let app = api().await;
     for path in ["/nope", "/v1", "/v1/nope", "/v2/runs", "/v1/runs/x/y/z"] {

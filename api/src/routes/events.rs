@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::http::header::ACCEPT;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use kiln_protocol::StoredEvent;
 use kiln_protocol::event::is_terminal_kind;
 use kiln_store::{Notice, channels};
@@ -68,7 +68,9 @@ pub(crate) struct EventPage {
 /// kind and `data:` its payload as JSON (schema `SseEvent`; the kinds and
 /// their payloads are `EventBody`); a `: keep-alive` comment comes every
 /// 15 s. Reconnect with `Last-Event-ID` to resume, from any API instance,
-/// with nothing missed or repeated.
+/// with nothing missed or repeated. A resume point past the run's last
+/// event is refused (400); once the run has ended, resuming at or after its
+/// terminal event answers 204 (nothing more will come).
 ///
 /// With `Accept: application/json` (and not `text/event-stream`): one page
 /// of stored events as JSON instead.
@@ -89,6 +91,8 @@ pub(crate) struct EventPage {
             (crate::openapi::SseEvent = "text/event-stream"),
             (EventPage = "application/json"),
         )),
+        (status = 204, description = "The run has ended and the client has had its terminal event \
+            (the resume point is at or past it): nothing to stream. An EventSource stops reconnecting."),
         (status = 400, response = crate::openapi::errors::BadRequest),
         (status = 404, response = crate::openapi::errors::NotFound),
         (status = 429, response = crate::openapi::errors::TooManyRequests),
@@ -104,8 +108,18 @@ pub async fn events(
     headers: HeaderMap,
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> Result<Response, ApiError> {
-    state.store.get_run(&owner, id).await?.ok_or_else(ApiError::run_not_found)?;
+    let run = state.store.get_run(&owner, id).await?.ok_or_else(ApiError::run_not_found)?;
     let after = resume_point(&headers, q.after)?;
+    // A resume point nobody could have been sent: refused, rather than a
+    // stream (and the run's shared feed) waiting for seqs that never come.
+    if after > run.last_event_seq {
+        return Err(ApiError::BadRequest(format!(
+            "resume point {after} is past this run's last event ({})",
+            run.last_event_seq
+        )));
+    }
+    // Where an ended run's stream ends (retention keeps that event).
+    let terminal_seq = if run.status.is_terminal() { state.store.terminal_event_seq(id).await? } else { None };
     if wants_json(&headers) {
         let limit = q.limit.unwrap_or(BATCH);
         if !(1..=MAX_JSON_PAGE).contains(&limit) {
@@ -113,8 +127,14 @@ pub async fn events(
         }
         let events = state.store.events_after(id, after, limit).await?;
         let next_after = events.last().map_or(after, |e| e.seq);
-        let done = events.iter().any(|e| is_terminal_kind(&e.kind));
+        let done =
+            events.iter().any(|e| is_terminal_kind(&e.kind)) || terminal_seq.is_some_and(|end| next_after >= end);
         return Ok(Json(EventPage { events, next_after, done }).into_response());
+    }
+    if terminal_seq.is_some_and(|end| after >= end) {
+        // The client has had the terminal event: nothing to stream, and 204
+        // is what tells an EventSource to stop reconnecting.
+        return Ok(StatusCode::NO_CONTENT.into_response());
     }
     let slot =
         state.sse.acquire(&owner, state.settings.max_sse_per_subject).ok_or_else(|| ApiError::TooManyRequests {
@@ -125,7 +145,11 @@ pub async fn events(
             retry_after_s: 5,
         })?;
     let keep_alive = KeepAlive::new().interval(state.settings.sse_keep_alive).text("keep-alive");
-    Ok(Sse::new(event_stream(state, id, after, slot)).keep_alive(keep_alive).into_response())
+    // A stream ends after `sse_max_duration` however it is going; the client
+    // resumes where it was, from any instance.
+    let lifetime = tokio::time::sleep(state.settings.sse_max_duration);
+    let events = event_stream(state, id, after, slot).take_until(lifetime);
+    Ok(Sse::new(events).keep_alive(keep_alive).into_response())
 }
 
 /// `Last-Event-ID` wins over `?after=`: it is what a reconnecting

@@ -1,0 +1,170 @@
+//! Slow and stalled clients cannot hold the API's connections forever: a
+//! request's headers and the whole request have deadlines, a client that
+//! takes no bytes has its connection closed (and its SSE slot freed), and
+//! an event stream ends after its maximum life, to be resumed.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use kiln_api::{ApiSettings, HttpTimeouts};
+use kiln_tests::{Options, TestApp, token};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+const LIMIT: Duration = Duration::from_secs(1);
+
+async fn app_with_short_limits() -> TestApp {
+    let api = ApiSettings {
+        sse_keep_alive: Duration::from_secs(1),
+        request_timeout: LIMIT,
+        connection: HttpTimeouts { header_read: LIMIT, write_stall: LIMIT },
+        max_sse_per_subject: 1,
+        ..Default::default()
+    };
+    TestApp::spawn(Options { api, worker: false, ..Default::default() }).await
+}
+
+/// Reads until the server closes the connection; what it sent, and whether
+/// it closed within `within`.
+async fn read_until_closed(conn: &mut TcpStream, within: Duration) -> Option<String> {
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(within, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    closed.ok().map(|()| String::from_utf8_lossy(&got).into_owned())
+}
+
+#[tokio::test]
+async fn a_client_that_never_finishes_its_headers_is_disconnected() {
+    let app = app_with_short_limits().await;
+    let mut conn = TcpStream::connect(app.addr).await.unwrap();
+    let started = Instant::now();
+    // The blank line that ends the headers never comes.
+    conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: kiln\r\nX-Slow: ").await.unwrap();
+    let answer = read_until_closed(&mut conn, Duration::from_secs(15)).await;
+    let answer = answer.expect("the server kept a connection whose headers never ended");
+    assert!(started.elapsed() >= LIMIT - Duration::from_millis(100), "closed early: {:?}", started.elapsed());
+    assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 408"), "{answer}");
+}
+
+#[tokio::test]
+async fn a_body_that_does_not_arrive_in_time_is_408_and_creates_nothing() {
+    let app = app_with_short_limits().await;
+    let mut conn = TcpStream::connect(app.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/runs HTTP/1.1\r\nHost: kiln\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\n\
+         Content-Length: 100\r\n\r\n{{\"prompt\": ",
+        token("alice")
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let answer = read_until_closed(&mut conn, Duration::from_secs(15)).await;
+    let answer = answer.expect("the server kept waiting for a body that does not come");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
+    assert!(answer.contains(r#""code":"request_timeout""#), "{answer}");
+    assert!(answer.contains("not received and answered within 1 s"), "{answer}");
+    let runs: i64 = app.sql().await.query_one("SELECT count(*) FROM runs", &[]).await.unwrap().get(0);
+    assert_eq!(runs, 0);
+}
+
+#[tokio::test]
+async fn a_stream_whose_client_stopped_reading_is_closed_and_its_slot_freed() {
+    let app = app_with_short_limits().await;
+    let run = app.create_run("alice", json!({"prompt": "x"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    // 20 MB of events after run.queued: more than the socket buffers hold.
+    let sql = app.sql().await;
+    sql.execute(
+        "INSERT INTO events (run_id, seq, kind, payload)
+         SELECT $1::text::uuid, g, 'note', jsonb_build_object('text', repeat('a', 100000)) FROM generate_series(2, 201) g",
+        &[&id],
+    )
+    .await
+    .unwrap();
+    sql.execute("UPDATE runs SET last_event_seq = 201 WHERE id = $1::text::uuid", &[&id]).await.unwrap();
+
+    // The subject's only stream slot, on a connection that stops reading
+    // after the headers.
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(16 * 1024).unwrap();
+    let mut stalled = socket.connect(app.addr).await.unwrap();
+    let request = format!(
+        "GET /v1/runs/{id}/events HTTP/1.1\r\nHost: kiln\r\nAuthorization: Bearer {}\r\nAccept: text/event-stream\r\n\r\n",
+        token("alice")
+    );
+    stalled.write_all(request.as_bytes()).await.unwrap();
+    let mut head = [0u8; 12];
+    stalled.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+
+    let events = app.url(&format!("/v1/runs/{id}/events"));
+    let open_another = || {
+        app.http
+            .get(&events)
+            .bearer_auth(token("alice"))
+            .header("accept", "text/event-stream")
+            .header("last-event-id", "201")
+            .send()
+    };
+    assert_eq!(open_another().await.unwrap().status(), 429, "the stalled stream holds the only slot");
+    // Once the server's writes have stalled for LIMIT, it drops the
+    // connection and the slot comes back.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = open_another().await.unwrap().status();
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 429);
+        assert!(Instant::now() < deadline, "a client that reads nothing kept its stream open");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Reading again, the stalled client finds its connection closed before
+    // the stream's end: it resumes with Last-Event-ID like any other.
+    let rest = read_until_closed(&mut stalled, Duration::from_secs(15)).await.expect("closed");
+    assert!(!rest.contains("id: 201\n"), "the stalled stream was not cut short");
+}
+
+#[tokio::test]
+async fn an_event_stream_ends_after_its_maximum_life_and_resumes() {
+    let mut api = ApiSettings { sse_keep_alive: Duration::from_secs(1), ..Default::default() };
+    api.sse_max_duration = LIMIT;
+    let app = TestApp::spawn(Options { api, worker: false, ..Default::default() }).await;
+    let run = app.create_run("alice", json!({"prompt": "x"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let events = app.url(&format!("/v1/runs/{id}/events"));
+    let follow = |after: &'static str| {
+        app.http
+            .get(&events)
+            .bearer_auth(token("alice"))
+            .header("accept", "text/event-stream")
+            .header("last-event-id", after)
+            .send()
+    };
+    let started = Instant::now();
+    let body = tokio::time::timeout(Duration::from_secs(15), async { follow("0").await.unwrap().text().await })
+        .await
+        .expect("the stream of a quiet run never ended")
+        .unwrap();
+    assert!(started.elapsed() >= LIMIT - Duration::from_millis(100));
+    assert!(body.contains("id: 1\nevent: run.queued"), "{body}");
+    // The run goes on; the client resumes after what it has.
+    let sql = app.sql().await;
+    sql.execute("INSERT INTO events (run_id, seq, kind, payload) VALUES ($1::text::uuid, 2, 'note', '{}')", &[&id])
+        .await
+        .unwrap();
+    sql.execute("UPDATE runs SET last_event_seq = 2 WHERE id = $1::text::uuid", &[&id]).await.unwrap();
+    let body = tokio::time::timeout(Duration::from_secs(15), async { follow("1").await.unwrap().text().await })
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(body.contains("id: 2\nevent: note") && !body.contains("id: 1\n"), "{body}");
+}
