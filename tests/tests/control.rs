@@ -159,3 +159,78 @@ async fn messages_are_validated_and_scoped_to_their_owner() {
     let (status, body) = post(&app, "alice", &format!("/v1/runs/{id}/messages"), json!({"text": "queued early"})).await;
     assert_eq!(status, 202, "a queued run takes messages too: {body}");
 }
+
+/// A run held by a stand-in worker (this test), so the test decides when it
+/// ends: after a message arrived that the worker never read.
+async fn held_run(app: &TestApp) -> (String, kiln_store::Lease) {
+    let run = app.create_run("alice", json!({"prompt": "first question"})).await;
+    let (claimed, lease) = app.store.claim_run("stand-in", std::time::Duration::from_secs(60)).await.unwrap().unwrap();
+    assert_eq!(claimed.id.to_string(), run["id"].as_str().unwrap());
+    let id = run["id"].as_str().unwrap().to_owned();
+    let (status, body) =
+        post(app, "alice", &format!("/v1/runs/{id}/messages"), json!({"text": "one more thing"})).await;
+    assert_eq!((status, body["disposition"].as_str()), (202, Some("queued")), "{body}");
+    (id, lease)
+}
+
+async fn runs_in_session(app: &TestApp, id: &str) -> Vec<(String, String, String)> {
+    app.sql()
+        .await
+        .query(
+            "SELECT id::text, status, prompt FROM runs
+             WHERE session_id = (SELECT session_id FROM runs WHERE id = $1::text::uuid) ORDER BY created_at",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_message_that_arrives_after_the_workers_last_look_becomes_a_follow_up_not_lost() {
+    let app =
+        TestApp::spawn(Options { worker: false, script: vec![Reply::text("done that too")], ..Default::default() })
+            .await;
+    let (id, lease) = held_run(&app).await;
+    // The worker ends the run without having read the message (it looked
+    // just before the message came).
+    let done = kiln_protocol::EventBody::RunSucceeded { summary: "done".into() };
+    app.store.finish_run(&lease, &done, None).await.unwrap();
+
+    let runs = runs_in_session(&app, &id).await;
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert_eq!(runs[0].1, "succeeded");
+    let (follow_up, status, prompt) = runs[1].clone();
+    assert_eq!((status.as_str(), prompt.as_str()), ("queued", "one more thing"));
+    // It is a run like any other: its own events from seq 1, and a worker
+    // runs it with the message as the next turn of the conversation.
+    app.start_worker(kiln_tests::worker_config(kiln_worker::ProviderKind::OpenAi, std::time::Duration::from_secs(10)))
+        .await;
+    let events = app.events_to_end("alice", &follow_up).await;
+    assert_dense(&events, 1);
+    assert_eq!(events[0].kind, "run.queued");
+    assert_eq!(events[0].data["prompt"], "one more thing");
+    assert_eq!(events.last().unwrap().data["summary"], "done that too");
+    let requests = app.model.requests();
+    assert_eq!(user_texts(&requests[0].body).last().unwrap(), "one more thing");
+    let unread: i64 = app
+        .sql()
+        .await
+        .query_one("SELECT count(*) FROM run_inbox WHERE consumed_at IS NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(unread, 0);
+}
+
+#[tokio::test]
+async fn a_cancelled_runs_unread_message_starts_nothing() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let (id, lease) = held_run(&app).await;
+    let cancelled = kiln_protocol::EventBody::RunCancelled { reason: "cancelled by the client".into() };
+    app.store.finish_run(&lease, &cancelled, None).await.unwrap();
+    let runs = runs_in_session(&app, &id).await;
+    assert_eq!(runs.len(), 1, "a cancel ends the conversation: {runs:?}");
+}

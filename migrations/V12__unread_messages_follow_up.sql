@@ -1,0 +1,54 @@
+-- A message accepted for an active run (202, `message.queued`) must not be
+-- dropped. The worker reads the inbox before it ends a run, but a message
+-- can arrive after that last look and before the run's end commits. Such
+-- messages become a follow-up run in the same session, exactly as a message
+-- sent just after the end would have (see `Store::send_message`), in the
+-- transaction that ends the run, whoever ends it, so no crash in between
+-- can lose them. A cancel ends the conversation: a cancelled run's unread
+-- messages stay unread.
+
+-- A time-ordered (version 7) uuid, as the Rust side makes run ids.
+CREATE FUNCTION kiln_uuid_v7() RETURNS uuid
+LANGUAGE sql VOLATILE AS $$
+    SELECT encode(
+        set_bit(set_bit(
+            overlay(uuid_send(gen_random_uuid())
+                    PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
+                    FROM 1 FOR 6),
+            52, 1), 53, 1),
+        'hex')::uuid
+$$;
+
+CREATE FUNCTION kiln_follow_up_unread_messages() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    texts text[];
+    follow_up uuid := kiln_uuid_v7();
+BEGIN
+    WITH taken AS (
+        UPDATE run_inbox SET consumed_at = now()
+        WHERE run_id = NEW.id AND consumed_at IS NULL
+        RETURNING id, text
+    )
+    SELECT array_agg(text ORDER BY id) INTO texts FROM taken;
+    IF texts IS NULL THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, policy, callback_url,
+                      last_event_seq)
+    VALUES (follow_up, NEW.session_id, NEW.owner, 'queued', array_to_string(texts, E'\n\n'), NEW.model,
+            NEW.limits, 'api', NEW.policy, NEW.callback_url, 1);
+    INSERT INTO events (run_id, seq, kind, payload)
+    VALUES (follow_up, 1, 'run.queued', jsonb_build_object('prompt', array_to_string(texts, E'\n\n')));
+    -- Wakes workers at once (they also poll).
+    PERFORM pg_notify('kiln_runs_queued', follow_up::text);
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER runs_follow_up_unread_messages
+    AFTER UPDATE OF status ON runs
+    FOR EACH ROW
+    WHEN (NEW.status IN ('succeeded', 'failed', 'timed_out')
+          AND OLD.status IN ('running', 'awaiting_approval'))
+    EXECUTE FUNCTION kiln_follow_up_unread_messages();
