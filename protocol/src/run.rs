@@ -10,6 +10,8 @@ use uuid::Uuid;
 /// Longest prompt the API accepts, in bytes. A prompt is sent to the model on
 /// every step, so an unbounded one is a cost and memory hazard.
 pub const MAX_PROMPT_BYTES: usize = 64 * 1024;
+/// Longest `model.name` accepted (provider model ids are far shorter).
+pub const MAX_MODEL_NAME_CHARS: usize = 200;
 /// Upper bound for `limits.max_steps`.
 pub const MAX_STEPS_CEILING: u32 = 500;
 /// Upper bound for `limits.timeout_s` (one day).
@@ -184,6 +186,8 @@ pub enum SpecError {
     Temperature,
     #[error("model.context_window must be between 1000 and 10000000")]
     ContextWindow,
+    #[error("model.name must be 1 to {MAX_MODEL_NAME_CHARS} characters without control characters")]
+    ModelName,
     #[error("sandbox.{0}")]
     Sandbox(&'static str),
     #[error("callback_url {0}")]
@@ -274,6 +278,13 @@ impl CreateRun {
             }
             if model.context_window.is_some_and(|w| !(1_000..=10_000_000).contains(&w)) {
                 return Err(SpecError::ContextWindow);
+            }
+            // It goes to the provider, into logs and into metrics labels.
+            let bad_name = |n: &&String| {
+                n.is_empty() || n.chars().count() > MAX_MODEL_NAME_CHARS || n.chars().any(char::is_control)
+            };
+            if model.name.as_ref().is_some_and(|n| bad_name(&n)) {
+                return Err(SpecError::ModelName);
             }
         }
         Ok(())

@@ -35,6 +35,8 @@ pub struct Decision {
 pub enum DecideOutcome {
     Decided,
     AlreadyDecided,
+    /// The run has ended: no worker will act on a decision.
+    RunEnded,
     /// No such run for this owner, or no such pending call.
     NotFound,
 }
@@ -202,10 +204,16 @@ impl Store {
     ) -> Result<DecideOutcome, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        let owned =
-            tx.query_opt("SELECT 1 FROM runs WHERE id = $1 AND owner = $2 FOR UPDATE", &[&run_id, &owner]).await?;
-        if owned.is_none() {
-            return Ok(DecideOutcome::NotFound);
+        let owned = tx
+            .query_opt(
+                "SELECT status IN ('succeeded', 'failed', 'cancelled', 'timed_out') FROM runs
+                 WHERE id = $1 AND owner = $2 FOR UPDATE",
+                &[&run_id, &owner],
+            )
+            .await?;
+        let Some(owned) = owned else { return Ok(DecideOutcome::NotFound) };
+        if owned.try_get::<_, bool>(0)? {
+            return Ok(DecideOutcome::RunEnded);
         }
         let updated = tx
             .execute(

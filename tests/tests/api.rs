@@ -443,6 +443,31 @@ async fn a_prompt_of_the_wrong_type_is_422() {
     assert_create_refused(|r| r.json(&json!({"prompt": null})), 422, "invalid_request", "prompt").await;
 }
 
+#[tokio::test]
+async fn a_model_name_that_is_empty_too_long_or_has_control_characters_is_422() {
+    let long = "m".repeat(201);
+    for name in ["", "a\u{0}b", "gpt\n4", long.as_str()] {
+        let body = json!({"prompt": "x", "model": {"name": name}});
+        // A NUL reached Postgres's jsonb and came back as a 500.
+        assert_create_refused(|r| r.json(&body), 422, "invalid_request", "model.name must be 1 to 200 characters")
+            .await;
+    }
+    let app = api().await;
+    let ok = app.create_run("alice", json!({"prompt": "x", "model": {"name": "m".repeat(200)}})).await;
+    assert_eq!(ok["model"]["name"].as_str().map(str::len), Some(200));
+}
+
+#[tokio::test]
+async fn a_listing_cursor_outside_the_databases_time_range_is_400() {
+    let app = api().await;
+    let id = "00000000000000000000000000000000";
+    for micros in ["-300000000000000000", "300000000000000000"] {
+        let q = format!("cursor={micros}_{id}");
+        // Postgres could not bind the time: a 500.
+        assert_error(list_error(&app, &q).await, 400, "bad_request", "cursor").await;
+    }
+}
+
 /// serde lets a struct be read from an array of its fields in order, so
 /// `["fix the bug"]` would otherwise pass as `{"prompt": "fix the bug"}`.
 #[tokio::test]

@@ -234,3 +234,36 @@ async fn a_cancelled_runs_unread_message_starts_nothing() {
     let runs = runs_in_session(&app, &id).await;
     assert_eq!(runs.len(), 1, "a cancel ends the conversation: {runs:?}");
 }
+
+#[tokio::test]
+async fn a_decision_on_an_ended_run_is_409_and_a_bad_call_id_is_400_json() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let run = app.create_run("alice", json!({"prompt": "x"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let (_, lease) = app.store.claim_run("stand-in", std::time::Duration::from_secs(60)).await.unwrap().unwrap();
+    app.sql()
+        .await
+        .execute(
+            "INSERT INTO approvals (run_id, call_id, name, arguments) VALUES ($1::text::uuid, 'call-1', 'bash', '{}')",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    // Percent-encoded NUL (Postgres refuses it in text: was a 500) and bytes
+    // that are not UTF-8 (was axum's plain-text 400).
+    for call in ["%00", "a%01b", "%FF"] {
+        let (status, body) =
+            post(&app, "alice", &format!("/v1/runs/{id}/approvals/{call}"), json!({"decision": "approve"})).await;
+        assert_eq!(status, 400, "{call}: {body}");
+        assert_eq!(body["error"]["code"], "bad_request", "{call}: {body}");
+    }
+    let cancelled = kiln_protocol::EventBody::RunCancelled { reason: "cancelled by the client".into() };
+    app.store.finish_run(&lease, &cancelled, None).await.unwrap();
+    let before: i64 = app.sql().await.query_one("SELECT last_event_seq FROM runs", &[]).await.unwrap().get(0);
+    let (status, body) =
+        post(&app, "alice", &format!("/v1/runs/{id}/approvals/call-1"), json!({"decision": "approve"})).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("the run has ended"), "{body}");
+    let after: i64 = app.sql().await.query_one("SELECT last_event_seq FROM runs", &[]).await.unwrap().get(0);
+    assert_eq!(after, before, "no approval.resolved after the run's end");
+}

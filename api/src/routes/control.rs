@@ -2,6 +2,7 @@
 //! and `POST /v1/runs/{id}/approvals/{call_id}`.
 
 use axum::Json;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use kiln_protocol::Run;
@@ -126,12 +127,13 @@ pub struct Decide {
 pub async fn decide(
     State(state): State<AppState>,
     Subject(owner): Subject,
-    Path((run, call_id)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
     ApiJson(body): ApiJson<Decide>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    let Path((run, call_id)) = path.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let id = Uuid::parse_str(&run).map_err(|_| ApiError::BadRequest("run id must be a UUID".into()))?;
-    if call_id.is_empty() || call_id.len() > 256 {
-        return Err(ApiError::BadRequest("call id must be 1 to 256 bytes".into()));
+    if call_id.is_empty() || call_id.len() > 256 || call_id.chars().any(char::is_control) {
+        return Err(ApiError::BadRequest("call id must be 1 to 256 bytes without control characters".into()));
     }
     if body.reason.as_ref().is_some_and(|r| r.len() > MAX_REASON_BYTES || r.contains('\0')) {
         return Err(ApiError::Validation(format!("reason must be at most {MAX_REASON_BYTES} bytes without NUL")));
@@ -140,6 +142,7 @@ pub async fn decide(
     match state.store.decide_approval(&owner, id, &call_id, &decision).await? {
         DecideOutcome::Decided => Ok(Json(serde_json::json!({ "call_id": call_id, "approved": decision.approved }))),
         DecideOutcome::AlreadyDecided => Err(ApiError::Conflict("this call was already decided".into())),
+        DecideOutcome::RunEnded => Err(ApiError::Conflict("the run has ended; nothing waits for this decision".into())),
         DecideOutcome::NotFound => Err(ApiError::NotFound("no approval request for this run and call".into())),
     }
 }
