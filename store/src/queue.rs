@@ -244,8 +244,9 @@ impl Store {
         Ok(())
     }
 
-    /// Returns runs whose lease expired to the queue, or fails them when they
-    /// have used all their attempts.
+    /// Returns runs whose lease expired to the queue, or fails them when
+    /// their worker has been lost `max_attempts` times (graceful releases
+    /// do not count).
     pub async fn reap_expired_leases(&self) -> Result<Vec<ReapedRun>, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
@@ -257,14 +258,15 @@ impl Store {
                      FOR UPDATE SKIP LOCKED
                  )
                  UPDATE runs r SET
-                     status = CASE WHEN r.attempt >= r.max_attempts THEN 'failed' ELSE 'queued' END,
-                     finished_at = CASE WHEN r.attempt >= r.max_attempts THEN now() END,
-                     error = CASE WHEN r.attempt >= r.max_attempts
-                                  THEN 'the worker running this run was lost ' || r.attempt || ' times; giving up'
+                     status = CASE WHEN r.losses + 1 >= r.max_attempts THEN 'failed' ELSE 'queued' END,
+                     finished_at = CASE WHEN r.losses + 1 >= r.max_attempts THEN now() END,
+                     error = CASE WHEN r.losses + 1 >= r.max_attempts
+                                  THEN 'the worker running this run was lost ' || (r.losses + 1) || ' times; giving up'
                              END,
+                     losses = r.losses + 1,
                      lease_owner = NULL, lease_expires_at = NULL
                  FROM expired e WHERE r.id = e.id
-                 RETURNING r.id, r.status, r.attempt",
+                 RETURNING r.id, r.status, r.attempt, r.losses",
                 &[],
             )
             .await?;
@@ -273,10 +275,11 @@ impl Store {
             let run_id: Uuid = row.try_get(0)?;
             let status: String = row.try_get(1)?;
             let attempt: i32 = row.try_get(2)?;
+            let losses: i32 = row.try_get(3)?;
             let status: RunStatus =
                 status.parse().map_err(|e: kiln_protocol::run::UnknownStatus| StoreError::Corrupt(e.to_string()))?;
             if status == RunStatus::Failed {
-                let error = format!("the worker running this run was lost {attempt} times; giving up");
+                let error = format!("the worker running this run was lost {losses} times; giving up");
                 insert_event_tx(&tx, run_id, &EventBody::RunFailed { error }).await?;
             } else {
                 tx.execute("SELECT pg_notify($1, $2)", &[&channels::RUNS_QUEUED, &run_id.to_string()]).await?;

@@ -574,7 +574,8 @@ async fn a_run_the_reaper_gives_up_on_is_reported_by_another_worker() {
         .sql()
         .await
         .execute(
-            "UPDATE runs SET status = 'running', attempt = max_attempts, lease_owner = 'dead-worker',
+            "UPDATE runs SET status = 'running', attempt = max_attempts, losses = max_attempts - 1,
+                    lease_owner = 'dead-worker',
                     lease_expires_at = now() - interval '1 second'
              WHERE id = $1",
             &[&run],

@@ -87,6 +87,34 @@ async fn a_run_that_keeps_losing_its_worker_fails_with_a_clear_error() {
 }
 
 #[tokio::test]
+async fn runs_handed_back_on_purpose_do_not_use_up_their_attempts() {
+    let store = store().await;
+    let run = queued_run(&store).await;
+    // Three deploys in a row hand the run back (graceful shutdown).
+    for attempt in 1..=3 {
+        let (_, lease) = store.claim_run("stopping", Duration::from_secs(60)).await.unwrap().unwrap();
+        assert_eq!(lease.attempt, attempt);
+        store.release_run(&lease).await.unwrap();
+    }
+    // Then its worker dies twice: still queued, for a third try.
+    for attempt in 4..=5 {
+        let (_, lease) = store.claim_run("dying", Duration::from_millis(100)).await.unwrap().unwrap();
+        assert_eq!(lease.attempt, attempt);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let reaped = store.reap_expired_leases().await.unwrap();
+        assert_eq!(reaped.iter().map(|r| r.status).collect::<Vec<_>>(), [RunStatus::Queued]);
+    }
+    assert_eq!(store.get_run("alice", run.id).await.unwrap().unwrap().status, RunStatus::Queued);
+    // The third loss is the last.
+    store.claim_run("dying", Duration::from_millis(100)).await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    store.reap_expired_leases().await.unwrap();
+    let run = store.get_run("alice", run.id).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Failed);
+    assert!(run.error.as_deref().unwrap().contains("lost 3 times"), "{:?}", run.error);
+}
+
+#[tokio::test]
 async fn a_heartbeat_keeps_the_lease_and_reports_cancellation() {
     let store = store().await;
     let run = queued_run(&store).await;
