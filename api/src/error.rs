@@ -4,7 +4,7 @@
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use kiln_store::StoreError;
+use kiln_store::{QuotaRefusal, StoreError};
 use serde_json::json;
 
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +55,21 @@ impl ApiError {
 
     pub fn run_not_found() -> Self {
         ApiError::NotFound("no run with this id".into())
+    }
+}
+
+impl From<QuotaRefusal> for ApiError {
+    fn from(refusal: QuotaRefusal) -> Self {
+        match refusal {
+            QuotaRefusal::TooManyActive { limit } => ApiError::TooManyRequests {
+                message: format!("you have {limit} active runs, the most allowed; wait for one to finish"),
+                retry_after_s: 10,
+            },
+            QuotaRefusal::TooFast { limit, retry_after_s } => ApiError::TooManyRequests {
+                message: format!("at most {limit} runs may be created per minute"),
+                retry_after_s,
+            },
+        }
     }
 }
 

@@ -7,6 +7,7 @@ use uuid::Uuid;
 use crate::events::insert_event_tx;
 use crate::queue::Lease;
 use crate::rows::{RUN_COLUMNS, run_from_row};
+use crate::runs::{Quota, QuotaRefusal, check_quota_tx};
 use crate::{Store, StoreError, channels};
 
 /// What sending a message to a run came to.
@@ -21,6 +22,8 @@ pub enum MessageOutcome {
     SessionBusy {
         active_run: Uuid,
     },
+    /// The run finished and a follow-up would take its owner over quota.
+    OverQuota(QuotaRefusal),
     NotFound,
 }
 
@@ -65,7 +68,14 @@ const ACTIVE: &str = "('queued', 'running', 'awaiting_approval')";
 impl Store {
     /// Sends `text` to run `id` of `owner`: queued for an active run, or a
     /// follow-up run in the same session for a finished one.
-    pub async fn send_message(&self, owner: &str, id: Uuid, text: &str) -> Result<MessageOutcome, StoreError> {
+    /// A follow-up counts against `quota` like any new run.
+    pub async fn send_message(
+        &self,
+        owner: &str,
+        id: Uuid,
+        text: &str,
+        quota: Option<&Quota>,
+    ) -> Result<MessageOutcome, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let row = tx
@@ -95,6 +105,11 @@ impl Store {
             .await?;
         if let Some(busy) = busy {
             return Ok(MessageOutcome::SessionBusy { active_run: busy.try_get(0)? });
+        }
+        if let Some(quota) = quota
+            && let Some(refusal) = check_quota_tx(&tx, owner, quota).await?
+        {
+            return Ok(MessageOutcome::OverQuota(refusal));
         }
         let new_id = Uuid::now_v7();
         tx.execute(

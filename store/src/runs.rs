@@ -243,7 +243,7 @@ impl Store {
 }
 
 /// Counts `owner`'s active and recent runs under a per-owner lock.
-async fn check_quota_tx(
+pub(crate) async fn check_quota_tx(
     tx: &deadpool_postgres::Transaction<'_>,
     owner: &str,
     quota: &Quota,

@@ -267,3 +267,33 @@ async fn a_decision_on_an_ended_run_is_409_and_a_bad_call_id_is_400_json() {
     let after: i64 = app.sql().await.query_one("SELECT last_event_seq FROM runs", &[]).await.unwrap().get(0);
     assert_eq!(after, before, "no approval.resolved after the run's end");
 }
+
+#[tokio::test]
+async fn a_follow_up_counts_against_the_subjects_quota() {
+    let api = kiln_api::ApiSettings {
+        sse_keep_alive: std::time::Duration::from_secs(1),
+        quota: kiln_store::Quota { max_active_runs: 20, max_runs_per_minute: 1 },
+        ..Default::default()
+    };
+    let app = TestApp::spawn(Options { api, script: vec![Reply::text("first answer")], ..Default::default() }).await;
+    let run = app.create_run("alice", json!({"prompt": "first question"})).await;
+    let id = run["id"].as_str().unwrap();
+    assert_eq!(app.events_to_end("alice", id).await.last().unwrap().kind, "run.succeeded");
+    // Each message to a finished run is a new run: without the check, any
+    // number of sessions could be restarted at once past the quota.
+    let r = app
+        .http
+        .post(app.url(&format!("/v1/runs/{id}/messages")))
+        .bearer_auth(token("alice"))
+        .json(&json!({"text": "second question"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    let retry_after: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry_after), "{retry_after}");
+    let body: Value = r.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("per minute"), "{body}");
+    let runs: i64 = app.sql().await.query_one("SELECT count(*) FROM runs", &[]).await.unwrap().get(0);
+    assert_eq!(runs, 1);
+}

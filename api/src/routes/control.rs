@@ -54,6 +54,7 @@ pub struct MessageAccepted {
         (status = 413, response = crate::openapi::errors::PayloadTooLarge),
         (status = 415, response = crate::openapi::errors::UnsupportedMediaType),
         (status = 422, response = crate::openapi::errors::Unprocessable),
+        (status = 429, response = crate::openapi::errors::TooManyRequests),
         (status = 401, response = crate::openapi::errors::Unauthorized),
         (status = 500, response = crate::openapi::errors::Internal),
         (status = 503, response = crate::openapi::errors::Unavailable),
@@ -72,7 +73,7 @@ pub async fn send_message(
     if text.len() > MAX_MESSAGE_BYTES || text.contains('\0') {
         return Err(ApiError::Validation(format!("text must be at most {MAX_MESSAGE_BYTES} bytes without NUL")));
     }
-    match state.store.send_message(&owner, id, &text).await? {
+    match state.store.send_message(&owner, id, &text, Some(&state.settings.quota)).await? {
         MessageOutcome::Queued(run) => Ok((StatusCode::ACCEPTED, Json(MessageAccepted { disposition: "queued", run }))),
         MessageOutcome::FollowUp(run) => {
             Ok((StatusCode::CREATED, Json(MessageAccepted { disposition: "follow_up", run })))
@@ -80,6 +81,7 @@ pub async fn send_message(
         MessageOutcome::SessionBusy { active_run } => Err(ApiError::Conflict(format!(
             "this run has finished and its session is busy with run {active_run}; send the message to that run"
         ))),
+        MessageOutcome::OverQuota(refusal) => Err(refusal.into()),
         MessageOutcome::NotFound => Err(ApiError::run_not_found()),
     }
 }

@@ -4,7 +4,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use kiln_protocol::{CreateRun, Run, RunStatus, Trigger};
-use kiln_store::{CancelOutcome, Cursor, NewRun, QuotaRefusal};
+use kiln_store::{CancelOutcome, Cursor, NewRun};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::Subject;
@@ -62,18 +62,7 @@ pub async fn create(
     let new = NewRun { owner, spec, trigger: Trigger::Api, idempotency_key };
     let (run, created) = match state.store.create_run_within(new, Some(&state.settings.quota)).await? {
         Ok(created) => created,
-        Err(QuotaRefusal::TooManyActive { limit }) => {
-            return Err(ApiError::TooManyRequests {
-                message: format!("you have {limit} active runs, the most allowed; wait for one to finish"),
-                retry_after_s: 10,
-            });
-        }
-        Err(QuotaRefusal::TooFast { limit, retry_after_s }) => {
-            return Err(ApiError::TooManyRequests {
-                message: format!("at most {limit} runs may be created per minute"),
-                retry_after_s,
-            });
-        }
+        Err(refusal) => return Err(refusal.into()),
     };
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(run)))
