@@ -79,6 +79,29 @@ impl std::fmt::Debug for Store {
     }
 }
 
+/// libpq's (and tokio-postgres's) idle time before the first keepalive.
+const KERNEL_KEEPALIVE_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
+
+/// A connection whose peer vanished without a word (its host or the network
+/// gone, no FIN) must fail within a minute, not hours: otherwise a worker's
+/// heartbeat or the LISTEN connection waits on it for the kernel's defaults
+/// (two hours of quiet before the first keepalive; ~15 minutes of
+/// retransmissions for a query in flight). What the URL sets is kept.
+fn detect_dead_peers(config: &mut tokio_postgres::Config) {
+    if config.get_keepalives_idle() == KERNEL_KEEPALIVE_IDLE {
+        config.keepalives_idle(Duration::from_secs(30));
+    }
+    if config.get_keepalives_interval().is_none() {
+        config.keepalives_interval(Duration::from_secs(10));
+    }
+    if config.get_keepalives_retries().is_none() {
+        config.keepalives_retries(3);
+    }
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(Duration::from_secs(30));
+    }
+}
+
 impl Store {
     /// Builds a pool for `database_url`. Connections are opened lazily, so
     /// this succeeds while the database is down; use [`Store::ping`] to check.
@@ -91,6 +114,7 @@ impl Store {
         if config.get_application_name().is_none() {
             config.application_name("kiln");
         }
+        detect_dead_peers(&mut config);
         let manager =
             Manager::from_config(config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager)
@@ -133,5 +157,29 @@ impl Store {
     /// see `notifier`).
     pub(crate) fn announce_event(&self, run: uuid::Uuid, seq: i64) {
         self.notifier.notify(channels::RUN_EVENTS, format!("{run}:{seq}"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dead_peers_are_noticed_in_seconds_unless_the_url_says_otherwise() {
+        let mut config = tokio_postgres::Config::from_str("postgres://k@127.0.0.1/k").unwrap_or_else(|e| panic!("{e}"));
+        detect_dead_peers(&mut config);
+        assert!(config.get_keepalives());
+        assert_eq!(config.get_keepalives_idle(), Duration::from_secs(30));
+        assert_eq!(config.get_keepalives_interval(), Some(Duration::from_secs(10)));
+        assert_eq!(config.get_keepalives_retries(), Some(3));
+        assert_eq!(config.get_tcp_user_timeout(), Some(&Duration::from_secs(30)));
+
+        let url = "postgres://k@127.0.0.1/k?keepalives_idle=600&keepalives_interval=5&keepalives_retries=9&tcp_user_timeout=90";
+        let mut config = tokio_postgres::Config::from_str(url).unwrap_or_else(|e| panic!("{e}"));
+        detect_dead_peers(&mut config);
+        assert_eq!(config.get_keepalives_idle(), Duration::from_secs(600));
+        assert_eq!(config.get_keepalives_interval(), Some(Duration::from_secs(5)));
+        assert_eq!(config.get_keepalives_retries(), Some(9));
+        assert_eq!(config.get_tcp_user_timeout(), Some(&Duration::from_secs(90)));
     }
 }
