@@ -256,3 +256,58 @@ async fn warm_containers_of_a_dead_worker_are_removed_but_another_deployments_ar
     stop_other.cancel();
     tokio::time::timeout(Duration::from_secs(60), other_handle).await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn a_formerly_warm_container_taken_over_from_a_dead_worker_is_not_reaped_as_its_pool() {
+    let lease = Duration::from_secs(3);
+    let app = TestApp::spawn(Options {
+        worker: false,
+        script: vec![
+            Reply::tool("bash", json!({"command": "echo before-crash; sleep 30"})),
+            // Long enough for several reaper passes of the worker that took over.
+            Reply::tool("bash", json!({"command": "sleep 8; echo survived"})),
+            Reply::text("recovered"),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let dead_cfg = config(Duration::from_secs(4), 1, lease);
+    let dead = dead_cfg.worker_id.clone();
+    let doomed = app.start_worker_until(dead_cfg, CancellationToken::new()).await;
+    let all =
+        wait_for_containers(Duration::from_secs(60), "a warm container", |all| pool_of(all, &dead).len() == 1).await;
+    let warm = pool_of(&all, &dead)[0].id.clone();
+    let run = app.create_run("alice", json!({"prompt": "work"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let seen = app
+        .sse_until(app.addr, "alice", &id, None, usize::MAX, |e| {
+            e.kind == "tool.output" && e.data.to_string().contains("before-crash")
+        })
+        .await;
+    assert_eq!(readies(&seen), [("warm".to_owned(), warm.clone(), false)]);
+
+    // Killed outright, and long enough ago that every reaper counts it gone.
+    doomed.abort();
+    let _ = doomed.await;
+    app.sql()
+        .await
+        .execute("UPDATE workers SET seen_at = now() - interval '1 hour' WHERE id = $1", &[&dead])
+        .await
+        .unwrap();
+    // Reaps sandboxes at start and every 2 s while it drives the takeover.
+    app.start_worker(config(Duration::from_secs(4), 0, lease)).await;
+    let rest = app.sse(app.addr, "alice", &id, Some(seen.last().unwrap().seq), usize::MAX).await;
+    let all: Vec<Ev> = seen.into_iter().chain(rest).collect();
+    assert_eq!(all.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&all));
+    let ready = readies(&all);
+    assert_eq!(ready.len(), 2, "{ready:?}");
+    assert_eq!(
+        ready[1],
+        ("reused".to_owned(), warm.clone(), false),
+        "the takeover adopted the formerly warm container"
+    );
+    let results = results(&all);
+    assert_eq!(results[0], INTERRUPTED);
+    assert!(results[1].contains("survived"), "the container was kept through the takeover: {}", results[1]);
+    remove_all(&app.containers_of(&id).await).await;
+}
