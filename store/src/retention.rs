@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use kiln_protocol::event::TERMINAL_KINDS;
+use uuid::Uuid;
 
 use crate::{Store, StoreError};
 
@@ -55,15 +56,17 @@ impl Store {
     }
 
     /// One batch: delete up to `batch` events of the oldest ended runs not yet
-    /// pruned (at most [`RUNS_PER_BATCH`] runs), then mark the runs that have nothing left to prune.
+    /// pruned (at most [`RUNS_PER_BATCH`] runs), then mark those of the runs
+    /// it looked at that have nothing left to prune.
     async fn prune_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned, StoreError> {
         let terminal: Vec<&str> = TERMINAL_KINDS.to_vec();
         let client = self.client().await?;
         // Runs in `runs_prunable` order; per run, the events before its
         // terminal event. A run without a terminal event (it cannot be
         // ended, but be safe) yields none: `seq < NULL` is never true.
-        let events = client
-            .execute(
+        // Returns the runs looked at, so that only those are marked.
+        let row = client
+            .query_one(
                 "WITH old AS (
                      SELECT r.id,
                             (SELECT min(t.seq) FROM events t WHERE t.run_id = r.id AND t.kind = ANY($3)) AS keep_from
@@ -75,25 +78,33 @@ impl Store {
                  ), doomed AS (
                      SELECT e.run_id, e.seq FROM old o JOIN events e ON e.run_id = o.id AND e.seq < o.keep_from
                      LIMIT $2
+                 ), deleted AS (
+                     DELETE FROM events e USING doomed d WHERE e.run_id = d.run_id AND e.seq = d.seq RETURNING 1
                  )
-                 DELETE FROM events e USING doomed d WHERE e.run_id = d.run_id AND e.seq = d.seq",
+                 SELECT (SELECT count(*) FROM deleted), ARRAY(SELECT id FROM old)",
                 &[&cutoff, &batch, &terminal, &RUNS_PER_BATCH],
             )
             .await?;
+        let events: i64 = row.try_get(0)?;
+        let examined: Vec<Uuid> = row.try_get(1)?;
         if events > 0 {
             // More may be left in these runs; mark none until a batch finds
             // nothing to delete, so a run is never marked half-pruned.
-            return Ok(Pruned { events, runs: 0 });
+            return Ok(Pruned { events: events.unsigned_abs(), runs: 0 });
         }
+        // Nothing deleted does not mean nothing left: a concurrent pass may
+        // have taken these rows and not yet finished these runs. So mark
+        // only the runs this batch looked at, and only those that really
+        // have no event left before their terminal one.
         let runs = client
             .execute(
-                "UPDATE runs SET events_pruned_at = now()
-                 WHERE id IN (SELECT id FROM runs
-                              WHERE finished_at IS NOT NULL AND events_pruned_at IS NULL
-                                AND finished_at < $1
-                              ORDER BY finished_at
-                              LIMIT $2)",
-                &[&cutoff, &RUNS_PER_BATCH],
+                "UPDATE runs r SET events_pruned_at = now()
+                 WHERE r.id = ANY($1) AND r.events_pruned_at IS NULL
+                   AND NOT EXISTS (
+                       SELECT 1 FROM events e
+                       WHERE e.run_id = r.id
+                         AND e.seq < (SELECT min(t.seq) FROM events t WHERE t.run_id = r.id AND t.kind = ANY($2)))",
+                &[&examined, &terminal],
             )
             .await?;
         Ok(Pruned { events: 0, runs })

@@ -77,3 +77,21 @@ async fn a_run_whose_worker_died_is_taken_over_after_its_lease() {
     assert_resumed(&all);
     assert!(app.containers_of(&id).await.is_empty(), "the dead worker's container is gone too");
 }
+
+#[tokio::test]
+async fn a_worker_told_to_stop_claims_nothing_more() {
+    let app = TestApp::spawn(Options { worker: false, script: script(), ..Default::default() }).await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        ids.push(app.create_run("alice", json!({"prompt": "work"})).await["id"].as_str().unwrap().to_owned());
+    }
+    // The stop comes while the worker is still starting (a SIGTERM during
+    // startup), with runs queued and every slot free.
+    let stop = CancellationToken::new();
+    stop.cancel();
+    let worker = app.start_worker_until(worker_config(ProviderKind::OpenAi, Duration::from_secs(10)), stop).await;
+    tokio::time::timeout(Duration::from_secs(30), worker).await.unwrap().unwrap();
+    let rows = app.sql().await.query("SELECT status::text, attempt FROM runs ORDER BY created_at", &[]).await.unwrap();
+    let runs: Vec<(String, i32)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(runs, [("queued".to_owned(), 0), ("queued".to_owned(), 0)], "runs: {ids:?}");
+}

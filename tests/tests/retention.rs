@@ -100,3 +100,64 @@ async fn a_worker_with_a_retention_prunes_old_runs_on_its_own() {
     }
     assert_eq!(event_count(&app, recent).await, STEPS + 2);
 }
+
+/// Ended runs marked pruned that still have events before their terminal one.
+async fn marked_but_unpruned(app: &TestApp) -> i64 {
+    app.sql()
+        .await
+        .query_one(
+            "SELECT count(*) FROM runs r
+             WHERE r.events_pruned_at IS NOT NULL
+               AND EXISTS (SELECT 1 FROM events e WHERE e.run_id = r.id
+                             AND e.seq < (SELECT min(t.seq) FROM events t
+                                          WHERE t.run_id = r.id AND t.kind = 'run.succeeded'))",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn concurrent_passes_never_mark_a_run_pruned_while_it_still_has_events() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    // More runs than one batch looks at, each needing several statements.
+    let mut runs = Vec::new();
+    for _ in 0..60 {
+        runs.push(run_with_events(&app.store, true).await.0);
+    }
+    app.sql()
+        .await
+        .execute("UPDATE runs SET finished_at = now() - interval '10 days' + random() * interval '1 hour'", &[])
+        .await
+        .unwrap();
+
+    // Every worker prunes when it starts: passes overlap, each deleting
+    // rows another is deleting too.
+    let passes: Vec<_> = (0..4)
+        .map(|_| {
+            let store = app.store.clone();
+            tokio::spawn(async move { store.prune_events(7 * DAY, 7).await.unwrap() })
+        })
+        .collect();
+    let mut deleted = 0;
+    for pass in passes {
+        deleted += pass.await.unwrap().events;
+    }
+    assert_eq!(marked_but_unpruned(&app).await, 0, "runs were marked pruned with their events still there");
+    // Whatever the passes left is finished by the next one, and every run's
+    // stream is down to its ending.
+    deleted += app.store.prune_events(7 * DAY, 7).await.unwrap().events;
+    assert_eq!(deleted, runs.len() as u64 * (1 + STEPS as u64));
+    for run in runs {
+        assert_eq!(event_count(&app, run).await, 1);
+    }
+    let unmarked: i64 = app
+        .sql()
+        .await
+        .query_one("SELECT count(*) FROM runs WHERE events_pruned_at IS NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(unmarked, 0);
+}

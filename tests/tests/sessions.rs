@@ -256,3 +256,102 @@ async fn warm_containers_of_a_dead_worker_are_removed_but_another_deployments_ar
     stop_other.cancel();
     tokio::time::timeout(Duration::from_secs(60), other_handle).await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn a_formerly_warm_container_taken_over_from_a_dead_worker_is_not_reaped_as_its_pool() {
+    let lease = Duration::from_secs(3);
+    let app = TestApp::spawn(Options {
+        worker: false,
+        script: vec![
+            Reply::tool("bash", json!({"command": "echo before-crash; sleep 30"})),
+            // Long enough for several reaper passes of the worker that took over.
+            Reply::tool("bash", json!({"command": "sleep 8; echo survived"})),
+            Reply::text("recovered"),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let dead_cfg = config(Duration::from_secs(4), 1, lease);
+    let dead = dead_cfg.worker_id.clone();
+    let doomed = app.start_worker_until(dead_cfg, CancellationToken::new()).await;
+    let all =
+        wait_for_containers(Duration::from_secs(60), "a warm container", |all| pool_of(all, &dead).len() == 1).await;
+    let warm = pool_of(&all, &dead)[0].id.clone();
+    let run = app.create_run("alice", json!({"prompt": "work"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let seen = app
+        .sse_until(app.addr, "alice", &id, None, usize::MAX, |e| {
+            e.kind == "tool.output" && e.data.to_string().contains("before-crash")
+        })
+        .await;
+    assert_eq!(readies(&seen), [("warm".to_owned(), warm.clone(), false)]);
+
+    // Killed outright, and long enough ago that every reaper counts it gone.
+    doomed.abort();
+    let _ = doomed.await;
+    app.sql()
+        .await
+        .execute("UPDATE workers SET seen_at = now() - interval '1 hour' WHERE id = $1", &[&dead])
+        .await
+        .unwrap();
+    // Reaps sandboxes at start and every 2 s while it drives the takeover.
+    app.start_worker(config(Duration::from_secs(4), 0, lease)).await;
+    let rest = app.sse(app.addr, "alice", &id, Some(seen.last().unwrap().seq), usize::MAX).await;
+    let all: Vec<Ev> = seen.into_iter().chain(rest).collect();
+    assert_eq!(all.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&all));
+    let ready = readies(&all);
+    assert_eq!(ready.len(), 2, "{ready:?}");
+    assert_eq!(
+        ready[1],
+        ("reused".to_owned(), warm.clone(), false),
+        "the takeover adopted the formerly warm container"
+    );
+    let results = results(&all);
+    assert_eq!(results[0], INTERRUPTED);
+    assert!(results[1].contains("survived"), "the container was kept through the takeover: {}", results[1]);
+    remove_all(&app.containers_of(&id).await).await;
+}
+
+#[tokio::test]
+async fn a_worker_whose_lease_was_taken_leaves_the_sessions_container_alone_when_its_run_ends() {
+    let app = TestApp::spawn(Options {
+        worker: false,
+        script: vec![Reply::tool("bash", json!({"command": "sleep 60"}))],
+        ..Default::default()
+    })
+    .await;
+    // No idle time: a run's end removes the session's container. A long
+    // lease: the heartbeat does not notice the takeover before the run ends.
+    let stop = CancellationToken::new();
+    let zombie = app.start_worker_until(config(Duration::ZERO, 0, Duration::from_secs(120)), stop.clone()).await;
+    let run = app.create_run("alice", json!({"prompt": "work"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    app.sse_until(app.addr, "alice", &id, None, usize::MAX, |e| e.kind == "tool_call.ready").await;
+    let before = app.containers_of(&id).await;
+    assert_eq!(before.len(), 1);
+
+    // Taken over, as the lease reaper and another worker's claim would:
+    // the container is the new attempt's now.
+    let run_id: uuid::Uuid = id.parse().unwrap();
+    app.sql()
+        .await
+        .execute(
+            "UPDATE runs SET attempt = attempt + 1, lease_owner = 'thief',
+                             lease_expires_at = now() + interval '1 hour'
+             WHERE id = $1",
+            &[&run_id],
+        )
+        .await
+        .unwrap();
+    // The first attempt still runs and ends on a cancel; then its worker stops.
+    let r = app.http.post(app.url(&format!("/v1/runs/{id}/cancel"))).bearer_auth(token("alice")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(60), zombie).await.unwrap().unwrap();
+    assert_eq!(app.containers_of(&id).await, before, "the container the takeover holds was left alone");
+    let status: String =
+        app.sql().await.query_one("SELECT status::text FROM runs WHERE id = $1", &[&run_id]).await.unwrap().get(0);
+    assert_eq!(status, "running", "the zombie wrote no end");
+    remove_all(&before).await;
+}

@@ -46,9 +46,13 @@ impl Handoff {
 }
 
 impl Successors {
-    /// Stops ending runs from claiming.
-    pub fn close(&self) {
+    /// Stops ending runs from claiming, and from handing over: a run
+    /// claimed all the same (the handoff was open when its end began) is
+    /// refused by `give` and goes back to the queue from the ending run's
+    /// task. What was handed over before stays to be taken with `try_next`.
+    pub fn close(&mut self) {
         self.closed.cancel();
+        self.rx.close();
     }
 
     /// A run handed over, if one is waiting.

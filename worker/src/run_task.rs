@@ -116,17 +116,40 @@ async fn execute_in_span(
             _ = tokio::time::sleep(remaining) => Ending::TimedOut,
         }
     };
-    drop(heartbeat);
+    // The heartbeat goes on until the end is written: putting the container
+    // to rest, the last events and the terminal write (each with retries)
+    // can together outlast the lease, and a run whose lease expired then
+    // would be taken over although it is done. A beat that comes after the
+    // end matches nothing and stops the loop.
+    //
     // A run handed to another worker leaves the container as it is: the
-    // next attempt adopts it and resets it itself.
-    if !matches!(ending, Ending::Released | Ending::LeaseLost) {
-        let keep = !ctx.config.sandbox_idle.is_zero();
-        lifecycle::after_run(&ctx.docker, &ctx.config.sandbox, run.session_id, keep).await;
-    }
+    // next attempt adopts it and resets it itself. That includes a run
+    // whose lease was taken without this task noticing yet.
+    let ending = match ending {
+        Ending::Released | Ending::LeaseLost => ending,
+        ending => match ctx.store.heartbeat(&lease, ctx.config.lease).await {
+            Ok(_) => {
+                let keep = !ctx.config.sandbox_idle.is_zero();
+                lifecycle::after_run(&ctx.docker, &ctx.config.sandbox, run.session_id, keep).await;
+                ending
+            }
+            Err(StoreError::LeaseLost(_)) => Ending::LeaseLost,
+            Err(e) => {
+                // Not knowing who holds the run, leave its container alone:
+                // the next run of the session resets it, the reaper removes it.
+                tracing::warn!(run_id = %run.id, error = %e, "could not confirm the lease; leaving the sandbox as it is");
+                ending
+            }
+        },
+    };
     if !matches!(ending, Ending::LeaseLost) {
         let _ = events.flush().await;
     }
-    finish(&ctx, &run, &lease, ending, signals.handoff.as_ref()).await;
+    let recorded = finish(&ctx, &run, &lease, ending, signals.handoff.as_ref()).await;
+    drop(heartbeat);
+    if recorded {
+        crate::github::deliver_finished(&ctx, &run).await;
+    }
 }
 
 /// Starts the sandbox, brings in the workspace and runs the loop.
@@ -223,7 +246,8 @@ fn remaining_time(run: &Run) -> Duration {
     limit.saturating_sub(elapsed)
 }
 
-async fn finish(ctx: &WorkerContext, run: &Run, lease: &Lease, ending: Ending, handoff: Option<&Handoff>) {
+/// Writes the run's end; `true` when a terminal event was recorded.
+async fn finish(ctx: &WorkerContext, run: &Run, lease: &Lease, ending: Ending, handoff: Option<&Handoff>) -> bool {
     let terminal = match ending {
         Ending::Finished(Outcome::Succeeded { summary }) => EventBody::RunSucceeded { summary },
         Ending::Finished(Outcome::Failed { error }) | Ending::Error(error) => EventBody::RunFailed { error },
@@ -235,12 +259,12 @@ async fn finish(ctx: &WorkerContext, run: &Run, lease: &Lease, ending: Ending, h
             if let Err(e) = ctx.store.release_run(lease).await {
                 tracing::warn!(run_id = %run.id, error = %e, "releasing run failed; its lease will expire");
             }
-            return;
+            return false;
         }
         Ending::LeaseLost => {
             tracing::Span::current().record("outcome", "lease_lost");
             tracing::warn!(run_id = %run.id, "lease lost; another worker has the run");
-            return;
+            return false;
         }
     };
     let status = match &terminal {
@@ -259,14 +283,15 @@ async fn finish(ctx: &WorkerContext, run: &Run, lease: &Lease, ending: Ending, h
     // The database may be briefly away; the terminal write is worth retrying.
     for attempt in 0..5 {
         match finish_and_maybe_claim(ctx, lease, &terminal, result.as_ref(), handoff).await {
-            Ok(()) => return crate::github::deliver_finished(ctx, run).await,
-            Err(StoreError::LeaseLost(_)) => return,
+            Ok(()) => return true,
+            Err(StoreError::LeaseLost(_)) => return false,
             Err(e) => {
                 tracing::warn!(run_id = %run.id, error = %e, attempt, "recording the run's end failed");
                 tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
             }
         }
     }
+    false
 }
 
 /// Records the run's end; with a handoff open, claims the worker's next run

@@ -77,13 +77,21 @@ impl Worker {
         let mut poll = tokio::time::interval(self.ctx.config.poll_interval);
         tracing::info!(worker = %self.ctx.config.worker_id, "worker started");
         loop {
+            // Whatever else woke the loop, a worker told to stop claims
+            // nothing more.
+            if shutdown.is_cancelled() {
+                break;
+            }
             // Runs handed over by ending runs first: they hold the slots
             // those runs freed, and must not be claimed around.
             while let Some((run, lease)) = successors.try_next() {
                 self.spawn_run(&mut tasks, run, lease, &handoff);
             }
-            self.claim_while_capacity(&mut tasks, &handoff).await;
+            self.claim_while_capacity(&mut tasks, &handoff, &shutdown).await;
             tokio::select! {
+                // Shutdown first: a tick or a notice ready at the same time
+                // must not take the loop round to another claim.
+                biased;
                 _ = shutdown.cancelled() => break,
                 _ = poll.tick() => {}
                 _ = reap.tick() => {
@@ -96,7 +104,6 @@ impl Worker {
                 notice = notices.recv() => self.on_notice(notice),
             }
         }
-        successors.close();
         self.shut_down(tasks, successors).await;
         if let Some(task) = pool_task {
             // Cancelled with `shutdown`: it removes its containers and ends.
@@ -114,8 +121,8 @@ impl Worker {
         }
     }
 
-    async fn claim_while_capacity(&self, tasks: &mut JoinSet<()>, handoff: &Handoff) {
-        while tasks.len() < self.ctx.config.concurrency {
+    async fn claim_while_capacity(&self, tasks: &mut JoinSet<()>, handoff: &Handoff, shutdown: &CancellationToken) {
+        while tasks.len() < self.ctx.config.concurrency && !shutdown.is_cancelled() {
             match self.ctx.store.claim_run(&self.ctx.config.worker_id, self.ctx.config.lease).await {
                 Ok(Some((run, lease))) => self.spawn_run(tasks, run, lease, handoff),
                 Ok(None) => return,
@@ -188,14 +195,18 @@ impl Worker {
     }
 
     async fn shut_down(&self, tasks: JoinSet<()>, mut successors: Successors) {
-        self.wait_for_runs(tasks).await;
+        // From here on an ending run hands back what it claimed itself.
+        successors.close();
         // Runs that ending runs claimed just before the handoff closed: no
-        // task of this worker will drive them, so another worker should.
+        // task of this worker will drive them and nothing extends their
+        // leases, so another worker should have them now, not after the
+        // grace period.
         while let Some((run, lease)) = successors.try_next() {
             if let Err(e) = self.ctx.store.release_run(&lease).await {
                 tracing::warn!(run_id = %run.id, error = %e, "releasing run failed; its lease will expire");
             }
         }
+        self.wait_for_runs(tasks).await;
     }
 
     async fn wait_for_runs(&self, mut tasks: JoinSet<()>) {

@@ -51,13 +51,9 @@ async fn should_remove(
     policy: &ReapPolicy<'_>,
     c: &Managed,
 ) -> Result<Option<&'static str>, kiln_store::StoreError> {
-    if let Some(worker) = &c.pool_worker {
-        if worker == policy.worker {
-            return Ok(policy.at_start.then_some("warm container of this worker's previous process"));
-        }
-        let presence = store.worker_presence(worker, policy.worker_gone_after).await?;
-        return Ok((presence == WorkerPresence::Gone).then_some("warm container of a worker that is gone"));
-    }
+    // A container bound to a session is the session's, whoever warmed it:
+    // a warm container keeps its pool labels once bound (labels cannot
+    // change), and its run may since have been taken over from that worker.
     if let Some(session) = c.session {
         let Some(activity) = store.session_activity(session).await? else { return Ok(None) };
         if activity.active {
@@ -65,6 +61,13 @@ async fn should_remove(
         }
         let idle_for = activity.last_finished_at.and_then(|t| (Utc::now() - t).to_std().ok()).unwrap_or_default();
         return Ok((idle_for >= policy.idle).then_some("session idle"));
+    }
+    if let Some(worker) = &c.pool_worker {
+        if worker == policy.worker {
+            return Ok(policy.at_start.then_some("warm container of this worker's previous process"));
+        }
+        let presence = store.worker_presence(worker, policy.worker_gone_after).await?;
+        return Ok((presence == WorkerPresence::Gone).then_some("warm container of a worker that is gone"));
     }
     if let Some(run) = c.run {
         let Some(run) = store.get_run_unscoped(run).await? else { return Ok(None) };

@@ -309,7 +309,9 @@ pub struct Managed {
     /// The run that created it (containers of older Kiln versions were
     /// bound to a run, not a session).
     pub run: Option<Uuid>,
-    /// A warm container, and the worker that keeps it.
+    /// A warm container not yet bound to a session, and the worker that
+    /// keeps it. (A bound one still carries the pool labels: labels cannot
+    /// change.)
     pub pool_worker: Option<String>,
 }
 
@@ -325,7 +327,7 @@ pub async fn list_managed(docker: &Docker) -> Result<Vec<Managed>, SandboxError>
             let label_uuid = |key: &str| labels.get(key).and_then(|v| Uuid::parse_str(v).ok());
             let session = c.names.unwrap_or_default().iter().find_map(|n| session_of_name(n));
             let pool_worker = match labels.get(LABEL_POOL).map(String::as_str) {
-                Some("true") => labels.get(LABEL_WORKER).cloned(),
+                Some("true") if session.is_none() => labels.get(LABEL_WORKER).cloned(),
                 _ => None,
             };
             Some(Managed { id: c.id?, session, run: label_uuid(LABEL_RUN), pool_worker })
