@@ -76,6 +76,10 @@ impl Worker {
         let mut reap_sandboxes = tokio::time::interval(sandbox_reaper::interval(self.ctx.config.sandbox_idle));
         let mut poll = tokio::time::interval(self.ctx.config.poll_interval);
         tracing::info!(worker = %self.ctx.config.worker_id, "worker started");
+        // Whether the queue may hold something for this worker now. Every
+        // event anywhere is a notification on a channel it listens to; a
+        // claim for each would be hundreds of empty queries a second.
+        let mut claim_due = true;
         loop {
             // Whatever else woke the loop, a worker told to stop claims
             // nothing more.
@@ -87,22 +91,33 @@ impl Worker {
             while let Some((run, lease)) = successors.try_next() {
                 self.spawn_run(&mut tasks, run, lease, &handoff);
             }
-            self.claim_while_capacity(&mut tasks, &handoff, &shutdown).await;
-            tokio::select! {
+            if claim_due {
+                self.claim_while_capacity(&mut tasks, &handoff, &shutdown).await;
+            }
+            claim_due = tokio::select! {
                 // Shutdown first: a tick or a notice ready at the same time
                 // must not take the loop round to another claim.
                 biased;
                 _ = shutdown.cancelled() => break,
-                _ = poll.tick() => {}
+                _ = poll.tick() => true,
                 _ = reap.tick() => {
                     self.announce().await;
+                    // Reaped runs go back to the queue.
                     self.reap().await;
+                    true
                 }
-                _ = reap_sandboxes.tick() => self.reap_sandboxes(false).await,
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-                Some((run, lease)) = successors.next() => self.spawn_run(&mut tasks, run, lease, &handoff),
+                _ = reap_sandboxes.tick() => {
+                    self.reap_sandboxes(false).await;
+                    false
+                }
+                // A slot came free.
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => true,
+                Some((run, lease)) = successors.next() => {
+                    self.spawn_run(&mut tasks, run, lease, &handoff);
+                    false
+                }
                 notice = notices.recv() => self.on_notice(notice),
-            }
+            };
         }
         self.shut_down(tasks, successors).await;
         if let Some(task) = pool_task {
@@ -148,14 +163,18 @@ impl Worker {
         });
     }
 
-    fn on_notice(&self, notice: Result<Notice, RecvError>) {
+    /// Passes on cancel and control notices to their runs; `true` when the
+    /// notice means the queue may hold a run to claim.
+    fn on_notice(&self, notice: Result<Notice, RecvError>) -> bool {
         match notice {
+            Ok(Notice::Notification { channel, .. }) if channel == channels::RUNS_QUEUED => true,
             Ok(Notice::Notification { channel, payload }) if channel == channels::RUN_CANCEL => {
                 if let Ok(id) = Uuid::parse_str(&payload)
                     && let Some(signals) = lock(&self.active).get(&id)
                 {
                     signals.cancel.cancel();
                 }
+                false
             }
             Ok(Notice::Notification { channel, payload }) if channel == channels::RUN_CONTROL => {
                 if let Ok(id) = Uuid::parse_str(&payload)
@@ -163,11 +182,14 @@ impl Worker {
                 {
                     signals.control.signal();
                 }
+                false
             }
-            // Queued runs, reconnects and lag all mean "try claiming"; the
-            // loop does that on every turn. Heartbeats also carry
-            // cancellation, so a missed cancel notice costs a heartbeat.
-            _ => {}
+            // Events of runs anywhere: nothing for the queue.
+            Ok(Notice::Notification { .. }) => false,
+            // Reconnected, or fell behind: anything may have been missed,
+            // a queued run too. (Heartbeats also carry cancellation, so a
+            // missed cancel notice costs a heartbeat.)
+            Ok(Notice::Reconnected) | Err(_) => true,
         }
     }
 
