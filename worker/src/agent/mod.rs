@@ -33,6 +33,11 @@ use tracing::Instrument;
 /// worker running it died (DESIGN.md §6): it must not be re-run blindly.
 pub const INTERRUPTED: &str = "interrupted: the worker running this call was lost; it may or may not have completed";
 
+/// Said to the model, in a follow-up, for a call of the earlier run that was
+/// still running when that run ended: its result was never stored.
+pub const ENDED_MID_CALL: &str = "interrupted: the run ended (cancelled, timed out or failed) while this call was \
+     running; it may or may not have completed";
+
 /// How often a run waiting for approval re-reads the decision.
 const APPROVAL_POLL: Duration = Duration::from_secs(1);
 /// Longest the loop goes without looking at the inbox when no message was
@@ -310,41 +315,39 @@ impl AgentRun<'_> {
         self.run.started_at.and_then(|t| (chrono::Utc::now() - t).to_std().ok()).unwrap_or_default()
     }
 
-    /// Loads the conversation; on the run's first attempt adds its prompt;
-    /// answers tool calls a lost worker left without results.
+    /// Loads the conversation; answers the tool calls left without results;
+    /// on the run's first attempt adds its prompt.
+    ///
+    /// The answers go first: every tool call must have its result before
+    /// anything else joins the conversation, or the providers refuse it
+    /// (a follow-up to a run cancelled mid-call would otherwise put its
+    /// prompt between the call and its answer).
     async fn resume(&mut self) -> Result<Vec<Message>, AgentError> {
         let mut messages = self.store.load_messages(self.run.session_id).await?;
-        if self.store.count_run_messages(self.run.id, "user").await? == 0 {
-            self.persist(&mut messages, Message::user(self.run.prompt.clone())).await?;
-        }
-        if let Some(last) = messages.last()
-            && last.role == Role::Assistant
-        {
-            let parts: Vec<Part> = last
-                .tool_calls()
-                .map(|(id, name, _)| Part::ToolResult {
-                    call_id: id.to_owned(),
-                    name: name.to_owned(),
-                    output: INTERRUPTED.into(),
+        let first_attempt = self.store.count_run_messages(self.run.id, "user").await? == 0;
+        let unanswered = unanswered_calls(&messages);
+        if !unanswered.is_empty() {
+            // On a run's first attempt the calls are an earlier run's, which
+            // ended (cancelled, timed out, failed) while they ran; otherwise
+            // this run's previous worker was lost.
+            let output = if first_attempt { ENDED_MID_CALL } else { INTERRUPTED };
+            let mut parts = Vec::with_capacity(unanswered.len());
+            for (id, name, _) in unanswered {
+                // Announced in the tool message's commit: a repeated takeover
+                // cannot repeat the event without the message.
+                self.events.queue_for_next_write(EventBody::ToolResult {
+                    call_id: id.clone(),
+                    name: name.clone(),
+                    output: output.into(),
                     is_error: true,
-                })
-                .collect();
-            if !parts.is_empty() {
-                for p in &parts {
-                    if let Part::ToolResult { call_id, name, output, is_error } = p {
-                        self.events
-                            .emit(EventBody::ToolResult {
-                                call_id: call_id.clone(),
-                                name: name.clone(),
-                                output: output.clone(),
-                                is_error: *is_error,
-                                duration_ms: 0,
-                            })
-                            .await?;
-                    }
-                }
-                self.persist(&mut messages, Message { role: Role::Tool, parts }).await?;
+                    duration_ms: 0,
+                });
+                parts.push(Part::ToolResult { call_id: id, name, output: output.into(), is_error: true });
             }
+            self.persist(&mut messages, Message { role: Role::Tool, parts }).await?;
+        }
+        if first_attempt {
+            self.persist(&mut messages, Message::user(self.run.prompt.clone())).await?;
         }
         Ok(messages)
     }
@@ -509,6 +512,27 @@ impl AgentRun<'_> {
     }
 }
 
+/// The tool calls of the conversation's last assistant message that no
+/// later message answers, in the model's order. Only that message can have
+/// any: every step stores its results (or the resume answers them) before
+/// anything else is appended.
+fn unanswered_calls(messages: &[Message]) -> Vec<(String, String, serde_json::Value)> {
+    let Some(at) = messages.iter().rposition(|m| m.role == Role::Assistant) else { return Vec::new() };
+    let answered: std::collections::HashSet<&str> = messages[at + 1..]
+        .iter()
+        .flat_map(|m| &m.parts)
+        .filter_map(|p| match p {
+            Part::ToolResult { call_id, .. } => Some(call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    messages[at]
+        .tool_calls()
+        .filter(|(id, _, _)| !answered.contains(id))
+        .map(|(id, name, args)| (id.to_owned(), name.to_owned(), args.clone()))
+        .collect()
+}
+
 /// The run is done when the last message is the model's answer without tool
 /// calls (a reclaimed run whose previous worker died after the final answer).
 fn finished(messages: &[Message]) -> Option<Outcome> {
@@ -531,5 +555,25 @@ mod tests {
         };
         assert_eq!(finished(&[call]), None);
         assert_eq!(finished(&[Message::user("hi")]), None);
+    }
+
+    #[test]
+    fn only_the_last_assistant_messages_calls_without_results_are_unanswered() {
+        let call = |id: &str| Part::ToolCall { id: id.into(), name: "bash".into(), arguments: serde_json::json!({}) };
+        let result = |id: &str| Part::ToolResult {
+            call_id: id.into(),
+            name: "bash".into(),
+            output: "ok".into(),
+            is_error: false,
+        };
+        let assistant = |parts| Message { role: Role::Assistant, parts };
+        let tool = |parts| Message { role: Role::Tool, parts };
+        let ids = |m: &[Message]| unanswered_calls(m).into_iter().map(|(id, _, _)| id).collect::<Vec<_>>();
+        let answered = [Message::user("go"), assistant(vec![call("1")]), tool(vec![result("1")])];
+        assert!(ids(&answered).is_empty());
+        let cut = [Message::user("go"), assistant(vec![call("1"), call("2"), call("3")]), tool(vec![result("2")])];
+        assert_eq!(ids(&cut), ["1", "3"]);
+        assert_eq!(ids(&[Message::user("go"), assistant(vec![call("1")])]), ["1"]);
+        assert!(ids(&[Message::user("go")]).is_empty());
     }
 }
