@@ -186,10 +186,32 @@ impl Store {
         row.map(|r| Ok(Decision { approved: r.try_get(0)?, reason: r.try_get(1)? })).transpose()
     }
 
-    /// Puts a run that waited for approval back to `running` (fenced).
-    pub async fn resume_after_approval(&self, lease: &Lease) -> Result<(), StoreError> {
+    /// Puts a run that waited for approval back to `running` and marks the
+    /// approved calls about to run as started, in one commit (fenced).
+    pub async fn resume_after_approval(&self, lease: &Lease, starting: &[String]) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        set_held_status(&tx, lease, RunStatus::Running).await?;
+        if !starting.is_empty() {
+            tx.execute(
+                "UPDATE approvals SET started_at = now()
+                 WHERE run_id = $1 AND call_id = ANY($2) AND started_at IS NULL",
+                &[&lease.run_id, &starting],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The run's approved calls that were let through to run (see
+    /// [`Store::resume_after_approval`]): only these may have run.
+    pub async fn started_approved_calls(&self, run_id: Uuid) -> Result<Vec<String>, StoreError> {
         let client = self.client().await?;
-        set_held_status(&client, lease, RunStatus::Running).await
+        let rows = client
+            .query("SELECT call_id FROM approvals WHERE run_id = $1 AND started_at IS NOT NULL", &[&run_id])
+            .await?;
+        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
     }
 
     /// Records `owner`'s decision on a pending call and wakes the worker.

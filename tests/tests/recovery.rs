@@ -3,9 +3,13 @@
 //! answered before anything else joins the conversation.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::time::{Duration, Instant};
+
 use kiln_scripted_model::Reply;
-use kiln_tests::{Ev, Options, TestApp, kinds, token};
+use kiln_tests::{Ev, Options, TestApp, kinds, token, worker_config};
+use kiln_worker::ProviderKind;
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 async fn post(app: &TestApp, path: &str, body: Value) -> (u16, Value) {
@@ -70,4 +74,52 @@ async fn a_follow_up_to_a_run_cancelled_mid_call_answers_the_call_before_its_pro
         .unwrap()
         .get(0);
     assert_eq!(event_tx, message_tx);
+}
+
+#[tokio::test]
+async fn a_call_waiting_for_approval_when_its_worker_died_runs_once_approved_after_the_takeover() {
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::tool("bash", json!({"command": "echo approved-after-takeover"})), Reply::text("done")],
+        worker: false,
+        ..Default::default()
+    })
+    .await;
+    let lease = Duration::from_secs(3);
+    let doomed = app.start_worker_until(worker_config(ProviderKind::OpenAi, lease), CancellationToken::new()).await;
+    let run = app.create_run("alice", json!({"prompt": "work", "approval": "always"})).await;
+    let id = run["id"].as_str().unwrap();
+    let asked = until(&app, id, None, |e| e.kind == "approval.requested").await;
+    let call = asked.last().unwrap().data["call_id"].as_str().unwrap().to_owned();
+    // Kill the worker outright while the call waits for a person.
+    doomed.abort();
+    let _ = doomed.await;
+
+    app.start_worker(worker_config(ProviderKind::OpenAi, lease)).await;
+    // The next worker brings the call back to the gate and waits again.
+    let after = asked.last().unwrap().seq;
+    let again = until(&app, id, Some(after), |e| e.kind == "tool_call.ready").await;
+    assert_eq!(again.last().unwrap().data["call_id"], call.as_str());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while app.get_run("alice", id).await["status"] != "awaiting_approval" {
+        assert!(Instant::now() < deadline, "the run never waited for the approval again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, body) = post(&app, &format!("/v1/runs/{id}/approvals/{call}"), json!({"decision": "approve"})).await;
+    assert_eq!(status, 200, "{body}");
+
+    let all = app.events_to_end("alice", id).await;
+    assert_eq!(all.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&all));
+    let results: Vec<&str> =
+        all.iter().filter(|e| e.kind == "tool.result").map(|e| e.data["output"].as_str().unwrap()).collect();
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert!(results[0].contains("approved-after-takeover"), "the approved call ran: {results:?}");
+    assert_eq!(all.iter().filter(|e| e.kind == "approval.requested").count(), 1, "one request, answered once");
+    let started: bool = app
+        .sql()
+        .await
+        .query_one("SELECT started_at IS NOT NULL FROM approvals WHERE call_id = $1", &[&call])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(started);
 }

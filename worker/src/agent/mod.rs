@@ -14,6 +14,7 @@ mod guard;
 mod model_call;
 mod prompt;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -327,12 +328,39 @@ impl AgentRun<'_> {
         let first_attempt = self.store.count_run_messages(self.run.id, "user").await? == 0;
         let unanswered = unanswered_calls(&messages);
         if !unanswered.is_empty() {
-            // On a run's first attempt the calls are an earlier run's, which
-            // ended (cancelled, timed out, failed) while they ran; otherwise
-            // this run's previous worker was lost.
+            // A call that had to wait for a person and was never let through
+            // certainly did not run: it goes through the gate again (a
+            // decision already made stands) and runs if approved. Any other
+            // may have run and is not run again blindly. On a run's first
+            // attempt the calls are an earlier run's, which ended (cancelled,
+            // timed out, failed) while they ran: none of them runs now.
+            let rerun: Vec<_> = if first_attempt {
+                Vec::new()
+            } else {
+                let started = self.store.started_approved_calls(self.run.id).await?;
+                unanswered
+                    .iter()
+                    .filter(|(id, name, _)| {
+                        (!self.tool_allowed(name) || self.needs_approval(name)) && !started.contains(id)
+                    })
+                    .cloned()
+                    .collect()
+            };
+            let mut ran: HashMap<String, Part> = HashMap::new();
+            if !rerun.is_empty() {
+                for part in self.run_tools(rerun).await?.parts {
+                    if let Part::ToolResult { call_id, .. } = &part {
+                        ran.insert(call_id.clone(), part);
+                    }
+                }
+            }
             let output = if first_attempt { ENDED_MID_CALL } else { INTERRUPTED };
             let mut parts = Vec::with_capacity(unanswered.len());
             for (id, name, _) in unanswered {
+                if let Some(part) = ran.remove(&id) {
+                    parts.push(part);
+                    continue;
+                }
                 // Announced in the tool message's commit: a repeated takeover
                 // cannot repeat the event without the message.
                 self.events.queue_for_next_write(EventBody::ToolResult {
@@ -365,7 +393,7 @@ impl AgentRun<'_> {
             let batch_len = if read_only(&rest[0]) { rest.iter().take_while(|c| read_only(c)).count() } else { 1 };
             let (batch, tail) = rest.split_at(batch_len);
             rest = tail;
-            let mut verdicts = Vec::with_capacity(batch.len());
+            let mut clearances = Vec::with_capacity(batch.len());
             for (call_id, name, arguments) in batch {
                 self.events
                     .emit(EventBody::ToolCallReady {
@@ -374,8 +402,22 @@ impl AgentRun<'_> {
                         arguments: arguments.clone(),
                     })
                     .await?;
-                verdicts.push(self.gate(call_id, name, arguments).await?);
+                clearances.push(self.gate(call_id, name, arguments).await?);
             }
+            if clearances.iter().any(Clearance::asked) {
+                // The approved calls are marked as started as the run goes
+                // back to `running`: a takeover from here on cannot know
+                // whether they ran, and one before this lets them through
+                // the gate again (see `resume`).
+                let starting: Vec<String> = batch
+                    .iter()
+                    .zip(&clearances)
+                    .filter(|(_, c)| matches!(c, Clearance::Approved))
+                    .map(|((call_id, _, _), _)| call_id.clone())
+                    .collect();
+                self.store.resume_after_approval(self.lease, &starting).await?;
+            }
+            let verdicts: Vec<Option<ToolOutcome>> = clearances.into_iter().map(Clearance::refusal).collect();
             let (sandbox, tools) = (self.sandbox, self.tools);
             let stream = OutputStream::default();
             let work =
@@ -445,26 +487,22 @@ impl AgentRun<'_> {
         Ok(Message { role: Role::Tool, parts })
     }
 
-    /// Whether a call may run: `Some(outcome)` refuses it with that result.
-    /// Calls outside `allowed_tools` are refused; calls the run's approval
-    /// mode covers wait (the run in `awaiting_approval`) for a person.
+    /// Whether a call may run. Calls outside `allowed_tools` are refused;
+    /// calls the run's approval mode covers wait (the run in
+    /// `awaiting_approval`) for a person. The caller puts the run back to
+    /// `running` ([`Clearance::asked`]) once its batch is cleared.
     async fn gate(
         &mut self,
         call_id: &str,
         name: &str,
         arguments: &serde_json::Value,
-    ) -> Result<Option<ToolOutcome>, AgentError> {
+    ) -> Result<Clearance, AgentError> {
         if !self.tool_allowed(name) {
-            return Ok(Some(ToolOutcome::error(format!("the tool {name:?} is not available in this run"))));
+            let refusal = ToolOutcome::error(format!("the tool {name:?} is not available in this run"));
+            return Ok(Clearance::Refused { outcome: refusal, asked: false });
         }
-        let mutating = self.tools.get(name).is_none_or(|t| t.is_mutating());
-        let needs_approval = match self.run.approval {
-            ApprovalMode::Never => false,
-            ApprovalMode::Mutating => mutating,
-            ApprovalMode::Always => true,
-        };
-        if !needs_approval {
-            return Ok(None);
+        if !self.needs_approval(name) {
+            return Ok(Clearance::Free);
         }
         // The store writes `approval.requested` itself: what is queued first.
         self.events.flush().await?;
@@ -472,11 +510,21 @@ impl AgentRun<'_> {
             Some(decision) => decision,
             None => self.wait_for_decision(call_id).await?,
         };
-        self.store.resume_after_approval(self.lease).await?;
-        Ok((!decision.approved).then(|| {
-            let why = decision.reason.map(|r| format!(": {r}")).unwrap_or_default();
-            ToolOutcome::error(format!("the user denied this call{why}"))
-        }))
+        if decision.approved {
+            return Ok(Clearance::Approved);
+        }
+        let why = decision.reason.map(|r| format!(": {r}")).unwrap_or_default();
+        Ok(Clearance::Refused { outcome: ToolOutcome::error(format!("the user denied this call{why}")), asked: true })
+    }
+
+    /// Whether the run's approval mode makes a call of `name` wait for a person.
+    fn needs_approval(&self, name: &str) -> bool {
+        let mutating = self.tools.get(name).is_none_or(|t| t.is_mutating());
+        match self.run.approval {
+            ApprovalMode::Never => false,
+            ApprovalMode::Mutating => mutating,
+            ApprovalMode::Always => true,
+        }
     }
 
     /// Waits for a person's decision; woken by NOTIFY, with polling in case
@@ -509,6 +557,31 @@ impl AgentRun<'_> {
         self.events.append_message(self.run.session_id, message.clone(), None, None).await?;
         messages.push(message);
         Ok(())
+    }
+}
+
+/// What the gate said about a call.
+enum Clearance {
+    /// It needs nobody's approval.
+    Free,
+    /// A person approved it.
+    Approved,
+    /// It does not run: the tool is not allowed, or a person denied it.
+    Refused { outcome: ToolOutcome, asked: bool },
+}
+
+impl Clearance {
+    /// Whether a person was asked (the run went to `awaiting_approval`).
+    fn asked(&self) -> bool {
+        matches!(self, Clearance::Approved | Clearance::Refused { asked: true, .. })
+    }
+
+    /// The result a refused call gets instead of running.
+    fn refusal(self) -> Option<ToolOutcome> {
+        match self {
+            Clearance::Refused { outcome, .. } => Some(outcome),
+            Clearance::Free | Clearance::Approved => None,
+        }
     }
 }
 
