@@ -5,7 +5,9 @@
 
 use std::time::{Duration, Instant};
 
+use kiln_protocol::Message;
 use kiln_scripted_model::Reply;
+use kiln_store::{Lease, StoreError};
 use kiln_tests::{Ev, Options, TestApp, kinds, token, worker_config};
 use kiln_worker::ProviderKind;
 use serde_json::{Value, json};
@@ -122,4 +124,63 @@ async fn a_call_waiting_for_approval_when_its_worker_died_runs_once_approved_aft
         .unwrap()
         .get(0);
     assert!(started);
+}
+
+#[tokio::test]
+async fn a_steering_message_is_marked_read_in_the_commit_that_stores_it() {
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::tool("bash", json!({"command": "sleep 2; echo first"})), Reply::text("done")],
+        ..Default::default()
+    })
+    .await;
+    let run = app.create_run("alice", json!({"prompt": "start"})).await;
+    let id = run["id"].as_str().unwrap();
+    until(&app, id, None, |e| e.kind == "tool_call.ready").await;
+    let (status, body) = post(&app, &format!("/v1/runs/{id}/messages"), json!({"text": "also check the tests"})).await;
+    assert_eq!(status, 202, "{body}");
+    let events = app.events_to_end("alice", id).await;
+    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
+    let run: Uuid = id.parse().unwrap();
+    let rows = app
+        .sql()
+        .await
+        .query(
+            "SELECT i.consumed_at IS NOT NULL, i.xmin::text::bigint, m.xmin::text::bigint
+             FROM run_inbox i
+             LEFT JOIN messages m ON m.run_id = i.run_id AND m.role = 'user' AND m.parts->0->>'text' = i.text
+             WHERE i.run_id = $1",
+            &[&run],
+        )
+        .await
+        .unwrap();
+    let seen: Vec<(bool, i64, Option<i64>)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+    let [(consumed, inbox_tx, message_tx)] = seen[..] else { panic!("{seen:?}") };
+    assert!(consumed);
+    assert_eq!(Some(inbox_tx), message_tx, "consumed and stored in one transaction");
+}
+
+#[tokio::test]
+async fn moving_inbox_messages_again_after_a_lost_answer_stores_nothing_twice() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let run = app.create_run("alice", json!({"prompt": "p"})).await;
+    let id = run["id"].as_str().unwrap();
+    let (claimed, lease) = app.store.claim_run("w", Duration::from_secs(600)).await.unwrap().unwrap();
+    for text in ["one", "two"] {
+        assert_eq!(post(&app, &format!("/v1/runs/{id}/messages"), json!({ "text": text })).await.0, 202);
+    }
+    let unread = app.store.unread_inbox(lease.run_id).await.unwrap();
+    let texts: Vec<&str> = unread.iter().map(|m| m.text.as_str()).collect();
+    assert_eq!(texts, ["one", "two"]);
+    // A stale lease moves nothing.
+    let stale = Lease { attempt: lease.attempt + 1, ..lease.clone() };
+    let refused = app.store.consume_inbox(&stale, claimed.session_id, &unread).await;
+    assert!(matches!(refused, Err(StoreError::LeaseLost(_))), "{refused:?}");
+    assert_eq!(app.store.unread_inbox(lease.run_id).await.unwrap(), unread);
+
+    app.store.consume_inbox(&lease, claimed.session_id, &unread).await.unwrap();
+    // What a retry after a commit whose answer was lost does: the same rows again.
+    app.store.consume_inbox(&lease, claimed.session_id, &unread).await.unwrap();
+    assert!(app.store.unread_inbox(lease.run_id).await.unwrap().is_empty());
+    let stored = app.store.load_messages(claimed.session_id).await.unwrap();
+    assert_eq!(stored, [Message::user("one"), Message::user("two")]);
 }

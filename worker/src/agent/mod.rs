@@ -127,8 +127,12 @@ impl AgentRun<'_> {
                 inbox_checked.is_none_or(|(at, seen): (Instant, u64)| seen != announced || at.elapsed() >= INBOX_POLL);
             if due || finished(&messages).is_some() {
                 inbox_checked = Some((Instant::now(), announced));
-                for text in db_retry::with_retry(|| self.store.take_inbox(self.lease)).await? {
-                    self.persist(&mut messages, Message::user(text)).await?;
+                let unread = db_retry::with_retry(|| self.store.unread_inbox(self.run.id)).await?;
+                if !unread.is_empty() {
+                    // Consumed in the commit that stores them: the same
+                    // messages on a retry, so it stores nothing twice.
+                    db_retry::with_retry(|| self.store.consume_inbox(self.lease, self.run.session_id, &unread)).await?;
+                    messages.extend(unread.into_iter().map(|m| Message::user(m.text)));
                 }
             }
             if let Some(outcome) = finished(&messages) {
