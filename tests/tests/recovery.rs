@@ -184,3 +184,38 @@ async fn moving_inbox_messages_again_after_a_lost_answer_stores_nothing_twice() 
     let stored = app.store.load_messages(claimed.session_id).await.unwrap();
     assert_eq!(stored, [Message::user("one"), Message::user("two")]);
 }
+
+#[tokio::test]
+async fn a_fenced_write_waits_for_a_takeover_under_way_and_is_then_refused() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let run = app.create_run("alice", json!({"prompt": "p"})).await;
+    let id = run["id"].as_str().unwrap();
+    let (claimed, lease) = app.store.claim_run("w", Duration::from_secs(600)).await.unwrap().unwrap();
+    assert_eq!(post(&app, &format!("/v1/runs/{id}/messages"), json!({"text": "steer"})).await.0, 202);
+    let unread = app.store.unread_inbox(lease.run_id).await.unwrap();
+
+    // Another worker's claim, not yet committed.
+    let mut sql = app.sql().await;
+    let takeover = sql.transaction().await.unwrap();
+    takeover
+        .execute("UPDATE runs SET attempt = attempt + 1, lease_owner = 'w2' WHERE id = $1", &[&lease.run_id])
+        .await
+        .unwrap();
+    let (store, old) = (app.store.clone(), lease.clone());
+    let session = claimed.session_id;
+    let summary = tokio::spawn(async move {
+        store.append_summary(&old, Uuid::now_v7(), session, &Message::user("summary"), 0, None, None).await
+    });
+    let (store, old) = (app.store.clone(), lease.clone());
+    let inbox = tokio::spawn(async move { store.consume_inbox(&old, session, &unread).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!summary.is_finished() && !inbox.is_finished(), "the writes wait for the run row");
+    takeover.commit().await.unwrap();
+
+    let summary = summary.await.unwrap();
+    assert!(matches!(summary, Err(StoreError::LeaseLost(_))), "{summary:?}");
+    let inbox = inbox.await.unwrap();
+    assert!(matches!(inbox, Err(StoreError::LeaseLost(_))), "{inbox:?}");
+    assert!(app.store.load_messages(session).await.unwrap().is_empty());
+    assert_eq!(app.store.unread_inbox(lease.run_id).await.unwrap().len(), 1, "the message stays unread");
+}
