@@ -78,8 +78,25 @@ async fn a_follow_up_to_a_run_cancelled_mid_call_answers_the_call_before_its_pro
     assert_eq!(event_tx, message_tx);
 }
 
+/// How the first worker goes while its run waits for an approval.
+enum Gone {
+    /// Killed outright: the run waits out its lease.
+    Killed,
+    /// Shut down: the run is handed back to the queue at once.
+    ShutDown,
+}
+
 #[tokio::test]
 async fn a_call_waiting_for_approval_when_its_worker_died_runs_once_approved_after_the_takeover() {
+    approval_survives(Gone::Killed).await;
+}
+
+#[tokio::test]
+async fn a_call_waiting_for_approval_when_its_worker_shut_down_runs_once_approved_after_the_handover() {
+    approval_survives(Gone::ShutDown).await;
+}
+
+async fn approval_survives(gone: Gone) {
     let app = TestApp::spawn(Options {
         script: vec![Reply::tool("bash", json!({"command": "echo approved-after-takeover"})), Reply::text("done")],
         worker: false,
@@ -87,14 +104,25 @@ async fn a_call_waiting_for_approval_when_its_worker_died_runs_once_approved_aft
     })
     .await;
     let lease = Duration::from_secs(3);
-    let doomed = app.start_worker_until(worker_config(ProviderKind::OpenAi, lease), CancellationToken::new()).await;
+    let mut first = worker_config(ProviderKind::OpenAi, lease);
+    first.shutdown_grace = Duration::from_secs(1);
+    let stop_first = CancellationToken::new();
+    let first = app.start_worker_until(first, stop_first.clone()).await;
     let run = app.create_run("alice", json!({"prompt": "work", "approval": "always"})).await;
     let id = run["id"].as_str().unwrap();
     let asked = until(&app, id, None, |e| e.kind == "approval.requested").await;
     let call = asked.last().unwrap().data["call_id"].as_str().unwrap().to_owned();
-    // Kill the worker outright while the call waits for a person.
-    doomed.abort();
-    let _ = doomed.await;
+    match gone {
+        Gone::Killed => {
+            first.abort();
+            let _ = first.await;
+        }
+        Gone::ShutDown => {
+            stop_first.cancel();
+            first.await.unwrap();
+            assert_eq!(app.get_run("alice", id).await["status"], "queued", "handed back");
+        }
+    }
 
     app.start_worker(worker_config(ProviderKind::OpenAi, lease)).await;
     // The next worker brings the call back to the gate and waits again.
