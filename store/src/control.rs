@@ -1,10 +1,11 @@
 //! Steering and approvals: a client talks to an active run through rows the
 //! worker reads (the inbox, the approvals table) and a NOTIFY that wakes it.
 
-use kiln_protocol::{EventBody, Run, RunStatus, Trigger};
+use kiln_protocol::{EventBody, Message, Run, RunStatus, Trigger};
 use uuid::Uuid;
 
 use crate::events::insert_event_tx;
+use crate::messages::{is_duplicate_message_id, message_columns};
 use crate::queue::Lease;
 use crate::rows::{RUN_COLUMNS, run_from_row};
 use crate::runs::{Quota, QuotaRefusal, check_quota_tx};
@@ -61,6 +62,43 @@ async fn set_held_status(
         return Err(StoreError::LeaseLost(lease.run_id));
     }
     Ok(())
+}
+
+/// The statement of [`Store::consume_inbox`]. The run row is locked first
+/// (fenced like every worker write: `$1..$3` must still hold the run), so a
+/// takeover committing meanwhile is waited for and then refuses the write.
+/// Messages whose id (derived from the inbox row) is already stored are not
+/// stored again.
+const CONSUME_INBOX: &str = "WITH run AS (
+         UPDATE runs SET last_event_seq = last_event_seq
+         WHERE id = $1 AND attempt = $2 AND lease_owner = $3
+           AND status IN ('running', 'awaiting_approval')
+         RETURNING id
+     ), taken AS (
+         SELECT t.inbox_id, t.parts, t.ord, md5('kiln-run-inbox:' || t.inbox_id)::uuid AS message_id
+         FROM run, unnest($5::bigint[], $6::jsonb[]) WITH ORDINALITY AS t(inbox_id, parts, ord)
+     ), consumed AS (
+         UPDATE run_inbox i SET consumed_at = now()
+         FROM taken
+         WHERE i.id = taken.inbox_id AND i.run_id = $1 AND i.consumed_at IS NULL
+     ), fresh AS (
+         SELECT taken.parts, taken.message_id, row_number() OVER (ORDER BY taken.ord) AS n
+         FROM taken
+         WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.message_id = taken.message_id)
+     ), stored AS (
+         INSERT INTO messages (session_id, seq, run_id, role, parts, message_id)
+         SELECT $4, COALESCE((SELECT max(seq) FROM messages WHERE session_id = $4), 0) + fresh.n,
+                $1, 'user', fresh.parts, fresh.message_id
+         FROM fresh
+     )
+     SELECT count(*) FROM run";
+
+/// A message a client sent to an active run, not yet in its conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InboxMessage {
+    /// The inbox row; the stored message's id is derived from it.
+    pub id: i64,
+    pub text: String,
 }
 
 const ACTIVE: &str = "('queued', 'running', 'awaiting_approval')";
@@ -134,26 +172,52 @@ impl Store {
         Ok(MessageOutcome::FollowUp(run))
     }
 
-    /// Moves the run's unread inbox messages out, oldest first (fenced).
-    pub async fn take_inbox(&self, lease: &Lease) -> Result<Vec<String>, StoreError> {
+    /// The run's unread inbox messages, oldest first. Reading takes nothing
+    /// out: [`Store::consume_inbox`] moves them into the conversation.
+    pub async fn unread_inbox(&self, run_id: Uuid) -> Result<Vec<InboxMessage>, StoreError> {
         let client = self.client().await?;
-        // Prepared once per connection: this runs on every step.
+        // Prepared once per connection: the loop looks at least every second.
         let statement = client
-            .prepare_cached(
-                "UPDATE run_inbox SET consumed_at = now()
-                 WHERE run_id = $1 AND consumed_at IS NULL
-                   AND EXISTS (SELECT 1 FROM runs WHERE id = $1 AND attempt = $2 AND lease_owner = $3
-                               AND status IN ('running', 'awaiting_approval'))
-                 RETURNING id, text",
-            )
+            .prepare_cached("SELECT id, text FROM run_inbox WHERE run_id = $1 AND consumed_at IS NULL ORDER BY id")
             .await?;
-        let rows = client.query(&statement, &[&lease.run_id, &lease.attempt, &lease.worker]).await?;
-        let mut messages = rows
+        let rows = client.query(&statement, &[&run_id]).await?;
+        rows.iter().map(|r| Ok(InboxMessage { id: r.try_get(0)?, text: r.try_get(1)? })).collect()
+    }
+
+    /// Moves `unread` (from [`Store::unread_inbox`]) into the session's
+    /// conversation as user messages, in one fenced statement: an inbox row
+    /// is marked consumed in the commit that stores its message, so no crash
+    /// or lost lease in between can lose a message the client was told was
+    /// accepted. Idempotent: each message's id is derived from its inbox row,
+    /// so a retry after a commit whose answer was lost stores nothing twice.
+    pub async fn consume_inbox(
+        &self,
+        lease: &Lease,
+        session_id: Uuid,
+        unread: &[InboxMessage],
+    ) -> Result<(), StoreError> {
+        let ids: Vec<i64> = unread.iter().map(|m| m.id).collect();
+        let parts = unread
             .iter()
-            .map(|r| Ok((r.try_get::<_, i64>(0)?, r.try_get::<_, String>(1)?)))
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        messages.sort_by_key(|(id, _)| *id);
-        Ok(messages.into_iter().map(|(_, text)| text).collect())
+            .map(|m| message_columns(&Message::user(m.text.clone()), None).map(|(parts, _)| parts))
+            .collect::<Result<Vec<_>, _>>()?;
+        let client = self.client().await?;
+        let statement = client.prepare_cached(CONSUME_INBOX).await?;
+        let result = client
+            .query_one(&statement, &[&lease.run_id, &lease.attempt, &lease.worker, &session_id, &ids, &parts])
+            .await;
+        let row = match result {
+            Ok(row) => row,
+            // An earlier attempt committed while this one ran: the unique
+            // index refused the copies; all of it is stored.
+            Err(e) if is_duplicate_message_id(&e) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        let held: i64 = row.try_get(0)?;
+        if held == 0 {
+            return Err(StoreError::LeaseLost(lease.run_id));
+        }
+        Ok(())
     }
 
     /// Asks for approval of a call: the run waits in `awaiting_approval`
@@ -203,10 +267,32 @@ impl Store {
         row.map(|r| Ok(Decision { approved: r.try_get(0)?, reason: r.try_get(1)? })).transpose()
     }
 
-    /// Puts a run that waited for approval back to `running` (fenced).
-    pub async fn resume_after_approval(&self, lease: &Lease) -> Result<(), StoreError> {
+    /// Puts a run that waited for approval back to `running` and marks the
+    /// approved calls about to run as started, in one commit (fenced).
+    pub async fn resume_after_approval(&self, lease: &Lease, starting: &[String]) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        set_held_status(&tx, lease, RunStatus::Running).await?;
+        if !starting.is_empty() {
+            tx.execute(
+                "UPDATE approvals SET started_at = now()
+                 WHERE run_id = $1 AND call_id = ANY($2) AND started_at IS NULL",
+                &[&lease.run_id, &starting],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The run's approved calls that were let through to run (see
+    /// [`Store::resume_after_approval`]): only these may have run.
+    pub async fn started_approved_calls(&self, run_id: Uuid) -> Result<Vec<String>, StoreError> {
         let client = self.client().await?;
-        set_held_status(&client, lease, RunStatus::Running).await
+        let rows = client
+            .query("SELECT call_id FROM approvals WHERE run_id = $1 AND started_at IS NOT NULL", &[&run_id])
+            .await?;
+        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
     }
 
     /// Records `owner`'s decision on a pending call and wakes the worker.

@@ -14,6 +14,7 @@ mod guard;
 mod model_call;
 mod prompt;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,6 +33,11 @@ use tracing::Instrument;
 /// Said to the model for a call whose result was never stored because the
 /// worker running it died (DESIGN.md §6): it must not be re-run blindly.
 pub const INTERRUPTED: &str = "interrupted: the worker running this call was lost; it may or may not have completed";
+
+/// Said to the model, in a follow-up, for a call of the earlier run that was
+/// still running when that run ended: its result was never stored.
+pub const ENDED_MID_CALL: &str = "interrupted: the run ended (cancelled, timed out or failed) while this call was \
+     running; it may or may not have completed";
 
 /// How often a run waiting for approval re-reads the decision.
 const APPROVAL_POLL: Duration = Duration::from_secs(1);
@@ -121,8 +127,12 @@ impl AgentRun<'_> {
                 inbox_checked.is_none_or(|(at, seen): (Instant, u64)| seen != announced || at.elapsed() >= INBOX_POLL);
             if due || finished(&messages).is_some() {
                 inbox_checked = Some((Instant::now(), announced));
-                for text in db_retry::with_retry(|| self.store.take_inbox(self.lease)).await? {
-                    self.persist(&mut messages, Message::user(text)).await?;
+                let unread = db_retry::with_retry(|| self.store.unread_inbox(self.run.id)).await?;
+                if !unread.is_empty() {
+                    // Consumed in the commit that stores them: the same
+                    // messages on a retry, so it stores nothing twice.
+                    db_retry::with_retry(|| self.store.consume_inbox(self.lease, self.run.session_id, &unread)).await?;
+                    messages.extend(unread.into_iter().map(|m| Message::user(m.text)));
                 }
             }
             if let Some(outcome) = finished(&messages) {
@@ -310,41 +320,66 @@ impl AgentRun<'_> {
         self.run.started_at.and_then(|t| (chrono::Utc::now() - t).to_std().ok()).unwrap_or_default()
     }
 
-    /// Loads the conversation; on the run's first attempt adds its prompt;
-    /// answers tool calls a lost worker left without results.
+    /// Loads the conversation; answers the tool calls left without results;
+    /// on the run's first attempt adds its prompt.
+    ///
+    /// The answers go first: every tool call must have its result before
+    /// anything else joins the conversation, or the providers refuse it
+    /// (a follow-up to a run cancelled mid-call would otherwise put its
+    /// prompt between the call and its answer).
     async fn resume(&mut self) -> Result<Vec<Message>, AgentError> {
         let mut messages = self.store.load_messages(self.run.session_id).await?;
-        if self.store.count_run_messages(self.run.id, "user").await? == 0 {
-            self.persist(&mut messages, Message::user(self.run.prompt.clone())).await?;
-        }
-        if let Some(last) = messages.last()
-            && last.role == Role::Assistant
-        {
-            let parts: Vec<Part> = last
-                .tool_calls()
-                .map(|(id, name, _)| Part::ToolResult {
-                    call_id: id.to_owned(),
-                    name: name.to_owned(),
-                    output: INTERRUPTED.into(),
-                    is_error: true,
-                })
-                .collect();
-            if !parts.is_empty() {
-                for p in &parts {
-                    if let Part::ToolResult { call_id, name, output, is_error } = p {
-                        self.events
-                            .emit(EventBody::ToolResult {
-                                call_id: call_id.clone(),
-                                name: name.clone(),
-                                output: output.clone(),
-                                is_error: *is_error,
-                                duration_ms: 0,
-                            })
-                            .await?;
+        let first_attempt = self.store.count_run_messages(self.run.id, "user").await? == 0;
+        let unanswered = unanswered_calls(&messages);
+        if !unanswered.is_empty() {
+            // A call that had to wait for a person and was never let through
+            // certainly did not run: it goes through the gate again (a
+            // decision already made stands) and runs if approved. Any other
+            // may have run and is not run again blindly. On a run's first
+            // attempt the calls are an earlier run's, which ended (cancelled,
+            // timed out, failed) while they ran: none of them runs now.
+            let rerun: Vec<_> = if first_attempt {
+                Vec::new()
+            } else {
+                let started = self.store.started_approved_calls(self.run.id).await?;
+                unanswered
+                    .iter()
+                    .filter(|(id, name, _)| {
+                        (!self.tool_allowed(name) || self.needs_approval(name)) && !started.contains(id)
+                    })
+                    .cloned()
+                    .collect()
+            };
+            let mut ran: HashMap<String, Part> = HashMap::new();
+            if !rerun.is_empty() {
+                for part in self.run_tools(rerun).await?.parts {
+                    if let Part::ToolResult { call_id, .. } = &part {
+                        ran.insert(call_id.clone(), part);
                     }
                 }
-                self.persist(&mut messages, Message { role: Role::Tool, parts }).await?;
             }
+            let output = if first_attempt { ENDED_MID_CALL } else { INTERRUPTED };
+            let mut parts = Vec::with_capacity(unanswered.len());
+            for (id, name, _) in unanswered {
+                if let Some(part) = ran.remove(&id) {
+                    parts.push(part);
+                    continue;
+                }
+                // Announced in the tool message's commit: a repeated takeover
+                // cannot repeat the event without the message.
+                self.events.queue_for_next_write(EventBody::ToolResult {
+                    call_id: id.clone(),
+                    name: name.clone(),
+                    output: output.into(),
+                    is_error: true,
+                    duration_ms: 0,
+                });
+                parts.push(Part::ToolResult { call_id: id, name, output: output.into(), is_error: true });
+            }
+            self.persist(&mut messages, Message { role: Role::Tool, parts }).await?;
+        }
+        if first_attempt {
+            self.persist(&mut messages, Message::user(self.run.prompt.clone())).await?;
         }
         Ok(messages)
     }
@@ -362,7 +397,7 @@ impl AgentRun<'_> {
             let batch_len = if read_only(&rest[0]) { rest.iter().take_while(|c| read_only(c)).count() } else { 1 };
             let (batch, tail) = rest.split_at(batch_len);
             rest = tail;
-            let mut verdicts = Vec::with_capacity(batch.len());
+            let mut clearances = Vec::with_capacity(batch.len());
             for (call_id, name, arguments) in batch {
                 self.events
                     .emit(EventBody::ToolCallReady {
@@ -371,8 +406,22 @@ impl AgentRun<'_> {
                         arguments: arguments.clone(),
                     })
                     .await?;
-                verdicts.push(self.gate(call_id, name, arguments).await?);
+                clearances.push(self.gate(call_id, name, arguments).await?);
             }
+            if clearances.iter().any(Clearance::asked) {
+                // The approved calls are marked as started as the run goes
+                // back to `running`: a takeover from here on cannot know
+                // whether they ran, and one before this lets them through
+                // the gate again (see `resume`).
+                let starting: Vec<String> = batch
+                    .iter()
+                    .zip(&clearances)
+                    .filter(|(_, c)| matches!(c, Clearance::Approved))
+                    .map(|((call_id, _, _), _)| call_id.clone())
+                    .collect();
+                self.store.resume_after_approval(self.lease, &starting).await?;
+            }
+            let verdicts: Vec<Option<ToolOutcome>> = clearances.into_iter().map(Clearance::refusal).collect();
             let (sandbox, tools) = (self.sandbox, self.tools);
             let stream = OutputStream::default();
             let work =
@@ -442,26 +491,22 @@ impl AgentRun<'_> {
         Ok(Message { role: Role::Tool, parts })
     }
 
-    /// Whether a call may run: `Some(outcome)` refuses it with that result.
-    /// Calls outside `allowed_tools` are refused; calls the run's approval
-    /// mode covers wait (the run in `awaiting_approval`) for a person.
+    /// Whether a call may run. Calls outside `allowed_tools` are refused;
+    /// calls the run's approval mode covers wait (the run in
+    /// `awaiting_approval`) for a person. The caller puts the run back to
+    /// `running` ([`Clearance::asked`]) once its batch is cleared.
     async fn gate(
         &mut self,
         call_id: &str,
         name: &str,
         arguments: &serde_json::Value,
-    ) -> Result<Option<ToolOutcome>, AgentError> {
+    ) -> Result<Clearance, AgentError> {
         if !self.tool_allowed(name) {
-            return Ok(Some(ToolOutcome::error(format!("the tool {name:?} is not available in this run"))));
+            let refusal = ToolOutcome::error(format!("the tool {name:?} is not available in this run"));
+            return Ok(Clearance::Refused { outcome: refusal, asked: false });
         }
-        let mutating = self.tools.get(name).is_none_or(|t| t.is_mutating());
-        let needs_approval = match self.run.approval {
-            ApprovalMode::Never => false,
-            ApprovalMode::Mutating => mutating,
-            ApprovalMode::Always => true,
-        };
-        if !needs_approval {
-            return Ok(None);
+        if !self.needs_approval(name) {
+            return Ok(Clearance::Free);
         }
         // The store writes `approval.requested` itself: what is queued first.
         self.events.flush().await?;
@@ -469,11 +514,21 @@ impl AgentRun<'_> {
             Some(decision) => decision,
             None => self.wait_for_decision(call_id).await?,
         };
-        self.store.resume_after_approval(self.lease).await?;
-        Ok((!decision.approved).then(|| {
-            let why = decision.reason.map(|r| format!(": {r}")).unwrap_or_default();
-            ToolOutcome::error(format!("the user denied this call{why}"))
-        }))
+        if decision.approved {
+            return Ok(Clearance::Approved);
+        }
+        let why = decision.reason.map(|r| format!(": {r}")).unwrap_or_default();
+        Ok(Clearance::Refused { outcome: ToolOutcome::error(format!("the user denied this call{why}")), asked: true })
+    }
+
+    /// Whether the run's approval mode makes a call of `name` wait for a person.
+    fn needs_approval(&self, name: &str) -> bool {
+        let mutating = self.tools.get(name).is_none_or(|t| t.is_mutating());
+        match self.run.approval {
+            ApprovalMode::Never => false,
+            ApprovalMode::Mutating => mutating,
+            ApprovalMode::Always => true,
+        }
     }
 
     /// Waits for a person's decision; woken by NOTIFY, with polling in case
@@ -509,6 +564,52 @@ impl AgentRun<'_> {
     }
 }
 
+/// What the gate said about a call.
+enum Clearance {
+    /// It needs nobody's approval.
+    Free,
+    /// A person approved it.
+    Approved,
+    /// It does not run: the tool is not allowed, or a person denied it.
+    Refused { outcome: ToolOutcome, asked: bool },
+}
+
+impl Clearance {
+    /// Whether a person was asked (the run went to `awaiting_approval`).
+    fn asked(&self) -> bool {
+        matches!(self, Clearance::Approved | Clearance::Refused { asked: true, .. })
+    }
+
+    /// The result a refused call gets instead of running.
+    fn refusal(self) -> Option<ToolOutcome> {
+        match self {
+            Clearance::Refused { outcome, .. } => Some(outcome),
+            Clearance::Free | Clearance::Approved => None,
+        }
+    }
+}
+
+/// The tool calls of the conversation's last assistant message that no
+/// later message answers, in the model's order. Only that message can have
+/// any: every step stores its results (or the resume answers them) before
+/// anything else is appended.
+fn unanswered_calls(messages: &[Message]) -> Vec<(String, String, serde_json::Value)> {
+    let Some(at) = messages.iter().rposition(|m| m.role == Role::Assistant) else { return Vec::new() };
+    let answered: std::collections::HashSet<&str> = messages[at + 1..]
+        .iter()
+        .flat_map(|m| &m.parts)
+        .filter_map(|p| match p {
+            Part::ToolResult { call_id, .. } => Some(call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    messages[at]
+        .tool_calls()
+        .filter(|(id, _, _)| !answered.contains(id))
+        .map(|(id, name, args)| (id.to_owned(), name.to_owned(), args.clone()))
+        .collect()
+}
+
 /// The run is done when the last message is the model's answer without tool
 /// calls (a reclaimed run whose previous worker died after the final answer).
 fn finished(messages: &[Message]) -> Option<Outcome> {
@@ -531,5 +632,25 @@ mod tests {
         };
         assert_eq!(finished(&[call]), None);
         assert_eq!(finished(&[Message::user("hi")]), None);
+    }
+
+    #[test]
+    fn only_the_last_assistant_messages_calls_without_results_are_unanswered() {
+        let call = |id: &str| Part::ToolCall { id: id.into(), name: "bash".into(), arguments: serde_json::json!({}) };
+        let result = |id: &str| Part::ToolResult {
+            call_id: id.into(),
+            name: "bash".into(),
+            output: "ok".into(),
+            is_error: false,
+        };
+        let assistant = |parts| Message { role: Role::Assistant, parts };
+        let tool = |parts| Message { role: Role::Tool, parts };
+        let ids = |m: &[Message]| unanswered_calls(m).into_iter().map(|(id, _, _)| id).collect::<Vec<_>>();
+        let answered = [Message::user("go"), assistant(vec![call("1")]), tool(vec![result("1")])];
+        assert!(ids(&answered).is_empty());
+        let cut = [Message::user("go"), assistant(vec![call("1"), call("2"), call("3")]), tool(vec![result("2")])];
+        assert_eq!(ids(&cut), ["1", "3"]);
+        assert_eq!(ids(&[Message::user("go"), assistant(vec![call("1")])]), ["1"]);
+        assert!(ids(&[Message::user("go")]).is_empty());
     }
 }
