@@ -127,8 +127,14 @@ impl Authenticator {
             };
             ApiError::Unauthorized(why.into())
         })?;
-        if data.claims.sub.is_empty() || data.claims.sub.len() > 256 {
-            return Err(ApiError::Unauthorized("token subject must be 1 to 256 bytes".into()));
+        // The subject is stored and matched as text: Postgres refuses a NUL
+        // (a 500 on every query), and control characters have no business
+        // in an identity.
+        let sub = &data.claims.sub;
+        if sub.is_empty() || sub.len() > 256 || sub.chars().any(char::is_control) {
+            return Err(ApiError::Unauthorized(
+                "token subject must be 1 to 256 bytes without control characters".into(),
+            ));
         }
         Ok(data.claims.sub)
     }

@@ -314,7 +314,17 @@ impl Store {
             .await?;
         let Some(owned) = owned else { return Ok(DecideOutcome::NotFound) };
         if owned.try_get::<_, bool>(0)? {
-            return Ok(DecideOutcome::RunEnded);
+            let call = tx
+                .query_opt(
+                    "SELECT approved IS NOT NULL FROM approvals WHERE run_id = $1 AND call_id = $2",
+                    &[&run_id, &call_id],
+                )
+                .await?;
+            return Ok(match call {
+                None => DecideOutcome::NotFound,
+                Some(row) if row.try_get::<_, bool>(0)? => DecideOutcome::AlreadyDecided,
+                Some(_) => DecideOutcome::RunEnded,
+            });
         }
         let updated = tx
             .execute(

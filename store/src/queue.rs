@@ -244,6 +244,37 @@ impl Store {
         Ok(())
     }
 
+    /// Hands back runs `worker` holds but is not running (`running` lists
+    /// what it runs) and has not extended for `quiet`: claims whose commit
+    /// succeeded while their answer was lost with the connection (a run's
+    /// end claims the next in its statement), or left by an earlier process
+    /// with the same worker id. Another worker (or this one) takes them now,
+    /// not when their lease runs out, and they do not count as lost. A claim
+    /// younger than `quiet` is left alone: it may be on its way to a task.
+    pub async fn release_unattended(
+        &self,
+        worker: &str,
+        running: &[Uuid],
+        lease: Duration,
+        quiet: Duration,
+    ) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let released = client
+            .query(
+                "WITH rel AS (
+                     UPDATE runs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL
+                     WHERE lease_owner = $1 AND status IN ('running', 'awaiting_approval')
+                       AND id <> ALL($2)
+                       AND lease_expires_at < now() + ($3::float8 - $4::float8) * interval '1 millisecond'
+                     RETURNING id
+                 )
+                 SELECT pg_notify($5, id::text) FROM rel",
+                &[&worker, &running, &millis(lease), &millis(quiet), &channels::RUNS_QUEUED],
+            )
+            .await?;
+        Ok(released.len() as u64)
+    }
+
     /// Returns runs whose lease expired to the queue, or fails them when
     /// their worker has been lost `max_attempts` times (graceful releases
     /// do not count).

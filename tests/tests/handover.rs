@@ -95,3 +95,26 @@ async fn a_worker_told_to_stop_claims_nothing_more() {
     let runs: Vec<(String, i32)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     assert_eq!(runs, [("queued".to_owned(), 0), ("queued".to_owned(), 0)], "runs: {ids:?}");
 }
+
+/// A run claimed under a worker's name whose answer never reached it (the
+/// commit went through, the connection dropped): the worker notices at its
+/// next reap that it holds a run it does not run and hands it back, so it
+/// runs now rather than after its lease, and is not counted as lost.
+#[tokio::test]
+async fn a_claim_the_worker_never_heard_of_is_handed_back_not_left_to_expire() {
+    let app = TestApp::spawn(Options { worker: false, script: vec![Reply::text("done")], ..Default::default() }).await;
+    let run = app.create_run("alice", json!({"prompt": "x"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let config = worker_config(ProviderKind::OpenAi, Duration::from_secs(60));
+    // Claimed in the worker's name 40 s ago (of a 60 s lease), never driven.
+    let (_, lease) = app.store.claim_run(&config.worker_id, Duration::from_secs(20)).await.unwrap().unwrap();
+    assert_eq!(lease.run_id.to_string(), id);
+    let started = Instant::now();
+    app.start_worker(config).await;
+    let events = app.events_to_end("alice", &id).await;
+    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
+    assert!(started.elapsed() < Duration::from_secs(15), "waited {:?} for the lease", started.elapsed());
+    let losses: i32 =
+        app.sql().await.query_one("SELECT losses FROM runs WHERE id = $1::text::uuid", &[&id]).await.unwrap().get(0);
+    assert_eq!(losses, 0, "handed back, not reaped");
+}

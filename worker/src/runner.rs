@@ -194,6 +194,17 @@ impl Worker {
     }
 
     async fn reap(&self) {
+        let running: Vec<Uuid> = lock(&self.active).keys().copied().collect();
+        let config = &self.ctx.config;
+        // A driven run's lease is extended every third of it; half a lease
+        // without one means nobody here drives it.
+        match self.ctx.store.release_unattended(&config.worker_id, &running, config.lease, config.lease / 2).await {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::warn!(released = n, "handed back runs held under this worker's name that it was not running")
+            }
+            Err(e) => tracing::warn!(error = %e, "handing back unattended runs failed"),
+        }
         match self.ctx.store.reap_expired_leases().await {
             Ok(reaped) => {
                 for r in reaped {
