@@ -63,3 +63,44 @@ async fn a_run_survives_a_database_restart_and_its_events_stay_dense() {
     let events = app.events_to_end("alice", next["id"].as_str().unwrap()).await;
     assert!(kiln_protocol::event::is_terminal_kind(&events.last().unwrap().kind));
 }
+
+#[tokio::test]
+async fn a_run_waiting_for_approval_rides_out_a_database_restart() {
+    let pg = PrivatePostgres::start();
+    let app = TestApp::spawn(Options {
+        postgres: Some(pg.admin_url()),
+        script: vec![Reply::tool("bash", json!({"command": "echo approved-ran"})), Reply::text("done")],
+        ..Default::default()
+    })
+    .await;
+    let run = app.create_run("alice", json!({"prompt": "ask first", "approval": "always"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let before = app.sse_until(app.addr, "alice", &id, None, usize::MAX, |e| e.kind == "approval.requested").await;
+    let call = before.last().unwrap().data["call_id"].as_str().unwrap().to_owned();
+
+    // Down for longer than the worker's one-second look at the decision.
+    let _pg = tokio::task::spawn_blocking(move || {
+        pg.restart(Duration::from_secs(3));
+        pg
+    })
+    .await
+    .unwrap();
+
+    // The person decides after the restart; the run was still waiting.
+    let url = app.url(&format!("/v1/runs/{id}/approvals/{call}"));
+    let decided = loop {
+        let r = app.http.post(&url).bearer_auth(token("alice")).json(&json!({"decision": "approve"})).send().await;
+        match r {
+            Ok(r) if r.status() != 503 => break r,
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    assert_eq!(decided.status(), 200, "{:?}", decided.text().await);
+    let rest = app.sse(app.addr, "alice", &id, Some(before.last().unwrap().seq), usize::MAX).await;
+    let mut all = before.clone();
+    all.extend(rest);
+    assert_dense(&all, 1);
+    assert_eq!(all.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&all));
+    let result = all.iter().find(|e| e.kind == "tool.result").unwrap();
+    assert!(result.data["output"].as_str().unwrap().contains("approved-ran"), "{result:?}");
+}

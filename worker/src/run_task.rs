@@ -49,6 +49,10 @@ enum Ending {
     Cancelled,
     TimedOut,
     Released,
+    /// The database stayed away longer than the loop's retries: hand the
+    /// run back once it returns, to be continued from what is stored,
+    /// rather than fail it for an outage.
+    DatabaseAway(String),
     /// Another worker holds the run now; write nothing.
     LeaseLost,
     Error(String),
@@ -108,6 +112,7 @@ async fn execute_in_span(
             result = work => match result {
                 Ok(outcome) => Ending::Finished(outcome),
                 Err(AgentError::Store(StoreError::LeaseLost(_))) => Ending::LeaseLost,
+                Err(AgentError::Store(e)) if e.is_unavailable() => Ending::DatabaseAway(e.to_string()),
                 Err(e) => Ending::Error(e.to_string()),
             },
             _ = signals.cancel.cancelled() => Ending::Cancelled,
@@ -126,7 +131,7 @@ async fn execute_in_span(
     // next attempt adopts it and resets it itself. That includes a run
     // whose lease was taken without this task noticing yet.
     let ending = match ending {
-        Ending::Released | Ending::LeaseLost => ending,
+        Ending::Released | Ending::DatabaseAway(_) | Ending::LeaseLost => ending,
         ending => match ctx.store.heartbeat(&lease, ctx.config.lease).await {
             Ok(_) => {
                 let keep = !ctx.config.sandbox_idle.is_zero();
@@ -246,6 +251,24 @@ fn remaining_time(run: &Run) -> Duration {
     limit.saturating_sub(elapsed)
 }
 
+/// Hands the run back to the queue, riding out a database still on its way
+/// back; failing that, its lease expires and the reaper returns it.
+async fn release(ctx: &WorkerContext, run: &Run, lease: &Lease) {
+    for attempt in 0..5 {
+        match ctx.store.release_run(lease).await {
+            Ok(()) => return,
+            Err(e) if e.is_unavailable() => {
+                tracing::warn!(run_id = %run.id, error = %e, attempt, "releasing the run failed; retrying");
+                tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
+            }
+            Err(e) => {
+                tracing::warn!(run_id = %run.id, error = %e, "releasing run failed; its lease will expire");
+                return;
+            }
+        }
+    }
+}
+
 /// Writes the run's end; `true` when a terminal event was recorded.
 async fn finish(ctx: &WorkerContext, run: &Run, lease: &Lease, ending: Ending, handoff: Option<&Handoff>) -> bool {
     let terminal = match ending {
@@ -254,11 +277,12 @@ async fn finish(ctx: &WorkerContext, run: &Run, lease: &Lease, ending: Ending, h
         Ending::Cancelled => EventBody::RunCancelled { reason: "cancelled by client".into() },
         Ending::TimedOut => EventBody::RunTimedOut { limit_s: run.limits.timeout_s() },
         Ending::Finished(Outcome::TimedOut { limit_s }) => EventBody::RunTimedOut { limit_s },
-        Ending::Released => {
-            tracing::Span::current().record("outcome", "released");
-            if let Err(e) = ctx.store.release_run(lease).await {
-                tracing::warn!(run_id = %run.id, error = %e, "releasing run failed; its lease will expire");
+        Ending::Released | Ending::DatabaseAway(_) => {
+            if let Ending::DatabaseAway(why) = &ending {
+                tracing::warn!(run_id = %run.id, error = %why, "the database stayed away; handing the run back");
             }
+            tracing::Span::current().record("outcome", "released");
+            release(ctx, run, lease).await;
             return false;
         }
         Ending::LeaseLost => {

@@ -103,8 +103,8 @@ impl AgentRun<'_> {
             self.persist(&mut messages, Message::user(text)).await?;
         }
         let mut budget = Budget::new(self.run.limits);
-        budget.steps = self.store.count_run_messages(self.run.id, "assistant").await? as u32;
-        budget.record(&self.store.run_usage(self.run.id).await?, None);
+        budget.steps = db_retry::with_retry(|| self.store.count_run_messages(self.run.id, "assistant")).await? as u32;
+        budget.record(&db_retry::with_retry(|| self.store.run_usage(self.run.id)).await?, None);
         // Spend before a resume is unpriced here; count it as known zero cost
         // only when there was none.
         if budget.tokens() == 0 {
@@ -328,8 +328,8 @@ impl AgentRun<'_> {
     /// (a follow-up to a run cancelled mid-call would otherwise put its
     /// prompt between the call and its answer).
     async fn resume(&mut self) -> Result<Vec<Message>, AgentError> {
-        let mut messages = self.store.load_messages(self.run.session_id).await?;
-        let first_attempt = self.store.count_run_messages(self.run.id, "user").await? == 0;
+        let mut messages = db_retry::with_retry(|| self.store.load_messages(self.run.session_id)).await?;
+        let first_attempt = db_retry::with_retry(|| self.store.count_run_messages(self.run.id, "user")).await? == 0;
         let unanswered = unanswered_calls(&messages);
         if !unanswered.is_empty() {
             // A call that had to wait for a person and was never let through
@@ -341,7 +341,7 @@ impl AgentRun<'_> {
             let rerun: Vec<_> = if first_attempt {
                 Vec::new()
             } else {
-                let started = self.store.started_approved_calls(self.run.id).await?;
+                let started = db_retry::with_retry(|| self.store.started_approved_calls(self.run.id)).await?;
                 unanswered
                     .iter()
                     .filter(|(id, name, _)| {
@@ -540,8 +540,14 @@ impl AgentRun<'_> {
                 _ = self.control.wait() => {}
                 _ = tokio::time::sleep(APPROVAL_POLL) => {}
             }
-            if let Some(decision) = self.store.approval_decision(self.run.id, call_id).await? {
-                return Ok(decision);
+            match self.store.approval_decision(self.run.id, call_id).await {
+                Ok(Some(decision)) => return Ok(decision),
+                Ok(None) => {}
+                // The wait is for a person, who may take hours: a database
+                // restart meanwhile is no reason to end the run. The lease
+                // runs out if the database stays away (the heartbeat).
+                Err(e) if e.is_unavailable() => tracing::warn!(error = %e, "reading the decision failed; waiting on"),
+                Err(e) => return Err(e.into()),
             }
         }
     }
