@@ -126,6 +126,8 @@ impl Store {
             status.parse().map_err(|e: kiln_protocol::run::UnknownStatus| StoreError::Corrupt(e.to_string()))?;
         if !status.is_terminal() {
             tx.execute("INSERT INTO run_inbox (run_id, text) VALUES ($1, $2)", &[&id, &text]).await?;
+            // Arms the end-of-run check for unread messages (migrations/V12).
+            tx.execute("UPDATE runs SET steered = true WHERE id = $1 AND NOT steered", &[&id]).await?;
             insert_event_tx(&tx, id, &EventBody::MessageQueued { text: text.to_owned() }).await?;
             tx.execute("SELECT pg_notify($1, $2)", &[&channels::RUN_CONTROL, &id.to_string()]).await?;
             tx.commit().await?;
