@@ -347,14 +347,23 @@ async fn finish_and_maybe_claim(
 /// Extends the lease every third of its length; reports a cancel request
 /// and a lost lease through the tokens.
 async fn heartbeat_loop(ctx: Arc<WorkerContext>, lease: Lease, cancel: CancellationToken, lost: CancellationToken) {
-    let mut tick = tokio::time::interval(ctx.config.heartbeat_interval());
+    let interval = ctx.config.heartbeat_interval();
+    let mut tick = tokio::time::interval(interval);
     tick.tick().await;
+    // When the database last extended the lease, at the latest: the time a
+    // successful beat was sent (its `now()` came after that).
     let mut last_ok = tokio::time::Instant::now();
     loop {
         tick.tick().await;
-        match ctx.store.heartbeat(&lease, ctx.config.lease).await {
+        let sent = tokio::time::Instant::now();
+        // A beat that hangs (a connection gone silent) counts as failed, so
+        // the lease's end is noticed on time rather than never.
+        let beat = tokio::time::timeout(interval, ctx.store.heartbeat(&lease, ctx.config.lease))
+            .await
+            .unwrap_or_else(|_| Err(StoreError::Unavailable("the heartbeat got no answer in time".into())));
+        match beat {
             Ok(beat) => {
-                last_ok = tokio::time::Instant::now();
+                last_ok = sent;
                 if beat.cancel_requested {
                     cancel.cancel();
                 }
