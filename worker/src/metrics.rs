@@ -3,9 +3,45 @@
 //! `kiln worker` with `KILN_METRICS_LISTEN`). Names and labels are the
 //! ones README's "Operating Kiln" lists; keep the two in step.
 
+use std::collections::HashSet;
+use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use kiln_protocol::{Run, Usage};
+
+/// Distinct `model` label values one process records; later names are
+/// counted as `other`. A run names its model, so without a cap any client
+/// could add series to `/metrics` without end.
+const MAX_MODEL_LABELS: usize = 64;
+
+static MODEL_LABELS: LazyLock<LabelCap> = LazyLock::new(|| LabelCap::new(MAX_MODEL_LABELS));
+
+fn model_label(model: &str) -> String {
+    MODEL_LABELS.label(model)
+}
+
+/// Label values admitted so far, at most `max` of them.
+struct LabelCap {
+    max: usize,
+    seen: Mutex<HashSet<String>>,
+}
+
+impl LabelCap {
+    fn new(max: usize) -> Self {
+        LabelCap { max, seen: Mutex::default() }
+    }
+
+    /// `value` itself while fewer than `max` values have been seen (or it
+    /// is one of them), else `other`.
+    fn label(&self, value: &str) -> String {
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        if seen.contains(value) || seen.len() < self.max {
+            seen.insert(value.to_owned());
+            return value.to_owned();
+        }
+        "other".to_owned()
+    }
+}
 
 /// A run was claimed. Claim latency (queued → claimed) counts first
 /// attempts only: a retried run's age says how long ago it was submitted,
@@ -31,7 +67,7 @@ pub fn step_finished(took: Duration) {
 
 /// One model call (retries included) ended with `outcome` (`ok` or `error`).
 pub fn model_call(provider: &'static str, model: &str, outcome: &'static str, took: Duration, usage: Option<&Usage>) {
-    let model = model.to_owned();
+    let model = model_label(model);
     metrics::histogram!(
         "kiln_model_call_duration_seconds",
         "provider" => provider, "model" => model.clone(), "outcome" => outcome
@@ -76,5 +112,22 @@ impl ActiveSandbox {
 impl Drop for ActiveSandbox {
     fn drop(&mut self) {
         metrics::gauge!("kiln_sandboxes_active").decrement(1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_labels_stop_growing_after_the_cap() {
+        let cap = LabelCap::new(MAX_MODEL_LABELS);
+        let names: Vec<String> = (0..MAX_MODEL_LABELS).map(|i| format!("model-{i}")).collect();
+        for name in &names {
+            assert_eq!(cap.label(name), *name);
+        }
+        assert_eq!(cap.label("one-too-many"), "other");
+        assert_eq!(cap.label("and-another"), "other");
+        assert_eq!(cap.label(&names[3]), names[3], "names seen before keep their label");
     }
 }
