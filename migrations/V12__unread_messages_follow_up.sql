@@ -24,11 +24,32 @@ LANGUAGE sql VOLATILE AS $$
         'hex')::uuid
 $$;
 
+-- Queues a follow-up of run `source_run` in its session, asking `question`; the
+-- one place a follow-up is made (also `Store::send_message`). It continues
+-- the same task: whoever asked to be called back when the run ended hears
+-- of the follow-up's end too.
+CREATE FUNCTION kiln_queue_follow_up(source_run uuid, question text) RETURNS uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    follow_up uuid := kiln_uuid_v7();
+BEGIN
+    INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, policy, callback_url,
+                      last_event_seq)
+    SELECT follow_up, r.session_id, r.owner, 'queued', question, r.model, r.limits, 'api', r.policy,
+           r.callback_url, 1
+    FROM runs r WHERE r.id = source_run;
+    INSERT INTO events (run_id, seq, kind, payload)
+    VALUES (follow_up, 1, 'run.queued', jsonb_build_object('prompt', question));
+    -- Wakes workers at once (they also poll).
+    PERFORM pg_notify('kiln_runs_queued', follow_up::text);
+    RETURN follow_up;
+END;
+$$;
+
 CREATE FUNCTION kiln_follow_up_unread_messages() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     texts text[];
-    follow_up uuid := kiln_uuid_v7();
 BEGIN
     WITH taken AS (
         UPDATE run_inbox SET consumed_at = now()
@@ -39,14 +60,7 @@ BEGIN
     IF texts IS NULL THEN
         RETURN NULL;
     END IF;
-    INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, policy, callback_url,
-                      last_event_seq)
-    VALUES (follow_up, NEW.session_id, NEW.owner, 'queued', array_to_string(texts, E'\n\n'), NEW.model,
-            NEW.limits, 'api', NEW.policy, NEW.callback_url, 1);
-    INSERT INTO events (run_id, seq, kind, payload)
-    VALUES (follow_up, 1, 'run.queued', jsonb_build_object('prompt', array_to_string(texts, E'\n\n')));
-    -- Wakes workers at once (they also poll).
-    PERFORM pg_notify('kiln_runs_queued', follow_up::text);
+    PERFORM kiln_queue_follow_up(NEW.id, array_to_string(texts, E'\n\n'));
     RETURN NULL;
 END;
 $$;

@@ -1,7 +1,7 @@
 //! Steering and approvals: a client talks to an active run through rows the
 //! worker reads (the inbox, the approvals table) and a NOTIFY that wakes it.
 
-use kiln_protocol::{EventBody, Message, Run, RunStatus, Trigger};
+use kiln_protocol::{EventBody, Message, Run, RunStatus};
 use uuid::Uuid;
 
 use crate::events::insert_event_tx;
@@ -151,18 +151,8 @@ impl Store {
         {
             return Ok(MessageOutcome::OverQuota(refusal));
         }
-        let new_id = Uuid::now_v7();
-        tx.execute(
-            // The follow-up continues the same task: whoever asked to be
-            // called back when it ended hears of the follow-up's end too.
-            "INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, policy, callback_url)
-             SELECT $1, session_id, owner, 'queued', $2, model, limits, $3, policy, callback_url
-             FROM runs WHERE id = $4",
-            &[&new_id, &text, &Trigger::Api.as_str(), &id],
-        )
-        .await?;
-        insert_event_tx(&tx, new_id, &EventBody::RunQueued { prompt: text.to_owned() }).await?;
-        tx.execute("SELECT pg_notify($1, $2)", &[&channels::RUNS_QUEUED, &new_id.to_string()]).await?;
+        // The same follow-up a run's end makes of messages it did not read.
+        let new_id: Uuid = tx.query_one("SELECT kiln_queue_follow_up($1, $2)", &[&id, &text]).await?.try_get(0)?;
         let row = tx
             .query_one(
                 &format!("SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session_id WHERE r.id = $1"),

@@ -200,6 +200,13 @@ impl TestApp {
         format!("http://{}{path}", self.addr)
     }
 
+    /// POSTs `body` as `sub`; the status and the JSON answer (`Null` if none).
+    pub async fn post_json(&self, sub: &str, path: &str, body: Value) -> (u16, Value) {
+        let r = self.http.post(self.url(path)).bearer_auth(token(sub)).json(&body).send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
     pub async fn create_run(&self, sub: &str, body: Value) -> Value {
         let r = self.http.post(self.url("/v1/runs")).bearer_auth(token(sub)).json(&body).send().await.unwrap();
         assert_eq!(r.status(), 201, "create run");

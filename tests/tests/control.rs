@@ -5,12 +5,6 @@ use kiln_scripted_model::Reply;
 use kiln_tests::{Ev, Options, TestApp, assert_dense, kinds, token};
 use serde_json::{Value, json};
 
-async fn post(app: &TestApp, sub: &str, path: &str, body: Value) -> (u16, Value) {
-    let r = app.http.post(app.url(path)).bearer_auth(token(sub)).json(&body).send().await.unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
 async fn until(app: &TestApp, id: &str, after: Option<i64>, kind: &str) -> Vec<Ev> {
     let evs = app.sse_until(app.addr, "alice", id, after, usize::MAX, |e| e.kind == kind).await;
     assert_eq!(evs.last().map(|e| e.kind.as_str()), Some(kind), "{:?}", kinds(&evs));
@@ -38,7 +32,7 @@ async fn a_message_sent_mid_run_joins_the_conversation_before_the_next_model_cal
     let id = run["id"].as_str().unwrap();
     let seen = until(&app, id, None, "tool_call.ready").await;
     let (status, body) =
-        post(&app, "alice", &format!("/v1/runs/{id}/messages"), json!({"text": "also check the tests"})).await;
+        app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({"text": "also check the tests"})).await;
     assert_eq!(status, 202, "{body}");
     assert_eq!(body["disposition"], "queued");
     let rest = app.sse(app.addr, "alice", id, Some(seen.last().unwrap().seq), usize::MAX).await;
@@ -60,7 +54,7 @@ async fn a_message_to_a_finished_run_starts_a_follow_up_that_sees_the_conversati
     let id = run["id"].as_str().unwrap();
     assert_eq!(app.events_to_end("alice", id).await.last().unwrap().kind, "run.succeeded");
     let (status, body) =
-        post(&app, "alice", &format!("/v1/runs/{id}/messages"), json!({"text": "second question"})).await;
+        app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({"text": "second question"})).await;
     assert_eq!(status, 201, "{body}");
     assert_eq!(body["disposition"], "follow_up");
     let follow = &body["run"];
@@ -96,27 +90,27 @@ async fn an_approved_call_runs_and_a_denied_one_goes_back_to_the_model() {
     assert_eq!(app.get_run("alice", id).await["status"], "awaiting_approval");
     // Another subject cannot decide; an unknown call is not found.
     let path = format!("/v1/runs/{id}/approvals/{call}");
-    assert_eq!(post(&app, "mallory", &path, json!({"decision": "approve"})).await.0, 404);
+    assert_eq!(app.post_json("mallory", &path, json!({"decision": "approve"})).await.0, 404);
     assert_eq!(
-        post(&app, "alice", &format!("/v1/runs/{id}/approvals/nope"), json!({"decision": "approve"})).await.0,
+        app.post_json("alice", &format!("/v1/runs/{id}/approvals/nope"), json!({"decision": "approve"})).await.0,
         404
     );
-    assert_eq!(post(&app, "alice", &path, json!({"decision": "maybe"})).await.0, 422);
-    assert_eq!(post(&app, "alice", &path, json!({"decision": "approve"})).await.0, 200);
-    assert_eq!(post(&app, "alice", &path, json!({"decision": "deny"})).await.0, 409, "decided once");
+    assert_eq!(app.post_json("alice", &path, json!({"decision": "maybe"})).await.0, 422);
+    assert_eq!(app.post_json("alice", &path, json!({"decision": "approve"})).await.0, 200);
+    assert_eq!(app.post_json("alice", &path, json!({"decision": "deny"})).await.0, 409, "decided once");
 
     let second = until(&app, id, Some(request.seq), "approval.requested").await;
     let result = second.iter().find(|e| e.kind == "tool.result").unwrap();
     assert!(result.data["output"].as_str().unwrap().contains("approved-ran"));
     assert!(second.iter().any(|e| e.kind == "approval.resolved" && e.data["approved"] == true));
     let call2 = second.last().unwrap().data["call_id"].as_str().unwrap().to_owned();
-    let (status, _) = post(
-        &app,
-        "alice",
-        &format!("/v1/runs/{id}/approvals/{call2}"),
-        json!({"decision": "deny", "reason": "too risky"}),
-    )
-    .await;
+    let (status, _) = app
+        .post_json(
+            "alice",
+            &format!("/v1/runs/{id}/approvals/{call2}"),
+            json!({"decision": "deny", "reason": "too risky"}),
+        )
+        .await;
     assert_eq!(status, 200);
     let rest = app.sse(app.addr, "alice", id, Some(second.last().unwrap().seq), usize::MAX).await;
     assert_eq!(rest.last().unwrap().kind, "run.succeeded");
@@ -153,10 +147,11 @@ async fn messages_are_validated_and_scoped_to_their_owner() {
     let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
     let run = app.create_run("alice", json!({"prompt": "p"})).await;
     let id = run["id"].as_str().unwrap();
-    assert_eq!(post(&app, "alice", &format!("/v1/runs/{id}/messages"), json!({"text": " "})).await.0, 422);
-    assert_eq!(post(&app, "alice", &format!("/v1/runs/{id}/messages"), json!({"txt": "x"})).await.0, 422);
-    assert_eq!(post(&app, "bob", &format!("/v1/runs/{id}/messages"), json!({"text": "x"})).await.0, 404);
-    let (status, body) = post(&app, "alice", &format!("/v1/runs/{id}/messages"), json!({"text": "queued early"})).await;
+    assert_eq!(app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({"text": " "})).await.0, 422);
+    assert_eq!(app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({"txt": "x"})).await.0, 422);
+    assert_eq!(app.post_json("bob", &format!("/v1/runs/{id}/messages"), json!({"text": "x"})).await.0, 404);
+    let (status, body) =
+        app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({"text": "queued early"})).await;
     assert_eq!(status, 202, "a queued run takes messages too: {body}");
 }
 
@@ -168,7 +163,7 @@ async fn held_run(app: &TestApp) -> (String, kiln_store::Lease) {
     assert_eq!(claimed.id.to_string(), run["id"].as_str().unwrap());
     let id = run["id"].as_str().unwrap().to_owned();
     let (status, body) =
-        post(app, "alice", &format!("/v1/runs/{id}/messages"), json!({"text": "one more thing"})).await;
+        app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({"text": "one more thing"})).await;
     assert_eq!((status, body["disposition"].as_str()), (202, Some("queued")), "{body}");
     (id, lease)
 }
@@ -253,7 +248,7 @@ async fn a_decision_on_an_ended_run_is_409_and_a_bad_call_id_is_400_json() {
     // that are not UTF-8 (was axum's plain-text 400).
     for call in ["%00", "a%01b", "%FF"] {
         let (status, body) =
-            post(&app, "alice", &format!("/v1/runs/{id}/approvals/{call}"), json!({"decision": "approve"})).await;
+            app.post_json("alice", &format!("/v1/runs/{id}/approvals/{call}"), json!({"decision": "approve"})).await;
         assert_eq!(status, 400, "{call}: {body}");
         assert_eq!(body["error"]["code"], "bad_request", "{call}: {body}");
     }
@@ -261,7 +256,7 @@ async fn a_decision_on_an_ended_run_is_409_and_a_bad_call_id_is_400_json() {
     app.store.finish_run(&lease, &cancelled, None).await.unwrap();
     let before: i64 = app.sql().await.query_one("SELECT last_event_seq FROM runs", &[]).await.unwrap().get(0);
     let (status, body) =
-        post(&app, "alice", &format!("/v1/runs/{id}/approvals/call-1"), json!({"decision": "approve"})).await;
+        app.post_json("alice", &format!("/v1/runs/{id}/approvals/call-1"), json!({"decision": "approve"})).await;
     assert_eq!(status, 409, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("the run has ended"), "{body}");
     let after: i64 = app.sql().await.query_one("SELECT last_event_seq FROM runs", &[]).await.unwrap().get(0);

@@ -8,17 +8,11 @@ use std::time::{Duration, Instant};
 use kiln_protocol::Message;
 use kiln_scripted_model::Reply;
 use kiln_store::{Lease, StoreError};
-use kiln_tests::{Ev, Options, TestApp, kinds, token, worker_config};
+use kiln_tests::{Ev, Options, TestApp, kinds, worker_config};
 use kiln_worker::ProviderKind;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
-
-async fn post(app: &TestApp, path: &str, body: Value) -> (u16, Value) {
-    let r = app.http.post(app.url(path)).bearer_auth(token("alice")).json(&body).send().await.unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
 
 async fn until(app: &TestApp, id: &str, after: Option<i64>, stop: impl Fn(&Ev) -> bool) -> Vec<Ev> {
     let evs = app.sse_until(app.addr, "alice", id, after, usize::MAX, &stop).await;
@@ -37,11 +31,12 @@ async fn a_follow_up_to_a_run_cancelled_mid_call_answers_the_call_before_its_pro
     let id = run["id"].as_str().unwrap();
     let ready = until(&app, id, None, |e| e.kind == "tool_call.ready").await;
     let call = ready.last().unwrap().data["call_id"].as_str().unwrap().to_owned();
-    let (status, _) = post(&app, &format!("/v1/runs/{id}/cancel"), json!({})).await;
+    let (status, _) = app.post_json("alice", &format!("/v1/runs/{id}/cancel"), json!({})).await;
     assert!(status == 200 || status == 202, "cancel: {status}");
     until(&app, id, None, |e| e.kind == "run.cancelled").await;
 
-    let (status, body) = post(&app, &format!("/v1/runs/{id}/messages"), json!({"text": "what happened?"})).await;
+    let (status, body) =
+        app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({"text": "what happened?"})).await;
     assert_eq!(status, 201, "{body}");
     let follow = body["run"]["id"].as_str().unwrap().to_owned();
     let events = app.events_to_end("alice", &follow).await;
@@ -134,7 +129,8 @@ async fn approval_survives(gone: Gone) {
         assert!(Instant::now() < deadline, "the run never waited for the approval again");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (status, body) = post(&app, &format!("/v1/runs/{id}/approvals/{call}"), json!({"decision": "approve"})).await;
+    let (status, body) =
+        app.post_json("alice", &format!("/v1/runs/{id}/approvals/{call}"), json!({"decision": "approve"})).await;
     assert_eq!(status, 200, "{body}");
 
     let all = app.events_to_end("alice", id).await;
@@ -164,7 +160,8 @@ async fn a_steering_message_is_marked_read_in_the_commit_that_stores_it() {
     let run = app.create_run("alice", json!({"prompt": "start"})).await;
     let id = run["id"].as_str().unwrap();
     until(&app, id, None, |e| e.kind == "tool_call.ready").await;
-    let (status, body) = post(&app, &format!("/v1/runs/{id}/messages"), json!({"text": "also check the tests"})).await;
+    let (status, body) =
+        app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({"text": "also check the tests"})).await;
     assert_eq!(status, 202, "{body}");
     let events = app.events_to_end("alice", id).await;
     assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
@@ -194,7 +191,7 @@ async fn moving_inbox_messages_again_after_a_lost_answer_stores_nothing_twice() 
     let id = run["id"].as_str().unwrap();
     let (claimed, lease) = app.store.claim_run("w", Duration::from_secs(600)).await.unwrap().unwrap();
     for text in ["one", "two"] {
-        assert_eq!(post(&app, &format!("/v1/runs/{id}/messages"), json!({ "text": text })).await.0, 202);
+        assert_eq!(app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({ "text": text })).await.0, 202);
     }
     let unread = app.store.unread_inbox(lease.run_id).await.unwrap();
     let texts: Vec<&str> = unread.iter().map(|m| m.text.as_str()).collect();
@@ -219,7 +216,7 @@ async fn a_fenced_write_waits_for_a_takeover_under_way_and_is_then_refused() {
     let run = app.create_run("alice", json!({"prompt": "p"})).await;
     let id = run["id"].as_str().unwrap();
     let (claimed, lease) = app.store.claim_run("w", Duration::from_secs(600)).await.unwrap().unwrap();
-    assert_eq!(post(&app, &format!("/v1/runs/{id}/messages"), json!({"text": "steer"})).await.0, 202);
+    assert_eq!(app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({"text": "steer"})).await.0, 202);
     let unread = app.store.unread_inbox(lease.run_id).await.unwrap();
 
     // Another worker's claim, not yet committed.

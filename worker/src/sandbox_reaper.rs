@@ -51,9 +51,15 @@ async fn should_remove(
     policy: &ReapPolicy<'_>,
     c: &Managed,
 ) -> Result<Option<&'static str>, kiln_store::StoreError> {
-    // A container bound to a session is the session's, whoever warmed it:
-    // a warm container keeps its pool labels once bound (labels cannot
-    // change), and its run may since have been taken over from that worker.
+    // `pool_worker` is only set on containers not bound to a session: once
+    // bound, a container is the session's, whoever warmed it.
+    if let Some(worker) = &c.pool_worker {
+        if worker == policy.worker {
+            return Ok(policy.at_start.then_some("warm container of this worker's previous process"));
+        }
+        let presence = store.worker_presence(worker, policy.worker_gone_after).await?;
+        return Ok((presence == WorkerPresence::Gone).then_some("warm container of a worker that is gone"));
+    }
     if let Some(session) = c.session {
         let Some(activity) = store.session_activity(session).await? else { return Ok(None) };
         if activity.active {
@@ -61,13 +67,6 @@ async fn should_remove(
         }
         let idle_for = activity.last_finished_at.and_then(|t| (Utc::now() - t).to_std().ok()).unwrap_or_default();
         return Ok((idle_for >= policy.idle).then_some("session idle"));
-    }
-    if let Some(worker) = &c.pool_worker {
-        if worker == policy.worker {
-            return Ok(policy.at_start.then_some("warm container of this worker's previous process"));
-        }
-        let presence = store.worker_presence(worker, policy.worker_gone_after).await?;
-        return Ok((presence == WorkerPresence::Gone).then_some("warm container of a worker that is gone"));
     }
     if let Some(run) = c.run {
         let Some(run) = store.get_run_unscoped(run).await? else { return Ok(None) };
