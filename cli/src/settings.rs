@@ -270,9 +270,9 @@ impl ModelArgs {
         };
         Ok(ProviderEndpoints {
             openai_base_url,
-            openai_api_key: self.openai_api_key.clone(),
+            openai_api_key: self.openai_api_key.clone().map(Into::into),
             anthropic_base_url,
-            anthropic_api_key: self.anthropic_api_key.clone(),
+            anthropic_api_key: self.anthropic_api_key.clone().map(Into::into),
             read_timeout: Some(std::time::Duration::from_secs(self.model_read_timeout_s.max(1))),
         })
     }

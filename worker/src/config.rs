@@ -9,6 +9,7 @@ use crate::providers::anthropic::Anthropic;
 use crate::providers::openai::OpenAiChat;
 use crate::providers::responses::OpenAiResponses;
 use crate::sandbox::SandboxConfig;
+use secrecy::{ExposeSecret, SecretString};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProviderKind {
@@ -86,12 +87,12 @@ pub struct Providers {
 
 /// Where each provider is and the keys for it. Keys are only ever sent to
 /// these configured URLs, never to one named in a run.
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct ProviderEndpoints {
     pub openai_base_url: Option<String>,
-    pub openai_api_key: Option<String>,
+    pub openai_api_key: Option<SecretString>,
     pub anthropic_base_url: Option<String>,
-    pub anthropic_api_key: Option<String>,
+    pub anthropic_api_key: Option<SecretString>,
     /// Longest wait for the next bytes of a model response (the first
     /// included); a model that stalls longer fails the attempt, which is
     /// retried. `None`: [`DEFAULT_MODEL_READ_TIMEOUT`].
@@ -101,16 +102,6 @@ pub struct ProviderEndpoints {
 /// Default of [`ProviderEndpoints::read_timeout`]: long enough for a slow
 /// local model reading a long prompt, short enough to notice a dead stream.
 pub const DEFAULT_MODEL_READ_TIMEOUT: Duration = Duration::from_secs(300);
-
-impl std::fmt::Debug for ProviderEndpoints {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProviderEndpoints")
-            .field("openai_base_url", &self.openai_base_url)
-            .field("anthropic_base_url", &self.anthropic_base_url)
-            .field("read_timeout", &self.read_timeout)
-            .finish_non_exhaustive()
-    }
-}
 
 impl Providers {
     pub fn new(endpoints: ProviderEndpoints) -> Result<Self, reqwest::Error> {
@@ -123,9 +114,10 @@ impl Providers {
             .read_timeout(endpoints.read_timeout.unwrap_or(DEFAULT_MODEL_READ_TIMEOUT))
             .build()?;
         let openai_base_url = endpoints.openai_base_url.unwrap_or_else(|| "https://api.openai.com/v1".into());
-        let openai = OpenAiChat::new(client.clone(), openai_base_url.clone(), endpoints.openai_api_key.clone());
-        let responses = OpenAiResponses::new(client.clone(), openai_base_url, endpoints.openai_api_key);
-        let mut anthropic = Anthropic::new(client, endpoints.anthropic_api_key);
+        let expose = |key: &Option<SecretString>| key.as_ref().map(|k| k.expose_secret().to_owned());
+        let openai = OpenAiChat::new(client.clone(), openai_base_url.clone(), expose(&endpoints.openai_api_key));
+        let responses = OpenAiResponses::new(client.clone(), openai_base_url, expose(&endpoints.openai_api_key));
+        let mut anthropic = Anthropic::new(client, expose(&endpoints.anthropic_api_key));
         if let Some(url) = endpoints.anthropic_base_url {
             anthropic = anthropic.with_base_url(url);
         }

@@ -188,7 +188,7 @@ async fn the_worker_config_routes_openai_responses_to_this_provider() {
     assert_eq!(ProviderKind::parse("openai-responses"), Some(ProviderKind::OpenAiResponses));
     let providers = Providers::new(ProviderEndpoints {
         openai_base_url: Some(model.openai_base_url()),
-        openai_api_key: Some(KEY.to_owned()),
+        openai_api_key: Some(KEY.into()),
         ..ProviderEndpoints::default()
     })
     .unwrap();
