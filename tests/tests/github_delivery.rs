@@ -424,6 +424,26 @@ async fn deliver_refuses_runs_not_from_github() {
     assert_eq!(r.status(), 409);
 }
 
+/// A worker with GitHub configured leaves API runs to themselves: no origin
+/// lookup, no capture of their changes for GitHub, no delivery. (It used to
+/// try to capture every successful API run and log that it failed.)
+#[tokio::test]
+async fn an_api_run_on_a_worker_with_github_touches_nothing_of_github() {
+    let logs = Logs::capture();
+    let s = setup(vec![Reply::text("hi")]).await;
+    let run = s.app.create_run("alice", json!({ "prompt": "say hi" })).await;
+    let id: Uuid = run["id"].as_str().unwrap().parse().unwrap();
+    let evs = wait_for(&s, id, "run.succeeded").await;
+    // The capture hook runs before the terminal event, the delivery hook
+    // after it: give the latter a moment (a few of the worker's polls).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!kinds(&evs).iter().any(|k| k.starts_with("delivery.")), "{:?}", kinds(&evs));
+    let log = logs.text();
+    assert!(log.contains("run finished"), "the worker's log was not captured: {log}");
+    assert!(!log.contains("for GitHub failed"), "the GitHub capture ran for an API run: {log}");
+    assert!(s.github.seen().is_empty(), "GitHub was called for an API run");
+}
+
 /// A throwaway RSA key for the App test (PKCS#1, as GitHub issues them).
 /// It signs nothing outside this file.
 const TEST_APP_KEY: &str = "-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEAp4+6eSZTekpouH0WjcW3C0Yd3kO2Gp2zKHDD4Js4f2j7Ilkg\n55MjyS1+o7V0NNh17xODmZhp2Av2ymIIrRrba7Q7YjWSHi7rlFRUYg8lXw8fl0+F\neH2Poi064y6UWoQ6VgZ6E+vdC94MMQGv/n7LK1nP1Ia+VfOnChyUuALK897dSCUo\n2zn+39Ij5tueRhZbp1UdVXHJOwSopZNUOX5SdzgAMDc3J+93gFhWZQRyqtdhEa79\nO2JDjuqh58WvUDZhJiG0qwTLIp+zUOGgwLsiGlfgbFSlEefmZYEiHoVK88hy+HVW\nSxrq2EixgsvdYIcxksVxVuGAdUE4eUaZ8lMDBwIDAQABAoIBABKyxfWsV+HBrptH\nz4h/6Rk8+IBLwLqKS+qAtZsO4eh15/Br+cazHhSJGySxpFzGpa0e2a9ThBwz2ZUO\ns4vS/2wEGiGve2Aa5ExnzLLUoIWnGQ4NiwYTHOrVbp4uHdKsBsaAGodhPrLgUy6f\nfZWXbfH8fRC+Uzx24CEPZ258AUyNV8swDqSJx5LO3AZDfKjde3e/kSTLOVKeT8wl\nrYI/pLeAlRXMk95zKpWiVSEy5/EtvCWQUlNbUfcvgBTUiEeWhaC8xKZZ9lXOrHaQ\nqoqnCIFykYzR7g4RILk1ghVGePKe8shSPQ7I6TZMQW1IqIoQl8+MGp0Hi59yY6IR\nrf3HZEECgYEA4L31qHpcVmNBaYcoO0sep6nRotFJG0xhGyM15fPLcraAs3gJt4/g\nCD8nE/r8wu5BGDwSKSRrrvqUIhCSFcWhghCJRcfVJwl9W98z6cA5mQjKSTnZQ1Mt\nSu6KzgsW4F5W/+obty2JQKqs+O3Z/x9vGCa2Rqbgymdq+BhJk7d6qEkCgYEAvt3U\nDVscPg1aNV0mnNebpxy5ioMqeOTlpnCT4vTqH8VibZZIIweAfIdDRY7CnhdmcfpH\n70O2IC7p0v/42LtlgLD6fZ7ECUryAKLVBW+gFsAMV5qIoSxkThfD2nFRQuuazI2j\nOQ2VrcDDQzFRn54SwndDgS3Zq36fBe21GXpdcM8CgYEAxxhBqlFLv9QKPLxZbb2s\nmIeeiYiyJRbS58GXm/EQCL2Y4mSy5wT0SRn5OoAcr2t2C0wcIop7QvYFiO/5GoSM\nAbc4hLL1J7IGdf8T9D4wSFw7KAexay0icMFGAiZcy8OHewsgJnSWpM0Oky/S8Wod\ndt3EmG55sZVQdBzAAbaHWNECgYEAikFFCSemHYyue1kuTw4ewb4c6Ch663diol2J\nwiyGKt1fnuHs/vLAL3QLVqdCciGhI46X7MivdECHP0ALkXKs47tOtw/6EIEpKyzI\nAVgKLnCOgCaAMb9mKOsuA11x73eaefFe+kTM1z96MYHYDjcCf7rEOx5rPb5KkpDN\nTddFOCECgYBpIcjmXPkgGymbgxIc23N7hmFQJ8kCFmMGdyoK4LutvA2V1s3eRwbw\n5nRDBoE2AePr+uSSOISCEXlr2xtKbaTLuxpg7LDmJaHUCNXpGGGlHT//0e6C+PU4\nvJVBXWW9mHfxnRhYIpUCuRHcJLapD9yX89vsbuHkf85AsNkTKG/2wA==\n-----END RSA PRIVATE KEY-----\n";

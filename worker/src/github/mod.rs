@@ -26,7 +26,7 @@ mod owed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kiln_protocol::Run;
+use kiln_protocol::{Run, Trigger};
 use kiln_store::{Store, StoreError};
 use tokio_util::sync::CancellationToken;
 
@@ -128,11 +128,18 @@ impl Github {
     }
 }
 
+/// Whether the run came from a webhook: only those have a GitHub origin, a
+/// patch to keep and a delivery owed. An API run on a worker with GitHub
+/// configured is left alone (no query, no capture, no warning).
+fn from_github(run: &Run) -> bool {
+    run.trigger == Trigger::Github
+}
+
 /// Hook for `prepare_workspace`: for a GitHub run on a worker with GitHub
 /// configured, acknowledges the trigger (in the background) and checks the
 /// repository out with the token. `None`: not ours, clone as usual.
 pub async fn checkout(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox) -> Option<Result<(), SandboxError>> {
-    let github = ctx.config.github.as_ref()?;
+    let github = ctx.config.github.as_ref().filter(|_| from_github(run))?;
     let origin = match ctx.store.github_origin(run.id).await {
         Ok(Some(origin)) => origin,
         Ok(None) => return None,
@@ -147,7 +154,7 @@ pub async fn checkout(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox) -> Opti
 /// keeps the workspace's changes for delivery. Failures are logged; the
 /// delivery then reports that the changes could not be collected.
 pub async fn capture(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox, outcome: &Outcome) {
-    if ctx.config.github.is_none() || !matches!(outcome, Outcome::Succeeded { .. }) {
+    if ctx.config.github.is_none() || !from_github(run) || !matches!(outcome, Outcome::Succeeded { .. }) {
         return;
     }
     if let Err(e) = delivery::capture(&ctx.store, run.id, sandbox).await {
@@ -158,7 +165,7 @@ pub async fn capture(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox, outcome:
 /// Hook for after the terminal event: reports the run on GitHub. (If this
 /// worker dies first, the delivery stays owed and another worker makes it.)
 pub async fn deliver_finished(ctx: &WorkerContext, run: &Run) {
-    if let Some(github) = &ctx.config.github {
+    if let Some(github) = ctx.config.github.as_ref().filter(|_| from_github(run)) {
         owed::deliver_owed(github, &ctx.store, Some(run.id)).await;
     }
 }
