@@ -3,14 +3,14 @@
 //! tools or the step budget is spent.
 //!
 //! Messages are the durable state: a run picked up by another worker reloads
-//! them and continues from the last checkpoint ([`resume`]).
+//! them and continues from the last checkpoint (`resume`).
 //!
 //! [`AgentRun::drive`] is the loop: load the history, then per step read the
 //! inbox, check the budget, compact if due, stream the model, store its
 //! answer and act on how it finished (run the tools it called, ask it to go
 //! on, or end). What is not the loop lives beside it: running tool calls in
-//! batches ([`tool_batch`]), the approval gate ([`approval`]), picking a run
-//! up ([`resume`]), steering ([`inbox`]), compaction ([`compaction`]).
+//! batches (`tool_batch`), the approval gate (`approval`), picking a run up
+//! (`resume`), steering (`inbox`), compaction ([`compaction`]).
 
 mod approval;
 mod budget;
@@ -195,7 +195,7 @@ impl<'a> AgentRun<'a> {
             Err(e) => return Err(e),
         };
         let calls = self.record_answer(step, &answer, messages, progress).await?;
-        self.act_on_answer(&answer, calls, messages, progress).await
+        self.act_on_answer(&answer, &calls, messages, progress).await
     }
 
     /// One model call with the conversation so far, plus a transient budget
@@ -263,13 +263,13 @@ impl<'a> AgentRun<'a> {
     async fn act_on_answer(
         &mut self,
         answer: &Assembled,
-        calls: Vec<ToolCall>,
+        calls: &[ToolCall],
         messages: &mut Vec<Message>,
         progress: &mut Progress,
     ) -> Result<ControlFlow<Outcome>, AgentError> {
-        let verdict = progress.guard.observe(calls.iter().map(|c| (c.name.as_str(), &c.arguments)));
+        let verdict = progress.guard.observe(calls);
         if !calls.is_empty() {
-            let results = self.tool_runner().run(self.events, &calls).await?;
+            let results = self.tool_runner().run(self.events, calls).await?;
             self.persist(messages, results).await?;
         }
         if !answer.rejected_calls.is_empty() {
