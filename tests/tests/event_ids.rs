@@ -139,9 +139,9 @@ async fn an_event_whose_commit_answer_was_lost_is_not_stored_twice() {
 
     let mut sink = EventSink::new(via_proxy, lease.clone());
     proxy.armed.store(true, Ordering::SeqCst);
-    sink.emit(EventBody::StepStarted { step: 7 }).await.unwrap();
+    sink.write_now(EventBody::StepStarted { step: 7 }).await.unwrap();
     assert_eq!(proxy.eaten.load(Ordering::SeqCst), 1, "the first answer was lost");
-    sink.emit(EventBody::StepStarted { step: 8 }).await.unwrap();
+    sink.write_now(EventBody::StepStarted { step: 8 }).await.unwrap();
 
     // run.queued is 1; step 7 is 2 (once, though written twice); step 8 is 3.
     assert_eq!(seqs_of_kind(&app, lease.run_id, "step.started").await, [2, 3]);
@@ -217,7 +217,7 @@ async fn a_message_and_its_events_are_stored_together_once_and_only_under_the_le
         app.sql().await.query_one("SELECT session_id FROM runs WHERE id = $1", &[&lease.run_id]).await.unwrap().get(0);
     let (proxy, via_proxy) = AnswerEater::in_front_of(&app, b"INSERT INTO messages").await;
 
-    // What EventSink::flush does with a held message: one id, retried.
+    // What EventSink::commit does with a held message: one id, retried.
     let id = Uuid::now_v7();
     let message = kiln_protocol::Message::user("do the thing");
     let batch: Vec<(Uuid, EventBody)> = (1..=2).map(|step| (Uuid::now_v7(), EventBody::StepStarted { step })).collect();

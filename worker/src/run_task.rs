@@ -148,7 +148,7 @@ async fn execute_in_span(
         },
     };
     if !matches!(ending, Ending::LeaseLost) {
-        let _ = events.flush().await;
+        let _ = events.commit().await;
     }
     let recorded = finish(&ctx, &run, &lease, ending, signals.handoff.as_ref()).await;
     drop(heartbeat);
@@ -166,7 +166,7 @@ async fn drive(
     events: &mut EventSink,
     control: Arc<Control>,
 ) -> Result<Outcome, AgentError> {
-    events.emit(EventBody::RunStarted { worker: ctx.config.worker_id.clone(), attempt: lease.attempt }).await?;
+    events.write_now(EventBody::RunStarted { worker: ctx.config.worker_id.clone(), attempt: lease.attempt }).await?;
     let owner = Owner { run_id: run.id, session_id: run.session_id, worker: ctx.config.worker_id.clone() };
     let config = match ctx.config.sandbox.narrowed(&run.sandbox) {
         Ok(config) => config,
@@ -194,7 +194,7 @@ async fn drive(
         }
     }
     events
-        .emit(EventBody::SandboxReady {
+        .write_now(EventBody::SandboxReady {
             container: sandbox.id().to_owned(),
             image: sandbox.image().to_owned(),
             origin: Some(origin.as_str().to_owned()),
@@ -223,7 +223,7 @@ async fn drive(
     };
     let outcome = agent.drive().await?;
     // What the loop queued goes out before anything else writes events.
-    events.flush().await?;
+    events.commit().await?;
     crate::github::capture(ctx, run, &sandbox, &outcome).await;
     Ok(outcome)
 }

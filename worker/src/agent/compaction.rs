@@ -4,8 +4,15 @@
 //!
 //! The cut never separates tool results from the call that asked for them,
 //! and the most recent messages (up to a share of the window) stay verbatim.
+//! The summary is stored as a message and announced with a `compaction`
+//! event.
 
-use kiln_protocol::{Message, Part, Role, Usage};
+use kiln_protocol::{EventBody, Message, Part, Role, Usage};
+
+use super::budget::Budget;
+use super::db_retry::with_retry;
+use super::{AgentError, AgentRun, model_call};
+use crate::providers::ModelRequest;
 
 /// Instructions for the summarising call, in their own file for review.
 pub const PROMPT: &str = include_str!("compaction_prompt.md");
@@ -130,6 +137,70 @@ fn approx_bytes(message: &Message) -> usize {
         })
         .sum::<usize>()
         + 16
+}
+
+impl AgentRun<'_> {
+    /// Summarises the older part of the conversation and continues from the
+    /// summary plus the recent messages. A failed summarising call leaves
+    /// the conversation as it is (the next step may still fit).
+    pub(super) async fn compact(
+        &mut self,
+        messages: &mut Vec<Message>,
+        input: &Usage,
+        budget: &mut Budget,
+    ) -> Result<(), AgentError> {
+        let Some(cut) = cut_point(messages, &self.compaction) else { return Ok(()) };
+        let request = ModelRequest {
+            model: self.model.clone(),
+            system: PROMPT.to_owned(),
+            messages: vec![Message::user(transcript(&messages[..cut], &self.compaction))],
+            tools: Vec::new(),
+            max_tokens: self.max_tokens,
+            temperature: None,
+        };
+        let assembled = match model_call::call_model_quietly(self.provider.as_ref(), &request, self.events).await {
+            Ok(a) => a,
+            Err(AgentError::Provider(e)) => {
+                tracing::warn!(run_id = %self.run.id, error = %e, "compaction failed; going on without it");
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        let summary = assembled.message.text();
+        if summary.trim().is_empty() {
+            tracing::warn!(run_id = %self.run.id, "the model's summary was empty; not compacting");
+            return Ok(());
+        }
+        let cost = (self.pricing)(&self.model, &assembled.usage);
+        budget.record(&assembled.usage, cost);
+        let summary = summary_message(&summary);
+        let kept = messages.len() - cut;
+        let message_id = uuid::Uuid::now_v7();
+        with_retry(|| {
+            self.store.append_summary(
+                self.lease,
+                message_id,
+                self.run.session_id,
+                &summary,
+                kept,
+                Some(&assembled.usage),
+                Some(&self.model),
+            )
+        })
+        .await?;
+        let recent = messages.split_off(cut);
+        *messages = std::iter::once(summary).chain(recent).collect();
+        self.events
+            .write_now(EventBody::Compaction {
+                summarized_messages: cut as u32,
+                kept_messages: kept as u32,
+                input_tokens: input.input_tokens + input.cache_read_tokens + input.cache_write_tokens,
+                usage: assembled.usage,
+                cost_usd: cost,
+            })
+            .await?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]

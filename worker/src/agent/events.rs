@@ -3,16 +3,20 @@
 //! A model streams text a few characters at a time; storing each piece as a
 //! row would cost a round trip and a NOTIFY per token. Consecutive deltas of
 //! the same kind are merged and written at most every [`COALESCE`], or as
-//! soon as any other event needs to go out (order is preserved).
+//! soon as anything else is written (order is preserved).
 //!
-//! Events that need not be seen at once ([`EventSink::emit_soon`]: a step
-//! starting, a step's usage, a tool's result) wait the same way and go out
-//! in one statement with whatever is written next: every commit waits for
-//! the WAL flush, so fewer commits a step is most of the loop's overhead.
-//! Messages go through here too ([`EventSink::append_message`],
-//! [`EventSink::stage_message`]), so that a step's message and its events
-//! share a commit: a step with a tool call makes two, the model's message
-//! with its events and the tool message with the results.
+//! Every commit waits for the WAL flush, so fewer commits a step is most of
+//! the loop's overhead. The verbs say when a write happens:
+//! - [`EventSink::write_now`] and [`EventSink::commit`]: a commit now, with
+//!   everything buffered before it;
+//! - [`EventSink::write_soon`]: buffered to go out with the next commit, or
+//!   on its own once it has waited [`COALESCE`] ([`EventSink::write_if_stale`]
+//!   checks);
+//! - [`EventSink::write_message`] and [`EventSink::hold_message`]: a message
+//!   of the session, with the events about it, now or in the next commit.
+//!   A step's message and its events share a commit: a step with a tool
+//!   call makes two, the model's message with its events and the tool
+//!   message with the results.
 
 use std::time::{Duration, Instant};
 
@@ -33,130 +37,103 @@ pub struct EventSink {
     queued: Vec<(Uuid, EventBody)>,
     /// A delta still growing (it goes after `queued`).
     pending: Option<EventBody>,
-    /// When the oldest of `queued` and `pending` was emitted.
+    /// When the oldest of `queued` and `pending` was buffered.
     since: Option<Instant>,
-    /// A message to write with the next flush.
-    staged: Option<StagedMessage>,
+    /// A message to write with the next commit.
+    held: Option<HeldMessage>,
 }
 
-/// A message of the session, with the id it keeps across retries.
-struct StagedMessage {
+/// A message to append to the session.
+#[derive(Debug, Clone)]
+pub struct NewMessage {
+    pub session_id: Uuid,
+    pub message: Message,
+    /// What the model call that wrote it used (assistant messages only).
+    pub usage: Option<Usage>,
+    pub model: Option<String>,
+}
+
+impl NewMessage {
+    /// A message no model call paid for (a user message, tool results).
+    pub fn plain(session_id: Uuid, message: Message) -> Self {
+        NewMessage { session_id, message, usage: None, model: None }
+    }
+}
+
+/// A message waiting for the next commit, with the id it keeps across retries.
+struct HeldMessage {
     id: Uuid,
-    session_id: Uuid,
-    message: Message,
-    usage: Option<Usage>,
-    model: Option<String>,
+    new: NewMessage,
 }
 
 impl EventSink {
     pub fn new(store: Store, lease: Lease) -> Self {
-        EventSink { store, lease, queued: Vec::new(), pending: None, since: None, staged: None }
+        EventSink { store, lease, queued: Vec::new(), pending: None, since: None, held: None }
     }
 
-    /// Appends `message` to the session now, with every event waiting, in
-    /// one statement.
-    pub async fn append_message(
-        &mut self,
-        session_id: Uuid,
-        message: Message,
-        usage: Option<Usage>,
-        model: Option<String>,
-    ) -> Result<(), StoreError> {
-        self.stage_message(session_id, message, usage, model).await?;
-        self.flush().await
+    /// Writes `body` now, in one commit with everything buffered before it.
+    pub async fn write_now(&mut self, body: EventBody) -> Result<(), StoreError> {
+        self.buffer(body);
+        self.commit().await
     }
 
-    /// Holds `message` back to be written with the next flush (the caller
-    /// is about to emit an event that flushes). A message already held is
-    /// written first.
-    pub async fn stage_message(
-        &mut self,
-        session_id: Uuid,
-        message: Message,
-        usage: Option<Usage>,
-        model: Option<String>,
-    ) -> Result<(), StoreError> {
-        if self.staged.is_some() {
-            self.flush().await?;
-        }
-        // One id for every attempt: a retry after a commit whose answer was
-        // lost finds the stored message, not a copy.
-        self.staged = Some(StagedMessage { id: Uuid::now_v7(), session_id, message, usage, model });
-        Ok(())
+    /// Buffers `body` to go out with the next commit, whenever that is; if
+    /// none comes, it is written on its own once the oldest buffered event
+    /// has waited [`COALESCE`] (checked here and by
+    /// [`EventSink::write_if_stale`]). For events nobody needs in the next
+    /// moment: a step starting, a tool's result, a streamed delta.
+    pub async fn write_soon(&mut self, body: EventBody) -> Result<(), StoreError> {
+        self.buffer(body);
+        self.write_if_stale().await
     }
 
-    /// Queues `body` without writing anything: it goes out with the next
-    /// write, whenever that is (use when one follows at once).
-    pub fn queue_for_next_write(&mut self, body: EventBody) {
-        self.queue(body);
-    }
-
-    /// Queues or writes `body`. Deltas are merged and wait; anything else is
-    /// written at once, with everything waiting before it.
-    pub async fn emit(&mut self, body: EventBody) -> Result<(), StoreError> {
-        if is_delta(&body) {
-            self.push_delta(body);
-            return self.flush_if_stale().await;
-        }
-        self.queue(body);
-        self.flush().await
-    }
-
-    /// Queues `body` to go out with the next write (at the latest after
-    /// [`COALESCE`] at the next [`EventSink::flush_if_stale`], or at the next
-    /// [`EventSink::flush`]): for events nobody needs in the next moment.
-    pub async fn emit_soon(&mut self, body: EventBody) -> Result<(), StoreError> {
-        if is_delta(&body) {
-            self.push_delta(body);
-        } else {
-            self.queue(body);
-        }
-        self.flush_if_stale().await
-    }
-
-    fn push_delta(&mut self, body: EventBody) {
-        if let Some(pending) = &mut self.pending
-            && merge(pending, &body)
-        {
-            return;
-        }
-        if let Some(done) = self.pending.take() {
-            self.queued.push((Uuid::now_v7(), done));
-        }
-        self.pending = Some(body);
-        self.since.get_or_insert_with(Instant::now);
-    }
-
-    fn queue(&mut self, body: EventBody) {
-        if let Some(done) = self.pending.take() {
-            self.queued.push((Uuid::now_v7(), done));
-        }
-        self.queued.push((Uuid::now_v7(), body));
-        self.since.get_or_insert_with(Instant::now);
-    }
-
-    /// Writes what is waiting if the oldest of it has waited long enough.
-    pub async fn flush_if_stale(&mut self) -> Result<(), StoreError> {
+    /// Commits what is buffered if the oldest of it has waited [`COALESCE`].
+    pub async fn write_if_stale(&mut self) -> Result<(), StoreError> {
         match self.since {
-            Some(since) if since.elapsed() >= COALESCE => self.flush().await,
+            Some(since) if since.elapsed() >= COALESCE => self.commit().await,
             _ => Ok(()),
         }
     }
 
-    /// Writes everything waiting (and the held message), in one statement.
-    pub async fn flush(&mut self) -> Result<(), StoreError> {
+    /// Appends `message` to the session now, in one commit with everything
+    /// buffered and then `along` (the events about the message, which are
+    /// thus never stored without it).
+    pub async fn write_message(&mut self, message: NewMessage, along: Vec<EventBody>) -> Result<(), StoreError> {
+        self.hold_message(message, along).await?;
+        self.commit().await
+    }
+
+    /// Like [`EventSink::write_message`], but the message (and `along`) waits
+    /// for the next commit, which the caller is about to make (e.g. the
+    /// `tool_call.ready` of the message's first call). A message already
+    /// held is committed first.
+    pub async fn hold_message(&mut self, message: NewMessage, along: Vec<EventBody>) -> Result<(), StoreError> {
+        if self.held.is_some() {
+            self.commit().await?;
+        }
+        for body in along {
+            self.buffer(body);
+        }
+        // One id for every attempt: a retry after a commit whose answer was
+        // lost finds the stored message, not a copy.
+        self.held = Some(HeldMessage { id: Uuid::now_v7(), new: message });
+        Ok(())
+    }
+
+    /// Writes everything buffered, and the held message, now, in one commit.
+    pub async fn commit(&mut self) -> Result<(), StoreError> {
         if let Some(done) = self.pending.take() {
             self.queued.push((Uuid::now_v7(), done));
         }
-        // The ids were chosen when the events and the message were queued
+        // The ids were chosen when the events and the message were buffered
         // and stay the same on every attempt: a retry after a commit whose
         // answer was lost finds the stored rows instead of storing them again.
         let batch = &self.queued;
-        if let Some(m) = &self.staged {
+        if let Some(HeldMessage { id, new: m }) = &self.held {
             with_retry(|| {
                 self.store.append_message_with_events_once(
                     &self.lease,
-                    m.id,
+                    *id,
                     m.session_id,
                     &m.message,
                     m.usage.as_ref(),
@@ -165,13 +142,33 @@ impl EventSink {
                 )
             })
             .await?;
-            self.staged = None;
+            self.held = None;
         } else if !batch.is_empty() {
             with_retry(|| self.store.append_events_once(&self.lease, batch)).await?;
         }
         self.queued.clear();
         self.since = None;
         Ok(())
+    }
+
+    /// Adds `body` to what waits for the next commit: a delta merges with
+    /// the one before it when both are of the same stream.
+    fn buffer(&mut self, body: EventBody) {
+        if is_delta(&body)
+            && let Some(pending) = &mut self.pending
+            && merge(pending, &body)
+        {
+            return;
+        }
+        if let Some(done) = self.pending.take() {
+            self.queued.push((Uuid::now_v7(), done));
+        }
+        if is_delta(&body) {
+            self.pending = Some(body);
+        } else {
+            self.queued.push((Uuid::now_v7(), body));
+        }
+        self.since.get_or_insert_with(Instant::now);
     }
 }
 

@@ -1,7 +1,7 @@
 //! Loop guard: a model that repeats the same tool calls with the same
 //! arguments is nudged, then stopped.
 
-use serde_json::Value;
+use super::tool_call::ToolCall;
 
 /// Identical consecutive steps before the model is nudged.
 pub const NUDGE_AT: u32 = 3;
@@ -22,10 +22,10 @@ pub enum Verdict {
 }
 
 impl LoopGuard {
-    /// Looks at one step's tool calls (name and arguments, in order).
-    pub fn observe<'a>(&mut self, calls: impl IntoIterator<Item = (&'a str, &'a Value)>) -> Verdict {
+    /// Looks at one step's tool calls (their names and arguments, in order).
+    pub fn observe(&mut self, calls: &[ToolCall]) -> Verdict {
         // serde_json's maps are ordered by key, so equal arguments print equal.
-        let signature: String = calls.into_iter().map(|(name, args)| format!("{name}:{args}\n")).collect();
+        let signature: String = calls.iter().map(|call| format!("{}:{}\n", call.name, call.arguments)).collect();
         if signature.is_empty() {
             *self = LoopGuard::default();
             return Verdict::Continue;
@@ -52,23 +52,27 @@ impl LoopGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
+
+    fn call(name: &str, arguments: &Value) -> [ToolCall; 1] {
+        [ToolCall { id: "1".into(), name: name.into(), arguments: arguments.clone() }]
+    }
 
     #[test]
     fn repeats_nudge_then_stop_and_a_change_resets() {
         let args = json!({"command": "ls"});
         let other = json!({"command": "pwd"});
         let mut g = LoopGuard::default();
-        assert_eq!(g.observe([("bash", &args)]), Verdict::Continue);
-        assert_eq!(g.observe([("bash", &args)]), Verdict::Continue);
-        assert!(matches!(g.observe([("bash", &args)]), Verdict::Nudge(_)));
-        assert_eq!(g.observe([("bash", &args)]), Verdict::Continue);
-        assert!(matches!(g.observe([("bash", &args)]), Verdict::Stop(_)));
+        assert_eq!(g.observe(&call("bash", &args)), Verdict::Continue);
+        assert_eq!(g.observe(&call("bash", &args)), Verdict::Continue);
+        assert!(matches!(g.observe(&call("bash", &args)), Verdict::Nudge(_)));
+        assert_eq!(g.observe(&call("bash", &args)), Verdict::Continue);
+        assert!(matches!(g.observe(&call("bash", &args)), Verdict::Stop(_)));
         let mut g = LoopGuard::default();
-        g.observe([("bash", &args)]);
-        g.observe([("bash", &args)]);
-        assert_eq!(g.observe([("bash", &other)]), Verdict::Continue);
-        assert_eq!(g.observe([("bash", &other)]), Verdict::Continue);
+        g.observe(&call("bash", &args));
+        g.observe(&call("bash", &args));
+        assert_eq!(g.observe(&call("bash", &other)), Verdict::Continue);
+        assert_eq!(g.observe(&call("bash", &other)), Verdict::Continue);
     }
 
     #[test]
@@ -76,8 +80,8 @@ mod tests {
         let a: Value = serde_json::from_str(r#"{"a":1,"b":2}"#).unwrap();
         let b: Value = serde_json::from_str(r#"{"b":2,"a":1}"#).unwrap();
         let mut g = LoopGuard::default();
-        g.observe([("x", &a)]);
-        g.observe([("x", &b)]);
-        assert!(matches!(g.observe([("x", &a)]), Verdict::Nudge(_)));
+        g.observe(&call("x", &a));
+        g.observe(&call("x", &b));
+        assert!(matches!(g.observe(&call("x", &a)), Verdict::Nudge(_)));
     }
 }

@@ -87,7 +87,11 @@ async fn call_with_retries(
                 let delay = backoff(attempt, e.retry_after());
                 tracing::warn!(error = %e, attempt, ?delay, "model call failed; retrying");
                 events
-                    .emit(EventBody::ModelRetry { attempt, delay_ms: delay.as_millis() as u64, error: e.to_string() })
+                    .write_now(EventBody::ModelRetry {
+                        attempt,
+                        delay_ms: delay.as_millis() as u64,
+                        error: e.to_string(),
+                    })
                     .await?;
                 tokio::time::sleep(delay).await;
                 attempt += 1;
@@ -120,7 +124,7 @@ async fn stream_once(
         let item = tokio::select! {
             item = stream.next() => item,
             _ = tick.tick() => {
-                events.flush_if_stale().await?;
+                events.write_if_stale().await?;
                 continue;
             }
         };
@@ -130,7 +134,7 @@ async fn stream_once(
         if stream_deltas && let Some(body) = event_for(&builder, &event) {
             // Shown within the coalescing window; the rest waits for the
             // step's message, which is written right after the stream.
-            events.emit_soon(body).await?;
+            events.write_soon(body).await?;
         }
         if matches!(event, ModelEvent::Finish(_)) {
             break;

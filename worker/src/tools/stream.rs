@@ -28,7 +28,7 @@ pub trait EmitOutput: Send {
 impl EmitOutput for EventSink {
     type Error = StoreError;
     async fn emit_output(&mut self, call_id: String, text: String) -> Result<(), StoreError> {
-        self.emit(EventBody::ToolOutput { call_id, text }).await
+        self.write_now(EventBody::ToolOutput { call_id, text }).await
     }
 }
 

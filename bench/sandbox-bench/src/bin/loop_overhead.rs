@@ -235,7 +235,7 @@ async fn agent_pass(store: &Store, sandbox: &Sandbox, steps: usize) -> anyhow::R
         Outcome::Succeeded { .. } => {}
         other => bail!("the run did not succeed: {other:?}"),
     }
-    events.flush().await?;
+    events.commit().await?;
 
     let model_calls = std::mem::take(&mut *clock.model.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
     let tool_calls = std::mem::take(&mut *clock.tool.lock().unwrap_or_else(std::sync::PoisonError::into_inner));

@@ -1,0 +1,132 @@
+//! The approval gate: whether a tool call may run. Calls outside the run's
+//! `allowed_tools` are refused; calls its approval mode covers wait, with
+//! the run in `awaiting_approval`, for a person's decision.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_protocol::{ApprovalMode, Run};
+use kiln_store::{Decision, Lease, Store};
+
+use super::AgentError;
+use super::control::Control;
+use super::events::EventSink;
+use super::tool_call::ToolCall;
+use crate::tools::{Registry, ToolOutcome};
+
+/// How often a run waiting for approval re-reads the decision.
+const APPROVAL_POLL: Duration = Duration::from_secs(1);
+
+/// What the gate needs of the run.
+pub(super) struct Gate<'a> {
+    pub store: &'a Store,
+    pub lease: &'a Lease,
+    pub run: &'a Run,
+    pub tools: &'a Registry,
+    /// Woken when a decision is stored.
+    pub control: Arc<Control>,
+}
+
+/// What the gate said about a call.
+pub(super) enum Clearance {
+    /// It needs nobody's approval.
+    Free,
+    /// A person approved it.
+    Approved,
+    /// It does not run: the tool is not allowed, or a person denied it.
+    Refused { outcome: ToolOutcome, asked: bool },
+}
+
+impl Clearance {
+    /// Whether a person was asked (the run went to `awaiting_approval`).
+    fn asked(&self) -> bool {
+        matches!(self, Clearance::Approved | Clearance::Refused { asked: true, .. })
+    }
+
+    /// The result a refused call gets instead of running.
+    pub fn refusal(self) -> Option<ToolOutcome> {
+        match self {
+            Clearance::Refused { outcome, .. } => Some(outcome),
+            Clearance::Free | Clearance::Approved => None,
+        }
+    }
+}
+
+impl Gate<'_> {
+    /// Whether the run may call `name` at all (its `allowed_tools`).
+    pub fn allows(&self, name: &str) -> bool {
+        self.run.allowed_tools.as_ref().is_none_or(|allowed| allowed.iter().any(|t| t == name))
+    }
+
+    /// Whether the run's approval mode makes a call of `name` wait for a person.
+    pub fn needs_approval(&self, name: &str) -> bool {
+        let mutating = self.tools.get(name).is_none_or(|t| t.is_mutating());
+        match self.run.approval {
+            ApprovalMode::Never => false,
+            ApprovalMode::Mutating => mutating,
+            ApprovalMode::Always => true,
+        }
+    }
+
+    /// Whether `call` may run. The caller puts the run back to `running`
+    /// ([`Gate::release`]) once its batch is cleared.
+    pub async fn clear(&self, events: &mut EventSink, call: &ToolCall) -> Result<Clearance, AgentError> {
+        if !self.allows(&call.name) {
+            let refusal = ToolOutcome::error(format!("the tool {:?} is not available in this run", call.name));
+            return Ok(Clearance::Refused { outcome: refusal, asked: false });
+        }
+        if !self.needs_approval(&call.name) {
+            return Ok(Clearance::Free);
+        }
+        // The store writes `approval.requested` itself: what is buffered first.
+        events.commit().await?;
+        let decision = match self.store.request_approval(self.lease, &call.id, &call.name, &call.arguments).await? {
+            Some(decision) => decision,
+            None => self.wait_for_decision(&call.id).await?,
+        };
+        if decision.approved {
+            return Ok(Clearance::Approved);
+        }
+        let why = decision.reason.map(|r| format!(": {r}")).unwrap_or_default();
+        Ok(Clearance::Refused { outcome: ToolOutcome::error(format!("the user denied this call{why}")), asked: true })
+    }
+
+    /// Once a batch a person was asked about is cleared, puts the run back
+    /// to `running` and marks the approved calls as started: a takeover
+    /// from here on cannot know whether they ran, and one before this lets
+    /// them through the gate again (see `resume`).
+    pub async fn release(&self, batch: &[ToolCall], clearances: &[Clearance]) -> Result<(), AgentError> {
+        if !clearances.iter().any(Clearance::asked) {
+            return Ok(());
+        }
+        let starting: Vec<String> = batch
+            .iter()
+            .zip(clearances)
+            .filter(|(_, c)| matches!(c, Clearance::Approved))
+            .map(|(call, _)| call.id.clone())
+            .collect();
+        self.store.resume_after_approval(self.lease, &starting).await?;
+        Ok(())
+    }
+
+    /// Waits for a person's decision; woken by NOTIFY, with polling in case
+    /// the notification was missed. Cancellation and the wall clock still
+    /// apply (the run task stops this future).
+    async fn wait_for_decision(&self, call_id: &str) -> Result<Decision, AgentError> {
+        loop {
+            tokio::select! {
+                _ = self.control.wait() => {}
+                _ = tokio::time::sleep(APPROVAL_POLL) => {}
+            }
+            match self.store.approval_decision(self.run.id, call_id).await {
+                Ok(Some(decision)) => return Ok(decision),
+                Ok(None) => {}
+                // The wait is for a person, who may take hours: a database
+                // restart meanwhile is no reason to end the run. The lease
+                // runs out if the database stays away (the heartbeat).
+                Err(e) if e.is_unavailable() => tracing::warn!(error = %e, "reading the decision failed; waiting on"),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
