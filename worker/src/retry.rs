@@ -28,18 +28,18 @@ use tokio::time::Instant;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
     /// Wait after the first failed attempt; doubled after each further one.
-    pub base: Duration,
+    base: Duration,
     /// Longest wait the doubling reaches.
-    pub max_delay: Duration,
+    max_delay: Duration,
     /// When to stop trying.
-    pub bound: Bound,
+    bound: Bound,
     /// How much of a wait the other side asks for is honoured.
-    pub retry_after: RetryAfter,
+    retry_after: RetryAfter,
 }
 
 /// When a policy stops trying.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Bound {
+enum Bound {
     /// Attempts in all, the first included.
     Attempts(u32),
     /// Keeps retrying while less than this has passed since the first
