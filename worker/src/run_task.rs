@@ -16,6 +16,8 @@ use crate::agent::events::EventSink;
 use crate::agent::{AgentError, AgentRun, Outcome};
 use crate::config::ProviderKind;
 use crate::handoff::Handoff;
+use crate::lease_keeper::{Beat, LeaseKeeper};
+use crate::retry::{self, Verdict};
 use crate::runner::WorkerContext;
 use crate::sandbox::lifecycle::{self, Origin};
 use crate::sandbox::pool::WarmPool;
@@ -254,18 +256,15 @@ fn remaining_time(run: &Run) -> Duration {
 /// Hands the run back to the queue, riding out a database still on its way
 /// back; failing that, its lease expires and the reaper returns it.
 async fn release(ctx: &WorkerContext, run: &Run, lease: &Lease) {
-    for attempt in 0..5 {
-        match ctx.store.release_run(lease).await {
-            Ok(()) => return,
-            Err(e) if e.is_unavailable() => {
-                tracing::warn!(run_id = %run.id, error = %e, attempt, "releasing the run failed; retrying");
-                tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
-            }
-            Err(e) => {
-                tracing::warn!(run_id = %run.id, error = %e, "releasing run failed; its lease will expire");
-                return;
-            }
-        }
+    let released = retry::retry(
+        &retry::DATABASE,
+        || ctx.store.release_run(lease),
+        |e: &StoreError| Verdict::retry_if(e.is_unavailable()),
+        |e, attempt, _| tracing::warn!(run_id = %run.id, error = %e, attempt, "releasing the run failed; retrying"),
+    )
+    .await;
+    if let Err(e) = released {
+        tracing::warn!(run_id = %run.id, error = %e, "releasing run failed; its lease will expire");
     }
 }
 
@@ -305,17 +304,21 @@ async fn finish(ctx: &WorkerContext, run: &Run, lease: &Lease, ending: Ending, h
     };
     tracing::info!(run_id = %run.id, kind = ?terminal, "run finished");
     // The database may be briefly away; the terminal write is worth retrying.
-    for attempt in 0..5 {
-        match finish_and_maybe_claim(ctx, lease, &terminal, result.as_ref(), handoff).await {
-            Ok(()) => return true,
-            Err(StoreError::LeaseLost(_)) => return false,
-            Err(e) => {
-                tracing::warn!(run_id = %run.id, error = %e, attempt, "recording the run's end failed");
-                tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
-            }
+    let recorded = retry::retry(
+        &retry::DATABASE,
+        || finish_and_maybe_claim(ctx, lease, &terminal, result.as_ref(), handoff),
+        |e: &StoreError| Verdict::retry_if(!matches!(e, StoreError::LeaseLost(_))),
+        |e, attempt, _| tracing::warn!(run_id = %run.id, error = %e, attempt, "recording the run's end failed"),
+    )
+    .await;
+    match recorded {
+        Ok(()) => true,
+        Err(StoreError::LeaseLost(_)) => false,
+        Err(e) => {
+            tracing::warn!(run_id = %run.id, error = %e, "recording the run's end failed; giving up");
+            false
         }
     }
-    false
 }
 
 /// Records the run's end; with a handoff open, claims the worker's next run
@@ -344,42 +347,19 @@ async fn finish_and_maybe_claim(
     Ok(())
 }
 
-/// Extends the lease every third of its length; reports a cancel request
-/// and a lost lease through the tokens.
+/// Keeps the run's lease; reports a cancel request and a lost lease through
+/// the tokens.
 async fn heartbeat_loop(ctx: Arc<WorkerContext>, lease: Lease, cancel: CancellationToken, lost: CancellationToken) {
-    let interval = ctx.config.heartbeat_interval();
-    let mut tick = tokio::time::interval(interval);
-    tick.tick().await;
-    // When the database last extended the lease, at the latest: the time a
-    // successful beat was sent (its `now()` came after that).
-    let mut last_ok = tokio::time::Instant::now();
-    loop {
-        tick.tick().await;
-        let sent = tokio::time::Instant::now();
-        // A beat that hangs (a connection gone silent) counts as failed, so
-        // the lease's end is noticed on time rather than never.
-        let beat = tokio::time::timeout(interval, ctx.store.heartbeat(&lease, ctx.config.lease))
-            .await
-            .unwrap_or_else(|_| Err(StoreError::Unavailable("the heartbeat got no answer in time".into())));
-        match beat {
-            Ok(beat) => {
-                last_ok = sent;
-                if beat.cancel_requested {
-                    cancel.cancel();
-                }
+    LeaseKeeper::new("run", lease.run_id, ctx.config.lease)
+        .reporting_cancel(cancel)
+        .keep(|| async {
+            match ctx.store.heartbeat(&lease, ctx.config.lease).await {
+                Ok(beat) if beat.cancel_requested => Ok(Beat::CancelRequested),
+                Ok(_) => Ok(Beat::Extended),
+                Err(StoreError::LeaseLost(_)) => Ok(Beat::Lost),
+                Err(e) => Err(e),
             }
-            Err(StoreError::LeaseLost(_)) => {
-                lost.cancel();
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(run_id = %lease.run_id, error = %e, "heartbeat failed");
-                // Past the lease, another worker may already have the run.
-                if last_ok.elapsed() >= ctx.config.lease {
-                    lost.cancel();
-                    return;
-                }
-            }
-        }
-    }
+        })
+        .await;
+    lost.cancel();
 }

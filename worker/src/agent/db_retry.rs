@@ -3,31 +3,25 @@
 //! failing the run at the first refused connection.
 
 use std::future::Future;
-use std::time::Duration;
 
 use kiln_store::StoreError;
 
-/// How long a write keeps trying. Shorter than a lease would be pointless:
-/// past the lease another worker may take the run over anyway.
-pub const PATIENCE: Duration = Duration::from_secs(30);
+use crate::retry::{self, Verdict};
 
-pub async fn with_retry<T, F, Fut>(mut op: F) -> Result<T, StoreError>
+/// Retries `op` under [`retry::DATABASE`] while the database is unreachable;
+/// any other error is returned at once.
+pub async fn with_retry<T, F, Fut>(op: F) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, StoreError>>,
 {
-    let started = tokio::time::Instant::now();
-    let mut delay = Duration::from_millis(100);
-    loop {
-        match op().await {
-            Err(e) if e.is_unavailable() && started.elapsed() < PATIENCE => {
-                tracing::warn!(error = %e, ?delay, "database unavailable; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
-            }
-            other => return other,
-        }
-    }
+    retry::retry(
+        &retry::DATABASE,
+        op,
+        |e: &StoreError| Verdict::retry_if(e.is_unavailable()),
+        |e, _, delay| tracing::warn!(error = %e, ?delay, "database unavailable; retrying"),
+    )
+    .await
 }
 
 #[cfg(test)]

@@ -5,18 +5,19 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kiln_protocol::EventBody;
-use rand::Rng;
 use tracing::Instrument;
 
 use super::AgentError;
 use super::events::{COALESCE, EventSink};
 use crate::providers::assemble::{Assembled, AssistantBuilder};
 use crate::providers::{ModelEvent, ModelProvider, ModelRequest, ProviderError};
+use crate::retry::Policy;
 
-/// Attempts per model call, the first included.
-const MAX_ATTEMPTS: u32 = 4;
 const BASE_DELAY: Duration = Duration::from_millis(500);
 const MAX_DELAY: Duration = Duration::from_secs(30);
+/// Four attempts per model call, the first included; a provider's
+/// retry-after is honoured up to twice the longest backoff.
+const RETRIES: Policy = Policy::attempts(4, BASE_DELAY, MAX_DELAY);
 
 /// Calls the model, retrying retryable failures with exponential backoff and
 /// jitter (honouring the provider's retry-after); each retry is an event.
@@ -78,13 +79,16 @@ async fn call_with_retries(
     events: &mut EventSink,
     stream_deltas: bool,
 ) -> Result<Assembled, AgentError> {
-    let mut attempt = 1;
+    // Driven here rather than by `retry::retry`: the retry's event goes
+    // through the same sink the attempt streams into.
+    let mut schedule = RETRIES.schedule();
     loop {
+        let attempt = schedule.attempt();
         tracing::Span::current().record("attempts", attempt);
         match stream_once(provider, request, events, stream_deltas).await {
             Ok(assembled) => return Ok(assembled),
-            Err(AgentError::Provider(e)) if e.is_retryable() && attempt < MAX_ATTEMPTS => {
-                let delay = backoff(attempt, e.retry_after());
+            Err(AgentError::Provider(e)) if e.is_retryable() => {
+                let Some(delay) = schedule.next_delay(e.retry_after()) else { return Err(e.into()) };
                 tracing::warn!(error = %e, attempt, ?delay, "model call failed; retrying");
                 events
                     .write_now(EventBody::ModelRetry {
@@ -94,21 +98,10 @@ async fn call_with_retries(
                     })
                     .await?;
                 tokio::time::sleep(delay).await;
-                attempt += 1;
             }
             Err(e) => return Err(e),
         }
     }
-}
-
-fn backoff(attempt: u32, retry_after: Option<Duration>) -> Duration {
-    if let Some(wait) = retry_after {
-        return wait.min(MAX_DELAY * 2);
-    }
-    let exp = BASE_DELAY.saturating_mul(1 << (attempt - 1).min(10)).min(MAX_DELAY);
-    // Full jitter: spreads retries of many runs hitting the same limit.
-    let jitter = rand::rng().random_range(0.5..=1.0);
-    exp.mul_f64(jitter)
 }
 
 async fn stream_once(
@@ -166,6 +159,10 @@ fn event_for(builder: &AssistantBuilder, event: &ModelEvent) -> Option<EventBody
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn backoff(attempt: u32, retry_after: Option<Duration>) -> Duration {
+        RETRIES.backoff(attempt, retry_after).unwrap_or(Duration::MAX)
+    }
 
     #[test]
     fn backoff_grows_is_capped_and_honours_retry_after() {

@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use kiln_protocol::EventBody;
 use kiln_store::{CallbackAttempt, CallbackJob, Store};
-use rand::Rng;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::CallbackSettings;
 use super::send::{self, Request, Sent};
+use crate::lease_keeper::{Beat, LeaseKeeper};
+use crate::retry::{self, Policy, RetryAfter, Verdict};
 
 /// The longest `Retry-After` honoured; a receiver asking for more gets its
 /// next attempt after this long (holding a lease for hours helps nobody).
@@ -40,9 +40,10 @@ async fn attempts(settings: &CallbackSettings, store: &Store, job: &CallbackJob,
         allow_private: settings.allow_private,
         timeout: settings.timeout,
     };
-    let mut attempt = job.attempts;
+    // Attempts made by workers before this one count.
+    let mut schedule = policy(settings).schedule_after(job.attempts);
     loop {
-        attempt += 1;
+        let attempt = schedule.attempt();
         let (outcome, body, wait) = match send::attempt(&request).await {
             Sent::Delivered { status } => {
                 tracing::info!(%run_id, attempt, status, "callback delivered");
@@ -50,8 +51,7 @@ async fn attempts(settings: &CallbackSettings, store: &Store, job: &CallbackJob,
                 (CallbackAttempt::Delivered, body, None)
             }
             Sent::Failed { status, error, retryable, retry_after } => {
-                let wait = (retryable && attempt < settings.max_attempts)
-                    .then(|| backoff(settings, attempt, retry_after, rand::rng().random_range(0.5..=1.0)));
+                let wait = if retryable { schedule.next_delay(retry_after) } else { None };
                 let (outcome, error) = match wait {
                     Some(_) => (CallbackAttempt::WillRetry, error),
                     None if retryable => {
@@ -87,54 +87,43 @@ async fn attempts(settings: &CallbackSettings, store: &Store, job: &CallbackJob,
 /// (the lease is gone, or the record could not be made; past the lease
 /// another worker tries again, so the receiver may hear twice).
 async fn record(store: &Store, job: &CallbackJob, outcome: CallbackAttempt, body: &EventBody) -> bool {
-    for attempt in 0..4u32 {
-        match store.record_callback_attempt(job, outcome, body).await {
-            Ok(true) => return true,
-            Ok(false) => {
-                tracing::warn!(run_id = %job.run.id, "a callback's lease ran out before its attempt was recorded");
-                return false;
-            }
-            Err(e) => {
-                tracing::warn!(run_id = %job.run.id, error = %e, attempt, "recording a callback attempt failed");
-                tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
-            }
+    let recorded = retry::retry(
+        &retry::DATABASE,
+        || store.record_callback_attempt(job, outcome, body),
+        |_| Verdict::Retry,
+        |e, attempt, _| tracing::warn!(run_id = %job.run.id, error = %e, attempt, "recording a callback attempt failed"),
+    )
+    .await;
+    match recorded {
+        Ok(true) => true,
+        Ok(false) => {
+            tracing::warn!(run_id = %job.run.id, "a callback's lease ran out before its attempt was recorded");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(run_id = %job.run.id, error = %e, "recording a callback attempt failed; giving up");
+            false
         }
     }
-    false
 }
 
-/// Wait before the attempt after `attempt`: exponential from `base_delay`,
-/// capped at `max_delay`, scaled by `jitter` (0.5 to 1, so receivers that
-/// failed together are not hit together again), and never shorter than what
-/// the receiver asked for in `Retry-After` (up to [`MAX_RETRY_AFTER`]).
-fn backoff(settings: &CallbackSettings, attempt: u32, retry_after: Option<Duration>, jitter: f64) -> Duration {
-    let exp = settings.base_delay.saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
-    let delay = exp.min(settings.max_delay).mul_f64(jitter.clamp(0.0, 1.0));
-    match retry_after {
-        Some(asked) => delay.max(asked.min(MAX_RETRY_AFTER)),
-        None => delay,
-    }
+/// Attempts per callback from `settings`: exponential from `base_delay`,
+/// capped at `max_delay`, with jitter (receivers that failed together are
+/// not hit together again), and never shorter than what the receiver asked
+/// for in `Retry-After` (up to [`MAX_RETRY_AFTER`]).
+fn policy(settings: &CallbackSettings) -> Policy {
+    Policy::attempts(settings.max_attempts, settings.base_delay, settings.max_delay)
+        .honouring(RetryAfter::Capped(MAX_RETRY_AFTER))
 }
 
-/// Extends `job`'s lease every third of its length; returns once the lease
-/// is lost: taken over, or about to run out because the database has not
-/// answered (given up a third early, so this worker stops before another
-/// can start).
+/// Extends `job`'s lease; returns once the lease is lost: taken over, or
+/// about to run out because the database has not answered (given up a
+/// third early, so this worker stops before another can start).
 async fn keep_lease(settings: &CallbackSettings, store: &Store, job: &CallbackJob) {
-    let mut last_ok = Instant::now();
-    loop {
-        tokio::time::sleep(settings.lease / 3).await;
-        match store.extend_callback(job, settings.lease).await {
-            Ok(true) => last_ok = Instant::now(),
-            Ok(false) => return,
-            Err(e) => {
-                tracing::warn!(run_id = %job.run.id, error = %e, "extending a callback's lease failed");
-                if last_ok.elapsed() >= settings.lease / 3 * 2 {
-                    return;
-                }
-            }
-        }
-    }
+    LeaseKeeper::new("callback", job.run.id, settings.lease)
+        .giving_up_early(settings.lease / 3)
+        .keep(|| async { store.extend_callback(job, settings.lease).await.map(Beat::extended_if) })
+        .await;
 }
 
 #[cfg(test)]
@@ -144,6 +133,10 @@ mod tests {
 
     fn settings() -> CallbackSettings {
         CallbackSettings::new(CallbackSecret::new(b"k").unwrap())
+    }
+
+    fn backoff(settings: &CallbackSettings, attempt: u32, retry_after: Option<Duration>, jitter: f64) -> Duration {
+        policy(settings).delay(attempt, retry_after, jitter).unwrap()
     }
 
     #[test]

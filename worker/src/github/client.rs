@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::GithubError;
+use crate::retry::{self, Policy, RetryAfter, Verdict};
 
 /// GitHub's documented media type and API version.
 const ACCEPT: &str = "application/vnd.github+json";
@@ -35,11 +36,24 @@ impl Default for RetryPolicy {
     }
 }
 
+impl RetryPolicy {
+    fn policy(&self) -> Policy {
+        Policy::attempts(self.attempts, self.base_delay, self.max_delay)
+            .honouring(RetryAfter::GiveUpOver(self.max_delay))
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct GithubClient {
     http: reqwest::Client,
     base: String,
-    retry: RetryPolicy,
+    retry: Policy,
+}
+
+/// A failed call and what it says about calling again.
+struct Failure {
+    error: GithubError,
+    verdict: Verdict,
 }
 
 /// `GET /repos/{o}/{r}/issues/{n}`, as far as delivery reads it.
@@ -89,7 +103,7 @@ impl GithubClient {
             .timeout(Duration::from_secs(30))
             .build()
             .map_err(|e| GithubError::Config(format!("building the HTTP client: {e}")))?;
-        Ok(GithubClient { http, base: base.trim_end_matches('/').to_owned(), retry })
+        Ok(GithubClient { http, base: base.trim_end_matches('/').to_owned(), retry: retry.policy() })
     }
 
     pub async fn issue(&self, auth: &str, repo: &str, number: i64) -> Result<Issue, GithubError> {
@@ -141,79 +155,85 @@ impl GithubClient {
     ) -> Result<T, GithubError> {
         let url = format!("{}{path}", self.base);
         let what = format!("{method} {path}");
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let mut request = self
-                .http
-                .request(method.clone(), &url)
-                .bearer_auth(auth)
-                .header("accept", ACCEPT)
-                .header("x-github-api-version", API_VERSION);
-            if let Some(b) = &body {
-                request = request.json(b);
-            }
-            let wait = match request.send().await {
-                Ok(response) if response.status().is_success() => {
-                    return response.json::<T>().await.map_err(|e| GithubError::Decode { what, error: e.to_string() });
+        let result = retry::retry(
+            &self.retry,
+            || self.call_once(&method, &url, &what, auth, body.as_ref()),
+            |failure: &Failure| failure.verdict,
+            |failure, attempt, _| match &failure.error {
+                GithubError::Status { status, .. } => {
+                    tracing::warn!(%what, status, attempt, "GitHub call failed; retrying");
                 }
-                Ok(response) => {
-                    let status = response.status();
-                    let delay = retry_delay(status, response.headers(), self.backoff(attempt));
-                    let text = response.text().await.unwrap_or_default();
-                    let message: String = text.chars().take(MAX_ERROR_BODY).collect();
-                    match delay {
-                        Some(d) if attempt < self.retry.attempts && d <= self.retry.max_delay => {
-                            tracing::warn!(%what, status = status.as_u16(), attempt, "GitHub call failed; retrying");
-                            d
-                        }
-                        _ => return Err(GithubError::Status { what, status: status.as_u16(), message }),
-                    }
-                }
-                Err(e) => {
-                    // Without a response, only a connection that never got a
-                    // request through is safe to retry; reqwest's timeouts
-                    // and connect errors are, and GitHub's POSTs here are
-                    // harmless to repeat at worst (a duplicate comment).
-                    if attempt >= self.retry.attempts {
-                        return Err(GithubError::Http { what, error: e.without_url().to_string() });
-                    }
-                    tracing::warn!(%what, error = %e.without_url(), attempt, "GitHub call failed; retrying");
-                    self.backoff(attempt)
-                }
-            };
-            tokio::time::sleep(wait).await;
-        }
+                error => tracing::warn!(%what, %error, attempt, "GitHub call failed; retrying"),
+            },
+        )
+        .await;
+        result.map_err(|failure| failure.error)
     }
 
-    fn backoff(&self, attempt: u32) -> Duration {
-        self.retry.base_delay.saturating_mul(1 << (attempt - 1).min(10)).min(self.retry.max_delay)
+    async fn call_once<T: DeserializeOwned>(
+        &self,
+        method: &Method,
+        url: &str,
+        what: &str,
+        auth: &str,
+        body: Option<&Value>,
+    ) -> Result<T, Failure> {
+        let mut request = self
+            .http
+            .request(method.clone(), url)
+            .bearer_auth(auth)
+            .header("accept", ACCEPT)
+            .header("x-github-api-version", API_VERSION);
+        if let Some(b) = body {
+            request = request.json(b);
+        }
+        let what = what.to_owned();
+        match request.send().await {
+            Ok(response) if response.status().is_success() => response.json::<T>().await.map_err(|e| Failure {
+                error: GithubError::Decode { what, error: e.to_string() },
+                verdict: Verdict::GiveUp,
+            }),
+            Ok(response) => {
+                let status = response.status();
+                let verdict = retry_verdict(status, response.headers());
+                let text = response.text().await.unwrap_or_default();
+                let message: String = text.chars().take(MAX_ERROR_BODY).collect();
+                Err(Failure { error: GithubError::Status { what, status: status.as_u16(), message }, verdict })
+            }
+            // Without a response, only a connection that never got a
+            // request through is safe to retry; reqwest's timeouts and
+            // connect errors are, and GitHub's POSTs here are harmless to
+            // repeat at worst (a duplicate comment).
+            Err(e) => Err(Failure {
+                error: GithubError::Http { what, error: e.without_url().to_string() },
+                verdict: Verdict::Retry,
+            }),
+        }
     }
 }
 
-/// How long to wait before retrying a failed status, or `None` for an
-/// error retrying cannot fix. GitHub signals rate limits (primary and
-/// secondary) with 403 or 429 plus `retry-after` or an exhausted
-/// `x-ratelimit-remaining` and its `x-ratelimit-reset` epoch.
-fn retry_delay(status: StatusCode, headers: &HeaderMap, backoff: Duration) -> Option<Duration> {
+/// Whether (and how soon) to retry a failed status. GitHub signals rate
+/// limits (primary and secondary) with 403 or 429 plus `retry-after` or an
+/// exhausted `x-ratelimit-remaining` and its `x-ratelimit-reset` epoch.
+fn retry_verdict(status: StatusCode, headers: &HeaderMap) -> Verdict {
     if status.is_server_error() {
-        return Some(backoff);
+        return Verdict::Retry;
     }
     if status != StatusCode::FORBIDDEN && status != StatusCode::TOO_MANY_REQUESTS {
-        return None;
+        return Verdict::GiveUp;
     }
     let number = |name: &str| headers.get(name).and_then(|v: &HeaderValue| v.to_str().ok()?.trim().parse::<i64>().ok());
     if let Some(secs) = number("retry-after") {
-        return Some(Duration::from_secs(secs.max(0).unsigned_abs()));
+        return Verdict::RetryAfter(Duration::from_secs(secs.max(0).unsigned_abs()));
     }
     if number("x-ratelimit-remaining") == Some(0)
         && let Some(reset) = number("x-ratelimit-reset")
     {
         let secs = (reset - chrono::Utc::now().timestamp()).max(1);
-        return Some(Duration::from_secs(secs.unsigned_abs()));
+        return Verdict::RetryAfter(Duration::from_secs(secs.unsigned_abs()));
     }
     // A 429 without hints is still a rate limit; a bare 403 is a permission.
-    (status == StatusCode::TOO_MANY_REQUESTS).then_some(backoff)
+    Verdict::retry_if(status == StatusCode::TOO_MANY_REQUESTS)
 }
 
 #[cfg(test)]
@@ -222,19 +242,18 @@ mod tests {
 
     #[test]
     fn retry_delays_follow_githubs_hints() {
-        let b = Duration::from_millis(7);
         let mut h = HeaderMap::new();
-        assert_eq!(retry_delay(StatusCode::BAD_GATEWAY, &h, b), Some(b));
-        assert_eq!(retry_delay(StatusCode::FORBIDDEN, &h, b), None);
-        assert_eq!(retry_delay(StatusCode::NOT_FOUND, &h, b), None);
-        assert_eq!(retry_delay(StatusCode::TOO_MANY_REQUESTS, &h, b), Some(b));
+        assert_eq!(retry_verdict(StatusCode::BAD_GATEWAY, &h), Verdict::Retry);
+        assert_eq!(retry_verdict(StatusCode::FORBIDDEN, &h), Verdict::GiveUp);
+        assert_eq!(retry_verdict(StatusCode::NOT_FOUND, &h), Verdict::GiveUp);
+        assert_eq!(retry_verdict(StatusCode::TOO_MANY_REQUESTS, &h), Verdict::Retry);
         h.insert("retry-after", HeaderValue::from_static("3"));
-        assert_eq!(retry_delay(StatusCode::FORBIDDEN, &h, b), Some(Duration::from_secs(3)));
+        assert_eq!(retry_verdict(StatusCode::FORBIDDEN, &h), Verdict::RetryAfter(Duration::from_secs(3)));
         let mut h = HeaderMap::new();
         h.insert("x-ratelimit-remaining", HeaderValue::from_static("0"));
         let reset = (chrono::Utc::now().timestamp() + 30).to_string();
         h.insert("x-ratelimit-reset", HeaderValue::from_str(&reset).unwrap());
-        let d = retry_delay(StatusCode::FORBIDDEN, &h, b).unwrap();
+        let Verdict::RetryAfter(d) = retry_verdict(StatusCode::FORBIDDEN, &h) else { panic!("no wait") };
         assert!(d >= Duration::from_secs(28) && d <= Duration::from_secs(30), "{d:?}");
     }
 }

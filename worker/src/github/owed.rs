@@ -12,11 +12,12 @@ use std::time::Duration;
 
 use kiln_protocol::EventBody;
 use kiln_store::{DeliveryJob, Store};
-use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::Github;
 use super::delivery::deliver_job;
+use crate::lease_keeper::{Beat, LeaseKeeper};
+use crate::retry::{self, Verdict};
 
 /// How long a claimed delivery stays claimed without being extended: how
 /// long a delivery a dead worker left waits before another worker takes it.
@@ -59,39 +60,27 @@ pub async fn deliver_owed(github: &Github, store: &Store, run_id: Option<Uuid>) 
     };
     // The database may blink; the delivery's record is worth a few tries.
     // Past the lease another worker may deliver again: at-least-once.
-    for attempt in 0..4u32 {
-        match store.end_github_delivery(&job, delivered, &event).await {
-            Ok(true) => return true,
-            Ok(false) => {
-                tracing::warn!(%run_id, "the GitHub delivery's lease ran out before it was recorded");
-                return true;
-            }
-            Err(e) => {
-                tracing::warn!(%run_id, error = %e, attempt, "recording the delivery failed");
-                tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
-            }
-        }
+    let recorded = retry::retry(
+        &retry::DATABASE,
+        || store.end_github_delivery(&job, delivered, &event),
+        |_| Verdict::Retry,
+        |e, attempt, _| tracing::warn!(%run_id, error = %e, attempt, "recording the delivery failed"),
+    )
+    .await;
+    match recorded {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(%run_id, "the GitHub delivery's lease ran out before it was recorded"),
+        Err(e) => tracing::warn!(%run_id, error = %e, "recording the delivery failed; giving up"),
     }
     true
 }
 
-/// Extends `job`'s lease every third of its length; returns once the lease
-/// is lost: taken over, or about to run out because the database has not
-/// answered (given up a third early, so the worker stops before another
-/// can start).
+/// Extends `job`'s lease; returns once the lease is lost: taken over, or
+/// about to run out because the database has not answered (given up a
+/// third early, so the worker stops before another can start).
 async fn keep_lease(store: &Store, job: &DeliveryJob) {
-    let mut last_ok = Instant::now();
-    loop {
-        tokio::time::sleep(DELIVERY_LEASE / 3).await;
-        match store.extend_github_delivery(job, DELIVERY_LEASE).await {
-            Ok(true) => last_ok = Instant::now(),
-            Ok(false) => return,
-            Err(e) => {
-                tracing::warn!(run_id = %job.run.id, error = %e, "extending the GitHub delivery's lease failed");
-                if last_ok.elapsed() >= DELIVERY_LEASE / 3 * 2 {
-                    return;
-                }
-            }
-        }
-    }
+    LeaseKeeper::new("GitHub delivery", job.run.id, DELIVERY_LEASE)
+        .giving_up_early(DELIVERY_LEASE / 3)
+        .keep(|| async { store.extend_github_delivery(job, DELIVERY_LEASE).await.map(Beat::extended_if) })
+        .await;
 }
