@@ -326,14 +326,15 @@ impl Store {
 pub(crate) fn terminal_parts(
     terminal: &EventBody,
 ) -> Result<(RunStatus, Option<String>, String, serde_json::Value), StoreError> {
-    let (status, error) = match terminal {
-        EventBody::RunSucceeded { .. } => (RunStatus::Succeeded, None),
-        EventBody::RunFailed { error } => (RunStatus::Failed, Some(error.clone())),
-        EventBody::RunCancelled { reason } => (RunStatus::Cancelled, Some(reason.clone())),
-        EventBody::RunTimedOut { limit_s } => {
-            (RunStatus::TimedOut, Some(format!("the run exceeded its wall-clock limit of {limit_s} s")))
-        }
-        other => return Err(StoreError::Corrupt(format!("not a terminal event: {other:?}"))),
+    let Some(status) = terminal.terminal_status() else {
+        return Err(StoreError::Corrupt(format!("not a terminal event: {terminal:?}")));
+    };
+    // What `runs.error` says of a run that did not succeed.
+    let error = match terminal {
+        EventBody::RunFailed { error } => Some(error.clone()),
+        EventBody::RunCancelled { reason } => Some(reason.clone()),
+        EventBody::RunTimedOut { limit_s } => Some(format!("the run exceeded its wall-clock limit of {limit_s} s")),
+        _ => None,
     };
     let (kind, payload) = terminal.clone().into_parts().map_err(|e| StoreError::Corrupt(e.to_string()))?;
     Ok((status, error, kind, payload))
