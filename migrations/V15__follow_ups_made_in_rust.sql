@@ -16,7 +16,7 @@
 ALTER TABLE runs ADD COLUMN follow_up_owed boolean NOT NULL DEFAULT false;
 
 -- The sweep looks up the runs still owing one (almost always none).
-CREATE INDEX runs_follow_up_owed ON runs (id) WHERE follow_up_owed;
+CREATE INDEX runs_owing_follow_up ON runs (id) WHERE follow_up_owed;
 
 DROP TRIGGER runs_follow_up_unread_messages ON runs;
 DROP FUNCTION kiln_follow_up_unread_messages();

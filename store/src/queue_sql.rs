@@ -94,7 +94,7 @@ pub fn finish_and_claim_statement() -> String {
          )
          SELECT next.*, ins.seq AS ended_seq, fin.follow_up_owed FROM ins CROSS JOIN fin LEFT JOIN next ON true",
         finish_one(),
-        claim("$9", "$10", &format!("id = ({})\n               AND EXISTS (SELECT 1 FROM fin)", queued("1"))),
+        claim("$9", "$10", &format!("id = ({}) AND EXISTS (SELECT 1 FROM fin)", queued("1"))),
     )
 }
 
