@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::message::Usage;
+use crate::run::RunStatus;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "kind", content = "payload")]
@@ -165,13 +166,19 @@ impl EventBody {
     }
 
     pub fn is_terminal(&self) -> bool {
-        matches!(
-            self,
-            EventBody::RunSucceeded { .. }
-                | EventBody::RunFailed { .. }
-                | EventBody::RunCancelled { .. }
-                | EventBody::RunTimedOut { .. }
-        )
+        self.terminal_status().is_some()
+    }
+
+    /// The status a run ends in with this event; `None` for an event that
+    /// does not end a run.
+    pub fn terminal_status(&self) -> Option<RunStatus> {
+        match self {
+            EventBody::RunSucceeded { .. } => Some(RunStatus::Succeeded),
+            EventBody::RunFailed { .. } => Some(RunStatus::Failed),
+            EventBody::RunCancelled { .. } => Some(RunStatus::Cancelled),
+            EventBody::RunTimedOut { .. } => Some(RunStatus::TimedOut),
+            _ => None,
+        }
     }
 }
 
@@ -225,10 +232,15 @@ mod tests {
             EventBody::RunTimedOut { limit_s: 1 },
         ] {
             assert!(body.is_terminal());
+            let status = body.terminal_status().unwrap();
+            assert!(status.is_terminal());
             let (kind, _) = body.into_parts().unwrap();
             assert!(is_terminal_kind(&kind));
+            // `run.timed_out` ends a run `timed_out`, and so on.
+            assert_eq!(kind.strip_prefix("run."), Some(status.as_str()));
         }
         assert!(!is_terminal_kind("text.delta"));
+        assert_eq!(EventBody::StepStarted { step: 1 }.terminal_status(), None);
     }
 }
 

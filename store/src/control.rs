@@ -5,10 +5,11 @@ use kiln_protocol::{EventBody, Message, Run, RunStatus};
 use uuid::Uuid;
 
 use crate::events::insert_event_tx;
+use crate::follow_ups::{queue_follow_up_tx, take_owed_follow_up_tx};
 use crate::messages::{is_duplicate_message_id, message_columns};
 use crate::queue::Lease;
-use crate::rows::{RUN_COLUMNS, run_from_row};
-use crate::runs::{Quota, QuotaRefusal, check_quota_tx};
+use crate::rows::run_from_row;
+use crate::runs::{Quota, QuotaRefusal, SELECT_RUN, check_quota_tx};
 use crate::{Store, StoreError, channels};
 
 /// What sending a message to a run came to.
@@ -137,9 +138,21 @@ impl Store {
         }
         // Lock the session so two follow-ups cannot start side by side.
         tx.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&session_id]).await?;
+        // The run's end left messages unread and their follow-up is on its
+        // way (`follow_ups`): queued here instead, under this run's lock, the
+        // session is busy with it, as if the end had queued it itself.
+        if let Some(follow_up) = take_owed_follow_up_tx(&tx, id).await? {
+            tx.commit().await?;
+            self.announce_queued(follow_up);
+            return Ok(MessageOutcome::SessionBusy { active_run: follow_up });
+        }
+        // A run of the session that owes a follow-up counts as active: its
+        // follow-up is about to be queued.
         let busy = tx
             .query_opt(
-                &format!("SELECT id FROM runs WHERE session_id = $1 AND status IN {ACTIVE} LIMIT 1"),
+                &format!(
+                    "SELECT id FROM runs WHERE session_id = $1 AND (status IN {ACTIVE} OR follow_up_owed) LIMIT 1"
+                ),
                 &[&session_id],
             )
             .await?;
@@ -152,15 +165,11 @@ impl Store {
             return Ok(MessageOutcome::OverQuota(refusal));
         }
         // The same follow-up a run's end makes of messages it did not read.
-        let new_id: Uuid = tx.query_one("SELECT kiln_queue_follow_up($1, $2)", &[&id, &text]).await?.try_get(0)?;
-        let row = tx
-            .query_one(
-                &format!("SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session_id WHERE r.id = $1"),
-                &[&new_id],
-            )
-            .await?;
+        let new_id = queue_follow_up_tx(&tx, id, text).await?;
+        let row = tx.query_one(SELECT_RUN.as_str(), &[&new_id]).await?;
         let run = run_from_row(&row)?;
         tx.commit().await?;
+        self.announce_queued(new_id);
         Ok(MessageOutcome::FollowUp(run))
     }
 

@@ -32,7 +32,8 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::queue::{Lease, millis, terminal_parts};
-use crate::rows::{RUN_RETURNING, run_from_row};
+use crate::queue_sql::end_together_statement;
+use crate::rows::run_from_row;
 use crate::{Store, StoreError};
 
 /// Statements in flight at once while ends wait: two, so that one batch
@@ -228,44 +229,7 @@ async fn send(store: &Store, own: End, others: Vec<Waiting>) -> Answer {
     store.finish_run_and_claim_alone(&own).await
 }
 
-/// The one-run statement (`queue::finish_and_claim_statement`) for many:
-/// each end fenced by its own lease, its terminal event, then one claim per
-/// run that ended. Answers one row per claimed run (or one row of NULLs
-/// when none was), each with the ended runs and their terminal events' seqs.
-fn end_together_statement() -> String {
-    format!(
-        "WITH ends AS (
-             SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::jsonb[], $6::text[],
-                                  $7::text[], $8::jsonb[])
-                 AS e(id, attempt, worker, status, result, error, kind, payload)
-         ), fin AS (
-             -- The fence: a worker's name is on a run only while the run is
-             -- active (running or awaiting approval) at that attempt. Not
-             -- written as a status test, which would steer the planner to
-             -- the partial lease index instead of the primary key.
-             UPDATE runs r SET status = e.status, finished_at = now(), result = e.result, error = e.error,
-                    lease_owner = NULL, lease_expires_at = NULL, last_event_seq = r.last_event_seq + 1
-             FROM ends e
-             WHERE r.id = e.id AND r.attempt = e.attempt AND r.lease_owner = e.worker AND r.finished_at IS NULL
-             RETURNING r.id, r.last_event_seq, e.kind, e.payload
-         ), ins AS (
-             INSERT INTO events (run_id, seq, kind, payload)
-             SELECT id, last_event_seq, kind, payload FROM fin RETURNING run_id, seq
-         ), next AS (
-             UPDATE runs r SET status = 'running', attempt = attempt + 1, lease_owner = $9,
-                    lease_expires_at = now() + $10 * interval '1 millisecond',
-                    started_at = COALESCE(started_at, now())
-             WHERE id = ANY(ARRAY(SELECT id FROM runs WHERE status = 'queued'
-                                  ORDER BY priority, created_at
-                                  FOR UPDATE SKIP LOCKED LIMIT (SELECT count(*) FROM fin)))
-             RETURNING {RUN_RETURNING}
-         )
-         SELECT next.*, ended.ids, ended.seqs
-         FROM (SELECT array_agg(run_id) AS ids, array_agg(seq) AS seqs FROM ins) ended
-         LEFT JOIN next ON true"
-    )
-}
-
+/// Built once, like the queue's other statements (`queue_sql`).
 static END_TOGETHER: std::sync::LazyLock<String> = std::sync::LazyLock::new(end_together_statement);
 
 /// Ends `batch` in one statement; the answers are in `batch`'s order.
@@ -296,11 +260,12 @@ async fn end_together(store: &Store, batch: &[&End]) -> Result<Vec<Answer>, Stor
             &[&ids, &attempts, &workers, &statuses, &results, &errors, &kinds, &payloads, &next_worker, &next_lease],
         )
         .await?;
+    drop(client);
 
     let Some(first) = rows.first() else { return Err(StoreError::Corrupt("ending runs answered no row".into())) };
-    let ended_at = first.len() - 2;
-    let ended: Vec<Uuid> = first.try_get::<_, Option<Vec<Uuid>>>(ended_at)?.unwrap_or_default();
-    let seqs: Vec<i64> = first.try_get::<_, Option<Vec<i64>>>(ended_at + 1)?.unwrap_or_default();
+    let ended: Vec<Uuid> = first.try_get::<_, Option<Vec<Uuid>>>("ids")?.unwrap_or_default();
+    let seqs: Vec<i64> = first.try_get::<_, Option<Vec<i64>>>("seqs")?.unwrap_or_default();
+    let owed: Vec<Uuid> = first.try_get::<_, Option<Vec<Uuid>>>("owed")?.unwrap_or_default();
     let seq_of: HashMap<Uuid, i64> = ended.into_iter().zip(seqs).collect();
     let mut claimed = Vec::with_capacity(rows.len());
     for row in &rows {
@@ -309,6 +274,9 @@ async fn end_together(store: &Store, batch: &[&End]) -> Result<Vec<Answer>, Stor
         }
     }
 
+    // Before anyone is answered: whoever ended a run finds its follow-up
+    // queued, as with a run ended alone.
+    store.queue_owed_follow_ups(&owed).await;
     let mut claimed = claimed.into_iter();
     let answers = batch
         .iter()

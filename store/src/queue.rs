@@ -12,7 +12,8 @@ use uuid::Uuid;
 
 use crate::end_batch::End;
 use crate::events::insert_event_tx;
-use crate::rows::{RUN_RETURNING, run_from_row};
+use crate::queue_sql::{claim_statement, finish_and_claim_statement, finish_statement};
+use crate::rows::run_from_row;
 use crate::{Store, StoreError, channels};
 
 /// Proof that a worker holds a run at a given attempt.
@@ -42,66 +43,9 @@ pub(crate) fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// The claim statement (`$1` worker, `$2` lease in milliseconds as float8).
-/// Public so the queue benchmark's baseline runs exactly this SQL.
-pub fn claim_statement() -> String {
-    format!(
-        "UPDATE runs r SET status = 'running', attempt = attempt + 1, lease_owner = $1,
-                lease_expires_at = now() + $2 * interval '1 millisecond',
-                started_at = COALESCE(started_at, now())
-         WHERE id = (SELECT id FROM runs WHERE status = 'queued'
-                     ORDER BY priority, created_at FOR UPDATE SKIP LOCKED LIMIT 1)
-         RETURNING {RUN_RETURNING}"
-    )
-}
-
-/// The finish statement: `$1` run, `$2` attempt, `$3` worker (the fence),
-/// `$4` status, `$5` result, `$6` error, `$7` kind and `$8` payload of the
-/// terminal event. Answers the terminal event's seq (no row: the lease was
-/// lost). Public for the queue benchmark's baseline.
-pub const FINISH_STATEMENT: &str = "WITH fin AS (
-         UPDATE runs SET status = $4, finished_at = now(), result = $5, error = $6,
-                lease_owner = NULL, lease_expires_at = NULL, last_event_seq = last_event_seq + 1
-         WHERE id = $1 AND attempt = $2 AND lease_owner = $3
-           AND status IN ('running', 'awaiting_approval')
-         RETURNING id, last_event_seq
-     ), ins AS (
-         INSERT INTO events (run_id, seq, kind, payload)
-         SELECT id, last_event_seq, $7, $8 FROM fin RETURNING seq
-     )
-     SELECT seq FROM ins";
-
-/// [`FINISH_STATEMENT`] and, when the run could be finished, the claim of
-/// the next queued run for `$9` (lease `$10` ms): the ending run's worker
-/// takes its next run in the same commit. Answers one row when the finish
-/// happened: the claimed run (all NULL when none was queued), then the
-/// terminal event's seq.
-pub fn finish_and_claim_statement() -> String {
-    format!(
-        "WITH fin AS (
-             UPDATE runs SET status = $4, finished_at = now(), result = $5, error = $6,
-                    lease_owner = NULL, lease_expires_at = NULL, last_event_seq = last_event_seq + 1
-             WHERE id = $1 AND attempt = $2 AND lease_owner = $3
-               AND status IN ('running', 'awaiting_approval')
-             RETURNING id, last_event_seq
-         ), ins AS (
-             INSERT INTO events (run_id, seq, kind, payload)
-             SELECT id, last_event_seq, $7, $8 FROM fin RETURNING seq
-         ), next AS (
-             UPDATE runs r SET status = 'running', attempt = attempt + 1, lease_owner = $9,
-                    lease_expires_at = now() + $10 * interval '1 millisecond',
-                    started_at = COALESCE(started_at, now())
-             WHERE id = (SELECT id FROM runs WHERE status = 'queued'
-                         ORDER BY priority, created_at FOR UPDATE SKIP LOCKED LIMIT 1)
-               AND EXISTS (SELECT 1 FROM fin)
-             RETURNING {RUN_RETURNING}
-         )
-         SELECT next.*, ins.seq FROM ins LEFT JOIN next ON true"
-    )
-}
-
 /// Built once: the hot paths look them up in the prepared-statement cache.
 static CLAIM: LazyLock<String> = LazyLock::new(claim_statement);
+static FINISH: LazyLock<String> = LazyLock::new(finish_statement);
 static FINISH_AND_CLAIM: LazyLock<String> = LazyLock::new(finish_and_claim_statement);
 
 impl Store {
@@ -152,20 +96,20 @@ impl Store {
         // statement: one round trip and one commit, and nothing at all when
         // the lease is gone. The notification follows the commit (notifier).
         let client = self.client().await?;
-        let finish = client.prepare_cached(FINISH_STATEMENT).await?;
+        let finish = client.prepare_cached(&FINISH).await?;
         let row = client
             .query_opt(
                 &finish,
                 &[&lease.run_id, &lease.attempt, &lease.worker, &status.as_str(), &result, &error, &kind, &payload],
             )
             .await?;
-        match row {
-            Some(row) => {
-                self.announce_event(lease.run_id, row.try_get(0)?);
-                Ok(())
-            }
-            None => Err(StoreError::LeaseLost(lease.run_id)),
+        drop(client);
+        let Some(row) = row else { return Err(StoreError::LeaseLost(lease.run_id)) };
+        self.announce_event(lease.run_id, row.try_get("seq")?);
+        if row.try_get("follow_up_owed")? {
+            self.queue_owed_follow_ups(&[lease.run_id]).await;
         }
+        Ok(())
     }
 
     /// [`Store::finish_run`], and in the same statement (one commit) the
@@ -214,9 +158,12 @@ impl Store {
                 ],
             )
             .await?;
+        drop(client);
         let Some(row) = row else { return Err(StoreError::LeaseLost(lease.run_id)) };
-        let seq_column = row.len() - 1;
-        self.announce_event(lease.run_id, row.try_get(seq_column)?);
+        self.announce_event(lease.run_id, row.try_get("ended_seq")?);
+        if row.try_get("follow_up_owed")? {
+            self.queue_owed_follow_ups(&[lease.run_id]).await;
+        }
         if row.try_get::<_, Option<Uuid>>(0)?.is_none() {
             return Ok(None);
         }
@@ -318,6 +265,12 @@ impl Store {
             reaped.push(ReapedRun { run_id, status, attempt });
         }
         tx.commit().await?;
+        drop(client);
+        // The runs failed here may owe a follow-up, and so may runs whose
+        // ending process stopped before it queued theirs (`follow_ups`).
+        if let Err(e) = self.sweep_owed_follow_ups().await {
+            tracing::warn!(error = %e, "looking for owed follow-ups failed; the next sweep will");
+        }
         Ok(reaped)
     }
 }
@@ -326,14 +279,15 @@ impl Store {
 pub(crate) fn terminal_parts(
     terminal: &EventBody,
 ) -> Result<(RunStatus, Option<String>, String, serde_json::Value), StoreError> {
-    let (status, error) = match terminal {
-        EventBody::RunSucceeded { .. } => (RunStatus::Succeeded, None),
-        EventBody::RunFailed { error } => (RunStatus::Failed, Some(error.clone())),
-        EventBody::RunCancelled { reason } => (RunStatus::Cancelled, Some(reason.clone())),
-        EventBody::RunTimedOut { limit_s } => {
-            (RunStatus::TimedOut, Some(format!("the run exceeded its wall-clock limit of {limit_s} s")))
-        }
-        other => return Err(StoreError::Corrupt(format!("not a terminal event: {other:?}"))),
+    let Some(status) = terminal.terminal_status() else {
+        return Err(StoreError::Corrupt(format!("not a terminal event: {terminal:?}")));
+    };
+    // What `runs.error` says of a run that did not succeed.
+    let error = match terminal {
+        EventBody::RunFailed { error } => Some(error.clone()),
+        EventBody::RunCancelled { reason } => Some(reason.clone()),
+        EventBody::RunTimedOut { limit_s } => Some(format!("the run exceeded its wall-clock limit of {limit_s} s")),
+        _ => None,
     };
     let (kind, payload) = terminal.clone().into_parts().map_err(|e| StoreError::Corrupt(e.to_string()))?;
     Ok((status, error, kind, payload))

@@ -6,6 +6,7 @@ use kiln_protocol::{CreateRun, EventBody, Run, RunStatus, Trigger};
 use uuid::Uuid;
 
 use crate::events::insert_event_tx;
+use crate::queued::{QueuedRun, insert_queued_run_tx};
 use crate::rows::{RUN_COLUMNS, run_from_row};
 use crate::{Store, StoreError, channels};
 
@@ -89,7 +90,7 @@ impl Store {
         {
             return Ok(Err(refusal));
         }
-        let Some(run_id) = insert_queued_run_tx(&tx, &new).await? else {
+        let Some(run_id) = insert_queued_run_tx(&tx, &QueuedRun::first(&new)?).await? else {
             // Lost a race with a concurrent request carrying the same key.
             tx.rollback().await?;
             drop(client);
@@ -278,69 +279,8 @@ pub(crate) async fn check_quota_tx(
     Ok(None)
 }
 
-/// Inserts a session, its queued run and the `run.queued` event (seq 1)
-/// inside the caller's transaction, in one statement. `None` when the
-/// idempotency key is already taken (the session is inserted anyway: the
-/// caller rolls back). Notifies nobody: the caller announces the run after
-/// its commit ([`Store::announce_queued`]).
-pub(crate) async fn insert_queued_run_tx(
-    tx: &deadpool_postgres::Transaction<'_>,
-    new: &NewRun,
-) -> Result<Option<Uuid>, StoreError> {
-    let session_id = Uuid::now_v7();
-    let run_id = Uuid::now_v7();
-    let repo_url = new.spec.repo.as_ref().map(|r| r.url.clone());
-    let repo_ref = new.spec.repo.as_ref().and_then(|r| r.git_ref.clone());
-    let model = serde_json::to_value(new.spec.model.clone().unwrap_or_default())
-        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    let limits =
-        serde_json::to_value(new.spec.limits.unwrap_or_default()).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    let policy = serde_json::to_value(new.spec.policy()).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    let (kind, payload) = EventBody::RunQueued { prompt: new.spec.prompt.clone() }
-        .into_parts()
-        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    let insert = tx
-        .prepare_cached(
-            "WITH s AS (
-                 INSERT INTO sessions (id, owner, repo_url, repo_ref) VALUES ($2, $3, $11, $12) RETURNING id
-             ), r AS (
-                 INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, idempotency_key,
-                                   policy, callback_url, last_event_seq)
-                 SELECT $1, s.id, $3, 'queued', $4, $5, $6, $7, $8, $9, $10, 1 FROM s
-                 ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-                 RETURNING id
-             ), e AS (
-                 INSERT INTO events (run_id, seq, kind, payload) SELECT id, 1, $13, $14 FROM r
-             )
-             SELECT id FROM r",
-        )
-        .await?;
-    let inserted = tx
-        .query_opt(
-            &insert,
-            &[
-                &run_id,
-                &session_id,
-                &new.owner,
-                &new.spec.prompt,
-                &model,
-                &limits,
-                &new.trigger.as_str(),
-                &new.idempotency_key,
-                &policy,
-                &new.spec.callback_url,
-                &repo_url,
-                &repo_ref,
-                &kind,
-                &payload,
-            ],
-        )
-        .await?;
-    Ok(inserted.map(|_| run_id))
-}
-
 /// A run with its session's repository, by id.
-static SELECT_RUN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+pub(crate) static SELECT_RUN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!("SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session_id WHERE r.id = $1")
 });
 

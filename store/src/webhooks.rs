@@ -9,7 +9,8 @@ use kiln_protocol::{CreateRun, RepoSpec, Trigger};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use crate::runs::{NewRun, insert_queued_run_tx};
+use crate::queued::{QueuedRun, insert_queued_run_tx};
+use crate::runs::NewRun;
 use crate::{Store, StoreError};
 
 /// A webhook delivery as GitHub labelled it.
@@ -137,7 +138,7 @@ impl Store {
             trigger: Trigger::Github,
             idempotency_key: None,
         };
-        let run_id = insert_queued_run_tx(&tx, &run)
+        let run_id = insert_queued_run_tx(&tx, &QueuedRun::first(&run)?)
             .await?
             .ok_or_else(|| StoreError::Corrupt("a run without an idempotency key conflicted".into()))?;
         let o = &new.origin;

@@ -230,6 +230,84 @@ async fn a_cancelled_runs_unread_message_starts_nothing() {
     assert_eq!(runs.len(), 1, "a cancel ends the conversation: {runs:?}");
 }
 
+/// Ends run `id` as a process that stops right after the end's commit
+/// would leave it: ended, with the follow-up it owes not yet queued.
+async fn end_and_stop(app: &TestApp, id: &str) {
+    app.sql()
+        .await
+        .execute(
+            "UPDATE runs SET status = 'succeeded', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL
+             WHERE id = $1::text::uuid",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(runs_in_session(app, id).await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_follow_up_owed_by_a_process_that_stopped_is_queued_by_the_reaper() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let (id, _lease) = held_run(&app).await;
+    end_and_stop(&app, &id).await;
+
+    app.store.reap_expired_leases().await.unwrap();
+
+    let runs = runs_in_session(&app, &id).await;
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert_eq!((runs[1].1.as_str(), runs[1].2.as_str()), ("queued", "one more thing"));
+    let events = app.sql().await.query("SELECT kind FROM events WHERE run_id = $1::text::uuid", &[&runs[1].0]).await;
+    let kinds: Vec<String> = events.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(kinds, ["run.queued"]);
+    app.store.reap_expired_leases().await.unwrap();
+    assert_eq!(runs_in_session(&app, &id).await.len(), 2, "queued once");
+}
+
+#[tokio::test]
+async fn a_message_to_a_run_whose_follow_up_is_owed_finds_the_session_busy_with_it() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let (id, _lease) = held_run(&app).await;
+    end_and_stop(&app, &id).await;
+
+    let (status, body) = app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({"text": "and this"})).await;
+
+    assert_eq!(status, 409, "{body}");
+    let runs = runs_in_session(&app, &id).await;
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert_eq!((runs[1].1.as_str(), runs[1].2.as_str()), ("queued", "one more thing"));
+    assert!(body["error"]["message"].as_str().unwrap().contains(&runs[1].0), "{body}");
+}
+
+#[tokio::test]
+async fn a_message_accepted_while_the_runs_end_waits_for_it_is_not_lost() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let run = app.create_run("alice", json!({"prompt": "first question"})).await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let (_, lease) = app.store.claim_run("stand-in", std::time::Duration::from_secs(60)).await.unwrap().unwrap();
+    // What `send_message` does for an active run, held open: the run's end
+    // waits for it, then commits after it.
+    let mut sql = app.sql().await;
+    let message = sql.transaction().await.unwrap();
+    message.execute("SELECT 1 FROM runs WHERE id = $1::text::uuid FOR UPDATE", &[&id]).await.unwrap();
+    message
+        .execute("INSERT INTO run_inbox (run_id, text) VALUES ($1::text::uuid, 'just in time')", &[&id])
+        .await
+        .unwrap();
+    message.execute("UPDATE runs SET steered = true WHERE id = $1::text::uuid", &[&id]).await.unwrap();
+    let store = app.store.clone();
+    let end = tokio::spawn(async move {
+        store.finish_run(&lease, &kiln_protocol::EventBody::RunSucceeded { summary: "done".into() }, None).await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!end.is_finished(), "the end waits for the run's row");
+    message.commit().await.unwrap();
+    end.await.unwrap().unwrap();
+
+    let runs = runs_in_session(&app, &id).await;
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert_eq!((runs[1].1.as_str(), runs[1].2.as_str()), ("queued", "just in time"));
+}
+
 #[tokio::test]
 async fn a_decision_on_an_ended_run_is_409_and_a_bad_call_id_is_400_json() {
     let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;

@@ -142,3 +142,42 @@ async fn one_bad_end_does_not_fail_the_ends_it_was_sent_with() {
     let queued: i64 = sql.query_one("SELECT count(*) FROM runs WHERE status = 'queued'", &[]).await.unwrap().get(0);
     assert_eq!(queued, 1, "one claim per run that ended");
 }
+
+#[tokio::test]
+async fn runs_ended_together_queue_the_follow_ups_their_unread_messages_owe() {
+    let (store, sql) = store().await;
+    queue_runs(&store, 16).await;
+    let leases = claim(&store, 8).await;
+    // Messages the runs never read: run 0 ends alone, runs 5 and 6 in one
+    // statement with 4 and 7 (see `end_all`).
+    for i in [0, 5, 6] {
+        let outcome = store.send_message("alice", leases[i].run_id, &format!("late {i}"), None).await.unwrap();
+        assert!(matches!(outcome, kiln_store::MessageOutcome::Queued(_)), "{outcome:?}");
+    }
+
+    let answers = end_all(&store, &leases).await;
+
+    let next = |i: usize| answers[i].as_ref().unwrap().as_ref().unwrap().0.id;
+    let together = writer(&sql, next(4)).await;
+    assert_eq!((writer(&sql, next(5)).await, writer(&sql, next(6)).await), (together, together));
+    for (i, lease) in leases.iter().enumerate() {
+        let follow_ups: Vec<(String, String)> = sql
+            .query(
+                "SELECT f.status, f.prompt FROM runs r JOIN runs f ON f.session_id = r.session_id AND f.id <> r.id
+                 WHERE r.id = $1",
+                &[&lease.run_id],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect();
+        let expected = match i {
+            0 | 5 | 6 => vec![("queued".to_owned(), format!("late {i}"))],
+            _ => vec![],
+        };
+        assert_eq!(follow_ups, expected, "run {i}");
+    }
+    let owed: i64 = sql.query_one("SELECT count(*) FROM runs WHERE follow_up_owed", &[]).await.unwrap().get(0);
+    assert_eq!(owed, 0);
+}

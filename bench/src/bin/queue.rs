@@ -146,7 +146,7 @@ async fn baseline_per_s(args: &Args, n: usize, what: Baseline) -> anyhow::Result
     for i in 0..n {
         let client = connect(&url).await?;
         let claim = client.prepare(&kiln_store::claim_statement()).await?;
-        let finish = client.prepare(kiln_store::FINISH_STATEMENT).await?;
+        let finish = client.prepare(&kiln_store::finish_statement()).await?;
         let finish_and_claim = client.prepare(&kiln_store::finish_and_claim_statement()).await?;
         conns.push((client, claim, finish, finish_and_claim, format!("baseline-{i}")));
     }

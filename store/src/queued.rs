@@ -1,0 +1,129 @@
+//! A queued run: the one definition of the row a run is queued as and of its
+//! `run.queued` event, whatever queued it (a client, a GitHub mention, a
+//! message to a finished run or one its end left unread).
+
+use kiln_protocol::{EventBody, RepoSpec, Trigger};
+use uuid::Uuid;
+
+use crate::StoreError;
+use crate::runs::NewRun;
+
+/// A run about to be queued.
+pub(crate) struct QueuedRun<'a> {
+    pub owner: &'a str,
+    pub prompt: &'a str,
+    /// The run's settings as stored: `ModelSpec`, `Limits` and `Policy` as
+    /// JSON, so a follow-up takes its source's exactly as they are.
+    pub model: serde_json::Value,
+    pub limits: serde_json::Value,
+    pub policy: serde_json::Value,
+    pub callback_url: Option<&'a str>,
+    pub trigger: Trigger,
+    pub idempotency_key: Option<&'a str>,
+    pub session: Session<'a>,
+}
+
+/// The session a queued run belongs to.
+pub(crate) enum Session<'a> {
+    /// A first run: its session, on this repository, is made with it.
+    New { repo: Option<&'a RepoSpec> },
+    /// A follow-up: the session of the run it follows.
+    Existing(Uuid),
+}
+
+impl<'a> QueuedRun<'a> {
+    /// A run as a client (or GitHub) asked for it, in a session of its own.
+    pub(crate) fn first(new: &'a NewRun) -> Result<Self, StoreError> {
+        let json =
+            |value: Result<serde_json::Value, serde_json::Error>| value.map_err(|e| StoreError::Corrupt(e.to_string()));
+        Ok(QueuedRun {
+            owner: &new.owner,
+            prompt: &new.spec.prompt,
+            model: json(serde_json::to_value(new.spec.model.clone().unwrap_or_default()))?,
+            limits: json(serde_json::to_value(new.spec.limits.unwrap_or_default()))?,
+            policy: json(serde_json::to_value(new.spec.policy()))?,
+            callback_url: new.spec.callback_url.as_deref(),
+            trigger: new.trigger,
+            idempotency_key: new.idempotency_key.as_deref(),
+            session: Session::New { repo: new.spec.repo.as_ref() },
+        })
+    }
+}
+
+/// The insert of a queued run and its `run.queued` event (seq 1), in the
+/// session `session` (a CTE answering its `id`): `$1` run id, `$2` session
+/// id, `$3` owner, `$4` prompt, `$5` model, `$6` limits, `$7` trigger, `$8`
+/// idempotency key, `$9` policy, `$10` callback URL, `$11` kind and `$12`
+/// payload of the event. Answers the run's id; no row when the idempotency
+/// key is already taken.
+fn insert_statement(session: &str) -> String {
+    format!(
+        "WITH s AS (
+             {session}
+         ), r AS (
+             INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, idempotency_key,
+                               policy, callback_url, last_event_seq)
+             SELECT $1, s.id, $3, 'queued', $4, $5, $6, $7, $8, $9, $10, 1 FROM s
+             ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+             RETURNING id
+         ), e AS (
+             INSERT INTO events (run_id, seq, kind, payload) SELECT id, 1, $11, $12 FROM r
+         )
+         SELECT id FROM r"
+    )
+}
+
+/// A first run: its session (`$13` repo URL, `$14` ref) in the same statement.
+static IN_NEW_SESSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    insert_statement("INSERT INTO sessions (id, owner, repo_url, repo_ref) VALUES ($2, $3, $13, $14) RETURNING id")
+});
+
+/// A follow-up, in the session `$2`.
+static IN_SESSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| insert_statement("SELECT $2::uuid AS id"));
+
+/// Inserts `run` (and its session, when new) with its `run.queued` event
+/// inside the caller's transaction, in one statement. `None` when the
+/// idempotency key is already taken (a new session is inserted anyway: the
+/// caller rolls back). Notifies nobody: the caller announces the run after
+/// its commit (`Store::announce_queued`).
+pub(crate) async fn insert_queued_run_tx(
+    tx: &deadpool_postgres::Transaction<'_>,
+    run: &QueuedRun<'_>,
+) -> Result<Option<Uuid>, StoreError> {
+    let run_id = Uuid::now_v7();
+    let (kind, payload) = EventBody::RunQueued { prompt: run.prompt.to_owned() }
+        .into_parts()
+        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let trigger = run.trigger.as_str();
+    let (session_id, repo_url, repo_ref, statement, used) = match &run.session {
+        Session::New { repo } => (
+            Uuid::now_v7(),
+            repo.map(|r| r.url.as_str()),
+            repo.and_then(|r| r.git_ref.as_deref()),
+            IN_NEW_SESSION.as_str(),
+            14,
+        ),
+        // The session's repository is already stored: `$13` and `$14` are
+        // not in the statement.
+        Session::Existing(id) => (*id, None, None, IN_SESSION.as_str(), 12),
+    };
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 14] = [
+        &run_id,
+        &session_id,
+        &run.owner,
+        &run.prompt,
+        &run.model,
+        &run.limits,
+        &trigger,
+        &run.idempotency_key,
+        &run.policy,
+        &run.callback_url,
+        &kind,
+        &payload,
+        &repo_url,
+        &repo_ref,
+    ];
+    let insert = tx.prepare_cached(statement).await?;
+    let inserted = tx.query_opt(&insert, &params[..used]).await?;
+    Ok(inserted.map(|_| run_id))
+}
