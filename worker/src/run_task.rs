@@ -290,12 +290,8 @@ async fn finish(ctx: &WorkerContext, run: &Run, lease: &Lease, ending: Ending, h
             return false;
         }
     };
-    let status = match &terminal {
-        EventBody::RunSucceeded { .. } => "succeeded",
-        EventBody::RunFailed { .. } => "failed",
-        EventBody::RunCancelled { .. } => "cancelled",
-        _ => "timed_out",
-    };
+    // Every arm above made a terminal event.
+    let status = terminal.terminal_status().map_or("failed", kiln_protocol::RunStatus::as_str);
     tracing::Span::current().record("outcome", status);
     crate::metrics::run_finished(status);
     let result = match &terminal {
