@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod callbacks;
+pub mod claim_loop;
 pub mod config;
 pub mod github;
 mod handoff;
@@ -11,11 +12,10 @@ pub mod metrics;
 pub mod providers;
 pub mod retention;
 mod retry;
-mod run_task;
-pub mod runner;
+mod run_lifecycle;
 pub mod sandbox;
 mod sandbox_reaper;
 pub mod tools;
 
+pub use claim_loop::{Worker, WorkerContext};
 pub use config::{ProviderEndpoints, ProviderKind, Providers, WorkerConfig};
-pub use runner::{Worker, WorkerContext};

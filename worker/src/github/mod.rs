@@ -34,7 +34,7 @@ pub use auth::Credentials;
 pub use client::RetryPolicy;
 
 use crate::agent::Outcome;
-use crate::runner::WorkerContext;
+use crate::claim_loop::WorkerContext;
 use crate::sandbox::{Sandbox, SandboxError};
 
 #[derive(Debug, thiserror::Error)]

@@ -17,7 +17,7 @@ use uuid::Uuid;
 use crate::config::{Providers, WorkerConfig};
 use crate::handoff::{self, Handoff, Successors};
 use crate::providers::pricing::PriceTable;
-use crate::run_task::{self, RunSignals};
+use crate::run_lifecycle::{self, RunSignals};
 use crate::sandbox::pool::WarmPool;
 use crate::sandbox_reaper::{self, ReapPolicy};
 use crate::tools::Registry;
@@ -158,7 +158,7 @@ impl Worker {
         let active = self.active.clone();
         tasks.spawn(async move {
             let id = run.id;
-            run_task::execute(ctx, pool, run, lease, signals).await;
+            run_lifecycle::execute(ctx, pool, run, lease, signals).await;
             lock(&active).remove(&id);
         });
     }
