@@ -15,5 +15,5 @@ pub mod sandbox;
 mod sandbox_reaper;
 pub mod tools;
 
-pub use config::{ProviderEndpoints, ProviderKind, Providers, WorkerConfig};
+pub use config::{ProviderEndpoints, ProviderKind, Providers, UnknownProvider, WorkerConfig};
 pub use runner::{Worker, WorkerContext};

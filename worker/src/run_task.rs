@@ -14,7 +14,6 @@ use tracing::Instrument;
 use crate::agent::control::Control;
 use crate::agent::events::EventSink;
 use crate::agent::{AgentError, AgentRun, Outcome};
-use crate::config::ProviderKind;
 use crate::handoff::Handoff;
 use crate::runner::WorkerContext;
 use crate::sandbox::lifecycle::{self, Origin};
@@ -201,7 +200,7 @@ async fn drive(
             workspace_lost: notice.is_some(),
         })
         .await?;
-    let kind = run.model.provider.as_deref().and_then(ProviderKind::parse).unwrap_or(ctx.config.default_provider);
+    let kind = run.model.provider.as_deref().and_then(|p| p.parse().ok()).unwrap_or(ctx.config.default_provider);
     let agent = AgentRun {
         store: &ctx.store,
         lease,
