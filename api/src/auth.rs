@@ -11,6 +11,7 @@ use axum::extract::{FromRequestParts, Query};
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation, decode, encode};
+use secrecy::{ExposeSecret, SecretSlice};
 use serde::{Deserialize, Serialize};
 
 use crate::{ApiError, AppState};
@@ -35,26 +36,16 @@ struct Verified {
 }
 
 /// How tokens are checked.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub enum AuthConfig {
     Hs256 {
-        secret: Vec<u8>,
+        secret: SecretSlice<u8>,
     },
     /// RS256 or EdDSA with a PEM public key.
     PublicKey {
         algorithm: Algorithm,
         pem: Vec<u8>,
     },
-}
-
-impl std::fmt::Debug for AuthConfig {
-    // Never print the secret.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            AuthConfig::Hs256 { .. } => f.write_str("Hs256 { secret: <redacted> }"),
-            AuthConfig::PublicKey { algorithm, .. } => write!(f, "PublicKey {{ algorithm: {algorithm:?} }}"),
-        }
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +67,7 @@ impl Authenticator {
     pub fn new(config: &AuthConfig, issuer: Option<&str>, audience: Option<&str>) -> Result<Self, AuthSetupError> {
         let (key, algorithm) = match config {
             AuthConfig::Hs256 { secret } => {
+                let secret = secret.expose_secret();
                 if secret.len() < 32 {
                     return Err(AuthSetupError::WeakSecret);
                 }
@@ -202,7 +194,7 @@ mod tests {
     const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
 
     fn auth() -> Authenticator {
-        Authenticator::new(&AuthConfig::Hs256 { secret: SECRET.to_vec() }, None, None).unwrap()
+        Authenticator::new(&AuthConfig::Hs256 { secret: SECRET.to_vec().into() }, None, None).unwrap()
     }
 
     #[test]
@@ -214,14 +206,14 @@ mod tests {
     #[test]
     fn short_secrets_are_refused() {
         assert!(matches!(
-            Authenticator::new(&AuthConfig::Hs256 { secret: b"short".to_vec() }, None, None),
+            Authenticator::new(&AuthConfig::Hs256 { secret: b"short".to_vec().into() }, None, None),
             Err(AuthSetupError::WeakSecret)
         ));
     }
 
     #[test]
     fn issuer_is_checked_when_configured() {
-        let a = Authenticator::new(&AuthConfig::Hs256 { secret: SECRET.to_vec() }, Some("kiln"), None).unwrap();
+        let a = Authenticator::new(&AuthConfig::Hs256 { secret: SECRET.to_vec().into() }, Some("kiln"), None).unwrap();
         let t = mint_hs256(SECRET, "alice", Duration::from_secs(60)).unwrap();
         assert!(a.verify(&t).is_err());
     }

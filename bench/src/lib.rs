@@ -107,8 +107,11 @@ pub async fn serve_api_if_child() -> anyhow::Result<()> {
     let Ok(db) = std::env::var(CHILD_DB) else { return Ok(()) };
     let pool = std::env::var("KILN_BENCH_API_POOL").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
     let store = kiln_store::Store::connect(&db, pool)?;
-    let auth =
-        kiln_api::Authenticator::new(&kiln_api::AuthConfig::Hs256 { secret: SECRET.as_bytes().to_vec() }, None, None)?;
+    let auth = kiln_api::Authenticator::new(
+        &kiln_api::AuthConfig::Hs256 { secret: SECRET.as_bytes().to_vec().into() },
+        None,
+        None,
+    )?;
     let settings = kiln_api::ApiSettings {
         quota: kiln_store::Quota { max_active_runs: i64::MAX, max_runs_per_minute: i64::MAX },
         max_sse_per_subject: usize::MAX,

@@ -1,5 +1,8 @@
-//! Wiring: build the API and the worker from settings, the same way for
-//! `serve`, `worker`, `up` and the tests.
+//! Startup: one builder assembles the API and the worker from their parts,
+//! the same way for `serve` (the API), `worker` (a worker), `up` (both) and
+//! the tests (both, and more workers). The parts come from the settings
+//! (`crate::settings::{ApiOptions, WorkerOptions}`) or, in tests, are made
+//! directly.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,23 +17,95 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+/// What the API is started from, every setting checked.
+pub struct ApiParts {
+    pub auth: Authenticator,
+    pub settings: ApiSettings,
+    /// `None`: the GitHub webhook route refuses every delivery.
+    pub github: Option<GithubWebhookConfig>,
+    /// Port 0 picks a free one ([`ApiServer::addr`] says which).
+    pub listen: SocketAddr,
+}
+
+/// What a worker is started from, every setting checked.
+#[derive(Debug, Clone)]
+pub struct WorkerParts {
+    pub config: WorkerConfig,
+    pub endpoints: ProviderEndpoints,
+    pub prices: PriceTable,
+}
+
+/// One process's share of Kiln against one database: the API, a worker, or
+/// both.
+pub struct Kiln {
+    store: Store,
+    api: Option<ApiParts>,
+    worker: Option<WorkerParts>,
+}
+
+/// What [`Kiln::start`] started; it runs until the shutdown token fires.
+pub struct Running {
+    pub api: Option<ApiServer>,
+    pub worker: Option<JoinHandle<()>>,
+}
+
 /// A running API server.
 pub struct ApiServer {
     pub addr: SocketAddr,
     pub handle: JoinHandle<std::io::Result<()>>,
 }
 
-/// Binds `listen` (port 0 picks a free one) and serves the API until
-/// `shutdown` fires. Without `github`, the GitHub webhook route refuses
-/// every delivery.
-pub async fn start_api(
-    store: Store,
-    auth: Authenticator,
-    settings: ApiSettings,
-    github: Option<GithubWebhookConfig>,
-    listen: SocketAddr,
-    shutdown: CancellationToken,
-) -> anyhow::Result<ApiServer> {
+impl Kiln {
+    pub fn new(store: Store) -> Self {
+        Kiln { store, api: None, worker: None }
+    }
+
+    /// Also serve the API.
+    pub fn api(self, parts: ApiParts) -> Self {
+        Kiln { api: Some(parts), ..self }
+    }
+
+    /// Also run a worker.
+    pub fn worker(self, parts: WorkerParts) -> Self {
+        Kiln { worker: Some(parts), ..self }
+    }
+
+    /// Binds the API and starts the worker (after checking that Docker
+    /// answers); both stop when `shutdown` fires.
+    pub async fn start(self, shutdown: CancellationToken) -> anyhow::Result<Running> {
+        let api = match self.api {
+            Some(parts) => Some(start_api(self.store.clone(), parts, shutdown.clone()).await?),
+            None => None,
+        };
+        let worker = match self.worker {
+            Some(parts) => Some(start_worker(self.store, parts, shutdown).await?),
+            None => None,
+        };
+        Ok(Running { api, worker })
+    }
+}
+
+impl Running {
+    /// The API's address, when it serves one.
+    pub fn api_addr(&self) -> Option<SocketAddr> {
+        self.api.as_ref().map(|api| api.addr)
+    }
+
+    /// Waits until the worker and then the API have stopped (after the
+    /// shutdown token fired); an error the API server ended with.
+    pub async fn stopped(self) -> anyhow::Result<()> {
+        if let Some(worker) = self.worker {
+            worker.await?;
+        }
+        if let Some(api) = self.api {
+            api.handle.await??;
+        }
+        Ok(())
+    }
+}
+
+async fn start_api(store: Store, parts: ApiParts, shutdown: CancellationToken) -> anyhow::Result<ApiServer> {
+    let ApiParts { auth, settings, github, listen } = parts;
     let listener = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     let addr = listener.local_addr()?;
     let prometheus = crate::telemetry::prometheus();
@@ -43,14 +118,8 @@ pub async fn start_api(
     Ok(ApiServer { addr, handle })
 }
 
-/// Connects to Docker and starts a worker that runs until `shutdown` fires.
-pub async fn start_worker(
-    store: Store,
-    config: WorkerConfig,
-    endpoints: ProviderEndpoints,
-    prices: PriceTable,
-    shutdown: CancellationToken,
-) -> anyhow::Result<JoinHandle<()>> {
+async fn start_worker(store: Store, parts: WorkerParts, shutdown: CancellationToken) -> anyhow::Result<JoinHandle<()>> {
+    let WorkerParts { config, endpoints, prices } = parts;
     let docker = bollard::Docker::connect_with_local_defaults().context("connecting to Docker")?;
     docker.ping().await.context("the Docker engine does not answer")?;
     let providers = Providers::new(endpoints).context("building the HTTP client")?;

@@ -8,6 +8,7 @@ use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use kiln_protocol::event::is_terminal_kind;
 use kiln_protocol::{CreateRun, EventBody, Run, RunStatus};
+use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -69,14 +70,14 @@ struct EventPage {
 
 pub struct KilnClient {
     base: String,
-    token: String,
+    token: SecretString,
     http: reqwest::Client,
 }
 
 impl KilnClient {
     pub fn new(base: &str, token: &str) -> anyhow::Result<Self> {
         let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).build()?;
-        Ok(KilnClient { base: base.trim_end_matches('/').to_owned(), token: token.to_owned(), http })
+        Ok(KilnClient { base: base.trim_end_matches('/').to_owned(), token: token.into(), http })
     }
 
     fn url(&self, path: &str) -> String {
@@ -84,7 +85,11 @@ impl KilnClient {
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
-        request.bearer_auth(&self.token).send().await.with_context(|| format!("connecting to Kiln at {}", self.base))
+        request
+            .bearer_auth(self.token.expose_secret())
+            .send()
+            .await
+            .with_context(|| format!("connecting to Kiln at {}", self.base))
     }
 
     pub async fn create_run(&self, spec: &CreateRun) -> anyhow::Result<Run> {
@@ -177,7 +182,7 @@ impl KilnClient {
             let response = self
                 .http
                 .get(self.url(&format!("/v1/runs/{id}/events")))
-                .bearer_auth(&self.token)
+                .bearer_auth(self.token.expose_secret())
                 .header("accept", "text/event-stream")
                 .header("last-event-id", last_seq.to_string())
                 .send()

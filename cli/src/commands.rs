@@ -7,6 +7,7 @@ use std::time::Duration;
 use chrono::Utc;
 use futures::StreamExt;
 use kiln_protocol::{CreateRun, Run};
+use secrecy::{ExposeSecret, SecretString};
 use uuid::Uuid;
 
 use crate::client::{Cancelled, Decision, KilnClient, StreamedEvent};
@@ -20,12 +21,12 @@ pub struct Connection {
     pub url: String,
     /// Bearer token (`kiln up` prints one; `kiln token` mints one).
     #[arg(long, env = "KILN_TOKEN", hide_env_values = true)]
-    pub token: String,
+    pub token: SecretString,
 }
 
 impl Connection {
     pub fn client(&self) -> anyhow::Result<KilnClient> {
-        KilnClient::new(&self.url, &self.token)
+        KilnClient::new(&self.url, self.token.expose_secret())
     }
 }
 

@@ -9,3 +9,4 @@ pub mod local_model;
 pub mod render;
 pub mod settings;
 pub mod telemetry;
+pub mod up;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
-use kiln_cli::app::{open_store, start_api, start_worker};
+use kiln_cli::app::{ApiParts, Kiln, WorkerParts, open_store};
 use kiln_scripted_model::{Reply, ScriptedModel};
 use kiln_store::Store;
 use kiln_worker::providers::pricing::{ModelPrice, PriceTable};
@@ -67,6 +67,12 @@ pub async fn fresh_database_on(admin: &str) -> String {
         Some(p) => format!("postgres://{user}:{p}@{host}:{port}/{name}"),
         None => format!("postgres://{user}@{host}:{port}/{name}"),
     }
+}
+
+/// Checks the tokens [`token`] mints.
+pub fn authenticator() -> kiln_api::Authenticator {
+    kiln_api::Authenticator::new(&kiln_api::AuthConfig::Hs256 { secret: SECRET.as_bytes().to_vec().into() }, None, None)
+        .unwrap()
 }
 
 pub fn token(sub: &str) -> String {
@@ -168,7 +174,9 @@ impl TestApp {
             app_shutdown.cancelled().await;
             token.cancel();
         });
-        start_worker(store, config, endpoints, prices, shutdown).await.expect("start worker")
+        let parts = WorkerParts { config, endpoints, prices };
+        let running = Kiln::new(store).worker(parts).start(shutdown).await.expect("start worker");
+        running.worker.expect("a worker")
     }
 
     async fn start_api_on(
@@ -177,13 +185,9 @@ impl TestApp {
         github: Option<kiln_api::GithubWebhookConfig>,
         shutdown: CancellationToken,
     ) -> SocketAddr {
-        let auth = kiln_api::Authenticator::new(
-            &kiln_api::AuthConfig::Hs256 { secret: SECRET.as_bytes().to_vec() },
-            None,
-            None,
-        )
-        .unwrap();
-        start_api(store.clone(), auth, settings, github, "127.0.0.1:0".parse().unwrap(), shutdown).await.unwrap().addr
+        let parts = ApiParts { auth: authenticator(), settings, github, listen: "127.0.0.1:0".parse().unwrap() };
+        let running = Kiln::new(store.clone()).api(parts).start(shutdown).await.unwrap();
+        running.api_addr().expect("an API")
     }
 
     /// A second API instance on the same database (GitHub webhooks disabled).

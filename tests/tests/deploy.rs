@@ -56,10 +56,17 @@ fn skip(test: &str, what: &str) {
 /// `env::var("…")` calls in the CLI, plus what its libraries read.
 fn settings() -> BTreeSet<String> {
     let mut names: BTreeSet<String> = ["RUST_LOG", "DOCKER_HOST"].into_iter().map(String::from).collect();
-    let dir = root().join("cli/src");
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "rs") {
+    let mut dirs = vec![root().join("cli/src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
             let text = read(&path);
             for marker in ["env = \"", "env::var(\"", "env::var_os(\""] {
                 for piece in text.split(marker).skip(1) {

@@ -18,6 +18,7 @@ use kiln_tests::kiln_scripted_model::Reply;
 use kiln_tests::{Options, TestApp, token, worker_config};
 use kiln_worker::ProviderKind;
 use kiln_worker::github::{Credentials, Github, GithubSettings, RetryPolicy};
+use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -45,7 +46,7 @@ async fn setup(script: Vec<Reply>) -> Setup {
 /// Kiln with the webhook on and a fixed token, but no worker yet.
 async fn setup_idle(script: Vec<Reply>) -> Setup {
     let token = format!("ghs_secret{}", Uuid::new_v4().simple());
-    setup_without_worker(script, Credentials::Token(token.clone()), token, None).await
+    setup_without_worker(script, Credentials::Token(token.as_str().into()), token, None).await
 }
 
 async fn setup_without_worker(
@@ -64,7 +65,7 @@ async fn setup_without_worker(
     let repo = BareRepo::create(REPO);
     let github = FakeGithub::start(repo.root().to_owned()).await;
     if let Credentials::Token(t) = &credentials {
-        github.accept_git_token(t);
+        github.accept_git_token(t.expose_secret());
     }
     Setup { app, github, repo, credentials, token, installation }
 }

@@ -139,7 +139,8 @@ async fn the_document_is_valid_openapi_3_1() {
 fn router_paths(app: &TestApp) -> BTreeSet<String> {
     let state = kiln_api::AppState::new(
         app.store.clone(),
-        kiln_api::Authenticator::new(&kiln_api::AuthConfig::Hs256 { secret: b"x".repeat(32) }, None, None).unwrap(),
+        kiln_api::Authenticator::new(&kiln_api::AuthConfig::Hs256 { secret: b"x".repeat(32).into() }, None, None)
+            .unwrap(),
         kiln_api::ApiSettings::default(),
         Some(kiln_api::GithubWebhookConfig::new(WEBHOOK_SECRET.as_bytes(), "kiln", "kiln", "github").unwrap()),
         app.shutdown.clone(),

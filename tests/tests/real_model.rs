@@ -117,9 +117,8 @@ async fn app_with_endpoints(server: &LocalModel, provider: ProviderKind, endpoin
     let mut config = worker_config(provider, Duration::from_secs(10));
     config.default_model = server.model_name().to_owned();
     config.default_max_tokens = local_model::DEFAULT_MAX_TOKENS;
-    kiln_cli::app::start_worker(app.store.clone(), config, endpoints, PriceTable::empty(), app.shutdown.clone())
-        .await
-        .expect("start worker");
+    let parts = kiln_cli::app::WorkerParts { config, endpoints, prices: PriceTable::empty() };
+    kiln_cli::app::Kiln::new(app.store.clone()).worker(parts).start(app.shutdown.clone()).await.expect("start worker");
     app
 }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use kiln_scripted_model::Reply;
-use kiln_tests::{Ev, Options, SECRET, TestApp, assert_dense, kinds, token};
+use kiln_tests::{Ev, Options, TestApp, assert_dense, kinds, token};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpSocket;
@@ -27,14 +27,12 @@ const PAUSE: Duration = Duration::from_secs(60);
 async fn child_api_process() {
     let (Ok(db), Ok(addr_file)) = (std::env::var(CHILD_DB), std::env::var(CHILD_ADDR_FILE)) else { return };
     let store = kiln_store::Store::connect(&db, 8).unwrap();
-    let auth =
-        kiln_api::Authenticator::new(&kiln_api::AuthConfig::Hs256 { secret: SECRET.as_bytes().to_vec() }, None, None)
-            .unwrap();
     let settings = kiln_api::ApiSettings { sse_keep_alive: Duration::from_secs(1), ..Default::default() };
     let listen = "127.0.0.1:0".parse().unwrap();
-    let server = kiln_cli::app::start_api(store, auth, settings, None, listen, CancellationToken::new()).await.unwrap();
-    std::fs::write(addr_file, server.addr.to_string()).unwrap();
-    let _ = server.handle.await;
+    let parts = kiln_cli::app::ApiParts { auth: kiln_tests::authenticator(), settings, github: None, listen };
+    let running = kiln_cli::app::Kiln::new(store).api(parts).start(CancellationToken::new()).await.unwrap();
+    std::fs::write(addr_file, running.api_addr().unwrap().to_string()).unwrap();
+    let _ = running.stopped().await;
 }
 
 fn rss_bytes(pid: u32) -> u64 {

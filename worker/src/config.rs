@@ -11,6 +11,9 @@ use crate::providers::responses::OpenAiResponses;
 use crate::sandbox::SandboxConfig;
 use secrecy::{ExposeSecret, SecretString};
 
+/// The wire format a worker speaks to a model server. Named as a run's
+/// `model.provider` and `KILN_MODEL_PROVIDER` name it ([`ProviderKind::name`],
+/// parsed back with `str::parse`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProviderKind {
     /// OpenAI Chat Completions (and compatible servers).
@@ -21,13 +24,34 @@ pub enum ProviderKind {
 }
 
 impl ProviderKind {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "openai" => Some(ProviderKind::OpenAi),
-            "openai-responses" => Some(ProviderKind::OpenAiResponses),
-            "anthropic" => Some(ProviderKind::Anthropic),
-            _ => None,
+    pub const ALL: [ProviderKind; 3] = [ProviderKind::OpenAi, ProviderKind::OpenAiResponses, ProviderKind::Anthropic];
+
+    /// The name runs and settings use.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProviderKind::OpenAi => "openai",
+            ProviderKind::OpenAiResponses => "openai-responses",
+            ProviderKind::Anthropic => "anthropic",
         }
+    }
+}
+
+impl std::fmt::Display for ProviderKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A provider name that is none of [`ProviderKind::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown model provider {0:?}: expected openai, openai-responses or anthropic")]
+pub struct UnknownProvider(pub String);
+
+impl std::str::FromStr for ProviderKind {
+    type Err = UnknownProvider;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ProviderKind::ALL.into_iter().find(|kind| kind.name() == s).ok_or_else(|| UnknownProvider(s.to_owned()))
     }
 }
 
@@ -130,5 +154,20 @@ impl Providers {
             ProviderKind::OpenAiResponses => self.responses.clone(),
             ProviderKind::Anthropic => self.anthropic.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_provider_kind_parses_back_from_its_name_and_nothing_else_parses() {
+        for kind in ProviderKind::ALL {
+            assert_eq!(kind.name().parse(), Ok(kind));
+            assert_eq!(kind.to_string(), kind.name());
+        }
+        assert_eq!("local".parse::<ProviderKind>(), Err(UnknownProvider("local".into())));
+        assert!("OpenAI".parse::<ProviderKind>().is_err());
     }
 }

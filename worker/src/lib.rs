@@ -18,4 +18,4 @@ mod sandbox_reaper;
 pub mod tools;
 
 pub use claim_loop::{Worker, WorkerContext};
-pub use config::{ProviderEndpoints, ProviderKind, Providers, WorkerConfig};
+pub use config::{ProviderEndpoints, ProviderKind, Providers, UnknownProvider, WorkerConfig};

@@ -15,7 +15,6 @@ use crate::agent::control::Control;
 use crate::agent::events::EventSink;
 use crate::agent::{AgentError, AgentRun, Outcome};
 use crate::claim_loop::WorkerContext;
-use crate::config::ProviderKind;
 use crate::handoff::Handoff;
 use crate::lease_keeper::{Beat, LeaseKeeper};
 use crate::retry::{self, Verdict};
@@ -203,7 +202,7 @@ async fn drive(
             workspace_lost: notice.is_some(),
         })
         .await?;
-    let kind = run.model.provider.as_deref().and_then(ProviderKind::parse).unwrap_or(ctx.config.default_provider);
+    let kind = run.model.provider.as_deref().and_then(|p| p.parse().ok()).unwrap_or(ctx.config.default_provider);
     let agent = AgentRun {
         store: &ctx.store,
         lease,

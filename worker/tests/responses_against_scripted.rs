@@ -185,7 +185,7 @@ async fn a_stream_cut_by_the_server_is_truncated() {
 #[tokio::test]
 async fn the_worker_config_routes_openai_responses_to_this_provider() {
     let model = ScriptedModel::start(vec![Reply::text("via config")]).await.unwrap();
-    assert_eq!(ProviderKind::parse("openai-responses"), Some(ProviderKind::OpenAiResponses));
+    assert_eq!("openai-responses".parse(), Ok(ProviderKind::OpenAiResponses));
     let providers = Providers::new(ProviderEndpoints {
         openai_base_url: Some(model.openai_base_url()),
         openai_api_key: Some(KEY.into()),

@@ -19,28 +19,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kiln_store::{Listener, Notice, Store, channels};
+use secrecy::{ExposeSecret, SecretSlice};
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-/// The HMAC key callbacks are signed with. Never printed.
-#[derive(Clone)]
-pub struct CallbackSecret(Arc<[u8]>);
+/// The HMAC key callbacks are signed with (its `Debug` prints no key).
+#[derive(Debug, Clone)]
+pub struct CallbackSecret(SecretSlice<u8>);
 
 impl CallbackSecret {
     /// `None` for an empty secret: a signature under an empty key proves nothing.
     pub fn new(secret: &[u8]) -> Option<Self> {
-        (!secret.is_empty()).then(|| CallbackSecret(secret.into()))
+        (!secret.is_empty()).then(|| CallbackSecret(secret.to_vec().into()))
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for CallbackSecret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("CallbackSecret(<redacted>)")
+        self.0.expose_secret()
     }
 }
 

@@ -3,10 +3,10 @@
 //! they expire.
 
 use std::collections::HashMap;
-use std::fmt;
 
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use secrecy::{ExposeSecret, SecretString};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
@@ -17,11 +17,12 @@ use super::client::GithubClient;
 /// push that starts with it does not outlive it.
 const RENEW_BEFORE_MIN: i64 = 5;
 
-/// How Kiln authenticates to GitHub.
-#[derive(Clone)]
+/// How Kiln authenticates to GitHub. Its `Debug` prints no secret (the
+/// token is a `SecretString`; `EncodingKey` hides its key itself).
+#[derive(Debug, Clone)]
 pub enum Credentials {
     /// A personal access or installation token (`KILN_GITHUB_TOKEN`).
-    Token(String),
+    Token(SecretString),
     /// A GitHub App (`KILN_GITHUB_APP_ID` and its private key, PEM).
     App { app_id: String, key: EncodingKey },
 }
@@ -38,16 +39,6 @@ impl Credentials {
     }
 }
 
-impl fmt::Debug for Credentials {
-    // Never print the secret.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Credentials::Token(_) => f.write_str("Token(<redacted>)"),
-            Credentials::App { app_id, .. } => write!(f, "App {{ app_id: {app_id:?}, key: <redacted> }}"),
-        }
-    }
-}
-
 #[derive(Serialize)]
 struct AppClaims<'a> {
     iat: i64,
@@ -56,9 +47,10 @@ struct AppClaims<'a> {
 }
 
 /// Hands out tokens, caching App installation tokens.
+#[derive(Debug)]
 pub struct Auth {
     credentials: Credentials,
-    cache: Mutex<HashMap<i64, (String, DateTime<Utc>)>>,
+    cache: Mutex<HashMap<i64, (SecretString, DateTime<Utc>)>>,
 }
 
 impl Auth {
@@ -70,7 +62,7 @@ impl Auth {
     /// ignored with a fixed token).
     pub async fn token(&self, client: &GithubClient, installation: Option<i64>) -> Result<String, GithubError> {
         let (app_id, key) = match &self.credentials {
-            Credentials::Token(t) => return Ok(t.clone()),
+            Credentials::Token(t) => return Ok(t.expose_secret().to_owned()),
             Credentials::App { app_id, key } => (app_id, key),
         };
         let installation = installation.ok_or_else(|| {
@@ -83,11 +75,11 @@ impl Auth {
         if let Some((token, expires)) = cache.get(&installation)
             && *expires - ChronoDuration::minutes(RENEW_BEFORE_MIN) > Utc::now()
         {
-            return Ok(token.clone());
+            return Ok(token.expose_secret().to_owned());
         }
         let jwt = app_jwt(app_id, key)?;
         let minted = client.installation_token(&jwt, installation).await?;
-        cache.insert(installation, (minted.token.clone(), minted.expires_at));
+        cache.insert(installation, (minted.token.as_str().into(), minted.expires_at));
         Ok(minted.token)
     }
 }
@@ -95,9 +87,10 @@ impl Auth {
 impl Auth {
     /// Every token this process holds, to scrub from messages.
     pub async fn secrets(&self) -> Vec<String> {
-        let mut out: Vec<String> = self.cache.lock().await.values().map(|(t, _)| t.clone()).collect();
+        let mut out: Vec<String> =
+            self.cache.lock().await.values().map(|(t, _)| t.expose_secret().to_owned()).collect();
         if let Credentials::Token(t) = &self.credentials {
-            out.push(t.clone());
+            out.push(t.expose_secret().to_owned());
         }
         out
     }

@@ -73,24 +73,19 @@ pub struct GithubSettings {
 }
 
 /// A worker's GitHub connection. Cheap to clone; clones share the
-/// installation-token cache.
-#[derive(Clone)]
+/// installation-token cache. Its `Debug` prints no token (they are held as
+/// secrets in `auth`).
+#[derive(Debug, Clone)]
 pub struct Github {
     inner: Arc<Inner>,
 }
 
+#[derive(Debug)]
 struct Inner {
     client: client::GithubClient,
     auth: auth::Auth,
     public_url: Option<String>,
     request_poll: Duration,
-    api_url: String,
-}
-
-impl std::fmt::Debug for Github {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Github").field("api_url", &self.inner.api_url).finish_non_exhaustive()
-    }
 }
 
 impl Github {
@@ -102,7 +97,6 @@ impl Github {
                 auth: auth::Auth::new(settings.credentials),
                 public_url: settings.public_url.map(|u| u.trim_end_matches('/').to_owned()),
                 request_poll: settings.request_poll,
-                api_url: settings.api_url,
             }),
         })
     }

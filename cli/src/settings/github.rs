@@ -1,0 +1,92 @@
+//! GitHub: the webhooks the API takes, and how a worker reports back.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use secrecy::{ExposeSecret, SecretString};
+
+/// GitHub webhooks. The route is disabled unless a secret is set.
+#[derive(Debug, Clone, Args)]
+pub struct GithubArgs {
+    /// Secret of the GitHub webhook (the hook's "Secret" field). Unset: the
+    /// webhook route refuses every delivery.
+    #[arg(long, env = "KILN_GITHUB_WEBHOOK_SECRET", hide_env_values = true)]
+    pub github_webhook_secret: Option<SecretString>,
+    /// Login people mention to ask for a run (`@kiln …`, `/kiln …`); also
+    /// Kiln's own account, whose comments never trigger runs.
+    #[arg(long, env = "KILN_GITHUB_BOT_HANDLE", default_value = "kiln")]
+    pub github_bot_handle: String,
+    /// Issue label that asks for a run.
+    #[arg(long, env = "KILN_GITHUB_LABEL", default_value = "kiln")]
+    pub github_label: String,
+    /// Subject that owns webhook-created runs (a token with this `sub` sees them).
+    #[arg(long, env = "KILN_GITHUB_OWNER_SUB", default_value = "github")]
+    pub github_owner_sub: String,
+}
+
+impl GithubArgs {
+    /// The webhook configuration, or `None` when no secret is set.
+    pub fn webhook_config(&self) -> anyhow::Result<Option<kiln_api::GithubWebhookConfig>> {
+        let Some(secret) = &self.github_webhook_secret else {
+            return Ok(None);
+        };
+        let config = kiln_api::GithubWebhookConfig::new(
+            secret.expose_secret().as_bytes(),
+            &self.github_bot_handle,
+            &self.github_label,
+            &self.github_owner_sub,
+        )?;
+        Ok(Some(config))
+    }
+}
+
+/// How a worker reports GitHub-triggered runs back to GitHub: a token, or a
+/// GitHub App. Without either, such runs still run but nothing is reported.
+#[derive(Debug, Clone, Args)]
+pub struct GithubDeliveryArgs {
+    /// GitHub's REST API (GitHub Enterprise: `https://HOST/api/v3`).
+    #[arg(long, env = "KILN_GITHUB_API_URL", default_value = "https://api.github.com")]
+    pub github_api_url: String,
+    /// A token with contents, issues and pull requests read/write.
+    #[arg(long, env = "KILN_GITHUB_TOKEN", hide_env_values = true)]
+    pub github_token: Option<SecretString>,
+    /// The GitHub App's id (with KILN_GITHUB_APP_PRIVATE_KEY).
+    #[arg(long, env = "KILN_GITHUB_APP_ID")]
+    pub github_app_id: Option<String>,
+    /// Path to the GitHub App's private key (PEM).
+    #[arg(long, env = "KILN_GITHUB_APP_PRIVATE_KEY")]
+    pub github_app_private_key: Option<PathBuf>,
+    /// Where people reach this Kiln's API, to link runs from GitHub comments.
+    #[arg(long, env = "KILN_PUBLIC_URL")]
+    pub public_url: Option<String>,
+}
+
+impl GithubDeliveryArgs {
+    /// The worker's GitHub connection, or `None` when none is configured.
+    pub fn github(&self) -> anyhow::Result<Option<kiln_worker::github::Github>> {
+        use kiln_worker::github::{Credentials, Github, GithubSettings, RetryPolicy};
+        let token = self.github_token.as_ref().map(|t| t.expose_secret().trim());
+        let credentials = match (token, &self.github_app_id, &self.github_app_private_key) {
+            (Some(_), Some(_), _) => bail!("set either KILN_GITHUB_TOKEN or KILN_GITHUB_APP_ID, not both"),
+            (Some(""), None, _) => bail!("KILN_GITHUB_TOKEN is empty"),
+            (Some(token), None, _) => Credentials::Token(token.into()),
+            (None, Some(id), Some(path)) => {
+                let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+                Credentials::app(id, &pem)?
+            }
+            (None, Some(_), None) => bail!("KILN_GITHUB_APP_ID needs KILN_GITHUB_APP_PRIVATE_KEY (a PEM file)"),
+            (None, None, Some(_)) => bail!("KILN_GITHUB_APP_PRIVATE_KEY needs KILN_GITHUB_APP_ID"),
+            (None, None, None) => return Ok(None),
+        };
+        let settings = GithubSettings {
+            api_url: self.github_api_url.clone(),
+            credentials,
+            public_url: self.public_url.clone(),
+            retry: RetryPolicy::default(),
+            request_poll: Duration::from_secs(2),
+        };
+        Ok(Some(Github::new(settings)?))
+    }
+}

@@ -1,0 +1,142 @@
+//! How a worker is tuned: its identity, sessions, leases and sandboxes.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use kiln_worker::WorkerConfig;
+use kiln_worker::providers::pricing::PriceTable;
+use kiln_worker::sandbox::SandboxConfig;
+
+use super::ModelArgs;
+
+#[derive(Debug, Clone, Args)]
+pub struct WorkerArgs {
+    /// Name of this worker in leases and container labels (default: host and pid).
+    #[arg(long, env = "KILN_WORKER_ID")]
+    pub worker_id: Option<String>,
+    /// Sessions (runs, each with its sandbox) this worker drives at once; it
+    /// claims runs only while it has a free slot.
+    #[arg(long = "max-sessions", env = "KILN_WORKER_MAX_SESSIONS", default_value_t = 4)]
+    pub concurrency: usize,
+    /// Seconds a session's container stays after its last run ended, so a
+    /// follow-up finds its workspace; 0 removes it when the run ends.
+    #[arg(long, env = "KILN_SANDBOX_IDLE_S", default_value_t = 600)]
+    pub sandbox_idle_s: u64,
+    /// Started sandboxes kept ready for new sessions (default: 0, or 2 under `kiln up`).
+    #[arg(long, env = "KILN_SANDBOX_WARM")]
+    pub sandbox_warm: Option<usize>,
+    /// Seconds a claim holds without a heartbeat.
+    #[arg(long, env = "KILN_LEASE_S", default_value_t = 30)]
+    pub lease_s: u64,
+    /// Seconds between claim attempts when no notification arrives.
+    #[arg(long, env = "KILN_POLL_S", default_value_t = 2)]
+    pub poll_s: u64,
+    /// Seconds running steps get to finish after SIGTERM.
+    #[arg(long, env = "KILN_SHUTDOWN_GRACE_S", default_value_t = 30)]
+    pub shutdown_grace_s: u64,
+    /// Address for this worker's own `GET /metrics` (e.g. 0.0.0.0:9090);
+    /// unset serves none. Under `kiln up` the API's `/metrics` already
+    /// includes the worker.
+    #[arg(long, env = "KILN_METRICS_LISTEN")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Sandbox image.
+    #[arg(long, env = "KILN_SANDBOX_IMAGE", default_value = "kiln-sandbox:latest")]
+    pub sandbox_image: String,
+    /// Sandbox memory limit in MiB (no swap).
+    #[arg(long, env = "KILN_SANDBOX_MEMORY_MB", default_value_t = 1024)]
+    pub sandbox_memory_mb: i64,
+    /// Sandbox CPU limit, in CPUs.
+    #[arg(long, env = "KILN_SANDBOX_CPUS", default_value_t = 1.0)]
+    pub sandbox_cpus: f64,
+    /// Sandbox process limit.
+    #[arg(long, env = "KILN_SANDBOX_PIDS", default_value_t = 256)]
+    pub sandbox_pids: i64,
+    /// Size of the sandbox's /tmp (a tmpfs), in MiB.
+    #[arg(long, env = "KILN_SANDBOX_TMPFS_MB", default_value_t = 256)]
+    pub sandbox_tmpfs_mb: u64,
+    /// Open files per sandbox process (`nofile` ulimit).
+    #[arg(long, env = "KILN_SANDBOX_NOFILE", default_value_t = 4096)]
+    pub sandbox_nofile: i64,
+    /// OCI runtime for sandboxes, e.g. `runsc` (gVisor); the engine's default otherwise.
+    #[arg(long, env = "KILN_SANDBOX_RUNTIME")]
+    pub sandbox_runtime: Option<String>,
+    /// Let runs ask for `bridge` networking (`"sandbox": {"network": "bridge"}`); off: no run gets a network.
+    #[arg(long, env = "KILN_SANDBOX_ALLOW_NETWORK", default_value_t = false)]
+    pub sandbox_allow_network: bool,
+    /// The kiln-toolbox binary copied into sandboxes; found next to `kiln` otherwise.
+    #[arg(long, env = "KILN_TOOLBOX_PATH")]
+    pub toolbox_path: Option<PathBuf>,
+    /// JSON file of model prices (USD per million tokens); built-in defaults otherwise.
+    #[arg(long, env = "KILN_PRICES_FILE")]
+    pub prices_file: Option<PathBuf>,
+    /// Days to keep the events of ended runs (all but the terminal event); 0 keeps them forever.
+    #[arg(long, env = "KILN_EVENT_RETENTION_DAYS", default_value_t = 0)]
+    pub event_retention_days: u64,
+    /// Allow `file://` repository URLs (they read this host's disk).
+    #[arg(long, env = "KILN_ALLOW_FILE_REPOS", default_value_t = false)]
+    pub allow_file_repos: bool,
+}
+
+impl WorkerArgs {
+    pub fn prices(&self) -> anyhow::Result<PriceTable> {
+        match &self.prices_file {
+            Some(path) => PriceTable::from_file(path).with_context(|| format!("reading {}", path.display())),
+            None => Ok(PriceTable::default()),
+        }
+    }
+
+    pub fn config(&self, model: &ModelArgs) -> anyhow::Result<WorkerConfig> {
+        if self.concurrency == 0 {
+            bail!("KILN_WORKER_MAX_SESSIONS must be at least 1");
+        }
+        if !(0.1..=1.0).contains(&model.compaction_threshold) {
+            bail!("KILN_COMPACTION_THRESHOLD must be between 0.1 and 1");
+        }
+        if model.model_context_tokens < 1_000 {
+            bail!("KILN_MODEL_CONTEXT_TOKENS must be at least 1000");
+        }
+        if self.lease_s < 3 {
+            bail!("KILN_LEASE_S must be at least 3");
+        }
+        Ok(WorkerConfig {
+            worker_id: self.worker_id.clone().unwrap_or_else(default_worker_id),
+            concurrency: self.concurrency,
+            sandbox_idle: Duration::from_secs(self.sandbox_idle_s),
+            warm_pool: self.sandbox_warm.unwrap_or(0),
+            lease: Duration::from_secs(self.lease_s),
+            poll_interval: Duration::from_secs(self.poll_s.max(1)),
+            sandbox: SandboxConfig {
+                image: self.sandbox_image.clone(),
+                memory_bytes: self.sandbox_memory_mb * 1024 * 1024,
+                nano_cpus: (self.sandbox_cpus * 1e9) as i64,
+                pids_limit: self.sandbox_pids,
+                tmpfs_mb: self.sandbox_tmpfs_mb,
+                nofile: self.sandbox_nofile,
+                runtime: self.sandbox_runtime.clone(),
+                allow_network: self.sandbox_allow_network,
+                toolbox_path: self.toolbox_path.clone(),
+                ..SandboxConfig::default()
+            },
+            default_provider: model.provider()?,
+            default_model: model.model.clone(),
+            default_max_tokens: model.model_max_tokens,
+            context_window: model.model_context_tokens,
+            compaction_threshold: model.compaction_threshold,
+            allow_file_repos: self.allow_file_repos,
+            shutdown_grace: Duration::from_secs(self.shutdown_grace_s),
+            event_retention: (self.event_retention_days > 0)
+                .then(|| Duration::from_secs(self.event_retention_days.saturating_mul(86_400))),
+            // Set from `GithubDeliveryArgs` and `CallbackArgs` by `WorkerOptions::parts`.
+            github: None,
+            callbacks: None,
+        })
+    }
+}
+
+fn default_worker_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_default();
+    let host = if host.is_empty() { "worker".to_owned() } else { host };
+    format!("{host}-{}-{:04x}", std::process::id(), rand::random::<u16>())
+}

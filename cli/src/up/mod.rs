@@ -1,0 +1,98 @@
+//! `kiln up`, the local all-in-one: start what is missing (Postgres, the
+//! sandbox image, a model), then the API and a worker in this process;
+//! with `--demo`, submit a demo run, follow it, and exit with its outcome.
+
+mod demo;
+mod model;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use kiln_store::Store;
+use secrecy::{ExposeSecret, SecretString};
+use tokio_util::sync::CancellationToken;
+
+use crate::app::{Kiln, open_store};
+use crate::local;
+use crate::settings::{ApiOptions, CallbackArgs, DbArgs, WorkerOptions};
+use model::ServedModel;
+
+#[derive(Debug, Clone, Args)]
+pub struct UpArgs {
+    /// Then submit a demo run, follow it, and exit with its outcome.
+    #[arg(long)]
+    pub demo: bool,
+    /// Where local state lives (Postgres password, JWT secret, demo repo).
+    #[arg(long, env = "KILN_STATE_DIR", default_value = ".kiln")]
+    pub state_dir: PathBuf,
+    /// Port of the local Postgres cluster started when DATABASE_URL is unset.
+    #[arg(long, env = "KILN_LOCAL_PG_PORT", default_value_t = local::DEFAULT_LOCAL_PG_PORT)]
+    pub local_pg_port: u16,
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub api: ApiOptions,
+    #[command(flatten)]
+    pub worker: WorkerOptions,
+    #[command(flatten)]
+    pub callbacks: CallbackArgs,
+}
+
+/// Runs until `shutdown` fires, or with `--demo` until the demo run ends.
+pub async fn up(mut args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<ExitCode> {
+    std::fs::create_dir_all(&args.state_dir).with_context(|| format!("creating {}", args.state_dir.display()))?;
+    let secret = match &args.api.auth.jwt_secret {
+        Some(s) => s.clone(),
+        None => SecretString::from(local::read_or_create_secret(&args.state_dir.join("jwt-secret"))?),
+    };
+    args.api.auth.jwt_secret = Some(secret.clone());
+    // The API's settings are checked before the database is touched.
+    let api = args.api.parts(&args.callbacks)?;
+    let store = local_store(&args).await?;
+    local::ensure_sandbox_image(&args.worker.worker.sandbox_image).await?;
+    let served = ServedModel::start(&mut args.worker.model, &args.state_dir).await?;
+    // `up` is the single-machine mode: local repositories are fair game.
+    args.worker.worker.allow_file_repos = true;
+    // A new session should not wait for a container on one machine either.
+    args.worker.worker.sandbox_warm = args.worker.worker.sandbox_warm.or(Some(2));
+    let worker = args.worker.parts(&args.callbacks)?;
+    let webhooks = api.github.is_some();
+    let running = Kiln::new(store).api(api).worker(worker).start(shutdown.clone()).await?;
+    let base = format!("http://{}", running.api_addr().context("the API did not start")?);
+    let token =
+        kiln_api::auth::mint_hs256(secret.expose_secret().as_bytes(), "local", Duration::from_secs(7 * 86_400))?;
+    eprintln!("kiln: API at {base}");
+    if webhooks {
+        eprintln!("kiln: GitHub webhooks at {base}/v1/webhooks/github");
+    }
+    eprintln!("kiln: token for subject \"local\" (7 days):\n  export KILN_URL={base} KILN_TOKEN={token}");
+
+    if !args.demo {
+        shutdown.cancelled().await;
+        let _ = running.stopped().await;
+        if let Some(served) = served {
+            served.stop().await;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let tiny_model = matches!(served, Some(ServedModel::Local(_)));
+    let code = demo::run(&base, &token, &args.state_dir, tiny_model).await?;
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(15), running.stopped()).await;
+    if let Some(served) = served {
+        served.stop().await;
+    }
+    if code == ExitCode::SUCCESS { Ok(code) } else { bail!("the demo run did not succeed") }
+}
+
+/// The database at DATABASE_URL, or else a local cluster `up` starts.
+async fn local_store(args: &UpArgs) -> anyhow::Result<Store> {
+    let url = match &args.db.database_url {
+        Some(url) => url.clone(),
+        None => local::ensure_local_postgres(&args.state_dir, args.local_pg_port).await?.into(),
+    };
+    open_store(url.expose_secret(), args.db.db_pool_size).await
+}
