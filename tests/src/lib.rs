@@ -326,6 +326,7 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         context_window: 128_000,
         compaction_threshold: 0.8,
         allow_file_repos: true,
+        claim_on_end: true,
         shutdown_grace: Duration::from_secs(5),
         event_retention: None,
         github: None,

@@ -207,3 +207,30 @@ async fn a_worker_whose_run_ends_takes_its_next_run_in_the_same_commit() {
     let (a, b) = (app.get_run("alice", &a).await, app.get_run("alice", &b).await);
     assert_eq!(a["finished_at"], b["started_at"], "claimed in the commit that ended the first: {a} {b}");
 }
+
+/// The same two runs on the plain path (`KILN_WORKER_CLAIM_ON_END=false`):
+/// each end is its own statement and the claim loop takes the next run, so
+/// the speed layers can be switched off without changing what happens.
+#[tokio::test]
+async fn without_claim_on_end_runs_end_alone_and_the_claim_loop_takes_the_next() {
+    let app = TestApp::spawn(Options {
+        worker: false,
+        script: vec![Reply::text("first done"), Reply::text("second done")],
+        ..Default::default()
+    })
+    .await;
+    let a = app.create_run("alice", json!({"prompt": "one"})).await["id"].as_str().unwrap().to_owned();
+    let b = app.create_run("alice", json!({"prompt": "two"})).await["id"].as_str().unwrap().to_owned();
+    app.start_worker(kiln_worker::WorkerConfig {
+        concurrency: 1,
+        claim_on_end: false,
+        ..worker_config(ProviderKind::OpenAi, Duration::from_secs(10))
+    })
+    .await;
+    for id in [&a, &b] {
+        let events = app.events_to_end("alice", id).await;
+        assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
+    }
+    let (a, b) = (app.get_run("alice", &a).await, app.get_run("alice", &b).await);
+    assert_ne!(a["finished_at"], b["started_at"], "claimed by the end's statement: {a} {b}");
+}

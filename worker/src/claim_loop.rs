@@ -151,7 +151,8 @@ impl Worker {
 
     fn spawn_run(&self, tasks: &mut JoinSet<()>, run: Run, lease: Lease, handoff: &Handoff) {
         crate::metrics::run_claimed(&run, lease.attempt);
-        let signals = RunSignals { handoff: Some(handoff.clone()), ..Default::default() };
+        let handoff = self.ctx.config.claim_on_end.then(|| handoff.clone());
+        let signals = RunSignals { handoff, ..Default::default() };
         lock(&self.active).insert(run.id, signals.clone());
         let ctx = self.ctx.clone();
         let pool = self.pool.clone();

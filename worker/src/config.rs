@@ -82,6 +82,11 @@ pub struct WorkerConfig {
     pub compaction_threshold: f64,
     /// Allow `file://` repository URLs (they read the worker's own disk).
     pub allow_file_repos: bool,
+    /// A run's end claims the worker's next run in the same statement, and
+    /// ends that meet share a statement (`handoff`, the store's end batch).
+    /// Speed only: `false` ends each run on its own and leaves claiming to
+    /// the claim loop, with the same results.
+    pub claim_on_end: bool,
     /// How long running steps may take to finish after SIGTERM.
     pub shutdown_grace: Duration,
     /// Prune the events of runs that ended longer ago than this (all but the

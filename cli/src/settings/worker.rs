@@ -77,6 +77,11 @@ pub struct WorkerArgs {
     /// Allow `file://` repository URLs (they read this host's disk).
     #[arg(long, env = "KILN_ALLOW_FILE_REPOS", default_value_t = false)]
     pub allow_file_repos: bool,
+    /// Claim the worker's next run in the statement that ends a run, and let
+    /// ends that meet share one statement (speed only; `false` takes the
+    /// plain path: end, then claim; see docs/architecture.md).
+    #[arg(long, env = "KILN_WORKER_CLAIM_ON_END", default_value_t = true, action = clap::ArgAction::Set)]
+    pub claim_on_end: bool,
 }
 
 impl WorkerArgs {
@@ -125,6 +130,7 @@ impl WorkerArgs {
             context_window: model.model_context_tokens,
             compaction_threshold: model.compaction_threshold,
             allow_file_repos: self.allow_file_repos,
+            claim_on_end: self.claim_on_end,
             shutdown_grace: Duration::from_secs(self.shutdown_grace_s),
             event_retention: (self.event_retention_days > 0)
                 .then(|| Duration::from_secs(self.event_retention_days.saturating_mul(86_400))),
