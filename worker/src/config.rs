@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::providers::ModelProvider;
 use crate::providers::anthropic::Anthropic;
-use crate::providers::openai::OpenAiChat;
-use crate::providers::responses::OpenAiResponses;
+use crate::providers::openai_chat::OpenAiChat;
+use crate::providers::openai_responses::OpenAiResponses;
 use crate::sandbox::SandboxConfig;
 use secrecy::{ExposeSecret, SecretString};
 

@@ -11,7 +11,7 @@ use kiln_protocol::{Message, Part, Role};
 use kiln_scripted_model::{Reply, ScriptedCall, ScriptedModel, demo_script};
 use kiln_worker::providers::anthropic::Anthropic;
 use kiln_worker::providers::assemble::{Assembled, AssistantBuilder};
-use kiln_worker::providers::openai::OpenAiChat;
+use kiln_worker::providers::openai_chat::OpenAiChat;
 use kiln_worker::providers::{FinishReason, ModelEvent, ModelProvider, ModelRequest, ProviderError, ToolSpec};
 use serde_json::{Value, json};
 

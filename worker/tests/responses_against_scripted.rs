@@ -10,7 +10,7 @@ use futures::StreamExt;
 use kiln_protocol::{Message, Part, Role};
 use kiln_scripted_model::{Reply, ScriptedCall, ScriptedModel, demo_script};
 use kiln_worker::providers::assemble::{Assembled, AssistantBuilder};
-use kiln_worker::providers::responses::OpenAiResponses;
+use kiln_worker::providers::openai_responses::OpenAiResponses;
 use kiln_worker::providers::{FinishReason, ModelEvent, ModelProvider, ModelRequest, ProviderError, ToolSpec};
 use kiln_worker::{ProviderEndpoints, ProviderKind, Providers};
 use serde_json::{Value, json};

@@ -193,7 +193,7 @@ fn assistant_blocks(message: &Message) -> Vec<Block<'_>> {
             // Only thinking Anthropic signed may be sent back; unsigned
             // reasoning, or another provider's, would be rejected.
             Part::Reasoning { text, signature: Some(signature) }
-                if !signature.is_empty() && !signature.starts_with(super::responses::ENCRYPTED_PREFIX) =>
+                if !signature.is_empty() && !signature.starts_with(super::openai_responses::ENCRYPTED_PREFIX) =>
             {
                 Some(Block::Thinking { thinking: text, signature })
             }

@@ -8,9 +8,9 @@
 pub mod anthropic;
 pub mod assemble;
 pub mod error;
-pub mod openai;
+pub mod openai_chat;
+pub mod openai_responses;
 pub mod pricing;
-pub mod responses;
 mod sse;
 
 use futures::stream::BoxStream;

@@ -37,7 +37,7 @@ pub const ENCRYPTED_PREFIX: &str = "oai-enc:";
 pub struct OpenAiResponses {
     pub client: reqwest::Client,
     /// Up to and including the version segment, e.g.
-    /// `https://api.openai.com/v1` (the same base URL as [`super::openai::OpenAiChat`]).
+    /// `https://api.openai.com/v1` (the same base URL as [`super::openai_chat::OpenAiChat`]).
     pub base_url: String,
     /// Sent as a bearer token.
     pub api_key: Option<String>,
