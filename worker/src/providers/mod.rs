@@ -12,6 +12,9 @@ pub mod openai_chat;
 pub mod openai_responses;
 pub mod pricing;
 mod sse;
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod test_support;
 
 use futures::stream::BoxStream;
 use kiln_protocol::{Message, Usage};
