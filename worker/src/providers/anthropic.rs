@@ -6,7 +6,6 @@
 //! complete.
 
 use std::borrow::Cow;
-use std::fmt;
 
 use bytes::Bytes;
 use futures::Stream;
@@ -14,6 +13,7 @@ use kiln_protocol::{Message, Part, Role, Usage};
 use serde::Serialize;
 use serde_json::Value;
 
+use super::endpoint::{Endpoint, KeyHeader};
 use super::sse::{self, Decoder, Flow, SseEvent};
 use super::{FinishReason, ModelEvent, ModelProvider, ModelRequest, ModelStream, ProviderError, ToolSpec};
 
@@ -21,43 +21,25 @@ pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
 /// The API version whose event stream this module decodes.
 const API_VERSION: &str = "2023-06-01";
 
-/// The Messages API at `{base_url}/v1/messages`.
-#[derive(Clone)]
+/// The Messages API at `{base_url}/v1/messages`. Its base URL comes without
+/// the `/v1` segment, e.g. [`DEFAULT_BASE_URL`]; the key goes as
+/// `x-api-key`, and a proxy that adds its own may need none.
+#[derive(Debug, Clone)]
 pub struct Anthropic {
-    pub client: reqwest::Client,
-    /// Without the `/v1` segment, e.g. `https://api.anthropic.com`.
-    pub base_url: String,
-    /// Sent as `x-api-key`; a proxy that adds its own may need none.
-    pub api_key: Option<String>,
+    endpoint: Endpoint,
 }
 
 impl Anthropic {
-    /// The public API at [`DEFAULT_BASE_URL`].
-    pub fn new(client: reqwest::Client, api_key: Option<String>) -> Self {
-        Anthropic { client, base_url: DEFAULT_BASE_URL.to_owned(), api_key }
-    }
-
-    pub fn with_base_url(mut self, base_url: impl Into<String>) -> Self {
-        self.base_url = base_url.into();
-        self
+    pub fn new(endpoint: Endpoint) -> Self {
+        Anthropic { endpoint }
     }
 
     fn url(&self) -> String {
-        let base = self.base_url.trim_end_matches('/');
+        let base = self.endpoint.base();
         // Tolerate a base URL given with the version segment, as OpenAI
         // base URLs are written.
         let base = base.strip_suffix("/v1").unwrap_or(base);
         format!("{base}/v1/messages")
-    }
-}
-
-// Hand-written so the key never reaches a log line.
-impl fmt::Debug for Anthropic {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Anthropic")
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
-            .finish()
     }
 }
 
@@ -68,13 +50,9 @@ impl ModelProvider for Anthropic {
     }
 
     async fn stream(&self, request: &ModelRequest) -> Result<ModelStream, ProviderError> {
-        let mut http =
-            self.client.post(self.url()).header("anthropic-version", API_VERSION).json(&request_body(request));
-        if let Some(key) = &self.api_key {
-            http = http.header("x-api-key", key);
-        }
-        let response = sse::open(http, self.api_key.as_deref()).await?;
-        Ok(decode_stream(response.bytes_stream()))
+        let body = request_body(request);
+        let (key, headers) = (KeyHeader::Named("x-api-key"), [("anthropic-version", API_VERSION)]);
+        self.endpoint.stream(&self.url(), key, &headers, &body, MessagesDecoder::default()).await
     }
 }
 

@@ -308,9 +308,11 @@ fn tool_results_come_first_in_a_merged_user_turn() {
 #[test]
 fn url_and_debug() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let p = Anthropic::new(reqwest::Client::new(), Some("sk-ant-secret".into()));
+    let at =
+        |base_url: &str| Anthropic::new(Endpoint::new(reqwest::Client::new(), base_url, Some("sk-ant-secret".into())));
+    let p = at(DEFAULT_BASE_URL);
     assert_eq!(p.url(), "https://api.anthropic.com/v1/messages");
-    assert_eq!(p.clone().with_base_url("http://h:1/").url(), "http://h:1/v1/messages");
-    assert_eq!(p.clone().with_base_url("http://h:1/v1").url(), "http://h:1/v1/messages");
+    assert_eq!(at("http://h:1/").url(), "http://h:1/v1/messages");
+    assert_eq!(at("http://h:1/v1").url(), "http://h:1/v1/messages");
     assert!(!format!("{p:?}").contains("secret"));
 }

@@ -7,10 +7,12 @@
 
 pub mod anthropic;
 pub mod assemble;
+mod endpoint;
 pub mod error;
 pub mod openai_chat;
 pub mod openai_responses;
 pub mod pricing;
+mod registry;
 mod sse;
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
@@ -19,7 +21,9 @@ mod test_support;
 use futures::stream::BoxStream;
 use kiln_protocol::{Message, Usage};
 
+pub use endpoint::Endpoint;
 pub use error::ProviderError;
+pub use registry::{DEFAULT_MODEL_READ_TIMEOUT, ProviderEndpoints, Providers};
 
 /// A tool as the model sees it.
 #[derive(Debug, Clone, PartialEq)]

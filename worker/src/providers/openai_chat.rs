@@ -6,45 +6,34 @@
 //! `reasoning_content`, chunks with no choices) and strict where it matters:
 //! a stream without a `finish_reason` is truncated, never complete.
 
-use std::fmt;
-
 use bytes::Bytes;
 use futures::Stream;
 use kiln_protocol::{Message, Part, Role, Usage};
 use serde::Serialize;
 use serde_json::Value;
 
+use super::endpoint::{Endpoint, KeyHeader};
 use super::sse::{self, Decoder, Flow, SseEvent};
 use super::{FinishReason, ModelEvent, ModelProvider, ModelRequest, ModelStream, ProviderError, ToolSpec};
 
-/// A Chat Completions endpoint.
-#[derive(Clone)]
+/// OpenAI's own API; the same base URL serves the Responses API.
+pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+
+/// A Chat Completions endpoint. Its base URL runs up to and including the
+/// version segment, e.g. [`DEFAULT_BASE_URL`] or `http://localhost:8000/v1`;
+/// the key goes as a bearer token, and local servers often need none.
+#[derive(Debug, Clone)]
 pub struct OpenAiChat {
-    pub client: reqwest::Client,
-    /// Up to and including the version segment, e.g.
-    /// `https://api.openai.com/v1` or `http://localhost:8000/v1`.
-    pub base_url: String,
-    /// Sent as a bearer token; local servers often need none.
-    pub api_key: Option<String>,
+    endpoint: Endpoint,
 }
 
 impl OpenAiChat {
-    pub fn new(client: reqwest::Client, base_url: impl Into<String>, api_key: Option<String>) -> Self {
-        OpenAiChat { client, base_url: base_url.into(), api_key }
+    pub fn new(endpoint: Endpoint) -> Self {
+        OpenAiChat { endpoint }
     }
 
     fn url(&self) -> String {
-        format!("{}/chat/completions", self.base_url.trim_end_matches('/'))
-    }
-}
-
-// Hand-written so the key never reaches a log line.
-impl fmt::Debug for OpenAiChat {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OpenAiChat")
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
-            .finish()
+        format!("{}/chat/completions", self.endpoint.base())
     }
 }
 
@@ -55,12 +44,8 @@ impl ModelProvider for OpenAiChat {
     }
 
     async fn stream(&self, request: &ModelRequest) -> Result<ModelStream, ProviderError> {
-        let mut http = self.client.post(self.url()).json(&request_body(request));
-        if let Some(key) = &self.api_key {
-            http = http.bearer_auth(key);
-        }
-        let response = sse::open(http, self.api_key.as_deref()).await?;
-        Ok(decode_stream(response.bytes_stream()))
+        let body = request_body(request);
+        self.endpoint.stream(&self.url(), KeyHeader::Bearer, &[], &body, ChatDecoder::default()).await
     }
 }
 

@@ -353,7 +353,7 @@ fn tool_only_assistant_turn_has_null_content_and_no_tools_key_when_none() {
 #[test]
 fn url_and_debug() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let p = OpenAiChat::new(reqwest::Client::new(), "http://h/v1/", Some("sk-secret-key".into()));
+    let p = OpenAiChat::new(Endpoint::new(reqwest::Client::new(), "http://h/v1/", Some("sk-secret-key".into())));
     assert_eq!(p.url(), "http://h/v1/chat/completions");
     assert!(!format!("{p:?}").contains("secret"));
 }

@@ -18,48 +18,34 @@
 //! carries across tool calls. Other providers never see these parts'
 //! signatures (the prefix cannot begin a base64 Anthropic signature).
 
-use std::fmt;
-
 use bytes::Bytes;
 use futures::Stream;
 use kiln_protocol::{Message, Part, Role, Usage};
 use serde::Serialize;
 use serde_json::Value;
 
+use super::endpoint::{Endpoint, KeyHeader};
 use super::sse::{self, Decoder, Flow, SseEvent};
 use super::{FinishReason, ModelEvent, ModelProvider, ModelRequest, ModelStream, ProviderError, ToolSpec};
 
 /// Marks a reasoning part's signature as Responses `encrypted_content`.
 pub const ENCRYPTED_PREFIX: &str = "oai-enc:";
 
-/// A Responses API endpoint.
-#[derive(Clone)]
+/// A Responses API endpoint. Its base URL runs up to and including the
+/// version segment, as for [`super::openai_chat::OpenAiChat`] (e.g.
+/// [`super::openai_chat::DEFAULT_BASE_URL`]); the key goes as a bearer token.
+#[derive(Debug, Clone)]
 pub struct OpenAiResponses {
-    pub client: reqwest::Client,
-    /// Up to and including the version segment, e.g.
-    /// `https://api.openai.com/v1` (the same base URL as [`super::openai_chat::OpenAiChat`]).
-    pub base_url: String,
-    /// Sent as a bearer token.
-    pub api_key: Option<String>,
+    endpoint: Endpoint,
 }
 
 impl OpenAiResponses {
-    pub fn new(client: reqwest::Client, base_url: impl Into<String>, api_key: Option<String>) -> Self {
-        OpenAiResponses { client, base_url: base_url.into(), api_key }
+    pub fn new(endpoint: Endpoint) -> Self {
+        OpenAiResponses { endpoint }
     }
 
     fn url(&self) -> String {
-        format!("{}/responses", self.base_url.trim_end_matches('/'))
-    }
-}
-
-// Hand-written so the key never reaches a log line.
-impl fmt::Debug for OpenAiResponses {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OpenAiResponses")
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
-            .finish()
+        format!("{}/responses", self.endpoint.base())
     }
 }
 
@@ -70,12 +56,8 @@ impl ModelProvider for OpenAiResponses {
     }
 
     async fn stream(&self, request: &ModelRequest) -> Result<ModelStream, ProviderError> {
-        let mut http = self.client.post(self.url()).json(&request_body(request));
-        if let Some(key) = &self.api_key {
-            http = http.bearer_auth(key);
-        }
-        let response = sse::open(http, self.api_key.as_deref()).await?;
-        Ok(decode_stream(response.bytes_stream()))
+        let body = request_body(request);
+        self.endpoint.stream(&self.url(), KeyHeader::Bearer, &[], &body, ResponsesDecoder::default()).await
     }
 }
 

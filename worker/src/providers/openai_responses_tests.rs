@@ -591,7 +591,7 @@ fn tool_only_turn_and_optional_fields() {
 #[test]
 fn url_and_debug() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let p = OpenAiResponses::new(reqwest::Client::new(), "http://h/v1/", Some("sk-secret-key".into()));
+    let p = OpenAiResponses::new(Endpoint::new(reqwest::Client::new(), "http://h/v1/", Some("sk-secret-key".into())));
     assert_eq!(p.url(), "http://h/v1/responses");
     assert_eq!(p.name(), "openai-responses");
     assert!(!format!("{p:?}").contains("secret"));

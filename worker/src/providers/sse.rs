@@ -1,8 +1,7 @@
-//! Server-sent events, shared by the providers: sending a streaming request,
-//! splitting the body into events (WHATWG rules via `eventsource-stream`:
-//! CR, LF and CRLF line ends, comment lines, multi-line data, optional space
-//! after the colon, chunks split anywhere) and driving a provider's decoder
-//! over those events.
+//! Server-sent events, shared by the providers: splitting the body into
+//! events (WHATWG rules via `eventsource-stream`: CR, LF and CRLF line ends,
+//! comment lines, multi-line data, optional space after the colon, chunks
+//! split anywhere) and driving a provider's decoder over those events.
 
 use std::pin::pin;
 
@@ -98,45 +97,6 @@ fn sse_error<E: Into<ProviderError>>(err: EventStreamError<E>) -> ProviderError 
         EventStreamError::Transport(err) => err.into(),
         EventStreamError::Utf8(_) => ProviderError::Decode("the event stream is not valid UTF-8".to_owned()),
         EventStreamError::Parser(err) => ProviderError::Decode(format!("malformed event stream line: {:?}", err.code)),
-    }
-}
-
-/// Sends a request that should answer with an event stream and returns the
-/// response once it is known to be one. `secret` is the API key in use, so
-/// error messages can be scrubbed of it.
-pub(crate) async fn open(
-    request: reqwest::RequestBuilder,
-    secret: Option<&str>,
-) -> Result<reqwest::Response, ProviderError> {
-    let response = request.header(reqwest::header::ACCEPT, "text/event-stream").send().await?;
-    if !response.status().is_success() {
-        return Err(ProviderError::from_response(response, secret).await);
-    }
-    let is_json = response
-        .headers()
-        .get(reqwest::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("application/json"));
-    if is_json {
-        // Some proxies answer a streaming request with one JSON document,
-        // often an error with status 200. Parsed as SSE it would look like an
-        // empty, truncated stream and be retried forever.
-        return Err(json_instead_of_stream(response).await);
-    }
-    Ok(response)
-}
-
-async fn json_instead_of_stream(response: reqwest::Response) -> ProviderError {
-    let body = match response.bytes().await {
-        Ok(body) => body,
-        Err(err) => return err.into(),
-    };
-    let json: Option<serde_json::Value> = serde_json::from_slice(&body).ok();
-    match json {
-        Some(json) if json.get("error").is_some_and(|e| !e.is_null()) => ProviderError::from_stream_error(&json),
-        _ => ProviderError::Decode(
-            "expected an event stream but got a JSON document; does this server support `stream: true`?".to_owned(),
-        ),
     }
 }
 
