@@ -7,15 +7,18 @@
 
 use std::borrow::Cow;
 
+mod decode;
+
 use bytes::Bytes;
 use futures::Stream;
-use kiln_protocol::{Message, Part, Role, Usage};
+use kiln_protocol::{Message, Part, Role};
 use serde::Serialize;
 use serde_json::Value;
 
 use super::endpoint::{Endpoint, KeyHeader};
-use super::sse::{self, Decoder, Flow, SseEvent};
-use super::{FinishReason, ModelEvent, ModelProvider, ModelRequest, ModelStream, ProviderError, ToolSpec};
+use super::sse;
+use super::{ModelProvider, ModelRequest, ModelStream, ProviderError, ToolSpec};
+use decode::MessagesDecoder;
 
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
 /// The API version whose event stream this module decodes.
@@ -206,163 +209,6 @@ fn user_blocks(message: &Message) -> Vec<Block<'_>> {
             _ => None,
         })
         .collect()
-}
-
-// ---------------------------------------------------------------------------
-// Response
-
-/// State of one streamed Messages response.
-#[derive(Default)]
-struct MessagesDecoder {
-    /// Usage so far: `message_start` reports input and cache tokens,
-    /// `message_delta` the cumulative output (and, on newer API versions,
-    /// input again). Sent whole each time so a later report supersedes.
-    usage: Usage,
-    stop_reason: Option<String>,
-    /// Content block indexes that are client tool calls. `input_json_delta`
-    /// for other blocks (server tools) must not reach the assembler.
-    tool_blocks: Vec<usize>,
-}
-
-impl Decoder for MessagesDecoder {
-    fn on_event(&mut self, event: &SseEvent, out: &mut Vec<ModelEvent>) -> Result<Flow, ProviderError> {
-        let data = event.data.trim();
-        if data.is_empty() {
-            return Ok(Flow::Continue);
-        }
-        let json: Value = serde_json::from_str(data)
-            .map_err(|e| ProviderError::decode(&format!("event data is not JSON ({e})"), data))?;
-        // The data's own `type` is authoritative; the SSE event name is the
-        // fallback for proxies that strip it.
-        let kind = json.get("type").and_then(Value::as_str).unwrap_or(&event.event);
-        match kind {
-            "message_start" => {
-                if let Some(usage) = json.get("message").and_then(|m| m.get("usage")) {
-                    self.merge_usage(usage, out);
-                }
-            }
-            "content_block_start" => self.on_block_start(&json, out)?,
-            "content_block_delta" => self.on_block_delta(&json, out)?,
-            "message_delta" => {
-                if let Some(reason) = json.get("delta").and_then(|d| d.get("stop_reason")).and_then(Value::as_str) {
-                    self.stop_reason = Some(reason.to_owned());
-                }
-                if let Some(usage) = json.get("usage") {
-                    self.merge_usage(usage, out);
-                }
-            }
-            "message_stop" => {
-                out.push(ModelEvent::Finish(self.finish_reason()));
-                return Ok(Flow::Done);
-            }
-            "error" => return Err(ProviderError::from_stream_error(&json)),
-            // ping, content_block_stop, and event types added after this was
-            // written.
-            _ => {}
-        }
-        Ok(Flow::Continue)
-    }
-
-    fn on_end(&mut self, _out: &mut Vec<ModelEvent>) -> Result<(), ProviderError> {
-        Err(ProviderError::Truncated)
-    }
-}
-
-impl MessagesDecoder {
-    fn on_block_start(&mut self, json: &Value, out: &mut Vec<ModelEvent>) -> Result<(), ProviderError> {
-        let index = block_index(json)?;
-        let Some(block) = json.get("content_block") else {
-            return Ok(());
-        };
-        match block.get("type").and_then(Value::as_str) {
-            Some("text") => push_text(out, block, "text", ModelEvent::TextDelta),
-            Some("thinking") => {
-                push_text(out, block, "thinking", ModelEvent::ReasoningDelta);
-                push_text(out, block, "signature", ModelEvent::ReasoningSignature);
-            }
-            Some("tool_use") => {
-                let field = |key: &str| block.get(key).and_then(Value::as_str).unwrap_or_default().to_owned();
-                self.tool_blocks.push(index);
-                out.push(ModelEvent::ToolCallStart { index, id: field("id"), name: field("name") });
-                // Streaming starts `input` as `{}` and sends the JSON as
-                // deltas; should a server put the whole input here instead,
-                // it is the call's arguments.
-                if let Some(input) = block.get("input").filter(|i| i.as_object().is_some_and(|o| !o.is_empty())) {
-                    out.push(ModelEvent::ToolCallDelta { index, arguments: input.to_string() });
-                }
-            }
-            // redacted_thinking, server_tool_use, web search results…: Kiln
-            // has no part for them and must not run server tools itself.
-            _ => {}
-        }
-        Ok(())
-    }
-
-    fn on_block_delta(&mut self, json: &Value, out: &mut Vec<ModelEvent>) -> Result<(), ProviderError> {
-        let index = block_index(json)?;
-        let Some(delta) = json.get("delta") else {
-            return Ok(());
-        };
-        match delta.get("type").and_then(Value::as_str) {
-            Some("text_delta") => push_text(out, delta, "text", ModelEvent::TextDelta),
-            Some("thinking_delta") => push_text(out, delta, "thinking", ModelEvent::ReasoningDelta),
-            Some("signature_delta") => push_text(out, delta, "signature", ModelEvent::ReasoningSignature),
-            Some("input_json_delta") if self.tool_blocks.contains(&index) => {
-                if let Some(piece) = delta.get("partial_json").and_then(Value::as_str).filter(|s| !s.is_empty()) {
-                    out.push(ModelEvent::ToolCallDelta { index, arguments: piece.to_owned() });
-                }
-            }
-            // citations_delta and future kinds.
-            _ => {}
-        }
-        Ok(())
-    }
-
-    /// Fields present in a usage report replace ours; absent or null ones
-    /// keep what an earlier report said.
-    fn merge_usage(&mut self, report: &Value, out: &mut Vec<ModelEvent>) {
-        let Some(report) = report.as_object() else {
-            return;
-        };
-        let fields: [(&str, &mut u64); 4] = [
-            ("input_tokens", &mut self.usage.input_tokens),
-            ("output_tokens", &mut self.usage.output_tokens),
-            ("cache_read_input_tokens", &mut self.usage.cache_read_tokens),
-            ("cache_creation_input_tokens", &mut self.usage.cache_write_tokens),
-        ];
-        for (key, slot) in fields {
-            if let Some(n) = report.get(key).and_then(Value::as_u64) {
-                *slot = n;
-            }
-        }
-        out.push(ModelEvent::Usage(self.usage));
-    }
-
-    fn finish_reason(&self) -> FinishReason {
-        match self.stop_reason.as_deref() {
-            Some("end_turn" | "stop_sequence") => FinishReason::EndTurn,
-            Some("tool_use") => FinishReason::ToolUse,
-            Some("max_tokens") => FinishReason::MaxTokens,
-            Some(other) => FinishReason::Other(other.to_owned()),
-            // A message_stop with no stop_reason before it: complete, but
-            // with nothing to say why it stopped.
-            None => FinishReason::Other("unknown".to_owned()),
-        }
-    }
-}
-
-fn block_index(json: &Value) -> Result<usize, ProviderError> {
-    json.get("index")
-        .and_then(Value::as_u64)
-        .and_then(|i| usize::try_from(i).ok())
-        .ok_or_else(|| ProviderError::decode("content block event without an index", &json.to_string()))
-}
-
-/// Pushes `make(value[key])` when that is a non-empty string.
-fn push_text(out: &mut Vec<ModelEvent>, value: &Value, key: &str, make: fn(String) -> ModelEvent) {
-    if let Some(text) = value.get(key).and_then(Value::as_str).filter(|s| !s.is_empty()) {
-        out.push(make(text.to_owned()));
-    }
 }
 
 #[cfg(test)]

@@ -6,15 +6,18 @@
 //! `reasoning_content`, chunks with no choices) and strict where it matters:
 //! a stream without a `finish_reason` is truncated, never complete.
 
+mod decode;
+
 use bytes::Bytes;
 use futures::Stream;
-use kiln_protocol::{Message, Part, Role, Usage};
+use kiln_protocol::{Message, Part, Role};
 use serde::Serialize;
 use serde_json::Value;
 
 use super::endpoint::{Endpoint, KeyHeader};
-use super::sse::{self, Decoder, Flow, SseEvent};
-use super::{FinishReason, ModelEvent, ModelProvider, ModelRequest, ModelStream, ProviderError, ToolSpec};
+use super::sse;
+use super::{ModelProvider, ModelRequest, ModelStream, ProviderError, ToolSpec};
+use decode::ChatDecoder;
 
 /// OpenAI's own API; the same base URL serves the Responses API.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
@@ -191,185 +194,6 @@ fn push_message<'a>(message: &'a Message, out: &mut Vec<ChatMessage<'a>>) {
         // A tool message's text parts have no place on the wire.
         Role::System | Role::User | Role::Tool => {}
     }
-}
-
-// ---------------------------------------------------------------------------
-// Response
-
-/// State of one streamed Chat Completions response.
-#[derive(Default)]
-struct ChatDecoder {
-    /// The `finish_reason` once seen. `Finish` is held back until `[DONE]`
-    /// (or the end of the body) because the usage chunk comes after it.
-    finish_reason: Option<String>,
-    /// Tool calls by their wire `index`, in order of first appearance.
-    calls: Vec<CallState>,
-}
-
-struct CallState {
-    index: usize,
-    id: Option<String>,
-    name: Option<String>,
-    started: bool,
-    /// Argument pieces that arrived before the call's name: held until the
-    /// `ToolCallStart` can be sent, so deltas never precede their start.
-    pending: String,
-}
-
-impl Decoder for ChatDecoder {
-    fn on_event(&mut self, event: &SseEvent, out: &mut Vec<ModelEvent>) -> Result<Flow, ProviderError> {
-        let data = event.data.trim();
-        if data.is_empty() {
-            return Ok(Flow::Continue);
-        }
-        if data == "[DONE]" {
-            out.push(ModelEvent::Finish(self.finish()?));
-            return Ok(Flow::Done);
-        }
-        let chunk: Value =
-            serde_json::from_str(data).map_err(|e| ProviderError::decode(&format!("chunk is not JSON ({e})"), data))?;
-        if chunk.get("error").is_some_and(|e| !e.is_null()) {
-            return Err(ProviderError::from_stream_error(&chunk));
-        }
-        // Azure's first chunk has `choices: []` and only filter results;
-        // usage chunks have `choices: []` too.
-        for choice in chunk.get("choices").and_then(Value::as_array).into_iter().flatten() {
-            // With n = 1 there is one choice; should a server send more, the
-            // others would interleave their text into ours.
-            if choice.get("index").and_then(Value::as_u64).is_some_and(|i| i != 0) {
-                continue;
-            }
-            if let Some(delta) = choice.get("delta") {
-                self.on_delta(delta, out);
-            }
-            if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
-                self.finish_reason = Some(reason.to_owned());
-            }
-        }
-        if let Some(usage) = chunk.get("usage").and_then(usage) {
-            out.push(ModelEvent::Usage(usage));
-        }
-        Ok(Flow::Continue)
-    }
-
-    fn on_end(&mut self, out: &mut Vec<ModelEvent>) -> Result<(), ProviderError> {
-        // No `[DONE]` (some servers and proxies drop it, or leave the last
-        // event unterminated): a finish_reason already proves the answer
-        // complete.
-        out.push(ModelEvent::Finish(self.finish()?));
-        Ok(())
-    }
-}
-
-impl ChatDecoder {
-    fn finish(&self) -> Result<FinishReason, ProviderError> {
-        let reason = self.finish_reason.as_deref().ok_or(ProviderError::Truncated)?;
-        Ok(match reason {
-            // Some servers (older Ollama, Gemini's compatibility layer) say
-            // `stop` after tool calls; the calls are what the model meant.
-            "stop" if self.calls.iter().any(|c| c.started) => FinishReason::ToolUse,
-            "stop" => FinishReason::EndTurn,
-            "tool_calls" | "function_call" => FinishReason::ToolUse,
-            "length" => FinishReason::MaxTokens,
-            other => FinishReason::Other(other.to_owned()),
-        })
-    }
-
-    fn on_delta(&mut self, delta: &Value, out: &mut Vec<ModelEvent>) {
-        if let Some(text) = non_empty_str(delta, "content") {
-            out.push(ModelEvent::TextDelta(text.to_owned()));
-        }
-        // vLLM and DeepSeek use `reasoning_content`; OpenRouter, newer vLLM
-        // and llama.cpp `reasoning`. Servers that send both send the same
-        // text twice, so only one is taken.
-        if let Some(text) = non_empty_str(delta, "reasoning_content").or_else(|| non_empty_str(delta, "reasoning")) {
-            out.push(ModelEvent::ReasoningDelta(text.to_owned()));
-        }
-        for call in delta.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
-            self.on_tool_call_delta(call, out);
-        }
-    }
-
-    fn on_tool_call_delta(&mut self, delta: &Value, out: &mut Vec<ModelEvent>) {
-        let function = delta.get("function");
-        let id = non_empty_str(delta, "id");
-        let name = function.and_then(|f| non_empty_str(f, "name"));
-        let arguments = match function.and_then(|f| f.get("arguments")) {
-            Some(Value::String(s)) => s.clone(),
-            // Some servers send the arguments as an object in one piece.
-            Some(v @ Value::Object(_)) => v.to_string(),
-            _ => String::new(),
-        };
-        let index = self.call_index(delta, id.is_some());
-        let position = match self.calls.iter().position(|c| c.index == index) {
-            Some(position) => position,
-            None => {
-                self.calls.push(CallState { index, id: None, name: None, started: false, pending: String::new() });
-                self.calls.len() - 1
-            }
-        };
-        let call = &mut self.calls[position];
-        // Once known, id and name stay: some servers repeat them on every
-        // delta.
-        if call.id.is_none() {
-            call.id = id.map(str::to_owned);
-        }
-        if call.name.is_none() {
-            call.name = name.map(str::to_owned);
-        }
-        if call.started {
-            if !arguments.is_empty() {
-                out.push(ModelEvent::ToolCallDelta { index, arguments });
-            }
-            return;
-        }
-        call.pending.push_str(&arguments);
-        if let Some(name) = call.name.clone() {
-            call.started = true;
-            // A call must have an id for its result to refer to; a few local
-            // servers leave it out.
-            let id = call.id.get_or_insert_with(|| format!("call_{}", uuid::Uuid::new_v4().simple())).clone();
-            out.push(ModelEvent::ToolCallStart { index, id, name });
-            if !call.pending.is_empty() {
-                out.push(ModelEvent::ToolCallDelta { index, arguments: std::mem::take(&mut call.pending) });
-            }
-        }
-    }
-
-    /// The wire `index` identifies a call; servers that omit it start a new
-    /// call with each new id and otherwise continue the last one.
-    fn call_index(&self, delta: &Value, has_id: bool) -> usize {
-        if let Some(index) = delta.get("index").and_then(Value::as_u64) {
-            return usize::try_from(index).unwrap_or(usize::MAX);
-        }
-        let last = self.calls.last().map(|c| c.index);
-        match (last, has_id) {
-            (Some(last), false) => last,
-            (Some(last), true) if self.calls.last().is_some_and(|c| c.id.is_none()) => last,
-            (Some(_), true) => self.calls.iter().map(|c| c.index).max().map_or(0, |m| m.saturating_add(1)),
-            (None, _) => 0,
-        }
-    }
-}
-
-fn non_empty_str<'v>(value: &'v Value, key: &str) -> Option<&'v str> {
-    value.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
-}
-
-/// Chat Completions counts cached prompt tokens inside `prompt_tokens`;
-/// Kiln's `input_tokens` (like Anthropic's) excludes them, so costs priced
-/// per kind of token add up the same for both providers.
-fn usage(usage: &Value) -> Option<Usage> {
-    usage.as_object()?;
-    let count = |v: Option<&Value>| v.and_then(Value::as_u64).unwrap_or(0);
-    let prompt = count(usage.get("prompt_tokens"));
-    let cached = count(usage.get("prompt_tokens_details").and_then(|d| d.get("cached_tokens")));
-    Some(Usage {
-        input_tokens: prompt.saturating_sub(cached),
-        output_tokens: count(usage.get("completion_tokens")),
-        cache_read_tokens: cached,
-        cache_write_tokens: 0,
-    })
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 use super::*;
 use crate::providers::assemble::Assembled;
 use crate::providers::test_support::{self, *};
+use crate::providers::{FinishReason, ModelEvent};
+use kiln_protocol::Usage;
 use serde_json::json;
 
 async fn decode_chunks(chunks: Vec<Result<bytes::Bytes, std::io::Error>>) -> Vec<Result<ModelEvent, ProviderError>> {
