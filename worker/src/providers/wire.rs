@@ -126,3 +126,8 @@ pub(crate) fn usage_with_cached_input(input: Option<u64>, output: Option<u64>, c
         cache_write_tokens: 0,
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+#[path = "wire_tests.rs"]
+mod tests;
