@@ -5,9 +5,9 @@
 //! `message_stop`, `ping`, `error`); only `message_stop` proves the answer
 //! complete.
 
-use std::borrow::Cow;
-
 mod decode;
+
+use std::borrow::Cow;
 
 use bytes::Bytes;
 use futures::Stream;
@@ -20,6 +20,7 @@ use super::sse;
 use super::{ModelProvider, ModelRequest, ModelStream, ProviderError, ToolSpec};
 use decode::MessagesDecoder;
 
+/// Anthropic's own API.
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
 /// The API version whose event stream this module decodes.
 const API_VERSION: &str = "2023-06-01";
