@@ -16,7 +16,8 @@ use serde_json::{Map, Value};
 use super::{ModelEvent, ProviderError};
 
 /// Parses one event's data. JSON of another shape than `T` (`null`, a
-/// list) reads as `T::default()`, an event with nothing in it.
+/// list, an object with a key twice, which derived structs refuse) reads as
+/// `T::default()`, an event with nothing in it.
 pub(crate) fn parse<T: DeserializeOwned + Default>(data: &str, what: &str) -> Result<T, ProviderError> {
     // A list would read as a struct's fields in order (serde allows it); it
     // is not an event.
