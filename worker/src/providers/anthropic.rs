@@ -54,9 +54,12 @@ impl ModelProvider for Anthropic {
     }
 
     async fn stream(&self, request: &ModelRequest) -> Result<ModelStream, ProviderError> {
-        let body = request_body(request);
-        let (key, headers) = (KeyHeader::Named("x-api-key"), [("anthropic-version", API_VERSION)]);
-        self.endpoint.stream(&self.url(), key, &headers, &body, MessagesDecoder::default()).await
+        let http = self
+            .endpoint
+            .post(&self.url(), KeyHeader::Named("x-api-key"))
+            .header("anthropic-version", API_VERSION)
+            .json(&request_body(request));
+        self.endpoint.stream(http, MessagesDecoder::default()).await
     }
 }
 

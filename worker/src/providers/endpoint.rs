@@ -5,7 +5,6 @@
 use reqwest::RequestBuilder;
 use reqwest::header::{ACCEPT, CONTENT_TYPE};
 use secrecy::{ExposeSecret, SecretString};
-use serde::Serialize;
 
 use super::sse::{self, Decoder};
 use super::{ModelStream, ProviderError};
@@ -42,29 +41,30 @@ impl Endpoint {
         self.base_url.trim_end_matches('/')
     }
 
-    /// POSTs `body` to `url` with the key sent as `key_header` says (plus
-    /// `headers`), and decodes the event stream it answers with.
-    pub(crate) async fn stream<D: Decoder>(
+    /// A POST to `url` that carries the key as `key_header` says; the
+    /// provider adds its body (and any header of its own).
+    pub(crate) fn post(&self, url: &str, key_header: KeyHeader) -> RequestBuilder {
+        let request = self.client.post(url);
+        match (self.key(), key_header) {
+            (None, _) => request,
+            (Some(key), KeyHeader::Bearer) => request.bearer_auth(key),
+            (Some(key), KeyHeader::Named(name)) => request.header(name, key),
+        }
+    }
+
+    /// Sends a request made by [`Self::post`] and decodes the event stream
+    /// it answers with.
+    pub(crate) async fn stream(
         &self,
-        url: &str,
-        key_header: KeyHeader,
-        headers: &[(&'static str, &'static str)],
-        body: &impl Serialize,
-        decoder: D,
+        request: RequestBuilder,
+        decoder: impl Decoder,
     ) -> Result<ModelStream, ProviderError> {
-        let mut request = self.client.post(url);
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        let key = self.api_key.as_ref().map(ExposeSecret::expose_secret);
-        if let Some(key) = key {
-            request = match key_header {
-                KeyHeader::Bearer => request.bearer_auth(key),
-                KeyHeader::Named(name) => request.header(name, key),
-            };
-        }
-        let response = open(request.json(body), key).await?;
+        let response = open(request, self.key()).await?;
         Ok(sse::decode_stream(response.bytes_stream(), decoder))
+    }
+
+    fn key(&self) -> Option<&str> {
+        self.api_key.as_ref().map(ExposeSecret::expose_secret)
     }
 }
 

@@ -47,8 +47,8 @@ impl ModelProvider for OpenAiChat {
     }
 
     async fn stream(&self, request: &ModelRequest) -> Result<ModelStream, ProviderError> {
-        let body = request_body(request);
-        self.endpoint.stream(&self.url(), KeyHeader::Bearer, &[], &body, ChatDecoder::default()).await
+        let http = self.endpoint.post(&self.url(), KeyHeader::Bearer).json(&request_body(request));
+        self.endpoint.stream(http, ChatDecoder::default()).await
     }
 }
 

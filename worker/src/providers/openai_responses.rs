@@ -59,8 +59,8 @@ impl ModelProvider for OpenAiResponses {
     }
 
     async fn stream(&self, request: &ModelRequest) -> Result<ModelStream, ProviderError> {
-        let body = request_body(request);
-        self.endpoint.stream(&self.url(), KeyHeader::Bearer, &[], &body, ResponsesDecoder::default()).await
+        let http = self.endpoint.post(&self.url(), KeyHeader::Bearer).json(&request_body(request));
+        self.endpoint.stream(http, ResponsesDecoder::default()).await
     }
 }
 
