@@ -1,15 +1,13 @@
 //! What a worker needs to know, gathered by the `kiln` binary from the
 //! environment.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::providers::ModelProvider;
-use crate::providers::anthropic::Anthropic;
-use crate::providers::openai::OpenAiChat;
-use crate::providers::responses::OpenAiResponses;
 use crate::sandbox::SandboxConfig;
-use secrecy::{ExposeSecret, SecretString};
+
+// The model endpoints are part of what a worker is configured with; they
+// are defined with the providers that use them.
+pub use crate::providers::{ProviderEndpoints, Providers};
 
 /// The wire format a worker speaks to a model server. Named as a run's
 /// `model.provider` and `KILN_MODEL_PROVIDER` name it ([`ProviderKind::name`],
@@ -98,68 +96,6 @@ pub struct WorkerConfig {
     /// Delivering completion callbacks (`callback_url`); `None`: this worker
     /// leaves them to workers with `KILN_CALLBACK_SECRET`.
     pub callbacks: Option<crate::callbacks::CallbackSettings>,
-}
-
-impl WorkerConfig {
-    pub fn heartbeat_interval(&self) -> Duration {
-        self.lease / 3
-    }
-}
-
-/// The model endpoints a worker can reach, built once.
-#[derive(Clone)]
-pub struct Providers {
-    pub openai: Arc<dyn ModelProvider>,
-    pub responses: Arc<dyn ModelProvider>,
-    pub anthropic: Arc<dyn ModelProvider>,
-}
-
-/// Where each provider is and the keys for it. Keys are only ever sent to
-/// these configured URLs, never to one named in a run.
-#[derive(Debug, Clone, Default)]
-pub struct ProviderEndpoints {
-    pub openai_base_url: Option<String>,
-    pub openai_api_key: Option<SecretString>,
-    pub anthropic_base_url: Option<String>,
-    pub anthropic_api_key: Option<SecretString>,
-    /// Longest wait for the next bytes of a model response (the first
-    /// included); a model that stalls longer fails the attempt, which is
-    /// retried. `None`: [`DEFAULT_MODEL_READ_TIMEOUT`].
-    pub read_timeout: Option<Duration>,
-}
-
-/// Default of [`ProviderEndpoints::read_timeout`]: long enough for a slow
-/// local model reading a long prompt, short enough to notice a dead stream.
-pub const DEFAULT_MODEL_READ_TIMEOUT: Duration = Duration::from_secs(300);
-
-impl Providers {
-    pub fn new(endpoints: ProviderEndpoints) -> Result<Self, reqwest::Error> {
-        // reqwest is built without a TLS backend of its own choosing; make
-        // sure one is installed (a no-op when the binary already did).
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            // Between two chunks of a stream; a stalled stream fails and is retried.
-            .read_timeout(endpoints.read_timeout.unwrap_or(DEFAULT_MODEL_READ_TIMEOUT))
-            .build()?;
-        let openai_base_url = endpoints.openai_base_url.unwrap_or_else(|| "https://api.openai.com/v1".into());
-        let expose = |key: &Option<SecretString>| key.as_ref().map(|k| k.expose_secret().to_owned());
-        let openai = OpenAiChat::new(client.clone(), openai_base_url.clone(), expose(&endpoints.openai_api_key));
-        let responses = OpenAiResponses::new(client.clone(), openai_base_url, expose(&endpoints.openai_api_key));
-        let mut anthropic = Anthropic::new(client, expose(&endpoints.anthropic_api_key));
-        if let Some(url) = endpoints.anthropic_base_url {
-            anthropic = anthropic.with_base_url(url);
-        }
-        Ok(Providers { openai: Arc::new(openai), responses: Arc::new(responses), anthropic: Arc::new(anthropic) })
-    }
-
-    pub fn get(&self, kind: ProviderKind) -> Arc<dyn ModelProvider> {
-        match kind {
-            ProviderKind::OpenAi => self.openai.clone(),
-            ProviderKind::OpenAiResponses => self.responses.clone(),
-            ProviderKind::Anthropic => self.anthropic.clone(),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -11,8 +11,10 @@ use kiln_protocol::{Message, Part, Role};
 use kiln_scripted_model::{Reply, ScriptedCall, ScriptedModel, demo_script};
 use kiln_worker::providers::anthropic::Anthropic;
 use kiln_worker::providers::assemble::{Assembled, AssistantBuilder};
-use kiln_worker::providers::openai::OpenAiChat;
-use kiln_worker::providers::{FinishReason, ModelEvent, ModelProvider, ModelRequest, ProviderError, ToolSpec};
+use kiln_worker::providers::openai_chat::OpenAiChat;
+use kiln_worker::providers::{
+    Endpoint, FinishReason, ModelEvent, ModelProvider, ModelRequest, ProviderError, ToolSpec,
+};
 use serde_json::{Value, json};
 
 const KEY: &str = "sk-test-0123456789abcdef";
@@ -23,11 +25,11 @@ fn client() -> reqwest::Client {
 }
 
 fn openai(model: &ScriptedModel) -> OpenAiChat {
-    OpenAiChat::new(client(), model.openai_base_url(), Some(KEY.to_owned()))
+    OpenAiChat::new(Endpoint::new(client(), model.openai_base_url(), Some(KEY.into())))
 }
 
 fn anthropic(model: &ScriptedModel) -> Anthropic {
-    Anthropic::new(client(), Some(KEY.to_owned())).with_base_url(model.anthropic_base_url())
+    Anthropic::new(Endpoint::new(client(), model.anthropic_base_url(), Some(KEY.into())))
 }
 
 fn bash_tool() -> ToolSpec {

@@ -10,8 +10,10 @@ use futures::StreamExt;
 use kiln_protocol::{Message, Part, Role};
 use kiln_scripted_model::{Reply, ScriptedCall, ScriptedModel, demo_script};
 use kiln_worker::providers::assemble::{Assembled, AssistantBuilder};
-use kiln_worker::providers::responses::OpenAiResponses;
-use kiln_worker::providers::{FinishReason, ModelEvent, ModelProvider, ModelRequest, ProviderError, ToolSpec};
+use kiln_worker::providers::openai_responses::OpenAiResponses;
+use kiln_worker::providers::{
+    Endpoint, FinishReason, ModelEvent, ModelProvider, ModelRequest, ProviderError, ToolSpec,
+};
 use kiln_worker::{ProviderEndpoints, ProviderKind, Providers};
 use serde_json::{Value, json};
 
@@ -23,7 +25,7 @@ fn client() -> reqwest::Client {
 }
 
 fn responses(model: &ScriptedModel) -> OpenAiResponses {
-    OpenAiResponses::new(client(), model.openai_base_url(), Some(KEY.to_owned()))
+    OpenAiResponses::new(Endpoint::new(client(), model.openai_base_url(), Some(KEY.into())))
 }
 
 fn bash_tool() -> ToolSpec {

@@ -1,22 +1,35 @@
 //! Model providers: one trait, one streaming method, one event type.
 //!
-//! Each provider turns its wire format (Anthropic Messages SSE, OpenAI Chat
-//! Completions SSE) into a stream of [`ModelEvent`]s; the agent loop never
-//! sees a provider's JSON. [`assemble::AssistantBuilder`] folds that stream
-//! into the assistant [`Message`] that is persisted.
+//! Each provider, named for its wire format ([`anthropic`] Messages,
+//! [`openai_chat`] Chat Completions, [`openai_responses`] Responses), turns
+//! that format's event stream into a stream of [`ModelEvent`]s; the agent
+//! loop never sees a provider's JSON. A provider file builds the request;
+//! its `decode` module reads the answer. What they share lives beside them:
+//! the [`Endpoint`] that sends a request with its key, the SSE framing
+//! (`sse`), lenient typed reading of events (`wire`).
+//! [`assemble::AssistantBuilder`] folds the stream into the assistant
+//! [`Message`] that is persisted.
 
 pub mod anthropic;
 pub mod assemble;
+mod endpoint;
 pub mod error;
-pub mod openai;
+pub mod openai_chat;
+pub mod openai_responses;
 pub mod pricing;
-pub mod responses;
+mod registry;
 mod sse;
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod test_support;
+mod wire;
 
 use futures::stream::BoxStream;
 use kiln_protocol::{Message, Usage};
 
+pub use endpoint::Endpoint;
 pub use error::ProviderError;
+pub use registry::{DEFAULT_MODEL_READ_TIMEOUT, ProviderEndpoints, Providers};
 
 /// A tool as the model sees it.
 #[derive(Debug, Clone, PartialEq)]
