@@ -43,8 +43,8 @@ const IN_FLIGHT_WITH_BACKLOG: usize = 2;
 /// Statements in flight at once while at most this many ends are under way.
 /// A worker with a few slots never builds much of a batch (its runs end one
 /// by one), so its ends go at once, side by side, rather than wait behind
-/// one another (`bench/`, queue, 4 slots: 0.6x the baseline this way, 0.48x
-/// with two in flight).
+/// one another (faster than two in flight at 4 slots: `bench/README.md`,
+/// queue, session 4).
 const IN_FLIGHT: usize = 4;
 /// Most runs ended in one statement.
 const MAX_BATCH: usize = 32;

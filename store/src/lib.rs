@@ -77,7 +77,8 @@ pub struct Store {
 }
 
 impl std::fmt::Debug for Store {
-    // The config holds the password; never print it.
+    // What identifies a store in a log line; the pool, the batcher and the
+    // notifier have nothing worth printing.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store").field("pool_size", &self.pool.status().max_size).finish()
     }
