@@ -12,6 +12,7 @@ pub mod callback;
 pub mod event;
 pub mod input;
 pub mod message;
+mod nested;
 pub mod run;
 mod schema;
 

@@ -158,8 +158,7 @@ impl Constraint for List {
 
 /// Some text that is not blank (a character other than white space) and
 /// has no NUL (Postgres text cannot hold it).
-pub const NOT_BLANK_NO_NUL: &str =
-    concat!("^[", white_space!(), "]*[^", r"\u0000", white_space!(), r"][^\u0000]*$");
+pub const NOT_BLANK_NO_NUL: &str = concat!("^[", white_space!(), "]*[^", r"\u0000", white_space!(), r"][^\u0000]*$");
 /// Any text without NUL.
 pub const NO_NUL: &str = r"^[^\u0000]*$";
 /// Text without control characters (it reaches logs, metrics labels or a

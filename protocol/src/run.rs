@@ -22,11 +22,11 @@ pub const DEFAULT_TIMEOUT_S: u32 = 3_600;
 #[serde(deny_unknown_fields)]
 pub struct CreateRun {
     pub prompt: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "crate::nested::object", skip_serializing_if = "Option::is_none")]
     pub repo: Option<RepoSpec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "crate::nested::object", skip_serializing_if = "Option::is_none")]
     pub model: Option<ModelSpec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "crate::nested::object", skip_serializing_if = "Option::is_none")]
     pub limits: Option<Limits>,
     /// Which tool calls wait for a person's approval (default: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -36,7 +36,7 @@ pub struct CreateRun {
     pub allowed_tools: Option<Vec<String>>,
     /// Narrower sandbox limits, or network access where the deployment
     /// allows it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "crate::nested::object", skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<SandboxSpec>,
     /// Where to POST the run's final state when it ends (see
     /// [`crate::callback`]); the deployment must have a callback secret.

@@ -64,9 +64,24 @@ pub fn apply(doc: &mut Value) -> Result<(), MissingTarget> {
         }
         .and_then(Value::as_object_mut)
         .ok_or_else(|| MissingTarget(describe(target)))?;
+        if let Parameter(..) = target {
+            not_null(schema);
+        }
         merge(schema, rule.keywords());
     }
     Ok(())
+}
+
+/// utoipa types an optional parameter as "this or null"; but a header or
+/// a query parameter is absent or has a value, and `null` is not one.
+fn not_null(schema: &mut Map<String, Value>) {
+    if let Some(Value::Array(types)) = schema.get_mut("type") {
+        types.retain(|t| t != "null");
+        if let [only] = types.as_slice() {
+            let only = only.clone();
+            schema.insert("type".into(), only);
+        }
+    }
 }
 
 fn parameter<'a>(doc: &'a mut Value, path: &str, method: &str, name: &str) -> Option<&'a mut Value> {
