@@ -1,41 +1,60 @@
-//! Nested objects of a request body, read as JSON Schema reads them.
+//! Nested objects of a request body, read as the OpenAPI document says.
 //!
-//! Two places where serde's derive and the OpenAPI document disagree, both
-//! settled here in the document's favour:
-//! - serde reads a struct from an array of its fields in order
-//!   (`"limits": [null, 5]`); the document says an object, so an array is
-//!   refused.
-//! - JSON Schema's `integer` is any number without a fraction (`5.0` is
-//!   one); serde's `u32` refuses `5.0`, so such numbers are read as
-//!   integers.
+//! serde's derive also reads a struct from an array of its fields in order
+//! (`"limits": [null, 5]`); the document says an object, so for the fields
+//! marked with [`object`] anything but an object (or null) is refused. The
+//! fields inside are read as they come, so an error still names its path
+//! (`limits.max_steps: …`).
 
-use serde::de::{DeserializeOwned, Error};
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
-use serde_json::{Map, Number, Value};
 
 /// For `#[serde(deserialize_with = "…")]` on an optional nested struct.
 pub(crate) fn object<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
 where
     D: Deserializer<'de>,
-    T: DeserializeOwned,
+    T: Deserialize<'de>,
 {
-    let Some(mut map) = Option::<Map<String, Value>>::deserialize(deserializer)? else {
-        return Ok(None);
-    };
-    for value in map.values_mut() {
-        integral_as_integer(value);
-    }
-    T::deserialize(Value::Object(map)).map(Some).map_err(D::Error::custom)
+    deserializer.deserialize_option(Nullable(PhantomData))
 }
 
-/// `5.0` → `5`, within the range of an `i64` (every integer field's range
-/// is inside it; a number outside stays what it is and is refused).
-fn integral_as_integer(value: &mut Value) {
-    const LIMIT: f64 = 9_223_372_036_854_775_808.0; // 2^63
-    if let Value::Number(n) = value
-        && let Some(f) = n.as_f64().filter(|f| n.is_f64() && f.fract() == 0.0 && f.abs() < LIMIT)
-    {
-        *n = Number::from(f as i64);
+struct Nullable<T>(PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for Nullable<T> {
+    type Value = Option<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object or null")
+    }
+
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(Object(PhantomData)).map(Some)
+    }
+}
+
+struct Object<T>(PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for Object<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+        T::deserialize(MapAccessDeserializer::new(map))
     }
 }
 
@@ -43,7 +62,7 @@ fn integral_as_integer(value: &mut Value) {
 mod tests {
     use serde_json::json;
 
-    use crate::run::{CreateRun, Limits};
+    use crate::run::CreateRun;
 
     fn parse(body: serde_json::Value) -> Result<CreateRun, serde_json::Error> {
         serde_json::from_value(body)
@@ -53,15 +72,10 @@ mod tests {
     fn a_nested_struct_is_an_object_not_an_array() {
         for field in ["limits", "model", "sandbox", "repo"] {
             assert!(parse(json!({"prompt": "x", field: [null, null]})).is_err(), "{field}");
+            assert!(parse(json!({"prompt": "x", field: null})).is_ok(), "{field}");
         }
-        assert_eq!(parse(json!({"prompt": "x", "limits": null})).unwrap().limits, None);
-    }
-
-    #[test]
-    fn an_integral_number_is_an_integer() {
-        let spec = parse(json!({"prompt": "x", "limits": {"max_steps": 5.0, "max_cost_usd": 2.0}})).unwrap();
-        assert_eq!(spec.limits, Some(Limits { max_steps: Some(5), max_cost_usd: Some(2.0), ..Default::default() }));
-        assert!(parse(json!({"prompt": "x", "limits": {"max_steps": 5.5}})).is_err());
+        let spec = parse(json!({"prompt": "x", "limits": {"max_steps": 5}})).unwrap();
+        assert_eq!(spec.limits.and_then(|l| l.max_steps), Some(5));
         let error = parse(json!({"prompt": "x", "limits": {"max_step": 5}})).unwrap_err().to_string();
         assert!(error.contains("unknown field `max_step`"), "{error}");
     }
