@@ -94,10 +94,16 @@ impl<S: Send + Sync> FromRequestParts<S> for RunIdPath {
         let axum::extract::Path(raw) = axum::extract::Path::<String>::from_request_parts(parts, state)
             .await
             .map_err(|e: PathRejection| ApiError::BadRequest(e.body_text()))?;
-        Uuid::parse_str(&raw)
+        run_id(&raw)
             .map(RunIdPath)
-            .map_err(|_| ApiError::BadRequest(format!("run id must be a UUID, got {:?}", truncate(&raw))))
+            .ok_or_else(|| ApiError::BadRequest(format!("run id must be a UUID, got {:?}", truncate(&raw))))
     }
+}
+
+/// A run id as the document's `format: uuid` says: the hyphenated form
+/// only (the `uuid` crate also reads braced, URN and unhyphenated ones).
+pub fn run_id(raw: &str) -> Option<Uuid> {
+    (raw.len() == 36).then(|| Uuid::try_parse(raw).ok()).flatten()
 }
 
 /// Query string.
@@ -139,6 +145,16 @@ mod tests {
         assert!(!ok("text/plain"));
         assert!(!ok("application/jsonp"));
         assert!(!has_json_content_type(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn a_run_id_is_a_hyphenated_uuid() {
+        let id = Uuid::now_v7();
+        assert_eq!(run_id(&id.to_string()), Some(id));
+        assert_eq!(run_id(&id.to_string().to_uppercase()), Some(id));
+        for other in [id.simple().to_string(), id.braced().to_string(), id.urn().to_string(), "x".into()] {
+            assert_eq!(run_id(&other), None, "{other}");
+        }
     }
 
     #[test]

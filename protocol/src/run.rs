@@ -115,8 +115,8 @@ pub struct ModelSpec {
     pub name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
-    /// Read as a 64-bit number and checked before it is narrowed, so that
-    /// a value just over the limit is not rounded into it.
+    // Read as a 64-bit number and checked before it is narrowed, so that a
+    // value just over the limit is not rounded into it.
     #[serde(default, deserialize_with = "temperature", skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f32>,
     /// The model's context window in tokens, when the deployment's default

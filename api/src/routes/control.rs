@@ -9,7 +9,6 @@ use kiln_protocol::Run;
 use kiln_protocol::input::{CALL_ID, DECISION_REASON, PROMPT};
 use kiln_store::{DecideOutcome, Decision, MessageOutcome};
 use serde::{Deserialize, Serialize};
-use uuid::Uuid;
 
 use crate::auth::Subject;
 use crate::extract::{ApiJson, RunIdPath};
@@ -131,7 +130,7 @@ pub async fn decide(
     ApiJson(body): ApiJson<Decide>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Path((run, call_id)) = path.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    let id = Uuid::parse_str(&run).map_err(|_| ApiError::BadRequest("run id must be a UUID".into()))?;
+    let id = crate::extract::run_id(&run).ok_or_else(|| ApiError::BadRequest("run id must be a UUID".into()))?;
     if !CALL_ID.accepts(&call_id) {
         return Err(ApiError::BadRequest(format!(
             "call id must be {} to {} characters without control characters",
