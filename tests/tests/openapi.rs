@@ -477,3 +477,49 @@ async fn a_fuzzer_driven_by_the_document_finds_the_server_agreeing_with_it() {
     let count = generated(&report).unwrap_or_else(|| panic!("no summary in the report:\n{report}"));
     assert!(count >= 500, "only {count} requests:\n{report}");
 }
+
+/// The examples of the issue that asked for one definition of valid input:
+/// each is now refused, and the document says so.
+#[tokio::test]
+async fn what_the_document_calls_invalid_is_refused_however_it_is_sent() {
+    let app = app(Vec::new(), false).await;
+    let doc = served_document(&app).await;
+    let (status, run) =
+        exchange(&app, &doc, ("post", "/v1/runs"), "/v1/runs", Some("alice"), Some(json!({"prompt": "x"}))).await;
+    assert_eq!(status, 201);
+    let events = format!("/v1/runs/{}/events", run["id"].as_str().unwrap());
+    let param = |path: &str, method: &str, name: &str| {
+        doc["paths"][path][method]["parameters"].as_array().unwrap().iter().find(|p| p["name"] == name).unwrap()
+            ["schema"]
+            .clone()
+    };
+    assert_eq!(param("/v1/runs/{id}/events", "get", "after")["minimum"], 0);
+    assert_eq!(param("/v1/runs/{id}/events", "get", "limit")["minimum"], 1);
+    assert_eq!(param("/v1/runs", "get", "cursor")["minLength"], 1);
+    // Outside the documented ranges, on the stream too (where `limit` is not
+    // used) and when `Last-Event-ID` wins over `after`: both were 200.
+    for (query, last_event_id) in [("after=-1&limit=0", Some("0")), ("limit=0", None), ("after=-1", Some("1"))] {
+        let mut request = app
+            .http
+            .get(app.url(&format!("{events}?{query}")))
+            .bearer_auth(token("alice"))
+            .header("accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 400, "{query} with Last-Event-ID {last_event_id:?}");
+    }
+    // An empty cursor is not "no cursor": the document asks for one character.
+    let response = app.http.get(app.url("/v1/runs?cursor=")).bearer_auth(token("alice")).send().await.unwrap();
+    assert_eq!(response.status(), 400);
+    // Bodies: an empty prompt and an unknown provider, refused and documented.
+    let schemas = &doc["components"]["schemas"];
+    assert_eq!(schemas["CreateRun"]["properties"]["prompt"]["minLength"], 1);
+    assert_eq!(schemas["SendMessage"]["properties"]["text"]["minLength"], 1);
+    assert!(schemas["ModelSpec"]["properties"]["provider"]["enum"].as_array().unwrap().contains(&json!("anthropic")));
+    for body in [json!({"prompt": ""}), json!({"prompt": "x", "model": {"provider": "local"}})] {
+        let (status, _) = exchange(&app, &doc, ("post", "/v1/runs"), "/v1/runs", Some("alice"), Some(body)).await;
+        assert_eq!(status, 422);
+    }
+}
