@@ -8,11 +8,13 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
+use serde_json::{Number, Value};
 use uuid::Uuid;
 
 use crate::ApiError;
 
-/// JSON body.
+/// JSON body, read as the OpenAPI document (JSON Schema) reads it: an
+/// object at the top, and a number without a fraction (`5.0`) an integer.
 pub struct ApiJson<T>(pub T);
 
 impl<S, T> FromRequest<S> for ApiJson<T>
@@ -35,12 +37,34 @@ where
                 ApiError::BadRequest(format!("could not read the request body: {}", e.body_text()))
             }
         })?;
-        let axum::Json(value) = axum::Json::<T>::from_bytes(&bytes).map_err(json_rejection)?;
+        let axum::Json(mut value) = axum::Json::<Value>::from_bytes(&bytes).map_err(json_rejection)?;
         // serde also reads a struct from a JSON array; a body is an object.
-        if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        if !value.is_object() {
             return Err(ApiError::Validation("request body must be a JSON object".into()));
         }
-        Ok(ApiJson(value))
+        integral_as_integer(&mut value);
+        // Wrong types, missing or unknown fields: the message names the field.
+        let parsed = serde_path_to_error::deserialize(value)
+            .map_err(|e| ApiError::Validation(format!("the JSON body does not fit its schema: {e}")))?;
+        Ok(ApiJson(parsed))
+    }
+}
+
+/// JSON Schema's `integer` is any number without a fraction, `5.0` too;
+/// serde's integers refuse `5.0`. So such a number is made an integer
+/// first, within an `i64` (every integer field's range is inside it; a
+/// float field takes an integer as well).
+fn integral_as_integer(value: &mut Value) {
+    const LIMIT: f64 = 9_223_372_036_854_775_808.0; // 2^63
+    match value {
+        Value::Number(n) => {
+            if let Some(f) = n.as_f64().filter(|f| n.is_f64() && f.fract() == 0.0 && f.abs() < LIMIT) {
+                *n = Number::from(f as i64);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(integral_as_integer),
+        Value::Object(fields) => fields.values_mut().for_each(integral_as_integer),
+        _ => {}
     }
 }
 
@@ -56,8 +80,6 @@ fn has_json_content_type(headers: &HeaderMap) -> bool {
 fn json_rejection(rejection: JsonRejection) -> ApiError {
     match rejection {
         JsonRejection::JsonSyntaxError(e) => ApiError::BadRequest(format!("malformed JSON: {}", e.body_text())),
-        // Wrong types, missing or unknown fields: serde's message names the field.
-        JsonRejection::JsonDataError(e) => ApiError::Validation(e.body_text()),
         other => ApiError::BadRequest(other.body_text()),
     }
 }
@@ -72,10 +94,16 @@ impl<S: Send + Sync> FromRequestParts<S> for RunIdPath {
         let axum::extract::Path(raw) = axum::extract::Path::<String>::from_request_parts(parts, state)
             .await
             .map_err(|e: PathRejection| ApiError::BadRequest(e.body_text()))?;
-        Uuid::parse_str(&raw)
+        run_id(&raw)
             .map(RunIdPath)
-            .map_err(|_| ApiError::BadRequest(format!("run id must be a UUID, got {:?}", truncate(&raw))))
+            .ok_or_else(|| ApiError::BadRequest(format!("run id must be a UUID, got {:?}", truncate(&raw))))
     }
+}
+
+/// A run id as the document's `format: uuid` says: the hyphenated form
+/// only (the `uuid` crate also reads braced, URN and unhyphenated ones).
+pub fn run_id(raw: &str) -> Option<Uuid> {
+    (raw.len() == 36).then(|| Uuid::try_parse(raw).ok()).flatten()
 }
 
 /// Query string.
@@ -117,5 +145,22 @@ mod tests {
         assert!(!ok("text/plain"));
         assert!(!ok("application/jsonp"));
         assert!(!has_json_content_type(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn a_run_id_is_a_hyphenated_uuid() {
+        let id = Uuid::now_v7();
+        assert_eq!(run_id(&id.to_string()), Some(id));
+        assert_eq!(run_id(&id.to_string().to_uppercase()), Some(id));
+        for other in [id.simple().to_string(), id.braced().to_string(), id.urn().to_string(), "x".into()] {
+            assert_eq!(run_id(&other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn integral_numbers_are_integers_anywhere() {
+        let mut value = serde_json::json!({"a": 5.0, "b": [1.5, -2.0], "c": {"d": 1e300, "e": 0.0}});
+        integral_as_integer(&mut value);
+        assert_eq!(value, serde_json::json!({"a": 5, "b": [1.5, -2], "c": {"d": 1e300, "e": 0}}));
     }
 }

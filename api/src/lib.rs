@@ -30,8 +30,10 @@ pub use github::GithubWebhookConfig;
 pub use jsonwebtoken::Algorithm;
 pub use serve::{HttpTimeouts, serve};
 
-/// Largest request body accepted, in bytes. A prompt is capped at 64 KiB;
-/// this leaves room for the rest of the JSON and nothing more.
+/// Largest request body accepted, in bytes. A prompt is capped at 64 Ki
+/// characters (`kiln_protocol::input::PROMPT`); this fits one of ASCII and
+/// the rest of the JSON, and nothing more. (A prompt of 64 Ki characters
+/// that are each escaped as `\uXXXX` in JSON does not fit: 413.)
 pub const DEFAULT_MAX_BODY_BYTES: usize = 256 * 1024;
 
 /// What every handler shares.

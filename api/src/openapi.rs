@@ -6,6 +6,7 @@
 //! the web view (`/`, `/web/*`), which is a page for people, not an API;
 //! `tests/tests/openapi.rs` checks both directions against the router.
 
+mod constraints;
 pub(crate) mod errors;
 mod events;
 
@@ -119,13 +120,17 @@ pub enum DocumentError {
     Serialize(#[from] serde_json::Error),
     #[error(transparent)]
     Shape(#[from] events::ShapeError),
+    #[error(transparent)]
+    Constraint(#[from] constraints::MissingTarget),
 }
 
 /// The document as JSON. Built from the derive, then refined where a derive
-/// cannot say enough (the event kinds; see [`events`]).
+/// cannot say enough: the event kinds ([`events`]) and the rules every input
+/// is checked with ([`constraints`]).
 pub fn document() -> Result<Value, DocumentError> {
     let mut doc = serde_json::to_value(ApiDoc::openapi())?;
     events::refine(&mut doc)?;
+    constraints::apply(&mut doc)?;
     Ok(doc)
 }
 

@@ -10,10 +10,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::input::{self, MAX_CALLBACK_URL_CHARS};
 use crate::run::{Run, SpecError};
-
-/// Longest `callback_url` accepted, in bytes.
-pub const MAX_CALLBACK_URL_BYTES: usize = 2048;
 
 /// `sha256=<hex of HMAC-SHA256(secret, raw body)>`.
 pub const SIGNATURE_HEADER: &str = "x-kiln-signature-256";
@@ -43,9 +41,13 @@ pub struct CallbackBody {
 /// host, bounded in length, without credentials (the callback is signed
 /// instead; a password in a URL ends up in logs). Whether the host is one
 /// a worker may reach is decided by the worker, after resolving it.
+///
+/// The rule is [`input::CALLBACK_URL`]; the checks before it only say
+/// better what is wrong.
 pub fn validate_callback_url(raw: &str) -> Result<(), SpecError> {
-    if raw.len() > MAX_CALLBACK_URL_BYTES {
-        return Err(SpecError::CallbackUrl(format!("is {} bytes; the limit is {MAX_CALLBACK_URL_BYTES}", raw.len())));
+    let chars = raw.chars().count();
+    if chars > MAX_CALLBACK_URL_CHARS {
+        return Err(SpecError::CallbackUrl(format!("is {chars} characters; the limit is {MAX_CALLBACK_URL_CHARS}")));
     }
     // The URL parser quietly drops surrounding whitespace and tabs; refuse
     // them so that what is stored is what is called.
@@ -68,6 +70,13 @@ pub fn validate_callback_url(raw: &str) -> Result<(), SpecError> {
     if url.fragment().is_some() {
         return Err(SpecError::CallbackUrl("must not have a #fragment (it is never sent)".into()));
     }
+    if !input::CALLBACK_URL.accepts(raw) {
+        return Err(SpecError::CallbackUrl(
+            "must name its host as a DNS name (no `--`, the last label starting with a letter) or an IP address, \
+             with a port of at most 65535"
+                .into(),
+        ));
+    }
     Ok(())
 }
 
@@ -84,7 +93,7 @@ mod tests {
 
     #[test]
     fn other_schemes_credentials_and_oversized_urls_are_refused() {
-        let long = format!("https://example.com/{}", "a".repeat(MAX_CALLBACK_URL_BYTES));
+        let long = format!("https://example.com/{}", "a".repeat(MAX_CALLBACK_URL_CHARS));
         for bad in [
             "ftp://example.com/x",
             "file:///etc/passwd",

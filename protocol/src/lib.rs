@@ -4,9 +4,15 @@
 //! types, the store persists them, the API serves them; none of those crates
 //! redefines them. This crate does no I/O.
 
+// First: its macros (the character classes) serve the modules below.
+#[macro_use]
+pub mod rules;
+
 pub mod callback;
 pub mod event;
+pub mod input;
 pub mod message;
+mod nested;
 pub mod run;
 mod schema;
 

@@ -4,18 +4,15 @@ use std::fmt;
 use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use uuid::Uuid;
 
-/// Longest prompt the API accepts, in bytes. A prompt is sent to the model on
-/// every step, so an unbounded one is a cost and memory hazard.
-pub const MAX_PROMPT_BYTES: usize = 64 * 1024;
-/// Longest `model.name` accepted (provider model ids are far shorter).
-pub const MAX_MODEL_NAME_CHARS: usize = 200;
-/// Upper bound for `limits.max_steps`.
-pub const MAX_STEPS_CEILING: u32 = 500;
-/// Upper bound for `limits.timeout_s` (one day).
-pub const TIMEOUT_CEILING_S: u32 = 86_400;
+use crate::input;
+
+pub use crate::input::MAX_PROMPT_CHARS;
+/// A prompt Kiln builds itself (from a GitHub issue) is cut to this many
+/// bytes, which are never more characters than [`MAX_PROMPT_CHARS`].
+pub const MAX_PROMPT_BYTES: usize = MAX_PROMPT_CHARS;
 pub const DEFAULT_MAX_STEPS: u32 = 50;
 pub const DEFAULT_TIMEOUT_S: u32 = 3_600;
 
@@ -25,11 +22,11 @@ pub const DEFAULT_TIMEOUT_S: u32 = 3_600;
 #[serde(deny_unknown_fields)]
 pub struct CreateRun {
     pub prompt: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "crate::nested::object", skip_serializing_if = "Option::is_none")]
     pub repo: Option<RepoSpec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "crate::nested::object", skip_serializing_if = "Option::is_none")]
     pub model: Option<ModelSpec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "crate::nested::object", skip_serializing_if = "Option::is_none")]
     pub limits: Option<Limits>,
     /// Which tool calls wait for a person's approval (default: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -39,7 +36,7 @@ pub struct CreateRun {
     pub allowed_tools: Option<Vec<String>>,
     /// Narrower sandbox limits, or network access where the deployment
     /// allows it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "crate::nested::object", skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<SandboxSpec>,
     /// Where to POST the run's final state when it ends (see
     /// [`crate::callback`]); the deployment must have a callback secret.
@@ -118,7 +115,9 @@ pub struct ModelSpec {
     pub name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Read as a 64-bit number and checked before it is narrowed, so that a
+    // value just over the limit is not rounded into it.
+    #[serde(default, deserialize_with = "temperature", skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f32>,
     /// The model's context window in tokens, when the deployment's default
     /// (`KILN_MODEL_CONTEXT_TOKENS`) is wrong for it; compaction keeps each
@@ -162,34 +161,42 @@ pub enum SpecError {
     EmptyPrompt,
     #[error("prompt must not contain NUL characters")]
     NulInPrompt,
-    #[error("prompt is {0} bytes; the limit is {MAX_PROMPT_BYTES}")]
-    PromptTooLong(usize),
-    #[error("limits.max_steps must be between 1 and {MAX_STEPS_CEILING}")]
+    #[error("prompt is {chars} characters ({bytes} bytes); the limit is {MAX_PROMPT_CHARS} characters")]
+    PromptTooLong { chars: usize, bytes: usize },
+    #[error("limits.max_steps must be between {} and {}", input::MAX_STEPS.min, input::MAX_STEPS.max)]
     MaxSteps,
-    #[error("limits.timeout_s must be between 1 and {TIMEOUT_CEILING_S}")]
+    #[error("limits.timeout_s must be between {} and {}", input::TIMEOUT_S.min, input::TIMEOUT_S.max)]
     Timeout,
-    #[error("allowed_tools must be a list of at most 64 tool names (letters, digits, _)")]
+    #[error(
+        "allowed_tools must be a list of at most {} tool names of at most {} letters, digits or _",
+        input::ALLOWED_TOOLS.max_items,
+        input::TOOL_NAME.max_chars
+    )]
     AllowedTools,
-    #[error("limits.max_tokens must be at least 1")]
+    #[error("limits.max_tokens must be between {} and {}", input::RUN_MAX_TOKENS.min, input::RUN_MAX_TOKENS.max)]
     MaxRunTokens,
-    #[error("limits.max_cost_usd must be a positive number of dollars")]
+    #[error("limits.max_cost_usd must be a positive number of dollars, at most {}", input::MAX_COST_USD.max)]
     MaxCost,
-    #[error("repo.url must be an http(s), ssh or file URL without whitespace: {0}")]
+    #[error("repo.url must be an http(s), ssh, git or file URL (or git@host:path) without whitespace: {0}")]
     RepoUrl(String),
     #[error("repo.ref must be a plain git ref name: {0}")]
     RepoRef(String),
-    #[error("model.provider must be \"openai\", \"openai-responses\" or \"anthropic\", not {0:?}")]
+    #[error("model.provider must be one of {known:?}, not {0:?}", known = input::MODEL_PROVIDER.0)]
     Provider(String),
-    #[error("model.max_tokens must be between 1 and 1000000")]
+    #[error("model.max_tokens must be between {} and {}", input::MODEL_MAX_TOKENS.min, input::MODEL_MAX_TOKENS.max)]
     MaxTokens,
-    #[error("model.temperature must be between 0 and 2")]
+    #[error("model.temperature must be between {} and {}", input::TEMPERATURE.min, input::TEMPERATURE.max)]
     Temperature,
-    #[error("model.context_window must be between 1000 and 10000000")]
+    #[error("model.context_window must be between {} and {}", input::CONTEXT_WINDOW.min, input::CONTEXT_WINDOW.max)]
     ContextWindow,
-    #[error("model.name must be 1 to {MAX_MODEL_NAME_CHARS} characters without control characters")]
+    #[error(
+        "model.name must be {} to {} characters without control characters",
+        input::MODEL_NAME.min_chars,
+        input::MODEL_NAME.max_chars
+    )]
     ModelName,
     #[error("sandbox.{0}")]
-    Sandbox(&'static str),
+    Sandbox(String),
     #[error("callback_url {0}")]
     CallbackUrl(String),
 }
@@ -210,112 +217,126 @@ impl CreateRun {
     }
 
     /// Checks everything serde cannot: sizes, ranges and shapes of strings
-    /// that later reach a command line.
+    /// that later reach a command line. Each check is a rule of
+    /// [`crate::input`], which the OpenAPI document states too.
     pub fn validate(&self) -> Result<(), SpecError> {
-        if self.prompt.trim().is_empty() {
-            return Err(SpecError::EmptyPrompt);
-        }
-        if self.prompt.len() > MAX_PROMPT_BYTES {
-            return Err(SpecError::PromptTooLong(self.prompt.len()));
-        }
-        // Postgres text cannot hold NUL; refuse it here rather than fail later.
-        if self.prompt.contains('\0') {
-            return Err(SpecError::NulInPrompt);
+        if !input::PROMPT.accepts(&self.prompt) {
+            return Err(prompt_error(&self.prompt));
         }
         if let Some(limits) = &self.limits {
-            if limits.max_steps.is_some_and(|s| s == 0 || s > MAX_STEPS_CEILING) {
-                return Err(SpecError::MaxSteps);
-            }
-            if limits.timeout_s.is_some_and(|t| t == 0 || t > TIMEOUT_CEILING_S) {
-                return Err(SpecError::Timeout);
-            }
-            if limits.max_tokens == Some(0) {
-                return Err(SpecError::MaxRunTokens);
-            }
-            if limits.max_cost_usd.is_some_and(|c| c.is_nan() || c <= 0.0 || c > 1_000_000.0) {
-                return Err(SpecError::MaxCost);
-            }
+            limits.validate()?;
         }
         if let Some(tools) = &self.allowed_tools {
-            let bad = tools.len() > 64
-                || tools.iter().any(|t| {
-                    t.is_empty() || t.len() > 64 || !t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-                });
-            if bad {
+            let names_ok = tools.iter().all(|t| input::TOOL_NAME.accepts(t));
+            if tools.len() > input::ALLOWED_TOOLS.max_items || !names_ok {
                 return Err(SpecError::AllowedTools);
             }
         }
         if let Some(repo) = &self.repo {
-            validate_repo_url(&repo.url)?;
-            if let Some(r) = &repo.git_ref {
-                validate_git_ref(r)?;
+            if !input::REPO_URL.accepts(&repo.url) {
+                return Err(SpecError::RepoUrl(truncate(&repo.url)));
+            }
+            if let Some(r) = repo.git_ref.as_deref().filter(|r| !input::GIT_REF.accepts(r)) {
+                return Err(SpecError::RepoRef(truncate(r)));
             }
         }
         if let Some(sandbox) = &self.sandbox {
-            if sandbox.memory_mb.is_some_and(|m| !(64..=1_048_576).contains(&m)) {
-                return Err(SpecError::Sandbox("memory_mb must be between 64 and 1048576"));
-            }
-            if sandbox.cpus.is_some_and(|c| !(0.05..=256.0).contains(&c) || c.is_nan()) {
-                return Err(SpecError::Sandbox("cpus must be between 0.05 and 256"));
-            }
-            if sandbox.pids.is_some_and(|p| !(16..=1_000_000).contains(&p)) {
-                return Err(SpecError::Sandbox("pids must be between 16 and 1000000"));
-            }
+            sandbox.validate()?;
         }
         if let Some(url) = &self.callback_url {
             crate::callback::validate_callback_url(url)?;
         }
         if let Some(model) = &self.model {
-            let known = |p: &&str| matches!(*p, "openai" | "openai-responses" | "anthropic");
-            if let Some(p) = model.provider.as_deref().filter(|p| !known(p)) {
-                return Err(SpecError::Provider(p.to_owned()));
-            }
-            if model.max_tokens.is_some_and(|t| t == 0 || t > 1_000_000) {
-                return Err(SpecError::MaxTokens);
-            }
-            if model.temperature.is_some_and(|t| !(0.0..=2.0).contains(&t) || t.is_nan()) {
-                return Err(SpecError::Temperature);
-            }
-            if model.context_window.is_some_and(|w| !(1_000..=10_000_000).contains(&w)) {
-                return Err(SpecError::ContextWindow);
-            }
-            // It goes to the provider, into logs and into metrics labels.
-            let bad_name = |n: &&String| {
-                n.is_empty() || n.chars().count() > MAX_MODEL_NAME_CHARS || n.chars().any(char::is_control)
-            };
-            if model.name.as_ref().is_some_and(|n| bad_name(&n)) {
-                return Err(SpecError::ModelName);
-            }
+            model.validate()?;
         }
         Ok(())
     }
 }
 
+/// Why `prompt` broke [`input::PROMPT`].
+fn prompt_error(prompt: &str) -> SpecError {
+    let chars = prompt.chars().count();
+    if prompt.trim().is_empty() {
+        SpecError::EmptyPrompt
+    } else if chars > input::PROMPT.max_chars {
+        SpecError::PromptTooLong { chars, bytes: prompt.len() }
+    } else {
+        // Postgres text cannot hold NUL; refused here rather than failing later.
+        SpecError::NulInPrompt
+    }
+}
+
+impl Limits {
+    fn validate(&self) -> Result<(), SpecError> {
+        if self.max_steps.is_some_and(|s| !input::MAX_STEPS.contains(s)) {
+            return Err(SpecError::MaxSteps);
+        }
+        if self.timeout_s.is_some_and(|t| !input::TIMEOUT_S.contains(t)) {
+            return Err(SpecError::Timeout);
+        }
+        if self.max_tokens.is_some_and(|t| !input::RUN_MAX_TOKENS.contains(t)) {
+            return Err(SpecError::MaxRunTokens);
+        }
+        if self.max_cost_usd.is_some_and(|c| !input::MAX_COST_USD.contains(c)) {
+            return Err(SpecError::MaxCost);
+        }
+        Ok(())
+    }
+}
+
+impl SandboxSpec {
+    fn validate(&self) -> Result<(), SpecError> {
+        fn out_of<T: fmt::Display>(field: &str, range: &crate::rules::Range<T>) -> SpecError {
+            SpecError::Sandbox(format!("{field} must be between {} and {}", range.min, range.max))
+        }
+        if self.memory_mb.is_some_and(|m| !input::SANDBOX_MEMORY_MB.contains(m)) {
+            return Err(out_of("memory_mb", &input::SANDBOX_MEMORY_MB));
+        }
+        if self.cpus.is_some_and(|c| !input::SANDBOX_CPUS.contains(c)) {
+            return Err(out_of("cpus", &input::SANDBOX_CPUS));
+        }
+        if self.pids.is_some_and(|p| !input::SANDBOX_PIDS.contains(p)) {
+            return Err(out_of("pids", &input::SANDBOX_PIDS));
+        }
+        Ok(())
+    }
+}
+
+impl ModelSpec {
+    fn validate(&self) -> Result<(), SpecError> {
+        if let Some(p) = self.provider.as_deref().filter(|p| !input::MODEL_PROVIDER.contains(p)) {
+            return Err(SpecError::Provider(p.to_owned()));
+        }
+        if self.max_tokens.is_some_and(|t| !input::MODEL_MAX_TOKENS.contains(t)) {
+            return Err(SpecError::MaxTokens);
+        }
+        if self.temperature.is_some_and(|t| !input::TEMPERATURE.contains(f64::from(t))) {
+            return Err(SpecError::Temperature);
+        }
+        if self.context_window.is_some_and(|w| !input::CONTEXT_WINDOW.contains(w)) {
+            return Err(SpecError::ContextWindow);
+        }
+        if self.name.as_deref().is_some_and(|n| !input::MODEL_NAME.accepts(n)) {
+            return Err(SpecError::ModelName);
+        }
+        Ok(())
+    }
+}
+
+/// `model.temperature`, checked as the 64-bit number it was sent as: read
+/// as an `f32` first, `2.0000000001` would round into the range.
+fn temperature<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<f32>, D::Error> {
+    let Some(t) = Option::<f64>::deserialize(deserializer)? else {
+        return Ok(None);
+    };
+    if !input::TEMPERATURE.contains(t) {
+        return Err(serde::de::Error::custom(SpecError::Temperature));
+    }
+    Ok(Some(t as f32))
+}
+
 fn is_default_sandbox(spec: &SandboxSpec) -> bool {
     *spec == SandboxSpec::default()
-}
-
-/// The URL is handed to `git clone` on the worker: refuse anything git could
-/// read as an option or a helper invocation (`-u…`, `ext::…`).
-fn validate_repo_url(url: &str) -> Result<(), SpecError> {
-    let ok_scheme = ["https://", "http://", "ssh://", "git://", "file://"].iter().any(|s| url.starts_with(s));
-    let scp_like = url.starts_with("git@") && url.contains(':');
-    if url.len() > 2048 || !(ok_scheme || scp_like) || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(SpecError::RepoUrl(truncate(url)));
-    }
-    Ok(())
-}
-
-fn validate_git_ref(r: &str) -> Result<(), SpecError> {
-    let bad = r.is_empty()
-        || r.len() > 255
-        || r.starts_with('-')
-        || r.contains("..")
-        || r.chars().any(|c| c.is_whitespace() || c.is_control() || "~^:?*[\\".contains(c));
-    if bad {
-        return Err(SpecError::RepoRef(truncate(r)));
-    }
-    Ok(())
 }
 
 fn truncate(s: &str) -> String {
@@ -464,10 +485,12 @@ mod tests {
     fn ranges_and_sizes_are_checked() {
         let mut s = spec(r#"{"prompt":"x","limits":{"max_steps":0}}"#).unwrap();
         assert_eq!(s.validate(), Err(SpecError::MaxSteps));
-        s.limits = Some(Limits { max_steps: Some(3), timeout_s: Some(TIMEOUT_CEILING_S + 1), ..Default::default() });
+        let timeout_s = Some(input::TIMEOUT_S.max + 1);
+        s.limits = Some(Limits { max_steps: Some(3), timeout_s, ..Default::default() });
         assert_eq!(s.validate(), Err(SpecError::Timeout));
-        let big = CreateRun { prompt: "a".repeat(MAX_PROMPT_BYTES + 1), ..Default::default() };
-        assert_eq!(big.validate(), Err(SpecError::PromptTooLong(MAX_PROMPT_BYTES + 1)));
+        let big = CreateRun { prompt: "a".repeat(MAX_PROMPT_CHARS + 1), ..Default::default() };
+        let (chars, bytes) = (MAX_PROMPT_CHARS + 1, MAX_PROMPT_CHARS + 1);
+        assert_eq!(big.validate(), Err(SpecError::PromptTooLong { chars, bytes }));
         let nul = CreateRun { prompt: "a\0b".into(), ..Default::default() };
         assert_eq!(nul.validate(), Err(SpecError::NulInPrompt));
         let blank = CreateRun { prompt: " \n".into(), ..Default::default() };

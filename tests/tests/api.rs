@@ -657,7 +657,7 @@ async fn a_non_numeric_or_negative_resume_point_is_400() {
 }
 
 #[tokio::test]
-async fn a_resume_point_past_the_last_event_is_400_and_one_after_the_end_is_204() {
+async fn a_resume_point_past_the_last_event_is_409_and_one_after_the_end_is_204() {
     let app = api().await;
     let run = queued_run(&app, "alice").await; // run.queued is seq 1
     let url = app.url(&format!("/v1/runs/{run}/events"));
@@ -669,7 +669,8 @@ async fn a_resume_point_past_the_last_event_is_400_and_one_after_the_end_is_204(
             // Without the check, the stream waited forever for seqs that never come.
             let r =
                 tokio::time::timeout(Duration::from_secs(10), get(accept, last.to_string())).await.unwrap().unwrap();
-            assert_error(r, 400, "bad_request", "past this run's last event (1)").await;
+            // Well formed (the document allows any seq), but not yet: 409.
+            assert_error(r, 409, "conflict", "past this run's last event (1)").await;
         }
     }
     let r = app.http.post(app.url(&format!("/v1/runs/{run}/cancel"))).bearer_auth(token("alice")).send().await.unwrap();

@@ -1,16 +1,19 @@
 //! The OpenAPI document (`GET /v1/openapi.json`, api/src/openapi.rs): it is
-//! valid OpenAPI 3.1, it names exactly the routes the router serves, and
-//! what the API really sends matches the schemas it gives.
+//! valid OpenAPI 3.1, it names exactly the routes the router serves, what
+//! the API really sends matches the schemas it gives, and what a client
+//! sends is accepted exactly when the document says it is valid.
 //!
-//! The document is checked by `openapi-spec-validator` (PyPI, installed by
-//! `scripts/test` into `.kiln/tools`); without it that check says so and
-//! skips, unless `KILN_REQUIRE_OPENAPI_TOOLS` is set (`.ci/run` sets it).
+//! The document is checked by `openapi-spec-validator`, and the server
+//! against it by the fuzzer `schemathesis` (both PyPI, installed by
+//! `scripts/test` into `.kiln/tools`); without them those checks say so and
+//! skip, unless `KILN_REQUIRE_OPENAPI_TOOLS` is set (`.ci/run` sets it).
 //! The checks in Rust always run.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
@@ -44,9 +47,10 @@ fn tools_required() -> bool {
     std::env::var_os("KILN_REQUIRE_OPENAPI_TOOLS").is_some_and(|v| !v.is_empty() && v != "0")
 }
 
-fn validator_bin() -> Option<PathBuf> {
+/// The command `name` of the venv `scripts/ensure-pip-tool.sh` made for it.
+fn tool_bin(name: &str) -> Option<PathBuf> {
     let state = std::env::var_os("KILN_STATE_DIR").map(PathBuf::from).unwrap_or_else(|| root().join(".kiln"));
-    let bin = state.join("tools/openapi-spec-validator/bin/openapi-spec-validator");
+    let bin = state.join(format!("tools/{name}/bin/{name}"));
     bin.is_file().then_some(bin)
 }
 
@@ -115,7 +119,7 @@ async fn the_document_is_valid_openapi_3_1() {
         assert_eq!(doc["paths"][path][method]["security"], json!([{}]), "{method} {path}");
     }
 
-    let Some(bin) = validator_bin() else {
+    let Some(bin) = tool_bin("openapi-spec-validator") else {
         assert!(!tools_required(), "KILN_REQUIRE_OPENAPI_TOOLS is set but openapi-spec-validator is missing");
         eprintln!("\n!!!!!!!!\nSKIPPED openapi-spec-validator: missing (scripts/test installs it)\n!!!!!!!!\n");
         return;
@@ -415,4 +419,108 @@ async fn a_real_run_its_events_and_its_errors_match_their_schemas() {
     let bad_event = json!({ "kind": "tool.result", "payload": { "call_id": "c" } });
     let schema = with_root_ref(&doc, "/components/schemas/EventBody");
     assert!(!jsonschema::draft202012::is_valid(&schema, &bad_event), "a payload missing fields must not match");
+}
+
+/// The count of the fuzzer's summary line, `N generated, M passed`.
+fn generated(report: &str) -> Option<u64> {
+    report.lines().find_map(|line| line.trim().split_once(" generated")?.0.parse().ok())
+}
+
+/// A client author's test: schemathesis generates requests from the served
+/// document alone (valid ones, and ones the document calls invalid) and
+/// checks that the server never answers 5xx, accepts every valid request
+/// and refuses every invalid one. Its settings, and why, are in
+/// `tests/tools/schemathesis.toml`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fuzzer_driven_by_the_document_finds_the_server_agreeing_with_it() {
+    let Some(bin) = tool_bin("schemathesis") else {
+        assert!(!tools_required(), "KILN_REQUIRE_OPENAPI_TOOLS is set but schemathesis is missing");
+        eprintln!("\n!!!!!!!!\nSKIPPED schemathesis: missing (scripts/test installs it)\n!!!!!!!!\n");
+        return;
+    };
+    let app = TestApp::spawn(Options {
+        // The fuzzer creates hundreds of runs: they stay queued, none starts
+        // a sandbox.
+        worker: false,
+        github_secret: Some(WEBHOOK_SECRET.into()),
+        api: kiln_api::ApiSettings {
+            // The document describes a deployment that signs callbacks, where
+            // a run may name a `callback_url`.
+            callbacks_enabled: true,
+            // A quota's 429 says nothing about the request's shape: high
+            // quotas let every request reach the checks.
+            quota: kiln_store::Quota { max_active_runs: 1_000_000, max_runs_per_minute: 1_000_000 },
+            // The stream of a run that never ends (no worker) ends soon, so
+            // every request of the fuzzer does.
+            sse_max_duration: Duration::from_secs(1),
+            ..Options::default().api
+        },
+        ..Default::default()
+    })
+    .await;
+    let workdir = tempfile::tempdir().unwrap();
+    let out = tokio::process::Command::new(&bin)
+        .arg("--config-file")
+        .arg(root().join("tests/tools/schemathesis.toml"))
+        .args(["run", &app.url("/v1/openapi.json"), "--no-color"])
+        .args(["-H", &format!("Authorization: Bearer {}", token("fuzzer"))])
+        .current_dir(workdir.path())
+        .output()
+        .await
+        .unwrap();
+    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "schemathesis found the server and the document disagreeing:\n{report}");
+    // It did test: every operation but the webhook, many requests each.
+    let selected = report.lines().find_map(|l| l.trim().strip_prefix("Selected: ")).unwrap_or_default();
+    let (selected, total) = selected.split_once('/').unwrap_or_else(|| panic!("no operation count:\n{report}"));
+    assert_eq!(selected.parse::<usize>().unwrap() + 1, total.parse::<usize>().unwrap(), "{report}");
+    assert!(report.contains(&format!("Tested: {selected}")), "{report}");
+    let count = generated(&report).unwrap_or_else(|| panic!("no summary in the report:\n{report}"));
+    assert!(count >= 500, "only {count} requests:\n{report}");
+}
+
+/// The examples of the issue that asked for one definition of valid input:
+/// each is now refused, and the document says so.
+#[tokio::test]
+async fn what_the_document_calls_invalid_is_refused_however_it_is_sent() {
+    let app = app(Vec::new(), false).await;
+    let doc = served_document(&app).await;
+    let (status, run) =
+        exchange(&app, &doc, ("post", "/v1/runs"), "/v1/runs", Some("alice"), Some(json!({"prompt": "x"}))).await;
+    assert_eq!(status, 201);
+    let events = format!("/v1/runs/{}/events", run["id"].as_str().unwrap());
+    let param = |path: &str, method: &str, name: &str| {
+        doc["paths"][path][method]["parameters"].as_array().unwrap().iter().find(|p| p["name"] == name).unwrap()
+            ["schema"]
+            .clone()
+    };
+    assert_eq!(param("/v1/runs/{id}/events", "get", "after")["minimum"], 0);
+    assert_eq!(param("/v1/runs/{id}/events", "get", "limit")["minimum"], 1);
+    assert_eq!(param("/v1/runs", "get", "cursor")["minLength"], 1);
+    // Outside the documented ranges, on the stream too (where `limit` is not
+    // used) and when `Last-Event-ID` wins over `after`: both were 200.
+    for (query, last_event_id) in [("after=-1&limit=0", Some("0")), ("limit=0", None), ("after=-1", Some("1"))] {
+        let mut request = app
+            .http
+            .get(app.url(&format!("{events}?{query}")))
+            .bearer_auth(token("alice"))
+            .header("accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 400, "{query} with Last-Event-ID {last_event_id:?}");
+    }
+    // An empty cursor is not "no cursor": the document asks for one character.
+    let response = app.http.get(app.url("/v1/runs?cursor=")).bearer_auth(token("alice")).send().await.unwrap();
+    assert_eq!(response.status(), 400);
+    // Bodies: an empty prompt and an unknown provider, refused and documented.
+    let schemas = &doc["components"]["schemas"];
+    assert_eq!(schemas["CreateRun"]["properties"]["prompt"]["minLength"], 1);
+    assert_eq!(schemas["SendMessage"]["properties"]["text"]["minLength"], 1);
+    assert!(schemas["ModelSpec"]["properties"]["provider"]["enum"].as_array().unwrap().contains(&json!("anthropic")));
+    for body in [json!({"prompt": ""}), json!({"prompt": "x", "model": {"provider": "local"}})] {
+        let (status, _) = exchange(&app, &doc, ("post", "/v1/runs"), "/v1/runs", Some("alice"), Some(body)).await;
+        assert_eq!(status, 422);
+    }
 }

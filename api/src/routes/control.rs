@@ -6,22 +6,18 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use kiln_protocol::Run;
+use kiln_protocol::input::{CALL_ID, DECISION_REASON, PROMPT};
 use kiln_store::{DecideOutcome, Decision, MessageOutcome};
 use serde::{Deserialize, Serialize};
-use uuid::Uuid;
 
 use crate::auth::Subject;
 use crate::extract::{ApiJson, RunIdPath};
 use crate::{ApiError, AppState};
 
-/// Longest steering message, in bytes (the prompt's limit).
-const MAX_MESSAGE_BYTES: usize = kiln_protocol::run::MAX_PROMPT_BYTES;
-const MAX_REASON_BYTES: usize = 4096;
-
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SendMessage {
-    /// At most 64 KiB, not blank, without NUL.
+    /// Not blank, without NUL; as long as a prompt may be.
     text: String,
 }
 
@@ -66,12 +62,13 @@ pub async fn send_message(
     RunIdPath(id): RunIdPath,
     ApiJson(body): ApiJson<SendMessage>,
 ) -> Result<(StatusCode, Json<MessageAccepted>), ApiError> {
+    // A message is a prompt too: the same rule.
     let text = body.text;
-    if text.trim().is_empty() {
-        return Err(ApiError::Validation("text must not be empty".into()));
-    }
-    if text.len() > MAX_MESSAGE_BYTES || text.contains('\0') {
-        return Err(ApiError::Validation(format!("text must be at most {MAX_MESSAGE_BYTES} bytes without NUL")));
+    if !PROMPT.accepts(&text) {
+        if text.trim().is_empty() {
+            return Err(ApiError::Validation("text must not be empty".into()));
+        }
+        return Err(ApiError::Validation(format!("text must be at most {} characters without NUL", PROMPT.max_chars)));
     }
     match state.store.send_message(&owner, id, &text, Some(&state.settings.quota)).await? {
         MessageOutcome::Queued(run) => Ok((StatusCode::ACCEPTED, Json(MessageAccepted { disposition: "queued", run }))),
@@ -97,7 +94,7 @@ enum DecisionKind {
 #[serde(deny_unknown_fields)]
 pub struct Decide {
     decision: DecisionKind,
-    /// Passed to the model with a denial; at most 4096 bytes.
+    /// Passed to the model with a denial; without NUL.
     #[serde(default)]
     reason: Option<String>,
 }
@@ -133,12 +130,18 @@ pub async fn decide(
     ApiJson(body): ApiJson<Decide>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Path((run, call_id)) = path.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    let id = Uuid::parse_str(&run).map_err(|_| ApiError::BadRequest("run id must be a UUID".into()))?;
-    if call_id.is_empty() || call_id.len() > 256 || call_id.chars().any(char::is_control) {
-        return Err(ApiError::BadRequest("call id must be 1 to 256 bytes without control characters".into()));
+    let id = crate::extract::run_id(&run).ok_or_else(|| ApiError::BadRequest("run id must be a UUID".into()))?;
+    if !CALL_ID.accepts(&call_id) {
+        return Err(ApiError::BadRequest(format!(
+            "call id must be {} to {} characters without control characters",
+            CALL_ID.min_chars, CALL_ID.max_chars
+        )));
     }
-    if body.reason.as_ref().is_some_and(|r| r.len() > MAX_REASON_BYTES || r.contains('\0')) {
-        return Err(ApiError::Validation(format!("reason must be at most {MAX_REASON_BYTES} bytes without NUL")));
+    if body.reason.as_deref().is_some_and(|r| !DECISION_REASON.accepts(r)) {
+        return Err(ApiError::Validation(format!(
+            "reason must be at most {} characters without NUL",
+            DECISION_REASON.max_chars
+        )));
     }
     let decision = Decision { approved: matches!(body.decision, DecisionKind::Approve), reason: body.reason };
     match state.store.decide_approval(&owner, id, &call_id, &decision).await? {

@@ -18,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
 use kiln_protocol::StoredEvent;
 use kiln_protocol::event::is_terminal_kind;
+use kiln_protocol::rules::Range;
 use kiln_store::{Notice, channels};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
@@ -30,16 +31,17 @@ use crate::{ApiError, AppState};
 
 /// Events read from the table per query.
 pub(crate) const BATCH: i64 = 500;
-const MAX_JSON_PAGE: i64 = 1000;
+/// `limit` of a JSON page.
+pub(crate) static PAGE: Range<i64> = Range::new(1, 1000);
+/// A resume point: `after` and `Last-Event-ID`.
+pub(crate) static RESUME: Range<i64> = Range::new(0, i64::MAX);
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct EventsQuery {
     /// Only events after this seq (`Last-Event-ID` wins over it).
-    #[param(minimum = 0)]
     after: Option<i64>,
-    /// JSON form only: events per page, 1 to 1000 (default 500).
-    #[param(minimum = 1, maximum = 1000)]
+    /// Events per page of the JSON form (default 500); the stream ignores it.
     limit: Option<i64>,
     /// Accepted here only so the query extractor doesn't refuse it; the
     /// auth extractor reads it. (Documented as the `access_token` security
@@ -69,8 +71,9 @@ pub(crate) struct EventPage {
 /// their payloads are `EventBody`); a `: keep-alive` comment comes every
 /// 15 s. Reconnect with `Last-Event-ID` to resume, from any API instance,
 /// with nothing missed or repeated. A resume point past the run's last
-/// event is refused (400); once the run has ended, resuming at or after its
-/// terminal event answers 204 (nothing more will come).
+/// event is refused (409: no event of the run has that seq yet); once the
+/// run has ended, resuming at or after its terminal event answers 204
+/// (nothing more will come).
 ///
 /// With `Accept: application/json` (and not `text/event-stream`): one page
 /// of stored events as JSON instead.
@@ -81,7 +84,7 @@ pub(crate) struct EventPage {
     tag = "events",
     params(
         ("id" = uuid::Uuid, Path, description = "The run's id."),
-        ("Last-Event-ID" = Option<i64>, Header, minimum = 0,
+        ("Last-Event-ID" = Option<i64>, Header,
             description = "Resume after this seq (what EventSource sends on reconnect)."),
         EventsQuery,
     ),
@@ -95,6 +98,7 @@ pub(crate) struct EventPage {
             (the resume point is at or past it): nothing to stream. An EventSource stops reconnecting."),
         (status = 400, response = crate::openapi::errors::BadRequest),
         (status = 404, response = crate::openapi::errors::NotFound),
+        (status = 409, response = crate::openapi::errors::Conflict),
         (status = 429, response = crate::openapi::errors::TooManyRequests),
         (status = 401, response = crate::openapi::errors::Unauthorized),
         (status = 500, response = crate::openapi::errors::Internal),
@@ -108,12 +112,19 @@ pub async fn events(
     headers: HeaderMap,
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> Result<Response, ApiError> {
-    let run = state.store.get_run(&owner, id).await?.ok_or_else(ApiError::run_not_found)?;
+    // Both checked whichever form answers and whichever resume point wins:
+    // what the document calls invalid is refused however it is sent.
     let after = resume_point(&headers, q.after)?;
+    let limit = q.limit.unwrap_or(BATCH);
+    if !PAGE.contains(limit) {
+        return Err(ApiError::BadRequest(format!("limit must be between {} and {}", PAGE.min, PAGE.max)));
+    }
+    let run = state.store.get_run(&owner, id).await?.ok_or_else(ApiError::run_not_found)?;
     // A resume point nobody could have been sent: refused, rather than a
     // stream (and the run's shared feed) waiting for seqs that never come.
+    // Well formed, but not yet: a conflict with the run's state.
     if after > run.last_event_seq {
-        return Err(ApiError::BadRequest(format!(
+        return Err(ApiError::Conflict(format!(
             "resume point {after} is past this run's last event ({})",
             run.last_event_seq
         )));
@@ -121,10 +132,6 @@ pub async fn events(
     // Where an ended run's stream ends (retention keeps that event).
     let terminal_seq = if run.status.is_terminal() { state.store.terminal_event_seq(id).await? } else { None };
     if wants_json(&headers) {
-        let limit = q.limit.unwrap_or(BATCH);
-        if !(1..=MAX_JSON_PAGE).contains(&limit) {
-            return Err(ApiError::BadRequest(format!("limit must be between 1 and {MAX_JSON_PAGE}")));
-        }
         let events = state.store.events_after(id, after, limit).await?;
         let next_after = events.last().map_or(after, |e| e.seq);
         let done =
@@ -153,23 +160,22 @@ pub async fn events(
 }
 
 /// `Last-Event-ID` wins over `?after=`: it is what a reconnecting
-/// EventSource sends.
+/// EventSource sends. Both must be valid, whichever wins.
 fn resume_point(headers: &HeaderMap, after: Option<i64>) -> Result<i64, ApiError> {
+    if after.is_some_and(|a| !RESUME.contains(a)) {
+        return Err(ApiError::BadRequest("after must be a non-negative integer".into()));
+    }
     let header = headers
         .get("last-event-id")
         .map(|v| {
             v.to_str()
                 .ok()
                 .and_then(|s| s.trim().parse::<i64>().ok())
-                .filter(|n| *n >= 0)
+                .filter(|n| RESUME.contains(*n))
                 .ok_or_else(|| ApiError::BadRequest("Last-Event-ID must be a non-negative integer".into()))
         })
         .transpose()?;
-    let after = header.or(after).unwrap_or(0);
-    if after < 0 {
-        return Err(ApiError::BadRequest("after must be a non-negative integer".into()));
-    }
-    Ok(after)
+    Ok(header.or(after).unwrap_or(0))
 }
 
 fn wants_json(headers: &HeaderMap) -> bool {

@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
+use kiln_protocol::rules::{PRINTABLE_ASCII, Range, Text};
 use kiln_protocol::{CreateRun, Run, RunStatus, Trigger};
 use kiln_store::{CancelOutcome, Cursor, NewRun};
 use serde::{Deserialize, Serialize};
@@ -12,8 +13,16 @@ use crate::extract::{ApiJson, ApiQuery, RunIdPath};
 use crate::{ApiError, AppState};
 
 const IDEMPOTENCY_HEADER: &str = "idempotency-key";
-const MAX_PAGE: u32 = 200;
+/// `Idempotency-Key`: a header value as it is, without space.
+pub(crate) static IDEMPOTENCY_KEY: Text = Text::new(1, 255, PRINTABLE_ASCII);
+/// `limit` of a page of runs.
+pub(crate) static PAGE: Range<u32> = Range::new(1, 200);
 const DEFAULT_PAGE: u32 = 50;
+/// `cursor`: a `next_cursor` ([`Cursor::encode`]: microseconds since 1970,
+/// `_`, the run's id). The digits are bounded so that every cursor of this
+/// shape is a time Postgres can hold (years 1653 to 5138); an empty one is
+/// refused, not read as "no cursor".
+pub(crate) static CURSOR: Text = Text::new(1, 64, r"^(?:[0-9]{1,17}|-[0-9]{1,16})_[0-9a-f]{32}$");
 
 /// Create a run
 ///
@@ -28,7 +37,7 @@ const DEFAULT_PAGE: u32 = 50;
     request_body = CreateRun,
     params(
         ("Idempotency-Key" = Option<String>, Header,
-            description = "1 to 255 printable ASCII characters; the same key answers the same run."),
+            description = "Printable ASCII; the same key answers the same run."),
     ),
     responses(
         (status = 201, description = "The run was queued.", body = Run),
@@ -72,11 +81,12 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let Some(value) = headers.get(IDEMPOTENCY_HEADER) else {
         return Ok(None);
     };
-    let key = value
-        .to_str()
-        .ok()
-        .filter(|k| !k.is_empty() && k.len() <= 255 && k.bytes().all(|b| b.is_ascii_graphic()))
-        .ok_or_else(|| ApiError::BadRequest("Idempotency-Key must be 1 to 255 printable ASCII characters".into()))?;
+    let key = value.to_str().ok().filter(|k| IDEMPOTENCY_KEY.accepts(k)).ok_or_else(|| {
+        ApiError::BadRequest(format!(
+            "Idempotency-Key must be {} to {} printable ASCII characters",
+            IDEMPOTENCY_KEY.min_chars, IDEMPOTENCY_KEY.max_chars
+        ))
+    })?;
     Ok(Some(key.to_owned()))
 }
 
@@ -112,10 +122,10 @@ pub struct ListQuery {
     /// Only runs with this status.
     #[param(value_type = Option<RunStatus>)]
     status: Option<String>,
-    /// Runs per page, 1 to 200 (default 50).
-    #[param(minimum = 1, maximum = 200)]
+    /// Runs per page (default 50).
     limit: Option<u32>,
-    /// `next_cursor` of the previous page.
+    /// `next_cursor` of the previous page (never empty: leave it out for
+    /// the first page).
     cursor: Option<String>,
 }
 
@@ -156,13 +166,18 @@ pub async fn list(
         .transpose()
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let limit = q.limit.unwrap_or(DEFAULT_PAGE);
-    if limit == 0 || limit > MAX_PAGE {
-        return Err(ApiError::BadRequest(format!("limit must be between 1 and {MAX_PAGE}")));
+    if !PAGE.contains(limit) {
+        return Err(ApiError::BadRequest(format!("limit must be between {} and {}", PAGE.min, PAGE.max)));
     }
     let cursor = q
         .cursor
         .as_deref()
-        .map(|c| Cursor::decode(c).ok_or_else(|| ApiError::BadRequest("cursor is not one this API issued".into())))
+        .map(|c| {
+            Some(c)
+                .filter(|c| CURSOR.accepts(c))
+                .and_then(Cursor::decode)
+                .ok_or_else(|| ApiError::BadRequest("cursor is not one this API issued".into()))
+        })
         .transpose()?;
     let page = state.store.list_runs(&owner, status, limit, cursor.as_ref()).await?;
     Ok(Json(RunList { runs: page.runs, next_cursor: page.next_cursor }))
@@ -202,5 +217,25 @@ pub async fn cancel(
             Err(ApiError::Conflict(format!("run already finished with status {}", run.status)))
         }
         CancelOutcome::NotFound => Err(ApiError::run_not_found()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cursors_the_store_issues_are_cursors_the_rule_accepts() {
+        let now = Cursor { created_at: chrono::Utc::now(), id: uuid::Uuid::now_v7() };
+        assert!(CURSOR.accepts(&now.encode()), "{}", now.encode());
+        // Every cursor of the rule's shape decodes (the bounds of its digits).
+        let id = "0".repeat(32);
+        for micros in ["99999999999999999", "-9999999999999999", "0"] {
+            let cursor = format!("{micros}_{id}");
+            assert!(CURSOR.accepts(&cursor) && Cursor::decode(&cursor).is_some(), "{cursor}");
+        }
+        for bad in ["", "_", "1_", "123_notauuid", &format!("999999999999999999_{id}")] {
+            assert!(!CURSOR.accepts(bad), "{bad}");
+        }
     }
 }

@@ -18,6 +18,7 @@ use axum::extract::{FromRequest, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use kiln_protocol::CreateRun;
+use kiln_protocol::rules::{PRINTABLE_ASCII, Text};
 use kiln_store::{Delivery, NewGithubRun, PastDelivery, Recorded};
 use serde_json::json;
 
@@ -32,6 +33,10 @@ pub const MAX_WEBHOOK_BODY_BYTES: usize = 1024 * 1024;
 const SIGNATURE_HEADER: &str = "x-hub-signature-256";
 const DELIVERY_HEADER: &str = "x-github-delivery";
 const EVENT_HEADER: &str = "x-github-event";
+/// `X-GitHub-Delivery`: a GUID in practice; kept as sent.
+pub(crate) static DELIVERY_ID: Text = Text::new(1, 128, PRINTABLE_ASCII);
+/// `X-GitHub-Event`: an event name such as `issue_comment`.
+pub(crate) static EVENT_NAME: Text = Text::new(1, 64, "^[a-z_]*$");
 
 /// Receive a GitHub webhook delivery
 ///
@@ -126,12 +131,12 @@ async fn read_body(request: Request) -> Result<Bytes, ApiError> {
 fn delivery_id(headers: &HeaderMap) -> Result<String, ApiError> {
     let value =
         headers.get(DELIVERY_HEADER).ok_or_else(|| ApiError::BadRequest("missing X-GitHub-Delivery header".into()))?;
-    value
-        .to_str()
-        .ok()
-        .filter(|id| !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic()))
-        .map(str::to_owned)
-        .ok_or_else(|| ApiError::BadRequest("X-GitHub-Delivery must be 1 to 128 printable ASCII characters".into()))
+    value.to_str().ok().filter(|id| DELIVERY_ID.accepts(id)).map(str::to_owned).ok_or_else(|| {
+        ApiError::BadRequest(format!(
+            "X-GitHub-Delivery must be {} to {} printable ASCII characters",
+            DELIVERY_ID.min_chars, DELIVERY_ID.max_chars
+        ))
+    })
 }
 
 /// `X-GitHub-Event`, e.g. `issue_comment`.
@@ -141,7 +146,7 @@ fn event_name(headers: &HeaderMap) -> Result<String, ApiError> {
     value
         .to_str()
         .ok()
-        .filter(|e| !e.is_empty() && e.len() <= 64 && e.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))
+        .filter(|e| EVENT_NAME.accepts(e))
         .map(str::to_owned)
         .ok_or_else(|| ApiError::BadRequest("X-GitHub-Event must be an event name like issue_comment".into()))
 }

@@ -1,0 +1,127 @@
+//! The rule of every field a client sends in a body: what
+//! [`crate::CreateRun::validate`] and the API's handlers check, and what
+//! the OpenAPI document states (see [`crate::rules`]).
+
+use crate::rules::{List, NO_CONTROL, NO_NUL, NOT_BLANK_NO_NUL, OneOf, Range, Text};
+
+/// Longest prompt, in characters. A prompt is sent to the model on every
+/// step, so an unbounded one is a cost and memory hazard.
+pub const MAX_PROMPT_CHARS: usize = 64 * 1024;
+
+/// `prompt` of a run, and the `text` of a message to one.
+pub static PROMPT: Text = Text::new(1, MAX_PROMPT_CHARS, NOT_BLANK_NO_NUL);
+
+/// `limits.max_steps`: model calls.
+pub static MAX_STEPS: Range<u32> = Range::new(1, 500);
+/// `limits.timeout_s`: up to one day.
+pub static TIMEOUT_S: Range<u32> = Range::new(1, 86_400);
+/// `limits.max_tokens`: within a signed 64-bit integer, what the document's
+/// `int64` and most clients can hold.
+pub static RUN_MAX_TOKENS: Range<u64> = Range::new(1, i64::MAX as u64);
+/// `limits.max_cost_usd`.
+pub static MAX_COST_USD: Range<f64> = Range::above(0.0, 1_000_000.0);
+
+/// `allowed_tools`: at most this many names, each a [`TOOL_NAME`].
+pub static ALLOWED_TOOLS: List = List { max_items: 64 };
+pub static TOOL_NAME: Text = Text::new(1, 64, r"^[A-Za-z0-9_]*$");
+
+/// The providers a run may name; the worker maps each to its wire format.
+pub static MODEL_PROVIDER: OneOf = OneOf(&["openai", "openai-responses", "anthropic"]);
+/// `model.name`: it goes to the provider, into logs and into metrics labels.
+pub static MODEL_NAME: Text = Text::new(1, 200, NO_CONTROL);
+/// `model.max_tokens`: output tokens per model call.
+pub static MODEL_MAX_TOKENS: Range<u32> = Range::new(1, 1_000_000);
+/// `model.temperature`.
+pub static TEMPERATURE: Range<f64> = Range::new(0.0, 2.0);
+/// `model.context_window`, in tokens.
+pub static CONTEXT_WINDOW: Range<u32> = Range::new(1_000, 10_000_000);
+
+/// `sandbox.memory_mb`.
+pub static SANDBOX_MEMORY_MB: Range<u32> = Range::new(64, 1_048_576);
+/// `sandbox.cpus`.
+pub static SANDBOX_CPUS: Range<f64> = Range::new(0.05, 256.0);
+/// `sandbox.pids`.
+pub static SANDBOX_PIDS: Range<u32> = Range::new(16, 1_000_000);
+
+/// Characters a URL or ref must never hold: white space and controls.
+macro_rules! no_space {
+    () => {
+        concat!(white_space!(), control!())
+    };
+}
+
+/// `repo.url`, handed to `git clone` on the worker: a URL of a scheme git
+/// cannot read as an option or a helper invocation (`-u…`, `ext::…`).
+pub static REPO_URL: Text = Text::new(
+    1,
+    2048,
+    concat!("^(?:https?://|ssh://|git://|file://|git@[^", no_space!(), "]*:)[^", no_space!(), "]*$"),
+);
+
+/// `repo.ref`: a plain git ref name. Not an option (`-…`), no `..`, none of
+/// `~^:?*[\` (git's own rules) and no white space or controls.
+pub static GIT_REF: Text = Text::new(
+    1,
+    255,
+    // A run of allowed characters with single dots between; the first
+    // character is not `-`.
+    concat!(
+        r"^(?:\.(?:[^",
+        no_space!(),
+        r"~\^:?*\[\\.]+\.)*[^",
+        no_space!(),
+        r"~\^:?*\[\\.]*",
+        r"|[^",
+        no_space!(),
+        r"~\^:?*\[\\.\-][^",
+        no_space!(),
+        r"~\^:?*\[\\.]*(?:\.[^",
+        no_space!(),
+        r"~\^:?*\[\\.]+)*\.?)$"
+    ),
+);
+
+/// Longest `callback_url`, in characters.
+pub const MAX_CALLBACK_URL_CHARS: usize = 2048;
+
+/// `callback_url`: an http(s) URL of a host name or IP address, with an
+/// optional port, path and query; no credentials, no fragment, no white
+/// space. Host names are dot-separated labels whose last label starts with
+/// a letter (so that no URL parser reads it as an IPv4 address) and with no
+/// `--` (so that none is read as punycode).
+pub static CALLBACK_URL: Text = Text::new(
+    1,
+    MAX_CALLBACK_URL_CHARS,
+    concat!(
+        r"^[Hh][Tt][Tt][Pp][Ss]?://",
+        r"(?:",
+        // A host name.
+        r"(?:[A-Za-z0-9_]+(?:-[A-Za-z0-9_]+)*\.)*[A-Za-z][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*",
+        // An IPv4 address.
+        r"|(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(?:\.(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}",
+        // An IPv6 address (without an embedded IPv4 address or a zone).
+        r"|\[(?:",
+        r"(?:[0-9A-Fa-f]{1,4}:){7}[0-9A-Fa-f]{1,4}",
+        r"|(?:[0-9A-Fa-f]{1,4}:){1,7}:",
+        r"|(?:[0-9A-Fa-f]{1,4}:){1,6}:[0-9A-Fa-f]{1,4}",
+        r"|(?:[0-9A-Fa-f]{1,4}:){1,5}(?::[0-9A-Fa-f]{1,4}){1,2}",
+        r"|(?:[0-9A-Fa-f]{1,4}:){1,4}(?::[0-9A-Fa-f]{1,4}){1,3}",
+        r"|(?:[0-9A-Fa-f]{1,4}:){1,3}(?::[0-9A-Fa-f]{1,4}){1,4}",
+        r"|(?:[0-9A-Fa-f]{1,4}:){1,2}(?::[0-9A-Fa-f]{1,4}){1,5}",
+        r"|[0-9A-Fa-f]{1,4}:(?::[0-9A-Fa-f]{1,4}){1,6}",
+        r"|:(?:(?::[0-9A-Fa-f]{1,4}){1,7}|:)",
+        r")\])",
+        // A port, 0 to 65535.
+        r"(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?",
+        // A path and query.
+        r"(?:[/?][^#",
+        no_space!(),
+        r"]*)?$"
+    ),
+);
+
+/// The `call_id` of an approval: what providers send is kept as it is, so
+/// only what could not travel in a URL path or a log line is refused.
+pub static CALL_ID: Text = Text::new(1, 256, NO_CONTROL);
+/// `reason` of an approval decision, passed to the model with a denial.
+pub static DECISION_REASON: Text = Text::new(0, 4096, NO_NUL);
