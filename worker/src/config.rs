@@ -111,4 +111,12 @@ mod tests {
         assert_eq!("local".parse::<ProviderKind>(), Err(UnknownProvider("local".into())));
         assert!("OpenAI".parse::<ProviderKind>().is_err());
     }
+
+    /// What the API accepts as a run's `model.provider` (and documents as
+    /// its enum) is exactly what the worker can serve.
+    #[test]
+    fn the_api_accepts_exactly_the_providers_the_worker_serves() {
+        let served: Vec<&str> = ProviderKind::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(kiln_protocol::input::MODEL_PROVIDER.0, served.as_slice());
+    }
 }

@@ -4,7 +4,8 @@
 //! Everything GitHub users wrote is quoted line by line (`> `), so it cannot
 //! pass itself off as Kiln's framing: a line without the prefix is always
 //! Kiln's. Each piece has its own cap, and the caps plus the framing stay
-//! under the 64 KiB prompt limit whatever the input.
+//! under the prompt limit (64 Ki characters; bytes bound characters) whatever
+//! the input.
 
 /// Caps on each quoted piece, in bytes after quoting.
 const TITLE_CAP: usize = 1024;
