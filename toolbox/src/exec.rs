@@ -10,7 +10,7 @@
 //! command line bash reports in its errors is exactly the user's.
 //!
 //! The shell that runs a command is usually started before the command
-//! arrives (see [`standby`]): starting bash is most of a short command's time.
+//! arrives (see `standby`): starting bash is most of a short command's time.
 //!
 //! Why a file and not an inherited pipe on fd 3: every background child would
 //! inherit the pipe (`sleep 600 &` would hold it open), and the trap must also
@@ -18,11 +18,11 @@
 //! user's command is already gone.
 //!
 //! This module is the session: one command at a time, cancellation, and the
-//! result. The parts each have a module: [`shell`] starts bash with the
-//! preamble, [`session_state`] keeps what carries over between commands,
-//! [`supervise`] watches a running command (output, exit, deadline, cancel),
-//! [`capture`] sanitizes, keeps and streams its output, and
-//! [`process_group`] kills and reaps what it started.
+//! result. The parts each have a module: `shell` starts bash with the
+//! preamble, `session_state` keeps what carries over between commands,
+//! `supervise` watches a running command (output, exit, deadline, cancel),
+//! `capture` sanitizes, keeps and streams its output, and `process_group`
+//! kills and reaps what it started.
 
 use std::collections::HashMap;
 use std::io;

@@ -1,6 +1,6 @@
 //! A command's output on its way out: sanitized as it arrives, kept (head and
 //! tail) for the result, and streamed to the worker while the command runs.
-//! Apart from the process handling ([`super::supervise`]), which only decides
+//! Apart from the process handling (`supervise.rs`), which only decides
 //! when to read the pipe and asks [`Collector::ready`] whether it may.
 
 use crate::output::{HeadTail, Sanitizer};
