@@ -124,7 +124,7 @@ impl Standby {
     /// someone else by now, so it is not signalled).
     pub(super) fn discard(mut self) {
         if self.is_alive() {
-            super::kill_group(Pid::from_child(&self.child));
+            super::process_group::kill_group(Pid::from_child(&self.child));
             let _ = self.child.wait();
         }
         let _ = std::fs::remove_file(&self.state_file);
