@@ -242,19 +242,18 @@ impl TestApp {
         max: usize,
         stop: impl Fn(&Ev) -> bool,
     ) -> Vec<Ev> {
-        self.read_sse(addr, sub, run, last_event_id, max, |e| e, stop).await
+        self.read_sse(addr, sub, run, last_event_id, max, stop).await
     }
 
-    /// Reads the run's events over SSE, each made a `T` by `decode`, until
-    /// the terminal event, `max` events or the first `stop` accepts.
-    pub(crate) async fn read_sse<T>(
+    /// Reads the run's events over SSE, each made a `T`, until the
+    /// terminal event, `max` events or the first `stop` accepts.
+    pub(crate) async fn read_sse<T: From<Ev>>(
         &self,
         addr: SocketAddr,
         sub: &str,
         run: &str,
         last_event_id: Option<i64>,
         max: usize,
-        decode: impl Fn(Ev) -> T,
         stop: impl Fn(&T) -> bool,
     ) -> Vec<T> {
         let mut req = self
@@ -283,7 +282,7 @@ impl TestApp {
                 data: serde_json::from_str(&ev.data).expect("JSON data"),
             };
             let terminal = kiln_protocol::event::is_terminal_kind(&e.kind);
-            let item = decode(e);
+            let item = T::from(e);
             let stopped = terminal || stop(&item);
             out.push(item);
             if stopped {

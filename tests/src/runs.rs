@@ -91,7 +91,7 @@ impl TestApp {
         last_event_id: Option<i64>,
         stop: impl Fn(&Event) -> bool,
     ) -> Vec<Event> {
-        self.read_sse(self.addr, sub, &run.to_string(), last_event_id, usize::MAX, Event::from, stop).await
+        self.read_sse(self.addr, sub, &run.to_string(), last_event_id, usize::MAX, stop).await
     }
 
     /// Reads the run's events over SSE from `addr` until its end (or `max`
@@ -104,7 +104,7 @@ impl TestApp {
         last_event_id: Option<i64>,
         max: usize,
     ) -> Vec<Event> {
-        self.read_sse(addr, sub, &run.to_string(), last_event_id, max, Event::from, |_| false).await
+        self.read_sse(addr, sub, &run.to_string(), last_event_id, max, |_: &Event| false).await
     }
 }
 

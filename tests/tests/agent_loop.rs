@@ -139,7 +139,9 @@ async fn read_only_calls_run_together_and_results_keep_the_models_order() {
         .iter()
         .skip_while(|e| e.body != EventBody::StepStarted { step: 2 })
         .filter_map(|e| match &e.body {
-            EventBody::ToolCallReady { name, .. } | EventBody::ToolResult { name, .. } => Some((e.kind(), name.as_str())),
+            EventBody::ToolCallReady { name, .. } | EventBody::ToolResult { name, .. } => {
+                Some((e.kind(), name.as_str()))
+            }
             _ => None,
         })
         .collect();

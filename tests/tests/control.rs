@@ -130,7 +130,8 @@ async fn allowed_tools_limit_what_the_model_sees_and_can_call() {
         ..Default::default()
     })
     .await;
-    let run = app.submit("alice", CreateRun { allowed_tools: Some(vec!["view".into()]), ..CreateRun::new("look") }).await;
+    let run =
+        app.submit("alice", CreateRun { allowed_tools: Some(vec!["view".into()]), ..CreateRun::new("look") }).await;
     assert_eq!(run.allowed_tools, Some(vec!["view".to_owned()]));
     let events = app.events("alice", run.id).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded));
@@ -310,10 +311,7 @@ async fn a_decision_on_an_ended_run_is_409_and_a_bad_call_id_is_400_json() {
     let (_, lease) = app.store.claim_run("stand-in", std::time::Duration::from_secs(60)).await.unwrap().unwrap();
     app.sql()
         .await
-        .execute(
-            "INSERT INTO approvals (run_id, call_id, name, arguments) VALUES ($1, 'call-1', 'bash', '{}')",
-            &[&id],
-        )
+        .execute("INSERT INTO approvals (run_id, call_id, name, arguments) VALUES ($1, 'call-1', 'bash', '{}')", &[&id])
         .await
         .unwrap();
     // Percent-encoded NUL (Postgres refuses it in text: was a 500) and bytes

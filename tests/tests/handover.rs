@@ -111,7 +111,6 @@ async fn a_claim_the_worker_never_heard_of_is_handed_back_not_left_to_expire() {
     let events = app.events("alice", id).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
     assert!(started.elapsed() < Duration::from_secs(15), "waited {:?} for the lease", started.elapsed());
-    let losses: i32 =
-        app.sql().await.query_one("SELECT losses FROM runs WHERE id = $1", &[&id]).await.unwrap().get(0);
+    let losses: i32 = app.sql().await.query_one("SELECT losses FROM runs WHERE id = $1", &[&id]).await.unwrap().get(0);
     assert_eq!(losses, 0, "handed back, not reaped");
 }
