@@ -24,7 +24,7 @@ pub struct Event {
 impl Event {
     /// Decodes a streamed event; a kind or payload this build does not
     /// know fails the test.
-    pub fn decode(event: StreamedEvent) -> Event {
+    fn decode(event: StreamedEvent) -> Event {
         let body = event.body().unwrap_or_else(|| panic!("an event this build cannot decode: {event:?}"));
         Event { seq: event.seq, body, kind: event.kind }
     }
