@@ -27,6 +27,9 @@ pub mod browser;
 pub mod fake_github;
 pub mod netcut;
 pub mod pg;
+mod runs;
+
+pub use runs::{Event, outcome};
 
 pub const SECRET: &str = "test-secret-0123456789abcdef0123456789";
 
@@ -239,6 +242,20 @@ impl TestApp {
         max: usize,
         stop: impl Fn(&Ev) -> bool,
     ) -> Vec<Ev> {
+        self.read_sse(addr, sub, run, last_event_id, max, stop).await
+    }
+
+    /// Reads the run's events over SSE, each made a `T`, until the
+    /// terminal event, `max` events or the first `stop` accepts.
+    pub(crate) async fn read_sse<T: From<Ev>>(
+        &self,
+        addr: SocketAddr,
+        sub: &str,
+        run: &str,
+        last_event_id: Option<i64>,
+        max: usize,
+        stop: impl Fn(&T) -> bool,
+    ) -> Vec<T> {
         let mut req = self
             .http
             .get(format!("http://{addr}/v1/runs/{run}/events"))
@@ -264,9 +281,11 @@ impl TestApp {
                 kind: ev.event,
                 data: serde_json::from_str(&ev.data).expect("JSON data"),
             };
-            let terminal = kiln_protocol::event::is_terminal_kind(&e.kind) || stop(&e);
-            out.push(e);
-            if terminal {
+            let terminal = kiln_protocol::event::is_terminal_kind(&e.kind);
+            let item = T::from(e);
+            let stopped = terminal || stop(&item);
+            out.push(item);
+            if stopped {
                 break;
             }
         }
@@ -279,8 +298,8 @@ impl TestApp {
     }
 
     /// Ids of containers of the run's session (or made for the run).
-    pub async fn containers_of(&self, run: &str) -> Vec<String> {
-        let run: Uuid = run.parse().unwrap();
+    pub async fn containers_of(&self, run: impl std::fmt::Display) -> Vec<String> {
+        let run: Uuid = run.to_string().parse().unwrap();
         let row = self.sql().await.query_one("SELECT session_id FROM runs WHERE id = $1", &[&run]).await.unwrap();
         let session: Uuid = row.get(0);
         let docker = bollard::Docker::connect_with_local_defaults().unwrap();
@@ -334,7 +353,8 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
     }
 }
 
-/// One SSE event as a client saw it.
+/// One SSE event as a client saw it, its payload as JSON (for tests of the
+/// wire contract; behaviour tests read [`Event`]s).
 #[derive(Debug, Clone)]
 pub struct Ev {
     pub seq: i64,
@@ -342,13 +362,28 @@ pub struct Ev {
     pub data: Value,
 }
 
-pub fn kinds(events: &[Ev]) -> Vec<&str> {
-    events.iter().map(|e| e.kind.as_str()).collect()
+/// What every form of a seen event has: its id and its kind.
+pub trait Seen {
+    fn seq(&self) -> i64;
+    fn kind(&self) -> &str;
+}
+
+impl Seen for Ev {
+    fn seq(&self) -> i64 {
+        self.seq
+    }
+    fn kind(&self) -> &str {
+        &self.kind
+    }
+}
+
+pub fn kinds<E: Seen>(events: &[E]) -> Vec<&str> {
+    events.iter().map(Seen::kind).collect()
 }
 
 /// Asserts ids are 1..=n with no gap or repeat.
-pub fn assert_dense(events: &[Ev], from: i64) {
+pub fn assert_dense<E: Seen>(events: &[E], from: i64) {
     for (i, e) in events.iter().enumerate() {
-        assert_eq!(e.seq, from + i as i64, "event ids must be dense: {:?}", kinds(events));
+        assert_eq!(e.seq(), from + i as i64, "event ids must be dense: {:?}", kinds(events));
     }
 }

@@ -2,20 +2,29 @@
 //! read-only tools.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use kiln_protocol::{CreateRun, EventBody, Limits, ModelSpec, RepoSpec, RunStatus, TodoItem, TodoStatus};
 use kiln_scripted_model::{Reply, ScriptedCall};
-use kiln_tests::{Ev, Options, TestApp, assert_dense, kinds};
-use serde_json::{Value, json};
+use kiln_tests::{Event, Options, TestApp, assert_dense, kinds, outcome, pick};
+use serde_json::json;
+use uuid::Uuid;
 
-async fn run_to_end(app: &TestApp, body: Value) -> (String, Vec<Ev>) {
-    let run = app.create_run("alice", body).await;
-    let id = run["id"].as_str().unwrap().to_owned();
-    let events = app.events_to_end("alice", &id).await;
+async fn run_to_end(app: &TestApp, spec: CreateRun) -> (Uuid, Vec<Event>) {
+    let id = app.submit("alice", spec).await.id;
+    let events = app.events("alice", id).await;
     assert_dense(&events, 1);
     (id, events)
 }
 
-fn count(events: &[Ev], kind: &str) -> usize {
-    events.iter().filter(|e| e.kind == kind).count()
+fn limited(prompt: &str, limits: Limits) -> CreateRun {
+    CreateRun { limits: Some(limits), ..CreateRun::new(prompt) }
+}
+
+/// The error of the run's `run.failed`, which must be its last event.
+fn failure(events: &[Event]) -> &str {
+    match events.last().map(|e| &e.body) {
+        Some(EventBody::RunFailed { error }) => error,
+        _ => panic!("the run did not fail: {:?}", kinds(events)),
+    }
 }
 
 fn echo(n: u32) -> Reply {
@@ -25,14 +34,12 @@ fn echo(n: u32) -> Reply {
 #[tokio::test]
 async fn the_step_budget_stops_the_run_before_the_next_model_call() {
     let app = TestApp::spawn(Options { script: (1..=6).map(echo).collect(), ..Default::default() }).await;
-    let (id, events) = run_to_end(&app, json!({"prompt": "loop", "limits": {"max_steps": 2}})).await;
-    let last = events.last().unwrap();
-    assert_eq!(last.kind, "run.failed", "{:?}", kinds(&events));
-    assert!(last.data["error"].as_str().unwrap().contains("step budget exhausted: 2 of 2"), "{}", last.data);
-    assert_eq!(count(&events, "step.started"), 2);
+    let (id, events) = run_to_end(&app, limited("loop", Limits { max_steps: Some(2), ..Default::default() })).await;
+    let error = failure(&events);
+    assert!(error.contains("step budget exhausted: 2 of 2"), "{error}");
+    assert_eq!(pick!(events, EventBody::StepStarted { .. } => ()).count(), 2);
     assert_eq!(app.model.requests().len(), 2);
-    let run = app.get_run("alice", &id).await;
-    assert_eq!(run["status"], "failed");
+    assert_eq!(app.run("alice", id).await.status, RunStatus::Failed);
 }
 
 #[tokio::test]
@@ -40,18 +47,17 @@ async fn the_token_budget_stops_the_run_and_names_itself() {
     let app = TestApp::spawn(Options { script: (1..=6).map(echo).collect(), ..Default::default() }).await;
     // The scripted model reports ~1 input token per 4 request bytes: one
     // request with the system prompt and tool schemas is well over 100.
-    let (_, events) = run_to_end(&app, json!({"prompt": "loop", "limits": {"max_tokens": 100}})).await;
-    let last = events.last().unwrap();
-    assert_eq!(last.kind, "run.failed");
-    assert!(last.data["error"].as_str().unwrap().contains("token budget exhausted"), "{}", last.data);
+    let (_, events) = run_to_end(&app, limited("loop", Limits { max_tokens: Some(100), ..Default::default() })).await;
+    let error = failure(&events);
+    assert!(error.contains("token budget exhausted"), "{error}");
     assert_eq!(app.model.requests().len(), 1, "stops before the second model call");
 }
 
 #[tokio::test]
 async fn at_eighty_percent_of_a_budget_the_model_is_told() {
     let app = TestApp::spawn(Options { script: (1..=6).map(echo).collect(), ..Default::default() }).await;
-    let (_, events) = run_to_end(&app, json!({"prompt": "loop", "limits": {"max_steps": 5}})).await;
-    assert_eq!(events.last().unwrap().kind, "run.failed");
+    let (_, events) = run_to_end(&app, limited("loop", Limits { max_steps: Some(5), ..Default::default() })).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Failed));
     let requests = app.model.requests();
     assert_eq!(requests.len(), 5);
     let body = |i: usize| requests[i].body.to_string();
@@ -67,22 +73,20 @@ async fn the_wall_clock_limit_ends_the_run_timed_out() {
     })
     .await;
     let started = std::time::Instant::now();
-    let (id, events) = run_to_end(&app, json!({"prompt": "wait", "limits": {"timeout_s": 2}})).await;
-    assert_eq!(events.last().unwrap().kind, "run.timed_out");
-    assert_eq!(events.last().unwrap().data["limit_s"], 2);
+    let (id, events) = run_to_end(&app, limited("wait", Limits { timeout_s: Some(2), ..Default::default() })).await;
+    assert_eq!(events.last().unwrap().body, EventBody::RunTimedOut { limit_s: 2 });
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
-    assert_eq!(app.get_run("alice", &id).await["status"], "timed_out");
-    assert!(app.containers_of(&id).await.is_empty());
+    assert_eq!(app.run("alice", id).await.status, RunStatus::TimedOut);
+    assert!(app.containers_of(id).await.is_empty());
 }
 
 #[tokio::test]
 async fn the_loop_guard_nudges_then_stops_a_repeating_model() {
     let same = || Reply::tool("bash", json!({"command": "ls"}));
     let app = TestApp::spawn(Options { script: (0..8).map(|_| same()).collect(), ..Default::default() }).await;
-    let (_, events) = run_to_end(&app, json!({"prompt": "loop"})).await;
-    let last = events.last().unwrap();
-    assert_eq!(last.kind, "run.failed");
-    assert!(last.data["error"].as_str().unwrap().contains("loop guard"), "{}", last.data);
+    let (_, events) = run_to_end(&app, CreateRun::new("loop")).await;
+    let error = failure(&events);
+    assert!(error.contains("loop guard"), "{error}");
     let requests = app.model.requests();
     assert_eq!(requests.len(), 5, "stopped at the fifth identical call");
     assert!(!requests[2].body.to_string().contains("same tool call with the same arguments"));
@@ -93,22 +97,22 @@ async fn the_loop_guard_nudges_then_stops_a_repeating_model() {
 async fn an_overloaded_provider_is_retried_and_the_retry_is_an_event() {
     let app =
         TestApp::spawn(Options { script: vec![Reply::error(529), Reply::text("fine")], ..Default::default() }).await;
-    let (_, events) = run_to_end(&app, json!({"prompt": "hi"})).await;
-    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
-    let retry = events.iter().find(|e| e.kind == "model.retry").expect("model.retry event");
-    assert_eq!(retry.data["attempt"], 1);
-    assert!(retry.data["error"].as_str().unwrap().contains("529"));
+    let (_, events) = run_to_end(&app, CreateRun::new("hi")).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let retry = pick!(events, EventBody::ModelRetry { attempt, error, .. } => (*attempt, error)).next();
+    let (attempt, error) = retry.expect("model.retry event");
+    assert_eq!(attempt, 1);
+    assert!(error.contains("529"));
     assert_eq!(app.model.requests().len(), 2);
 }
 
 #[tokio::test]
 async fn a_permanent_provider_error_fails_the_run_clearly() {
     let app = TestApp::spawn(Options { script: vec![Reply::error(400)], ..Default::default() }).await;
-    let (_, events) = run_to_end(&app, json!({"prompt": "hi"})).await;
-    let last = events.last().unwrap();
-    assert_eq!(last.kind, "run.failed");
-    assert!(last.data["error"].as_str().unwrap().contains("400"), "{}", last.data);
-    assert_eq!(count(&events, "model.retry"), 0);
+    let (_, events) = run_to_end(&app, CreateRun::new("hi")).await;
+    let error = failure(&events);
+    assert!(error.contains("400"), "{error}");
+    assert_eq!(pick!(events, EventBody::ModelRetry { .. } => ()).count(), 0);
 }
 
 #[tokio::test]
@@ -127,15 +131,19 @@ async fn read_only_calls_run_together_and_results_keep_the_models_order() {
         ..Default::default()
     })
     .await;
-    let (_, events) = run_to_end(&app, json!({"prompt": "read"})).await;
-    assert_eq!(events.last().unwrap().kind, "run.succeeded");
+    let (_, events) = run_to_end(&app, CreateRun::new("read")).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded));
     // The second step's tool events: both views are announced before either
     // result (one batch), the bash call runs alone, then the last view.
     let step: Vec<(&str, &str)> = events
         .iter()
-        .skip_while(|e| !(e.kind == "step.started" && e.data["step"] == 2))
-        .filter(|e| e.kind == "tool_call.ready" || e.kind == "tool.result")
-        .map(|e| (e.kind.as_str(), e.data["name"].as_str().unwrap()))
+        .skip_while(|e| e.body != EventBody::StepStarted { step: 2 })
+        .filter_map(|e| match &e.body {
+            EventBody::ToolCallReady { name, .. } | EventBody::ToolResult { name, .. } => {
+                Some((e.kind(), name.as_str()))
+            }
+            _ => None,
+        })
         .collect();
     assert_eq!(
         step,
@@ -166,12 +174,11 @@ async fn read_only_calls_run_together_and_results_keep_the_models_order() {
 async fn the_cost_budget_stops_the_run_and_each_step_reports_its_cost() {
     let app = TestApp::spawn(Options { script: (1..=20).map(echo).collect(), ..Default::default() }).await;
     // The harness prices the scripted model at $1 per million tokens.
-    let (_, events) = run_to_end(&app, json!({"prompt": "loop", "limits": {"max_cost_usd": 0.001}})).await;
-    let last = events.last().unwrap();
-    assert_eq!(last.kind, "run.failed");
-    assert!(last.data["error"].as_str().unwrap().contains("cost budget exhausted"), "{}", last.data);
-    let costs: Vec<f64> =
-        events.iter().filter(|e| e.kind == "step.finished").map(|e| e.data["cost_usd"].as_f64().unwrap()).collect();
+    let spec = limited("loop", Limits { max_cost_usd: Some(0.001), ..Default::default() });
+    let (_, events) = run_to_end(&app, spec).await;
+    let error = failure(&events);
+    assert!(error.contains("cost budget exhausted"), "{error}");
+    let costs: Vec<f64> = pick!(events, EventBody::StepFinished { cost_usd, .. } => cost_usd.unwrap()).collect();
     assert!(!costs.is_empty() && costs.iter().all(|c| *c > 0.0), "{costs:?}");
     let total: f64 = costs.iter().sum();
     let last_step = costs.last().unwrap();
@@ -191,17 +198,15 @@ async fn a_tool_call_cut_off_mid_stream_is_never_run() {
         ..Default::default()
     })
     .await;
-    let (_, events) = run_to_end(&app, json!({"prompt": "go"})).await;
-    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
-    let retry = events.iter().find(|e| e.kind == "model.retry").expect("the cut stream is retried");
-    assert!(retry.data["error"].as_str().unwrap().contains("ended before"), "{}", retry.data);
-    let ran: Vec<&str> = events
-        .iter()
-        .filter(|e| e.kind == "tool_call.ready")
-        .map(|e| e.data["arguments"]["command"].as_str().unwrap())
-        .collect();
+    let (_, events) = run_to_end(&app, CreateRun::new("go")).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let error = pick!(events, EventBody::ModelRetry { error, .. } => error).next().expect("the cut stream is retried");
+    assert!(error.contains("ended before"), "{error}");
+    let ran: Vec<&str> =
+        pick!(events, EventBody::ToolCallReady { arguments, .. } => arguments["command"].as_str().unwrap()).collect();
     assert_eq!(ran, ["echo second"]);
-    assert!(!events.iter().any(|e| e.data.to_string().contains("SHOULD-NOT-RUN\\n")));
+    // Nowhere in any event, as the API serves it.
+    assert!(!events.iter().any(|e| serde_json::to_string(&e.body).unwrap().contains("SHOULD-NOT-RUN\\n")));
 }
 
 /// A git repository holding `files`, as a `file://` URL (the test workers
@@ -238,17 +243,19 @@ async fn the_repositorys_agents_md_joins_the_system_prompt_and_the_plan_is_an_ev
     let app =
         TestApp::spawn(Options { script: vec![Reply::tool("todo", plan), Reply::text("done")], ..Default::default() })
             .await;
-    let (_, events) = run_to_end(&app, json!({"prompt": "fix it", "repo": {"url": url}})).await;
-    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
-    let todo: Vec<&Ev> = events.iter().filter(|e| e.kind == "todo").collect();
+    let spec = CreateRun { repo: Some(RepoSpec { url, git_ref: None }), ..CreateRun::new("fix it") };
+    let (_, events) = run_to_end(&app, spec).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let todo: Vec<&Vec<TodoItem>> = pick!(events, EventBody::Todo { items } => items).collect();
     assert_eq!(todo.len(), 1);
+    let item = |text: &str, status| TodoItem { text: text.into(), status };
     assert_eq!(
-        todo[0].data["items"],
-        json!([
-            {"text": "read the code", "status": "done"},
-            {"text": "fix the bug", "status": "in_progress"},
-            {"text": "run make lint", "status": "pending"},
-        ])
+        *todo[0],
+        [
+            item("read the code", TodoStatus::Done),
+            item("fix the bug", TodoStatus::InProgress),
+            item("run make lint", TodoStatus::Pending),
+        ]
     );
     let requests = app.model.requests();
     let system = requests[0].body["messages"][0].clone();
@@ -257,8 +264,8 @@ async fn the_repositorys_agents_md_joins_the_system_prompt_and_the_plan_is_an_ev
     assert!(system.contains("Always run `make lint` before you finish."), "{system}");
     assert!(system.contains("Instructions from the repository (AGENTS.md)"));
     // The model sees its plan back as the tool's result.
-    let result = events.iter().find(|e| e.kind == "tool.result").unwrap();
-    assert!(result.data["output"].as_str().unwrap().starts_with("Plan updated (1/3 done)"), "{}", result.data);
+    let output = pick!(events, EventBody::ToolResult { output, .. } => output).next().unwrap();
+    assert!(output.starts_with("Plan updated (1/3 done)"), "{output}");
 }
 
 #[tokio::test]
@@ -274,16 +281,19 @@ async fn a_step_near_the_context_window_compacts_the_older_conversation_into_a_s
     })
     .await;
     // 3,000 tokens at 0.8: the second step's input (the seq output) is over.
-    let body = json!({"prompt": "count, then mark", "model": {"context_window": 3000}});
-    let (id, events) = run_to_end(&app, body).await;
-    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
-    let compactions: Vec<&Ev> = events.iter().filter(|e| e.kind == "compaction").collect();
+    let model = ModelSpec { context_window: Some(3000), ..Default::default() };
+    let (id, events) = run_to_end(&app, CreateRun { model: Some(model), ..CreateRun::new("count, then mark") }).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let compactions: Vec<(u32, u32, u64)> = pick!(events,
+        EventBody::Compaction { summarized_messages, kept_messages, input_tokens, .. } =>
+            (*summarized_messages, *kept_messages, *input_tokens))
+    .collect();
     assert_eq!(compactions.len(), 1, "{:?}", kinds(&events));
-    assert_eq!(compactions[0].data["summarized_messages"], 3, "{}", compactions[0].data);
-    assert_eq!(compactions[0].data["kept_messages"], 2);
-    assert!(compactions[0].data["input_tokens"].as_u64().unwrap() > 2_400);
-    let streamed: String =
-        events.iter().filter(|e| e.kind == "text.delta").map(|e| e.data["text"].as_str().unwrap()).collect();
+    let (summarized, kept, input_tokens) = compactions[0];
+    assert_eq!(summarized, 3, "{compactions:?}");
+    assert_eq!(kept, 2);
+    assert!(input_tokens > 2_400);
+    let streamed: String = pick!(events, EventBody::TextDelta { text } => text.as_str()).collect();
     assert!(!streamed.contains("SUMMARY"), "the summary is not the agent talking: {streamed}");
 
     let requests = app.model.requests();
@@ -308,7 +318,7 @@ async fn a_step_near_the_context_window_compacts_the_older_conversation_into_a_s
         .await
         .query(
             "SELECT m.role, m.summary_keeps FROM messages m JOIN runs r ON r.session_id = m.session_id \
-             WHERE r.id = $1::text::uuid ORDER BY m.seq",
+             WHERE r.id = $1 ORDER BY m.seq",
             &[&id],
         )
         .await
@@ -321,9 +331,8 @@ async fn a_step_near_the_context_window_compacts_the_older_conversation_into_a_s
 
 /// The transaction that wrote each row (Postgres' `xmin`): rows with the same
 /// one were committed together.
-async fn writers(app: &TestApp, run: &str) -> (Vec<(String, i64)>, Vec<(String, i64)>) {
+async fn writers(app: &TestApp, run: Uuid) -> (Vec<(String, i64)>, Vec<(String, i64)>) {
     let sql = app.sql().await;
-    let run: uuid::Uuid = run.parse().unwrap();
     let messages = sql
         .query("SELECT role, xmin::text::bigint FROM messages WHERE run_id = $1 ORDER BY seq", &[&run])
         .await
@@ -337,9 +346,9 @@ async fn writers(app: &TestApp, run: &str) -> (Vec<(String, i64)>, Vec<(String, 
 #[tokio::test]
 async fn a_step_with_a_tool_call_commits_twice_its_message_with_its_events() {
     let app = TestApp::spawn(Options { script: vec![echo(1), Reply::text("done")], ..Default::default() }).await;
-    let (id, events) = run_to_end(&app, json!({"prompt": "one tool call"})).await;
-    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
-    let (messages, rows) = writers(&app, &id).await;
+    let (id, events) = run_to_end(&app, CreateRun::new("one tool call")).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let (messages, rows) = writers(&app, id).await;
     let roles: Vec<&str> = messages.iter().map(|(r, _)| r.as_str()).collect();
     assert_eq!(roles, ["user", "assistant", "tool", "assistant"]);
     let tx_of = |kind: &str, nth: usize| rows.iter().filter(|(k, _)| k == kind).nth(nth).unwrap().1;

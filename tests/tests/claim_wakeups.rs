@@ -6,9 +6,8 @@
 
 use std::time::Duration;
 
-use kiln_protocol::EventBody;
+use kiln_protocol::{CreateRun, EventBody};
 use kiln_tests::{Options, TestApp};
-use serde_json::json;
 
 /// Claim queries so far: each one scans the queue's partial index (and
 /// nothing else does). Postgres publishes a backend's counts once it has
@@ -27,7 +26,7 @@ async fn queue_scans(app: &TestApp) -> i64 {
 async fn events_of_other_runs_do_not_send_an_idle_worker_to_the_queue() {
     let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
     // A run held by a stand-in that writes many events, each announced.
-    app.create_run("alice", json!({"prompt": "chatty"})).await;
+    app.submit("alice", CreateRun::new("chatty")).await;
     let (_, lease) = app.store.claim_run("stand-in", Duration::from_secs(120)).await.unwrap().unwrap();
     // A worker with free slots and nothing queued: it polls (every 500 ms
     // in tests) and otherwise waits.

@@ -1,13 +1,15 @@
 //! Talking to runs: steering messages, follow-up runs, approvals, allowed tools.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use kiln_protocol::{ApprovalMode, CreateRun, EventBody, Run, RunStatus};
 use kiln_scripted_model::Reply;
-use kiln_tests::{Ev, Options, TestApp, assert_dense, kinds, token};
+use kiln_tests::{Event, Options, TestApp, assert_dense, kinds, outcome, pick, token};
 use serde_json::{Value, json};
+use uuid::Uuid;
 
-async fn until(app: &TestApp, id: &str, after: Option<i64>, kind: &str) -> Vec<Ev> {
-    let evs = app.sse_until(app.addr, "alice", id, after, usize::MAX, |e| e.kind == kind).await;
-    assert_eq!(evs.last().map(|e| e.kind.as_str()), Some(kind), "{:?}", kinds(&evs));
+async fn until(app: &TestApp, id: Uuid, after: Option<i64>, kind: &str) -> Vec<Event> {
+    let evs = app.events_until("alice", id, after, |e| e.kind() == kind).await;
+    assert_eq!(evs.last().map(Event::kind), Some(kind), "{:?}", kinds(&evs));
     evs
 }
 
@@ -28,16 +30,15 @@ async fn a_message_sent_mid_run_joins_the_conversation_before_the_next_model_cal
         ..Default::default()
     })
     .await;
-    let run = app.create_run("alice", json!({"prompt": "start"})).await;
-    let id = run["id"].as_str().unwrap();
+    let id = app.submit("alice", CreateRun::new("start")).await.id;
     let seen = until(&app, id, None, "tool_call.ready").await;
     let (status, body) =
         app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({"text": "also check the tests"})).await;
     assert_eq!(status, 202, "{body}");
     assert_eq!(body["disposition"], "queued");
-    let rest = app.sse(app.addr, "alice", id, Some(seen.last().unwrap().seq), usize::MAX).await;
-    assert_eq!(rest.last().unwrap().kind, "run.succeeded");
-    assert!(rest.iter().any(|e| e.kind == "message.queued" && e.data["text"] == "also check the tests"));
+    let rest = app.events_after("alice", id, Some(seen.last().unwrap().seq)).await;
+    assert_eq!(outcome(&rest), Some(RunStatus::Succeeded));
+    assert!(rest.iter().any(|e| e.body == EventBody::MessageQueued { text: "also check the tests".into() }));
     let requests = app.model.requests();
     assert_eq!(requests.len(), 2);
     assert_eq!(user_texts(&requests[1].body).last().unwrap(), "also check the tests");
@@ -50,19 +51,19 @@ async fn a_message_to_a_finished_run_starts_a_follow_up_that_sees_the_conversati
         ..Default::default()
     })
     .await;
-    let run = app.create_run("alice", json!({"prompt": "first question"})).await;
-    let id = run["id"].as_str().unwrap();
-    assert_eq!(app.events_to_end("alice", id).await.last().unwrap().kind, "run.succeeded");
+    let run = app.submit("alice", CreateRun::new("first question")).await;
+    let id = run.id;
+    assert_eq!(outcome(&app.events("alice", id).await), Some(RunStatus::Succeeded));
     let (status, body) =
         app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({"text": "second question"})).await;
     assert_eq!(status, 201, "{body}");
     assert_eq!(body["disposition"], "follow_up");
-    let follow = &body["run"];
-    assert_ne!(follow["id"], run["id"]);
-    assert_eq!(follow["session_id"], run["session_id"]);
-    let events = app.events_to_end("alice", follow["id"].as_str().unwrap()).await;
+    let follow: Run = serde_json::from_value(body["run"].clone()).unwrap();
+    assert_ne!(follow.id, run.id);
+    assert_eq!(follow.session_id, run.session_id);
+    let events = app.events("alice", follow.id).await;
     assert_dense(&events, 1);
-    assert_eq!(events.last().unwrap().data["summary"], "second answer");
+    assert_eq!(events.last().unwrap().body, EventBody::RunSucceeded { summary: "second answer".into() });
     let requests = app.model.requests();
     let messages = requests[1].body["messages"].as_array().unwrap();
     let text = serde_json::to_string(messages).unwrap();
@@ -80,14 +81,14 @@ async fn an_approved_call_runs_and_a_denied_one_goes_back_to_the_model() {
         ..Default::default()
     })
     .await;
-    let run = app.create_run("alice", json!({"prompt": "work", "approval": "mutating"})).await;
-    let id = run["id"].as_str().unwrap();
+    let spec = CreateRun { approval: Some(ApprovalMode::Mutating), ..CreateRun::new("work") };
+    let id = app.submit("alice", spec).await.id;
 
     let first = until(&app, id, None, "approval.requested").await;
     let request = first.last().unwrap();
-    assert_eq!(request.data["name"], "bash");
-    let call = request.data["call_id"].as_str().unwrap().to_owned();
-    assert_eq!(app.get_run("alice", id).await["status"], "awaiting_approval");
+    let EventBody::ApprovalRequested { call_id: call, name, .. } = &request.body else { panic!("{request:?}") };
+    assert_eq!(name, "bash");
+    assert_eq!(app.run("alice", id).await.status, RunStatus::AwaitingApproval);
     // Another subject cannot decide; an unknown call is not found.
     let path = format!("/v1/runs/{id}/approvals/{call}");
     assert_eq!(app.post_json("mallory", &path, json!({"decision": "approve"})).await.0, 404);
@@ -100,10 +101,11 @@ async fn an_approved_call_runs_and_a_denied_one_goes_back_to_the_model() {
     assert_eq!(app.post_json("alice", &path, json!({"decision": "deny"})).await.0, 409, "decided once");
 
     let second = until(&app, id, Some(request.seq), "approval.requested").await;
-    let result = second.iter().find(|e| e.kind == "tool.result").unwrap();
-    assert!(result.data["output"].as_str().unwrap().contains("approved-ran"));
-    assert!(second.iter().any(|e| e.kind == "approval.resolved" && e.data["approved"] == true));
-    let call2 = second.last().unwrap().data["call_id"].as_str().unwrap().to_owned();
+    let output = pick!(second, EventBody::ToolResult { output, .. } => output).next().unwrap();
+    assert!(output.contains("approved-ran"));
+    assert!(second.iter().any(|e| matches!(e.body, EventBody::ApprovalResolved { approved: true, .. })));
+    let asked = second.last().unwrap();
+    let EventBody::ApprovalRequested { call_id: call2, .. } = &asked.body else { panic!("{asked:?}") };
     let (status, _) = app
         .post_json(
             "alice",
@@ -112,12 +114,11 @@ async fn an_approved_call_runs_and_a_denied_one_goes_back_to_the_model() {
         )
         .await;
     assert_eq!(status, 200);
-    let rest = app.sse(app.addr, "alice", id, Some(second.last().unwrap().seq), usize::MAX).await;
-    assert_eq!(rest.last().unwrap().kind, "run.succeeded");
-    let denied = rest.iter().find(|e| e.kind == "tool.result").unwrap();
-    assert_eq!(denied.data["is_error"], true);
-    assert_eq!(denied.data["output"], "the user denied this call: too risky");
-    assert_eq!(app.get_run("alice", id).await["status"], "succeeded");
+    let rest = app.events_after("alice", id, Some(asked.seq)).await;
+    assert_eq!(outcome(&rest), Some(RunStatus::Succeeded));
+    let denied = pick!(rest, EventBody::ToolResult { output, is_error, .. } => (*is_error, output.as_str())).next();
+    assert_eq!(denied, Some((true, "the user denied this call: too risky")));
+    assert_eq!(app.run("alice", id).await.status, RunStatus::Succeeded);
     let requests = app.model.requests();
     assert!(requests[2].body.to_string().contains("the user denied this call: too risky"));
 }
@@ -129,13 +130,15 @@ async fn allowed_tools_limit_what_the_model_sees_and_can_call() {
         ..Default::default()
     })
     .await;
-    let run = app.create_run("alice", json!({"prompt": "look", "allowed_tools": ["view"]})).await;
-    assert_eq!(run["allowed_tools"], json!(["view"]));
-    let events = app.events_to_end("alice", run["id"].as_str().unwrap()).await;
-    assert_eq!(events.last().unwrap().kind, "run.succeeded");
-    let result = events.iter().find(|e| e.kind == "tool.result").unwrap();
-    assert_eq!(result.data["is_error"], true);
-    assert!(result.data["output"].as_str().unwrap().contains("not available"));
+    let run =
+        app.submit("alice", CreateRun { allowed_tools: Some(vec!["view".into()]), ..CreateRun::new("look") }).await;
+    assert_eq!(run.allowed_tools, Some(vec!["view".to_owned()]));
+    let events = app.events("alice", run.id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded));
+    let (is_error, output) =
+        pick!(events, EventBody::ToolResult { output, is_error, .. } => (*is_error, output)).next().unwrap();
+    assert!(is_error);
+    assert!(output.contains("not available"));
     let requests = app.model.requests();
     let tools: Vec<&str> =
         requests[0].body["tools"].as_array().unwrap().iter().map(|t| t["function"]["name"].as_str().unwrap()).collect();
@@ -145,8 +148,7 @@ async fn allowed_tools_limit_what_the_model_sees_and_can_call() {
 #[tokio::test]
 async fn messages_are_validated_and_scoped_to_their_owner() {
     let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
-    let run = app.create_run("alice", json!({"prompt": "p"})).await;
-    let id = run["id"].as_str().unwrap();
+    let id = app.submit("alice", CreateRun::new("p")).await.id;
     assert_eq!(app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({"text": " "})).await.0, 422);
     assert_eq!(app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({"txt": "x"})).await.0, 422);
     assert_eq!(app.post_json("bob", &format!("/v1/runs/{id}/messages"), json!({"text": "x"})).await.0, 404);
@@ -157,23 +159,22 @@ async fn messages_are_validated_and_scoped_to_their_owner() {
 
 /// A run held by a stand-in worker (this test), so the test decides when it
 /// ends: after a message arrived that the worker never read.
-async fn held_run(app: &TestApp) -> (String, kiln_store::Lease) {
-    let run = app.create_run("alice", json!({"prompt": "first question"})).await;
+async fn held_run(app: &TestApp) -> (Uuid, kiln_store::Lease) {
+    let id = app.submit("alice", CreateRun::new("first question")).await.id;
     let (claimed, lease) = app.store.claim_run("stand-in", std::time::Duration::from_secs(60)).await.unwrap().unwrap();
-    assert_eq!(claimed.id.to_string(), run["id"].as_str().unwrap());
-    let id = run["id"].as_str().unwrap().to_owned();
+    assert_eq!(claimed.id, id);
     let (status, body) =
         app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({"text": "one more thing"})).await;
     assert_eq!((status, body["disposition"].as_str()), (202, Some("queued")), "{body}");
     (id, lease)
 }
 
-async fn runs_in_session(app: &TestApp, id: &str) -> Vec<(String, String, String)> {
+async fn runs_in_session(app: &TestApp, id: Uuid) -> Vec<(Uuid, String, String)> {
     app.sql()
         .await
         .query(
-            "SELECT id::text, status, prompt FROM runs
-             WHERE session_id = (SELECT session_id FROM runs WHERE id = $1::text::uuid) ORDER BY created_at",
+            "SELECT id, status, prompt FROM runs
+             WHERE session_id = (SELECT session_id FROM runs WHERE id = $1) ORDER BY created_at",
             &[&id],
         )
         .await
@@ -194,7 +195,7 @@ async fn a_message_that_arrives_after_the_workers_last_look_becomes_a_follow_up_
     let done = kiln_protocol::EventBody::RunSucceeded { summary: "done".into() };
     app.store.finish_run(&lease, &done, None).await.unwrap();
 
-    let runs = runs_in_session(&app, &id).await;
+    let runs = runs_in_session(&app, id).await;
     assert_eq!(runs.len(), 2, "{runs:?}");
     assert_eq!(runs[0].1, "succeeded");
     let (follow_up, status, prompt) = runs[1].clone();
@@ -203,11 +204,10 @@ async fn a_message_that_arrives_after_the_workers_last_look_becomes_a_follow_up_
     // runs it with the message as the next turn of the conversation.
     app.start_worker(kiln_tests::worker_config(kiln_worker::ProviderKind::OpenAi, std::time::Duration::from_secs(10)))
         .await;
-    let events = app.events_to_end("alice", &follow_up).await;
+    let events = app.events("alice", follow_up).await;
     assert_dense(&events, 1);
-    assert_eq!(events[0].kind, "run.queued");
-    assert_eq!(events[0].data["prompt"], "one more thing");
-    assert_eq!(events.last().unwrap().data["summary"], "done that too");
+    assert_eq!(events[0].body, EventBody::RunQueued { prompt: "one more thing".into() });
+    assert_eq!(events.last().unwrap().body, EventBody::RunSucceeded { summary: "done that too".into() });
     let requests = app.model.requests();
     assert_eq!(user_texts(&requests[0].body).last().unwrap(), "one more thing");
     let unread: i64 = app
@@ -226,18 +226,18 @@ async fn a_cancelled_runs_unread_message_starts_nothing() {
     let (id, lease) = held_run(&app).await;
     let cancelled = kiln_protocol::EventBody::RunCancelled { reason: "cancelled by the client".into() };
     app.store.finish_run(&lease, &cancelled, None).await.unwrap();
-    let runs = runs_in_session(&app, &id).await;
+    let runs = runs_in_session(&app, id).await;
     assert_eq!(runs.len(), 1, "a cancel ends the conversation: {runs:?}");
 }
 
 /// Ends run `id` as a process that stops right after the end's commit
 /// would leave it: ended, with the follow-up it owes not yet queued.
-async fn end_and_stop(app: &TestApp, id: &str) {
+async fn end_and_stop(app: &TestApp, id: Uuid) {
     app.sql()
         .await
         .execute(
             "UPDATE runs SET status = 'succeeded', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL
-             WHERE id = $1::text::uuid",
+             WHERE id = $1",
             &[&id],
         )
         .await
@@ -249,51 +249,47 @@ async fn end_and_stop(app: &TestApp, id: &str) {
 async fn a_follow_up_owed_by_a_process_that_stopped_is_queued_by_the_reaper() {
     let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
     let (id, _lease) = held_run(&app).await;
-    end_and_stop(&app, &id).await;
+    end_and_stop(&app, id).await;
 
     app.store.reap_expired_leases().await.unwrap();
 
-    let runs = runs_in_session(&app, &id).await;
+    let runs = runs_in_session(&app, id).await;
     assert_eq!(runs.len(), 2, "{runs:?}");
     assert_eq!((runs[1].1.as_str(), runs[1].2.as_str()), ("queued", "one more thing"));
-    let events = app.sql().await.query("SELECT kind FROM events WHERE run_id = $1::text::uuid", &[&runs[1].0]).await;
+    let events = app.sql().await.query("SELECT kind FROM events WHERE run_id = $1", &[&runs[1].0]).await;
     let kinds: Vec<String> = events.unwrap().iter().map(|r| r.get(0)).collect();
     assert_eq!(kinds, ["run.queued"]);
     app.store.reap_expired_leases().await.unwrap();
-    assert_eq!(runs_in_session(&app, &id).await.len(), 2, "queued once");
+    assert_eq!(runs_in_session(&app, id).await.len(), 2, "queued once");
 }
 
 #[tokio::test]
 async fn a_message_to_a_run_whose_follow_up_is_owed_finds_the_session_busy_with_it() {
     let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
     let (id, _lease) = held_run(&app).await;
-    end_and_stop(&app, &id).await;
+    end_and_stop(&app, id).await;
 
     let (status, body) = app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({"text": "and this"})).await;
 
     assert_eq!(status, 409, "{body}");
-    let runs = runs_in_session(&app, &id).await;
+    let runs = runs_in_session(&app, id).await;
     assert_eq!(runs.len(), 2, "{runs:?}");
     assert_eq!((runs[1].1.as_str(), runs[1].2.as_str()), ("queued", "one more thing"));
-    assert!(body["error"]["message"].as_str().unwrap().contains(&runs[1].0), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains(&runs[1].0.to_string()), "{body}");
 }
 
 #[tokio::test]
 async fn a_message_accepted_while_the_runs_end_waits_for_it_is_not_lost() {
     let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
-    let run = app.create_run("alice", json!({"prompt": "first question"})).await;
-    let id = run["id"].as_str().unwrap().to_owned();
+    let id = app.submit("alice", CreateRun::new("first question")).await.id;
     let (_, lease) = app.store.claim_run("stand-in", std::time::Duration::from_secs(60)).await.unwrap().unwrap();
     // What `send_message` does for an active run, held open: the run's end
     // waits for it, then commits after it.
     let mut sql = app.sql().await;
     let message = sql.transaction().await.unwrap();
-    message.execute("SELECT 1 FROM runs WHERE id = $1::text::uuid FOR UPDATE", &[&id]).await.unwrap();
-    message
-        .execute("INSERT INTO run_inbox (run_id, text) VALUES ($1::text::uuid, 'just in time')", &[&id])
-        .await
-        .unwrap();
-    message.execute("UPDATE runs SET steered = true WHERE id = $1::text::uuid", &[&id]).await.unwrap();
+    message.execute("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE", &[&id]).await.unwrap();
+    message.execute("INSERT INTO run_inbox (run_id, text) VALUES ($1, 'just in time')", &[&id]).await.unwrap();
+    message.execute("UPDATE runs SET steered = true WHERE id = $1", &[&id]).await.unwrap();
     let store = app.store.clone();
     let end = tokio::spawn(async move {
         store.finish_run(&lease, &kiln_protocol::EventBody::RunSucceeded { summary: "done".into() }, None).await
@@ -303,7 +299,7 @@ async fn a_message_accepted_while_the_runs_end_waits_for_it_is_not_lost() {
     message.commit().await.unwrap();
     end.await.unwrap().unwrap();
 
-    let runs = runs_in_session(&app, &id).await;
+    let runs = runs_in_session(&app, id).await;
     assert_eq!(runs.len(), 2, "{runs:?}");
     assert_eq!((runs[1].1.as_str(), runs[1].2.as_str()), ("queued", "just in time"));
 }
@@ -311,15 +307,11 @@ async fn a_message_accepted_while_the_runs_end_waits_for_it_is_not_lost() {
 #[tokio::test]
 async fn a_decision_on_an_ended_run_is_409_and_a_bad_call_id_is_400_json() {
     let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
-    let run = app.create_run("alice", json!({"prompt": "x"})).await;
-    let id = run["id"].as_str().unwrap().to_owned();
+    let id = app.submit("alice", CreateRun::new("x")).await.id;
     let (_, lease) = app.store.claim_run("stand-in", std::time::Duration::from_secs(60)).await.unwrap().unwrap();
     app.sql()
         .await
-        .execute(
-            "INSERT INTO approvals (run_id, call_id, name, arguments) VALUES ($1::text::uuid, 'call-1', 'bash', '{}')",
-            &[&id],
-        )
+        .execute("INSERT INTO approvals (run_id, call_id, name, arguments) VALUES ($1, 'call-1', 'bash', '{}')", &[&id])
         .await
         .unwrap();
     // Percent-encoded NUL (Postgres refuses it in text: was a 500) and bytes
@@ -349,9 +341,8 @@ async fn a_follow_up_counts_against_the_subjects_quota() {
         ..Default::default()
     };
     let app = TestApp::spawn(Options { api, script: vec![Reply::text("first answer")], ..Default::default() }).await;
-    let run = app.create_run("alice", json!({"prompt": "first question"})).await;
-    let id = run["id"].as_str().unwrap();
-    assert_eq!(app.events_to_end("alice", id).await.last().unwrap().kind, "run.succeeded");
+    let id = app.submit("alice", CreateRun::new("first question")).await.id;
+    assert_eq!(outcome(&app.events("alice", id).await), Some(RunStatus::Succeeded));
     // Each message to a finished run is a new run: without the check, any
     // number of sessions could be restarted at once past the quota.
     let r = app

@@ -4,10 +4,12 @@
 
 use std::time::{Duration, Instant};
 
+use kiln_protocol::{CreateRun, EventBody, RunStatus};
 use kiln_scripted_model::Reply;
-use kiln_tests::{Options, TestApp, assert_dense, kinds};
+use kiln_tests::{Event, Options, TestApp, assert_dense, kinds, outcome, pick};
 use kiln_worker::ProviderKind;
 use serde_json::{Value, json};
+use uuid::Uuid;
 
 fn hello_script() -> Vec<Reply> {
     vec![
@@ -17,17 +19,16 @@ fn hello_script() -> Vec<Reply> {
     ]
 }
 
-async fn run_hello(provider: ProviderKind) -> (TestApp, String, Vec<kiln_tests::Ev>) {
+async fn run_hello(provider: ProviderKind) -> (TestApp, Uuid, Vec<Event>) {
     let app = TestApp::spawn(Options { script: hello_script(), provider, ..Default::default() }).await;
-    let run = app.create_run("alice", json!({"prompt": "write hello to note.txt"})).await;
-    assert_eq!(run["status"], "queued");
-    let id = run["id"].as_str().unwrap().to_owned();
-    let events = app.events_to_end("alice", &id).await;
-    (app, id, events)
+    let run = app.submit("alice", CreateRun::new("write hello to note.txt")).await;
+    assert_eq!(run.status, RunStatus::Queued);
+    let events = app.events("alice", run.id).await;
+    (app, run.id, events)
 }
 
 /// What every provider's run must show a client, in order.
-fn assert_hello_events(events: &[kiln_tests::Ev]) {
+fn assert_hello_events(events: &[Event]) {
     assert_dense(events, 1);
     let k = kinds(events);
     let pos = |kind: &str, from: usize| {
@@ -39,34 +40,31 @@ fn assert_hello_events(events: &[kiln_tests::Ev]) {
     };
     assert_eq!(&k[..3], ["run.queued", "run.started", "sandbox.ready"]);
     let bash_ready = pos("tool_call.ready", 3);
-    assert_eq!(events[bash_ready].data["name"], "bash");
-    assert_eq!(events[bash_ready].data["arguments"]["command"], "echo hello > note.txt && cat note.txt");
+    let EventBody::ToolCallReady { name, arguments, .. } = &events[bash_ready].body else { unreachable!() };
+    assert_eq!(name, "bash");
+    assert_eq!(arguments["command"], "echo hello > note.txt && cat note.txt");
     let bash_result = pos("tool.result", bash_ready);
-    assert_eq!(events[bash_result].data["name"], "bash");
-    assert_eq!(events[bash_result].data["is_error"], false);
-    assert!(events[bash_result].data["output"].as_str().unwrap().contains("hello"));
+    let EventBody::ToolResult { name, is_error, output, .. } = &events[bash_result].body else { unreachable!() };
+    assert_eq!(name, "bash");
+    assert!(!is_error);
+    assert!(output.contains("hello"));
     let view_ready = pos("tool_call.ready", bash_result);
-    assert_eq!(events[view_ready].data["name"], "view");
+    let EventBody::ToolCallReady { name, .. } = &events[view_ready].body else { unreachable!() };
+    assert_eq!(name, "view");
     let view_result = pos("tool.result", view_ready);
-    let view_out = events[view_result].data["output"].as_str().unwrap();
+    let EventBody::ToolResult { output: view_out, .. } = &events[view_result].body else { unreachable!() };
     assert!(view_out.contains("     1\thello"), "view shows numbered lines: {view_out}");
-    let text: String = events[view_result..]
-        .iter()
-        .filter(|e| e.kind == "text.delta")
-        .map(|e| e.data["text"].as_str().unwrap())
-        .collect();
+    let text: String = pick!(events[view_result..], EventBody::TextDelta { text } => text.as_str()).collect();
     assert_eq!(text, "done");
-    let last = events.last().unwrap();
-    assert_eq!(last.kind, "run.succeeded");
-    assert_eq!(last.data["summary"], "done");
+    assert_eq!(events.last().unwrap().body, EventBody::RunSucceeded { summary: "done".into() });
 }
 
-async fn assert_conversation_stored(app: &TestApp, id: &str) {
+async fn assert_conversation_stored(app: &TestApp, id: Uuid) {
     let sql = app.sql().await;
     let rows = sql
         .query(
             "SELECT m.role, m.parts FROM messages m JOIN runs r ON r.session_id = m.session_id
-             WHERE r.id = $1::text::uuid ORDER BY m.seq",
+             WHERE r.id = $1 ORDER BY m.seq",
             &[&id],
         )
         .await
@@ -94,12 +92,12 @@ async fn openai_run_goes_end_to_end() {
     assert!(tool_msg["content"].as_str().unwrap().contains("hello"));
     assert_eq!(requests[0].header("authorization"), Some("Bearer sk-test-openai"));
 
-    assert!(app.containers_of(&id).await.is_empty(), "container removed after the run");
-    assert_conversation_stored(&app, &id).await;
-    let run = app.get_run("alice", &id).await;
-    assert_eq!(run["status"], "succeeded");
-    assert_eq!(run["result"]["summary"], "done");
-    assert_eq!(run["last_event_seq"], events.len() as i64);
+    assert!(app.containers_of(id).await.is_empty(), "container removed after the run");
+    assert_conversation_stored(&app, id).await;
+    let run = app.run("alice", id).await;
+    assert_eq!(run.status, RunStatus::Succeeded);
+    assert_eq!(run.result.unwrap()["summary"], "done");
+    assert_eq!(run.last_event_seq, events.len() as i64);
 }
 
 #[tokio::test]
@@ -121,8 +119,8 @@ async fn anthropic_run_goes_end_to_end() {
     assert_eq!(block["tool_use_id"], tool_use_id);
     assert!(block["content"].to_string().contains("hello"));
 
-    assert!(app.containers_of(&id).await.is_empty(), "container removed after the run");
-    assert_conversation_stored(&app, &id).await;
+    assert!(app.containers_of(id).await.is_empty(), "container removed after the run");
+    assert_conversation_stored(&app, id).await;
 }
 
 #[tokio::test]
@@ -130,15 +128,15 @@ async fn a_client_resumes_on_another_api_instance_without_gap_or_duplicate() {
     let (app, id, all) = run_hello(ProviderKind::OpenAi).await;
     let k = 4;
     // Read the first k events from the first instance, then drop the stream.
-    let first = app.sse(app.addr, "alice", &id, None, k).await;
+    let first = app.events_on(app.addr, "alice", id, None, k).await;
     assert_eq!(first.len(), k);
     assert_dense(&first, 1);
     // Reconnect to a second instance with Last-Event-ID: k.
     let second_api = app.second_api().await;
-    let rest = app.sse(second_api, "alice", &id, Some(k as i64), usize::MAX).await;
+    let rest = app.events_on(second_api, "alice", id, Some(k as i64), usize::MAX).await;
     assert_dense(&rest, k as i64 + 1);
     assert_eq!(rest.len(), all.len() - k);
-    assert_eq!(rest.last().unwrap().kind, "run.succeeded");
+    assert_eq!(outcome(&rest), Some(RunStatus::Succeeded));
     // ?after=N is the same as the header.
     let via_query = app
         .http
@@ -158,8 +156,8 @@ async fn a_live_stream_receives_events_as_they_happen() {
     // Subscribe before the worker has done anything and follow to the end:
     // the LISTEN/NOTIFY path (not only the table read) must deliver.
     let app = TestApp::spawn(Options { script: hello_script(), ..Default::default() }).await;
-    let run = app.create_run("alice", json!({"prompt": "go"})).await;
-    let events = app.events_to_end("alice", run["id"].as_str().unwrap()).await;
+    let run = app.submit("alice", CreateRun::new("go")).await;
+    let events = app.events("alice", run.id).await;
     assert_hello_events(&events);
 }
 
@@ -181,7 +179,7 @@ async fn events_page_as_json() {
     assert_eq!(seqs, [3, 4, 5]);
     assert_eq!(page["next_after"], 5);
     assert_eq!(page["done"], false);
-    assert_eq!(page["events"][0]["kind"], all[2].kind);
+    assert_eq!(page["events"][0]["kind"], all[2].kind());
 }
 
 #[tokio::test]
@@ -191,11 +189,10 @@ async fn cancel_stops_a_running_command_within_two_seconds() {
         ..Default::default()
     })
     .await;
-    let run = app.create_run("alice", json!({"prompt": "sleep"})).await;
-    let id = run["id"].as_str().unwrap().to_owned();
+    let id = app.submit("alice", CreateRun::new("sleep")).await.id;
     // Wait until the command is running.
-    let before = app.sse_until(app.addr, "alice", &id, None, usize::MAX, |e| e.kind == "tool_call.ready").await;
-    assert_eq!(before.last().unwrap().kind, "tool_call.ready");
+    let before = app.events_until("alice", id, None, |e| matches!(e.body, EventBody::ToolCallReady { .. })).await;
+    assert_eq!(before.last().unwrap().kind(), "tool_call.ready");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let started = Instant::now();
     let r = app
@@ -206,12 +203,12 @@ async fn cancel_stops_a_running_command_within_two_seconds() {
         .await
         .unwrap();
     assert_eq!(r.status(), 202);
-    let rest = app.sse(app.addr, "alice", &id, Some(before.last().unwrap().seq), usize::MAX).await;
+    let rest = app.events_after("alice", id, Some(before.last().unwrap().seq)).await;
     let elapsed = started.elapsed();
-    assert_eq!(rest.last().unwrap().kind, "run.cancelled");
+    assert_eq!(outcome(&rest), Some(RunStatus::Cancelled));
     assert!(elapsed < Duration::from_secs(2), "cancel took {elapsed:?}");
-    assert_eq!(app.get_run("alice", &id).await["status"], "cancelled");
-    assert!(app.containers_of(&id).await.is_empty(), "container removed after cancel");
+    assert_eq!(app.run("alice", id).await.status, RunStatus::Cancelled);
+    assert!(app.containers_of(id).await.is_empty(), "container removed after cancel");
 }
 
 #[tokio::test]
@@ -223,12 +220,11 @@ async fn a_worker_of_another_deployment_leaves_this_ones_sandboxes_alone() {
         ..Default::default()
     })
     .await;
-    let run = app.create_run("alice", json!({"prompt": "wait"})).await;
-    let id = run["id"].as_str().unwrap().to_owned();
-    let seen = app.sse_until(app.addr, "alice", &id, None, usize::MAX, |e| e.kind == "tool_call.ready").await;
+    let id = app.submit("alice", CreateRun::new("wait")).await.id;
+    let seen = app.events_until("alice", id, None, |e| matches!(e.body, EventBody::ToolCallReady { .. })).await;
     let _other = TestApp::spawn(Options::default()).await;
-    let rest = app.sse(app.addr, "alice", &id, Some(seen.last().unwrap().seq), usize::MAX).await;
-    let result = rest.iter().find(|e| e.kind == "tool.result").unwrap();
-    assert!(result.data["output"].as_str().unwrap().contains("survived"), "{}", result.data);
-    assert_eq!(rest.last().unwrap().kind, "run.succeeded");
+    let rest = app.events_after("alice", id, Some(seen.last().unwrap().seq)).await;
+    let output = pick!(rest, EventBody::ToolResult { output, .. } => output).next().unwrap();
+    assert!(output.contains("survived"), "{output}");
+    assert_eq!(outcome(&rest), Some(RunStatus::Succeeded));
 }

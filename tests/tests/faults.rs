@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
+use kiln_protocol::{ApprovalMode, CreateRun, EventBody, RunStatus};
 use kiln_scripted_model::Reply;
 use kiln_tests::pg::PrivatePostgres;
-use kiln_tests::{Options, TestApp, assert_dense, kinds, token};
+use kiln_tests::{Options, TestApp, assert_dense, kinds, outcome, pick, token};
 use serde_json::json;
 
 #[tokio::test]
@@ -22,9 +23,8 @@ async fn a_run_survives_a_database_restart_and_its_events_stay_dense() {
         ..Default::default()
     })
     .await;
-    let run = app.create_run("alice", json!({"prompt": "survive"})).await;
-    let id = run["id"].as_str().unwrap().to_owned();
-    let before = app.sse_until(app.addr, "alice", &id, None, usize::MAX, |e| e.kind == "tool_call.ready").await;
+    let id = app.submit("alice", CreateRun::new("survive")).await.id;
+    let before = app.events_until("alice", id, None, |e| matches!(e.body, EventBody::ToolCallReady { .. })).await;
 
     // Restart Postgres while the command runs (and the worker holds the run).
     let stopper = tokio::task::spawn_blocking(move || {
@@ -49,19 +49,19 @@ async fn a_run_survives_a_database_restart_and_its_events_stay_dense() {
     let _pg = stopper.await.unwrap();
 
     // The stream resumes after the restart and the run finishes normally.
-    let rest = app.sse(app.addr, "alice", &id, Some(before.last().unwrap().seq), usize::MAX).await;
+    let rest = app.events_after("alice", id, Some(before.last().unwrap().seq)).await;
     let mut all = before.clone();
     all.extend(rest);
     assert_dense(&all, 1);
-    assert_eq!(all.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&all));
-    let first_result = all.iter().find(|e| e.kind == "tool.result").unwrap();
-    assert!(first_result.data["output"].as_str().unwrap().contains("after-restart"));
-    assert_eq!(all.iter().filter(|e| e.kind == "run.started").count(), 1, "not run twice");
+    assert_eq!(outcome(&all), Some(RunStatus::Succeeded), "{:?}", kinds(&all));
+    let first_result = pick!(all, EventBody::ToolResult { output, .. } => output).next().unwrap();
+    assert!(first_result.contains("after-restart"));
+    assert_eq!(pick!(all, EventBody::RunStarted { .. } => ()).count(), 1, "not run twice");
     assert_eq!(app.http.get(app.url("/readyz")).send().await.unwrap().status(), 200);
     // A run created after the restart is claimed (LISTEN reconnected or polling).
-    let next = app.create_run("alice", json!({"prompt": "after"})).await;
-    let events = app.events_to_end("alice", next["id"].as_str().unwrap()).await;
-    assert!(kiln_protocol::event::is_terminal_kind(&events.last().unwrap().kind));
+    let next = app.submit("alice", CreateRun::new("after")).await;
+    let events = app.events("alice", next.id).await;
+    assert!(events.last().unwrap().body.is_terminal());
 }
 
 #[tokio::test]
@@ -73,10 +73,11 @@ async fn a_run_waiting_for_approval_rides_out_a_database_restart() {
         ..Default::default()
     })
     .await;
-    let run = app.create_run("alice", json!({"prompt": "ask first", "approval": "always"})).await;
-    let id = run["id"].as_str().unwrap().to_owned();
-    let before = app.sse_until(app.addr, "alice", &id, None, usize::MAX, |e| e.kind == "approval.requested").await;
-    let call = before.last().unwrap().data["call_id"].as_str().unwrap().to_owned();
+    let spec = CreateRun { approval: Some(ApprovalMode::Always), ..CreateRun::new("ask first") };
+    let id = app.submit("alice", spec).await.id;
+    let before = app.events_until("alice", id, None, |e| matches!(e.body, EventBody::ApprovalRequested { .. })).await;
+    let asked = before.last().unwrap();
+    let EventBody::ApprovalRequested { call_id: call, .. } = &asked.body else { panic!("{asked:?}") };
 
     // Down for longer than the worker's one-second look at the decision.
     let _pg = tokio::task::spawn_blocking(move || {
@@ -96,11 +97,11 @@ async fn a_run_waiting_for_approval_rides_out_a_database_restart() {
         }
     };
     assert_eq!(decided.status(), 200, "{:?}", decided.text().await);
-    let rest = app.sse(app.addr, "alice", &id, Some(before.last().unwrap().seq), usize::MAX).await;
+    let rest = app.events_after("alice", id, Some(asked.seq)).await;
     let mut all = before.clone();
     all.extend(rest);
     assert_dense(&all, 1);
-    assert_eq!(all.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&all));
-    let result = all.iter().find(|e| e.kind == "tool.result").unwrap();
-    assert!(result.data["output"].as_str().unwrap().contains("approved-ran"), "{result:?}");
+    assert_eq!(outcome(&all), Some(RunStatus::Succeeded), "{:?}", kinds(&all));
+    let output = pick!(all, EventBody::ToolResult { output, .. } => output).next().unwrap();
+    assert!(output.contains("approved-ran"), "{output:?}");
 }

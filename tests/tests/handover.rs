@@ -6,11 +6,13 @@
 
 use std::time::{Duration, Instant};
 
+use kiln_protocol::{CreateRun, EventBody, RunStatus};
 use kiln_scripted_model::Reply;
-use kiln_tests::{Ev, Options, TestApp, assert_dense, kinds, worker_config};
+use kiln_tests::{Event, Options, TestApp, assert_dense, kinds, outcome, pick, worker_config};
 use kiln_worker::ProviderKind;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 const INTERRUPTED: &str = "interrupted: the worker running this call was lost; it may or may not have completed";
 
@@ -18,18 +20,16 @@ fn script() -> Vec<Reply> {
     vec![Reply::tool("bash", json!({"command": "sleep 30; echo never"})), Reply::text("recovered")]
 }
 
-async fn started(app: &TestApp, id: &str) -> Vec<Ev> {
-    app.sse_until(app.addr, "alice", id, None, usize::MAX, |e| e.kind == "tool_call.ready").await
+async fn started(app: &TestApp, id: Uuid) -> Vec<Event> {
+    app.events_until("alice", id, None, |e| matches!(e.body, EventBody::ToolCallReady { .. })).await
 }
 
-fn assert_resumed(all: &[Ev]) {
+fn assert_resumed(all: &[Event]) {
     assert_dense(all, 1);
-    assert_eq!(all.last().unwrap().kind, "run.succeeded", "{:?}", kinds(all));
-    let attempts: Vec<i64> =
-        all.iter().filter(|e| e.kind == "run.started").map(|e| e.data["attempt"].as_i64().unwrap()).collect();
+    assert_eq!(outcome(all), Some(RunStatus::Succeeded), "{:?}", kinds(all));
+    let attempts: Vec<i32> = pick!(all, EventBody::RunStarted { attempt, .. } => *attempt).collect();
     assert_eq!(attempts, [1, 2]);
-    let results: Vec<&str> =
-        all.iter().filter(|e| e.kind == "tool.result").map(|e| e.data["output"].as_str().unwrap()).collect();
+    let results: Vec<&str> = pick!(all, EventBody::ToolResult { output, .. } => output.as_str()).collect();
     assert_eq!(results, [INTERRUPTED], "the lost call is answered, not run again");
 }
 
@@ -40,21 +40,20 @@ async fn a_worker_shutting_down_hands_its_run_to_another_at_once() {
     first.shutdown_grace = Duration::from_secs(1);
     let stop_first = CancellationToken::new();
     let first_done = app.start_worker_until(first, stop_first.clone()).await;
-    let run = app.create_run("alice", json!({"prompt": "work"})).await;
-    let id = run["id"].as_str().unwrap().to_owned();
-    let seen = started(&app, &id).await;
+    let id = app.submit("alice", CreateRun::new("work")).await.id;
+    let seen = started(&app, id).await;
 
     let stopping = Instant::now();
     stop_first.cancel();
     tokio::time::timeout(Duration::from_secs(15), first_done).await.expect("worker exits after its grace").unwrap();
     assert!(stopping.elapsed() < Duration::from_secs(15));
-    assert_eq!(app.get_run("alice", &id).await["status"], "queued", "the lease was handed back");
+    assert_eq!(app.run("alice", id).await.status, RunStatus::Queued, "the lease was handed back");
 
     // A second worker takes the run long before the 30 s lease would expire.
     app.start_worker(worker_config(ProviderKind::OpenAi, Duration::from_secs(30))).await;
-    let rest = app.sse(app.addr, "alice", &id, Some(seen.last().unwrap().seq), usize::MAX).await;
+    let rest = app.events_after("alice", id, Some(seen.last().unwrap().seq)).await;
     assert!(stopping.elapsed() < Duration::from_secs(25), "taken over at once, not after the lease");
-    let all: Vec<Ev> = seen.into_iter().chain(rest).collect();
+    let all: Vec<Event> = seen.into_iter().chain(rest).collect();
     assert_resumed(&all);
     let requests = app.model.requests();
     assert!(requests.last().unwrap().body.to_string().contains("interrupted: the worker running this call was lost"));
@@ -65,17 +64,16 @@ async fn a_run_whose_worker_died_is_taken_over_after_its_lease() {
     let app = TestApp::spawn(Options { script: script(), worker: false, ..Default::default() }).await;
     let lease = Duration::from_secs(3);
     let doomed = app.start_worker_until(worker_config(ProviderKind::OpenAi, lease), CancellationToken::new()).await;
-    let run = app.create_run("alice", json!({"prompt": "work"})).await;
-    let id = run["id"].as_str().unwrap().to_owned();
-    let seen = started(&app, &id).await;
+    let id = app.submit("alice", CreateRun::new("work")).await.id;
+    let seen = started(&app, id).await;
     // Kill the worker outright: no cleanup, no release, no final write.
     doomed.abort();
     let _ = doomed.await;
     app.start_worker(worker_config(ProviderKind::OpenAi, lease)).await;
-    let rest = app.sse(app.addr, "alice", &id, Some(seen.last().unwrap().seq), usize::MAX).await;
-    let all: Vec<Ev> = seen.into_iter().chain(rest).collect();
+    let rest = app.events_after("alice", id, Some(seen.last().unwrap().seq)).await;
+    let all: Vec<Event> = seen.into_iter().chain(rest).collect();
     assert_resumed(&all);
-    assert!(app.containers_of(&id).await.is_empty(), "the dead worker's container is gone too");
+    assert!(app.containers_of(id).await.is_empty(), "the dead worker's container is gone too");
 }
 
 #[tokio::test]
@@ -83,7 +81,7 @@ async fn a_worker_told_to_stop_claims_nothing_more() {
     let app = TestApp::spawn(Options { worker: false, script: script(), ..Default::default() }).await;
     let mut ids = Vec::new();
     for _ in 0..2 {
-        ids.push(app.create_run("alice", json!({"prompt": "work"})).await["id"].as_str().unwrap().to_owned());
+        ids.push(app.submit("alice", CreateRun::new("work")).await.id);
     }
     // The stop comes while the worker is still starting (a SIGTERM during
     // startup), with runs queued and every slot free.
@@ -103,18 +101,16 @@ async fn a_worker_told_to_stop_claims_nothing_more() {
 #[tokio::test]
 async fn a_claim_the_worker_never_heard_of_is_handed_back_not_left_to_expire() {
     let app = TestApp::spawn(Options { worker: false, script: vec![Reply::text("done")], ..Default::default() }).await;
-    let run = app.create_run("alice", json!({"prompt": "x"})).await;
-    let id = run["id"].as_str().unwrap().to_owned();
+    let id = app.submit("alice", CreateRun::new("x")).await.id;
     let config = worker_config(ProviderKind::OpenAi, Duration::from_secs(60));
     // Claimed in the worker's name 40 s ago (of a 60 s lease), never driven.
     let (_, lease) = app.store.claim_run(&config.worker_id, Duration::from_secs(20)).await.unwrap().unwrap();
-    assert_eq!(lease.run_id.to_string(), id);
+    assert_eq!(lease.run_id, id);
     let started = Instant::now();
     app.start_worker(config).await;
-    let events = app.events_to_end("alice", &id).await;
-    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
     assert!(started.elapsed() < Duration::from_secs(15), "waited {:?} for the lease", started.elapsed());
-    let losses: i32 =
-        app.sql().await.query_one("SELECT losses FROM runs WHERE id = $1::text::uuid", &[&id]).await.unwrap().get(0);
+    let losses: i32 = app.sql().await.query_one("SELECT losses FROM runs WHERE id = $1", &[&id]).await.unwrap().get(0);
     assert_eq!(losses, 0, "handed back, not reaped");
 }

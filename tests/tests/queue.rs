@@ -6,7 +6,7 @@ use std::time::Duration;
 use kiln_protocol::{CreateRun, EventBody, Message, RunStatus, Trigger};
 use kiln_scripted_model::Reply;
 use kiln_store::{NewRun, Store, StoreError};
-use kiln_tests::{Options, TestApp, assert_dense, kinds, worker_config};
+use kiln_tests::{Options, TestApp, assert_dense, kinds, outcome, pick, worker_config};
 use kiln_worker::ProviderKind;
 use serde_json::json;
 
@@ -139,15 +139,14 @@ async fn a_worker_takes_over_a_run_whose_first_worker_vanished() {
         ..Default::default()
     })
     .await;
-    let run = app.create_run("alice", json!({"prompt": "say hello"})).await;
-    let id = run["id"].as_str().unwrap().to_owned();
+    let id = app.submit("alice", CreateRun::new("say hello")).await.id;
     let (_, ghost) = app.store.claim_run("ghost", Duration::from_secs(1)).await.unwrap().unwrap();
     app.start_worker(worker_config(ProviderKind::OpenAi, Duration::from_secs(3))).await;
-    let events = app.events_to_end("alice", &id).await;
+    let events = app.events("alice", id).await;
     assert_dense(&events, 1);
-    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
-    let started = events.iter().find(|e| e.kind == "run.started").unwrap();
-    assert_eq!(started.data["attempt"], 2);
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let attempt = pick!(events, EventBody::RunStarted { attempt, .. } => *attempt).next().unwrap();
+    assert_eq!(attempt, 2);
     assert!(lost(app.store.append_event(&ghost, &EventBody::StepStarted { step: 9 }).await));
 }
 
@@ -192,20 +191,20 @@ async fn a_worker_whose_run_ends_takes_its_next_run_in_the_same_commit() {
         ..Default::default()
     })
     .await;
-    let a = app.create_run("alice", json!({"prompt": "one"})).await["id"].as_str().unwrap().to_owned();
-    let b = app.create_run("alice", json!({"prompt": "two"})).await["id"].as_str().unwrap().to_owned();
+    let a = app.submit("alice", CreateRun::new("one")).await.id;
+    let b = app.submit("alice", CreateRun::new("two")).await.id;
     // One slot: the worker can only take the second run when the first ends.
     app.start_worker(kiln_worker::WorkerConfig {
         concurrency: 1,
         ..worker_config(ProviderKind::OpenAi, Duration::from_secs(10))
     })
     .await;
-    for id in [&a, &b] {
-        let events = app.events_to_end("alice", id).await;
-        assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
+    for id in [a, b] {
+        let events = app.events("alice", id).await;
+        assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
     }
-    let (a, b) = (app.get_run("alice", &a).await, app.get_run("alice", &b).await);
-    assert_eq!(a["finished_at"], b["started_at"], "claimed in the commit that ended the first: {a} {b}");
+    let (a, b) = (app.run("alice", a).await, app.run("alice", b).await);
+    assert_eq!(a.finished_at, b.started_at, "claimed in the commit that ended the first: {a:?} {b:?}");
 }
 
 /// The same two runs on the plain path (`KILN_WORKER_CLAIM_ON_END=false`):
@@ -219,18 +218,18 @@ async fn without_claim_on_end_runs_end_alone_and_the_claim_loop_takes_the_next()
         ..Default::default()
     })
     .await;
-    let a = app.create_run("alice", json!({"prompt": "one"})).await["id"].as_str().unwrap().to_owned();
-    let b = app.create_run("alice", json!({"prompt": "two"})).await["id"].as_str().unwrap().to_owned();
+    let a = app.submit("alice", CreateRun::new("one")).await.id;
+    let b = app.submit("alice", CreateRun::new("two")).await.id;
     app.start_worker(kiln_worker::WorkerConfig {
         concurrency: 1,
         claim_on_end: false,
         ..worker_config(ProviderKind::OpenAi, Duration::from_secs(10))
     })
     .await;
-    for id in [&a, &b] {
-        let events = app.events_to_end("alice", id).await;
-        assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
+    for id in [a, b] {
+        let events = app.events("alice", id).await;
+        assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
     }
-    let (a, b) = (app.get_run("alice", &a).await, app.get_run("alice", &b).await);
-    assert_ne!(a["finished_at"], b["started_at"], "claimed by the end's statement: {a} {b}");
+    let (a, b) = (app.run("alice", a).await, app.run("alice", b).await);
+    assert_ne!(a.finished_at, b.started_at, "claimed by the end's statement: {a:?} {b:?}");
 }

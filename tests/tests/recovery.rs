@@ -5,19 +5,27 @@
 
 use std::time::{Duration, Instant};
 
-use kiln_protocol::Message;
+use kiln_protocol::{ApprovalMode, CreateRun, EventBody, Message, Run, RunStatus};
 use kiln_scripted_model::Reply;
 use kiln_store::{Lease, StoreError};
-use kiln_tests::{Ev, Options, TestApp, kinds, worker_config};
+use kiln_tests::{Event, Options, TestApp, kinds, outcome, pick, worker_config};
 use kiln_worker::ProviderKind;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-async fn until(app: &TestApp, id: &str, after: Option<i64>, stop: impl Fn(&Ev) -> bool) -> Vec<Ev> {
-    let evs = app.sse_until(app.addr, "alice", id, after, usize::MAX, &stop).await;
-    assert!(evs.last().is_some_and(stop), "{:?}", kinds(&evs));
+async fn until(app: &TestApp, id: Uuid, after: Option<i64>, stop: impl Fn(&EventBody) -> bool) -> Vec<Event> {
+    let evs = app.events_until("alice", id, after, |e| stop(&e.body)).await;
+    assert!(evs.last().is_some_and(|e| stop(&e.body)), "{:?}", kinds(&evs));
     evs
+}
+
+/// The call id of the last event, which must be a tool call's.
+fn call_of(events: &[Event]) -> &str {
+    match events.last().map(|e| &e.body) {
+        Some(EventBody::ToolCallReady { call_id, .. } | EventBody::ApprovalRequested { call_id, .. }) => call_id,
+        other => panic!("not a tool call: {other:?}"),
+    }
 }
 
 #[tokio::test]
@@ -27,20 +35,19 @@ async fn a_follow_up_to_a_run_cancelled_mid_call_answers_the_call_before_its_pro
         ..Default::default()
     })
     .await;
-    let run = app.create_run("alice", json!({"prompt": "start"})).await;
-    let id = run["id"].as_str().unwrap();
-    let ready = until(&app, id, None, |e| e.kind == "tool_call.ready").await;
-    let call = ready.last().unwrap().data["call_id"].as_str().unwrap().to_owned();
+    let id = app.submit("alice", CreateRun::new("start")).await.id;
+    let ready = until(&app, id, None, |b| matches!(b, EventBody::ToolCallReady { .. })).await;
+    let call = call_of(&ready);
     let (status, _) = app.post_json("alice", &format!("/v1/runs/{id}/cancel"), json!({})).await;
     assert!(status == 200 || status == 202, "cancel: {status}");
-    until(&app, id, None, |e| e.kind == "run.cancelled").await;
+    until(&app, id, None, |b| matches!(b, EventBody::RunCancelled { .. })).await;
 
     let (status, body) =
         app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({"text": "what happened?"})).await;
     assert_eq!(status, 201, "{body}");
-    let follow = body["run"]["id"].as_str().unwrap().to_owned();
-    let events = app.events_to_end("alice", &follow).await;
-    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
+    let follow = serde_json::from_value::<Run>(body["run"].clone()).unwrap().id;
+    let events = app.events("alice", follow).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
 
     // What the model was sent for the follow-up: the call, its answer, then
     // the new prompt; nothing between the call and its answer.
@@ -48,18 +55,17 @@ async fn a_follow_up_to_a_run_cancelled_mid_call_answers_the_call_before_its_pro
     assert_eq!(requests.len(), 2);
     let messages = requests[1].body["messages"].as_array().unwrap();
     let at = |pred: &dyn Fn(&Value) -> bool| messages.iter().position(pred).unwrap_or(usize::MAX);
-    let asked = at(&|m| m["role"] == "assistant" && m["tool_calls"][0]["id"] == call.as_str());
-    let answered = at(&|m| m["role"] == "tool" && m["tool_call_id"] == call.as_str());
+    let asked = at(&|m| m["role"] == "assistant" && m["tool_calls"][0]["id"] == call);
+    let answered = at(&|m| m["role"] == "tool" && m["tool_call_id"] == call);
     let prompt = at(&|m| m["role"] == "user" && m["content"] == "what happened?");
     assert!(asked < messages.len() && answered == asked + 1 && prompt == answered + 1, "{messages:#?}");
     let answer = messages[answered]["content"].as_str().unwrap();
     assert!(answer.starts_with("interrupted: the run ended"), "{answer}");
 
     // The follow-up says so in its events, in the tool message's commit.
-    let result = events.iter().find(|e| e.kind == "tool.result").expect("tool.result");
-    assert_eq!(result.data["call_id"], call.as_str());
+    let result = pick!(events, EventBody::ToolResult { call_id, .. } => call_id).next().expect("tool.result");
+    assert_eq!(result, call);
     let sql = app.sql().await;
-    let follow: Uuid = follow.parse().unwrap();
     let event_tx: i64 = sql
         .query_one("SELECT xmin::text::bigint FROM events WHERE run_id = $1 AND kind = 'tool.result'", &[&follow])
         .await
@@ -103,10 +109,9 @@ async fn approval_survives(gone: Gone) {
     first.shutdown_grace = Duration::from_secs(1);
     let stop_first = CancellationToken::new();
     let first = app.start_worker_until(first, stop_first.clone()).await;
-    let run = app.create_run("alice", json!({"prompt": "work", "approval": "always"})).await;
-    let id = run["id"].as_str().unwrap();
-    let asked = until(&app, id, None, |e| e.kind == "approval.requested").await;
-    let call = asked.last().unwrap().data["call_id"].as_str().unwrap().to_owned();
+    let id = app.submit("alice", CreateRun { approval: Some(ApprovalMode::Always), ..CreateRun::new("work") }).await.id;
+    let asked = until(&app, id, None, |b| matches!(b, EventBody::ApprovalRequested { .. })).await;
+    let call = call_of(&asked);
     match gone {
         Gone::Killed => {
             first.abort();
@@ -115,17 +120,17 @@ async fn approval_survives(gone: Gone) {
         Gone::ShutDown => {
             stop_first.cancel();
             first.await.unwrap();
-            assert_eq!(app.get_run("alice", id).await["status"], "queued", "handed back");
+            assert_eq!(app.run("alice", id).await.status, RunStatus::Queued, "handed back");
         }
     }
 
     app.start_worker(worker_config(ProviderKind::OpenAi, lease)).await;
     // The next worker brings the call back to the gate and waits again.
     let after = asked.last().unwrap().seq;
-    let again = until(&app, id, Some(after), |e| e.kind == "tool_call.ready").await;
-    assert_eq!(again.last().unwrap().data["call_id"], call.as_str());
+    let again = until(&app, id, Some(after), |b| matches!(b, EventBody::ToolCallReady { .. })).await;
+    assert_eq!(call_of(&again), call);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while app.get_run("alice", id).await["status"] != "awaiting_approval" {
+    while app.run("alice", id).await.status != RunStatus::AwaitingApproval {
         assert!(Instant::now() < deadline, "the run never waited for the approval again");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -133,13 +138,13 @@ async fn approval_survives(gone: Gone) {
         app.post_json("alice", &format!("/v1/runs/{id}/approvals/{call}"), json!({"decision": "approve"})).await;
     assert_eq!(status, 200, "{body}");
 
-    let all = app.events_to_end("alice", id).await;
-    assert_eq!(all.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&all));
-    let results: Vec<&str> =
-        all.iter().filter(|e| e.kind == "tool.result").map(|e| e.data["output"].as_str().unwrap()).collect();
+    let all = app.events("alice", id).await;
+    assert_eq!(outcome(&all), Some(RunStatus::Succeeded), "{:?}", kinds(&all));
+    let results: Vec<&str> = pick!(all, EventBody::ToolResult { output, .. } => output.as_str()).collect();
     assert_eq!(results.len(), 1, "{results:?}");
     assert!(results[0].contains("approved-after-takeover"), "the approved call ran: {results:?}");
-    assert_eq!(all.iter().filter(|e| e.kind == "approval.requested").count(), 1, "one request, answered once");
+    let requests = pick!(all, EventBody::ApprovalRequested { .. } => ()).count();
+    assert_eq!(requests, 1, "one request, answered once");
     let started: bool = app
         .sql()
         .await
@@ -157,15 +162,13 @@ async fn a_steering_message_is_marked_read_in_the_commit_that_stores_it() {
         ..Default::default()
     })
     .await;
-    let run = app.create_run("alice", json!({"prompt": "start"})).await;
-    let id = run["id"].as_str().unwrap();
-    until(&app, id, None, |e| e.kind == "tool_call.ready").await;
+    let run = app.submit("alice", CreateRun::new("start")).await.id;
+    until(&app, run, None, |b| matches!(b, EventBody::ToolCallReady { .. })).await;
     let (status, body) =
-        app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({"text": "also check the tests"})).await;
+        app.post_json("alice", &format!("/v1/runs/{run}/messages"), json!({"text": "also check the tests"})).await;
     assert_eq!(status, 202, "{body}");
-    let events = app.events_to_end("alice", id).await;
-    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
-    let run: Uuid = id.parse().unwrap();
+    let events = app.events("alice", run).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
     let rows = app
         .sql()
         .await
@@ -187,8 +190,7 @@ async fn a_steering_message_is_marked_read_in_the_commit_that_stores_it() {
 #[tokio::test]
 async fn moving_inbox_messages_again_after_a_lost_answer_stores_nothing_twice() {
     let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
-    let run = app.create_run("alice", json!({"prompt": "p"})).await;
-    let id = run["id"].as_str().unwrap();
+    let id = app.submit("alice", CreateRun::new("p")).await.id;
     let (claimed, lease) = app.store.claim_run("w", Duration::from_secs(600)).await.unwrap().unwrap();
     for text in ["one", "two"] {
         assert_eq!(app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({ "text": text })).await.0, 202);
@@ -213,8 +215,7 @@ async fn moving_inbox_messages_again_after_a_lost_answer_stores_nothing_twice() 
 #[tokio::test]
 async fn a_fenced_write_waits_for_a_takeover_under_way_and_is_then_refused() {
     let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
-    let run = app.create_run("alice", json!({"prompt": "p"})).await;
-    let id = run["id"].as_str().unwrap();
+    let id = app.submit("alice", CreateRun::new("p")).await.id;
     let (claimed, lease) = app.store.claim_run("w", Duration::from_secs(600)).await.unwrap().unwrap();
     assert_eq!(app.post_json("alice", &format!("/v1/runs/{id}/messages"), json!({"text": "steer"})).await.0, 202);
     let unread = app.store.unread_inbox(lease.run_id).await.unwrap();

@@ -7,8 +7,9 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
+use kiln_protocol::{CreateRun, RunStatus};
 use kiln_scripted_model::Reply;
-use kiln_tests::{Options, TestApp};
+use kiln_tests::{Options, TestApp, outcome};
 use serde_json::{Value, json};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -42,11 +43,10 @@ async fn every_line_of_a_run_carries_run_session_and_step() {
 
     let script = vec![Reply::tool("bash", json!({"command": "echo hi"})), Reply::text("done")];
     let app = TestApp::spawn(Options { script, ..Default::default() }).await;
-    let run = app.create_run("alice", json!({"prompt": "say hi"})).await;
-    let id = run["id"].as_str().unwrap().to_owned();
-    let session = run["session_id"].as_str().unwrap().to_owned();
-    let events = app.events_to_end("alice", &id).await;
-    assert_eq!(events.last().unwrap().kind, "run.succeeded");
+    let run = app.submit("alice", CreateRun::new("say hi")).await;
+    let (id, session) = (run.id.to_string(), run.session_id.to_string());
+    let events = app.events("alice", run.id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded));
     // "run finished" is logged before the terminal event is written.
     let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     let lines: Vec<Value> =

@@ -6,12 +6,14 @@
 
 use std::time::{Duration, Instant};
 
+use kiln_protocol::{CreateRun, EventBody, Run, RunStatus};
 use kiln_scripted_model::Reply;
-use kiln_tests::{Ev, Options, TestApp, assert_dense, kinds, token, worker_config};
+use kiln_tests::{Event, Options, TestApp, assert_dense, kinds, outcome, pick, token, worker_config};
 use kiln_worker::sandbox::{Managed, list_managed, remove_by_id};
 use kiln_worker::{ProviderKind, WorkerConfig};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 const INTERRUPTED: &str = "interrupted: the worker running this call was lost; it may or may not have completed";
 
@@ -45,25 +47,22 @@ fn pool_of<'a>(all: &'a [Managed], worker: &str) -> Vec<&'a Managed> {
 }
 
 /// `sandbox.ready` payloads of a run, in order.
-fn readies(events: &[Ev]) -> Vec<(String, String, bool)> {
-    events
-        .iter()
-        .filter(|e| e.kind == "sandbox.ready")
-        .map(|e| {
-            (
-                e.data["origin"].as_str().unwrap().to_owned(),
-                e.data["container"].as_str().unwrap().to_owned(),
-                e.data["workspace_lost"].as_bool().unwrap(),
-            )
-        })
-        .collect()
+fn readies(events: &[Event]) -> Vec<(String, String, bool)> {
+    pick!(events, EventBody::SandboxReady { origin, container, workspace_lost, .. } =>
+        (origin.clone().unwrap(), container.clone(), *workspace_lost))
+    .collect()
 }
 
-fn results(events: &[Ev]) -> Vec<String> {
-    events.iter().filter(|e| e.kind == "tool.result").map(|e| e.data["output"].as_str().unwrap().to_owned()).collect()
+fn results(events: &[Event]) -> Vec<String> {
+    pick!(events, EventBody::ToolResult { output, .. } => output.clone()).collect()
 }
 
-async fn follow_up(app: &TestApp, id: &str, text: &str) -> String {
+/// Waits for the run's output to show `text`.
+fn printed(text: &'static str) -> impl Fn(&Event) -> bool {
+    move |e| matches!(&e.body, EventBody::ToolOutput { text: out, .. } if out.contains(text))
+}
+
+async fn follow_up(app: &TestApp, id: Uuid, text: &str) -> Uuid {
     let r = app
         .http
         .post(app.url(&format!("/v1/runs/{id}/messages")))
@@ -75,7 +74,7 @@ async fn follow_up(app: &TestApp, id: &str, text: &str) -> String {
     assert_eq!(r.status().as_u16(), 201);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["disposition"], "follow_up");
-    body["run"]["id"].as_str().unwrap().to_owned()
+    serde_json::from_value::<Run>(body["run"].clone()).unwrap().id
 }
 
 async fn remove_all(ids: &[String]) {
@@ -98,18 +97,17 @@ async fn a_follow_up_continues_in_the_same_container_and_workspace_without_the_o
     })
     .await;
     app.start_worker(config(Duration::from_secs(120), 0, Duration::from_secs(10))).await;
-    let first = app.create_run("alice", json!({"prompt": "write a file"})).await;
-    let first_id = first["id"].as_str().unwrap();
-    let events = app.events_to_end("alice", first_id).await;
-    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
+    let first_id = app.submit("alice", CreateRun::new("write a file")).await.id;
+    let events = app.events("alice", first_id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
     let [(origin, container, lost)] = &readies(&events)[..] else { panic!("{:?}", kinds(&events)) };
     assert_eq!((origin.as_str(), *lost), ("new", false));
     assert_eq!(app.containers_of(first_id).await.len(), 1, "the session's container outlives its run");
 
     let second_id = follow_up(&app, first_id, "now read it").await;
-    let events = app.events_to_end("alice", &second_id).await;
+    let events = app.events("alice", second_id).await;
     assert_dense(&events, 1);
-    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
     let [(origin, again, lost)] = &readies(&events)[..] else { panic!("{:?}", kinds(&events)) };
     assert_eq!((origin.as_str(), *lost), ("reused", false));
     assert_eq!(again, container, "the same container");
@@ -123,9 +121,8 @@ async fn a_follow_up_continues_in_the_same_container_and_workspace_without_the_o
 async fn an_idle_session_container_is_removed_once_the_idle_time_has_passed() {
     let app = TestApp::spawn(Options { worker: false, script: vec![Reply::text("done")], ..Default::default() }).await;
     app.start_worker(config(Duration::from_secs(4), 0, Duration::from_secs(10))).await;
-    let run = app.create_run("alice", json!({"prompt": "hi"})).await;
-    let id = run["id"].as_str().unwrap();
-    assert_eq!(app.events_to_end("alice", id).await.last().unwrap().kind, "run.succeeded");
+    let id = app.submit("alice", CreateRun::new("hi")).await.id;
+    assert_eq!(outcome(&app.events("alice", id).await), Some(RunStatus::Succeeded));
     let ended = Instant::now();
     assert_eq!(app.containers_of(id).await.len(), 1, "kept while the session is fresh");
     let deadline = ended + Duration::from_secs(40);
@@ -157,9 +154,9 @@ async fn new_sessions_take_warm_containers_which_are_never_handed_out_twice() {
         wait_for_containers(Duration::from_secs(60), "a warm container", |all| pool_of(all, &worker).len() == 1).await;
     let warm = pool_of(&all, &worker)[0].id.clone();
 
-    let a = app.create_run("alice", json!({"prompt": "a"})).await;
-    let a_events = app.events_to_end("alice", a["id"].as_str().unwrap()).await;
-    assert_eq!(a_events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&a_events));
+    let a = app.submit("alice", CreateRun::new("a")).await;
+    let a_events = app.events("alice", a.id).await;
+    assert_eq!(outcome(&a_events), Some(RunStatus::Succeeded), "{:?}", kinds(&a_events));
     assert_eq!(readies(&a_events), [("warm".to_owned(), warm.clone(), false)]);
     assert!(results(&a_events)[0].contains("one"));
 
@@ -169,9 +166,9 @@ async fn new_sessions_take_warm_containers_which_are_never_handed_out_twice() {
     })
     .await;
     let refill = pool_of(&all, &worker)[0].id.clone();
-    let b = app.create_run("alice", json!({"prompt": "b"})).await;
-    let b_events = app.events_to_end("alice", b["id"].as_str().unwrap()).await;
-    assert_eq!(b_events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&b_events));
+    let b = app.submit("alice", CreateRun::new("b")).await;
+    let b_events = app.events("alice", b.id).await;
+    assert_eq!(outcome(&b_events), Some(RunStatus::Succeeded), "{:?}", kinds(&b_events));
     assert_eq!(readies(&b_events), [("warm".to_owned(), refill.clone(), false)]);
     assert_ne!(refill, warm);
 
@@ -200,20 +197,15 @@ async fn a_run_taken_over_from_a_dead_worker_continues_in_its_container() {
     .await;
     let lease = Duration::from_secs(3);
     let doomed = app.start_worker_until(config(Duration::from_secs(120), 0, lease), CancellationToken::new()).await;
-    let run = app.create_run("alice", json!({"prompt": "work"})).await;
-    let id = run["id"].as_str().unwrap().to_owned();
-    let seen = app
-        .sse_until(app.addr, "alice", &id, None, usize::MAX, |e| {
-            e.kind == "tool.output" && e.data.to_string().contains("before-crash")
-        })
-        .await;
+    let id = app.submit("alice", CreateRun::new("work")).await.id;
+    let seen = app.events_until("alice", id, None, printed("before-crash")).await;
     doomed.abort();
     let _ = doomed.await;
     app.start_worker(config(Duration::from_secs(120), 0, lease)).await;
-    let rest = app.sse(app.addr, "alice", &id, Some(seen.last().unwrap().seq), usize::MAX).await;
-    let all: Vec<Ev> = seen.into_iter().chain(rest).collect();
+    let rest = app.events_after("alice", id, Some(seen.last().unwrap().seq)).await;
+    let all: Vec<Event> = seen.into_iter().chain(rest).collect();
     assert_dense(&all, 1);
-    assert_eq!(all.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&all));
+    assert_eq!(outcome(&all), Some(RunStatus::Succeeded), "{:?}", kinds(&all));
     let ready = readies(&all);
     assert_eq!(ready.len(), 2, "{ready:?}");
     assert_eq!((ready[0].0.as_str(), ready[1].0.as_str()), ("new", "reused"));
@@ -222,7 +214,7 @@ async fn a_run_taken_over_from_a_dead_worker_continues_in_its_container() {
     assert_eq!(results[0], INTERRUPTED);
     assert!(results[1].contains("before-crash"), "the workspace survived the worker: {}", results[1]);
     assert!(results[1].lines().any(|l| l.trim() == "0"), "the interrupted call was stopped: {}", results[1]);
-    remove_all(&app.containers_of(&id).await).await;
+    remove_all(&app.containers_of(id).await).await;
 }
 
 #[tokio::test]
@@ -277,13 +269,8 @@ async fn a_formerly_warm_container_taken_over_from_a_dead_worker_is_not_reaped_a
     let all =
         wait_for_containers(Duration::from_secs(60), "a warm container", |all| pool_of(all, &dead).len() == 1).await;
     let warm = pool_of(&all, &dead)[0].id.clone();
-    let run = app.create_run("alice", json!({"prompt": "work"})).await;
-    let id = run["id"].as_str().unwrap().to_owned();
-    let seen = app
-        .sse_until(app.addr, "alice", &id, None, usize::MAX, |e| {
-            e.kind == "tool.output" && e.data.to_string().contains("before-crash")
-        })
-        .await;
+    let id = app.submit("alice", CreateRun::new("work")).await.id;
+    let seen = app.events_until("alice", id, None, printed("before-crash")).await;
     assert_eq!(readies(&seen), [("warm".to_owned(), warm.clone(), false)]);
 
     // Killed outright, and long enough ago that every reaper counts it gone.
@@ -296,9 +283,9 @@ async fn a_formerly_warm_container_taken_over_from_a_dead_worker_is_not_reaped_a
         .unwrap();
     // Reaps sandboxes at start and every 2 s while it drives the takeover.
     app.start_worker(config(Duration::from_secs(4), 0, lease)).await;
-    let rest = app.sse(app.addr, "alice", &id, Some(seen.last().unwrap().seq), usize::MAX).await;
-    let all: Vec<Ev> = seen.into_iter().chain(rest).collect();
-    assert_eq!(all.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&all));
+    let rest = app.events_after("alice", id, Some(seen.last().unwrap().seq)).await;
+    let all: Vec<Event> = seen.into_iter().chain(rest).collect();
+    assert_eq!(outcome(&all), Some(RunStatus::Succeeded), "{:?}", kinds(&all));
     let ready = readies(&all);
     assert_eq!(ready.len(), 2, "{ready:?}");
     assert_eq!(
@@ -309,7 +296,7 @@ async fn a_formerly_warm_container_taken_over_from_a_dead_worker_is_not_reaped_a
     let results = results(&all);
     assert_eq!(results[0], INTERRUPTED);
     assert!(results[1].contains("survived"), "the container was kept through the takeover: {}", results[1]);
-    remove_all(&app.containers_of(&id).await).await;
+    remove_all(&app.containers_of(id).await).await;
 }
 
 #[tokio::test]
@@ -324,22 +311,20 @@ async fn a_worker_whose_lease_was_taken_leaves_the_sessions_container_alone_when
     // lease: the heartbeat does not notice the takeover before the run ends.
     let stop = CancellationToken::new();
     let zombie = app.start_worker_until(config(Duration::ZERO, 0, Duration::from_secs(120)), stop.clone()).await;
-    let run = app.create_run("alice", json!({"prompt": "work"})).await;
-    let id = run["id"].as_str().unwrap().to_owned();
-    app.sse_until(app.addr, "alice", &id, None, usize::MAX, |e| e.kind == "tool_call.ready").await;
-    let before = app.containers_of(&id).await;
+    let id = app.submit("alice", CreateRun::new("work")).await.id;
+    app.events_until("alice", id, None, |e| matches!(e.body, EventBody::ToolCallReady { .. })).await;
+    let before = app.containers_of(id).await;
     assert_eq!(before.len(), 1);
 
     // Taken over, as the lease reaper and another worker's claim would:
     // the container is the new attempt's now.
-    let run_id: uuid::Uuid = id.parse().unwrap();
     app.sql()
         .await
         .execute(
             "UPDATE runs SET attempt = attempt + 1, lease_owner = 'thief',
                              lease_expires_at = now() + interval '1 hour'
              WHERE id = $1",
-            &[&run_id],
+            &[&id],
         )
         .await
         .unwrap();
@@ -349,9 +334,9 @@ async fn a_worker_whose_lease_was_taken_leaves_the_sessions_container_alone_when
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.cancel();
     tokio::time::timeout(Duration::from_secs(60), zombie).await.unwrap().unwrap();
-    assert_eq!(app.containers_of(&id).await, before, "the container the takeover holds was left alone");
+    assert_eq!(app.containers_of(id).await, before, "the container the takeover holds was left alone");
     let status: String =
-        app.sql().await.query_one("SELECT status::text FROM runs WHERE id = $1", &[&run_id]).await.unwrap().get(0);
+        app.sql().await.query_one("SELECT status::text FROM runs WHERE id = $1", &[&id]).await.unwrap().get(0);
     assert_eq!(status, "running", "the zombie wrote no end");
     remove_all(&before).await;
 }

@@ -11,8 +11,9 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;
+use kiln_protocol::{CreateRun, RunStatus};
 use kiln_scripted_model::Reply;
-use kiln_tests::{Options, TestApp};
+use kiln_tests::{Options, TestApp, outcome};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value;
 use opentelemetry_proto::tonic::trace::v1::Span;
@@ -63,14 +64,14 @@ async fn a_run_exports_spans_for_itself_its_steps_and_its_calls() {
 
     let script = vec![Reply::tool("bash", json!({"command": "echo hi"})), Reply::text("done")];
     let app = TestApp::spawn(Options { script, ..Default::default() }).await;
-    let run = app.create_run("alice", json!({"prompt": "say hi"})).await;
-    let id = run["id"].as_str().unwrap().to_owned();
-    let events = app.events_to_end("alice", &id).await;
-    assert_eq!(events.last().unwrap().kind, "run.succeeded");
+    let run = app.submit("alice", CreateRun::new("say hi")).await;
+    let id = run.id.to_string();
+    let events = app.events("alice", run.id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded));
     // The run span closes when the run task returns, just after the
     // terminal event; then shutting the exporter down sends what is buffered.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while app.get_run("alice", &id).await["status"] != "succeeded" && std::time::Instant::now() < deadline {
+    while app.run("alice", run.id).await.status != RunStatus::Succeeded && std::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
@@ -84,7 +85,7 @@ async fn a_run_exports_spans_for_itself_its_steps_and_its_calls() {
     assert_eq!(runs.len(), 1, "one run span: {names:?}");
     let run_span = runs[0];
     assert!(run_span.parent_span_id.is_empty(), "the run is a trace's root");
-    assert_eq!(attr(run_span, "session_id").as_deref(), run["session_id"].as_str());
+    assert_eq!(attr(run_span, "session_id"), Some(run.session_id.to_string()));
     assert_eq!(attr(run_span, "outcome").as_deref(), Some("succeeded"));
     assert_eq!(attr(run_span, "step").as_deref(), Some("2"), "the run's last step");
     let in_trace = |s: &&Span| s.trace_id == run_span.trace_id;
