@@ -5,9 +5,11 @@
 //! helpers (`create_run`, `get_run`, `sse`), which show the bytes as sent.
 
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use kiln_cli::client::StreamedEvent;
-use kiln_protocol::{CreateRun, EventBody, Run, RunStatus};
+use kiln_protocol::{CreateRun, EventBody, Run, RunStatus, StoredEvent};
+use serde::Deserialize;
 use uuid::Uuid;
 
 use crate::{Ev, Seen, TestApp, token};
@@ -38,6 +40,12 @@ impl Event {
 impl From<Ev> for Event {
     fn from(e: Ev) -> Event {
         Event::decode(StreamedEvent { seq: e.seq, kind: e.kind, payload: e.data })
+    }
+}
+
+impl From<StoredEvent> for Event {
+    fn from(e: StoredEvent) -> Event {
+        Event::decode(StreamedEvent { seq: e.seq, kind: e.kind, payload: e.payload })
     }
 }
 
@@ -105,6 +113,46 @@ impl TestApp {
         max: usize,
     ) -> Vec<Event> {
         self.read_sse(addr, sub, &run.to_string(), last_event_id, max, |_: &Event| false).await
+    }
+
+    /// The run's events after `after` as one page of the events route's
+    /// JSON form (`?after=`) shows them now; the route must answer 200.
+    pub async fn events_page(&self, sub: &str, run: Uuid, after: i64) -> Vec<Event> {
+        #[derive(Deserialize)]
+        struct Page {
+            events: Vec<StoredEvent>,
+        }
+        let r = self
+            .http
+            .get(self.url(&format!("/v1/runs/{run}/events?after={after}")))
+            .bearer_auth(token(sub))
+            .header("accept", "application/json")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "events page");
+        let page: Page = r.json().await.expect("a page of events");
+        page.events.into_iter().map(Event::from).collect()
+    }
+
+    /// The run's events as the store holds them now, including those after
+    /// its terminal event (deliveries, callbacks), where the SSE stream ends.
+    pub async fn stored_events(&self, run: Uuid) -> Vec<Event> {
+        self.store.events_after(run, 0, 10_000).await.expect("read events").into_iter().map(Event::from).collect()
+    }
+
+    /// Waits (up to 90 s) until the store holds an event of `kind` for the
+    /// run, then returns all its events so far.
+    pub async fn wait_for_event(&self, run: Uuid, kind: &str) -> Vec<Event> {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let events = self.stored_events(run).await;
+            if events.iter().any(|e| e.kind() == kind) {
+                return events;
+            }
+            assert!(Instant::now() < deadline, "no {kind} event; got {:?}", crate::kinds(&events));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }
 

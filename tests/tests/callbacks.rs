@@ -19,9 +19,9 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use hmac::{Hmac, KeyInit, Mac};
-use kiln_protocol::StoredEvent;
+use kiln_protocol::{CreateRun, EventBody, Run};
 use kiln_tests::kiln_scripted_model::Reply;
-use kiln_tests::{Options, TestApp, token, worker_config};
+use kiln_tests::{Event, Options, TestApp, kinds, token, worker_config};
 use kiln_worker::ProviderKind;
 use kiln_worker::callbacks::{CallbackSecret, CallbackSettings};
 use serde_json::{Value, json};
@@ -116,33 +116,51 @@ async fn start_worker(app: &TestApp, allow_private: bool) {
     app.start_worker(config).await;
 }
 
+/// Submits a run as raw JSON, for the refusals (a run Kiln takes is
+/// submitted with [`TestApp::submit`]).
 async fn create(app: &TestApp, body: Value) -> reqwest::Response {
     app.http.post(app.url("/v1/runs")).bearer_auth(token(SUB)).json(&body).send().await.unwrap()
 }
 
-async fn events(app: &TestApp, run: Uuid) -> Vec<StoredEvent> {
-    app.store.events_after(run, 0, 10_000).await.unwrap()
+/// A run that calls back to `url` when it ends.
+async fn submit(app: &TestApp, prompt: &str, url: &str) -> Run {
+    app.submit(SUB, CreateRun { callback_url: Some(url.to_owned()), ..CreateRun::new(prompt) }).await
 }
 
-/// Waits until the run has an event of `kind`, then returns all its events.
-async fn wait_for(app: &TestApp, run: Uuid, kind: &str) -> Vec<StoredEvent> {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let evs = events(app, run).await;
-        if evs.iter().any(|e| e.kind == kind) {
-            return evs;
-        }
-        assert!(Instant::now() < deadline, "no {kind} event; got {:?}", kinds(&evs));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+/// One callback attempt as the run's record shows it: a
+/// `callback.succeeded` (`ok`) or `callback.failed` event.
+#[derive(Debug)]
+struct Attempt<'a> {
+    ok: bool,
+    attempt: u32,
+    status: Option<u16>,
+    error: Option<&'a str>,
+    retry_in_ms: Option<u64>,
+    delivery_id: &'a str,
 }
 
-fn kinds(evs: &[StoredEvent]) -> Vec<&str> {
-    evs.iter().map(|e| e.kind.as_str()).collect()
-}
-
-fn callback_events(evs: &[StoredEvent]) -> Vec<&StoredEvent> {
-    evs.iter().filter(|e| e.kind.starts_with("callback.")).collect()
+fn callback_events(evs: &[Event]) -> Vec<Attempt<'_>> {
+    evs.iter()
+        .filter_map(|e| match &e.body {
+            EventBody::CallbackSucceeded { attempt, status, delivery_id } => Some(Attempt {
+                ok: true,
+                attempt: *attempt,
+                status: Some(*status),
+                error: None,
+                retry_in_ms: None,
+                delivery_id,
+            }),
+            EventBody::CallbackFailed { attempt, status, error, delivery_id, retry_in_ms } => Some(Attempt {
+                ok: false,
+                attempt: *attempt,
+                status: *status,
+                error: Some(error),
+                retry_in_ms: *retry_in_ms,
+                delivery_id,
+            }),
+            _ => None,
+        })
+        .collect()
 }
 
 #[tokio::test]
@@ -151,13 +169,11 @@ async fn a_finished_run_posts_its_final_state_signed() {
     start_worker(&app, true).await;
     let (receiver, addr) = Receiver::start(&[]).await;
     let url = format!("http://{addr}/hook");
-    let r = create(&app, json!({"prompt": "say done", "callback_url": url})).await;
-    assert_eq!(r.status(), 201);
-    let run: Value = r.json().await.unwrap();
-    assert_eq!(run["callback_url"], url.as_str(), "the run shows where it calls back");
-    let id: Uuid = run["id"].as_str().unwrap().parse().unwrap();
+    let run = submit(&app, "say done", &url).await;
+    assert_eq!(run.callback_url.as_deref(), Some(url.as_str()), "the run shows where it calls back");
+    let id = run.id;
 
-    let evs = wait_for(&app, id, "callback.succeeded").await;
+    let evs = app.wait_for_event(id, "callback.succeeded").await;
     let got = receiver.received();
     assert_eq!(got.len(), 1, "one request");
     let req = &got[0];
@@ -170,7 +186,8 @@ async fn a_finished_run_posts_its_final_state_signed() {
     let body: Value = serde_json::from_slice(&req.body).unwrap();
     assert_eq!(body["event"], "run.succeeded");
     assert_eq!(body["delivery_id"], req.headers["x-kiln-delivery"].to_str().unwrap());
-    // The run as the API shows it, but for the callback's own events since.
+    // The run as the API shows it, but for the callback's own events since
+    // (compared as JSON: the body is what the receiver got).
     let mut shown = app.get_run(SUB, &id.to_string()).await;
     let mut sent = body["run"].clone();
     assert_eq!(sent["status"], "succeeded");
@@ -183,11 +200,11 @@ async fn a_finished_run_posts_its_final_state_signed() {
     // The attempt is on the run's record, after the terminal event.
     let cb = callback_events(&evs);
     assert_eq!(cb.len(), 1, "{:?}", kinds(&evs));
-    assert_eq!(cb[0].payload["attempt"], 1);
-    assert_eq!(cb[0].payload["status"], 200);
-    assert_eq!(cb[0].payload["delivery_id"], body["delivery_id"]);
-    let terminal = evs.iter().position(|e| e.kind == "run.succeeded").unwrap();
-    let callback = evs.iter().position(|e| e.kind == "callback.succeeded").unwrap();
+    assert_eq!(cb[0].attempt, 1);
+    assert_eq!(cb[0].status, Some(200));
+    assert_eq!(body["delivery_id"], cb[0].delivery_id);
+    let terminal = evs.iter().position(|e| matches!(e.body, EventBody::RunSucceeded { .. })).unwrap();
+    let callback = evs.iter().position(|e| matches!(e.body, EventBody::CallbackSucceeded { .. })).unwrap();
     assert!(terminal < callback);
 }
 
@@ -196,42 +213,38 @@ async fn a_receiver_answering_500_is_retried_with_the_same_delivery_id() {
     let app = app(vec![Reply::text("done")]).await;
     start_worker(&app, true).await;
     let (receiver, addr) = Receiver::start(&[500]).await;
-    let r = create(&app, json!({"prompt": "p", "callback_url": format!("http://{addr}/hook")})).await;
-    assert_eq!(r.status(), 201);
-    let id: Uuid = r.json::<Value>().await.unwrap()["id"].as_str().unwrap().parse().unwrap();
+    let id = submit(&app, "p", &format!("http://{addr}/hook")).await.id;
 
-    let evs = wait_for(&app, id, "callback.succeeded").await;
+    let evs = app.wait_for_event(id, "callback.succeeded").await;
     let cb = callback_events(&evs);
     assert_eq!(kinds(&evs).iter().filter(|k| k.starts_with("callback.")).count(), 2, "{:?}", kinds(&evs));
-    assert_eq!(cb[0].kind, "callback.failed");
-    assert_eq!(cb[0].payload["attempt"], 1);
-    assert_eq!(cb[0].payload["status"], 500);
-    assert!(cb[0].payload["error"].as_str().unwrap().contains("500"), "{}", cb[0].payload);
-    assert!(cb[0].payload["retry_in_ms"].as_u64().is_some(), "a retry was announced: {}", cb[0].payload);
-    assert_eq!(cb[1].kind, "callback.succeeded");
-    assert_eq!(cb[1].payload["attempt"], 2);
-    assert_eq!(cb[1].payload["status"], 200);
+    assert!(!cb[0].ok, "{:?}", cb[0]);
+    assert_eq!(cb[0].attempt, 1);
+    assert_eq!(cb[0].status, Some(500));
+    assert!(cb[0].error.unwrap().contains("500"), "{:?}", cb[0]);
+    assert!(cb[0].retry_in_ms.is_some(), "a retry was announced: {:?}", cb[0]);
+    assert!(cb[1].ok, "{:?}", cb[1]);
+    assert_eq!(cb[1].attempt, 2);
+    assert_eq!(cb[1].status, Some(200));
 
     let got = receiver.received();
     assert_eq!(got.len(), 2);
     assert!(got.iter().all(signature_is_valid));
     assert_eq!(got[0].headers["x-kiln-delivery"], got[1].headers["x-kiln-delivery"], "receivers can dedupe");
-    assert_eq!(cb[0].payload["delivery_id"], got[0].headers["x-kiln-delivery"].to_str().unwrap());
+    assert_eq!(cb[0].delivery_id, got[0].headers["x-kiln-delivery"].to_str().unwrap());
 }
 
 #[tokio::test]
 async fn a_run_cancelled_while_queued_calls_back() {
     let app = app(Vec::new()).await;
     let (receiver, addr) = Receiver::start(&[]).await;
-    let r = create(&app, json!({"prompt": "never runs", "callback_url": format!("http://{addr}/hook")})).await;
-    assert_eq!(r.status(), 201);
-    let id: Uuid = r.json::<Value>().await.unwrap()["id"].as_str().unwrap().parse().unwrap();
+    let id = submit(&app, "never runs", &format!("http://{addr}/hook")).await.id;
     let cancel = app.http.post(app.url(&format!("/v1/runs/{id}/cancel"))).bearer_auth(token(SUB)).send().await.unwrap();
     assert_eq!(cancel.status(), 200);
     // No worker ever held the run; one started now owes it the callback.
     start_worker(&app, true).await;
 
-    let evs = wait_for(&app, id, "callback.succeeded").await;
+    let evs = app.wait_for_event(id, "callback.succeeded").await;
     assert_eq!(kinds(&evs), ["run.queued", "run.cancelled", "callback.succeeded"]);
     let got = receiver.received();
     assert_eq!(got.len(), 1);
@@ -278,21 +291,19 @@ async fn a_loopback_target_is_refused_when_private_targets_are_not_allowed() {
     let (receiver, addr) = Receiver::start(&[]).await;
     // By name as well as by address: the check comes after resolving.
     let url = format!("http://localhost:{}/hook", addr.port());
-    let r = create(&app, json!({"prompt": "p", "callback_url": url})).await;
-    assert_eq!(r.status(), 201);
-    let id: Uuid = r.json::<Value>().await.unwrap()["id"].as_str().unwrap().parse().unwrap();
+    let id = submit(&app, "p", &url).await.id;
 
-    let evs = wait_for(&app, id, "callback.failed").await;
+    let evs = app.wait_for_event(id, "callback.failed").await;
     assert!(kinds(&evs).contains(&"run.succeeded"), "the run's own result stands: {:?}", kinds(&evs));
     let cb = callback_events(&evs);
     assert_eq!(cb.len(), 1, "refused once, not retried: {:?}", kinds(&evs));
-    let error = cb[0].payload["error"].as_str().unwrap();
+    let error = cb[0].error.unwrap();
     assert!(error.contains("loopback") && error.contains("KILN_CALLBACK_ALLOW_PRIVATE"), "{error}");
-    assert!(cb[0].payload.get("retry_in_ms").is_none(), "{}", cb[0].payload);
-    assert!(cb[0].payload.get("status").is_none(), "no request, so no status: {}", cb[0].payload);
+    assert!(cb[0].retry_in_ms.is_none(), "{:?}", cb[0]);
+    assert!(cb[0].status.is_none(), "no request, so no status: {:?}", cb[0]);
     // Settled: no later attempt either.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(callback_events(&events(&app, id).await).len(), 1);
+    assert_eq!(callback_events(&app.stored_events(id).await).len(), 1);
     assert!(receiver.received().is_empty(), "a request reached the loopback receiver");
 }
 
@@ -302,9 +313,8 @@ async fn a_follow_up_run_calls_back_to_the_same_url() {
     start_worker(&app, true).await;
     let (receiver, addr) = Receiver::start(&[]).await;
     let url = format!("http://{addr}/hook");
-    let r = create(&app, json!({"prompt": "p", "callback_url": url})).await;
-    let id: Uuid = r.json::<Value>().await.unwrap()["id"].as_str().unwrap().parse().unwrap();
-    wait_for(&app, id, "callback.succeeded").await;
+    let id = submit(&app, "p", &url).await.id;
+    app.wait_for_event(id, "callback.succeeded").await;
 
     let r = app
         .http
@@ -316,9 +326,10 @@ async fn a_follow_up_run_calls_back_to_the_same_url() {
         .unwrap();
     let accepted: Value = r.json().await.unwrap();
     assert_eq!(accepted["disposition"], "follow_up", "{accepted}");
-    assert_eq!(accepted["run"]["callback_url"], url.as_str(), "the follow-up inherits the callback");
-    let follow_up: Uuid = accepted["run"]["id"].as_str().unwrap().parse().unwrap();
-    wait_for(&app, follow_up, "callback.succeeded").await;
+    let follow_up: Run = serde_json::from_value(accepted["run"].clone()).unwrap();
+    assert_eq!(follow_up.callback_url.as_deref(), Some(url.as_str()), "the follow-up inherits the callback");
+    let follow_up = follow_up.id;
+    app.wait_for_event(follow_up, "callback.succeeded").await;
 
     let got = receiver.received();
     assert_eq!(got.len(), 2);
@@ -332,9 +343,7 @@ async fn a_follow_up_run_calls_back_to_the_same_url() {
 /// A run cancelled while queued (no sandbox, no model): the cheapest way
 /// to a run that owes a callback.
 async fn cancelled_run(app: &TestApp, url: &str) -> Uuid {
-    let r = create(app, json!({"prompt": "never runs", "callback_url": url})).await;
-    assert_eq!(r.status(), 201);
-    let id: Uuid = r.json::<Value>().await.unwrap()["id"].as_str().unwrap().parse().unwrap();
+    let id = submit(app, "never runs", url).await.id;
     let r = app.http.post(app.url(&format!("/v1/runs/{id}/cancel"))).bearer_auth(token(SUB)).send().await.unwrap();
     assert_eq!(r.status(), 200);
     id
@@ -344,8 +353,7 @@ async fn cancelled_run(app: &TestApp, url: &str) -> Uuid {
 async fn a_run_the_reaper_fails_calls_back() {
     let app = app(Vec::new()).await;
     let (receiver, addr) = Receiver::start(&[]).await;
-    let r = create(&app, json!({"prompt": "p", "callback_url": format!("http://{addr}/hook")})).await;
-    let id: Uuid = r.json::<Value>().await.unwrap()["id"].as_str().unwrap().parse().unwrap();
+    let id = submit(&app, "p", &format!("http://{addr}/hook")).await.id;
     // Workers that claim the run and die, until the reaper gives up on it.
     for _ in 0..3 {
         app.store.claim_run("dying", Duration::from_millis(100)).await.unwrap().unwrap();
@@ -354,7 +362,7 @@ async fn a_run_the_reaper_fails_calls_back() {
     }
     start_worker(&app, true).await;
 
-    wait_for(&app, id, "callback.succeeded").await;
+    app.wait_for_event(id, "callback.succeeded").await;
     let got = receiver.received();
     assert_eq!(got.len(), 1);
     let body: Value = serde_json::from_slice(&got[0].body).unwrap();
@@ -377,7 +385,7 @@ async fn a_callback_held_by_a_dead_worker_is_taken_over_when_its_lease_runs_out(
     // While the lease holds, the live worker leaves it alone.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(receiver.received().is_empty(), "a callback held by another worker was sent");
-    wait_for(&app, id, "callback.succeeded").await;
+    app.wait_for_event(id, "callback.succeeded").await;
     assert!(claimed.elapsed() >= lease, "taken over before the lease ran out");
     assert_eq!(receiver.received().len(), 1);
     assert_eq!(receiver.received()[0].headers["x-kiln-delivery"], ghost.delivery_id.to_string().as_str());
@@ -399,12 +407,12 @@ async fn a_receiver_answering_a_client_error_is_not_retried() {
     let id = cancelled_run(&app, &format!("http://{addr}/hook")).await;
     start_worker(&app, true).await;
 
-    let evs = wait_for(&app, id, "callback.failed").await;
+    let evs = app.wait_for_event(id, "callback.failed").await;
     let cb = callback_events(&evs);
-    assert_eq!(cb[0].payload["status"], 404);
-    assert!(cb[0].payload.get("retry_in_ms").is_none(), "{}", cb[0].payload);
+    assert_eq!(cb[0].status, Some(404));
+    assert!(cb[0].retry_in_ms.is_none(), "{:?}", cb[0]);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(callback_events(&events(&app, id).await).len(), 1);
+    assert_eq!(callback_events(&app.stored_events(id).await).len(), 1);
     assert_eq!(receiver.received().len(), 1);
 }
 
@@ -415,11 +423,11 @@ async fn a_429_is_retried_no_sooner_than_its_retry_after() {
     let id = cancelled_run(&app, &format!("http://{addr}/hook")).await;
     start_worker(&app, true).await;
 
-    let evs = wait_for(&app, id, "callback.succeeded").await;
+    let evs = app.wait_for_event(id, "callback.succeeded").await;
     let cb = callback_events(&evs);
-    assert_eq!(cb[0].payload["status"], 429);
+    assert_eq!(cb[0].status, Some(429));
     // The backoff alone would be 50 to 100 ms; the receiver asked for 1 s.
-    assert!(cb[0].payload["retry_in_ms"].as_u64().unwrap() >= 1000, "{}", cb[0].payload);
+    assert!(cb[0].retry_in_ms.unwrap() >= 1000, "{:?}", cb[0]);
     let got = receiver.received();
     assert_eq!(got.len(), 2);
     assert!(got[1].at - got[0].at >= Duration::from_millis(950), "retried after {:?}", got[1].at - got[0].at);
@@ -432,11 +440,11 @@ async fn a_redirect_is_not_followed() {
     let id = cancelled_run(&app, &format!("http://{addr}/hook")).await;
     start_worker(&app, true).await;
 
-    let evs = wait_for(&app, id, "callback.failed").await;
+    let evs = app.wait_for_event(id, "callback.failed").await;
     let cb = callback_events(&evs);
-    assert_eq!(cb[0].payload["status"], 302);
-    assert!(cb[0].payload["error"].as_str().unwrap().contains("redirects are not followed"), "{}", cb[0].payload);
-    assert!(cb[0].payload.get("retry_in_ms").is_none());
+    assert_eq!(cb[0].status, Some(302));
+    assert!(cb[0].error.unwrap().contains("redirects are not followed"), "{:?}", cb[0]);
+    assert!(cb[0].retry_in_ms.is_none());
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(receiver.received().len(), 1, "the Location was followed");
 }

@@ -12,10 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kiln_api::github::WebhookSecret;
-use kiln_protocol::StoredEvent;
+use kiln_protocol::{CreateRun, EventBody, RunStatus};
 use kiln_tests::fake_github::{BareRepo, FakeGithub, git_basic_auth};
 use kiln_tests::kiln_scripted_model::Reply;
-use kiln_tests::{Options, TestApp, token, worker_config};
+use kiln_tests::{Event, Options, TestApp, kinds, pick, token, worker_config};
 use kiln_worker::ProviderKind;
 use kiln_worker::github::{Credentials, Github, GithubSettings, RetryPolicy};
 use secrecy::ExposeSecret;
@@ -149,34 +149,15 @@ async fn github_run(s: &Setup, issue: i64, on_pr: bool, comment: Option<i64>) ->
     created["run_id"].as_str().unwrap().parse().unwrap()
 }
 
-async fn events(s: &Setup, run: Uuid) -> Vec<StoredEvent> {
-    s.app.store.events_after(run, 0, 10_000).await.unwrap()
-}
-
-/// Waits for an event of `kind` and returns all events so far.
-async fn wait_for(s: &Setup, run: Uuid, kind: &str) -> Vec<StoredEvent> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    loop {
-        let evs = events(s, run).await;
-        if evs.iter().any(|e| e.kind == kind) {
-            return evs;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no {kind} event; got {:?}", kinds(&evs));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn kinds(evs: &[StoredEvent]) -> Vec<&str> {
-    evs.iter().map(|e| e.kind.as_str()).collect()
-}
-
 /// The first delivery event.
-fn delivery_event(evs: &[StoredEvent]) -> &StoredEvent {
-    evs.iter().find(|e| e.kind.starts_with("delivery.")).unwrap()
+fn delivery_event(evs: &[Event]) -> &Event {
+    evs.iter()
+        .find(|e| matches!(e.body, EventBody::DeliverySucceeded { .. } | EventBody::DeliveryFailed { .. }))
+        .unwrap()
 }
 
-async fn run_status(s: &Setup, run: Uuid) -> String {
-    s.app.store.get_run_unscoped(run).await.unwrap().unwrap().status.to_string()
+async fn run_status(s: &Setup, run: Uuid) -> RunStatus {
+    s.app.store.get_run_unscoped(run).await.unwrap().unwrap().status
 }
 
 /// `base64("x-access-token:ghs_secre")`: how every test token starts in
@@ -192,10 +173,13 @@ fn assert_no_token_in(text: &str, token: &str, what: &str) {
     assert!(!text.contains(BASIC_TOKEN_PREFIX), "a basic-auth token leaked into {what}");
 }
 
-/// Neither the token nor its git basic-auth form appears in any event.
-fn assert_token_absent(evs: &[StoredEvent], token: &str) {
+/// Neither the token nor its git basic-auth form appears in any event of
+/// the run. Read as the stored JSON, every field of it, known to
+/// [`EventBody`] or not.
+async fn assert_token_absent(s: &Setup, run: Uuid) {
+    let evs = s.app.store.events_after(run, 0, 10_000).await.unwrap();
     let all = serde_json::to_string(&evs.iter().map(|e| &e.payload).collect::<Vec<_>>()).unwrap();
-    assert_no_token_in(&all, token, "an event");
+    assert_no_token_in(&all, &s.token, "an event");
 }
 
 /// Looks for the token in the container: in its environment (what a bash
@@ -258,7 +242,7 @@ async fn a_run_with_changes_is_pushed_and_opened_as_a_pull_request() {
     let run = github_run(&s, 42, false, Some(555)).await;
 
     // While the sandbox lives, its configuration carries no token.
-    wait_for(&s, run, "sandbox.ready").await;
+    s.app.wait_for_event(run, "sandbox.ready").await;
     let docker = bollard::Docker::connect_with_local_defaults().unwrap();
     let containers = s.app.containers_of(&run.to_string()).await;
     assert!(!containers.is_empty(), "the sandbox should still be running");
@@ -268,18 +252,18 @@ async fn a_run_with_changes_is_pushed_and_opened_as_a_pull_request() {
         assert!(!config.contains("ghs_secret"), "the token is in the container's config");
     }
 
-    let evs = wait_for(&s, run, "delivery.succeeded").await;
-    assert_eq!(run_status(&s, run).await, "succeeded");
+    let evs = s.app.wait_for_event(run, "delivery.succeeded").await;
+    assert_eq!(run_status(&s, run).await, RunStatus::Succeeded);
     let delivered = delivery_event(&evs);
-    assert_eq!(delivered.kind, "delivery.succeeded", "{:?}", delivered.payload);
-    assert_eq!(delivered.payload["pull_request"], "https://github.test/acme/widget/pull/77");
+    let EventBody::DeliverySucceeded { pull_request, .. } = &delivered.body else { panic!("{delivered:?}") };
+    assert_eq!(pull_request.as_deref(), Some("https://github.test/acme/widget/pull/77"));
     // The container's view: no token in env or files.
-    let hunt = evs.iter().find(|e| e.kind == "tool.result" && e.payload["output"].as_str().unwrap().contains("found="));
+    let hunt = pick!(evs, EventBody::ToolResult { output, .. } => output).find(|o| o.contains("found="));
     assert!(hunt.is_some(), "the token hunt did not run: {:?}", kinds(&evs));
-    let output = hunt.unwrap().payload["output"].as_str().unwrap();
+    let output = hunt.unwrap();
     assert!(output.contains("found=no"), "the token was found in the container: {output}");
     assert!(output.contains("header=no"), "git's auth header setting is in the workspace: {output}");
-    assert_token_absent(&evs, &s.token);
+    assert_token_absent(&s, run).await;
     // Nor in any log line the worker (or anything else here) wrote.
     let log = logs.text();
     assert!(log.contains("delivered to GitHub"), "the worker's log was not captured: {log}");
@@ -348,10 +332,10 @@ async fn a_run_without_changes_on_a_pull_request_comments_its_answer() {
     .await;
     // A comment on pull request #7: the run works on the PR's branch.
     let run = github_run(&s, 7, true, Some(556)).await;
-    let evs = wait_for(&s, run, "delivery.succeeded").await;
-    assert_eq!(run_status(&s, run).await, "succeeded");
-    let cat = evs.iter().find(|e| e.kind == "tool.result").unwrap();
-    assert!(cat.payload["output"].as_str().unwrap().contains("only on the feature branch"), "{:?}", cat.payload);
+    let evs = s.app.wait_for_event(run, "delivery.succeeded").await;
+    assert_eq!(run_status(&s, run).await, RunStatus::Succeeded);
+    let cat = pick!(evs, EventBody::ToolResult { output, .. } => output).next().unwrap();
+    assert!(cat.contains("only on the feature branch"), "{cat:?}");
     assert_eq!(s.github.seen_to("GET", &format!("/repos/{REPO}/pulls/7")).len(), 1);
 
     assert!(s.github.seen_to("POST", &format!("/repos/{REPO}/pulls")).is_empty(), "no pull request without changes");
@@ -361,15 +345,15 @@ async fn a_run_without_changes_on_a_pull_request_comments_its_answer() {
     assert!(body.contains("without changing any files"), "{body}");
     assert!(body.contains("Nothing to change: the greeting is already right."), "{body}");
     assert!(!s.repo.git(&["branch", "--list", "kiln/*"]).contains("kiln/"), "no branch pushed");
-    assert_token_absent(&evs, &s.token);
+    assert_token_absent(&s, run).await;
 }
 
 #[tokio::test]
 async fn a_failed_labelled_run_says_working_on_it_then_comments_the_reason() {
     let s = setup(vec![Reply::error(400)]).await;
     let run = github_run(&s, 9, false, None).await;
-    let evs = wait_for(&s, run, "delivery.succeeded").await;
-    assert_eq!(run_status(&s, run).await, "failed");
+    s.app.wait_for_event(run, "delivery.succeeded").await;
+    assert_eq!(run_status(&s, run).await, RunStatus::Failed);
     let comments = s.github.seen_to("POST", &format!("/repos/{REPO}/issues/9/comments"));
     assert_eq!(comments.len(), 2, "working on it, then the result: {comments:?}");
     let texts: Vec<&str> = comments.iter().map(|c| c.body["body"].as_str().unwrap()).collect();
@@ -378,7 +362,7 @@ async fn a_failed_labelled_run_says_working_on_it_then_comments_the_reason() {
     let result = texts.iter().find(|t| t.contains("failed")).expect("a failure comment");
     assert!(result.contains(&run.to_string()), "{result}");
     assert!(s.github.seen_to("POST", &format!("/repos/{REPO}/pulls")).is_empty());
-    assert_token_absent(&evs, &s.token);
+    assert_token_absent(&s, run).await;
 }
 
 #[tokio::test]
@@ -387,13 +371,14 @@ async fn when_github_is_down_delivery_fails_as_an_event_and_can_be_retried() {
         setup(vec![Reply::tool("bash", json!({ "command": "echo fixed > fix.txt" })), Reply::text("Fixed it.")]).await;
     s.github.set_api_down(true);
     let run = github_run(&s, 5, false, Some(557)).await;
-    let evs = wait_for(&s, run, "delivery.failed").await;
+    let evs = s.app.wait_for_event(run, "delivery.failed").await;
     // The run's own result stands.
-    assert_eq!(run_status(&s, run).await, "succeeded");
+    assert_eq!(run_status(&s, run).await, RunStatus::Succeeded);
     assert!(kinds(&evs).contains(&"run.succeeded"));
     let failed = delivery_event(&evs);
-    assert!(failed.payload["error"].as_str().unwrap().contains("503"), "{:?}", failed.payload);
-    assert_token_absent(&evs, &s.token);
+    let EventBody::DeliveryFailed { error } = &failed.body else { panic!("{failed:?}") };
+    assert!(error.contains("503"), "{failed:?}");
+    assert_token_absent(&s, run).await;
 
     // GitHub is back; a client asks for the delivery again.
     s.github.set_api_down(false);
@@ -404,11 +389,11 @@ async fn when_github_is_down_delivery_fails_as_an_event_and_can_be_retried() {
     let r = s.app.http.post(&url).bearer_auth(token("mallory")).send().await.unwrap();
     assert_eq!(r.status(), 404);
 
-    let evs = wait_for(&s, run, "delivery.succeeded").await;
+    s.app.wait_for_event(run, "delivery.succeeded").await;
     let branch = format!("kiln/issue-5-{}", &run.simple().to_string()[..8]);
     assert_eq!(s.repo.git(&["show", &format!("{branch}:fix.txt")]), "fixed\n");
     assert_eq!(s.github.seen_to("POST", &format!("/repos/{REPO}/pulls")).len(), 1);
-    assert_token_absent(&evs, &s.token);
+    assert_token_absent(&s, run).await;
 
     // Delivered: another request is refused.
     let r = s.app.http.post(&url).bearer_auth(token("github")).send().await.unwrap();
@@ -418,8 +403,7 @@ async fn when_github_is_down_delivery_fails_as_an_event_and_can_be_retried() {
 #[tokio::test]
 async fn deliver_refuses_runs_not_from_github() {
     let s = setup(vec![Reply::text("hi")]).await;
-    let run = s.app.create_run("alice", json!({ "prompt": "say hi" })).await;
-    let id = run["id"].as_str().unwrap();
+    let id = s.app.submit("alice", CreateRun::new("say hi")).await.id;
     let url = s.app.url(&format!("/v1/runs/{id}/deliver"));
     let r = s.app.http.post(&url).bearer_auth(token("alice")).send().await.unwrap();
     assert_eq!(r.status(), 409);
@@ -432,9 +416,8 @@ async fn deliver_refuses_runs_not_from_github() {
 async fn an_api_run_on_a_worker_with_github_touches_nothing_of_github() {
     let logs = Logs::capture();
     let s = setup(vec![Reply::text("hi")]).await;
-    let run = s.app.create_run("alice", json!({ "prompt": "say hi" })).await;
-    let id: Uuid = run["id"].as_str().unwrap().parse().unwrap();
-    let evs = wait_for(&s, id, "run.succeeded").await;
+    let id = s.app.submit("alice", CreateRun::new("say hi")).await.id;
+    let evs = s.app.wait_for_event(id, "run.succeeded").await;
     // The capture hook runs before the terminal event, the delivery hook
     // after it: give the latter a moment (a few of the worker's polls).
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -457,9 +440,9 @@ async fn a_github_app_signs_a_jwt_and_caches_the_installation_token() {
     let s = setup_without_worker(script, credentials, "ghs_secretinstallation99".into(), Some(99)).await;
     s.start_worker().await;
     let run = github_run(&s, 11, false, Some(558)).await;
-    let evs = wait_for(&s, run, "delivery.succeeded").await;
-    assert_eq!(delivery_event(&evs).kind, "delivery.succeeded");
-    assert_token_absent(&evs, &s.token);
+    let evs = s.app.wait_for_event(run, "delivery.succeeded").await;
+    assert_eq!(delivery_event(&evs).kind(), "delivery.succeeded");
+    assert_token_absent(&s, run).await;
 
     // One exchange serves the acknowledgement and the delivery.
     let exchanges = s.github.seen_to("POST", "/app/installations/99/access_tokens");
@@ -528,28 +511,28 @@ async fn a_run_cancelled_while_queued_is_reported_once_by_a_worker_started_later
     // No worker: the run stays queued, and nobody ever claims it.
     let s = setup_idle(vec![Reply::text("never asked")]).await;
     let run = github_run(&s, 21, false, Some(560)).await;
-    assert_eq!(run_status(&s, run).await, "queued");
+    assert_eq!(run_status(&s, run).await, RunStatus::Queued);
     assert_eq!(cancel(&s, run).await, 200);
-    assert_eq!(run_status(&s, run).await, "cancelled");
+    assert_eq!(run_status(&s, run).await, RunStatus::Cancelled);
     assert!(s.github.seen().is_empty(), "no worker, so nothing on GitHub yet");
 
     // A worker that starts later reports it: it never runs it.
     s.start_worker().await;
-    let evs = wait_for(&s, run, "delivery.succeeded").await;
+    s.app.wait_for_event(run, "delivery.succeeded").await;
     settle(&s, run).await;
     let comments = comments_on(&s, 21);
     assert_eq!(comments.len(), 1, "{comments:?}");
     assert!(comments[0].contains("was cancelled"), "{}", comments[0]);
     assert!(comments[0].contains(&run.to_string()), "{}", comments[0]);
     assert_eq!(
-        kinds(&events(&s, run).await),
+        kinds(&s.app.stored_events(run).await),
         ["run.queued", "run.cancelled", "delivery.succeeded"],
         "reported once, never run"
     );
     // Nothing else: no 👀 for a run nobody worked on, no checkout, no PR.
     assert_eq!(s.github.seen().len(), 1, "{:?}", s.github.seen());
     assert!(s.app.model.requests().is_empty(), "the model was asked for a cancelled run");
-    assert_token_absent(&evs, &s.token);
+    assert_token_absent(&s, run).await;
 }
 
 #[tokio::test]
@@ -575,13 +558,13 @@ async fn a_delivery_left_by_a_dead_worker_is_taken_over_when_its_lease_runs_out(
     assert!(comments_on(&s, 22).is_empty(), "delivered while another worker held the delivery");
 
     // Then the live worker takes it over, once.
-    wait_for(&s, run, "delivery.succeeded").await;
+    s.app.wait_for_event(run, "delivery.succeeded").await;
     assert!(claimed_at.elapsed() >= lease);
     settle(&s, run).await;
     let comments = comments_on(&s, 22);
     assert_eq!(comments.len(), 1, "{comments:?}");
     assert!(comments[0].contains("was cancelled"), "{}", comments[0]);
-    let deliveries = events(&s, run).await.into_iter().filter(|e| e.kind.starts_with("delivery.")).count();
+    let deliveries = s.app.stored_events(run).await.into_iter().filter(|e| e.kind().starts_with("delivery.")).count();
     assert_eq!(deliveries, 1);
 }
 
@@ -607,8 +590,8 @@ async fn a_run_the_reaper_gives_up_on_is_reported_by_another_worker() {
 
     // A live worker's reaper fails the run; the failure is reported.
     s.start_worker().await;
-    wait_for(&s, run, "delivery.succeeded").await;
-    assert_eq!(run_status(&s, run).await, "failed");
+    s.app.wait_for_event(run, "delivery.succeeded").await;
+    assert_eq!(run_status(&s, run).await, RunStatus::Failed);
     settle(&s, run).await;
     let comments = comments_on(&s, 23);
     assert_eq!(comments.len(), 1, "{comments:?}");
