@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
+use kiln_protocol::{CreateRun, RunStatus};
 use kiln_scripted_model::Reply;
-use kiln_tests::{Options, TestApp};
+use kiln_tests::{Options, TestApp, outcome};
 use std::collections::HashMap;
 
 use prometheus_parse::{Scrape, Value};
@@ -117,10 +118,10 @@ async fn counters_move_with_a_scripted_run() {
     let app = TestApp::spawn(options(script, true)).await;
     let before = scrape(&app).await;
 
-    let run = app.create_run("alice", json!({"prompt": "say hi"})).await;
-    let id = run["id"].as_str().unwrap().to_owned();
-    let events = app.events_to_end("alice", &id).await;
-    assert_eq!(events.last().unwrap().kind, "run.succeeded");
+    let run = app.submit("alice", CreateRun::new("say hi")).await;
+    let id = run.id.to_string();
+    let events = app.events("alice", run.id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded));
     let after = scrape(&app).await;
     let delta = |name: &str, labels: &[(&str, &str)]| value(&after, name, labels) - value(&before, name, labels);
 
@@ -174,8 +175,8 @@ async fn queue_gauges_show_waiting_runs_and_their_age() {
     assert_eq!(value(&empty, "kiln_queue_depth", &[]), 0.0);
     assert_eq!(value(&empty, "kiln_queue_oldest_age_seconds", &[]), 0.0);
 
-    let first = app.create_run("alice", json!({"prompt": "one"})).await;
-    app.create_run("bob", json!({"prompt": "two"})).await;
+    let first = app.submit("alice", CreateRun::new("one")).await;
+    app.submit("bob", CreateRun::new("two")).await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let queued = scrape(&app).await;
     assert_eq!(value(&queued, "kiln_queue_depth", &[]), 2.0);
@@ -187,7 +188,7 @@ async fn queue_gauges_show_waiting_runs_and_their_age() {
     // An open event stream is counted while it is open.
     let stream = app
         .http
-        .get(app.url(&format!("/v1/runs/{}/events", first["id"].as_str().unwrap())))
+        .get(app.url(&format!("/v1/runs/{}/events", first.id)))
         .bearer_auth(kiln_tests::token("alice"))
         .header("accept", "text/event-stream")
         .send()

@@ -7,8 +7,9 @@
 
 use std::time::{Duration, Instant};
 
+use kiln_protocol::{CreateRun, EventBody, RunStatus};
 use kiln_scripted_model::Reply;
-use kiln_tests::{Ev, Options, TestApp};
+use kiln_tests::{Event, Options, TestApp, outcome, pick};
 use serde_json::json;
 
 /// One tool result as the model saw it.
@@ -28,25 +29,23 @@ fn bash_with_timeout(command: &str, timeout_s: u64) -> Reply {
 
 /// Runs the scripted tool calls (then a final answer) in one run and returns
 /// the run's events.
-async fn run_script(mut script: Vec<Reply>) -> (TestApp, Vec<Ev>) {
+async fn run_script(mut script: Vec<Reply>) -> (TestApp, Vec<Event>) {
     script.push(Reply::text("done"));
     let app = TestApp::spawn(Options { script, ..Default::default() }).await;
-    let run = app.create_run("alice", json!({"prompt": "hostile"})).await;
-    let id = run["id"].as_str().unwrap().to_owned();
-    let events = app.events_to_end("alice", &id).await;
-    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", events.last());
+    let id = app.submit("alice", CreateRun::new("hostile")).await.id;
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", events.last());
     (app, events)
 }
 
-fn results(events: &[Ev]) -> Vec<Result> {
-    events
-        .iter()
-        .filter(|e| e.kind == "tool.result")
-        .map(|e| Result {
-            output: e.data["output"].as_str().unwrap().to_owned(),
-            is_error: e.data["is_error"].as_bool().unwrap(),
-        })
+fn results(events: &[Event]) -> Vec<Result> {
+    pick!(events, EventBody::ToolResult { output, is_error, .. } => Result { output: output.clone(), is_error: *is_error })
         .collect()
+}
+
+/// The text of every `tool.output` event, in order.
+fn tool_output(events: &[Event]) -> impl Iterator<Item = &str> {
+    pick!(events, EventBody::ToolOutput { text, .. } => text.as_str())
 }
 
 /// The hostile call, then `echo ok`, which must work.
@@ -106,8 +105,7 @@ async fn printing_a_gigabyte_is_capped_for_the_model_and_the_worker() {
     assert!(r[0].output.len() < 40_000, "model-facing output is bounded: {}", r[0].output.len());
     assert!(r[0].output.contains("bytes omitted"), "the cut is marked");
     assert!(r[0].output.trim_end().ends_with("END") || r[0].output.contains("END\n"), "the tail is kept");
-    let streamed: usize =
-        events.iter().filter(|e| e.kind == "tool.output").map(|e| e.data["text"].as_str().unwrap().len()).sum();
+    let streamed: usize = tool_output(&events).map(str::len).sum();
     assert!(streamed > 0 && streamed <= 2 * 1024 * 1024, "streamed output is bounded: {streamed}");
     assert_eq!(r[1].output.trim(), "ok");
     // The worker runs in this process: its memory never held the gigabyte.
@@ -228,8 +226,7 @@ async fn edit_and_write_need_a_fresh_view_and_new_tools_work() {
 async fn bash_output_streams_as_tool_output_events() {
     let (_app, events) =
         run_script(vec![bash("for i in 1 2 3; do echo line$i; sleep 0.2; done"), bash("echo ok")]).await;
-    let streamed: String =
-        events.iter().filter(|e| e.kind == "tool.output").map(|e| e.data["text"].as_str().unwrap()).collect();
+    let streamed: String = tool_output(&events).collect();
     assert_eq!(streamed, "line1\nline2\nline3\nok\n");
 }
 

@@ -6,8 +6,9 @@
 
 use std::time::Duration;
 
+use kiln_protocol::{CreateRun, EventBody, NetworkMode, RunStatus, SandboxSpec};
 use kiln_scripted_model::Reply;
-use kiln_tests::{Ev, Options, TestApp, kinds, token, worker_config};
+use kiln_tests::{Event, Options, TestApp, kinds, outcome, pick, token, worker_config};
 use kiln_worker::ProviderKind;
 use serde_json::{Value, json};
 
@@ -16,14 +17,20 @@ const LIMITS: &str = "cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/c
     cat /sys/fs/cgroup/cpu.max 2>/dev/null || cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us";
 const NETWORK: &str = "ls /sys/class/net; cat /proc/net/route";
 
-async fn run(app: &TestApp, body: Value) -> Vec<Ev> {
-    let run = app.create_run("alice", body).await;
-    app.events_to_end("alice", run["id"].as_str().unwrap()).await
+/// Runs prompt `x` in `sandbox` (the deployment's when `None`) to its end.
+async fn run(app: &TestApp, sandbox: Option<SandboxSpec>) -> Vec<Event> {
+    let id = app.submit("alice", CreateRun { sandbox, ..CreateRun::new("x") }).await.id;
+    app.events("alice", id).await
 }
 
-fn output(events: &[Ev]) -> String {
-    let result = events.iter().find(|e| e.kind == "tool.result").unwrap_or_else(|| panic!("{:?}", kinds(events)));
-    result.data["output"].as_str().unwrap().to_owned()
+/// A sandbox of the deployment's but for `network`.
+fn network(mode: NetworkMode) -> Option<SandboxSpec> {
+    Some(SandboxSpec { network: Some(mode), ..Default::default() })
+}
+
+fn output(events: &[Event]) -> String {
+    let result = pick!(events, EventBody::ToolResult { output, .. } => output).next();
+    result.unwrap_or_else(|| panic!("{:?}", kinds(events))).clone()
 }
 
 fn lines(out: &str) -> Vec<&str> {
@@ -42,8 +49,9 @@ async fn a_run_can_lower_its_limits_but_not_raise_them() {
         ..Default::default()
     })
     .await;
-    let narrowed = run(&app, json!({"prompt": "x", "sandbox": {"memory_mb": 256, "pids": 64, "cpus": 0.5}})).await;
-    assert_eq!(narrowed.last().unwrap().kind, "run.succeeded");
+    let narrowed = SandboxSpec { memory_mb: Some(256), pids: Some(64), cpus: Some(0.5), ..Default::default() };
+    let narrowed = run(&app, Some(narrowed)).await;
+    assert_eq!(outcome(&narrowed), Some(RunStatus::Succeeded));
     let out = output(&narrowed);
     let got = lines(&out);
     assert!(got.contains(&"268435456"), "memory: {out}");
@@ -51,7 +59,8 @@ async fn a_run_can_lower_its_limits_but_not_raise_them() {
     assert!(got.iter().any(|l| l.starts_with("50000")), "cpu quota (0.5 of a 100 ms period): {out}");
 
     // Asking for more than the deployment's 1 GiB gets the deployment's.
-    let wider = run(&app, json!({"prompt": "x", "sandbox": {"memory_mb": 4096, "pids": 100000}})).await;
+    let wider = SandboxSpec { memory_mb: Some(4096), pids: Some(100_000), ..Default::default() };
+    let wider = run(&app, Some(wider)).await;
     let out = output(&wider);
     let got = lines(&out);
     assert!(got.contains(&"1073741824"), "memory stays at the deployment's: {out}");
@@ -62,10 +71,10 @@ async fn a_run_can_lower_its_limits_but_not_raise_them() {
 async fn network_needs_the_deployments_consent() {
     // Not allowed (the default): the run fails before any model call.
     let app = TestApp::spawn(Options::default()).await;
-    let refused = run(&app, json!({"prompt": "x", "sandbox": {"network": "bridge"}})).await;
+    let refused = run(&app, network(NetworkMode::Bridge)).await;
     let last = refused.last().unwrap();
-    assert_eq!(last.kind, "run.failed", "{:?}", kinds(&refused));
-    assert!(last.data["error"].as_str().unwrap().contains("KILN_SANDBOX_ALLOW_NETWORK"), "{}", last.data);
+    let EventBody::RunFailed { error } = &last.body else { panic!("{:?}", kinds(&refused)) };
+    assert!(error.contains("KILN_SANDBOX_ALLOW_NETWORK"), "{last:?}");
     assert!(app.model.requests().is_empty());
 
     // Allowed: a bridge run has an interface and a default route; a run
@@ -84,10 +93,10 @@ async fn network_needs_the_deployments_consent() {
     let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
     config.sandbox.allow_network = true;
     app.start_worker(config).await;
-    let bridged = output(&run(&app, json!({"prompt": "x", "sandbox": {"network": "bridge"}})).await);
+    let bridged = output(&run(&app, network(NetworkMode::Bridge)).await);
     assert!(lines(&bridged).contains(&"eth0"), "{bridged}");
     assert!(bridged.lines().any(|l| l.split_whitespace().nth(1) == Some("00000000")), "a default route: {bridged}");
-    let isolated = output(&run(&app, json!({"prompt": "x"})).await);
+    let isolated = output(&run(&app, None).await);
     let interfaces: Vec<&str> = isolated.lines().take_while(|l| !l.starts_with("Iface")).collect();
     assert_eq!(interfaces, ["lo"], "{isolated}");
     assert_eq!(isolated.lines().filter(|l| !l.starts_with("Iface")).count(), 1, "no route: {isolated}");

@@ -3,8 +3,9 @@
 //! single line, a binary image, invalid UTF-8.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use kiln_protocol::{CreateRun, EventBody, RunStatus};
 use kiln_scripted_model::{Reply, ScriptedCall};
-use kiln_tests::{Options, TestApp, kinds};
+use kiln_tests::{Options, TestApp, kinds, outcome, pick};
 use serde_json::json;
 
 /// 11,000,000 lines of exactly 100 bytes: 1.1 GB.
@@ -39,14 +40,11 @@ async fn view_pages_through_a_gigabyte_and_describes_what_it_cannot_show() {
         ..Default::default()
     })
     .await;
-    let run = app.create_run("alice", json!({"prompt": "read big files"})).await;
-    let events = app.events_to_end("alice", run["id"].as_str().unwrap()).await;
-    assert_eq!(events.last().unwrap().kind, "run.succeeded", "{:?}", kinds(&events));
-    let out: Vec<(String, bool)> = events
-        .iter()
-        .filter(|e| e.kind == "tool.result")
-        .map(|e| (e.data["output"].as_str().unwrap().to_owned(), e.data["is_error"].as_bool().unwrap()))
-        .collect();
+    let id = app.submit("alice", CreateRun::new("read big files")).await.id;
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let out: Vec<(String, bool)> =
+        pick!(events, EventBody::ToolResult { output, is_error, .. } => (output.clone(), *is_error)).collect();
     assert_eq!(out.len(), 7, "{out:?}");
     assert!(!out[0].1 && out[0].0.contains("1100000000 big.txt"), "{:?}", out[0]);
     assert!(out.iter().all(|(_, is_error)| !is_error), "{out:?}");
