@@ -18,14 +18,16 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use kiln_cli::local_model::{self, LocalModel};
-use kiln_tests::{Ev, Options, TestApp, assert_dense, kinds, worker_config};
+use kiln_protocol::{CreateRun, EventBody, Limits, ModelSpec, RepoSpec, RunStatus};
+use kiln_tests::{Event, Options, TestApp, assert_dense, kinds, outcome, worker_config};
 use kiln_worker::providers::pricing::PriceTable;
 use kiln_worker::tools::Registry;
 use kiln_worker::{ProviderEndpoints, ProviderKind};
 use serde_json::{Value, json};
+use uuid::Uuid;
 
 const PROMPT: &str = "Run `cat README.md` with bash, then reply with one sentence.";
-const MAX_STEPS: u64 = 4;
+const MAX_STEPS: u32 = 4;
 
 /// Where `scripts/test` installs the local model: `.kiln/local-model` of the
 /// checkout (or of `KILN_STATE_DIR`).
@@ -76,35 +78,30 @@ fn take_turn() -> Turn {
 /// Follows a run's events to the end through the JSON pages of the events
 /// route (a real model on a busy CPU can take minutes; the harness's SSE
 /// follower gives up after two).
-async fn events_to_end(app: &TestApp, id: &str, limit: Duration) -> Vec<Ev> {
+async fn events_to_end(app: &TestApp, id: Uuid, limit: Duration) -> Vec<Event> {
     let deadline = Instant::now() + limit;
-    let mut out: Vec<Ev> = Vec::new();
+    let mut out: Vec<Event> = Vec::new();
     loop {
         let after = out.last().map_or(0, |e| e.seq);
-        let page: Value = app
-            .http
-            .get(app.url(&format!("/v1/runs/{id}/events?after={after}")))
-            .bearer_auth(kiln_tests::token("alice"))
-            .header("accept", "application/json")
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        for e in page["events"].as_array().unwrap() {
-            out.push(Ev {
-                seq: e["seq"].as_i64().unwrap(),
-                kind: e["kind"].as_str().unwrap().into(),
-                data: e["payload"].clone(),
-            });
-        }
-        if out.last().is_some_and(|e| kiln_protocol::event::is_terminal_kind(&e.kind)) {
+        out.extend(app.events_page("alice", id, after).await);
+        if outcome(&out).is_some() {
             return out;
         }
         assert!(Instant::now() < deadline, "run {id} did not end within {limit:?}: {:?}", kinds(&out));
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// The error of the run whose events these are; the last must be `run.failed`.
+fn failure(events: &[Event]) -> &str {
+    match events.last().map(|e| &e.body) {
+        Some(EventBody::RunFailed { error }) => error,
+        _ => panic!("{:?}", kinds(events)),
+    }
+}
+
+fn max_steps(n: u32) -> Limits {
+    Limits { max_steps: Some(n), ..Default::default() }
 }
 
 /// An app whose worker talks to `server`, with `provider` as the default.
@@ -174,73 +171,81 @@ fn schema_errors(schema: &Value, args: &Value) -> Vec<String> {
     errors
 }
 
+/// The result of the tool call `call_id` among `events`: its index, output
+/// and whether it is an error.
+fn result_of<'a>(events: &'a [Event], call_id: &str) -> Option<(usize, &'a str, bool)> {
+    events.iter().enumerate().find_map(|(j, e)| match &e.body {
+        EventBody::ToolResult { call_id: c, output, is_error, .. } if c == call_id => {
+            Some((j, output.as_str(), *is_error))
+        }
+        _ => None,
+    })
+}
+
 /// The structural contract of a finished run driven by a real model.
-fn assert_structure(events: &[Ev]) {
+fn assert_structure(events: &[Event]) {
     let k = kinds(events);
     assert_dense(events, 1);
-    let last = events.last().expect("events");
-    assert!(kiln_protocol::event::is_terminal_kind(&last.kind), "ends terminal: {k:?}");
-    let steps = events.iter().filter(|e| e.kind == "step.started").count() as u64;
+    assert!(outcome(events).is_some(), "ends terminal: {k:?}");
+    let is_step = |e: &Event| matches!(e.body, EventBody::StepStarted { .. });
+    let steps = events.iter().filter(|e| is_step(e)).count() as u32;
     assert!((1..=MAX_STEPS).contains(&steps), "{steps} steps within max_steps {MAX_STEPS}: {k:?}");
 
     let specs = Registry::standard().specs();
-    let ready: Vec<usize> = (0..events.len()).filter(|&i| events[i].kind == "tool_call.ready").collect();
-    assert!(!ready.is_empty(), "the model called a tool: {k:?}");
-    for &i in &ready {
-        let call = &events[i].data;
-        let id = call["call_id"].as_str().expect("call id");
-        let name = call["name"].as_str().expect("tool name");
-        let result = (i + 1..events.len())
-            .find(|&j| events[j].kind == "tool.result" && events[j].data["call_id"] == id)
+    let mut calls = 0;
+    for (i, e) in events.iter().enumerate() {
+        let EventBody::ToolCallReady { call_id: id, name, arguments } = &e.body else { continue };
+        calls += 1;
+        let (result, output, is_error) = result_of(&events[i + 1..], id)
+            .map(|(j, output, is_error)| (i + 1 + j, output, is_error))
             .unwrap_or_else(|| panic!("tool call {id} has a result: {k:?}"));
-        let output = events[result].data["output"].as_str().unwrap_or_default();
-        match specs.iter().find(|s| s.name == name) {
+        match specs.iter().find(|s| s.name == *name) {
             Some(spec) => {
-                let errors = schema_errors(&spec.input_schema, &call["arguments"]);
+                let errors = schema_errors(&spec.input_schema, arguments);
                 if errors.is_empty() {
-                    eprintln!("tool call {name} {} → is_error {}", call["arguments"], events[result].data["is_error"]);
+                    eprintln!("tool call {name} {arguments} → is_error {is_error}");
                 } else {
                     // Invalid arguments must come back as a clear tool error.
-                    assert_eq!(events[result].data["is_error"], true, "{errors:?} answered with an error");
+                    assert!(is_error, "{errors:?} answered with an error");
                     assert!(!output.trim().is_empty(), "the tool error says why");
                 }
             }
             None => {
-                assert_eq!(events[result].data["is_error"], true, "unknown tool {name:?} answered with an error");
-                assert!(output.contains(name), "the error names the tool: {output}");
+                assert!(is_error, "unknown tool {name:?} answered with an error");
+                assert!(output.contains(name.as_str()), "the error names the tool: {output}");
             }
         }
         // The result went back to the model: another step started after it,
         // unless the step budget ended the run right there.
-        let next_step = events[result..].iter().any(|e| e.kind == "step.started");
+        let next_step = events[result..].iter().any(is_step);
         assert!(next_step || steps == MAX_STEPS, "the result went back to the model: {k:?}");
     }
-    // Every step that finished says why.
-    for e in events.iter().filter(|e| e.kind == "step.finished") {
-        assert!(e.data["finish_reason"].is_string(), "finish_reason: {}", e.data);
-    }
+    assert!(calls > 0, "the model called a tool: {k:?}");
+    // Every step that finished says why: a `step.finished` without a
+    // string `finish_reason` does not decode as an `Event`, which fails the
+    // test where the events are read.
 }
 
 async fn full_run(test: &str, provider: ProviderKind) {
     let Some((_turn, server)) = local_model(test).await else { return };
     let app = app_for(&server, provider).await;
     let (repo_dir, repo_url) = demo_repo().await;
-    let body = json!({
-        "prompt": PROMPT,
-        "repo": {"url": repo_url},
-        "limits": {"max_steps": MAX_STEPS, "timeout_s": 600},
-        "model": {"temperature": 0.0},
-    });
+    let spec = CreateRun {
+        repo: Some(RepoSpec { url: repo_url, git_ref: None }),
+        limits: Some(Limits { max_steps: Some(MAX_STEPS), timeout_s: Some(600), ..Default::default() }),
+        model: Some(ModelSpec { temperature: Some(0.0), ..Default::default() }),
+        ..CreateRun::new(PROMPT)
+    };
     let server_log = server.log_path().to_owned();
     let started = Instant::now();
-    let run = app.create_run("alice", body).await;
-    let id = run["id"].as_str().unwrap().to_owned();
-    let events = events_to_end(&app, &id, Duration::from_secs(600)).await;
+    let id = app.submit("alice", spec).await.id;
+    let events = events_to_end(&app, id, Duration::from_secs(600)).await;
     eprintln!("{test}: run took {:?}: {:?}", started.elapsed(), kinds(&events));
     assert_structure(&events);
-    let status = app.get_run("alice", &id).await["status"].as_str().unwrap().to_owned();
-    assert!(["succeeded", "failed", "timed_out"].contains(&status.as_str()), "terminal status {status}");
-    assert!(app.containers_of(&id).await.is_empty(), "sandbox removed");
+    let status = app.run("alice", id).await.status;
+    let ended = [RunStatus::Succeeded, RunStatus::Failed, RunStatus::TimedOut];
+    assert!(ended.contains(&status), "terminal status {status}");
+    assert!(app.containers_of(id).await.is_empty(), "sandbox removed");
     server.stop().await;
     let _ = std::fs::remove_dir_all(repo_dir);
     let _ = std::fs::remove_file(server_log);
@@ -261,15 +266,14 @@ async fn cancelling_while_the_real_model_streams_stops_the_run_within_two_second
     let Some((_turn, server)) = local_model("cancel").await else { return };
     let app = app_for(&server, ProviderKind::OpenAi).await;
     // A long answer: up to 2048 tokens, tens of seconds on a CPU.
-    let body = json!({
-        "prompt": "Count from 1 to 1000, one number a line. Do not use tools.",
-        "model": {"max_tokens": 2048, "temperature": 0.0},
-        "limits": {"max_steps": 2},
-    });
-    let run = app.create_run("alice", body).await;
-    let id = run["id"].as_str().unwrap().to_owned();
-    let streaming = |e: &Ev| matches!(e.kind.as_str(), "text.delta" | "tool_call.delta");
-    let before = app.sse_until(app.addr, "alice", &id, None, usize::MAX, streaming).await;
+    let spec = CreateRun {
+        model: Some(ModelSpec { max_tokens: Some(2048), temperature: Some(0.0), ..Default::default() }),
+        limits: Some(max_steps(2)),
+        ..CreateRun::new("Count from 1 to 1000, one number a line. Do not use tools.")
+    };
+    let id = app.submit("alice", spec).await.id;
+    let streaming = |e: &Event| matches!(e.body, EventBody::TextDelta { .. } | EventBody::ToolCallDelta { .. });
+    let before = app.events_until("alice", id, None, streaming).await;
     assert!(streaming(before.last().unwrap()), "the model streams: {:?}", kinds(&before));
     let started = Instant::now();
     let r = app
@@ -280,15 +284,16 @@ async fn cancelling_while_the_real_model_streams_stops_the_run_within_two_second
         .await
         .unwrap();
     assert_eq!(r.status(), 202);
-    let rest = app.sse(app.addr, "alice", &id, Some(before.last().unwrap().seq), usize::MAX).await;
+    let rest = app.events_after("alice", id, Some(before.last().unwrap().seq)).await;
     let elapsed = started.elapsed();
-    let all: Vec<Ev> = before.iter().chain(rest.iter()).cloned().collect();
+    let all: Vec<Event> = before.iter().chain(rest.iter()).cloned().collect();
     assert_dense(&all, 1);
-    assert_eq!(rest.last().unwrap().kind, "run.cancelled", "{:?}", kinds(&rest));
+    assert_eq!(outcome(&rest), Some(RunStatus::Cancelled), "{:?}", kinds(&rest));
     assert!(elapsed < Duration::from_secs(2), "cancel took {elapsed:?}");
     // The cancel cut the stream: the step never finished.
-    assert!(!all.iter().any(|e| e.kind == "step.finished"), "cancelled mid-stream: {:?}", kinds(&all));
-    assert_eq!(app.get_run("alice", &id).await["status"], "cancelled");
+    let finished = all.iter().any(|e| matches!(e.body, EventBody::StepFinished { .. }));
+    assert!(!finished, "cancelled mid-stream: {:?}", kinds(&all));
+    assert_eq!(app.run("alice", id).await.status, RunStatus::Cancelled);
     server.stop().await;
 }
 
@@ -333,15 +338,12 @@ async fn a_model_request_over_its_timeout_is_retried_then_fails_the_run_clearly(
     let Some((_turn, server)) = local_model("timeout").await else { return };
     let endpoints = ProviderEndpoints { read_timeout: Some(Duration::from_millis(50)), ..server.endpoints() };
     let app = app_with_endpoints(&server, ProviderKind::OpenAi, endpoints).await;
-    let run = app.create_run("alice", json!({"prompt": PROMPT, "limits": {"max_steps": 2}})).await;
-    let id = run["id"].as_str().unwrap().to_owned();
-    let events = events_to_end(&app, &id, Duration::from_secs(120)).await;
+    let id = app.submit("alice", CreateRun { limits: Some(max_steps(2)), ..CreateRun::new(PROMPT) }).await.id;
+    let events = events_to_end(&app, id, Duration::from_secs(120)).await;
     assert_dense(&events, 1);
-    let retries = events.iter().filter(|e| e.kind == "model.retry").count();
+    let retries = events.iter().filter(|e| matches!(e.body, EventBody::ModelRetry { .. })).count();
     assert!(retries >= 1, "retried: {:?}", kinds(&events));
-    let last = events.last().unwrap();
-    assert_eq!(last.kind, "run.failed", "{:?}", kinds(&events));
-    let error = last.data["error"].as_str().unwrap();
+    let error = failure(&events);
     assert!(error.contains("model call failed"), "a clear reason: {error}");
     assert!(error.to_lowercase().contains("timed out") || error.contains("timeout"), "names the timeout: {error}");
 }
@@ -354,15 +356,12 @@ async fn a_model_server_that_goes_away_is_retried_then_fails_the_run_clearly() {
     let app = app_for(&server, ProviderKind::OpenAi).await;
     // Gone before the first model call.
     server.stop().await;
-    let run = app.create_run("alice", json!({"prompt": PROMPT, "limits": {"max_steps": 2}})).await;
-    let id = run["id"].as_str().unwrap().to_owned();
-    let events = events_to_end(&app, &id, Duration::from_secs(120)).await;
+    let id = app.submit("alice", CreateRun { limits: Some(max_steps(2)), ..CreateRun::new(PROMPT) }).await.id;
+    let events = events_to_end(&app, id, Duration::from_secs(120)).await;
     assert_dense(&events, 1);
-    let retries: Vec<&Ev> = events.iter().filter(|e| e.kind == "model.retry").collect();
-    assert!(!retries.is_empty(), "retried: {:?}", kinds(&events));
-    let last = events.last().unwrap();
-    assert_eq!(last.kind, "run.failed", "{:?}", kinds(&events));
-    let error = last.data["error"].as_str().unwrap();
+    let retries = events.iter().filter(|e| matches!(e.body, EventBody::ModelRetry { .. })).count();
+    assert!(retries > 0, "retried: {:?}", kinds(&events));
+    let error = failure(&events);
     assert!(error.contains("connection to the model provider failed"), "a clear reason: {error}");
-    assert_eq!(app.get_run("alice", &id).await["status"], "failed");
+    assert_eq!(app.run("alice", id).await.status, RunStatus::Failed);
 }
