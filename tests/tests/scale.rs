@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use kiln_cli::app::open_store;
+use kiln_protocol::{CreateRun, EventBody};
 use kiln_scripted_model::Reply;
 use kiln_store::Quota;
 use kiln_tests::pg::PrivatePostgres;
-use kiln_tests::{Ev, Options, TestApp, assert_dense, kinds, token, worker_config};
+use kiln_tests::{Ev, Event, Options, TestApp, assert_dense, kinds, pick, token, worker_config};
 use kiln_worker::ProviderKind;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -84,7 +85,8 @@ async fn wait_until_ended(app: &TestApp, ids: &[Uuid], timeout: Duration) -> BTr
     }
 }
 
-/// The run's stored events, `(seq, kind, data)` in order.
+/// The run's stored events, `(seq, kind, data)` in order, read with SQL
+/// and kept as JSON (what SSE clients got is compared with them as sent).
 async fn stored_events(app: &TestApp, run: Uuid) -> Vec<Ev> {
     let rows = app
         .sql()
@@ -96,7 +98,7 @@ async fn stored_events(app: &TestApp, run: Uuid) -> Vec<Ev> {
 }
 
 async fn create(app: &TestApp, prompt: &str) -> Uuid {
-    app.create_run("alice", json!({"prompt": prompt})).await["id"].as_str().unwrap().parse().unwrap()
+    app.submit("alice", CreateRun::new(prompt)).await.id
 }
 
 #[tokio::test]
@@ -149,10 +151,9 @@ async fn ten_active_runs_survive_a_database_restart_and_none_is_claimed_twice() 
     let claims = claims(&app).await;
     assert_no_double_claims(&claims);
     for id in &ids {
-        let events = stored_events(&app, *id).await;
+        let events: Vec<Event> = stored_events(&app, *id).await.into_iter().map(Event::from).collect();
         assert_dense(&events, 1);
-        let started: Vec<i64> =
-            events.iter().filter(|e| e.kind == "run.started").map(|e| e.data["attempt"].as_i64().unwrap()).collect();
+        let started: Vec<i64> = pick!(events, EventBody::RunStarted { attempt, .. } => i64::from(*attempt)).collect();
         let claimed: Vec<i64> = claims[id].iter().map(|(a, _)| i64::from(*a)).collect();
         // Each start is a logged claim, none twice. (A claim whose answer
         // was lost in the restart would start nothing and be reaped; it
@@ -161,7 +162,7 @@ async fn ten_active_runs_survive_a_database_restart_and_none_is_claimed_twice() 
         distinct.dedup();
         assert_eq!(distinct, started, "an attempt started twice: {:?}", kinds(&events));
         assert!(started.iter().all(|a| claimed.contains(a)), "started {started:?}, claimed {claimed:?}");
-        let terminal = events.iter().filter(|e| kiln_protocol::event::is_terminal_kind(&e.kind)).count();
+        let terminal = events.iter().filter(|e| e.body.is_terminal()).count();
         assert_eq!(terminal, 1, "{:?}", kinds(&events));
     }
 }
@@ -282,18 +283,7 @@ async fn a_thousand_runs_against_three_workers_all_succeed_exactly_once() {
     let started = Instant::now();
     let submissions = (0..RUNS).map(|i| {
         let app = &app;
-        async move {
-            let r = app
-                .http
-                .post(app.url("/v1/runs"))
-                .bearer_auth(token("alice"))
-                .json(&json!({"prompt": format!("run {i}")}))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status(), 201);
-            r.json::<serde_json::Value>().await.unwrap()["id"].as_str().unwrap().parse::<Uuid>().unwrap()
-        }
+        async move { create(app, &format!("run {i}")).await }
     });
     let ids = join_all(submissions).await;
     let submitted = started.elapsed();
