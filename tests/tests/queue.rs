@@ -183,8 +183,10 @@ async fn finishing_a_run_can_claim_the_next_in_the_same_commit_and_only_under_th
     assert_eq!(store.get_run("alice", second.id).await.unwrap().unwrap().status, RunStatus::Succeeded);
 }
 
-#[tokio::test]
-async fn a_worker_whose_run_ends_takes_its_next_run_in_the_same_commit() {
+/// Two runs through a worker of one slot (so it can only take the second
+/// when the first ends), with or without claim-on-end; both runs as read
+/// afterwards.
+async fn two_runs_through_one_slot(claim_on_end: bool) -> (kiln_protocol::Run, kiln_protocol::Run) {
     let app = TestApp::spawn(Options {
         worker: false,
         script: vec![Reply::text("first done"), Reply::text("second done")],
@@ -193,9 +195,9 @@ async fn a_worker_whose_run_ends_takes_its_next_run_in_the_same_commit() {
     .await;
     let a = app.submit("alice", CreateRun::new("one")).await.id;
     let b = app.submit("alice", CreateRun::new("two")).await.id;
-    // One slot: the worker can only take the second run when the first ends.
     app.start_worker(kiln_worker::WorkerConfig {
         concurrency: 1,
+        claim_on_end,
         ..worker_config(ProviderKind::OpenAi, Duration::from_secs(10))
     })
     .await;
@@ -203,7 +205,12 @@ async fn a_worker_whose_run_ends_takes_its_next_run_in_the_same_commit() {
         let events = app.events("alice", id).await;
         assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
     }
-    let (a, b) = (app.run("alice", a).await, app.run("alice", b).await);
+    (app.run("alice", a).await, app.run("alice", b).await)
+}
+
+#[tokio::test]
+async fn a_worker_whose_run_ends_takes_its_next_run_in_the_same_commit() {
+    let (a, b) = two_runs_through_one_slot(true).await;
     assert_eq!(a.finished_at, b.started_at, "claimed in the commit that ended the first: {a:?} {b:?}");
 }
 
@@ -212,24 +219,6 @@ async fn a_worker_whose_run_ends_takes_its_next_run_in_the_same_commit() {
 /// the speed layers can be switched off without changing what happens.
 #[tokio::test]
 async fn without_claim_on_end_runs_end_alone_and_the_claim_loop_takes_the_next() {
-    let app = TestApp::spawn(Options {
-        worker: false,
-        script: vec![Reply::text("first done"), Reply::text("second done")],
-        ..Default::default()
-    })
-    .await;
-    let a = app.submit("alice", CreateRun::new("one")).await.id;
-    let b = app.submit("alice", CreateRun::new("two")).await.id;
-    app.start_worker(kiln_worker::WorkerConfig {
-        concurrency: 1,
-        claim_on_end: false,
-        ..worker_config(ProviderKind::OpenAi, Duration::from_secs(10))
-    })
-    .await;
-    for id in [a, b] {
-        let events = app.events("alice", id).await;
-        assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
-    }
-    let (a, b) = (app.run("alice", a).await, app.run("alice", b).await);
+    let (a, b) = two_runs_through_one_slot(false).await;
     assert_ne!(a.finished_at, b.started_at, "claimed by the end's statement: {a:?} {b:?}");
 }
