@@ -1,6 +1,7 @@
 //! The client commands of `kiln`: `run`, `runs`, `logs`, `cancel`,
 //! `approve`, against a running Kiln at `KILN_URL` with `KILN_TOKEN`.
 
+use std::borrow::Cow;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use secrecy::{ExposeSecret, SecretString};
 use uuid::Uuid;
 
 use crate::client::{Cancelled, Decision, KilnClient, StreamedEvent};
+use crate::render::printable::{escape_raw_controls, printable, printable_event};
 use crate::render::{Mode, Outcome, Totals, one_line};
 
 /// Where Kiln is and who we are to it.
@@ -40,9 +42,9 @@ const COST_READS_AT_ONCE: usize = 4;
 /// with its outcome.
 pub async fn run(client: &KilnClient, spec: &CreateRun, follow: bool, json: bool) -> anyhow::Result<ExitCode> {
     let run = client.create_run(spec).await?;
-    let header = format!("run {} {}: {}", run.id, run.status, one_line(&run.prompt, 50));
+    let header = format!("run {} {}: {}", run.id, run.status, one_line(&printable(&run.prompt), 50));
     if json && !follow {
-        println!("{}", serde_json::to_string(&run)?);
+        println!("{}", escape_raw_controls(&serde_json::to_string(&run)?));
     } else if json {
         // stdout carries only the events under --json.
         eprintln!("{header}");
@@ -64,8 +66,11 @@ pub async fn watch(client: &KilnClient, id: Uuid, follow: bool, mode: Mode) -> a
     let mut totals = Totals::default();
     let interrupted = {
         let on_event = |event: &StreamedEvent| {
-            totals.observe(event);
-            render.event(event);
+            // Server text enters the displays for a person here, and only
+            // cleaned; --json escapes what it prints itself.
+            let event = if mode == Mode::Json { Cow::Borrowed(event) } else { Cow::Owned(printable_event(event)) };
+            totals.observe(&event);
+            render.event(&event);
         };
         let read = async {
             if follow { client.follow(id, 0, on_event).await.map(drop) } else { client.events(id, 0, on_event).await }
@@ -116,7 +121,7 @@ pub async fn runs(
     let runs = client.list_runs(status, limit).await?;
     if json {
         for run in &runs {
-            println!("{}", serde_json::to_string(run)?);
+            println!("{}", escape_raw_controls(&serde_json::to_string(run)?));
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -149,7 +154,12 @@ fn runs_header() -> String {
 
 fn runs_row(run: &Run, cost: &str, now: chrono::DateTime<Utc>) -> String {
     let age = age((now - run.created_at).num_seconds());
-    format!("{:<36}  {:<17}  {age:>5}  {cost:>9}  {}", run.id, run.status.to_string(), one_line(&run.prompt, 60))
+    format!(
+        "{:<36}  {:<17}  {age:>5}  {cost:>9}  {}",
+        run.id,
+        run.status.to_string(),
+        one_line(&printable(&run.prompt), 60)
+    )
 }
 
 /// `42s`, `5m`, `3h`, `2d`.

@@ -188,7 +188,8 @@ async fn main() -> ExitCode {
     let code = match dispatch(cli.command).await {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("kiln: error: {e:#}");
+            // An error can quote the server's answer: printed cleaned, like its events.
+            eprintln!("kiln: error: {}", kiln_cli::render::printable::printable(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     };

@@ -574,3 +574,49 @@ async fn ctrl_c_stops_following_not_the_run_and_clears_the_spinner() {
     assert!(cancel.status.success(), "{cancel:?}");
     assert_eq!(app.events_to_end("alice", &id).await.last().unwrap().kind, "run.cancelled");
 }
+
+/// What a model or a command prints must not drive the person's terminal:
+/// a clipboard write (OSC 52), a cleared screen, a colour through the 8-bit
+/// CSI, a carriage return that would overwrite a line with a forged one.
+#[tokio::test]
+async fn terminal_escapes_from_the_model_and_its_commands_never_reach_the_terminal() {
+    let text = "Before\u{1b}]52;c;aGFja2Vk\u{7} after.\nSafe line\rFORGED\n\u{1b}[2JStill \u{9b}31mhere.\n";
+    let app = TestApp::spawn(Options {
+        script: vec![
+            Reply::tool("bash", json!({"command": "printf 'out\\033]52;c;aGFja2Vk\\007put\\n'; exit 3"}))
+                .with_text(text),
+            Reply::text("Done."),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let term = in_terminal(kiln(&app.url(""), "alice", &["run", "--prompt", "p\u{1b}[2Jq", "--follow"])).await;
+    let screen = &term.screen;
+    assert!(term.status.success(), "exit {:?}\n{screen}\nstderr: {}", term.status, term.stderr);
+    for line in ["Before after.", "Safe lineFORGED", "Still here.", "Done."] {
+        assert_eq!(screen.lines().filter(|l| l.trim_end() == line).count(), 1, "{line:?} in\n{screen}");
+    }
+    assert!(screen.lines().any(|l| l.ends_with("output [exit code 3]")), "{screen}");
+    assert!(screen.lines().next().unwrap().ends_with(": pq"), "{screen}");
+    for escape in ["\u{1b}]52", "aGFja2Vk", "\u{1b}[2J", "\u{9b}", "line\r"] {
+        assert!(!term.raw.contains(escape), "{escape:?} reached the terminal: {:?}", term.raw);
+    }
+
+    // Plain lines: the same text, and no control characters but newlines.
+    let id = run_id_in(screen.lines().next().unwrap());
+    let plain = output(kiln(&app.url(""), "alice", &["logs", &id])).await;
+    let out = stdout(&plain);
+    assert!(plain.status.success(), "{out}");
+    assert!(out.starts_with("Before after.\nSafe lineFORGED\nStill here.\n"), "{out:?}");
+    assert!(out.contains(": output [exit code 3]"), "{out:?}");
+    assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
+    // `kiln runs` lists the prompt cleaned.
+    let runs = stdout(&output(kiln(&app.url(""), "alice", &["runs"])).await);
+    assert!(runs.contains("  pq") && !runs.chars().any(|c| c.is_control() && c != '\n'), "{runs:?}");
+
+    // --json: the events, which decode to what was streamed, with every
+    // control character written as an escape.
+    let json = stdout(&output(kiln(&app.url(""), "alice", &["logs", &id, "--json"])).await);
+    assert!(!json.chars().any(|c| c.is_control() && c != '\n'), "{json:?}");
+    assert!(json_lines(&json).iter().any(|e| e["payload"]["text"].as_str().is_some_and(|t| t.contains('\u{9b}'))));
+}

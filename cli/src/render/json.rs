@@ -1,8 +1,11 @@
 //! `--json`: one JSON object per event, exactly as streamed (`seq`, `kind`,
-//! `payload`), for scripts. Nothing else goes to stdout.
+//! `payload`), for scripts. Nothing else goes to stdout. JSON escapes C0
+//! controls itself; DEL and C1 ones are escaped too, so the lines are safe
+//! on a terminal and still decode to the same values.
 
 use std::io::Write;
 
+use super::printable::escape_raw_controls;
 use super::{Render, Totals};
 use crate::client::StreamedEvent;
 
@@ -20,7 +23,7 @@ impl<W: Write> Render for JsonLines<W> {
     fn event(&mut self, event: &StreamedEvent) {
         if let Ok(line) = serde_json::to_string(event) {
             // A closed pipe (`| head`) is the reader's choice, not an error to report.
-            let _ = writeln!(self.out, "{line}");
+            let _ = writeln!(self.out, "{}", escape_raw_controls(&line));
             let _ = self.out.flush();
         }
     }

@@ -1,11 +1,13 @@
 //! How the terminal client shows a run's events: a live progress display on
 //! a terminal ([`live`]), plain lines otherwise ([`plain`]), or the events
 //! themselves as JSON lines for scripts ([`json`]). All three see the same
-//! events; [`totals`] adds them up for the closing line.
+//! events; [`totals`] adds them up for the closing line. What a person
+//! sees is [`printable`]: no terminal escapes from the server get through.
 
 pub mod json;
 pub mod live;
 pub mod plain;
+pub mod printable;
 pub mod totals;
 
 use std::io::IsTerminal;
