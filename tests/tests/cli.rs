@@ -583,7 +583,7 @@ async fn terminal_escapes_from_the_model_and_its_commands_never_reach_the_termin
     let text = "Before\u{1b}]52;c;aGFja2Vk\u{7} after.\nSafe line\rFORGED\n\u{1b}[2JStill \u{9b}31mhere.\n";
     let app = TestApp::spawn(Options {
         script: vec![
-            Reply::tool("bash", json!({"command": "printf 'out\\033]52;c;aGFja2Vk\\007put\\n'; exit 3"}))
+            Reply::tool("bash", json!({"command": "printf 'out\\033]52;c;%s%s\\007put\\n' Q0xJ UEJP; exit 3"}))
                 .with_text(text),
             Reply::text("Done."),
         ],
@@ -598,7 +598,8 @@ async fn terminal_escapes_from_the_model_and_its_commands_never_reach_the_termin
     }
     assert!(screen.lines().any(|l| l.ends_with("output [exit code 3]")), "{screen}");
     assert!(screen.lines().next().unwrap().ends_with(": pq"), "{screen}");
-    for escape in ["\u{1b}]52", "aGFja2Vk", "\u{1b}[2J", "\u{9b}", "line\r"] {
+    // (The command's payload is printed in two halves, so only its output holds it whole.)
+    for escape in ["\u{1b}]52", "aGFja2Vk", "Q0xJUEJP", "\u{1b}[2J", "\u{9b}", "line\r"] {
         assert!(!term.raw.contains(escape), "{escape:?} reached the terminal: {:?}", term.raw);
     }
 
@@ -607,7 +608,7 @@ async fn terminal_escapes_from_the_model_and_its_commands_never_reach_the_termin
     let plain = output(kiln(&app.url(""), "alice", &["logs", &id])).await;
     let out = stdout(&plain);
     assert!(plain.status.success(), "{out}");
-    assert!(out.starts_with("Before after.\nSafe lineFORGED\nStill here.\n"), "{out:?}");
+    assert!(out.contains("\nBefore after.\nSafe lineFORGED\nStill here.\n→ bash"), "{out:?}");
     assert!(out.contains(": output [exit code 3]"), "{out:?}");
     assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
     // `kiln runs` lists the prompt cleaned.
