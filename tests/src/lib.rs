@@ -82,6 +82,10 @@ pub fn token(sub: &str) -> String {
     kiln_api::auth::mint_hs256(SECRET.as_bytes(), sub, Duration::from_secs(3600)).unwrap()
 }
 
+/// The account Kiln's GitHub token posts as in the harness: a machine user
+/// other than the handle (`KILN_GITHUB_BOT_LOGIN`).
+pub const GITHUB_BOT_LOGIN: &str = "kiln-ops";
+
 pub struct Options {
     /// API settings; the harness shortens the keep-alive interval to 1 s.
     pub api: kiln_api::ApiSettings,
@@ -130,7 +134,8 @@ impl TestApp {
         let shutdown = CancellationToken::new();
         let github = options
             .github_secret
-            .map(|secret| kiln_api::GithubWebhookConfig::new(secret.as_bytes(), "kiln", "kiln", "github").unwrap());
+            .map(|secret| kiln_api::GithubWebhookConfig::new(secret.as_bytes(), "kiln", "kiln", "github").unwrap())
+            .map(|config| config.posting_as(GITHUB_BOT_LOGIN).unwrap());
         let addr = Self::start_api_on(&store, options.api.clone(), github, shutdown.clone()).await;
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let app = TestApp { addr, db_url, store, model, http, shutdown };

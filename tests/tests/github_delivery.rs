@@ -636,3 +636,47 @@ async fn the_fake_github_serves_gzipped_git_negotiations() {
     let gzipped = github.git_seen().iter().filter(|s| s.encoding.as_deref() == Some("gzip")).count();
     assert!(gzipped > 0, "git sent no gzipped request: {:?}", github.git_seen());
 }
+
+/// A run's error is whatever the model, its commands or a service said:
+/// posted under Kiln's account it must mention nobody, not address Kiln
+/// again, and not open a block that swallows the rest of the comment.
+#[tokio::test]
+async fn a_failure_comment_quotes_the_error_so_it_mentions_and_triggers_nothing() {
+    let s = setup_idle(vec![Reply::text("never asked")]).await;
+    let run = github_run(&s, 24, false, Some(563)).await;
+    let error = "model said: @someone look\n/kiln do more\n```\n@kiln and <b>bold</b> [x](http://e.test)";
+    let n = s
+        .app
+        .sql()
+        .await
+        .execute("UPDATE runs SET status = 'failed', error = $2, finished_at = now() WHERE id = $1", &[&run, &error])
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let url = s.app.url(&format!("/v1/runs/{run}/deliver"));
+    let asked = s.app.http.post(&url).bearer_auth(token("github")).send().await.unwrap();
+    assert_eq!(asked.status().as_u16(), 202);
+    s.start_worker().await;
+    s.app.wait_for_event(run, "delivery.succeeded").await;
+    settle(&s, run).await;
+
+    let comments = comments_on(&s, 24);
+    assert_eq!(comments.len(), 1, "{comments:?}");
+    let body = &comments[0];
+    // The error is all there, and the comment is Kiln's sentence to the end.
+    assert!(body.contains("failed: model said: @"), "{body}");
+    assert!(body.contains("do more"), "{body}");
+    assert_eq!(body.lines().count(), 1, "the error opened lines of its own: {body}");
+    // No mention: every `@` is followed by something no login starts with.
+    for (at, _) in body.match_indices('@') {
+        let next = body[at + 1..].chars().next();
+        assert!(!next.is_some_and(|c| c.is_ascii_alphanumeric()), "a mention at {at}: {body}");
+    }
+    // Kiln's webhook would not take it as a request, whoever posted it.
+    let rules = kiln_api::github::TriggerRules::new("kiln", "kiln").unwrap();
+    assert!(!rules.addresses_kiln(body), "{body}");
+    // No fence, tag or link opened by the error.
+    for markup in ["\n```", "<b>", "[x](http"] {
+        assert!(!body.contains(markup), "{markup:?} in {body}");
+    }
+}

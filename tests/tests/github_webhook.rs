@@ -10,7 +10,7 @@ use futures::future::join_all;
 use kiln_api::github::WebhookSecret;
 use kiln_protocol::run::MAX_PROMPT_BYTES;
 use kiln_store::GithubOrigin;
-use kiln_tests::{Options, TestApp, token};
+use kiln_tests::{GITHUB_BOT_LOGIN, Options, TestApp, token};
 use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -290,6 +290,23 @@ async fn kiln_own_comments_and_other_bots_never_trigger() {
         payload["sender"]["type"] = kind.into();
         payload["comment"]["user"]["login"] = login.into();
         payload["comment"]["user"]["type"] = kind.into();
+        assert_ignored(&app, "issue_comment", &payload, "bot").await;
+    }
+    assert_eq!(counts(&app).await[0], 0);
+}
+
+/// With a person's or machine user's token, Kiln's comments are that
+/// account's: a member, with write access, and no bot. They quote run text
+/// that may well say `@kiln`, and must not start runs of their own.
+#[tokio::test]
+async fn comments_by_the_login_kiln_posts_as_never_trigger() {
+    let app = app().await;
+    for login in [GITHUB_BOT_LOGIN, &GITHUB_BOT_LOGIN.to_uppercase()] {
+        let mut payload = comment("@kiln please fix\n/kiln do more", "MEMBER");
+        payload["sender"]["login"] = login.into();
+        payload["sender"]["type"] = "User".into();
+        payload["comment"]["user"]["login"] = login.into();
+        payload["comment"]["user"]["type"] = "User".into();
         assert_ignored(&app, "issue_comment", &payload, "bot").await;
     }
     assert_eq!(counts(&app).await[0], 0);

@@ -17,7 +17,9 @@
 //!
 //! Bots never trigger a run: a sender or comment author whose account type
 //! is `Bot` (GitHub Apps, Kiln's own App account `<handle>[bot]` included),
-//! or whose login is the handle itself (Kiln running as a machine user). So
+//! or whose login is the handle itself (Kiln running as a machine user), or
+//! the login Kiln posts as when that is configured (`KILN_GITHUB_BOT_LOGIN`:
+//! a token of a person or machine user, whose account is neither). So
 //! Kiln's own comments, which may well mention `@<handle>`, start nothing,
 //! and neither does another bot echoing a request.
 
@@ -47,24 +49,32 @@ pub struct TriggerRules {
     handle: String,
     /// The issue label that asks for a run.
     label: String,
+    /// The account Kiln's comments are posted as, lower-cased, when it is
+    /// not the handle (a person's or machine user's token).
+    poster: Option<String>,
 }
 
 impl TriggerRules {
     pub fn new(handle: &str, label: &str) -> Result<Self, GithubConfigError> {
         let handle = handle.strip_prefix('@').unwrap_or(handle);
-        let valid_login = !handle.is_empty()
-            && handle.len() <= 39
-            && !handle.starts_with('-')
-            && !handle.ends_with('-')
-            && handle.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
-        if !valid_login {
+        if !is_login(handle) {
             return Err(GithubConfigError::Handle(handle.to_owned()));
         }
         let label = label.trim();
         if label.is_empty() || label.chars().count() > 50 || label.chars().any(char::is_control) {
             return Err(GithubConfigError::Label(label.to_owned()));
         }
-        Ok(TriggerRules { handle: handle.to_ascii_lowercase(), label: label.to_owned() })
+        Ok(TriggerRules { handle: handle.to_ascii_lowercase(), label: label.to_owned(), poster: None })
+    }
+
+    /// These rules, also ignoring comments by `login`: the account Kiln's
+    /// token posts as (an App's `name[bot]` login is taken too).
+    pub fn posting_as(self, login: &str) -> Result<Self, GithubConfigError> {
+        let login = login.strip_prefix('@').unwrap_or(login);
+        if !is_login(login.strip_suffix("[bot]").unwrap_or(login)) {
+            return Err(GithubConfigError::BotLogin(login.to_owned()));
+        }
+        Ok(TriggerRules { poster: Some(login.to_ascii_lowercase()), ..self })
     }
 
     pub fn handle(&self) -> &str {
@@ -96,11 +106,23 @@ impl TriggerRules {
         })
     }
 
-    /// True for bot accounts and for Kiln's own account.
+    /// True for bot accounts and for Kiln's own accounts.
     fn is_bot_or_kiln(&self, user: &User) -> bool {
         let login = user.login.to_ascii_lowercase();
-        user.kind.eq_ignore_ascii_case("bot") || login == self.handle || login == format!("{}[bot]", self.handle)
+        user.kind.eq_ignore_ascii_case("bot")
+            || login == self.handle
+            || login == format!("{}[bot]", self.handle)
+            || self.poster.as_ref() == Some(&login)
     }
+}
+
+/// A GitHub login: 1 to 39 letters, digits and inner hyphens.
+fn is_login(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 39
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
 }
 
 /// Characters that continue a login or word: `@kiln-bot` and `foo@kiln`
@@ -457,6 +479,23 @@ mod tests {
         }
         for bad in ["", "   ", "a\nb", &"l".repeat(51)] {
             assert!(TriggerRules::new("kiln", bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn comments_by_the_account_kiln_posts_as_are_ignored() {
+        let r = rules().posting_as("@Kiln-Ops").unwrap();
+        let mut v = comment("@kiln please fix", "MEMBER");
+        v["sender"]["login"] = "kiln-ops".into();
+        v["comment"]["user"]["login"] = "KILN-OPS".into();
+        let Decision::Ignore(why) = decide("issue_comment", &Payload { value: v.clone() }, &r).unwrap() else {
+            panic!("Kiln's own comment asked for a run");
+        };
+        assert!(why.contains("bot"), "{why}");
+        assert!(matches!(decide("issue_comment", &Payload { value: v }, &rules()).unwrap(), Decision::Run(_)));
+        assert!(rules().posting_as("kiln-app[bot]").is_ok());
+        for bad in ["", "a b", "-x", "x[bot][bot]"] {
+            assert!(rules().posting_as(bad).is_err(), "{bad:?}");
         }
     }
 

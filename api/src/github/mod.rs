@@ -29,6 +29,8 @@ pub enum GithubConfigError {
     EmptySecret,
     #[error("KILN_GITHUB_BOT_HANDLE must be a GitHub login (letters, digits and hyphens), not {0:?}")]
     Handle(String),
+    #[error("KILN_GITHUB_BOT_LOGIN must be a GitHub login (letters, digits and hyphens), not {0:?}")]
+    BotLogin(String),
     #[error("KILN_GITHUB_LABEL must be 1 to 50 characters without control characters, not {0:?}")]
     Label(String),
     #[error("KILN_GITHUB_OWNER_SUB must be 1 to {MAX_OWNER_BYTES} bytes")]
@@ -46,5 +48,12 @@ impl GithubWebhookConfig {
             return Err(GithubConfigError::Owner);
         }
         Ok(GithubWebhookConfig { secret, rules, owner: owner.to_owned() })
+    }
+
+    /// Also ignores comments by `login`, the account Kiln's GitHub token
+    /// posts as when it is neither the handle nor a bot: Kiln's reports
+    /// quote run text, and must never start a run of their own.
+    pub fn posting_as(self, login: &str) -> Result<Self, GithubConfigError> {
+        Ok(GithubWebhookConfig { rules: self.rules.posting_as(login)?, ..self })
     }
 }

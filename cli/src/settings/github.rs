@@ -18,6 +18,11 @@ pub struct GithubArgs {
     /// Kiln's own account, whose comments never trigger runs.
     #[arg(long, env = "KILN_GITHUB_BOT_HANDLE", default_value = "kiln")]
     pub github_bot_handle: String,
+    /// Login of the account the workers' KILN_GITHUB_TOKEN posts as, when
+    /// that is a person or machine user other than the handle: its comments
+    /// never trigger runs. (An App's `handle[bot]` is recognised already.)
+    #[arg(long, env = "KILN_GITHUB_BOT_LOGIN")]
+    pub github_bot_login: Option<String>,
     /// Issue label that asks for a run.
     #[arg(long, env = "KILN_GITHUB_LABEL", default_value = "kiln")]
     pub github_label: String,
@@ -38,6 +43,10 @@ impl GithubArgs {
             &self.github_label,
             &self.github_owner_sub,
         )?;
+        let config = match &self.github_bot_login {
+            Some(login) => config.posting_as(login)?,
+            None => config,
+        };
         Ok(Some(config))
     }
 }

@@ -7,6 +7,7 @@ use kiln_protocol::{Run, RunStatus};
 use kiln_store::{DeliveryJob, GithubOrigin, Store};
 use uuid::Uuid;
 
+use super::comment::{inline, quote};
 use super::git::{GitAuth, git};
 use super::{Github, GithubError};
 use crate::sandbox::Sandbox;
@@ -18,8 +19,6 @@ const PATCH_IN_SANDBOX: &str = "/workspace/.git/kiln-delivery.patch";
 /// Largest patch delivered; bigger changes are almost surely build output.
 const MAX_PATCH_BYTES: u64 = 20 * 1024 * 1024;
 const CAPTURE_TIMEOUT: Duration = Duration::from_secs(120);
-/// Longest agent answer quoted in a comment (GitHub caps bodies at 65536).
-const MAX_QUOTED_CHARS: usize = 20_000;
 
 /// Acknowledges the trigger once per run, in the background so a slow
 /// GitHub does not hold the run up. Marked first: a run retried after a
@@ -153,7 +152,7 @@ pub async fn deliver_job(
     let (run, origin) = (&job.run, &job.origin);
     let token = github.inner.auth.token(client, origin.installation_id).await?;
     let link = github.run_link(run.id);
-    let error = run.error.as_deref().unwrap_or("no reason recorded");
+    let error = inline(run.error.as_deref().unwrap_or("no reason recorded"));
     let mut pr_url = job.pr_url.clone();
     let body = match run.status {
         RunStatus::Succeeded => {
@@ -231,7 +230,7 @@ async fn open_pull_request(
     // the commit with a new timestamp.
     git(&["push", "--quiet", "--force", "origin", &format!("HEAD:refs/heads/{branch}")], d, &auth).await?;
 
-    let mut body = format!("{}\n\n---\nMade by Kiln run {}", summary(run), github.run_link(run.id));
+    let mut body = format!("{}\n\n---\nMade by Kiln run {}", quote(summary(run)), github.run_link(run.id));
     match origin.pr_number {
         Some(pr) => body.push_str(&format!(", asked for in #{pr}.")),
         None => body.push_str(&format!(".\n\nFixes #{n}")),
@@ -247,15 +246,6 @@ async fn open_pull_request(
 /// The agent's final answer, as stored in the run's result.
 fn summary(run: &Run) -> &str {
     run.result.as_ref().and_then(|r| r.get("summary")).and_then(|s| s.as_str()).unwrap_or("")
-}
-
-/// `text` as a Markdown quote, bounded.
-fn quote(text: &str) -> String {
-    let text: String = text.chars().take(MAX_QUOTED_CHARS).collect();
-    if text.trim().is_empty() {
-        return "> (no answer)".into();
-    }
-    text.lines().map(|l| format!("> {l}")).collect::<Vec<_>>().join("\n")
 }
 
 /// GitHub repositories are reached over http(s) only. The webhook refuses

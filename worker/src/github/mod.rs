@@ -19,6 +19,7 @@
 
 mod auth;
 mod client;
+mod comment;
 mod delivery;
 mod git;
 mod owed;
