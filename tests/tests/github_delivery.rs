@@ -16,8 +16,8 @@ use kiln_protocol::{CreateRun, EventBody, RunStatus};
 use kiln_tests::fake_github::{BareRepo, FakeGithub, git_basic_auth};
 use kiln_tests::kiln_scripted_model::Reply;
 use kiln_tests::{Event, Options, TestApp, kinds, pick, token, worker_config};
-use kiln_worker::ProviderKind;
 use kiln_worker::github::{Credentials, Github, GithubSettings, RetryPolicy};
+use kiln_worker::{ProviderKind, WorkerConfig};
 use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -73,6 +73,12 @@ async fn setup_without_worker(
 impl Setup {
     /// Starts a worker with GitHub configured against the fake.
     async fn start_worker(&self) {
+        self.start_worker_with(|_| {}).await;
+    }
+
+    /// Starts a worker with GitHub configured against the fake, and
+    /// `adjust` applied to its configuration.
+    async fn start_worker_with(&self, adjust: impl FnOnce(&mut WorkerConfig)) {
         let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
         // GitHub runs reach their repository over http(s) only.
         config.allow_file_repos = false;
@@ -90,6 +96,7 @@ impl Setup {
             })
             .unwrap(),
         );
+        adjust(&mut config);
         self.app.start_worker(config).await;
     }
 }
@@ -154,6 +161,11 @@ fn delivery_event(evs: &[Event]) -> &Event {
     evs.iter()
         .find(|e| matches!(e.body, EventBody::DeliverySucceeded { .. } | EventBody::DeliveryFailed { .. }))
         .unwrap()
+}
+
+/// The branch a run's pull request comes from.
+fn branch_of(issue: i64, run: Uuid) -> String {
+    format!("kiln/issue-{issue}-{}", run.simple())
 }
 
 async fn run_status(s: &Setup, run: Uuid) -> RunStatus {
@@ -270,7 +282,7 @@ async fn a_run_with_changes_is_pushed_and_opened_as_a_pull_request() {
     assert_no_token_in(&log, &s.token, "a log line");
 
     // The branch is in the bare repository with the agent's change.
-    let branch = format!("kiln/issue-42-{}", &run.simple().to_string()[..8]);
+    let branch = branch_of(42, run);
     assert_eq!(s.repo.git(&["show", &format!("{branch}:greeting.txt")]), "hello from kiln\n");
     let subject = s.repo.git(&["log", "-1", "--format=%s", &branch]);
     assert!(subject.contains("#42"), "{subject}");
@@ -390,7 +402,7 @@ async fn when_github_is_down_delivery_fails_as_an_event_and_can_be_retried() {
     assert_eq!(r.status(), 404);
 
     s.app.wait_for_event(run, "delivery.succeeded").await;
-    let branch = format!("kiln/issue-5-{}", &run.simple().to_string()[..8]);
+    let branch = branch_of(5, run);
     assert_eq!(s.repo.git(&["show", &format!("{branch}:fix.txt")]), "fixed\n");
     assert_eq!(s.github.seen_to("POST", &format!("/repos/{REPO}/pulls")).len(), 1);
     assert_token_absent(&s, run).await;
@@ -465,7 +477,7 @@ async fn a_github_app_signs_a_jwt_and_caches_the_installation_token() {
     for seen in &git {
         assert_eq!(seen.auth.as_deref(), Some(git_basic_auth("ghs_secretinstallation99").as_str()), "{seen:?}");
     }
-    let branch = format!("kiln/issue-11-{}", &run.simple().to_string()[..8]);
+    let branch = branch_of(11, run);
     assert_eq!(s.repo.git(&["show", &format!("{branch}:app.txt")]), "app\n");
 }
 
@@ -679,4 +691,158 @@ async fn a_failure_comment_quotes_the_error_so_it_mentions_and_triggers_nothing(
     for markup in ["\n```", "<b>", "[x](http"] {
         assert!(!body.contains(markup), "{markup:?} in {body}");
     }
+}
+
+/// Asks for the run's delivery again, as a client would after a failure.
+async fn ask_delivery(s: &Setup, run: Uuid) {
+    let url = s.app.url(&format!("/v1/runs/{run}/deliver"));
+    let r = s.app.http.post(&url).bearer_auth(token("github")).send().await.unwrap();
+    assert_eq!(r.status(), 202);
+}
+
+/// Waits for the run's `n`th `delivery.*` event (from 1) and returns it.
+async fn nth_delivery(s: &Setup, run: Uuid, n: usize) -> Event {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let evs = s.app.stored_events(run).await;
+        let kinds = kinds(&evs).join(", ");
+        if let Some(e) = evs.into_iter().filter(|e| e.kind().starts_with("delivery.")).nth(n - 1) {
+            return e;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no delivery event #{n}; got {kinds}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The error of a `delivery.failed` event.
+fn delivery_error(event: &Event) -> &str {
+    let EventBody::DeliveryFailed { error } = &event.body else { panic!("not a failed delivery: {event:?}") };
+    error
+}
+
+/// Points `branch` of the fake's repository at a new commit on `parent`
+/// made by someone other than Kiln; returns its id.
+fn someone_elses_commit(repo: &BareRepo, branch: &str, parent: &str) -> String {
+    let tree = repo.git(&["rev-parse", &format!("{parent}^{{tree}}")]);
+    let commit = repo.git(&["commit-tree", tree.trim(), "-p", parent, "-m", "a human's commit"]);
+    let commit = commit.trim().to_owned();
+    repo.git(&["update-ref", &format!("refs/heads/{branch}"), &commit]);
+    commit
+}
+
+/// The commit `rev` names in the fake's repository.
+fn rev(repo: &BareRepo, rev: &str) -> String {
+    repo.git(&["rev-parse", rev]).trim().to_owned()
+}
+
+/// Two runs on one issue, queued within the same second (their ids share
+/// their leading, timestamp, digits), each get their own branch and pull
+/// request, each branch holding that run's commit.
+#[tokio::test]
+async fn two_runs_on_one_issue_push_to_branches_of_their_own() {
+    let s = setup_idle(vec![
+        Reply::tool("bash", json!({ "command": "echo one > who.txt" })),
+        Reply::text("Wrote one."),
+        Reply::tool("bash", json!({ "command": "echo two > who.txt" })),
+        Reply::text("Wrote two."),
+    ])
+    .await;
+    let a = github_run(&s, 34, false, Some(564)).await;
+    let b = github_run(&s, 34, false, Some(565)).await;
+    // One run at a time, so each follows its half of the script.
+    s.start_worker_with(|config| config.concurrency = 1).await;
+    for run in [a, b] {
+        let evs = s.app.wait_for_event(run, "delivery.succeeded").await;
+        assert_eq!(delivery_event(&evs).kind(), "delivery.succeeded");
+    }
+
+    let (branch_a, branch_b) = (branch_of(34, a), branch_of(34, b));
+    assert_ne!(branch_a, branch_b);
+    let mut contents = Vec::new();
+    for (run, branch) in [(a, &branch_a), (b, &branch_b)] {
+        let message = s.repo.git(&["log", "-1", "--format=%B", branch]);
+        assert!(message.contains(&run.to_string()), "{branch} does not hold run {run}'s commit: {message}");
+        assert_eq!(rev(&s.repo, &format!("{branch}~1")), rev(&s.repo, "main"));
+        contents.push(s.repo.git(&["show", &format!("{branch}:who.txt")]));
+    }
+    contents.sort();
+    assert_eq!(contents, ["one\n", "two\n"]);
+    let mut heads: Vec<String> = s
+        .github
+        .seen_to("POST", &format!("/repos/{REPO}/pulls"))
+        .iter()
+        .map(|p| p.body["head"].as_str().unwrap().to_owned())
+        .collect();
+    heads.sort();
+    let mut expected = vec![branch_a, branch_b];
+    expected.sort();
+    assert_eq!(heads, expected);
+}
+
+/// A run whose branch was pushed before opening its pull request failed
+/// (every attempt at it answered 502).
+async fn pushed_but_no_pull_request(issue: i64, comment: i64) -> (Setup, Uuid) {
+    let s =
+        setup(vec![Reply::tool("bash", json!({ "command": "echo fixed > fix.txt" })), Reply::text("Fixed it.")]).await;
+    // The test's retry policy makes 4 attempts.
+    s.github.set_flaky(&format!("/repos/{REPO}/pulls"), 4);
+    let run = github_run(&s, issue, false, Some(comment)).await;
+    let failed = nth_delivery(&s, run, 1).await;
+    assert!(delivery_error(&failed).contains("502"), "{failed:?}");
+    assert_eq!(s.repo.git(&["show", &format!("{}:fix.txt", branch_of(issue, run))]), "fixed\n");
+    (s, run)
+}
+
+/// A retried delivery finds its own branch from the first attempt and
+/// opens the pull request from it as it is (it does not push the change
+/// again as a new commit).
+#[tokio::test]
+async fn a_retried_delivery_after_a_partial_push_opens_the_pull_request() {
+    let (s, run) = pushed_but_no_pull_request(32, 566).await;
+    let branch = branch_of(32, run);
+    let pushed = rev(&s.repo, &branch);
+    // Commit times are in seconds: a commit made again now gets a new id.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    ask_delivery(&s, run).await;
+    let second = nth_delivery(&s, run, 2).await;
+    assert_eq!(second.kind(), "delivery.succeeded", "{second:?}");
+    assert_eq!(rev(&s.repo, &branch), pushed, "the retry rewrote the branch");
+    let pulls = s.github.seen_to("POST", &format!("/repos/{REPO}/pulls"));
+    assert_eq!(pulls.len(), 5, "four 502s, then one success");
+    assert_eq!(pulls[4].body["head"], branch.as_str());
+}
+
+/// Someone pushes onto Kiln's branch between two attempts at its delivery:
+/// the retry fails, saying why, and leaves their commit in place.
+#[tokio::test]
+async fn a_branch_moved_between_attempts_is_not_overwritten() {
+    let (s, run) = pushed_but_no_pull_request(31, 563).await;
+    let branch = branch_of(31, run);
+    let theirs = someone_elses_commit(&s.repo, &branch, &branch);
+
+    ask_delivery(&s, run).await;
+    let second = nth_delivery(&s, run, 2).await;
+    let error = delivery_error(&second);
+    assert!(error.contains(&branch) && error.contains("does not overwrite"), "{error}");
+    assert_eq!(rev(&s.repo, &branch), theirs, "the other commit was overwritten");
+    assert_eq!(s.github.seen_to("POST", &format!("/repos/{REPO}/pulls")).len(), 4, "no pull request");
+}
+
+/// A branch of the run's name that someone else made is left alone.
+#[tokio::test]
+async fn an_existing_branch_of_the_same_name_is_not_overwritten() {
+    let s = setup_idle(vec![Reply::tool("bash", json!({ "command": "echo fixed > fix.txt" })), Reply::text("Fixed.")])
+        .await;
+    let run = github_run(&s, 33, false, Some(567)).await;
+    let branch = branch_of(33, run);
+    let theirs = someone_elses_commit(&s.repo, &branch, "main");
+    s.start_worker().await;
+
+    let failed = nth_delivery(&s, run, 1).await;
+    let error = delivery_error(&failed);
+    assert!(error.contains(&branch) && error.contains("does not overwrite"), "{error}");
+    assert_eq!(run_status(&s, run).await, RunStatus::Succeeded);
+    assert_eq!(rev(&s.repo, &branch), theirs, "the other branch was overwritten");
+    assert!(s.github.seen_to("POST", &format!("/repos/{REPO}/pulls")).is_empty());
 }

@@ -8,7 +8,7 @@ use kiln_store::{DeliveryJob, GithubOrigin, Store};
 use uuid::Uuid;
 
 use super::comment::{inline, quote};
-use super::git::{GitAuth, git};
+use super::git::{GitAuth, git, push_new_branch};
 use super::{Github, GithubError};
 use crate::sandbox::Sandbox;
 
@@ -187,7 +187,7 @@ pub async fn deliver_job(
 }
 
 /// Applies the patch to a fresh worker-side clone at the run's base, commits
-/// it on `kiln/issue-<n>-<short run id>`, pushes, and opens the PR.
+/// it on `kiln/issue-<n>-<run id>`, pushes, and opens the PR.
 async fn open_pull_request(
     github: &Github,
     token: &str,
@@ -202,8 +202,9 @@ async fn open_pull_request(
         return Err(GithubError::Delivery("the workspace was not checked out on a branch; no base for a PR".into()));
     };
     let n = origin.issue_number;
-    let short = &run.id.simple().to_string()[..8];
-    let branch = format!("kiln/issue-{n}-{short}");
+    // The whole run id: its leading digits are a timestamp, shared by runs
+    // started close together. At most 64 characters, all valid in a ref.
+    let branch = format!("kiln/issue-{n}-{}", run.id.simple());
     let issue = github.inner.client.issue(token, &origin.repo_full_name, n).await?;
 
     let dir = tempfile::tempdir().map_err(|e| GithubError::Git(format!("creating a temporary directory: {e}")))?;
@@ -226,9 +227,7 @@ async fn open_pull_request(
         issue.title, origin.repo_full_name, run.id
     );
     git(&["commit", "--quiet", "--no-verify", "-m", &message], d, &auth).await?;
-    // Forced: the branch is Kiln's own, and a retried delivery re-creates
-    // the commit with a new timestamp.
-    git(&["push", "--quiet", "--force", "origin", &format!("HEAD:refs/heads/{branch}")], d, &auth).await?;
+    push_new_branch(&dest, &branch, &auth).await?;
 
     let mut body = format!("{}\n\n---\nMade by Kiln run {}", quote(summary(run)), github.run_link(run.id));
     match origin.pr_number {

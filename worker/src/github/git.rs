@@ -67,6 +67,41 @@ pub async fn git(args: &[&str], cwd: Option<&Path>, auth: &GitAuth<'_>) -> Resul
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
+/// Pushes `HEAD` (the run's one commit on its base) to `branch` without
+/// ever replacing someone else's commits there: the push carries a lease
+/// that the branch does not exist yet, never `--force`. Delivery is at least
+/// once, so an earlier attempt of the same run may have pushed already and
+/// then failed (opening the PR, recording it): a branch that holds the same
+/// change on the same base is that push and is kept as it is. Anything else
+/// there (a commit pushed on top, a branch of that name made by someone
+/// else) fails the delivery rather than being overwritten.
+pub async fn push_new_branch(dir: &Path, branch: &str, auth: &GitAuth<'_>) -> Result<(), GithubError> {
+    let d = Some(dir);
+    let remote_ref = format!("refs/heads/{branch}");
+    let listed = git(&["ls-remote", "origin", &remote_ref], d, auth).await?;
+    if !listed.is_empty() {
+        git(&["fetch", "--quiet", "--no-tags", "origin", &remote_ref], d, auth).await?;
+        // Same tree and same parents: the commit an earlier attempt pushed
+        // (its timestamp, so its id, may differ from the one just made).
+        let theirs = git(&["rev-parse", "FETCH_HEAD^{tree}", "FETCH_HEAD^@"], d, auth).await?;
+        let ours = git(&["rev-parse", "HEAD^{tree}", "HEAD^@"], d, auth).await?;
+        return if theirs == ours { Ok(()) } else { Err(branch_taken(branch)) };
+    }
+    // An empty expected value: the push only creates the branch. If it
+    // appeared since `ls-remote`, git refuses with "stale info".
+    let lease = format!("--force-with-lease={remote_ref}:");
+    match git(&["push", "--quiet", &lease, "origin", &format!("HEAD:{remote_ref}")], d, auth).await {
+        Err(GithubError::Git(e)) if e.contains("stale info") => Err(branch_taken(branch)),
+        other => other.map(|_| ()),
+    }
+}
+
+fn branch_taken(branch: &str) -> GithubError {
+    GithubError::Delivery(format!(
+        "branch {branch} already exists with commits this run did not make; Kiln does not overwrite it"
+    ))
+}
+
 /// `scheme://host[:port]` of an http(s) URL; `None` for other schemes.
 fn http_origin(url: &str) -> Option<String> {
     let (scheme, rest) = url.split_once("://")?;
