@@ -234,7 +234,7 @@ impl TestApp {
     /// Reads the run's events over SSE from `addr` until the terminal event
     /// (or `max` events), starting after `last_event_id`.
     pub async fn sse(&self, addr: SocketAddr, sub: &str, run: &str, last_event_id: Option<i64>, max: usize) -> Vec<Ev> {
-        self.sse_until(addr, sub, run, last_event_id, max, |_| false).await
+        self.read_sse(addr, sub, run, last_event_id, max, |_: &Ev| false).await
     }
 
     /// Like [`TestApp::sse`], also stopping after the first event `stop` accepts.

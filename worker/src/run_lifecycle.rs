@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::agent::control::Control;
+use crate::agent::db_retry;
 use crate::agent::events::EventSink;
 use crate::agent::{AgentError, AgentRun, Outcome};
 use crate::claim_loop::WorkerContext;
@@ -255,14 +256,7 @@ fn remaining_time(run: &Run) -> Duration {
 /// Hands the run back to the queue, riding out a database still on its way
 /// back; failing that, its lease expires and the reaper returns it.
 async fn release(ctx: &WorkerContext, run: &Run, lease: &Lease) {
-    let released = retry::retry(
-        &retry::DATABASE,
-        || ctx.store.release_run(lease),
-        |e: &StoreError| Verdict::retry_if(e.is_unavailable()),
-        |e, attempt, _| tracing::warn!(run_id = %run.id, error = %e, attempt, "releasing the run failed; retrying"),
-    )
-    .await;
-    if let Err(e) = released {
+    if let Err(e) = db_retry::with_retry(|| ctx.store.release_run(lease)).await {
         tracing::warn!(run_id = %run.id, error = %e, "releasing run failed; its lease will expire");
     }
 }

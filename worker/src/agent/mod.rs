@@ -16,7 +16,7 @@ mod approval;
 mod budget;
 pub mod compaction;
 pub mod control;
-mod db_retry;
+pub(crate) mod db_retry;
 pub mod events;
 mod guard;
 mod inbox;
