@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use crate::base_url::{self, BaseUrl};
+
 /// Reconnection attempts in a row, without an event in between, before
 /// following gives up.
 const MAX_RECONNECTS: u32 = 10;
@@ -69,15 +71,16 @@ struct EventPage {
 }
 
 pub struct KilnClient {
-    base: String,
+    base: BaseUrl,
     token: SecretString,
     http: reqwest::Client,
 }
 
 impl KilnClient {
     pub fn new(base: &str, token: &str) -> anyhow::Result<Self> {
+        let base = BaseUrl::parse(base)?;
         let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).build()?;
-        Ok(KilnClient { base: base.trim_end_matches('/').to_owned(), token: token.into(), http })
+        Ok(KilnClient { base, token: token.into(), http })
     }
 
     fn url(&self, path: &str) -> String {
@@ -89,7 +92,7 @@ impl KilnClient {
             .bearer_auth(self.token.expose_secret())
             .send()
             .await
-            .with_context(|| format!("connecting to Kiln at {}", self.base))
+            .map_err(|e| anyhow::anyhow!(base_url::unreachable(&self.base, &e)))
     }
 
     pub async fn create_run(&self, spec: &CreateRun) -> anyhow::Result<Run> {
@@ -204,7 +207,9 @@ impl KilnClient {
                     failures += 1;
                     if failures > MAX_RECONNECTS {
                         return match other {
-                            Err(e) => Err(e).with_context(|| format!("following run {id} at {}", self.base)),
+                            Err(e) => {
+                                Err(anyhow::anyhow!("following run {id}: {}", base_url::unreachable(&self.base, &e)))
+                            }
                             Ok(r) => bail!("following run {id} failed: HTTP {}", r.status()),
                         };
                     }

@@ -18,17 +18,24 @@ use crate::render::{Mode, Outcome, Totals, one_line};
 /// Where Kiln is and who we are to it.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Connection {
-    /// The Kiln API's base URL.
-    #[arg(long, env = "KILN_URL", default_value = "http://127.0.0.1:8080")]
+    /// The Kiln API's base URL (without `/v1`).
+    #[arg(long, env = "KILN_URL", default_value = crate::base_url::DEFAULT)]
     pub url: String,
-    /// Bearer token (`kiln up` prints one; `kiln token` mints one).
+    /// Bearer token (`kiln up` prints one; `kiln token --sub NAME` mints one).
     #[arg(long, env = "KILN_TOKEN", hide_env_values = true)]
-    pub token: SecretString,
+    pub token: Option<SecretString>,
 }
+
+/// What a client command says when it has no token: where one comes from.
+pub const NO_TOKEN: &str = "no token: set KILN_TOKEN (or pass --token).\n\
+    `kiln up` prints a line to paste: export KILN_URL=… KILN_TOKEN=…\n\
+    or mint one with `kiln token --sub NAME` (it signs with KILN_JWT_SECRET, \
+    or with `kiln up`'s secret in .kiln/jwt-secret when that is not set)";
 
 impl Connection {
     pub fn client(&self) -> anyhow::Result<KilnClient> {
-        KilnClient::new(&self.url, self.token.expose_secret())
+        let token = self.token.as_ref().ok_or_else(|| anyhow::anyhow!(NO_TOKEN))?;
+        KilnClient::new(&self.url, token.expose_secret())
     }
 }
 

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use anyhow::{Context, bail};
+use secrecy::SecretString;
 use tokio::process::Command;
 
 /// Port of the local cluster; off the default so a system Postgres can coexist.
@@ -124,6 +125,9 @@ pub async fn ensure_local_postgres(state_dir: &Path, port: u16) -> anyhow::Resul
 }
 
 /// Reads a secret file, creating it (mode 0600, random hex) if missing.
+/// The file under the state directory that holds `kiln up`'s JWT secret.
+pub const JWT_SECRET_FILE: &str = "jwt-secret";
+
 pub fn read_or_create_secret(path: &Path) -> anyhow::Result<String> {
     if let Ok(s) = std::fs::read_to_string(path) {
         let s = s.trim().to_owned();
@@ -136,6 +140,23 @@ pub fn read_or_create_secret(path: &Path) -> anyhow::Result<String> {
     std::fs::write(path, &secret).with_context(|| format!("writing {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     Ok(secret)
+}
+
+/// The signing secret `kiln up` keeps in `state_dir`, for `kiln token`
+/// without `KILN_JWT_SECRET`; its absence says where a secret comes from.
+pub fn read_local_secret(state_dir: &Path) -> anyhow::Result<SecretString> {
+    let path = state_dir.join(JWT_SECRET_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(s) if !s.trim().is_empty() => Ok(SecretString::from(s.trim().to_owned())),
+        Ok(_) => bail!("{} is empty: run `kiln up` to make a new one, or set KILN_JWT_SECRET", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            "no signing secret: set KILN_JWT_SECRET (or --jwt-secret) to the API's secret; \
+             under `kiln up` it is in {} (run kiln token from the directory you ran kiln up in, \
+             or set KILN_STATE_DIR)",
+            path.display()
+        ),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
 }
 
 /// FNV-1a: a stable name for a directory, not a security measure.

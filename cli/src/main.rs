@@ -1,6 +1,7 @@
 //! `kiln`: one binary for the API, the worker, the local all-in-one and the
 //! client.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -52,7 +53,8 @@ enum Command {
         #[command(flatten)]
         db: DbArgs,
     },
-    /// Print a bearer token signed with KILN_JWT_SECRET.
+    /// Print a bearer token signed with KILN_JWT_SECRET (or, when that is
+    /// not set, with `kiln up`'s secret in the state directory).
     Token {
         /// Subject: the owner of the runs made with this token.
         #[arg(long)]
@@ -60,11 +62,16 @@ enum Command {
         /// Lifetime, e.g. 30m, 1h, 7d.
         #[arg(long, default_value = "1h", value_parser = parse_duration)]
         ttl: Duration,
+        /// The API's signing secret.
         #[arg(long, env = "KILN_JWT_SECRET", hide_env_values = true)]
-        jwt_secret: SecretString,
+        jwt_secret: Option<SecretString>,
+        /// Where `kiln up` keeps its state (its secret is `jwt-secret` there).
+        #[arg(long, env = "KILN_STATE_DIR", default_value = ".kiln")]
+        state_dir: PathBuf,
     },
     /// Submit a run to a running Kiln and optionally follow it.
     Run {
+        /// What the agent should do, in plain words.
         #[arg(long)]
         prompt: String,
         /// Repository to clone into the sandbox.
@@ -103,6 +110,8 @@ enum Command {
     },
     /// Show a run's events from the start; exit 0 if it succeeded, 1 if it ended otherwise.
     Logs {
+        /// The run's id, as `kiln run` and `kiln runs` print it.
+        #[arg(value_parser = parse_run_id)]
         run: Uuid,
         /// Keep following until the run ends (resuming after a dropped connection).
         #[arg(long)]
@@ -115,12 +124,16 @@ enum Command {
     },
     /// Cancel a run.
     Cancel {
+        /// The run's id, as `kiln run` and `kiln runs` print it.
+        #[arg(value_parser = parse_run_id)]
         run: Uuid,
         #[command(flatten)]
         connection: Connection,
     },
     /// Approve (or with --deny, refuse) a tool call waiting for approval.
     Approve {
+        /// The run's id, as `kiln run` and `kiln runs` print it.
+        #[arg(value_parser = parse_run_id)]
         run: Uuid,
         /// The call's id, as `approval.requested` (and `kiln logs`) shows it.
         call: String,
@@ -137,6 +150,12 @@ enum Command {
 fn parse_approval(s: &str) -> Result<ApprovalMode, String> {
     serde_json::from_value(serde_json::Value::String(s.to_owned()))
         .map_err(|_| format!("{s:?}: expected never, mutating or always"))
+}
+
+fn parse_run_id(s: &str) -> Result<Uuid, String> {
+    Uuid::try_parse(s.trim()).map_err(|_| {
+        format!("{s:?} is not a run id: ids look like 0192f4c1-7a3e-7c1d-9a4b-3f1e2d4c5b6a (see `kiln runs`)")
+    })
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -231,8 +250,12 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             println!("migrations applied");
             Ok(ExitCode::SUCCESS)
         }
-        Command::Token { sub, ttl, jwt_secret } => {
-            println!("{}", kiln_api::auth::mint_hs256(jwt_secret.expose_secret().as_bytes(), &sub, ttl)?);
+        Command::Token { sub, ttl, jwt_secret, state_dir } => {
+            let secret = match jwt_secret {
+                Some(secret) => secret,
+                None => kiln_cli::local::read_local_secret(&state_dir)?,
+            };
+            println!("{}", kiln_api::auth::mint_hs256(secret.expose_secret().as_bytes(), &sub, ttl)?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Run { prompt, repo, git_ref, approval, follow, json, connection } => {

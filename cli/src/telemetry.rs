@@ -63,13 +63,35 @@ pub fn traces_endpoint_from_env() -> Option<String> {
     })
 }
 
-/// The subscriber `kiln` logs and traces with: `filter` for both, `json`
-/// lines or text to `writer`, and spans to `traces` (an OTLP/HTTP traces
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One JSON object per line (`KILN_LOG_FORMAT=json`).
+    Json,
+    /// Text; coloured only for a person at a terminal, so a log written to
+    /// a file or a pipe holds no escape codes.
+    Text { colour: bool },
+}
+
+impl LogFormat {
+    /// From `KILN_LOG_FORMAT`, colouring text only when stderr is a terminal.
+    pub fn from_env() -> LogFormat {
+        use std::io::IsTerminal;
+        if std::env::var("KILN_LOG_FORMAT").is_ok_and(|f| f == "json") {
+            LogFormat::Json
+        } else {
+            LogFormat::Text { colour: std::io::stderr().is_terminal() }
+        }
+    }
+}
+
+/// The subscriber `kiln` logs and traces with: `filter` for both, lines in
+/// `format` to `writer`, and spans to `traces` (an OTLP/HTTP traces
 /// URL) when given. Must be called inside the Tokio runtime (the span
 /// exporter runs on it).
 pub fn subscriber<W>(
     filter: EnvFilter,
-    json: bool,
+    format: LogFormat,
     writer: W,
     traces: Option<&str>,
 ) -> anyhow::Result<(impl tracing::Subscriber + Send + Sync + 'static, Telemetry)>
@@ -77,11 +99,10 @@ where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
     let fmt = tracing_subscriber::fmt::layer().with_writer(writer);
-    let fmt = if json {
+    let fmt = match format {
         // The span list is what puts the run's ids on every line of the run.
-        fmt.json().with_current_span(true).with_span_list(true).boxed()
-    } else {
-        fmt.boxed()
+        LogFormat::Json => fmt.json().with_current_span(true).with_span_list(true).boxed(),
+        LogFormat::Text { colour } => fmt.with_ansi(colour).boxed(),
     };
     let tracer = traces.map(tracer_provider).transpose()?;
     let otel = tracer.as_ref().map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("kiln")));
@@ -117,13 +138,13 @@ static TELEMETRY: Mutex<Option<Telemetry>> = Mutex::new(None);
 /// exporter that cannot be built is reported and left out: logs still work.
 pub fn init(default_filter: &str) {
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
-    let json = std::env::var("KILN_LOG_FORMAT").is_ok_and(|f| f == "json");
+    let format = LogFormat::from_env();
     let traces = traces_endpoint_from_env();
-    let built = match subscriber(filter(), json, std::io::stderr, traces.as_deref()) {
+    let built = match subscriber(filter(), format, std::io::stderr, traces.as_deref()) {
         Ok(built) => built,
         Err(e) => {
             eprintln!("kiln: traces are off: {e:#}");
-            match subscriber(filter(), json, std::io::stderr, None) {
+            match subscriber(filter(), format, std::io::stderr, None) {
                 Ok(built) => built,
                 Err(e) => return eprintln!("kiln: logging is off: {e:#}"),
             }

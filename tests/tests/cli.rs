@@ -621,3 +621,108 @@ async fn terminal_escapes_from_the_model_and_its_commands_never_reach_the_termin
     assert!(!json.chars().any(|c| c.is_control() && c != '\n'), "{json:?}");
     assert!(json_lines(&json).iter().any(|e| e["payload"]["text"].as_str().is_some_and(|t| t.contains('\u{9b}'))));
 }
+
+/// `kiln ARGS` with nothing from the caller's environment that names a Kiln.
+fn bare_kiln(args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(kiln_bin());
+    cmd.args(args)
+        .env_remove("KILN_URL")
+        .env_remove("KILN_TOKEN")
+        .env_remove("KILN_JWT_SECRET")
+        .env_remove("KILN_STATE_DIR")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8(out.stderr.clone()).unwrap()
+}
+
+/// A loopback address where nothing listens (the port was just free).
+fn nothing_listening() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    format!("http://127.0.0.1:{port}")
+}
+
+#[tokio::test]
+async fn client_errors_say_what_to_do() {
+    let token = token("alice");
+    // (KILN_URL, args, what the error must say)
+    let cases: Vec<(Option<String>, Vec<&str>, Vec<&str>)> = vec![
+        (
+            Some(nothing_listening()),
+            vec!["runs"],
+            vec!["cannot reach Kiln at http://127.0.0.1:", "Connection refused", "kiln up", "KILN_URL"],
+        ),
+        (Some("127.0.0.1:8080".into()), vec!["runs"], vec!["\"127.0.0.1:8080\"", "like http://127.0.0.1:8080"]),
+        (
+            Some("http://127.0.0.1:8080/v1".into()),
+            vec!["runs"],
+            vec!["without the API's path: use http://127.0.0.1:8080"],
+        ),
+        (None, vec!["logs", "not-a-run"], vec!["\"not-a-run\" is not a run id", "kiln runs"]),
+        (None, vec!["cancel", "0192"], vec!["\"0192\" is not a run id"]),
+    ];
+    for (url, args, wanted) in cases {
+        let mut cmd = bare_kiln(&args);
+        cmd.env("KILN_TOKEN", &token);
+        if let Some(url) = &url {
+            cmd.env("KILN_URL", url);
+        }
+        let out = output(cmd).await;
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{args:?} with {url:?} succeeded");
+        for w in wanted {
+            assert!(err.contains(w), "{args:?} with {url:?}: {w:?} missing from:\n{err}");
+        }
+        // A person's message, not a library's internals.
+        assert!(!err.contains("relative URL without a base") && !err.contains("invalid character"), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn without_a_token_the_error_names_kiln_token_and_kiln_up() {
+    let mut cmd = bare_kiln(&["runs"]);
+    cmd.env("KILN_URL", nothing_listening());
+    let out = output(cmd).await;
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    for w in ["KILN_TOKEN", "kiln up", "kiln token --sub NAME", ".kiln/jwt-secret"] {
+        assert!(err.contains(w), "{w:?} missing from:\n{err}");
+    }
+    assert!(!err.contains("required arguments were not provided"), "{err}");
+}
+
+#[tokio::test]
+async fn kiln_token_signs_with_kiln_ups_secret_when_none_is_set() {
+    let state = tempfile::tempdir().unwrap();
+    // Without a secret anywhere: say where one comes from.
+    let out = output({
+        let mut cmd = bare_kiln(&["token", "--sub", "alice"]);
+        cmd.current_dir(state.path());
+        cmd
+    })
+    .await;
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("KILN_JWT_SECRET") && err.contains("jwt-secret"), "{err}");
+
+    // With `kiln up`'s state: a token the API (holding that secret) accepts.
+    let secret = "0123456789abcdef0123456789abcdef";
+    std::fs::create_dir(state.path().join(".kiln")).unwrap();
+    std::fs::write(state.path().join(".kiln/jwt-secret"), format!("{secret}\n")).unwrap();
+    let out = output({
+        let mut cmd = bare_kiln(&["token", "--sub", "alice"]);
+        cmd.current_dir(state.path());
+        cmd
+    })
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let token = stdout(&out).trim().to_owned();
+    let config = kiln_api::auth::AuthConfig::Hs256 { secret: secret.as_bytes().to_vec().into() };
+    let api = kiln_api::auth::Authenticator::new(&config, None, None).unwrap();
+    assert_eq!(api.verify(&token).unwrap(), "alice");
+}

@@ -37,8 +37,13 @@ fn from_spans<'a>(line: &'a Value, field: &str) -> Option<&'a Value> {
 async fn every_line_of_a_run_carries_run_session_and_step() {
     let captured = Captured::default();
     let writer = captured.clone();
-    let (subscriber, _telemetry) =
-        kiln_cli::telemetry::subscriber(EnvFilter::new("info"), true, move || writer.clone(), None).unwrap();
+    let (subscriber, _telemetry) = kiln_cli::telemetry::subscriber(
+        EnvFilter::new("info"),
+        kiln_cli::telemetry::LogFormat::Json,
+        move || writer.clone(),
+        None,
+    )
+    .unwrap();
     subscriber.try_init().unwrap();
 
     let script = vec![Reply::tool("bash", json!({"command": "echo hi"})), Reply::text("done")];

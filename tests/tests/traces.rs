@@ -58,8 +58,13 @@ fn attr(span: &Span, key: &str) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_exports_spans_for_itself_its_steps_and_its_calls() {
     let (url, received) = start_receiver().await;
-    let (subscriber, telemetry) =
-        kiln_cli::telemetry::subscriber(EnvFilter::new("info"), false, std::io::sink, Some(&url)).unwrap();
+    let (subscriber, telemetry) = kiln_cli::telemetry::subscriber(
+        EnvFilter::new("info"),
+        kiln_cli::telemetry::LogFormat::Text { colour: false },
+        std::io::sink,
+        Some(&url),
+    )
+    .unwrap();
     subscriber.try_init().unwrap();
 
     let script = vec![Reply::tool("bash", json!({"command": "echo hi"})), Reply::text("done")];

@@ -46,7 +46,7 @@ pub async fn up(mut args: UpArgs, shutdown: CancellationToken) -> anyhow::Result
     std::fs::create_dir_all(&args.state_dir).with_context(|| format!("creating {}", args.state_dir.display()))?;
     let secret = match &args.api.auth.jwt_secret {
         Some(s) => s.clone(),
-        None => SecretString::from(local::read_or_create_secret(&args.state_dir.join("jwt-secret"))?),
+        None => SecretString::from(local::read_or_create_secret(&args.state_dir.join(local::JWT_SECRET_FILE))?),
     };
     args.api.auth.jwt_secret = Some(secret.clone());
     // The API's settings are checked before the database is touched.
