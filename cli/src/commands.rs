@@ -32,10 +32,22 @@ pub const NO_TOKEN: &str = "no token: set KILN_TOKEN (or pass --token).\n\
     or mint one with `kiln token --sub NAME` (it signs with KILN_JWT_SECRET, \
     or with `kiln up`'s secret in .kiln/jwt-secret when that is not set)";
 
+/// A command given without something it needs, or with a setting that
+/// cannot work: exits 2 like clap's own usage errors, so scripts can tell it
+/// from a failed run.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
 impl Connection {
     pub fn client(&self) -> anyhow::Result<KilnClient> {
-        let token = self.token.as_ref().ok_or_else(|| anyhow::anyhow!(NO_TOKEN))?;
-        KilnClient::new(&self.url, token.expose_secret())
+        let token = self.token.as_ref().ok_or_else(|| UsageError(NO_TOKEN.into()))?;
+        KilnClient::new(&self.url, token.expose_secret()).map_err(|e| {
+            match e.downcast::<crate::base_url::BaseUrlError>() {
+                Ok(bad_url) => UsageError(bad_url.to_string()).into(),
+                Err(other) => other,
+            }
+        })
     }
 }
 

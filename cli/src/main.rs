@@ -209,7 +209,7 @@ async fn main() -> ExitCode {
         Err(e) => {
             // An error can quote the server's answer: printed cleaned, like its events.
             eprintln!("kiln: error: {}", kiln_cli::render::printable::printable(&format!("{e:#}")));
-            ExitCode::FAILURE
+            if e.is::<commands::UsageError>() { ExitCode::from(2) } else { ExitCode::FAILURE }
         }
     };
     // Spans still buffered go out before the process ends.

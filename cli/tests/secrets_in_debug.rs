@@ -103,7 +103,7 @@ fn the_secrets_still_reach_what_uses_them() {
     let Everything { up, connection } = parse();
     let url = up.db.url().unwrap().expose_secret().to_owned();
     assert_eq!(url, format!("postgres://kiln:{DB_PASSWORD}@127.0.0.1:5432/kiln"));
-    assert_eq!(connection.token.expose_secret(), KILN_TOKEN);
+    assert_eq!(connection.token.as_ref().expect("token parsed").expose_secret(), KILN_TOKEN);
     let endpoints = up.worker.model.endpoints().unwrap();
     assert_eq!(endpoints.openai_api_key.unwrap().expose_secret(), OPENAI_KEY);
     assert_eq!(endpoints.anthropic_api_key.unwrap().expose_secret(), ANTHROPIC_KEY);

@@ -689,7 +689,7 @@ async fn without_a_token_the_error_names_kiln_token_and_kiln_up() {
     cmd.env("KILN_URL", nothing_listening());
     let out = output(cmd).await;
     let err = stderr(&out);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2), "a usage error: {err}");
     for w in ["KILN_TOKEN", "kiln up", "kiln token --sub NAME", ".kiln/jwt-secret"] {
         assert!(err.contains(w), "{w:?} missing from:\n{err}");
     }
