@@ -48,6 +48,9 @@ enum Command {
     /// Local all-in-one: start what is missing (Postgres, sandbox image),
     /// then the API and a worker in this process.
     Up(UpArgs),
+    /// Stop what `kiln up` started for its state directory (kiln up itself,
+    /// its sandboxes, its Postgres); --reset also deletes the local data.
+    Down(kiln_cli::up::down::DownArgs),
     /// Apply database migrations.
     Migrate {
         #[command(flatten)]
@@ -278,5 +281,6 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             init_tracing(if args.demo { "warn" } else { "info" });
             kiln_cli::up::up(args, shutdown_signal()).await
         }
+        Command::Down(args) => kiln_cli::up::down::down(args).await,
     }
 }

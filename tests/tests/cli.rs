@@ -726,3 +726,109 @@ async fn kiln_token_signs_with_kiln_ups_secret_when_none_is_set() {
     let api = kiln_api::auth::Authenticator::new(&config, None, None).unwrap();
     assert_eq!(api.verify(&token).unwrap(), "alice");
 }
+
+/// The Kiln containers labelled with `worker`, running or not.
+async fn containers_of_worker(worker: &str) -> Vec<String> {
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let filters = std::collections::HashMap::from([("label".to_owned(), vec![format!("dev.kiln.worker={worker}")])]);
+    let options = bollard::query_parameters::ListContainersOptionsBuilder::new().all(true).filters(&filters).build();
+    docker.list_containers(Some(options)).await.unwrap().into_iter().filter_map(|c| c.id).collect()
+}
+
+/// Processes whose command line mentions `needle` (the process table).
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let line = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if line.contains(needle) {
+            found.push(line);
+        }
+    }
+    found
+}
+
+fn port_is_free(port: u16) -> bool {
+    std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+/// `kiln up` with its own state directory, Postgres port and scripted model.
+fn kiln_up(state: &Path, pg_port: u16, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = bare_kiln(&[&["up"], args].concat());
+    cmd.env("KILN_STATE_DIR", state)
+        .env("KILN_LOCAL_PG_PORT", pg_port.to_string())
+        .env("KILN_LISTEN", "127.0.0.1:0")
+        .env("KILN_MODEL_PROVIDER", "scripted")
+        .env_remove("DATABASE_URL")
+        .env_remove("KILN_WORKER_ID")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+#[tokio::test]
+async fn kiln_up_leaves_nothing_running_and_kiln_down_stops_and_resets_everything() {
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().join("state");
+    std::fs::create_dir(&state_dir).unwrap();
+    let worker = kiln_cli::up::down::up_worker_id(&state_dir).unwrap();
+    let pg_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+
+    // The demo ends: its containers, its model server and its cluster end with it.
+    let out = output(kiln_up(&state_dir, pg_port, &["--demo"])).await;
+    let err = stderr(&out);
+    assert!(out.status.success(), "kiln up --demo failed:\n{err}");
+    let data = err
+        .lines()
+        .find_map(|l| l.split("data in ").nth(1))
+        .and_then(|rest| rest.split(',').next())
+        .expect("kiln up says where the cluster's data is")
+        .to_owned();
+    assert!(err.contains("stopped the local Postgres"), "{err}");
+    assert!(port_is_free(pg_port), "the cluster still listens on {pg_port}");
+    assert!(processes_mentioning(&data).is_empty(), "{:?}", processes_mentioning(&data));
+    assert!(containers_of_worker(&worker).await.is_empty(), "the demo's containers are gone");
+
+    // A long-running `kiln up`, stopped by `kiln down` from another shell.
+    let mut up = kiln_up(&state_dir, pg_port, &[]).spawn().unwrap();
+    let mut lines = BufReader::new(up.stderr.take().unwrap()).lines();
+    let mut banner = String::new();
+    while let Some(line) = tokio::time::timeout(Duration::from_secs(120), lines.next_line()).await.unwrap().unwrap() {
+        banner.push_str(&line);
+        banner.push('\n');
+        if line.contains("Ctrl-C stops Kiln") {
+            break;
+        }
+    }
+    // The rest of its log is read (and dropped) so it never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    assert!(banner.contains("the web view is at http://127.0.0.1:"), "{banner}");
+    assert!(banner.contains("kiln down --reset"), "{banner}");
+    assert!(!port_is_free(pg_port), "kiln up runs its cluster");
+    // Its warm pool fills (2 containers under `kiln up`).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while containers_of_worker(&worker).await.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "kiln up started no warm containers");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut down = bare_kiln(&["down"]);
+    down.env("KILN_STATE_DIR", &state_dir);
+    let out = output(down).await;
+    let said = stderr(&out);
+    assert!(out.status.success(), "kiln down failed:\n{said}");
+    assert!(said.contains("stopped kiln up"), "{said}");
+    let status = tokio::time::timeout(Duration::from_secs(30), up.wait()).await.expect("kiln up exited").unwrap();
+    assert!(status.success(), "kiln up exits cleanly when stopped: {status}");
+    assert!(port_is_free(pg_port), "kiln down stops the cluster");
+    assert!(processes_mentioning(&data).is_empty(), "{:?}", processes_mentioning(&data));
+    assert!(containers_of_worker(&worker).await.is_empty(), "kiln down leaves no container");
+    assert!(processes_mentioning(&state_dir.display().to_string()).is_empty(), "no process of this state is left");
+
+    // Reset: the cluster's files and the secret are gone.
+    let mut reset = bare_kiln(&["down", "--reset"]);
+    reset.env("KILN_STATE_DIR", &state_dir);
+    let out = output(reset).await;
+    assert!(out.status.success(), "kiln down --reset failed:\n{}", stderr(&out));
+    assert!(!Path::new(&data).exists(), "{data} deleted");
+    assert!(!state_dir.join("jwt-secret").exists());
+}

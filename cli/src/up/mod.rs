@@ -3,6 +3,7 @@
 //! with `--demo`, submit a demo run, follow it, and exit with its outcome.
 
 mod demo;
+pub mod down;
 mod model;
 
 use std::path::PathBuf;
@@ -42,16 +43,51 @@ pub struct UpArgs {
 }
 
 /// Runs until `shutdown` fires, or with `--demo` until the demo run ends.
+/// What it started (its containers, the model server, the Postgres cluster
+/// if this call started it) stops with it.
 pub async fn up(mut args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&args.state_dir).with_context(|| format!("creating {}", args.state_dir.display()))?;
+    // A stable worker id per state directory: `kiln down` finds this
+    // worker's containers by it, and a restarted `kiln up` takes back its
+    // runs at once.
+    if args.worker.worker.worker_id.is_none() {
+        args.worker.worker.worker_id = Some(down::up_worker_id(&args.state_dir)?);
+    }
+    let pid_file = args.state_dir.join(down::PID_FILE);
+    std::fs::write(&pid_file, std::process::id().to_string())?;
+    let (store, cluster) = match local_store(&args).await {
+        Ok(both) => both,
+        Err(e) => {
+            let _ = std::fs::remove_file(&pid_file);
+            return Err(e);
+        }
+    };
+    let result = serve(&mut args, store, shutdown).await;
+    // Whatever happened, leave nothing running that the user did not start.
+    let worker_id = args.worker.worker.worker_id.clone().unwrap_or_default();
+    match down::remove_containers(&worker_id).await {
+        Ok(0) => {}
+        Ok(n) => eprintln!("kiln: removed {n} sandbox container(s)"),
+        Err(e) => eprintln!("kiln: removing sandbox containers failed: {e:#}"),
+    }
+    if let Some(cluster) = cluster {
+        match cluster.stop().await {
+            Ok(_) => eprintln!("kiln: stopped the local Postgres (data kept in {})", cluster.data().display()),
+            Err(e) => eprintln!("kiln: stopping the local Postgres failed: {e:#}; `kiln down` stops it"),
+        }
+    }
+    let _ = std::fs::remove_file(&pid_file);
+    result
+}
+
+async fn serve(args: &mut UpArgs, store: Store, shutdown: CancellationToken) -> anyhow::Result<ExitCode> {
     let secret = match &args.api.auth.jwt_secret {
         Some(s) => s.clone(),
         None => SecretString::from(local::read_or_create_secret(&args.state_dir.join(local::JWT_SECRET_FILE))?),
     };
     args.api.auth.jwt_secret = Some(secret.clone());
-    // The API's settings are checked before the database is touched.
+    // The API's settings are checked before anything starts.
     let api = args.api.parts(&args.callbacks)?;
-    let store = local_store(&args).await?;
     local::ensure_sandbox_image(&args.worker.worker.sandbox_image).await?;
     let served = ServedModel::start(&mut args.worker.model, &args.state_dir).await?;
     // `up` is the single-machine mode: local repositories are fair game.
@@ -64,13 +100,17 @@ pub async fn up(mut args: UpArgs, shutdown: CancellationToken) -> anyhow::Result
     let base = format!("http://{}", running.api_addr().context("the API did not start")?);
     let token =
         kiln_api::auth::mint_hs256(secret.expose_secret().as_bytes(), "local", Duration::from_secs(7 * 86_400))?;
-    eprintln!("kiln: API at {base}");
+    eprintln!("kiln: API at {base}; the web view is at {base}/ (sign in with the token below)");
     if webhooks {
         eprintln!("kiln: GitHub webhooks at {base}/v1/webhooks/github");
     }
     eprintln!("kiln: token for subject \"local\" (7 days):\n  export KILN_URL={base} KILN_TOKEN={token}");
 
     if !args.demo {
+        eprintln!(
+            "kiln: state in {}; Ctrl-C stops Kiln and everything it started; `kiln down --reset` deletes the local data",
+            args.state_dir.display()
+        );
         shutdown.cancelled().await;
         let _ = running.stopped().await;
         if let Some(served) = served {
@@ -88,11 +128,22 @@ pub async fn up(mut args: UpArgs, shutdown: CancellationToken) -> anyhow::Result
     if code == ExitCode::SUCCESS { Ok(code) } else { bail!("the demo run did not succeed") }
 }
 
-/// The database at DATABASE_URL, or else a local cluster `up` starts.
-async fn local_store(args: &UpArgs) -> anyhow::Result<Store> {
-    let url = match &args.db.database_url {
-        Some(url) => url.clone(),
-        None => local::ensure_local_postgres(&args.state_dir, args.local_pg_port).await?.into(),
-    };
-    open_store(url.expose_secret(), args.db.db_pool_size).await
+/// The database at DATABASE_URL, or else the state directory's local
+/// cluster, and that cluster when this call started it (to stop it after).
+async fn local_store(args: &UpArgs) -> anyhow::Result<(Store, Option<local::LocalCluster>)> {
+    if let Some(url) = &args.db.database_url {
+        return Ok((open_store(url.expose_secret(), args.db.db_pool_size).await?, None));
+    }
+    let cluster = local::LocalCluster::of(&args.state_dir).await?;
+    let (url, started) = cluster.start(args.local_pg_port).await?;
+    let started = started.then_some(cluster);
+    match open_store(&url, args.db.db_pool_size).await {
+        Ok(store) => Ok((store, started)),
+        Err(e) => {
+            if let Some(cluster) = started {
+                let _ = cluster.stop().await;
+            }
+            Err(e)
+        }
+    }
 }

@@ -1,6 +1,8 @@
 //! What `kiln up` sets up on one machine: a project-local Postgres cluster,
 //! the sandbox image, a JWT secret, and the demo repository.
 
+pub mod cluster;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -9,119 +11,15 @@ use anyhow::{Context, bail};
 use secrecy::SecretString;
 use tokio::process::Command;
 
-/// Port of the local cluster; off the default so a system Postgres can coexist.
-pub const DEFAULT_LOCAL_PG_PORT: u16 = 54329;
+pub use cluster::{DEFAULT_LOCAL_PG_PORT, LocalCluster};
 
 /// Runs a command, failing with its stderr when it fails.
-async fn run(cmd: &mut Command, what: &str) -> anyhow::Result<String> {
+pub(crate) async fn run(cmd: &mut Command, what: &str) -> anyhow::Result<String> {
     let out = cmd.stdin(Stdio::null()).output().await.with_context(|| format!("starting {what}"))?;
     if !out.status.success() {
         bail!("{what} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-async fn is_root() -> bool {
-    run(Command::new("id").arg("-u"), "id -u").await.map(|s| s.trim() == "0").unwrap_or(false)
-}
-
-/// The newest installed Postgres server's bin directory.
-fn postgres_bin_dir() -> Option<PathBuf> {
-    let mut dirs: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let version = e.file_name().to_str()?.parse::<u32>().ok()?;
-            let bin = e.path().join("bin");
-            bin.join("pg_ctl").exists().then_some((version, bin))
-        })
-        .collect();
-    dirs.sort();
-    dirs.pop().map(|(_, bin)| bin)
-}
-
-/// Starts (creating it the first time) a Postgres cluster for this project
-/// and returns its URL. As root the server runs as the `postgres` user
-/// (Postgres refuses root) with its data under /var/lib/kiln.
-pub async fn ensure_local_postgres(state_dir: &Path, port: u16) -> anyhow::Result<String> {
-    let root = is_root().await;
-    let bin = match postgres_bin_dir() {
-        Some(bin) => bin,
-        None if root => {
-            eprintln!("kiln: installing PostgreSQL from the Debian packages (apt-get)…");
-            run(Command::new("apt-get").arg("update").arg("-q"), "apt-get update").await?;
-            run(
-                Command::new("apt-get")
-                    .args(["install", "-y", "-q", "postgresql"])
-                    .env("DEBIAN_FRONTEND", "noninteractive"),
-                "apt-get install postgresql",
-            )
-            .await?;
-            postgres_bin_dir().context("postgresql was installed but pg_ctl was not found")?
-        }
-        None => bail!("PostgreSQL is not installed: run `sudo apt-get install postgresql`, or set DATABASE_URL"),
-    };
-    let state_dir = std::fs::canonicalize(state_dir)?;
-    let base = if root {
-        // Postgres cannot run as root, and the postgres user may not be able
-        // to enter the project directory (e.g. under /root).
-        PathBuf::from(format!("/var/lib/kiln/pg-{:016x}", fnv1a(state_dir.to_string_lossy().as_bytes())))
-    } else {
-        state_dir.join("pg")
-    };
-    let data = base.join("data");
-    let log = base.join("postgres.log");
-    std::fs::create_dir_all(&base)?;
-    let password = read_or_create_secret(&state_dir.join("pg-password"))?;
-    let as_pg = |program: &Path| -> Command {
-        if root {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(program);
-            c
-        } else {
-            Command::new(program)
-        }
-    };
-    if root {
-        run(Command::new("chown").args(["-R", "postgres:postgres"]).arg(&base), "chown").await?;
-    }
-    if !data.join("PG_VERSION").exists() {
-        eprintln!("kiln: creating a local Postgres cluster in {}", data.display());
-        let pwfile = base.join("pwfile");
-        std::fs::write(&pwfile, &password)?;
-        if root {
-            run(Command::new("chown").arg("postgres:postgres").arg(&pwfile), "chown").await?;
-        }
-        std::fs::set_permissions(&pwfile, std::fs::Permissions::from_mode(0o600))?;
-        let result = run(
-            as_pg(&bin.join("initdb"))
-                .arg("-D")
-                .arg(&data)
-                .args(["--username=kiln", "--auth=scram-sha-256", "--encoding=UTF8", "--no-instructions"])
-                .arg(format!("--pwfile={}", pwfile.display())),
-            "initdb",
-        )
-        .await;
-        let _ = std::fs::remove_file(&pwfile);
-        result?;
-    }
-    let running = as_pg(&bin.join("pg_ctl")).arg("-D").arg(&data).arg("status").stdout(Stdio::null()).status().await?;
-    if !running.success() {
-        eprintln!("kiln: starting local Postgres on 127.0.0.1:{port} (log: {})", log.display());
-        run(
-            as_pg(&bin.join("pg_ctl"))
-                .arg("-D")
-                .arg(&data)
-                .arg("-l")
-                .arg(&log)
-                .args(["-w", "-t", "60", "-o"])
-                .arg(format!("-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories=''"))
-                .arg("start"),
-            "pg_ctl start",
-        )
-        .await?;
-    }
-    Ok(format!("postgres://kiln:{password}@127.0.0.1:{port}/postgres"))
 }
 
 /// Reads a secret file, creating it (mode 0600, random hex) if missing.
@@ -160,7 +58,7 @@ pub fn read_local_secret(state_dir: &Path) -> anyhow::Result<SecretString> {
 }
 
 /// FNV-1a: a stable name for a directory, not a security measure.
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf29ce484222325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100000001b3))
 }
 
