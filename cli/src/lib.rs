@@ -8,6 +8,7 @@ pub mod commands;
 pub mod local;
 pub mod local_model;
 pub mod render;
+pub mod repo_arg;
 pub mod settings;
 pub mod telemetry;
 pub mod up;

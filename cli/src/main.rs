@@ -77,7 +77,8 @@ enum Command {
         /// What the agent should do, in plain words.
         #[arg(long)]
         prompt: String,
-        /// Repository to clone into the sandbox.
+        /// Repository to clone into the sandbox: a URL, or a directory on
+        /// this machine (sent as file://, for a Kiln on the same machine such as `kiln up`).
         #[arg(long)]
         repo: Option<String>,
         /// Branch, tag or commit of the repository.
@@ -262,8 +263,11 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Run { prompt, repo, git_ref, approval, follow, json, connection } => {
-            let spec =
-                CreateRun { prompt, repo: repo.map(|url| RepoSpec { url, git_ref }), approval, ..Default::default() };
+            let repo = match repo {
+                Some(given) => Some(RepoSpec { url: kiln_cli::repo_arg::repo_url(&given)?, git_ref }),
+                None => None,
+            };
+            let spec = CreateRun { prompt, repo, approval, ..Default::default() };
             commands::run(&connection.client()?, &spec, follow, json).await
         }
         Command::Runs { status, limit, json, connection } => {

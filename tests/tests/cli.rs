@@ -832,3 +832,31 @@ async fn kiln_up_leaves_nothing_running_and_kiln_down_stops_and_resets_everythin
     assert!(!Path::new(&data).exists(), "{data} deleted");
     assert!(!state_dir.join("jwt-secret").exists());
 }
+
+#[tokio::test]
+async fn run_repo_takes_a_relative_local_path() {
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::tool("bash", json!({"command": "cat marker.txt"})), Reply::text("Done.")],
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("projects/demo-repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    std::fs::write(repo.join("marker.txt"), "from the local checkout\n").unwrap();
+    for args in [&["init", "-q"][..], &["add", "."], &["commit", "-q", "-m", "one"]] {
+        let status = std::process::Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@localhost"])
+            .args(args)
+            .current_dir(&repo)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    let mut cmd =
+        kiln(&app.url(""), "alice", &["run", "--prompt", "read it", "--repo", "projects/demo-repo", "--follow"]);
+    cmd.current_dir(dir.path());
+    let out = output(cmd).await;
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("from the local checkout"), "{}", stdout(&out));
+}
