@@ -71,6 +71,9 @@ pub async fn run(client: &KilnClient, spec: &CreateRun, follow: bool, json: bool
         println!("{header}");
     }
     if !follow {
+        if !json {
+            println!("follow it: kiln logs --follow {}   (cancel: kiln cancel {})", run.id, run.id);
+        }
         return Ok(ExitCode::SUCCESS);
     }
     watch(client, run.id, true, Mode::choose(json)).await
