@@ -268,6 +268,44 @@ async fn the_repositorys_agents_md_joins_the_system_prompt_and_the_plan_is_an_ev
     assert!(output.starts_with("Plan updated (1/3 done)"), "{output}");
 }
 
+fn compacting_script() -> Vec<Reply> {
+    vec![
+        Reply::tool("bash", json!({"command": "seq 1 3000"})),
+        Reply::tool("bash", json!({"command": "echo after-the-big-output"})),
+        Reply::text("SUMMARY: printed 1..3000, then echoed a marker."),
+        Reply::text("done"),
+    ]
+}
+
+/// Compacting is a model call that spends tokens: the budget is checked
+/// after it, so the step after a compaction that spent the budget is not
+/// taken (at most that one call's overshoot).
+#[tokio::test]
+async fn a_compaction_that_spends_the_budget_stops_the_run_before_the_next_step() {
+    let model = ModelSpec { context_window: Some(3000), ..Default::default() };
+    let spec =
+        |limits: Option<Limits>| CreateRun { model: Some(model.clone()), limits, ..CreateRun::new("count, then mark") };
+    // Measured first without a budget: what two steps and the compaction spend.
+    let app = TestApp::spawn(Options { script: compacting_script(), ..Default::default() }).await;
+    let (_, events) = run_to_end(&app, spec(None)).await;
+    let steps: Vec<u64> =
+        pick!(events, EventBody::StepFinished { usage, .. } => usage.input_tokens + usage.output_tokens).collect();
+    let compacted: u64 =
+        pick!(events, EventBody::Compaction { usage, .. } => usage.input_tokens + usage.output_tokens).sum();
+    assert!(steps.len() == 3 && compacted > 100, "{steps:?} {compacted}");
+    let two_steps = steps[0] + steps[1];
+
+    // A budget the two steps stay under and the compaction goes over.
+    let budget = two_steps + compacted / 2;
+    let app = TestApp::spawn(Options { script: compacting_script(), ..Default::default() }).await;
+    let (_, events) = run_to_end(&app, spec(Some(Limits { max_tokens: Some(budget), ..Default::default() }))).await;
+    let error = failure(&events);
+    assert!(error.contains("token budget exhausted"), "{error}");
+    assert_eq!(pick!(events, EventBody::Compaction { .. } => ()).count(), 1, "{:?}", kinds(&events));
+    assert_eq!(app.model.requests().len(), 3, "two steps and the compaction; no step after it");
+    assert_eq!(pick!(events, EventBody::StepFinished { .. } => ()).count(), 2);
+}
+
 #[tokio::test]
 async fn a_step_near_the_context_window_compacts_the_older_conversation_into_a_summary() {
     let app = TestApp::spawn(Options {

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use kiln_protocol::{CreateRun, EventBody, RunStatus};
+use kiln_protocol::{CreateRun, EventBody, Limits, RunStatus};
 use kiln_scripted_model::Reply;
 use kiln_tests::{Event, Options, TestApp, assert_dense, kinds, outcome, pick, worker_config};
 use kiln_worker::ProviderKind;
@@ -113,4 +113,31 @@ async fn a_claim_the_worker_never_heard_of_is_handed_back_not_left_to_expire() {
     assert!(started.elapsed() < Duration::from_secs(15), "waited {:?} for the lease", started.elapsed());
     let losses: i32 = app.sql().await.query_one("SELECT losses FROM runs WHERE id = $1", &[&id]).await.unwrap().get(0);
     assert_eq!(losses, 0, "handed back, not reaped");
+}
+
+/// Every deploy hands runs back: a run with a cost budget that had spent
+/// something before must go on under the same budget on the next worker,
+/// its earlier spend priced, not fail because the cost "cannot be enforced".
+#[tokio::test]
+async fn a_cost_budgeted_run_handed_back_after_spending_goes_on_under_its_budget() {
+    let app = TestApp::spawn(Options { script: script(), worker: false, ..Default::default() }).await;
+    let mut first = worker_config(ProviderKind::OpenAi, Duration::from_secs(30));
+    first.shutdown_grace = Duration::from_secs(1);
+    let stop_first = CancellationToken::new();
+    let first_done = app.start_worker_until(first, stop_first.clone()).await;
+    // The harness prices the scripted model at $1 per million tokens: a
+    // dollar is far more than two steps spend.
+    let spec =
+        CreateRun { limits: Some(Limits { max_cost_usd: Some(1.0), ..Default::default() }), ..CreateRun::new("work") };
+    let id = app.submit("alice", spec).await.id;
+    let seen = started(&app, id).await;
+    let spent_before: f64 = pick!(seen, EventBody::StepFinished { cost_usd, .. } => cost_usd.unwrap()).sum();
+    assert!(spent_before > 0.0, "the first step spent something");
+    stop_first.cancel();
+    tokio::time::timeout(Duration::from_secs(15), first_done).await.expect("worker exits after its grace").unwrap();
+
+    app.start_worker(worker_config(ProviderKind::OpenAi, Duration::from_secs(30))).await;
+    let rest = app.events_after("alice", id, Some(seen.last().unwrap().seq)).await;
+    let all: Vec<Event> = seen.into_iter().chain(rest).collect();
+    assert_resumed(&all);
 }

@@ -131,6 +131,10 @@ impl<'a> AgentRun<'a> {
             };
             if let Some(input) = progress.last_input.take().filter(|u| self.compaction.due(u)) {
                 self.compact(&mut messages, &input, &mut progress.budget).await?;
+                // Compacting is a model call too: the budget is checked
+                // again before the step, so a compacting step overshoots by
+                // at most that one call.
+                continue;
             }
             if let ControlFlow::Break(outcome) = self.step(&mut messages, &mut progress, note).await? {
                 return Ok(outcome);
@@ -142,12 +146,12 @@ impl<'a> AgentRun<'a> {
     async fn budget_so_far(&self) -> Result<Budget, AgentError> {
         let mut budget = Budget::new(self.run.limits);
         budget.steps = db_retry::with_retry(|| self.store.count_run_messages(self.run.id, "assistant")).await? as u32;
-        budget.record(&db_retry::with_retry(|| self.store.run_usage(self.run.id)).await?, None);
-        // Spend before a resume is unpriced here; count it as known zero cost
-        // only when there was none.
-        if budget.tokens() == 0 {
-            budget.cost_usd = Some(0.0);
-        }
+        let earlier = db_retry::with_retry(|| self.store.run_usage(self.run.id)).await?;
+        // A run keeps its model, and prices are per token: the earlier
+        // attempts' usage priced as a whole costs what their steps cost.
+        // Nothing spent costs nothing, even for a model without a price.
+        let cost = if earlier == Usage::default() { Some(0.0) } else { (self.pricing)(&self.model, &earlier) };
+        budget.record(&earlier, cost);
         Ok(budget)
     }
 
