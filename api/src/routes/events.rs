@@ -47,9 +47,10 @@ pub(crate) static RESUME: Range<i64> = Range::new(0, i64::MAX);
 pub struct EventsQuery {
     /// Only events after this seq (`Last-Event-ID` wins over it).
     after: Option<i64>,
-    /// Events per page of the JSON form (default 500; fewer when they are
-    /// large: a page holds about 2 MiB at most, and at least one event); the
-    /// stream ignores it.
+    /// Events per page of the JSON form (default 500). Fewer when they are
+    /// large: a page holds at most the deployment's `KILN_EVENT_PAGE_BYTES`
+    /// (2 MiB by default) of events, and always at least one; page on with
+    /// `next_after`. The stream ignores it.
     limit: Option<i64>,
     /// Accepted here only so the query extractor doesn't refuse it; the
     /// auth extractor reads it. (Documented as the `access_token` security
