@@ -18,7 +18,7 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use crate::AppState;
-use crate::routes::events::{BATCH, wait_for_news};
+use crate::routes::events::{BATCH, page_bytes, wait_for_news};
 
 /// A batch of consecutive events, shared by every subscriber.
 pub type Batch = Arc<[StoredEvent]>;
@@ -26,7 +26,8 @@ pub type Batch = Arc<[StoredEvent]>;
 /// Batches a subscriber may fall behind before it is told it lagged (and
 /// reads the table instead). Small on purpose: the channel keeps every batch
 /// a subscriber has not read yet, so a client that stops reading pins up to
-/// this many batches (events of up to 64 KiB each) in the API's memory.
+/// this many batches (each at most `event_page_bytes`, or one event) in the
+/// API's memory.
 /// Falling behind costs only a table read.
 const CAPACITY: usize = 16;
 
@@ -76,7 +77,7 @@ async fn read_run(state: AppState, run_id: Uuid, mut after: i64, tx: broadcast::
     loop {
         let mut finished = false;
         loop {
-            let batch = match state.store.events_after(run_id, after, BATCH).await {
+            let batch = match state.store.events_page(run_id, after, BATCH, page_bytes(&state)).await {
                 Ok(batch) => batch,
                 Err(e) => {
                     // Subscribers still read the table themselves on a gap;
@@ -85,13 +86,13 @@ async fn read_run(state: AppState, run_id: Uuid, mut after: i64, tx: broadcast::
                     break;
                 }
             };
-            let Some(last) = batch.last() else { break };
+            let more = batch.more;
+            let Some(last) = batch.events.last() else { break };
             after = last.seq;
-            finished = batch.iter().any(|e| is_terminal_kind(&e.kind));
-            let full = batch.len() as i64 == BATCH;
+            finished = batch.events.iter().any(|e| is_terminal_kind(&e.kind));
             // No subscriber: fine, checked below.
-            let _ = tx.send(batch.into());
-            if finished || !full {
+            let _ = tx.send(batch.events.into());
+            if finished || !more {
                 break;
             }
         }

@@ -107,7 +107,14 @@ pub struct ApiSettings {
     pub sse_max_duration: Duration,
     /// Connection limits: header read, stalled writes.
     pub connection: HttpTimeouts,
+    /// Bytes of events one read of the events table loads (a JSON page, an
+    /// SSE catch-up batch, a feed read), besides the count limit; a read
+    /// always loads at least one event.
+    pub event_page_bytes: usize,
 }
+
+/// Default of [`ApiSettings::event_page_bytes`]: 2 MiB.
+pub const DEFAULT_EVENT_PAGE_BYTES: usize = 2 * 1024 * 1024;
 
 impl Default for ApiSettings {
     fn default() -> Self {
@@ -122,6 +129,7 @@ impl Default for ApiSettings {
             request_timeout: Duration::from_secs(30),
             sse_max_duration: Duration::from_secs(30 * 60),
             connection: HttpTimeouts::default(),
+            event_page_bytes: DEFAULT_EVENT_PAGE_BYTES,
         }
     }
 }

@@ -158,6 +158,67 @@ impl Store {
             .collect()
     }
 
+    /// Events of a run with seq > `after`, oldest first: at most `limit`
+    /// of them and, beyond the first, at most `max_bytes` of kind and
+    /// payload together. A single event larger than that still comes alone,
+    /// so a reader always moves on; the next read continues after the last
+    /// event returned. The byte bound is what keeps a page of large events
+    /// (a run's output) from loading a thousand of them at once.
+    pub async fn events_page(
+        &self,
+        run_id: Uuid,
+        after: i64,
+        limit: i64,
+        max_bytes: i64,
+    ) -> Result<EventBatch, StoreError> {
+        let client = self.client().await?;
+        // The window runs over at most `limit` rows (the inner LIMIT stops
+        // the scan) and looks one row further for `more`. Sizes are the
+        // payload as text, which is never shorter than the JSON served.
+        let statement = client
+            .prepare_cached(
+                "SELECT seq, kind, payload, at, more FROM (
+                     SELECT seq, kind, payload, at,
+                            row_number() OVER w AS n,
+                            sum(octet_length(kind) + octet_length(payload::text)) OVER w AS upto,
+                            lead(seq) OVER w IS NOT NULL AS more
+                     FROM events WHERE run_id = $1 AND seq > $2
+                     WINDOW w AS (ORDER BY seq)
+                     ORDER BY seq LIMIT $3
+                 ) page
+                 WHERE n = 1 OR upto <= $4
+                 ORDER BY seq",
+            )
+            .await?;
+        let rows = client.query(&statement, &[&run_id, &after, &limit, &max_bytes]).await?;
+        let mut more = false;
+        let events = rows
+            .iter()
+            .map(|r| {
+                more = r.try_get(4)?;
+                Ok(StoredEvent { seq: r.try_get(0)?, kind: r.try_get(1)?, payload: r.try_get(2)?, at: r.try_get(3)? })
+            })
+            .collect::<Result<_, StoreError>>()?;
+        Ok(EventBatch { events, more })
+    }
+
+    /// The bytes of events the run has stored, each counted as its JSON
+    /// (`{"kind":…,"payload":…}`, the worker's measure; the payload as text
+    /// is never shorter than its compact JSON): what earlier attempts spent
+    /// of the run's event budget. Reads every payload of the run: once per
+    /// takeover.
+    pub async fn run_event_bytes(&self, run_id: Uuid) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT coalesce(sum(octet_length(kind) + octet_length(payload::text) + $2), 0)::bigint
+                 FROM events WHERE run_id = $1",
+                &[&run_id, &EVENT_JSON_FRAME],
+            )
+            .await?;
+        Ok(u64::try_from(row.try_get::<_, i64>(0)?).unwrap_or(0))
+    }
+
     /// The seq of the run's terminal event, if it has ended (retention keeps
     /// that event). A stream resuming at or past it has nothing left to get.
     pub async fn terminal_event_seq(&self, run_id: Uuid) -> Result<Option<i64>, StoreError> {
@@ -168,6 +229,19 @@ impl Store {
             .await?;
         Ok(row.try_get(0)?)
     }
+}
+
+/// The bytes an event's JSON adds to its kind and payload:
+/// `{"kind":"` + `","payload":` + `}`.
+const EVENT_JSON_FRAME: i32 = 22;
+
+/// A bounded read of a run's events ([`Store::events_page`]).
+#[derive(Debug, Clone)]
+pub struct EventBatch {
+    pub events: Vec<StoredEvent>,
+    /// The run has events after the last one here (the read stopped at its
+    /// count or byte bound, not at the end).
+    pub more: bool,
 }
 
 fn is_duplicate_event_id(e: &tokio_postgres::Error) -> bool {

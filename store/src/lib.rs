@@ -38,6 +38,7 @@ pub use callbacks::{CallbackAttempt, CallbackJob};
 pub use control::{DecideOutcome, Decision, InboxMessage, MessageOutcome};
 pub use delivery::{DeliveryJob, DeliveryRequest};
 pub use error::StoreError;
+pub use events::EventBatch;
 pub use listen::{Listener, Notice};
 pub use queue::{HeartbeatOutcome, Lease, ReapedRun};
 pub use queue_sql::{claim_statement, finish_and_claim_statement, finish_statement};

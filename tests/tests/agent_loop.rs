@@ -4,7 +4,8 @@
 
 use kiln_protocol::{CreateRun, EventBody, Limits, ModelSpec, RepoSpec, RunStatus, TodoItem, TodoStatus};
 use kiln_scripted_model::{Reply, ScriptedCall};
-use kiln_tests::{Event, Options, TestApp, assert_dense, kinds, outcome, pick};
+use kiln_tests::{Event, Options, TestApp, assert_dense, kinds, outcome, pick, worker_config};
+use kiln_worker::config::{ProviderKind, WorkerConfig};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -404,4 +405,119 @@ async fn a_step_with_a_tool_call_commits_twice_its_message_with_its_events() {
     assert_eq!(tx_of("tool.result", 0), tool_message, "{rows:?}");
     // Step 2 (no tool call): its message with its end.
     assert_eq!(tx_of("step.finished", 1), messages[3].1, "{rows:?}");
+}
+
+/// An app whose worker runs with `tune` applied to the harness's config.
+async fn app_with_worker(script: Vec<Reply>, tune: impl FnOnce(&mut WorkerConfig)) -> TestApp {
+    let app = TestApp::spawn(Options { script, worker: false, ..Default::default() }).await;
+    let mut config = worker_config(ProviderKind::OpenAi, std::time::Duration::from_secs(10));
+    tune(&mut config);
+    app.start_worker(config).await;
+    app
+}
+
+#[tokio::test]
+async fn tool_calls_past_the_per_step_limit_are_answered_with_an_error_and_never_run() {
+    let write = |name: &str| ScriptedCall::new("write", json!({"path": format!("{name}.txt"), "content": name}));
+    let app = app_with_worker(
+        vec![
+            Reply::tools(vec![write("a"), write("b"), write("c"), write("d")]),
+            Reply::tool("bash", json!({"command": "ls *.txt"})),
+            Reply::text("done"),
+        ],
+        |c| c.max_tool_calls_per_step = 2,
+    )
+    .await;
+    let (_, events) = run_to_end(&app, CreateRun::new("write four files")).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    // Only the first two calls went to the gate and ran.
+    let ready: Vec<&str> = pick!(events, EventBody::ToolCallReady { name, .. } => name.as_str()).collect();
+    assert_eq!(ready, ["write", "write", "bash"]);
+    let results: Vec<(bool, &str)> =
+        pick!(events, EventBody::ToolResult { is_error, output, .. } => (*is_error, output.as_str())).collect();
+    assert_eq!(results.len(), 5, "every call is answered: {results:?}");
+    for (is_error, output) in &results[2..4] {
+        assert!(is_error, "{output}");
+        assert!(output.contains("at most 2 tool calls") && output.contains("KILN_MAX_TOOL_CALLS_PER_STEP"), "{output}");
+    }
+    // The sandbox has the two files the calls that ran wrote, and no more.
+    let listing = results[4].1;
+    assert!(listing.contains("a.txt") && listing.contains("b.txt"), "{listing}");
+    assert!(!listing.contains("c.txt") && !listing.contains("d.txt"), "{listing}");
+    // The model is told why, in the results of its calls.
+    let second = app.model.requests()[1].body.to_string();
+    assert!(second.contains("KILN_MAX_TOOL_CALLS_PER_STEP"), "{second}");
+}
+
+/// A run's events as the API serves them, in bytes: each one's kind and
+/// its payload as compact JSON.
+async fn stored_event_bytes(app: &TestApp, run: Uuid) -> (usize, usize) {
+    let events = app.store.events_after(run, 0, 100_000).await.unwrap();
+    let sizes: Vec<usize> = events.iter().map(|e| e.kind.len() + e.payload.to_string().len()).collect();
+    (sizes.iter().sum(), sizes.iter().copied().max().unwrap_or(0))
+}
+
+/// Step `step` prints 30 KB, which is ~30 KB in events twice over
+/// (`tool.output` as it streams, `tool.result` at the end). The step number
+/// keeps the loop guard from stopping the run.
+fn print_30k(step: u32) -> Reply {
+    Reply::tool("bash", json!({"command": format!("echo {step}; head -c 30000 /dev/zero | tr '\\0' x")}))
+}
+
+#[tokio::test]
+async fn a_run_that_spends_its_event_bytes_fails_naming_the_limit_and_stores_no_more() {
+    const CAP: u64 = 150_000;
+    let script = (0..8).map(print_30k).chain([Reply::text("done")]).collect();
+    let app = app_with_worker(script, |c| c.max_event_bytes_per_run = CAP).await;
+    let (id, events) = run_to_end(&app, CreateRun::new("print a lot")).await;
+    let error = failure(&events);
+    assert!(error.contains("event budget") && error.contains("KILN_MAX_EVENT_BYTES_PER_RUN"), "{error}");
+    assert!(app.model.requests().len() < 8, "stopped before running out of script");
+    // What was stored stays within the budget, but for the terminal event
+    // (written after it ran out, so the run's end is never lost).
+    let (total, largest) = stored_event_bytes(&app, id).await;
+    assert!(total as u64 <= CAP + largest as u64, "{total} bytes stored, cap {CAP}, largest event {largest}");
+    assert_eq!(app.run("alice", id).await.status, RunStatus::Failed);
+}
+
+#[tokio::test]
+async fn a_takeover_counts_the_event_bytes_earlier_attempts_stored() {
+    const CAP: u64 = 150_000;
+    let script = vec![
+        print_30k(1),
+        print_30k(2),
+        Reply::tool("bash", json!({"command": "sleep 30"})),
+        print_30k(3),
+        print_30k(4),
+        Reply::text("done"),
+    ];
+    let app = TestApp::spawn(Options { script, worker: false, ..Default::default() }).await;
+    // The first worker, with room to spare, stores ~120 KB and is stopped
+    // in the third step; it hands the run back.
+    let mut first = worker_config(ProviderKind::OpenAi, std::time::Duration::from_secs(30));
+    first.shutdown_grace = std::time::Duration::from_secs(1);
+    let stop_first = tokio_util::sync::CancellationToken::new();
+    let first_done = app.start_worker_until(first, stop_first.clone()).await;
+    let id = app.submit("alice", CreateRun::new("print a lot")).await.id;
+    app.events_until(
+        "alice",
+        id,
+        None,
+        |e| matches!(&e.body, EventBody::ToolCallReady { arguments, .. } if arguments["command"] == "sleep 30"),
+    )
+    .await;
+    stop_first.cancel();
+    first_done.await.unwrap();
+    // The second has a budget the first attempt already spent most of:
+    // one more step of output is too much.
+    let mut second = worker_config(ProviderKind::OpenAi, std::time::Duration::from_secs(30));
+    second.max_event_bytes_per_run = CAP;
+    app.start_worker(second).await;
+    let events = app.events("alice", id).await;
+    let attempts: Vec<i32> = pick!(events, EventBody::RunStarted { attempt, .. } => *attempt).collect();
+    assert_eq!(attempts, [1, 2]);
+    let error = failure(&events);
+    assert!(error.contains("KILN_MAX_EVENT_BYTES_PER_RUN"), "{error}");
+    let (total, largest) = stored_event_bytes(&app, id).await;
+    assert!(total as u64 <= CAP + largest as u64, "{total} bytes stored, cap {CAP}, largest event {largest}");
 }

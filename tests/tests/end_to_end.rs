@@ -182,6 +182,74 @@ async fn events_page_as_json() {
     assert_eq!(page["events"][0]["kind"], all[2].kind());
 }
 
+/// One JSON page of the run's events after `after` (the default count
+/// limit): its events, `next_after` and `done`.
+async fn json_page(app: &TestApp, id: Uuid, after: i64) -> (Vec<Value>, i64, bool) {
+    let page: Value = app
+        .http
+        .get(app.url(&format!("/v1/runs/{id}/events?after={after}")))
+        .bearer_auth(kiln_tests::token("alice"))
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    (page["events"].as_array().unwrap().clone(), page["next_after"].as_i64().unwrap(), page["done"] == true)
+}
+
+#[tokio::test]
+async fn event_pages_are_bounded_in_bytes_and_page_through_every_event_exactly_once() {
+    const PAGE_BYTES: usize = 64 * 1024;
+    // Four steps of ~30 KB of output, each twice in events (streamed and
+    // the result): some 240 KB in well under 500 events.
+    let print =
+        |n: u32| Reply::tool("bash", json!({"command": format!("echo {n}; head -c 30000 /dev/zero | tr '\\0' x")}));
+    let script = (0..4).map(print).chain([Reply::text("done")]).collect();
+    let api = kiln_api::ApiSettings {
+        sse_keep_alive: Duration::from_secs(1),
+        event_page_bytes: PAGE_BYTES,
+        ..Default::default()
+    };
+    let app = TestApp::spawn(Options { script, api, ..Default::default() }).await;
+    let id = app.submit("alice", CreateRun::new("print a lot")).await.id;
+    let streamed = app.events("alice", id).await;
+    assert_eq!(outcome(&streamed), Some(RunStatus::Succeeded), "{:?}", kinds(&streamed));
+    let stored = app.stored_events(id).await;
+    assert!(stored.len() < 500);
+
+    let (mut after, mut paged, mut pages) = (0, Vec::new(), 0);
+    loop {
+        let (events, next_after, done) = json_page(&app, id, after).await;
+        assert!(!events.is_empty(), "a page makes progress");
+        let bytes: usize =
+            events.iter().map(|e| e["kind"].as_str().unwrap().len() + e["payload"].to_string().len()).sum();
+        assert!(events.len() == 1 || bytes <= PAGE_BYTES, "page after {after}: {bytes} bytes in {}", events.len());
+        pages += 1;
+        paged.extend(events.iter().map(|e| (e["seq"].as_i64().unwrap(), e["kind"].as_str().unwrap().to_owned())));
+        after = next_after;
+        if done {
+            break;
+        }
+    }
+    assert!(pages >= 4, "{pages} pages");
+    let expected: Vec<(i64, String)> = stored.iter().map(|e| (e.seq, e.kind().to_owned())).collect();
+    assert_eq!(paged, expected, "every event once, in order");
+
+    // The stream's catch-up reads the table in the same bounded batches:
+    // from the start, and resumed mid-run, it is exact.
+    assert_eq!(
+        streamed.iter().map(|e| (e.seq, &e.body)).collect::<Vec<_>>(),
+        stored.iter().map(|e| (e.seq, &e.body)).collect::<Vec<_>>()
+    );
+    let mid = stored[stored.len() / 2].seq;
+    let rest = app.events_after("alice", id, Some(mid)).await;
+    assert_dense(&rest, mid + 1);
+    assert_eq!(rest.last().map(|e| e.seq), stored.last().map(|e| e.seq));
+    assert!(rest.iter().zip(&stored[stored.len() / 2 + 1..]).all(|(a, b)| a.body == b.body));
+}
+
 #[tokio::test]
 async fn cancel_stops_a_running_command_within_two_seconds() {
     let app = TestApp::spawn(Options {

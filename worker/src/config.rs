@@ -96,7 +96,18 @@ pub struct WorkerConfig {
     /// Delivering completion callbacks (`callback_url`); `None`: this worker
     /// leaves them to workers with `KILN_CALLBACK_SECRET`.
     pub callbacks: Option<crate::callbacks::CallbackSettings>,
+    /// Tool calls of one model message that run; the rest are answered
+    /// with an error without running (`KILN_MAX_TOOL_CALLS_PER_STEP`).
+    pub max_tool_calls_per_step: usize,
+    /// Bytes of events one run may store, over all its attempts; when they
+    /// are spent the run fails (`KILN_MAX_EVENT_BYTES_PER_RUN`).
+    pub max_event_bytes_per_run: u64,
 }
+
+/// Default of [`WorkerConfig::max_tool_calls_per_step`].
+pub const DEFAULT_MAX_TOOL_CALLS_PER_STEP: usize = 64;
+/// Default of [`WorkerConfig::max_event_bytes_per_run`]: 64 MiB.
+pub const DEFAULT_MAX_EVENT_BYTES_PER_RUN: u64 = 64 * 1024 * 1024;
 
 #[cfg(test)]
 mod tests {

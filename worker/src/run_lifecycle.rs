@@ -13,6 +13,7 @@ use tracing::Instrument;
 
 use crate::agent::control::Control;
 use crate::agent::db_retry;
+use crate::agent::event_budget::EventBudget;
 use crate::agent::events::EventSink;
 use crate::agent::{AgentError, AgentRun, Outcome};
 use crate::claim_loop::WorkerContext;
@@ -168,6 +169,9 @@ async fn drive(
     events: &mut EventSink,
     control: Arc<Control>,
 ) -> Result<Outcome, AgentError> {
+    // A run taken over counts what its earlier attempts stored.
+    let spent = if lease.attempt > 1 { db_retry::with_retry(|| ctx.store.run_event_bytes(run.id)).await? } else { 0 };
+    events.limit(EventBudget::new(ctx.config.max_event_bytes_per_run, spent));
     events.write_now(EventBody::RunStarted { worker: ctx.config.worker_id.clone(), attempt: lease.attempt }).await?;
     let owner = Owner { run_id: run.id, session_id: run.session_id, worker: ctx.config.worker_id.clone() };
     let config = match ctx.config.sandbox.narrowed(&run.sandbox) {
@@ -222,6 +226,7 @@ async fn drive(
             context_window: run.model.context_window.unwrap_or(ctx.config.context_window),
             threshold: ctx.config.compaction_threshold,
         },
+        max_tool_calls_per_step: ctx.config.max_tool_calls_per_step,
     };
     let outcome = agent.drive().await?;
     // What the loop queued goes out before anything else writes events.

@@ -5,6 +5,12 @@
 //! `Last-Event-ID: N` gets exactly the events after N, and a slow client
 //! merely falls behind and catches up from the table. Streams that are
 //! caught up share one reader per run (`crate::feed`).
+//!
+//! Every read of the table is bounded in count and in bytes
+//! (`ApiSettings::event_page_bytes`): a run's events can be large (its
+//! output), and a thousand of them in one read would hold that much in the
+//! API's memory. A read always returns at least one event, and the next
+//! continues after the last it returned.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -29,7 +35,7 @@ use crate::extract::{ApiQuery, RunIdPath};
 use crate::limits::SseSlot;
 use crate::{ApiError, AppState};
 
-/// Events read from the table per query.
+/// Events read from the table per query (at most; see `event_page_bytes`).
 pub(crate) const BATCH: i64 = 500;
 /// `limit` of a JSON page.
 pub(crate) static PAGE: Range<i64> = Range::new(1, 1000);
@@ -41,7 +47,10 @@ pub(crate) static RESUME: Range<i64> = Range::new(0, i64::MAX);
 pub struct EventsQuery {
     /// Only events after this seq (`Last-Event-ID` wins over it).
     after: Option<i64>,
-    /// Events per page of the JSON form (default 500); the stream ignores it.
+    /// Events per page of the JSON form (default 500). Fewer when they are
+    /// large: a page holds at most the deployment's `KILN_EVENT_PAGE_BYTES`
+    /// (2 MiB by default) of events, and always at least one; page on with
+    /// `next_after`. The stream ignores it.
     limit: Option<i64>,
     /// Accepted here only so the query extractor doesn't refuse it; the
     /// auth extractor reads it. (Documented as the `access_token` security
@@ -132,7 +141,7 @@ pub async fn events(
     // Where an ended run's stream ends (retention keeps that event).
     let terminal_seq = if run.status.is_terminal() { state.store.terminal_event_seq(id).await? } else { None };
     if wants_json(&headers) {
-        let events = state.store.events_after(id, after, limit).await?;
+        let events = state.store.events_page(id, after, limit, page_bytes(&state)).await?.events;
         let next_after = events.last().map_or(after, |e| e.seq);
         let done =
             events.iter().any(|e| is_terminal_kind(&e.kind)) || terminal_seq.is_some_and(|end| next_after >= end);
@@ -199,7 +208,7 @@ fn event_stream(
         let mut feed = state.feeds.subscribe(&state, run_id, after);
         loop {
             // Catch up from the table.
-            let batch = match state.store.events_after(run_id, after, BATCH).await {
+            let batch = match state.store.events_page(run_id, after, BATCH, page_bytes(&state)).await {
                 Ok(batch) => batch,
                 Err(e) => {
                     // Keep the client connected; the database may come back.
@@ -210,8 +219,8 @@ fn event_stream(
                     }
                 }
             };
-            let full = batch.len() as i64 == BATCH;
-            for ev in batch {
+            let more = batch.more;
+            for ev in batch.events {
                 after = ev.seq;
                 let terminal = is_terminal_kind(&ev.kind);
                 yield Ok(sse_event(&ev));
@@ -219,7 +228,7 @@ fn event_stream(
                     return;
                 }
             }
-            if full {
+            if more {
                 continue;
             }
             // Caught up: follow the feed for as long as it continues exactly
@@ -260,6 +269,11 @@ fn event_stream(
             }
         }
     }
+}
+
+/// The byte bound of one read of the events table.
+pub(crate) fn page_bytes(state: &AppState) -> i64 {
+    i64::try_from(state.settings.event_page_bytes).unwrap_or(i64::MAX)
 }
 
 fn sse_event(ev: &StoredEvent) -> Event {

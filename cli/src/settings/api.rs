@@ -43,6 +43,10 @@ pub struct ApiArgs {
     /// resumes with `Last-Event-ID` (EventSource does so by itself).
     #[arg(long, env = "KILN_SSE_MAX_S", default_value_t = 1800)]
     pub sse_max_s: u64,
+    /// Bytes of events one page (or one read of an event stream's catch-up)
+    /// loads besides the count limit; at least one event always comes.
+    #[arg(long, env = "KILN_EVENT_PAGE_BYTES", default_value_t = kiln_api::DEFAULT_EVENT_PAGE_BYTES)]
+    pub event_page_bytes: usize,
 }
 
 impl ApiArgs {
@@ -57,6 +61,7 @@ impl ApiArgs {
             metrics_refresh: Duration::from_secs(self.metrics_refresh_s),
             request_timeout: seconds(self.http_request_timeout_s),
             sse_max_duration: seconds(self.sse_max_s),
+            event_page_bytes: self.event_page_bytes.max(1024),
             connection: kiln_api::HttpTimeouts {
                 header_read: seconds(self.http_header_timeout_s),
                 write_stall: seconds(self.http_write_stall_s),

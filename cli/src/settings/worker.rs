@@ -82,6 +82,14 @@ pub struct WorkerArgs {
     /// plain path: end, then claim; see docs/architecture.md).
     #[arg(long, env = "KILN_WORKER_CLAIM_ON_END", default_value_t = true, action = clap::ArgAction::Set)]
     pub claim_on_end: bool,
+    /// Tool calls of one model message that run; the rest are answered with
+    /// an error (naming this limit) without running.
+    #[arg(long, env = "KILN_MAX_TOOL_CALLS_PER_STEP", default_value_t = kiln_worker::config::DEFAULT_MAX_TOOL_CALLS_PER_STEP)]
+    pub max_tool_calls_per_step: usize,
+    /// Bytes of events (as JSON) one run may store over all its attempts;
+    /// when they are spent, no more are stored and the run fails.
+    #[arg(long, env = "KILN_MAX_EVENT_BYTES_PER_RUN", default_value_t = kiln_worker::config::DEFAULT_MAX_EVENT_BYTES_PER_RUN)]
+    pub max_event_bytes_per_run: u64,
 }
 
 impl WorkerArgs {
@@ -104,6 +112,12 @@ impl WorkerArgs {
         }
         if self.lease_s < 3 {
             bail!("KILN_LEASE_S must be at least 3");
+        }
+        if self.max_tool_calls_per_step == 0 {
+            bail!("KILN_MAX_TOOL_CALLS_PER_STEP must be at least 1");
+        }
+        if self.max_event_bytes_per_run < 64 * 1024 {
+            bail!("KILN_MAX_EVENT_BYTES_PER_RUN must be at least 65536");
         }
         Ok(WorkerConfig {
             worker_id: self.worker_id.clone().unwrap_or_else(default_worker_id),
@@ -137,6 +151,8 @@ impl WorkerArgs {
             // Set from `GithubDeliveryArgs` and `CallbackArgs` by `WorkerOptions::parts`.
             github: None,
             callbacks: None,
+            max_tool_calls_per_step: self.max_tool_calls_per_step,
+            max_event_bytes_per_run: self.max_event_bytes_per_run,
         })
     }
 }

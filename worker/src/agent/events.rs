@@ -17,6 +17,10 @@
 //!   A step's message and its events share a commit: a step with a tool
 //!   call makes two, the model's message with its events and the tool
 //!   message with the results.
+//!
+//! What it stores counts against the run's [`EventBudget`]: past it, events
+//! are dropped (messages are still written, the conversation stays whole)
+//! and [`EventSink::exhausted`] says why the loop must end the run.
 
 use std::time::{Duration, Instant};
 
@@ -25,6 +29,7 @@ use kiln_store::{Lease, Store, StoreError};
 use uuid::Uuid;
 
 use super::db_retry::with_retry;
+use super::event_budget::EventBudget;
 
 /// Longest a delta waits before it is written.
 pub const COALESCE: Duration = Duration::from_millis(50);
@@ -41,6 +46,8 @@ pub struct EventSink {
     since: Option<Instant>,
     /// A message to write with the next commit.
     held: Option<HeldMessage>,
+    /// The bytes of events the run may still store.
+    budget: EventBudget,
 }
 
 /// A message to append to the session.
@@ -68,7 +75,26 @@ struct HeldMessage {
 
 impl EventSink {
     pub fn new(store: Store, lease: Lease) -> Self {
-        EventSink { store, lease, queued: Vec::new(), pending: None, since: None, held: None }
+        EventSink {
+            store,
+            lease,
+            queued: Vec::new(),
+            pending: None,
+            since: None,
+            held: None,
+            budget: EventBudget::unlimited(),
+        }
+    }
+
+    /// Counts what is stored from now on against `budget`.
+    pub fn limit(&mut self, budget: EventBudget) {
+        self.budget = budget;
+    }
+
+    /// Why the run must end: its event budget is spent. `None` while
+    /// events are still stored.
+    pub fn exhausted(&self) -> Option<String> {
+        self.budget.exhausted()
     }
 
     /// Writes `body` now, in one commit with everything buffered before it.
@@ -125,6 +151,12 @@ impl EventSink {
         if let Some(done) = self.pending.take() {
             self.queued.push((Uuid::now_v7(), done));
         }
+        // What does not fit the budget is dropped here, before the write;
+        // it is counted once the write succeeded (a retried commit must
+        // not count twice).
+        let (fitting, bytes) = self.budget.fitting(&self.queued);
+        let refused = fitting < self.queued.len();
+        self.queued.truncate(fitting);
         // The ids were chosen when the events and the message were buffered
         // and stay the same on every attempt: a retry after a commit whose
         // answer was lost finds the stored rows instead of storing them again.
@@ -148,12 +180,17 @@ impl EventSink {
         }
         self.queued.clear();
         self.since = None;
+        self.budget.spend(bytes, refused);
         Ok(())
     }
 
     /// Adds `body` to what waits for the next commit: a delta merges with
     /// the one before it when both are of the same stream.
     fn buffer(&mut self, body: EventBody) {
+        // Nothing more is stored: don't hold it in memory either.
+        if !self.budget.is_open() {
+            return;
+        }
         if is_delta(&body)
             && let Some(pending) = &mut self.pending
             && merge(pending, &body)

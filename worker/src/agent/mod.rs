@@ -10,13 +10,17 @@
 //! answer and act on how it finished (run the tools it called, ask it to go
 //! on, or end). What is not the loop lives beside it: running tool calls in
 //! batches (`tool_batch`), the approval gate (`approval`), picking a run up
-//! (`resume`), steering (`inbox`), compaction ([`compaction`]).
+//! (`resume`), steering (`inbox`), compaction ([`compaction`]), the calls a
+//! step may make (`call_limit`) and the bytes of events a run may store
+//! ([`event_budget`]).
 
 mod approval;
 mod budget;
+mod call_limit;
 pub mod compaction;
 pub mod control;
 pub(crate) mod db_retry;
+pub mod event_budget;
 pub mod events;
 mod guard;
 mod inbox;
@@ -91,6 +95,8 @@ pub struct AgentRun<'a> {
     pub system: String,
     /// When to summarise the older conversation.
     pub compaction: compaction::Policy,
+    /// Tool calls of one step that run; the rest are answered unrun.
+    pub max_tool_calls_per_step: usize,
 }
 
 /// What the loop carries from one step to the next.
@@ -122,6 +128,11 @@ impl<'a> AgentRun<'a> {
             self.read_inbox(&mut inbox, &mut messages).await?;
             if let Some(outcome) = finished(&messages) {
                 return Ok(outcome);
+            }
+            // Before any model call: past the event budget nothing the run
+            // does could be recorded.
+            if let Some(error) = self.events.exhausted() {
+                return Ok(Outcome::Failed { error });
             }
             let note = match progress.budget.check(self.elapsed()) {
                 BudgetCheck::Ok => None,
@@ -312,7 +323,12 @@ impl<'a> AgentRun<'a> {
 
     /// What runs this run's tool calls.
     fn tool_runner(&self) -> ToolRunner<'a> {
-        ToolRunner { gate: self.gate(), sandbox: self.sandbox, tools: self.tools }
+        ToolRunner {
+            gate: self.gate(),
+            sandbox: self.sandbox,
+            tools: self.tools,
+            max_calls: self.max_tool_calls_per_step,
+        }
     }
 
     /// The tools the model is shown: all, or the run's `allowed_tools`.

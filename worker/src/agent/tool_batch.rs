@@ -1,7 +1,9 @@
 //! Running one step's tool calls, kept out of the loop: consecutive
 //! read-only calls run together, calls that change things one at a time, in
 //! the model's order; each call is cleared by the approval gate first, and
-//! the results come back in the model's order too.
+//! the results come back in the model's order too. Calls past the step's
+//! limit, and calls once the run's event budget is spent, are answered
+//! without running (`call_limit`).
 
 use std::time::{Duration, Instant};
 
@@ -10,6 +12,7 @@ use tracing::Instrument;
 
 use super::AgentError;
 use super::approval::{Clearance, Gate};
+use super::call_limit;
 use super::events::EventSink;
 use super::tool_call::ToolCall;
 use crate::sandbox::Sandbox;
@@ -20,6 +23,8 @@ pub(super) struct ToolRunner<'a> {
     pub gate: Gate<'a>,
     pub sandbox: &'a Sandbox,
     pub tools: &'a Registry,
+    /// Calls of one step that run (`KILN_MAX_TOOL_CALLS_PER_STEP`).
+    pub max_calls: usize,
 }
 
 /// What running one call came to, and how long it took.
@@ -30,12 +35,23 @@ impl ToolRunner<'_> {
     /// The `tool.result` events go out with the next commit (the message's).
     pub async fn run(&self, events: &mut EventSink, calls: &[ToolCall]) -> Result<Message, AgentError> {
         let mut parts = Vec::with_capacity(calls.len());
-        for batch in batches(calls, |call| self.tools.get(&call.name).is_some_and(|t| !t.is_mutating())) {
+        let (allowed, excess) = call_limit::split(calls, self.max_calls);
+        for batch in batches(allowed, |call| self.tools.get(&call.name).is_some_and(|t| !t.is_mutating())) {
+            if let Some(why) = events.exhausted() {
+                for call in batch {
+                    parts.push(report(events, call, call_limit::after_event_budget(&why), Duration::ZERO).await?);
+                }
+                continue;
+            }
             let refusals = self.clear(events, batch).await?;
             let ran = self.execute(events, batch, refusals).await?;
             for (call, (outcome, took)) in batch.iter().zip(ran) {
                 parts.push(report(events, call, outcome?, took).await?);
             }
+        }
+        for call in excess {
+            let answer = call_limit::over_limit(calls.len(), self.max_calls);
+            parts.push(report(events, call, answer, Duration::ZERO).await?);
         }
         Ok(Message { role: Role::Tool, parts })
     }
