@@ -100,19 +100,30 @@ impl Totals {
         }
     }
 
-    /// The closing line: `3 steps · 2 tool calls · 1,234 tokens in / 56 out · $0.0013 · 8.2 s · succeeded`.
+    /// The closing line: `3 steps · 2 tool calls · 1,234 tokens in / 56 out · $0.0013 · 8.2 s · succeeded`,
+    /// with `+ 3,948 cached` after the input when the provider served part
+    /// of it from its cache (billed, at its own price, so it is shown).
     pub fn line(&self) -> String {
-        let mut parts = vec![
-            plural(self.steps, "step"),
-            plural(self.tool_calls, "tool call"),
-            format!("{} tokens in / {} out", thousands(self.usage.input_tokens), thousands(self.usage.output_tokens)),
-            self.cost(),
-        ];
+        let mut parts =
+            vec![plural(self.steps, "step"), plural(self.tool_calls, "tool call"), self.tokens(), self.cost()];
         if let Some(wall) = self.wall {
             parts.push(format!("{:.1} s", wall.as_secs_f64()));
         }
         parts.push(self.outcome.as_ref().map_or("not finished".to_owned(), Outcome::describe));
         parts.join(" · ")
+    }
+}
+
+impl Totals {
+    fn tokens(&self) -> String {
+        let u = &self.usage;
+        let cached = u.cache_read_tokens + u.cache_write_tokens;
+        let input = if cached > 0 {
+            format!("{} tokens in + {} cached", thousands(u.input_tokens), thousands(cached))
+        } else {
+            format!("{} tokens in", thousands(u.input_tokens))
+        };
+        format!("{input} / {} out", thousands(u.output_tokens))
     }
 }
 
@@ -167,6 +178,21 @@ mod tests {
         t.observe(&ev(4, "run.failed", json!({"error": "boom"})));
         t.wall = Some(Duration::from_millis(8_240));
         assert_eq!(t.line(), "2 steps · 1 tool call · 2,400 tokens in / 60 out · $0.0022 · 8.2 s · failed: boom");
+    }
+
+    #[test]
+    fn cached_input_is_counted_and_shown() {
+        let mut t = Totals::default();
+        let usage =
+            json!({"input_tokens": 25, "output_tokens": 7, "cache_read_tokens": 1974, "cache_write_tokens": 10});
+        for step in 1..=2 {
+            t.observe(&ev(
+                step,
+                "step.finished",
+                json!({"step": step, "finish_reason": "stop", "usage": usage, "cost_usd": null}),
+            ));
+        }
+        assert!(t.line().contains("50 tokens in + 3,968 cached / 14 out"), "{}", t.line());
     }
 
     #[test]
