@@ -54,6 +54,9 @@ pub enum EventBody {
     TextDelta { text: String },
     #[serde(rename = "reasoning.delta")]
     ReasoningDelta { text: String },
+    /// `call_id` in this and the other events of a call is Kiln's id for
+    /// it, `{step}-{n}`, unique within the run (not the provider's, which
+    /// servers reuse); its approval is decided under the same id.
     #[serde(rename = "tool_call.started")]
     ToolCallStarted { call_id: String, name: String },
     #[serde(rename = "tool_call.delta")]

@@ -120,7 +120,8 @@ pub static CALLBACK_URL: Text = Text::new(
     ),
 );
 
-/// The `call_id` of an approval: what providers send is kept as it is, so
+/// The `call_id` of an approval: Kiln's id for the call (`{step}-{n}`), or
+/// in runs from before Kiln issued its own, the provider's as it was sent;
 /// only what could not travel in a URL path or a log line is refused.
 pub static CALL_ID: Text = Text::new(1, 256, NO_CONTROL);
 /// `reason` of an approval decision, passed to the model with a denial.

@@ -38,18 +38,43 @@ pub enum Part {
         signature: Option<String>,
     },
     ToolCall {
+        /// Kiln's id for the call, unique within its run: events, approvals
+        /// and the API name the call by it.
         id: String,
         name: String,
         /// Parsed JSON arguments. A call whose JSON never parsed is never
         /// stored as a tool call.
         arguments: serde_json::Value,
+        /// The provider's id for the call, which only travels back to the
+        /// provider (its results must name it there). Providers repeat ids
+        /// (`call_0` every step, one id twice in an answer), so nothing of
+        /// Kiln's keys on it. `None`: the same as `id` (a message stored
+        /// before Kiln issued its own ids).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        provider_id: Option<String>,
     },
     ToolResult {
+        /// Kiln's id of the call answered.
         call_id: String,
         name: String,
         output: String,
         is_error: bool,
+        /// The provider's id of the call answered (see [`Part::ToolCall`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        provider_call_id: Option<String>,
     },
+}
+
+impl Part {
+    /// The id the provider knows a tool call or result by: what goes on
+    /// the wire. `None` for the other parts.
+    pub fn wire_id(&self) -> Option<&str> {
+        match self {
+            Part::ToolCall { id, provider_id, .. } => Some(provider_id.as_deref().unwrap_or(id)),
+            Part::ToolResult { call_id, provider_call_id, .. } => Some(provider_call_id.as_deref().unwrap_or(call_id)),
+            Part::Text { .. } | Part::Reasoning { .. } => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -79,9 +104,19 @@ impl Message {
             .join("")
     }
 
+    /// The tool calls, each with Kiln's id, its name and its arguments.
     pub fn tool_calls(&self) -> impl Iterator<Item = (&str, &str, &serde_json::Value)> {
         self.parts.iter().filter_map(|p| match p {
-            Part::ToolCall { id, name, arguments } => Some((id.as_str(), name.as_str(), arguments)),
+            Part::ToolCall { id, name, arguments, .. } => Some((id.as_str(), name.as_str(), arguments)),
+            _ => None,
+        })
+    }
+
+    /// The tool calls as the provider knows them: its id (see
+    /// [`Part::wire_id`]), the name and the arguments.
+    pub fn wire_tool_calls(&self) -> impl Iterator<Item = (&str, &str, &serde_json::Value)> {
+        self.parts.iter().filter_map(|p| match (p, p.wire_id()) {
+            (Part::ToolCall { name, arguments, .. }, Some(id)) => Some((id, name.as_str(), arguments)),
             _ => None,
         })
     }

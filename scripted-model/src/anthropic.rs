@@ -20,7 +20,7 @@ pub(crate) fn render(plan: &Plan) -> Vec<String> {
         index += 1;
     }
     for call in &plan.calls {
-        let id = format!("toolu_{}", call.number);
+        let id = call.id("toolu_");
         frames.push(block_start(index, json!({"type": "tool_use", "id": id, "name": call.name, "input": {}})));
         // The real API opens every tool input with an empty piece.
         frames.push(block_delta(index, json!({"type": "input_json_delta", "partial_json": ""})));

@@ -18,7 +18,7 @@ pub(crate) fn render(plan: &Plan, include_usage: bool) -> Vec<String> {
         frames.push(chunks.delta(json!({"content": piece})));
     }
     for (index, call) in plan.calls.iter().enumerate() {
-        let id = format!("call_{}", call.number);
+        let id = call.id("call_");
         frames.push(chunks.delta(json!({"tool_calls": [{
             "index": index, "id": id, "type": "function",
             "function": {"name": call.name, "arguments": ""},

@@ -21,9 +21,18 @@ pub(crate) struct PlannedCall {
     /// The number in `call_N` / `toolu_N`, unique across the server's life
     /// so ids never repeat within a conversation.
     pub number: u64,
+    /// The id the script chose, instead of one made from `number`.
+    pub id: Option<String>,
     pub name: String,
     /// The arguments as JSON text, as a model writes them.
     pub arguments: String,
+}
+
+impl PlannedCall {
+    /// The call's id on the wire: the script's, or `prefix` and the number.
+    pub fn id(&self, prefix: &str) -> String {
+        self.id.clone().unwrap_or_else(|| format!("{prefix}{}", self.number))
+    }
 }
 
 impl Plan {
@@ -36,6 +45,7 @@ impl Plan {
             .zip(first_call..)
             .map(|(call, number)| PlannedCall {
                 number,
+                id: call.id.clone(),
                 name: call.name.clone(),
                 arguments: call.arguments.to_string(),
             })

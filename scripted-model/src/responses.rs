@@ -62,7 +62,7 @@ pub(crate) fn render(plan: &Plan) -> Vec<String> {
         let function_call = |status: &str, arguments: &str| {
             json!({
                 "id": id, "type": "function_call", "status": status,
-                "arguments": arguments, "call_id": format!("call_{}", call.number), "name": call.name,
+                "arguments": arguments, "call_id": call.id("call_"), "name": call.name,
             })
         };
         frames.push(events.frame(json!({

@@ -25,11 +25,21 @@ pub struct Reply {
 pub struct ScriptedCall {
     pub name: String,
     pub arguments: Value,
+    /// The call's id on the wire; `None`: a fresh one (`call_N`, `toolu_N`).
+    /// Set it to play a server that reuses ids (`call_0` every step, or the
+    /// same id twice in one answer).
+    pub id: Option<String>,
 }
 
 impl ScriptedCall {
     pub fn new(name: impl Into<String>, arguments: Value) -> Self {
-        ScriptedCall { name: name.into(), arguments }
+        ScriptedCall { name: name.into(), arguments, id: None }
+    }
+
+    /// The same call, sent under `id`.
+    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
     }
 }
 

@@ -36,6 +36,18 @@ pub struct Decision {
     pub reason: Option<String>,
 }
 
+/// Where asking for approval of a call left it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Approval {
+    /// A person is asked (or was, and has not answered yet).
+    Waiting,
+    /// This call was decided already (a resumed run asking again).
+    Decided(Decision),
+    /// The run's row under this call id is another call's, which may have
+    /// run or is being decided: this call must not run.
+    IdTaken,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DecideOutcome {
     Decided,
@@ -224,27 +236,66 @@ impl Store {
     /// Asks for approval of a call: the run waits in `awaiting_approval`
     /// and `approval.requested` is emitted. If this call was already decided
     /// (a resumed run asking again), returns that decision instead.
+    ///
+    /// A decision is bound to the call's name and arguments, not only to
+    /// its id: a row under the same id recorded for another call (an id
+    /// reused, a row from before Kiln issued its own ids) never decides
+    /// this one. If that other call was decided and never let through, the
+    /// row is asked about again with this call in it; if it may have run
+    /// (started) or a person may be deciding it right now (pending), this
+    /// call is refused ([`Approval::IdTaken`]): its record must stand, and
+    /// a decision on it must not land on another call.
     pub async fn request_approval(
         &self,
         lease: &Lease,
         call_id: &str,
         name: &str,
         arguments: &serde_json::Value,
-    ) -> Result<Option<Decision>, StoreError> {
-        if let Some(decision) = self.approval_decision(lease.run_id, call_id).await? {
-            return Ok(Some(decision));
-        }
+    ) -> Result<Approval, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        set_held_status(&tx, lease, RunStatus::AwaitingApproval).await?;
-        let inserted = tx
-            .execute(
-                "INSERT INTO approvals (run_id, call_id, name, arguments) VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (run_id, call_id) DO NOTHING",
+        let row = tx
+            .query_opt(
+                "SELECT approved, reason, started_at IS NOT NULL, name = $3 AND arguments = $4::jsonb
+                 FROM approvals WHERE run_id = $1 AND call_id = $2 FOR UPDATE",
                 &[&lease.run_id, &call_id, &name, arguments],
             )
             .await?;
-        if inserted == 1 {
+        let asked = match row {
+            None => {
+                tx.execute(
+                    "INSERT INTO approvals (run_id, call_id, name, arguments) VALUES ($1, $2, $3, $4)",
+                    &[&lease.run_id, &call_id, &name, arguments],
+                )
+                .await?;
+                true
+            }
+            Some(row) => {
+                let approved: Option<bool> = row.try_get(0)?;
+                let started: bool = row.try_get(2)?;
+                let same_call: bool = row.try_get(3)?;
+                match (same_call, approved) {
+                    (true, Some(approved)) => {
+                        return Ok(Approval::Decided(Decision { approved, reason: row.try_get(1)? }));
+                    }
+                    // Asked before (a resumed run): still waiting.
+                    (true, None) => false,
+                    (false, Some(_)) if !started => {
+                        tx.execute(
+                            "UPDATE approvals SET name = $3, arguments = $4, requested_at = now(), approved = NULL,
+                                    reason = NULL, decided_by = NULL, decided_at = NULL
+                             WHERE run_id = $1 AND call_id = $2",
+                            &[&lease.run_id, &call_id, &name, arguments],
+                        )
+                        .await?;
+                        true
+                    }
+                    (false, _) => return Ok(Approval::IdTaken),
+                }
+            }
+        };
+        set_held_status(&tx, lease, RunStatus::AwaitingApproval).await?;
+        if asked {
             let body = EventBody::ApprovalRequested {
                 call_id: call_id.to_owned(),
                 name: name.to_owned(),
@@ -253,16 +304,24 @@ impl Store {
             insert_event_tx(&tx, lease.run_id, &body).await?;
         }
         tx.commit().await?;
-        Ok(None)
+        Ok(Approval::Waiting)
     }
 
-    /// The decision on a call, if one was made.
-    pub async fn approval_decision(&self, run_id: Uuid, call_id: &str) -> Result<Option<Decision>, StoreError> {
+    /// The decision on a call, if one was made for this name and these
+    /// arguments (see [`Store::request_approval`]).
+    pub async fn approval_decision(
+        &self,
+        run_id: Uuid,
+        call_id: &str,
+        name: &str,
+        arguments: &serde_json::Value,
+    ) -> Result<Option<Decision>, StoreError> {
         let client = self.client().await?;
         let row = client
             .query_opt(
-                "SELECT approved, reason FROM approvals WHERE run_id = $1 AND call_id = $2 AND approved IS NOT NULL",
-                &[&run_id, &call_id],
+                "SELECT approved, reason FROM approvals
+                 WHERE run_id = $1 AND call_id = $2 AND name = $3 AND arguments = $4::jsonb AND approved IS NOT NULL",
+                &[&run_id, &call_id, &name, arguments],
             )
             .await?;
         row.map(|r| Ok(Decision { approved: r.try_get(0)?, reason: r.try_get(1)? })).transpose()

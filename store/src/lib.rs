@@ -35,7 +35,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
 pub use callbacks::{CallbackAttempt, CallbackJob};
-pub use control::{DecideOutcome, Decision, InboxMessage, MessageOutcome};
+pub use control::{Approval, DecideOutcome, Decision, InboxMessage, MessageOutcome};
 pub use delivery::{DeliveryJob, DeliveryRequest};
 pub use error::StoreError;
 pub use events::EventBatch;

@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use kiln_protocol::{ApprovalMode, CreateRun, EventBody, Run, RunStatus};
-use kiln_scripted_model::Reply;
+use kiln_scripted_model::{Reply, ScriptedCall};
 use kiln_tests::{Event, Options, TestApp, assert_dense, kinds, outcome, pick, token};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -121,6 +121,86 @@ async fn an_approved_call_runs_and_a_denied_one_goes_back_to_the_model() {
     assert_eq!(app.run("alice", id).await.status, RunStatus::Succeeded);
     let requests = app.model.requests();
     assert!(requests[2].body.to_string().contains("the user denied this call: too risky"));
+}
+
+/// A bash call that creates `file` in the workspace, sent under `id`.
+fn touch(file: &str, id: &str) -> ScriptedCall {
+    ScriptedCall::new("bash", json!({"command": format!("touch {file} && echo made {file}")})).with_id(id)
+}
+
+/// Runs `script` (whose last two replies list the workspace and finish)
+/// with approval for mutating calls: approves the first call that asks,
+/// denies the second, and returns what the listing saw. The second call
+/// reuses the first one's provider id, `wire_id`: approving the first must
+/// not let it through, and the provider still sees its own ids.
+async fn approve_first_deny_second(script: Vec<Reply>, wire_id: &str) -> String {
+    let app = TestApp::spawn(Options { script, ..Default::default() }).await;
+    let spec = CreateRun { approval: Some(ApprovalMode::Mutating), ..CreateRun::new("work") };
+    let id = app.submit("alice", spec).await.id;
+
+    let first = until(&app, id, None, "approval.requested").await;
+    let asked = first.last().unwrap();
+    let EventBody::ApprovalRequested { call_id: call, arguments, .. } = &asked.body else { panic!("{asked:?}") };
+    assert!(arguments.to_string().contains("touch first"), "{arguments}");
+    let (status, body) =
+        app.post_json("alice", &format!("/v1/runs/{id}/approvals/{call}"), json!({"decision": "approve"})).await;
+    assert_eq!(status, 200, "{body}");
+
+    // The second call asks for itself, under an id of its own.
+    let second = until(&app, id, Some(asked.seq), "approval.requested").await;
+    let asked = second.last().unwrap();
+    let EventBody::ApprovalRequested { call_id: call2, arguments, .. } = &asked.body else { panic!("{asked:?}") };
+    assert!(arguments.to_string().contains("touch second"), "{arguments}");
+    assert_ne!(call2, call, "each call has its own id");
+    assert_eq!(app.run("alice", id).await.status, RunStatus::AwaitingApproval);
+    let (status, body) =
+        app.post_json("alice", &format!("/v1/runs/{id}/approvals/{call2}"), json!({"decision": "deny"})).await;
+    assert_eq!(status, 200, "{body}");
+
+    let all = app.events("alice", id).await;
+    assert_eq!(outcome(&all), Some(RunStatus::Succeeded), "{:?}", kinds(&all));
+    let results: Vec<(bool, &str)> =
+        pick!(all, EventBody::ToolResult { output, is_error, .. } => (*is_error, output.as_str())).collect();
+    assert_eq!(results.len(), 3, "{results:?}");
+    assert!(results[0].1.contains("made first"), "{results:?}");
+    assert_eq!(results[1], (true, "the user denied this call"));
+    // The provider's id still travels back to it with each result.
+    let requests = app.model.requests();
+    let wire = requests.last().unwrap().body["messages"].to_string();
+    let sent = |field: &str| wire.matches(&format!("\"{field}\":\"{wire_id}\"")).count();
+    assert_eq!((sent("id"), sent("tool_call_id")), (2, 2), "{wire}");
+    results[2].1.to_owned()
+}
+
+#[tokio::test]
+async fn two_calls_with_one_id_in_one_answer_each_need_their_own_approval() {
+    const WIRE: &str = "dup";
+    let listing = approve_first_deny_second(
+        vec![
+            Reply::tools(vec![touch("first", WIRE), touch("second", WIRE)]),
+            Reply::tool("ls", json!({"path": "."})),
+            Reply::text("done"),
+        ],
+        WIRE,
+    )
+    .await;
+    assert!(listing.contains("first") && !listing.contains("second"), "the denied call did not run: {listing}");
+}
+
+#[tokio::test]
+async fn call_0_in_two_steps_with_other_arguments_each_needs_its_own_approval() {
+    const WIRE: &str = "call_0";
+    let listing = approve_first_deny_second(
+        vec![
+            Reply::tools(vec![touch("first", WIRE)]),
+            Reply::tools(vec![touch("second", WIRE)]),
+            Reply::tool("ls", json!({"path": "."})),
+            Reply::text("done"),
+        ],
+        WIRE,
+    )
+    .await;
+    assert!(listing.contains("first") && !listing.contains("second"), "the denied call did not run: {listing}");
 }
 
 #[tokio::test]

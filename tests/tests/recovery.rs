@@ -55,8 +55,11 @@ async fn a_follow_up_to_a_run_cancelled_mid_call_answers_the_call_before_its_pro
     assert_eq!(requests.len(), 2);
     let messages = requests[1].body["messages"].as_array().unwrap();
     let at = |pred: &dyn Fn(&Value) -> bool| messages.iter().position(pred).unwrap_or(usize::MAX);
-    let asked = at(&|m| m["role"] == "assistant" && m["tool_calls"][0]["id"] == call);
-    let answered = at(&|m| m["role"] == "tool" && m["tool_call_id"] == call);
+    let asked = at(&|m| m["role"] == "assistant" && m["tool_calls"][0]["id"].is_string());
+    // The provider's id for the call (events carry Kiln's).
+    let wire = &messages.get(asked).expect("the call was sent")["tool_calls"][0]["id"];
+    assert_ne!(wire, call);
+    let answered = at(&|m| m["role"] == "tool" && &m["tool_call_id"] == wire);
     let prompt = at(&|m| m["role"] == "user" && m["content"] == "what happened?");
     assert!(asked < messages.len() && answered == asked + 1 && prompt == answered + 1, "{messages:#?}");
     let answer = messages[answered]["content"].as_str().unwrap();
@@ -153,6 +156,66 @@ async fn approval_survives(gone: Gone) {
         .unwrap()
         .get(0);
     assert!(started);
+}
+
+#[tokio::test]
+async fn a_decision_recorded_for_other_arguments_does_not_let_the_call_run_after_a_takeover() {
+    let app = TestApp::spawn(Options {
+        script: vec![
+            Reply::tool("bash", json!({"command": "touch made-by-call && echo made"})),
+            Reply::tool("ls", json!({"path": "."})),
+            Reply::text("done"),
+        ],
+        worker: false,
+        ..Default::default()
+    })
+    .await;
+    let lease = Duration::from_secs(3);
+    let first = app.start_worker_until(worker_config(ProviderKind::OpenAi, lease), CancellationToken::new()).await;
+    let spec = CreateRun { approval: Some(ApprovalMode::Mutating), ..CreateRun::new("work") };
+    let id = app.submit("alice", spec).await.id;
+    let asked = until(&app, id, None, |b| matches!(b, EventBody::ApprovalRequested { .. })).await;
+    let call = call_of(&asked).to_owned();
+    first.abort();
+    let _ = first.await;
+    // What the call's row says was approved is another call: a decision
+    // on other arguments (a reused id, a row from before the upgrade).
+    let changed = app
+        .sql()
+        .await
+        .execute(
+            "UPDATE approvals SET arguments = '{\"command\": \"echo harmless\"}', approved = true,
+                    decided_by = 'alice', decided_at = now()
+             WHERE run_id = $1 AND call_id = $2",
+            &[&id, &call],
+        )
+        .await
+        .unwrap();
+    assert_eq!(changed, 1);
+
+    app.start_worker(worker_config(ProviderKind::OpenAi, lease)).await;
+    // The next worker asks again, for the arguments the call really has.
+    let after = asked.last().unwrap().seq;
+    let again = until(&app, id, Some(after), |b| {
+        matches!(b, EventBody::ApprovalRequested { .. } | EventBody::ToolResult { .. })
+    })
+    .await;
+    let Some(EventBody::ApprovalRequested { call_id, arguments, .. }) = again.last().map(|e| &e.body) else {
+        panic!("the call ran on a decision about other arguments: {:?}", kinds(&again));
+    };
+    assert_eq!(call_id, &call);
+    assert!(arguments.to_string().contains("touch made-by-call"), "{arguments}");
+    let (status, body) =
+        app.post_json("alice", &format!("/v1/runs/{id}/approvals/{call}"), json!({"decision": "deny"})).await;
+    assert_eq!(status, 200, "{body}");
+
+    let all = app.events("alice", id).await;
+    assert_eq!(outcome(&all), Some(RunStatus::Succeeded), "{:?}", kinds(&all));
+    let results: Vec<(bool, &str)> =
+        pick!(all, EventBody::ToolResult { output, is_error, .. } => (*is_error, output.as_str())).collect();
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert_eq!(results[0], (true, "the user denied this call"));
+    assert!(!results[1].1.contains("made-by-call"), "the call never ran: {results:?}");
 }
 
 #[tokio::test]

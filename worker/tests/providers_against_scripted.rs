@@ -69,6 +69,7 @@ fn tool_result(call_id: &str, output: &str) -> Message {
             name: "bash".into(),
             output: output.into(),
             is_error: false,
+            provider_call_id: None,
         }],
     }
 }
@@ -86,7 +87,8 @@ async fn two_steps(provider: &dyn ModelProvider, call_id: &str) -> (Assembled, A
             Part::ToolCall {
                 id: call_id.into(),
                 name: "bash".into(),
-                arguments: json!({"command": "ls -la \"my dir\""})
+                arguments: json!({"command": "ls -la \"my dir\""}),
+                provider_id: None,
             },
         ]
     );

@@ -65,6 +65,7 @@ fn tool_result(call_id: &str, output: &str) -> Message {
             name: "bash".into(),
             output: output.into(),
             is_error: false,
+            provider_call_id: None,
         }],
     }
 }
@@ -91,7 +92,8 @@ async fn responses_round_trip() {
             Part::ToolCall {
                 id: "call_1".into(),
                 name: "bash".into(),
-                arguments: json!({"command": "ls -la \"my dir\""})
+                arguments: json!({"command": "ls -la \"my dir\""}),
+                provider_id: None,
             },
         ]
     );

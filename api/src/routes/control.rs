@@ -108,7 +108,7 @@ pub struct Decide {
     path = "/v1/runs/{id}/approvals/{call_id}",
     operation_id = "decide_approval",
     tag = "control",
-    params(("id" = uuid::Uuid, Path, description = "The run's id."), ("call_id" = String, Path, description = "The `call_id` of the `approval.requested` event.")),
+    params(("id" = uuid::Uuid, Path, description = "The run's id."), ("call_id" = String, Path, description = "The `call_id` of the `approval.requested` event: Kiln's id for the call, unique within the run.")),
     request_body = Decide,
     responses(
         (status = 200, description = "The call was decided.", body = crate::openapi::Decided),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kiln_protocol::{ApprovalMode, Run};
-use kiln_store::{Decision, Lease, Store};
+use kiln_store::{Approval, Decision, Lease, Store};
 
 use super::AgentError;
 use super::control::Control;
@@ -81,8 +81,15 @@ impl Gate<'_> {
         // The store writes `approval.requested` itself: what is buffered first.
         events.commit().await?;
         let decision = match self.store.request_approval(self.lease, &call.id, &call.name, &call.arguments).await? {
-            Some(decision) => decision,
-            None => self.wait_for_decision(&call.id).await?,
+            Approval::Decided(decision) => decision,
+            Approval::Waiting => self.wait_for_decision(call).await?,
+            Approval::IdTaken => {
+                let refusal = ToolOutcome::error(format!(
+                    "refused: the call id {:?} was already used in this run for another call",
+                    call.id
+                ));
+                return Ok(Clearance::Refused { outcome: refusal, asked: false });
+            }
         };
         if decision.approved {
             return Ok(Clearance::Approved);
@@ -112,13 +119,13 @@ impl Gate<'_> {
     /// Waits for a person's decision; woken by NOTIFY, with polling in case
     /// the notification was missed. Cancellation and the wall clock still
     /// apply (the run task stops this future).
-    async fn wait_for_decision(&self, call_id: &str) -> Result<Decision, AgentError> {
+    async fn wait_for_decision(&self, call: &ToolCall) -> Result<Decision, AgentError> {
         loop {
             tokio::select! {
                 _ = self.control.wait() => {}
                 _ = tokio::time::sleep(APPROVAL_POLL) => {}
             }
-            match self.store.approval_decision(self.run.id, call_id).await {
+            match self.store.approval_decision(self.run.id, &call.id, &call.name, &call.arguments).await {
                 Ok(Some(decision)) => return Ok(decision),
                 Ok(None) => {}
                 // The wait is for a person, who may take hours: a database

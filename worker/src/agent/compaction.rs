@@ -211,7 +211,12 @@ mod tests {
     fn assistant_call(id: &str) -> Message {
         Message {
             role: Role::Assistant,
-            parts: vec![Part::ToolCall { id: id.into(), name: "bash".into(), arguments: json!({"command": "ls"}) }],
+            parts: vec![Part::ToolCall {
+                id: id.into(),
+                name: "bash".into(),
+                arguments: json!({"command": "ls"}),
+                provider_id: None,
+            }],
         }
     }
 
@@ -223,6 +228,7 @@ mod tests {
                 name: "bash".into(),
                 output: "x".repeat(size),
                 is_error: false,
+                provider_call_id: None,
             }],
         }
     }

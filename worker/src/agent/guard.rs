@@ -55,7 +55,7 @@ mod tests {
     use serde_json::{Value, json};
 
     fn call(name: &str, arguments: &Value) -> [ToolCall; 1] {
-        [ToolCall { id: "1".into(), name: name.into(), arguments: arguments.clone() }]
+        [ToolCall { id: "1".into(), name: name.into(), arguments: arguments.clone(), provider_id: None }]
     }
 
     #[test]

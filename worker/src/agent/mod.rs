@@ -202,7 +202,7 @@ impl<'a> AgentRun<'a> {
     ) -> Result<ControlFlow<Outcome>, AgentError> {
         // Goes out with the model's first output (or within 50 ms).
         self.events.write_soon(EventBody::StepStarted { step }).await?;
-        let answer = match self.call_model(messages, note).await {
+        let answer = match self.call_model(step, messages, note).await {
             Ok(answer) => answer,
             Err(AgentError::Provider(e)) => {
                 return Ok(ControlFlow::Break(Outcome::Failed { error: format!("model call failed: {e}") }));
@@ -213,9 +213,14 @@ impl<'a> AgentRun<'a> {
         self.act_on_answer(&answer, &calls, messages, progress).await
     }
 
-    /// One model call with the conversation so far, plus a transient budget
-    /// note (sent, not stored).
-    async fn call_model(&mut self, messages: &[Message], note: Option<String>) -> Result<Assembled, AgentError> {
+    /// Step `step`'s model call with the conversation so far, plus a
+    /// transient budget note (sent, not stored).
+    async fn call_model(
+        &mut self,
+        step: u32,
+        messages: &[Message],
+        note: Option<String>,
+    ) -> Result<Assembled, AgentError> {
         let mut request_messages = messages.to_vec();
         if let Some(note) = note {
             request_messages.push(Message::user(note));
@@ -228,7 +233,7 @@ impl<'a> AgentRun<'a> {
             max_tokens: self.max_tokens,
             temperature: self.run.model.temperature,
         };
-        model_call::call_model(self.provider.as_ref(), &request, self.events).await
+        model_call::call_model(self.provider.as_ref(), &request, self.events, step).await
     }
 
     /// Counts what the answer cost and stores it with the step's events;
@@ -370,7 +375,12 @@ mod tests {
         assert_eq!(finished(&[answer]), Some(Outcome::Succeeded { summary: "done".into() }));
         let call = Message {
             role: Role::Assistant,
-            parts: vec![Part::ToolCall { id: "1".into(), name: "bash".into(), arguments: serde_json::json!({}) }],
+            parts: vec![Part::ToolCall {
+                id: "1".into(),
+                name: "bash".into(),
+                arguments: serde_json::json!({}),
+                provider_id: None,
+            }],
         };
         assert_eq!(finished(&[call]), None);
         assert_eq!(finished(&[Message::user("hi")]), None);

@@ -21,12 +21,14 @@ const RETRIES: Policy = Policy::attempts(4, BASE_DELAY, MAX_DELAY);
 
 /// Calls the model, retrying retryable failures with exponential backoff and
 /// jitter (honouring the provider's retry-after); each retry is an event.
+/// The answer is agent step `step`'s: its calls get Kiln's ids from it.
 pub async fn call_model(
     provider: &dyn ModelProvider,
     request: &ModelRequest,
     events: &mut EventSink,
+    step: u32,
 ) -> Result<Assembled, AgentError> {
-    call(provider, request, events, true).await
+    call(provider, request, events, Some(step)).await
 }
 
 /// Like [`call_model`], but the answer is not streamed to clients (e.g. a
@@ -36,16 +38,17 @@ pub async fn call_model_quietly(
     request: &ModelRequest,
     events: &mut EventSink,
 ) -> Result<Assembled, AgentError> {
-    call(provider, request, events, false).await
+    call(provider, request, events, None).await
 }
 
 /// One model call in its `model_call` span, timed and counted (retries
-/// included: the time is what the run waited).
+/// included: the time is what the run waited). `step`: the agent step the
+/// answer is for, streamed to clients; `None`: not the agent talking.
 async fn call(
     provider: &dyn ModelProvider,
     request: &ModelRequest,
     events: &mut EventSink,
-    stream_deltas: bool,
+    step: Option<u32>,
 ) -> Result<Assembled, AgentError> {
     let span = tracing::info_span!(
         "model_call",
@@ -58,7 +61,7 @@ async fn call(
         finish_reason = tracing::field::Empty,
     );
     let started = std::time::Instant::now();
-    let result = call_with_retries(provider, request, events, stream_deltas).instrument(span.clone()).await;
+    let result = call_with_retries(provider, request, events, step).instrument(span.clone()).await;
     let usage = result.as_ref().ok().map(|a| &a.usage);
     let outcome = if result.is_ok() { "ok" } else { "error" };
     span.record("outcome", outcome);
@@ -77,7 +80,7 @@ async fn call_with_retries(
     provider: &dyn ModelProvider,
     request: &ModelRequest,
     events: &mut EventSink,
-    stream_deltas: bool,
+    step: Option<u32>,
 ) -> Result<Assembled, AgentError> {
     // Driven here rather than by `retry::retry`: the retry's event goes
     // through the same sink the attempt streams into.
@@ -85,7 +88,7 @@ async fn call_with_retries(
     loop {
         let attempt = schedule.attempt();
         tracing::Span::current().record("attempts", attempt);
-        match stream_once(provider, request, events, stream_deltas).await {
+        match stream_once(provider, request, events, step).await {
             Ok(assembled) => return Ok(assembled),
             Err(AgentError::Provider(e)) if e.is_retryable() => {
                 let Some(delay) = schedule.next_delay(e.retry_after()) else { return Err(e.into()) };
@@ -108,10 +111,11 @@ async fn stream_once(
     provider: &dyn ModelProvider,
     request: &ModelRequest,
     events: &mut EventSink,
-    stream_deltas: bool,
+    step: Option<u32>,
 ) -> Result<Assembled, AgentError> {
     let mut stream = provider.stream(request).await?;
-    let mut builder = AssistantBuilder::new();
+    let mut builder = step.map_or_else(AssistantBuilder::new, AssistantBuilder::for_step);
+    let stream_deltas = step.is_some();
     let mut tick = tokio::time::interval(COALESCE);
     loop {
         let item = tokio::select! {

@@ -119,12 +119,18 @@ mod tests {
 
     #[test]
     fn only_the_last_assistant_messages_calls_without_results_are_unanswered() {
-        let call = |id: &str| Part::ToolCall { id: id.into(), name: "bash".into(), arguments: serde_json::json!({}) };
+        let call = |id: &str| Part::ToolCall {
+            id: id.into(),
+            name: "bash".into(),
+            arguments: serde_json::json!({}),
+            provider_id: None,
+        };
         let result = |id: &str| Part::ToolResult {
             call_id: id.into(),
             name: "bash".into(),
             output: "ok".into(),
             is_error: false,
+            provider_call_id: None,
         };
         let assistant = |parts| Message { role: Role::Assistant, parts };
         let tool = |parts| Message { role: Role::Tool, parts };

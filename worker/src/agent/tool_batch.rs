@@ -160,7 +160,12 @@ mod tests {
 
     #[test]
     fn read_only_calls_in_a_row_share_a_batch_and_others_run_alone() {
-        let call = |id: &str, name: &str| ToolCall { id: id.into(), name: name.into(), arguments: json!({}) };
+        let call = |id: &str, name: &str| ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: json!({}),
+            provider_id: None,
+        };
         let calls = [call("1", "view"), call("2", "grep"), call("3", "bash"), call("4", "edit"), call("5", "view")];
         let got: Vec<Vec<&str>> = batches(&calls, |c| c.name == "view" || c.name == "grep")
             .into_iter()

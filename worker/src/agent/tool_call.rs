@@ -10,21 +10,30 @@ use crate::tools::ToolOutcome;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolCall {
-    /// The model's id for the call, which its result must name.
+    /// Kiln's id for the call, unique within the run: its events, its
+    /// approval and its result name it.
     pub id: String,
     pub name: String,
     pub arguments: Value,
+    /// The provider's id, which the result carries back on the wire
+    /// (`None`: the same as `id`).
+    pub provider_id: Option<String>,
 }
 
 impl ToolCall {
     /// The calls of `message`, in the model's order.
     pub fn all_in(message: &Message) -> Vec<ToolCall> {
         message
-            .tool_calls()
-            .map(|(id, name, arguments)| ToolCall {
-                id: id.to_owned(),
-                name: name.to_owned(),
-                arguments: arguments.clone(),
+            .parts
+            .iter()
+            .filter_map(|part| match part {
+                Part::ToolCall { id, name, arguments, provider_id } => Some(ToolCall {
+                    id: id.clone(),
+                    name: name.clone(),
+                    arguments: arguments.clone(),
+                    provider_id: provider_id.clone(),
+                }),
+                _ => None,
             })
             .collect()
     }
@@ -56,6 +65,7 @@ impl ToolCall {
             name: self.name.clone(),
             output: outcome.output,
             is_error: outcome.is_error,
+            provider_call_id: self.provider_id.clone(),
         }
     }
 }

@@ -183,7 +183,7 @@ fn assistant_blocks(message: &Message) -> Vec<Block<'_>> {
                 Some(Block::Thinking { thinking: text, signature })
             }
             Part::Text { text } if !text.is_empty() => Some(Block::Text { text }),
-            Part::ToolCall { id, name, arguments } => {
+            Part::ToolCall { name, arguments, .. } => {
                 // `input` must be an object; the assembler guarantees it,
                 // this guards stored data from elsewhere.
                 let input = if arguments.is_object() {
@@ -191,7 +191,8 @@ fn assistant_blocks(message: &Message) -> Vec<Block<'_>> {
                 } else {
                     Cow::Owned(Value::Object(Default::default()))
                 };
-                Some(Block::ToolUse { id, name, input })
+                // The provider's id: its results must name it.
+                Some(Block::ToolUse { id: part.wire_id()?, name, input })
             }
             _ => None,
         })
@@ -205,8 +206,8 @@ fn user_blocks(message: &Message) -> Vec<Block<'_>> {
         .filter_map(|part| match part {
             // Empty text blocks are rejected by the API.
             Part::Text { text } if !text.is_empty() => Some(Block::Text { text }),
-            Part::ToolResult { call_id, output, is_error, .. } => Some(Block::ToolResult {
-                tool_use_id: call_id,
+            Part::ToolResult { output, is_error, .. } => Some(Block::ToolResult {
+                tool_use_id: part.wire_id()?,
                 content: if output.is_empty() { "(no output)" } else { output },
                 is_error: *is_error,
             }),

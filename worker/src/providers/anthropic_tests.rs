@@ -66,6 +66,7 @@ async fn docs_tool_use() {
                 id: "toolu_01T1x1fJ34qAmk2tNTrN7Up6".into(),
                 name: "get_weather".into(),
                 arguments: json!({"location": "San Francisco, CA"}),
+                provider_id: None,
             },
         ]
     );
@@ -82,7 +83,8 @@ async fn vercel_tool_use_alone_and_after_text() {
         vec![Part::ToolCall {
             id: "toolu_01KFbKqPYSuAKujiL6mTfzYA".into(),
             name: "json".into(),
-            arguments: expected_args.clone()
+            arguments: expected_args.clone(),
+            provider_id: None,
         }]
     );
     assert_eq!(a.usage, usage(849, 47));
@@ -232,24 +234,36 @@ fn conversation() -> ModelRequest {
                     // The Responses API's encrypted reasoning: not Anthropic's to read.
                     Part::Reasoning { text: "openai".into(), signature: Some("oai-enc:E".into()) },
                     Part::Text { text: "Looking.".into() },
-                    Part::ToolCall { id: "toolu_1".into(), name: "bash".into(), arguments: json!({"command": "ls"}) },
-                    Part::ToolCall { id: "toolu_2".into(), name: "view".into(), arguments: json!("garbage") },
+                    Part::ToolCall {
+                        id: "1-1".into(),
+                        name: "bash".into(),
+                        arguments: json!({"command": "ls"}),
+                        provider_id: Some("toolu_1".into()),
+                    },
+                    Part::ToolCall {
+                        id: "toolu_2".into(),
+                        name: "view".into(),
+                        arguments: json!("garbage"),
+                        provider_id: None,
+                    },
                 ],
             },
             Message {
                 role: Role::Tool,
                 parts: vec![
                     Part::ToolResult {
-                        call_id: "toolu_1".into(),
+                        call_id: "1-1".into(),
                         name: "bash".into(),
                         output: "a\nb".into(),
                         is_error: false,
+                        provider_call_id: Some("toolu_1".into()),
                     },
                     Part::ToolResult {
                         call_id: "toolu_2".into(),
                         name: "view".into(),
                         output: String::new(),
                         is_error: true,
+                        provider_call_id: None,
                     },
                 ],
             },

@@ -6,6 +6,13 @@
 //! only if the stream finished and its arguments parse to a JSON object;
 //! anything else is reported in [`Assembled::rejected_calls`] so the loop
 //! can tell the model, and is never stored as a tool call.
+//!
+//! Built for an agent step ([`AssistantBuilder::for_step`]), each call gets
+//! Kiln's own id, `{step}-{n}` (the n-th call started in the step's answer):
+//! unique within the run whatever the provider sends (servers repeat ids,
+//! `call_0` every step or one id twice in an answer), and the same again
+//! when a step is retried or a run picked up. The provider's id is kept
+//! beside it for the wire.
 
 use kiln_protocol::{Message, Part, Role, Usage};
 
@@ -22,6 +29,9 @@ pub struct AssistantBuilder {
     calls: Vec<PendingCall>,
     usage: Usage,
     finish_reason: Option<FinishReason>,
+    /// The agent step the answer is for: the calls get Kiln's ids. `None`:
+    /// they keep the provider's (an answer that runs no tools).
+    step: Option<u32>,
 }
 
 #[derive(Debug, Default)]
@@ -33,7 +43,10 @@ struct ReasoningBlock {
 #[derive(Debug)]
 struct PendingCall {
     index: usize,
+    /// Kiln's id (the provider's when not built for a step).
     id: String,
+    /// The provider's id, when it is not `id`.
+    provider_id: Option<String>,
     name: String,
     /// The JSON text as received, unparsed until the stream ends.
     arguments: String,
@@ -68,6 +81,12 @@ impl AssistantBuilder {
         Self::default()
     }
 
+    /// A builder for the answer of agent step `step`: its calls get Kiln's
+    /// ids (see the module's doc).
+    pub fn for_step(step: u32) -> Self {
+        AssistantBuilder { step: Some(step), ..Self::default() }
+    }
+
     /// Takes in one event. Events that make no sense (a delta for a call
     /// never started, a second start for the same index) are ignored: the
     /// model's output is not trusted to be well formed.
@@ -87,8 +106,19 @@ impl AssistantBuilder {
             }
             ModelEvent::ToolCallStart { index, id, name } => {
                 if self.call(*index).is_none() {
-                    let id = if id.is_empty() { format!("call_{index}") } else { id.clone() };
-                    self.calls.push(PendingCall { index: *index, id, name: name.clone(), arguments: String::new() });
+                    // What goes back on the wire: some servers send no id.
+                    let wire = if id.is_empty() { format!("call_{index}") } else { id.clone() };
+                    let (id, provider_id) = match self.step {
+                        Some(step) => (format!("{step}-{}", self.calls.len() + 1), Some(wire)),
+                        None => (wire, None),
+                    };
+                    self.calls.push(PendingCall {
+                        index: *index,
+                        id,
+                        provider_id,
+                        name: name.clone(),
+                        arguments: String::new(),
+                    });
                 }
             }
             ModelEvent::ToolCallDelta { index, arguments } => {
@@ -101,7 +131,7 @@ impl AssistantBuilder {
         }
     }
 
-    /// The id of the call started under `index`, so the loop can label
+    /// Kiln's id of the call started under `index`, so the loop can label
     /// `tool_call.started`/`tool_call.delta` events while streaming.
     pub fn call_id(&self, index: usize) -> Option<&str> {
         self.call(index).map(|c| c.id.as_str())
@@ -144,7 +174,12 @@ impl AssistantBuilder {
         let mut rejected_calls = Vec::new();
         for call in self.calls {
             match check_call(&call, finished) {
-                Ok(arguments) => parts.push(Part::ToolCall { id: call.id, name: call.name, arguments }),
+                Ok(arguments) => parts.push(Part::ToolCall {
+                    id: call.id,
+                    name: call.name,
+                    arguments,
+                    provider_id: call.provider_id,
+                }),
                 Err(error) => rejected_calls.push(RejectedCall {
                     id: call.id,
                     name: call.name,

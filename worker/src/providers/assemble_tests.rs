@@ -37,7 +37,12 @@ fn parts_come_in_order_reasoning_text_calls() {
             parts: vec![
                 Part::Reasoning { text: "thinking".into(), signature: None },
                 Part::Text { text: "Let me look.".into() },
-                Part::ToolCall { id: "toolu_1".into(), name: "bash".into(), arguments: json!({"command": "ls"}) },
+                Part::ToolCall {
+                    id: "toolu_1".into(),
+                    name: "bash".into(),
+                    arguments: json!({"command": "ls"}),
+                    provider_id: None
+                },
             ],
         }
     );
@@ -149,4 +154,39 @@ fn empty_response() {
     let a = build(&[ModelEvent::Finish(FinishReason::EndTurn)]);
     assert!(a.message.parts.is_empty());
     assert_eq!(a.message.role, Role::Assistant);
+}
+
+#[test]
+fn for_a_step_calls_get_kilns_ids_and_keep_the_providers() {
+    let mut builder = AssistantBuilder::for_step(7);
+    // The same id twice, then none at all (`call_{index}` on the wire).
+    for event in [
+        start(0, "dup", "bash"),
+        delta(0, "{}"),
+        start(1, "dup", "bash"),
+        delta(1, "{\"a\":1}"),
+        start(2, "", "view"),
+        delta(2, "{"),
+        ModelEvent::Finish(FinishReason::ToolUse),
+    ] {
+        builder.push(&event);
+    }
+    // Streamed events name the calls by Kiln's id too.
+    assert_eq!((builder.call_id(0), builder.call_id(1), builder.call_id(2)), (Some("7-1"), Some("7-2"), Some("7-3")));
+    let a = builder.finish();
+    let ids: Vec<(&str, Option<&str>)> = a
+        .message
+        .parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::ToolCall { id, provider_id, .. } => Some((id.as_str(), provider_id.as_deref())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids, [("7-1", Some("dup")), ("7-2", Some("dup"))]);
+    let wire: Vec<&str> = a.message.wire_tool_calls().map(|(id, _, _)| id).collect();
+    assert_eq!(wire, ["dup", "dup"]);
+    // A rejected call keeps its place in the numbering.
+    assert_eq!(a.rejected_calls.len(), 1);
+    assert_eq!(a.rejected_calls[0].id, "7-3");
 }

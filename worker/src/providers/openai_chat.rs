@@ -167,8 +167,8 @@ fn tool(spec: &ToolSpec) -> ChatTool<'_> {
 /// Chat Completions API has no field for it.
 fn push_message<'a>(message: &'a Message, out: &mut Vec<ChatMessage<'a>>) {
     for part in &message.parts {
-        if let Part::ToolResult { call_id, output, .. } = part {
-            out.push(ChatMessage::Tool { tool_call_id: call_id, content: output });
+        if let (Part::ToolResult { output, .. }, Some(tool_call_id)) = (part, part.wire_id()) {
+            out.push(ChatMessage::Tool { tool_call_id, content: output });
         }
     }
     let text = message.text();
@@ -177,7 +177,7 @@ fn push_message<'a>(message: &'a Message, out: &mut Vec<ChatMessage<'a>>) {
         Role::User if !text.is_empty() => out.push(ChatMessage::User { content: text }),
         Role::Assistant => {
             let tool_calls: Vec<WireToolCall<'a>> = message
-                .tool_calls()
+                .wire_tool_calls()
                 .map(|(id, name, arguments)| WireToolCall {
                     id,
                     r#type: "function",

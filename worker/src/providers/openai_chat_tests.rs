@@ -269,24 +269,36 @@ fn request_shape() {
                 parts: vec![
                     Part::Reasoning { text: "hmm".into(), signature: None },
                     Part::Text { text: "Looking.".into() },
-                    Part::ToolCall { id: "call_1".into(), name: "bash".into(), arguments: json!({"command": "ls"}) },
-                    Part::ToolCall { id: "call_2".into(), name: "view".into(), arguments: json!({"path": "a"}) },
+                    Part::ToolCall {
+                        id: "1-1".into(),
+                        name: "bash".into(),
+                        arguments: json!({"command": "ls"}),
+                        provider_id: Some("call_1".into()),
+                    },
+                    Part::ToolCall {
+                        id: "call_2".into(),
+                        name: "view".into(),
+                        arguments: json!({"path": "a"}),
+                        provider_id: None,
+                    },
                 ],
             },
             Message {
                 role: Role::Tool,
                 parts: vec![
                     Part::ToolResult {
-                        call_id: "call_1".into(),
+                        call_id: "1-1".into(),
                         name: "bash".into(),
                         output: "a\nb".into(),
                         is_error: false,
+                        provider_call_id: Some("call_1".into()),
                     },
                     Part::ToolResult {
                         call_id: "call_2".into(),
                         name: "view".into(),
                         output: "nope".into(),
                         is_error: true,
+                        provider_call_id: None,
                     },
                 ],
             },
@@ -336,7 +348,12 @@ fn tool_only_assistant_turn_has_null_content_and_no_tools_key_when_none() {
         system: String::new(),
         messages: vec![Message {
             role: Role::Assistant,
-            parts: vec![Part::ToolCall { id: "c".into(), name: "bash".into(), arguments: json!({}) }],
+            parts: vec![Part::ToolCall {
+                id: "c".into(),
+                name: "bash".into(),
+                arguments: json!({}),
+                provider_id: None,
+            }],
         }],
         tools: vec![],
         max_tokens: 10,

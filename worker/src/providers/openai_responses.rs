@@ -194,7 +194,7 @@ fn push_items<'a>(message: &'a Message, out: &mut Vec<InputItem<'a>>) {
         }
     }
     for part in &message.parts {
-        if let Part::ToolResult { call_id, output, .. } = part {
+        if let (Part::ToolResult { output, .. }, Some(call_id)) = (part, part.wire_id()) {
             out.push(InputItem::FunctionCallOutput { call_id, output });
         }
     }
@@ -214,7 +214,7 @@ fn push_items<'a>(message: &'a Message, out: &mut Vec<InputItem<'a>>) {
         out.push(InputItem::Message { role, content });
     }
     if message.role == Role::Assistant {
-        for (call_id, name, arguments) in message.tool_calls() {
+        for (call_id, name, arguments) in message.wire_tool_calls() {
             out.push(InputItem::FunctionCall { call_id, name, arguments: arguments.to_string() });
         }
     }

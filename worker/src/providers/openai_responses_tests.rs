@@ -117,6 +117,7 @@ async fn reasoning_summary_then_function_call() {
                 id: "call_AB6AaRZ1FYZB2RwS6A5vbdqn".into(),
                 name: "calculator".into(),
                 arguments: json!({"a": 12, "b": 7, "op": "add"}),
+                provider_id: None,
             },
         ]
     );
@@ -133,6 +134,7 @@ async fn function_call_alone() {
             id: "call_Q6pW65MUgW9vF59BmItYGos3".into(),
             name: "calculator".into(),
             arguments: json!({"a": 19, "b": 3, "op": "multiply"}),
+            provider_id: None,
         }]
     );
     assert_eq!(a.finish_reason, Some(FinishReason::ToolUse));
@@ -469,24 +471,36 @@ fn conversation() -> ModelRequest {
                     Part::Reasoning { text: "plan".into(), signature: Some("oai-enc:ENC1".into()) },
                     Part::Reasoning { text: String::new(), signature: Some("oai-enc:ENC2".into()) },
                     Part::Text { text: "Looking.".into() },
-                    Part::ToolCall { id: "call_1".into(), name: "bash".into(), arguments: json!({"command": "ls"}) },
-                    Part::ToolCall { id: "call_2".into(), name: "view".into(), arguments: json!({"path": "a"}) },
+                    Part::ToolCall {
+                        id: "1-1".into(),
+                        name: "bash".into(),
+                        arguments: json!({"command": "ls"}),
+                        provider_id: Some("call_1".into()),
+                    },
+                    Part::ToolCall {
+                        id: "call_2".into(),
+                        name: "view".into(),
+                        arguments: json!({"path": "a"}),
+                        provider_id: None,
+                    },
                 ],
             },
             Message {
                 role: Role::Tool,
                 parts: vec![
                     Part::ToolResult {
-                        call_id: "call_1".into(),
+                        call_id: "1-1".into(),
                         name: "bash".into(),
                         output: "a\nb".into(),
                         is_error: false,
+                        provider_call_id: Some("call_1".into()),
                     },
                     Part::ToolResult {
                         call_id: "call_2".into(),
                         name: "view".into(),
                         output: "nope".into(),
                         is_error: true,
+                        provider_call_id: None,
                     },
                 ],
             },
@@ -576,7 +590,7 @@ fn tool_only_turn_and_optional_fields() {
             role: Role::Assistant,
             parts: vec![
                 Part::Text { text: String::new() },
-                Part::ToolCall { id: "c".into(), name: "bash".into(), arguments: json!({}) },
+                Part::ToolCall { id: "c".into(), name: "bash".into(), arguments: json!({}), provider_id: None },
             ],
         }],
         tools: vec![],
