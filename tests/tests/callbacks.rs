@@ -319,6 +319,11 @@ async fn bad_callback_urls_and_a_missing_secret_are_refused_at_submission() {
     assert_eq!(r.status(), 422);
     let body: Value = r.json().await.unwrap();
     assert!(body["error"]["message"].as_str().unwrap().contains("KILN_CALLBACK_SECRET"), "{body}");
+    // Nor is there a callback key to hand out.
+    let r = unsigned.http.get(unsigned.url("/v1/callback-key")).bearer_auth(token(SUB)).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    let body: Value = r.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("KILN_CALLBACK_SECRET"), "{body}");
     // Nothing was queued by either refusal.
     let n: i64 = unsigned.sql().await.query_one("SELECT count(*) FROM runs", &[]).await.unwrap().get(0);
     assert_eq!(n, 0);
