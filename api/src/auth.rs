@@ -4,6 +4,10 @@
 //! EdDSA public key). `exp` is required; `alg: none` and any algorithm other
 //! than the configured one are refused. The token's `sub` owns the runs it
 //! creates.
+//!
+//! `?access_token=` takes a stream token only (`crate::stream_token`), on its
+//! run's events route only: a long-lived token in a URL ends up in proxy
+//! and access logs.
 
 use std::time::Duration;
 
@@ -14,6 +18,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation, deco
 use secrecy::{ExposeSecret, SecretSlice};
 use serde::{Deserialize, Serialize};
 
+use crate::stream_token::{self, StreamTokenKey};
 use crate::{ApiError, AppState};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -52,6 +57,8 @@ pub enum AuthConfig {
 pub enum AuthSetupError {
     #[error("KILN_JWT_SECRET must be at least 32 bytes")]
     WeakSecret,
+    #[error("KILN_STREAM_TOKEN_SECRET must be at least 32 bytes")]
+    WeakStreamKey,
     #[error("invalid public key: {0}")]
     Key(String),
     #[error("unsupported algorithm {0:?}: use RS256 or EdDSA for public keys")]
@@ -61,23 +68,30 @@ pub enum AuthSetupError {
 pub struct Authenticator {
     key: DecodingKey,
     validation: Validation,
+    /// Mints and checks stream tokens.
+    stream: StreamTokenKey,
 }
 
 impl Authenticator {
     pub fn new(config: &AuthConfig, issuer: Option<&str>, audience: Option<&str>) -> Result<Self, AuthSetupError> {
-        let (key, algorithm) = match config {
+        // Stream tokens: a key derived from the HS256 secret (every replica
+        // agrees), or a random one until `with_stream_key` sets a shared one.
+        let (key, algorithm, stream) = match config {
             AuthConfig::Hs256 { secret } => {
                 let secret = secret.expose_secret();
                 if secret.len() < 32 {
                     return Err(AuthSetupError::WeakSecret);
                 }
-                (DecodingKey::from_secret(secret).map_err(|e| AuthSetupError::Key(e.to_string()))?, Algorithm::HS256)
+                let key = DecodingKey::from_secret(secret).map_err(|e| AuthSetupError::Key(e.to_string()))?;
+                (key, Algorithm::HS256, StreamTokenKey::derived_from(secret))
             }
             AuthConfig::PublicKey { algorithm: Algorithm::RS256, pem } => {
-                (DecodingKey::from_rsa_pem(pem).map_err(|e| AuthSetupError::Key(e.to_string()))?, Algorithm::RS256)
+                let key = DecodingKey::from_rsa_pem(pem).map_err(|e| AuthSetupError::Key(e.to_string()))?;
+                (key, Algorithm::RS256, StreamTokenKey::random())
             }
             AuthConfig::PublicKey { algorithm: Algorithm::EdDSA, pem } => {
-                (DecodingKey::from_ed_pem(pem).map_err(|e| AuthSetupError::Key(e.to_string()))?, Algorithm::EdDSA)
+                let key = DecodingKey::from_ed_pem(pem).map_err(|e| AuthSetupError::Key(e.to_string()))?;
+                (key, Algorithm::EdDSA, StreamTokenKey::random())
             }
             AuthConfig::PublicKey { algorithm, .. } => return Err(AuthSetupError::Algorithm(*algorithm)),
         };
@@ -96,7 +110,21 @@ impl Authenticator {
             }
             None => validation.validate_aud = false,
         }
-        Ok(Authenticator { key, validation })
+        Ok(Authenticator { key, validation, stream })
+    }
+
+    /// Signs and checks stream tokens with `key` (`KILN_STREAM_TOKEN_SECRET`,
+    /// for several API replicas that verify JWTs with a public key).
+    pub fn with_stream_key(self, key: &[u8]) -> Result<Self, AuthSetupError> {
+        if key.len() < 32 {
+            return Err(AuthSetupError::WeakStreamKey);
+        }
+        Ok(Authenticator { stream: StreamTokenKey::new(key), ..self })
+    }
+
+    /// The stream-token key.
+    pub fn stream_tokens(&self) -> &StreamTokenKey {
+        &self.stream
     }
 
     /// Verifies a token and returns its subject.
@@ -147,14 +175,39 @@ impl FromRequestParts<AppState> for Subject {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        let token = bearer_token(parts)?;
-        state.auth.verify(&token).map(Subject)
+        match credential(parts)? {
+            Credential::Bearer(token) => {
+                if token.starts_with(stream_token::PREFIX) {
+                    return Err(ApiError::Unauthorized(
+                        "a stream token is accepted only as ?access_token= on its run's events route".into(),
+                    ));
+                }
+                state.auth.verify(&token).map(Subject)
+            }
+            Credential::Stream { token, run } => {
+                let grant = state.auth.stream_tokens().verify(&token, chrono::Utc::now())?;
+                if Some(grant.run_id) != run {
+                    return Err(ApiError::Unauthorized("this stream token is for another run".into()));
+                }
+                Ok(Subject(grant.subject))
+            }
+        }
     }
 }
 
+/// What a request authenticates with.
+enum Credential {
+    /// `Authorization: Bearer …`: a JWT.
+    Bearer(String),
+    /// `?access_token=` on the events route of `run` (`None`: the path's id
+    /// is no UUID): a stream token.
+    Stream { token: String, run: Option<uuid::Uuid> },
+}
+
 /// The token from `Authorization: Bearer …`, or for browsers' EventSource
-/// (which cannot set headers) from `?access_token=` on the events route.
-fn bearer_token(parts: &Parts) -> Result<String, ApiError> {
+/// (which cannot set headers) a stream token from `?access_token=` on the
+/// events route. A query token anywhere else is not looked at.
+fn credential(parts: &Parts) -> Result<Credential, ApiError> {
     if let Some(value) = parts.headers.get(AUTHORIZATION) {
         let value =
             value.to_str().map_err(|_| ApiError::Unauthorized("Authorization header is not valid text".into()))?;
@@ -164,22 +217,32 @@ fn bearer_token(parts: &Parts) -> Result<String, ApiError> {
         if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
             return Err(ApiError::Unauthorized("Authorization header must be `Bearer <token>`".into()));
         }
-        return Ok(token.trim().to_owned());
+        return Ok(Credential::Bearer(token.trim().to_owned()));
     }
-    if is_events_route(parts.uri.path())
+    if let Some(run) = events_route_run(parts.uri.path())
         && let Ok(q) = Query::<AccessTokenQuery>::try_from_uri(&parts.uri)
         && let Some(token) = q.0.access_token
     {
-        return Ok(token);
+        if !token.starts_with(stream_token::PREFIX) {
+            return Err(ApiError::Unauthorized(
+                "?access_token= takes a stream token from POST /v1/runs/{id}/stream-token; \
+                 send other tokens as `Authorization: Bearer <token>`"
+                    .into(),
+            ));
+        }
+        return Ok(Credential::Stream { token, run: uuid::Uuid::parse_str(run).ok() });
     }
     Err(ApiError::Unauthorized("missing bearer token".into()))
 }
 
-/// `…/runs/{id}/events`, the one route EventSource clients call. (Inside
-/// the nested `/v1` router the prefix is already stripped.)
-fn is_events_route(path: &str) -> bool {
+/// The id in `…/runs/{id}/events`, the one route EventSource clients call.
+/// (Inside the nested `/v1` router the prefix is already stripped.)
+fn events_route_run(path: &str) -> Option<&str> {
     let segments: Vec<&str> = path.rsplitn(4, '/').collect();
-    matches!(segments.as_slice(), ["events", id, "runs", _] if !id.is_empty())
+    match segments.as_slice() {
+        ["events", id, "runs", _] if !id.is_empty() => Some(id),
+        _ => None,
+    }
 }
 
 #[derive(Deserialize)]
@@ -220,12 +283,12 @@ mod tests {
 
     #[test]
     fn only_the_events_route_takes_a_query_token() {
-        assert!(is_events_route("/v1/runs/0199/events"));
-        assert!(is_events_route("/runs/0199/events"));
-        assert!(!is_events_route("/v1/runs/events"));
-        assert!(!is_events_route("/v1/runs//events"));
-        assert!(!is_events_route("/v1/runs/0199"));
-        assert!(!is_events_route("/v1/runs/0199/cancel"));
+        assert_eq!(events_route_run("/v1/runs/0199/events"), Some("0199"));
+        assert_eq!(events_route_run("/runs/0199/events"), Some("0199"));
+        assert_eq!(events_route_run("/v1/runs/events"), None);
+        assert_eq!(events_route_run("/v1/runs//events"), None);
+        assert_eq!(events_route_run("/v1/runs/0199"), None);
+        assert_eq!(events_route_run("/v1/runs/0199/cancel"), None);
     }
 
     // Test-only Ed25519 keys (generated with `openssl genpkey -algorithm ed25519`).

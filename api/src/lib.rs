@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod openapi;
 mod routes;
 pub mod serve;
+pub mod stream_token;
 pub mod web;
 
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use kiln_store::{Listener, Quota, Store};
+use secrecy::{SecretSlice, SecretString};
 use tower_http::trace::TraceLayer;
 
 pub use auth::{AuthConfig, Authenticator};
@@ -35,6 +37,10 @@ pub use serve::{HttpTimeouts, serve};
 /// the rest of the JSON, and nothing more. (A prompt of 64 Ki characters
 /// that are each escaped as `\uXXXX` in JSON does not fit: 413.)
 pub const DEFAULT_MAX_BODY_BYTES: usize = 256 * 1024;
+
+/// How long a stream token is valid by default: long enough to open (and
+/// reopen) an event stream, short enough that one found in a log is stale.
+pub const DEFAULT_STREAM_TOKEN_TTL: Duration = Duration::from_secs(5 * 60);
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -96,9 +102,16 @@ pub struct ApiSettings {
     /// `/metrics` re-reads runs by status from the database at most this
     /// often (one grouped count over the runs table).
     pub metrics_refresh: Duration,
-    /// Runs may name a `callback_url`: the deployment has a secret to sign
-    /// callbacks with (`KILN_CALLBACK_SECRET`). Off: such runs are refused.
-    pub callbacks_enabled: bool,
+    /// The deployment's callback secret (`KILN_CALLBACK_SECRET`), from which
+    /// each subject's callback key is derived (`GET /v1/callback-key`).
+    /// `None`: callbacks are off and runs naming a `callback_url` are refused.
+    pub callback_secret: Option<SecretSlice<u8>>,
+    /// How long a stream token (`POST /v1/runs/{id}/stream-token`) is valid.
+    pub stream_token_ttl: Duration,
+    /// The bearer token `/metrics` on the API's listener asks for
+    /// (`KILN_METRICS_TOKEN`). `None`: the API's listener serves no metrics
+    /// (a listener of their own may, see `metrics::listener_router`).
+    pub metrics_token: Option<SecretString>,
     /// How long a request may take to arrive and be answered (an event
     /// stream: until its headers); beyond it, 408.
     pub request_timeout: Duration,
@@ -125,7 +138,9 @@ impl Default for ApiSettings {
             quota: Quota { max_active_runs: 20, max_runs_per_minute: 60 },
             max_sse_per_subject: 32,
             metrics_refresh: Duration::from_secs(10),
-            callbacks_enabled: false,
+            callback_secret: None,
+            stream_token_ttl: DEFAULT_STREAM_TOKEN_TTL,
+            metrics_token: None,
             request_timeout: Duration::from_secs(30),
             sse_max_duration: Duration::from_secs(30 * 60),
             connection: HttpTimeouts::default(),

@@ -5,19 +5,28 @@
 //! not pick the exporter. Gauges that describe the whole deployment (runs
 //! by status, the queue) are read from Postgres at scrape time, cached for
 //! `ApiSettings::metrics_refresh` so many scrapers cannot load the database.
+//!
+//! Who may scrape: on the API's own listener, only a caller with the
+//! metrics token (`KILN_METRICS_TOKEN`, a bearer token of its own, not a
+//! user's JWT); without one configured, the API's listener serves no
+//! metrics at all. [`listener_router`] serves them with no token on a
+//! listener of their own (`KILN_API_METRICS_LISTEN`), kept off public
+//! networks, which is how Prometheus' pod annotations scrape.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{Method, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use kiln_store::RunStats;
+use secrecy::ExposeSecret;
+use sha2::{Digest, Sha256};
 
-use crate::AppState;
+use crate::{ApiError, AppState};
 
 /// Renders everything recorded in this process as Prometheus text.
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
@@ -36,31 +45,75 @@ impl Exporter {
     }
 }
 
+/// `/metrics` on the API's listener: for the metrics token only.
 pub fn routes() -> Router<AppState> {
     Router::new().route("/metrics", get(scrape))
 }
 
+/// The router of a listener of the metrics' own: `GET /metrics` with no
+/// token (the listener is the access control: bind it where only the
+/// scraper reaches), and nothing else.
+pub fn listener_router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(|State(state): State<AppState>| async move { render(&state).await }))
+        .fallback(crate::routes::not_found)
+        .with_state(state)
+}
+
 /// Prometheus text exposition of this process's metrics (and, under
-/// `kiln up`, the in-process worker's).
+/// `kiln up`, the in-process worker's)
+///
+/// On the API's listener only with `Authorization: Bearer <KILN_METRICS_TOKEN>`
+/// (a token of the deployment's, not a user's JWT); with no metrics token
+/// configured, not at all (404): metrics are then served, if at all, on a
+/// listener of their own (`KILN_API_METRICS_LISTEN`), without a token.
 #[utoipa::path(
     get,
     path = "/metrics",
     operation_id = "metrics",
     tag = "meta",
-    security(()),
+    security(("metrics_token" = [])),
     responses(
         (status = 200, description = "Prometheus text exposition format 0.0.4: runs by status, queue depth and age, \
             HTTP requests by route and status, SSE connections, and (in-process) worker metrics.",
             content_type = "text/plain", body = String),
-        (status = 404, description = "Metrics are not enabled in this process.", content_type = "text/plain",
-            body = String),
+        (status = 401, response = crate::openapi::errors::Unauthorized),
+        (status = 404, response = crate::openapi::errors::NotFound),
     )
 )]
-pub(crate) async fn scrape(State(state): State<AppState>) -> Response {
+pub(crate) async fn scrape(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let Some(expected) = &state.settings.metrics_token else {
+        return Err(ApiError::NotFound(
+            "metrics are not served on this listener: set KILN_METRICS_TOKEN to serve them here to that bearer \
+             token, or KILN_API_METRICS_LISTEN to serve them on a listener of their own"
+                .into(),
+        ));
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
+    match given {
+        Some(given) if same_secret(given.as_bytes(), expected.expose_secret().as_bytes()) => Ok(render(&state).await),
+        Some(_) => Err(ApiError::Unauthorized("not the metrics token".into())),
+        None => Err(ApiError::Unauthorized("/metrics needs `Authorization: Bearer <KILN_METRICS_TOKEN>`".into())),
+    }
+}
+
+/// Compares digests in time independent of where they differ, so the
+/// answer's timing does not spell out the token.
+fn same_secret(given: &[u8], expected: &[u8]) -> bool {
+    let (a, b) = (Sha256::digest(given), Sha256::digest(expected));
+    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn render(state: &AppState) -> Response {
     let Some(exporter) = state.metrics.clone() else {
         return (StatusCode::NOT_FOUND, "metrics are not enabled").into_response();
     };
-    refresh_database_gauges(&state, &exporter).await;
+    refresh_database_gauges(state, &exporter).await;
     let open: usize = state.sse.total();
     ::metrics::gauge!("kiln_sse_connections").set(open as f64);
     let body = (exporter.render)();

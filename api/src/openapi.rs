@@ -19,7 +19,7 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder
 use utoipa::{Modify, OpenApi};
 
 use crate::ApiError;
-use crate::routes::{control, deliver, events as events_route, health, runs, webhooks};
+use crate::routes::{callback_key, control, deliver, events as events_route, health, runs, stream_token, webhooks};
 
 pub use errors::{ErrorBody, ErrorCode};
 
@@ -32,6 +32,8 @@ pub const NOT_DOCUMENTED: &[&str] = &["/", "/web/app.js", "/web/app.css"];
 pub const BEARER: &str = "bearer";
 /// Name of the `?access_token=` scheme (the events route only).
 pub const ACCESS_TOKEN: &str = "access_token";
+/// Name of the metrics token scheme (`/metrics` only).
+pub const METRICS_TOKEN: &str = "metrics_token";
 
 #[derive(OpenApi)]
 #[openapi(
@@ -50,6 +52,8 @@ pub const ACCESS_TOKEN: &str = "access_token";
         runs::cancel,
         deliver::deliver,
         events_route::events,
+        stream_token::mint,
+        callback_key::callback_key,
         control::send_message,
         control::decide,
         webhooks::github,
@@ -104,11 +108,24 @@ impl Modify for Security {
             ),
         );
         components.add_security_scheme(
+            METRICS_TOKEN,
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "The deployment's metrics token (`KILN_METRICS_TOKEN`), for `/metrics` on the API's \
+                         listener; not a user's JWT.",
+                    ))
+                    .build(),
+            ),
+        );
+        components.add_security_scheme(
             ACCESS_TOKEN,
             SecurityScheme::ApiKey(ApiKey::Query(ApiKeyValue::with_description(
                 "access_token",
-                "The same JWT as a query parameter, for browsers' EventSource, which cannot set headers. \
-                 Accepted on the events route only.",
+                "A stream token (`POST /v1/runs/{id}/stream-token`: short-lived, for one run) as a query \
+                 parameter, for browsers' EventSource, which cannot set headers. Accepted on that run's events \
+                 route only; long-lived bearer tokens are refused here.",
             ))),
         );
     }

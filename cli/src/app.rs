@@ -25,6 +25,9 @@ pub struct ApiParts {
     pub github: Option<GithubWebhookConfig>,
     /// Port 0 picks a free one ([`ApiServer::addr`] says which).
     pub listen: SocketAddr,
+    /// A listener of the metrics' own: `/metrics` without a token
+    /// (`KILN_API_METRICS_LISTEN`); `None`: none.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// What a worker is started from, every setting checked.
@@ -52,6 +55,8 @@ pub struct Running {
 /// A running API server.
 pub struct ApiServer {
     pub addr: SocketAddr,
+    /// The metrics listener's address (`KILN_API_METRICS_LISTEN`).
+    pub metrics_addr: Option<SocketAddr>,
     pub handle: JoinHandle<std::io::Result<()>>,
 }
 
@@ -91,6 +96,11 @@ impl Running {
         self.api.as_ref().map(|api| api.addr)
     }
 
+    /// The address of the API's own metrics listener, when it serves one.
+    pub fn api_metrics_addr(&self) -> Option<SocketAddr> {
+        self.api.as_ref().and_then(|api| api.metrics_addr)
+    }
+
     /// Waits until the worker and then the API have stopped (after the
     /// shutdown token fired); an error the API server ended with.
     pub async fn stopped(self) -> anyhow::Result<()> {
@@ -105,7 +115,7 @@ impl Running {
 }
 
 async fn start_api(store: Store, parts: ApiParts, shutdown: CancellationToken) -> anyhow::Result<ApiServer> {
-    let ApiParts { auth, settings, github, listen } = parts;
+    let ApiParts { auth, settings, github, listen, metrics_listen } = parts;
     let listener = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     let addr = listener.local_addr()?;
     let prometheus = crate::telemetry::prometheus();
@@ -113,9 +123,25 @@ async fn start_api(store: Store, parts: ApiParts, shutdown: CancellationToken) -
     let metrics = Some(Arc::new(kiln_api::metrics::Exporter::new(render, settings.metrics_refresh)));
     let state = AppState { metrics, ..AppState::new(store, auth, settings, github, shutdown.clone()) };
     let timeouts = state.settings.connection;
+    let metrics_addr = match metrics_listen {
+        Some(at) => {
+            let listener =
+                TcpListener::bind(at).await.with_context(|| format!("binding the API metrics listener {at}"))?;
+            let metrics_addr = listener.local_addr()?;
+            let app = kiln_api::metrics::listener_router(state.clone());
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                if let Err(e) = kiln_api::serve(listener, app, timeouts, shutdown).await {
+                    tracing::warn!(error = %e, "the API metrics listener stopped");
+                }
+            });
+            Some(metrics_addr)
+        }
+        None => None,
+    };
     let app = kiln_api::router(state);
     let handle = tokio::spawn(kiln_api::serve(listener, app, timeouts, shutdown));
-    Ok(ApiServer { addr, handle })
+    Ok(ApiServer { addr, metrics_addr, handle })
 }
 
 async fn start_worker(store: Store, parts: WorkerParts, shutdown: CancellationToken) -> anyhow::Result<JoinHandle<()>> {

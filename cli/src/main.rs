@@ -233,6 +233,9 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             if let Some(addr) = running.api_addr() {
                 tracing::info!(%addr, github_webhooks = webhooks, "API listening");
             }
+            if let Some(addr) = running.api_metrics_addr() {
+                tracing::info!(%addr, "API metrics at /metrics (no token)");
+            }
             running.stopped().await?;
             Ok(ExitCode::SUCCESS)
         }

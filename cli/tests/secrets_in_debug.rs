@@ -16,9 +16,21 @@ const ANTHROPIC_KEY: &str = "sk-ant-4c1d";
 const GITHUB_TOKEN: &str = "ghp-token-4c1d";
 const CALLBACK_SECRET: &str = "callback-secret-4c1d";
 const KILN_TOKEN: &str = "kiln-token-4c1d";
+const METRICS_TOKEN: &str = "metrics-token-4c1d";
+const STREAM_TOKEN_SECRET: &str = "stream-token-secret-4c1d-0123456789abcdef";
 
-const SECRETS: [&str; 8] =
-    [DB_PASSWORD, JWT_SECRET, WEBHOOK_SECRET, OPENAI_KEY, ANTHROPIC_KEY, GITHUB_TOKEN, CALLBACK_SECRET, KILN_TOKEN];
+const SECRETS: [&str; 10] = [
+    DB_PASSWORD,
+    JWT_SECRET,
+    WEBHOOK_SECRET,
+    OPENAI_KEY,
+    ANTHROPIC_KEY,
+    GITHUB_TOKEN,
+    CALLBACK_SECRET,
+    KILN_TOKEN,
+    METRICS_TOKEN,
+    STREAM_TOKEN_SECRET,
+];
 
 /// `kiln up`'s arguments hold every server-side setting (the database, the
 /// API's and the worker's options, callbacks); `kiln run`'s the client's.
@@ -50,6 +62,10 @@ fn parse() -> Everything {
         CALLBACK_SECRET,
         "--token",
         KILN_TOKEN,
+        "--metrics-token",
+        METRICS_TOKEN,
+        "--stream-token-secret",
+        STREAM_TOKEN_SECRET,
     ])
     .expect("the arguments parse")
 }
@@ -81,7 +97,7 @@ fn no_settings_or_config_struct_prints_a_secret() {
     }
 
     let api = up.api.parts(&up.callbacks).expect("the API's settings are valid");
-    assert!(api.github.is_some() && api.settings.callbacks_enabled);
+    assert!(api.github.is_some() && api.settings.callback_secret.is_some());
     assert_no_secret("ApiSettings", format!("{:?}", api.settings));
     assert_no_secret("GithubWebhookConfig", format!("{:?}", api.github));
     let auth = kiln_api::AuthConfig::Hs256 { secret: JWT_SECRET.as_bytes().to_vec().into() };

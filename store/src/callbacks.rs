@@ -23,6 +23,8 @@ use crate::{Store, StoreError};
 pub struct CallbackJob {
     /// The run as it ended.
     pub run: Run,
+    /// The subject owning the run, whose callback key signs the callback.
+    pub owner: String,
     pub url: String,
     /// Sent on every attempt, so the receiver can drop repeats.
     pub delivery_id: Uuid,
@@ -61,7 +63,8 @@ impl Store {
                      ORDER BY o.owed_since
                      LIMIT 1
                      FOR UPDATE SKIP LOCKED)
-                 RETURNING c.run_id, c.url, c.delivery_id, c.attempts",
+                 RETURNING c.run_id, c.url, c.delivery_id, c.attempts,
+                           (SELECT r.owner FROM runs r WHERE r.id = c.run_id)",
                 &[&holder, &lease.as_secs_f64()],
             )
             .await?;
@@ -69,12 +72,16 @@ impl Store {
         drop(client);
         let run_id: Uuid = row.try_get(0)?;
         let attempts: i32 = row.try_get(3)?;
+        let owner: Option<String> = row.try_get(4)?;
+        let owner =
+            owner.ok_or_else(|| StoreError::Corrupt(format!("run {run_id} vanished while its callback was owed")))?;
         let run = self
             .get_run_unscoped(run_id)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("run {run_id} vanished while its callback was owed")))?;
         Ok(Some(CallbackJob {
             run,
+            owner,
             url: row.try_get(1)?,
             delivery_id: row.try_get(2)?,
             attempts: u32::try_from(attempts).unwrap_or(0),

@@ -193,7 +193,8 @@ impl TestApp {
         github: Option<kiln_api::GithubWebhookConfig>,
         shutdown: CancellationToken,
     ) -> SocketAddr {
-        let parts = ApiParts { auth: authenticator(), settings, github, listen: "127.0.0.1:0".parse().unwrap() };
+        let listen = "127.0.0.1:0".parse().unwrap();
+        let parts = ApiParts { auth: authenticator(), settings, github, listen, metrics_listen: None };
         let running = Kiln::new(store.clone()).api(parts).start(shutdown).await.unwrap();
         running.api_addr().expect("an API")
     }

@@ -78,16 +78,28 @@ async fn receive(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> 
     (StatusCode::from_u16(status).unwrap(), answer)
 }
 
-/// What a receiver does first: check `X-Kiln-Signature-256` over the raw body.
-fn signature_is_valid(r: &Received) -> bool {
+/// What a receiver does first: check `X-Kiln-Signature-256` over the raw
+/// body with its tenant key (from `GET /v1/callback-key`).
+fn signature_verifies(r: &Received, key: &[u8]) -> bool {
     let Some(header) = r.headers.get("x-kiln-signature-256").and_then(|v| v.to_str().ok()) else {
         return false;
     };
     let Some(hex_tag) = header.strip_prefix("sha256=") else { return false };
     let Ok(tag) = hex::decode(hex_tag) else { return false };
-    let mut mac = Hmac::<Sha256>::new_from_slice(CALLBACK_SECRET.as_bytes()).unwrap();
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).unwrap();
     mac.update(&r.body);
     mac.verify_slice(&tag).is_ok()
+}
+
+/// `sub`'s callback key, as the API hands it to `sub`.
+async fn callback_key(app: &TestApp, sub: &str) -> Vec<u8> {
+    let r = app.http.get(app.url("/v1/callback-key")).bearer_auth(token(sub)).send().await.unwrap();
+    let status = r.status();
+    let body: Value = r.json().await.unwrap_or(Value::Null);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["subject"], sub, "{body}");
+    assert_eq!(body["algorithm"], "hmac-sha256", "{body}");
+    hex::decode(body["key"].as_str().unwrap()).unwrap()
 }
 
 fn callback_settings(allow_private: bool) -> CallbackSettings {
@@ -106,7 +118,7 @@ fn callback_settings(allow_private: bool) -> CallbackSettings {
 /// Kiln with callbacks accepted by the API; no worker yet.
 async fn app(script: Vec<Reply>) -> TestApp {
     let mut options = Options { script, worker: false, ..Default::default() };
-    options.api.callbacks_enabled = true;
+    options.api.callback_secret = Some(CALLBACK_SECRET.as_bytes().to_vec().into());
     TestApp::spawn(options).await
 }
 
@@ -177,7 +189,7 @@ async fn a_finished_run_posts_its_final_state_signed() {
     let got = receiver.received();
     assert_eq!(got.len(), 1, "one request");
     let req = &got[0];
-    assert!(signature_is_valid(req), "signature verifies with the shared secret");
+    assert!(signature_verifies(req, &callback_key(&app, SUB).await), "signature verifies with the owner's key");
     assert_eq!(req.headers["content-type"], "application/json");
     assert_eq!(req.headers["x-kiln-event"], "run.succeeded");
     let sent_at: i64 = req.headers["x-kiln-timestamp"].to_str().unwrap().parse().unwrap();
@@ -208,6 +220,35 @@ async fn a_finished_run_posts_its_final_state_signed() {
     assert!(terminal < callback);
 }
 
+/// Tenants do not share a key: a callback for alice's run verifies with the
+/// key alice gets from the API, not with bob's (nor with the deployment's
+/// secret, which no tenant holds), and its signed body names alice.
+#[tokio::test]
+async fn a_callback_verifies_with_its_owners_key_only() {
+    let app = app(vec![Reply::text("all done")]).await;
+    start_worker(&app, true).await;
+    let (receiver, addr) = Receiver::start(&[]).await;
+    let run = submit(&app, "say done", &format!("http://{addr}/hook")).await;
+    app.wait_for_event(run.id, "callback.succeeded").await;
+    let got = receiver.received();
+    assert_eq!(got.len(), 1);
+
+    let alice = callback_key(&app, SUB).await;
+    let bob = callback_key(&app, "bob").await;
+    assert_eq!(alice.len(), 32);
+    assert_ne!(alice, bob);
+    assert!(signature_verifies(&got[0], &alice), "alice's key verifies her run's callback");
+    assert!(!signature_verifies(&got[0], &bob), "bob's key does not");
+    assert!(!signature_verifies(&got[0], CALLBACK_SECRET.as_bytes()), "nor the deployment secret itself");
+    assert_eq!(got[0].headers["x-kiln-signature-key"], "v1", "the header names the key scheme");
+    let body: Value = serde_json::from_slice(&got[0].body).unwrap();
+    assert_eq!(body["owner"], SUB, "the signed body names the owner");
+
+    // The key is handed out only to a caller with a token, and only its own.
+    let r = app.http.get(app.url("/v1/callback-key")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+}
+
 #[tokio::test]
 async fn a_receiver_answering_500_is_retried_with_the_same_delivery_id() {
     let app = app(vec![Reply::text("done")]).await;
@@ -229,7 +270,8 @@ async fn a_receiver_answering_500_is_retried_with_the_same_delivery_id() {
 
     let got = receiver.received();
     assert_eq!(got.len(), 2);
-    assert!(got.iter().all(signature_is_valid));
+    let key = callback_key(&app, SUB).await;
+    assert!(got.iter().all(|r| signature_verifies(r, &key)));
     assert_eq!(got[0].headers["x-kiln-delivery"], got[1].headers["x-kiln-delivery"], "receivers can dedupe");
     assert_eq!(cb[0].delivery_id, got[0].headers["x-kiln-delivery"].to_str().unwrap());
 }
@@ -248,7 +290,7 @@ async fn a_run_cancelled_while_queued_calls_back() {
     assert_eq!(kinds(&evs), ["run.queued", "run.cancelled", "callback.succeeded"]);
     let got = receiver.received();
     assert_eq!(got.len(), 1);
-    assert!(signature_is_valid(&got[0]));
+    assert!(signature_verifies(&got[0], &callback_key(&app, SUB).await));
     let body: Value = serde_json::from_slice(&got[0].body).unwrap();
     assert_eq!(body["event"], "run.cancelled");
     assert_eq!(body["run"]["status"], "cancelled");
@@ -275,6 +317,11 @@ async fn bad_callback_urls_and_a_missing_secret_are_refused_at_submission() {
     let unsigned = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
     let r = create(&unsigned, json!({"prompt": "p", "callback_url": "https://hooks.example.com/x"})).await;
     assert_eq!(r.status(), 422);
+    let body: Value = r.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("KILN_CALLBACK_SECRET"), "{body}");
+    // Nor is there a callback key to hand out.
+    let r = unsigned.http.get(unsigned.url("/v1/callback-key")).bearer_auth(token(SUB)).send().await.unwrap();
+    assert_eq!(r.status(), 404);
     let body: Value = r.json().await.unwrap();
     assert!(body["error"]["message"].as_str().unwrap().contains("KILN_CALLBACK_SECRET"), "{body}");
     // Nothing was queued by either refusal.

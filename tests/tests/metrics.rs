@@ -1,5 +1,7 @@
 //! `GET /metrics`: valid Prometheus text whose counters move with a
-//! scripted run, and queue gauges an autoscaler can use.
+//! scripted run, and queue gauges an autoscaler can use; on the API's
+//! listener only with `KILN_METRICS_TOKEN`, or without a token on a
+//! listener of its own (`KILN_API_METRICS_LISTEN`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -12,10 +14,15 @@ use std::collections::HashMap;
 use prometheus_parse::{Scrape, Value};
 use serde_json::json;
 
-/// Database gauges re-read on every scrape, so a test sees its own runs.
+/// The scraper's token (`KILN_METRICS_TOKEN`).
+const METRICS_TOKEN: &str = "metrics-token-0123456789abcdef";
+
+/// Database gauges re-read on every scrape, so a test sees its own runs;
+/// `/metrics` served to [`METRICS_TOKEN`].
 fn options(script: Vec<Reply>, worker: bool) -> Options {
     let mut options = Options { script, worker, ..Default::default() };
     options.api.metrics_refresh = Duration::ZERO;
+    options.api.metrics_token = Some(METRICS_TOKEN.into());
     options
 }
 
@@ -27,7 +34,7 @@ struct Metrics {
 }
 
 async fn scrape(app: &TestApp) -> Metrics {
-    let response = app.http.get(app.url("/metrics")).send().await.unwrap();
+    let response = app.http.get(app.url("/metrics")).bearer_auth(METRICS_TOKEN).send().await.unwrap();
     assert_eq!(response.status(), 200);
     let content_type = response.headers()["content-type"].to_str().unwrap().to_owned();
     assert!(content_type.starts_with("text/plain; version=0.0.4"), "{content_type}");
@@ -218,5 +225,75 @@ async fn a_worker_serves_its_own_metrics_listener() {
     let samples: Vec<_> =
         body.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()).map(sample_line).collect();
     assert!(samples.iter().any(|(n, _, v)| n == "kiln_warm_pool_size" && *v == 3.0), "{body}");
+    shutdown.cancel();
+}
+
+/// `GET /metrics` on the API's listener as `auth` has it: status and body.
+async fn metrics_as(app: &TestApp, auth: Option<&str>) -> (u16, String) {
+    let mut request = app.http.get(app.url("/metrics"));
+    if let Some(auth) = auth {
+        request = request.header("authorization", auth);
+    }
+    let response = request.send().await.unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+fn assert_json_error(status: u16, body: &str, expected: u16, what: &str) {
+    assert_eq!(status, expected, "{what}: {body}");
+    let body: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|_| panic!("{what}: not JSON: {body}"));
+    assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{what}: {body}");
+}
+
+#[tokio::test]
+async fn the_api_listener_serves_metrics_only_to_the_metrics_token() {
+    let app = TestApp::spawn(options(Vec::new(), false)).await;
+    let (status, body) = metrics_as(&app, None).await;
+    assert_json_error(status, &body, 401, "no token");
+    let (status, body) = metrics_as(&app, Some("Bearer not-the-metrics-token")).await;
+    assert_json_error(status, &body, 401, "a wrong token");
+    // A user's API token is not the metrics token.
+    let (status, body) = metrics_as(&app, Some(&format!("Bearer {}", kiln_tests::token("alice")))).await;
+    assert_json_error(status, &body, 401, "a user's token");
+    let (status, body) = metrics_as(&app, Some(&format!("Bearer {METRICS_TOKEN}"))).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("kiln_queue_depth"), "{body}");
+}
+
+#[tokio::test]
+async fn without_a_metrics_token_the_api_listener_serves_no_metrics() {
+    let mut options = options(Vec::new(), false);
+    options.api.metrics_token = None;
+    let app = TestApp::spawn(options).await;
+    let (status, body) = metrics_as(&app, None).await;
+    assert_json_error(status, &body, 404, "metrics off on the API listener");
+    assert!(body.contains("KILN_METRICS_TOKEN") && body.contains("KILN_API_METRICS_LISTEN"), "says how: {body}");
+}
+
+#[tokio::test]
+async fn the_api_metrics_listener_serves_metrics_without_a_token_and_nothing_else() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let db = kiln_tests::fresh_database().await;
+    let store = kiln_cli::app::open_store(&db, 4).await.unwrap();
+    let parts = kiln_cli::app::ApiParts {
+        auth: kiln_tests::authenticator(),
+        settings: kiln_api::ApiSettings { metrics_refresh: Duration::ZERO, ..Default::default() },
+        github: None,
+        listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+    };
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = kiln_cli::app::Kiln::new(store).api(parts).start(shutdown.clone()).await.unwrap();
+    let (api, metrics) = (running.api_addr().unwrap(), running.api_metrics_addr().unwrap());
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+
+    let r = http.get(format!("http://{metrics}/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("kiln_queue_depth"));
+    // Only metrics there: not the API.
+    let r = http.get(format!("http://{metrics}/v1/runs")).bearer_auth(kiln_tests::token("alice")).send().await;
+    assert_eq!(r.unwrap().status(), 404);
+    // And the API's own listener (no metrics token) serves none.
+    let r = http.get(format!("http://{api}/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
     shutdown.cancel();
 }

@@ -446,7 +446,7 @@ async fn a_fuzzer_driven_by_the_document_finds_the_server_agreeing_with_it() {
         api: kiln_api::ApiSettings {
             // The document describes a deployment that signs callbacks, where
             // a run may name a `callback_url`.
-            callbacks_enabled: true,
+            callback_secret: Some(b"openapi-callback-secret".to_vec().into()),
             // A quota's 429 says nothing about the request's shape: high
             // quotas let every request reach the checks.
             quota: kiln_store::Quota { max_active_runs: 1_000_000, max_runs_per_minute: 1_000_000 },

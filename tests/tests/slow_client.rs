@@ -29,7 +29,13 @@ async fn child_api_process() {
     let store = kiln_store::Store::connect(&db, 8).unwrap();
     let settings = kiln_api::ApiSettings { sse_keep_alive: Duration::from_secs(1), ..Default::default() };
     let listen = "127.0.0.1:0".parse().unwrap();
-    let parts = kiln_cli::app::ApiParts { auth: kiln_tests::authenticator(), settings, github: None, listen };
+    let parts = kiln_cli::app::ApiParts {
+        auth: kiln_tests::authenticator(),
+        settings,
+        github: None,
+        listen,
+        metrics_listen: None,
+    };
     let running = kiln_cli::app::Kiln::new(store).api(parts).start(CancellationToken::new()).await.unwrap();
     std::fs::write(addr_file, running.api_addr().unwrap().to_string()).unwrap();
     let _ = running.stopped().await;

@@ -68,6 +68,9 @@ async fn a_run_is_followed_live_approved_steered_and_survives_a_network_cut() {
             Reply::tool("bash", json!({"command": "echo second-call"})).with_text("Now a second command."),
             Reply::text("All done: both commands ran."),
         ],
+        // Stream tokens outlive no network cut here: the page must mint a
+        // fresh one to resume (an old one in the URL would get 401).
+        api: kiln_api::ApiSettings { stream_token_ttl: Duration::from_secs(2), ..Options::default().api },
         ..Default::default()
     })
     .await;

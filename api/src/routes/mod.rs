@@ -1,8 +1,10 @@
+pub mod callback_key;
 pub mod control;
 pub mod deliver;
 pub mod events;
 pub mod health;
 pub mod runs;
+pub mod stream_token;
 pub mod webhooks;
 
 use axum::Router;
@@ -18,6 +20,8 @@ pub fn v1() -> Router<AppState> {
         .route("/runs/{id}/cancel", post(runs::cancel))
         .route("/runs/{id}/deliver", post(deliver::deliver))
         .route("/runs/{id}/events", get(events::events))
+        .route("/runs/{id}/stream-token", post(stream_token::mint))
+        .route("/callback-key", get(callback_key::callback_key))
         .route("/runs/{id}/messages", post(control::send_message))
         .route("/runs/{id}/approvals/{call_id}", post(control::decide))
         .route("/openapi.json", get(crate::openapi::serve))

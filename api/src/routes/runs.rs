@@ -61,7 +61,7 @@ pub async fn create(
     spec.validate().map_err(|e| ApiError::Validation(e.to_string()))?;
     // Refused here rather than accepted and never sent: an unsigned callback
     // could not be told from a forged one.
-    if spec.callback_url.is_some() && !state.settings.callbacks_enabled {
+    if spec.callback_url.is_some() && state.settings.callback_secret.is_none() {
         return Err(ApiError::Validation(
             "callback_url cannot be used here: this deployment has no KILN_CALLBACK_SECRET to sign callbacks with"
                 .into(),

@@ -306,6 +306,7 @@
       retryTimer: null,
       retryDelay: 1000,
       reconnects: 0,
+      tokenExpires: 0, // when the stream token in the open stream's URL expires (ms)
       stopped: false,
       done: false,
       calls: new Map(), // call_id -> tool card
@@ -342,10 +343,23 @@
 
     // -- the stream --
 
-    function connect() {
+    // EventSource cannot send the token as a header, and a URL ends up in
+    // logs: the URL carries a stream token instead, minted for this run and
+    // valid for minutes, and a fresh one is minted for every (re)connection.
+    async function connect() {
       if (s.stopped || s.done) return;
       setConn(s.reconnects ? 'reconnecting' : 'connecting');
-      const url = `/v1/runs/${id}/events?after=${s.lastSeq}&access_token=${encodeURIComponent(token())}`;
+      let minted;
+      try {
+        minted = await api('POST', `/v1/runs/${id}/stream-token`);
+      } catch (e) {
+        // A refused token signs out (api() did); a deleted run says so above.
+        if (e.status !== 401 && e.status !== 404) retryLater();
+        return;
+      }
+      if (s.stopped || s.done) return;
+      s.tokenExpires = Date.parse(minted.expires_at);
+      const url = `/v1/runs/${id}/events?after=${s.lastSeq}&access_token=${encodeURIComponent(minted.token)}`;
       const es = new EventSource(url);
       s.es = es;
       for (const kind of KINDS) es.addEventListener(kind, onEvent);
@@ -358,9 +372,16 @@
         if (s.stopped || s.done) return;
         s.reconnects += 1;
         setConn('reconnecting');
-        // CONNECTING: the browser retries by itself, sending Last-Event-ID.
+        // CONNECTING: the browser retries by itself, sending Last-Event-ID,
+        // with the same URL: once its stream token is near expiry that would
+        // be refused, so reconnect with a fresh one instead.
         // CLOSED: it gave up (an error status, or it judged retrying futile).
-        if (es.readyState === EventSource.CLOSED) {
+        const stale = !(Date.now() < s.tokenExpires - 15000);
+        if (es.readyState === EventSource.CONNECTING && stale) {
+          es.close();
+          s.es = null;
+          connect();
+        } else if (es.readyState === EventSource.CLOSED) {
           es.close();
           s.es = null;
           retryLater();

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Args;
+use secrecy::SecretString;
 
 #[derive(Debug, Clone, Args)]
 pub struct ApiArgs {
@@ -26,6 +27,16 @@ pub struct ApiArgs {
     /// depth and age); one grouped count over the runs table per refresh.
     #[arg(long, env = "KILN_METRICS_REFRESH_S", default_value_t = 10)]
     pub metrics_refresh_s: u64,
+    /// Bearer token `/metrics` on the API's listener asks for (Prometheus'
+    /// `authorization` scrape setting). Unset: the API's listener serves no
+    /// metrics (404); see KILN_API_METRICS_LISTEN.
+    #[arg(long, env = "KILN_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<SecretString>,
+    /// Address of a listener of the API's metrics' own, serving `GET
+    /// /metrics` without a token and nothing else (e.g. 0.0.0.0:9090, kept
+    /// off public networks). Unset: none.
+    #[arg(long, env = "KILN_API_METRICS_LISTEN")]
+    pub api_metrics_listen: Option<SocketAddr>,
     /// Seconds a request may take to arrive and be answered (408 beyond);
     /// for an event stream, until its headers.
     #[arg(long, env = "KILN_HTTP_REQUEST_TIMEOUT_S", default_value_t = 30)]
@@ -59,6 +70,7 @@ impl ApiArgs {
             },
             max_sse_per_subject: self.max_sse_per_subject.max(1),
             metrics_refresh: Duration::from_secs(self.metrics_refresh_s),
+            metrics_token: self.metrics_token.clone(),
             request_timeout: seconds(self.http_request_timeout_s),
             sse_max_duration: seconds(self.sse_max_s),
             event_page_bytes: self.event_page_bytes.max(1024),

@@ -24,6 +24,11 @@ pub struct AuthArgs {
     /// Required `aud` claim, if set.
     #[arg(long, env = "KILN_JWT_AUDIENCE")]
     pub jwt_audience: Option<String>,
+    /// Key for stream tokens (`?access_token=` on the events route), at least
+    /// 32 bytes. Unset: derived from KILN_JWT_SECRET; with a public key, a
+    /// random key per process (set this when several API replicas serve).
+    #[arg(long, env = "KILN_STREAM_TOKEN_SECRET", hide_env_values = true)]
+    pub stream_token_secret: Option<SecretString>,
 }
 
 impl AuthArgs {
@@ -43,6 +48,18 @@ impl AuthArgs {
             }
             (None, None) => bail!("set KILN_JWT_SECRET (HS256) or KILN_JWT_PUBLIC_KEY"),
         };
-        Ok(kiln_api::Authenticator::new(&config, self.jwt_issuer.as_deref(), self.jwt_audience.as_deref())?)
+        let auth = kiln_api::Authenticator::new(&config, self.jwt_issuer.as_deref(), self.jwt_audience.as_deref())?;
+        match &self.stream_token_secret {
+            Some(key) => Ok(auth.with_stream_key(key.expose_secret().as_bytes())?),
+            None => {
+                if self.jwt_public_key.is_some() {
+                    tracing::warn!(
+                        "KILN_STREAM_TOKEN_SECRET is unset: stream tokens are checked only by the API process \
+                         that minted them; set it when several API replicas serve"
+                    );
+                }
+                Ok(auth)
+            }
+        }
     }
 }

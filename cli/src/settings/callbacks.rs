@@ -45,13 +45,14 @@ impl CallbackArgs {
         }))
     }
 
-    /// Whether the API may accept `callback_url` (a secret is set). An empty
-    /// secret is a mistake, refused as the worker refuses it.
-    pub fn enabled(&self) -> anyhow::Result<bool> {
+    /// The API's copy of the secret: it accepts `callback_url` only with one,
+    /// and derives from it the key each subject verifies its callbacks with.
+    /// An empty secret is a mistake, refused as the worker refuses it.
+    pub fn secret(&self) -> anyhow::Result<Option<secrecy::SecretSlice<u8>>> {
         match self.callback_secret.as_ref().map(ExposeSecret::expose_secret) {
-            None => Ok(false),
+            None => Ok(None),
             Some("") => bail!("KILN_CALLBACK_SECRET is empty"),
-            Some(_) => Ok(true),
+            Some(secret) => Ok(Some(secret.as_bytes().to_vec().into())),
         }
     }
 }

@@ -44,9 +44,10 @@ impl ApiOptions {
     pub fn parts(&self, callbacks: &CallbackArgs) -> anyhow::Result<ApiParts> {
         Ok(ApiParts {
             auth: self.auth.authenticator()?,
-            settings: kiln_api::ApiSettings { callbacks_enabled: callbacks.enabled()?, ..self.api.settings() },
+            settings: kiln_api::ApiSettings { callback_secret: callbacks.secret()?, ..self.api.settings() },
             github: self.github.webhook_config()?,
             listen: self.api.listen,
+            metrics_listen: self.api.api_metrics_listen,
         })
     }
 }

@@ -31,12 +31,16 @@ async fn attempts(settings: &CallbackSettings, store: &Store, job: &CallbackJob,
     let run_id = job.run.id;
     let event = format!("run.{}", job.run.status.as_str());
     let delivery_id = job.delivery_id.to_string();
+    // Signed with the owner's key, so only the owner can verify it and no
+    // other tenant (holding a key of its own) can forge it.
+    let key = kiln_protocol::callback::subject_key(settings.secret.bytes(), &job.owner);
     let request = Request {
         url: &job.url,
         run: &job.run,
+        owner: &job.owner,
         event: &event,
         delivery_id: job.delivery_id,
-        secret: settings.secret.bytes(),
+        key: &key,
         allow_private: settings.allow_private,
         timeout: settings.timeout,
     };

@@ -24,7 +24,9 @@ use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-/// The HMAC key callbacks are signed with (its `Debug` prints no key).
+/// The deployment's callback secret (its `Debug` prints no key). Callbacks
+/// are signed with a key derived from it for the run's owner
+/// (`kiln_protocol::callback::subject_key`), never with the secret itself.
 #[derive(Debug, Clone)]
 pub struct CallbackSecret(SecretSlice<u8>);
 

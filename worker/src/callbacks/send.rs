@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use hmac::{Hmac, KeyInit, Mac};
-use kiln_protocol::callback::{DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER};
+use kiln_protocol::callback::{
+    DELIVERY_HEADER, EVENT_HEADER, KEY_ID, SIGNATURE_HEADER, SIGNATURE_KEY_HEADER, TIMESTAMP_HEADER, signature,
+};
 use kiln_protocol::{CallbackBody, Run};
-use sha2::Sha256;
 use uuid::Uuid;
 
 use super::target::{self, TargetError};
@@ -28,20 +28,16 @@ pub enum Sent {
 pub struct Request<'a> {
     pub url: &'a str,
     pub run: &'a Run,
+    /// The run's owner, named in the body.
+    pub owner: &'a str,
     pub event: &'a str,
     pub delivery_id: Uuid,
-    pub secret: &'a [u8],
+    /// The owner's callback key (`kiln_protocol::callback::subject_key`),
+    /// never the deployment's secret: a tenant verifies with its own key
+    /// and cannot sign for another.
+    pub key: &'a [u8],
     pub allow_private: bool,
     pub timeout: Duration,
-}
-
-/// `sha256=<hex>` of `body` under `secret`, as in `X-Kiln-Signature-256`.
-/// `None` if the key is refused (HMAC takes keys of any length; kept in
-/// case that changes).
-pub fn signature(secret: &[u8], body: &[u8]) -> Option<String> {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret).ok()?;
-    mac.update(body);
-    Some(format!("sha256={}", hex::encode(mac.finalize().into_bytes())))
 }
 
 pub async fn attempt(req: &Request<'_>) -> Sent {
@@ -50,15 +46,18 @@ pub async fn attempt(req: &Request<'_>) -> Sent {
         Err(e) => return refused(&e),
     };
     let now = Utc::now();
-    let body =
-        CallbackBody { event: req.event.to_owned(), delivery_id: req.delivery_id, sent_at: now, run: req.run.clone() };
+    let body = CallbackBody {
+        event: req.event.to_owned(),
+        delivery_id: req.delivery_id,
+        sent_at: now,
+        owner: req.owner.to_owned(),
+        run: req.run.clone(),
+    };
     let body = match serde_json::to_vec(&body) {
         Ok(body) => body,
         Err(e) => return failed(None, format!("encoding the callback: {e}"), false),
     };
-    let Some(signature) = signature(req.secret, &body) else {
-        return failed(None, "KILN_CALLBACK_SECRET is not a usable HMAC key".into(), false);
-    };
+    let signature = signature(req.key, &body);
     let mut builder = reqwest::Client::builder()
         // Straight to the vetted address: no proxy from the environment,
         // no redirect to somewhere unvetted.
@@ -78,6 +77,7 @@ pub async fn attempt(req: &Request<'_>) -> Sent {
         .post(target.url)
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .header(SIGNATURE_HEADER, signature)
+        .header(SIGNATURE_KEY_HEADER, KEY_ID)
         .header(DELIVERY_HEADER, req.delivery_id.to_string())
         .header(EVENT_HEADER, req.event)
         .header(TIMESTAMP_HEADER, now.timestamp().to_string())
@@ -141,7 +141,16 @@ mod tests {
     #[test]
     fn signature_matches_a_known_hmac() {
         // RFC 4231 test case 2.
-        let sig = signature(b"Jefe", b"what do ya want for nothing?").unwrap();
+        let sig = signature(b"Jefe", b"what do ya want for nothing?");
         assert_eq!(sig, "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+    }
+
+    #[test]
+    fn subjects_get_keys_of_their_own() {
+        use kiln_protocol::callback::subject_key;
+        let (alice, bob) = (subject_key(b"secret", "alice"), subject_key(b"secret", "bob"));
+        assert_ne!(alice, bob);
+        assert_ne!(alice, subject_key(b"other secret", "alice"));
+        assert_eq!(alice, subject_key(b"secret", "alice"), "derived, not random");
     }
 }
