@@ -81,6 +81,18 @@ pub struct RepoName {
     pub full_name: String,
 }
 
+/// `GET /repos/{o}/{r}/collaborators/{user}/permission`.
+#[derive(Debug, Deserialize)]
+pub struct CollaboratorPermission {
+    /// `admin`, `write`, `read` or `none` (maintain folded into write,
+    /// triage into read).
+    pub permission: String,
+    /// The finer role: `admin`, `maintain`, `write`, `triage`, `read`, or a
+    /// custom role's name.
+    #[serde(default)]
+    pub role_name: Option<String>,
+}
+
 /// A created comment or pull request.
 #[derive(Debug, Deserialize)]
 pub struct Created {
@@ -114,6 +126,10 @@ impl GithubClient {
         self.call(Method::GET, &format!("/repos/{repo}/pulls/{number}"), auth, None).await
     }
 
+    pub async fn permission(&self, auth: &str, repo: &str, user: &str) -> Result<CollaboratorPermission, GithubError> {
+        self.call(Method::GET, &format!("/repos/{repo}/collaborators/{user}/permission"), auth, None).await
+    }
+
     pub async fn react(&self, auth: &str, repo: &str, comment_id: i64, content: &str) -> Result<(), GithubError> {
         let path = format!("/repos/{repo}/issues/comments/{comment_id}/reactions");
         let _: Value = self.call(Method::POST, &path, auth, Some(json!({ "content": content }))).await?;
@@ -133,15 +149,29 @@ impl GithubClient {
         head: &str,
         base: &str,
         body: &str,
+        draft: bool,
     ) -> Result<Created, GithubError> {
-        let payload = json!({ "title": title, "head": head, "base": base, "body": body });
+        let payload = json!({ "title": title, "head": head, "base": base, "body": body, "draft": draft });
         self.call(Method::POST, &format!("/repos/{repo}/pulls"), auth, Some(payload)).await
     }
 
-    /// Exchanges an App JWT for an installation token.
-    pub async fn installation_token(&self, jwt: &str, installation: i64) -> Result<InstallationToken, GithubError> {
+    /// Exchanges an App JWT for an installation token good for `repo` (the
+    /// name, without its owner) only, with only what delivery needs: push a
+    /// branch, open a pull request, comment and react. GitHub refuses (422)
+    /// when `repo` is not one of the installation's repositories, so a
+    /// webhook naming another installation gets no token for it.
+    pub async fn installation_token(
+        &self,
+        jwt: &str,
+        installation: i64,
+        repo: &str,
+    ) -> Result<InstallationToken, GithubError> {
         let path = format!("/app/installations/{installation}/access_tokens");
-        self.call(Method::POST, &path, jwt, None).await
+        let body = json!({
+            "repositories": [repo],
+            "permissions": { "contents": "write", "pull_requests": "write", "issues": "write", "metadata": "read" },
+        });
+        self.call(Method::POST, &path, jwt, Some(body)).await
     }
 
     /// One call, retried on transport errors, 5xx and rate limits. `auth`
