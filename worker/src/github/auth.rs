@@ -46,13 +46,16 @@ struct AppClaims<'a> {
     iss: &'a str,
 }
 
+/// An installation token and when it expires.
+type Minted = (SecretString, DateTime<Utc>);
+
 /// Hands out tokens, caching App installation tokens.
 #[derive(Debug)]
 pub struct Auth {
     credentials: Credentials,
     /// By installation and repository `owner/name`: each token is scoped to
     /// one repository.
-    cache: Mutex<HashMap<(i64, String), (SecretString, DateTime<Utc>)>>,
+    cache: Mutex<HashMap<(i64, String), Minted>>,
 }
 
 impl Auth {

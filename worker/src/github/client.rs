@@ -93,6 +93,17 @@ pub struct CollaboratorPermission {
     pub role_name: Option<String>,
 }
 
+/// `POST /repos/{o}/{r}/pulls`.
+#[derive(Debug)]
+pub struct NewPullRequest<'a> {
+    pub title: &'a str,
+    /// The branch with the changes (`owner:branch` when in another repository).
+    pub head: &'a str,
+    pub base: &'a str,
+    pub body: &'a str,
+    pub draft: bool,
+}
+
 /// A created comment or pull request.
 #[derive(Debug, Deserialize)]
 pub struct Created {
@@ -145,13 +156,10 @@ impl GithubClient {
         &self,
         auth: &str,
         repo: &str,
-        title: &str,
-        head: &str,
-        base: &str,
-        body: &str,
-        draft: bool,
+        pr: &NewPullRequest<'_>,
     ) -> Result<Created, GithubError> {
-        let payload = json!({ "title": title, "head": head, "base": base, "body": body, "draft": draft });
+        let payload =
+            json!({ "title": pr.title, "head": pr.head, "base": pr.base, "body": pr.body, "draft": pr.draft });
         self.call(Method::POST, &format!("/repos/{repo}/pulls"), auth, Some(payload)).await
     }
 

@@ -7,6 +7,7 @@ use kiln_protocol::{Run, RunStatus};
 use kiln_store::{DeliveryJob, GithubOrigin, Store};
 use uuid::Uuid;
 
+use super::client::NewPullRequest;
 use super::comment::{inline, quote};
 use super::git::{GitAuth, git, push_new_branch};
 use super::policy::{self, check_login};
@@ -293,12 +294,14 @@ async fn open_pull_request(
         Some(pr) => body.push_str(&format!(", asked for in #{pr}.")),
         None => body.push_str(&format!(".\n\nFixes #{n}")),
     }
-    let draft = github.inner.policy.draft_pull_requests;
-    let created = github
-        .inner
-        .client
-        .open_pull_request(token, &origin.repo_full_name, &issue.title, &branch, base_ref, &body, draft)
-        .await?;
+    let pr = NewPullRequest {
+        title: &issue.title,
+        head: &branch,
+        base: base_ref,
+        body: &body,
+        draft: github.inner.policy.draft_pull_requests,
+    };
+    let created = github.inner.client.open_pull_request(token, &origin.repo_full_name, &pr).await?;
     Ok(Opened::PullRequest(created.html_url))
 }
 
