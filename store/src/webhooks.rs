@@ -3,14 +3,20 @@
 //! The delivery id (`X-GitHub-Delivery`) is the primary key of
 //! `webhook_deliveries`, and the row is written in the same transaction as
 //! the run it creates: a redelivery, or two copies of one delivery racing
-//! each other, creates the run at most once.
+//! each other, creates the run at most once. The delivery id is outside the
+//! webhook's signature, so a run also carries a trigger key from inside the
+//! signed body (unique in `github_runs`): a signed body replayed under a new
+//! delivery id creates nothing either.
+//!
+//! Webhook runs all belong to one subject, so the per-subject quota is
+//! applied per repository and per sender instead.
 
 use kiln_protocol::{CreateRun, RepoSpec, Trigger};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
 use crate::queued::{QueuedRun, insert_queued_run_tx};
-use crate::runs::NewRun;
+use crate::runs::{NewRun, Quota};
 use crate::{Store, StoreError};
 
 /// A webhook delivery as GitHub labelled it.
@@ -53,6 +59,10 @@ pub struct NewGithubRun {
     pub prompt: String,
     pub repo: RepoSpec,
     pub origin: GithubOrigin,
+    /// The triggering event's own identity, from the signed body (e.g.
+    /// `issue_comment:<comment id>`): one run per event, whatever the
+    /// delivery id.
+    pub trigger_key: String,
 }
 
 /// What an earlier copy of a delivery came to.
@@ -63,13 +73,16 @@ pub struct PastDelivery {
 }
 
 /// What recording a delivery came to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Recorded {
     /// The first copy of this delivery; `run_id` is the run it created, if any.
     New { run_id: Option<Uuid> },
-    /// Seen before (a redelivery, or a concurrent copy got there first):
-    /// nothing was created.
+    /// Seen before (a redelivery, or a concurrent copy got there first, or
+    /// the same event under another delivery id): nothing was created.
     Duplicate(PastDelivery),
+    /// Recorded, but the repository or the sender is over its quota: no run
+    /// was created; `reason` says which limit.
+    Refused { reason: String },
 }
 
 impl Store {
@@ -106,8 +119,16 @@ impl Store {
 
     /// Records a delivery and the queued run it asks for (session, run,
     /// `run.queued` event, `github_runs` row) in one transaction, and wakes a
-    /// worker. If the delivery was already recorded, creates nothing.
-    pub async fn create_github_run(&self, delivery: &Delivery, new: &NewGithubRun) -> Result<Recorded, StoreError> {
+    /// worker. If the delivery was already recorded, or a run was already
+    /// made for the same event (its trigger key), creates nothing. With a
+    /// `quota`, refuses (recording the delivery as ignored) when the run's
+    /// repository or sender is over it.
+    pub async fn create_github_run(
+        &self,
+        delivery: &Delivery,
+        new: &NewGithubRun,
+        quota: Option<&Quota>,
+    ) -> Result<Recorded, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         // The delivery row goes first: a concurrent copy of this delivery
@@ -130,6 +151,36 @@ impl Store {
             return Ok(Recorded::Duplicate(past));
         }
 
+        // The same event under another delivery id (a replayed body).
+        // Copies of one event queue behind this lock, so the second sees
+        // the first's row.
+        tx.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 17))", &[&new.trigger_key]).await?;
+        let earlier =
+            tx.query_opt("SELECT run_id FROM github_runs WHERE trigger_key = $1", &[&new.trigger_key]).await?;
+        if let Some(row) = earlier {
+            let run_id: Uuid = row.try_get(0)?;
+            let outcome = format!("duplicate: the same event as run {run_id}");
+            tx.execute(
+                "UPDATE webhook_deliveries SET outcome = $2, run_id = $3 WHERE delivery_id = $1",
+                &[&delivery.id, &outcome, &run_id],
+            )
+            .await?;
+            tx.commit().await?;
+            return Ok(Recorded::Duplicate(PastDelivery { run_id: Some(run_id) }));
+        }
+
+        if let Some(quota) = quota
+            && let Some(reason) = github_quota_tx(&tx, &new.origin, quota).await?
+        {
+            tx.execute(
+                "UPDATE webhook_deliveries SET outcome = $2 WHERE delivery_id = $1",
+                &[&delivery.id, &format!("ignored: {reason}")],
+            )
+            .await?;
+            tx.commit().await?;
+            return Ok(Recorded::Refused { reason });
+        }
+
         // The same rows `create_run` writes for an API run; model and limits
         // take the worker's configuration.
         let run = NewRun {
@@ -144,8 +195,8 @@ impl Store {
         let o = &new.origin;
         tx.execute(
             "INSERT INTO github_runs (run_id, delivery_id, event, repo_full_name, issue_number, pr_number,
-                                      comment_id, installation_id, sender_login)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                                      comment_id, installation_id, sender_login, trigger_key)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
             &[
                 &run_id,
                 &delivery.id,
@@ -156,6 +207,7 @@ impl Store {
                 &o.comment_id,
                 &o.installation_id,
                 &o.sender_login,
+                &new.trigger_key,
             ],
         )
         .await?;
@@ -190,4 +242,46 @@ fn origin_from_row(row: &Row) -> Result<GithubOrigin, StoreError> {
         installation_id: row.try_get(5)?,
         sender_login: row.try_get(6)?,
     })
+}
+
+/// Whether a run for `origin` would take its repository or its sender over
+/// `quota` (active runs; runs made in the last minute): the reason, if so.
+/// Each is checked under its own advisory lock, taken in a fixed order
+/// (repository, then sender), so concurrent deliveries cannot both slip
+/// under a limit.
+async fn github_quota_tx(
+    tx: &deadpool_postgres::Transaction<'_>,
+    origin: &GithubOrigin,
+    quota: &Quota,
+) -> Result<Option<String>, StoreError> {
+    let scopes = [
+        ("repo_full_name", format!("github:{}", origin.repo_full_name), &origin.repo_full_name, "repository"),
+        ("sender_login", format!("github-sender:{}", origin.sender_login), &origin.sender_login, "sender"),
+    ];
+    for (column, lock, value, what) in scopes {
+        tx.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))", &[&lock]).await?;
+        let row = tx
+            .query_one(
+                &format!(
+                    "SELECT count(*) FILTER (WHERE r.status IN ('queued', 'running', 'awaiting_approval')),
+                            count(*) FILTER (WHERE g.created_at > now() - interval '1 minute')
+                     FROM github_runs g JOIN runs r ON r.id = g.run_id
+                     WHERE g.{column} = $1
+                       AND (r.status IN ('queued', 'running', 'awaiting_approval')
+                            OR g.created_at > now() - interval '1 minute')"
+                ),
+                &[value],
+            )
+            .await?;
+        let (active, recent): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+        let limit = if active >= quota.max_active_runs {
+            format!("{} active runs", quota.max_active_runs)
+        } else if recent >= quota.max_runs_per_minute {
+            format!("{} runs in the last minute", quota.max_runs_per_minute)
+        } else {
+            continue;
+        };
+        return Ok(Some(format!("over quota: the {what} {value} already has {limit}; try again later")));
+    }
+    Ok(None)
 }

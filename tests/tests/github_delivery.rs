@@ -16,7 +16,7 @@ use kiln_protocol::{CreateRun, EventBody, RunStatus};
 use kiln_tests::fake_github::{BareRepo, FakeGithub, git_basic_auth};
 use kiln_tests::kiln_scripted_model::Reply;
 use kiln_tests::{Event, Options, TestApp, kinds, pick, token, worker_config};
-use kiln_worker::github::{Credentials, Github, GithubSettings, RetryPolicy};
+use kiln_worker::github::{Credentials, DeliveryPolicy, Github, GithubSettings, RetryPolicy};
 use kiln_worker::{ProviderKind, WorkerConfig};
 use secrecy::ExposeSecret;
 use serde_json::{Value, json};
@@ -85,6 +85,8 @@ impl Setup {
         config.github = Some(
             Github::new(GithubSettings {
                 api_url: self.github.url.clone(),
+                // The fake serves git where it serves the API.
+                web_url: self.github.url.clone(),
                 credentials: self.credentials.clone(),
                 public_url: Some(format!("http://{}", self.app.addr)),
                 retry: RetryPolicy {
@@ -93,6 +95,7 @@ impl Setup {
                     max_delay: Duration::from_secs(2),
                 },
                 request_poll: Duration::from_millis(200),
+                policy: DeliveryPolicy::default(),
             })
             .unwrap(),
         );
@@ -110,6 +113,17 @@ fn fixture(name: &str) -> Value {
 /// comment by the repository's owner (`comment`: its id) on issue `issue`
 /// (a pull request if `on_pr`), or else the `kiln` label on it.
 async fn github_run(s: &Setup, issue: i64, on_pr: bool, comment: Option<i64>) -> Uuid {
+    github_run_with(s, issue, on_pr, comment, |_| {}).await
+}
+
+/// [`github_run`], with `adjust` applied to the payload before it is signed.
+async fn github_run_with(
+    s: &Setup,
+    issue: i64,
+    on_pr: bool,
+    comment: Option<i64>,
+    adjust: impl FnOnce(&mut Value),
+) -> Uuid {
     let (event, mut payload) = match comment {
         Some(id) => {
             let mut v = fixture("issue_comment.created.json");
@@ -137,6 +151,7 @@ async fn github_run(s: &Setup, issue: i64, on_pr: bool, comment: Option<i64>) ->
             payload.as_object_mut().unwrap().remove("installation");
         }
     }
+    adjust(&mut payload);
     let body = serde_json::to_vec(&payload).unwrap();
     let signature = WebhookSecret::new(WEBHOOK_SECRET.as_bytes()).unwrap().sign(&body);
     let response = s
@@ -298,6 +313,8 @@ async fn a_run_with_changes_is_pushed_and_opened_as_a_pull_request() {
     let pr = &pulls[2].body;
     assert_eq!(pr["head"], branch.as_str());
     assert_eq!(pr["base"], "main");
+    // Opened as a draft: a person reviews it before it is merged.
+    assert_eq!(pr["draft"], true, "{pr}");
     assert_eq!(pr["title"], "Fix the greeting in acme/widget");
     let body = pr["body"].as_str().unwrap();
     assert!(body.contains("Fixes #42"), "{body}");
@@ -379,10 +396,17 @@ async fn a_failed_labelled_run_says_working_on_it_then_comments_the_reason() {
 
 #[tokio::test]
 async fn when_github_is_down_delivery_fails_as_an_event_and_can_be_retried() {
-    let s =
-        setup(vec![Reply::tool("bash", json!({ "command": "echo fixed > fix.txt" })), Reply::text("Fixed it.")]).await;
-    s.github.set_api_down(true);
+    // The bash step gives the test time to take GitHub's API down once the
+    // run is checked out (the sender's permission is asked before that, and
+    // without an answer the run would not start).
+    let s = setup(vec![
+        Reply::tool("bash", json!({ "command": "sleep 2 && echo fixed > fix.txt" })),
+        Reply::text("Fixed it."),
+    ])
+    .await;
     let run = github_run(&s, 5, false, Some(557)).await;
+    s.app.wait_for_event(run, "sandbox.ready").await;
+    s.github.set_api_down(true);
     let evs = s.app.wait_for_event(run, "delivery.failed").await;
     // The run's own result stands.
     assert_eq!(run_status(&s, run).await, RunStatus::Succeeded);
@@ -459,6 +483,15 @@ async fn a_github_app_signs_a_jwt_and_caches_the_installation_token() {
     // One exchange serves the acknowledgement and the delivery.
     let exchanges = s.github.seen_to("POST", "/app/installations/99/access_tokens");
     assert_eq!(exchanges.len(), 1, "{:?}", s.github.seen());
+    // Scoped to the run's one repository and to what delivery needs: a
+    // repository outside the installation gets no token at all.
+    assert_eq!(
+        exchanges[0].body,
+        json!({
+            "repositories": ["widget"],
+            "permissions": { "contents": "write", "pull_requests": "write", "issues": "write", "metadata": "read" }
+        })
+    );
     let jwt = exchanges[0].auth.as_deref().unwrap().strip_prefix("Bearer ").unwrap();
     let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::RS256);
     validation.set_issuer(&["12345"]);
@@ -845,4 +878,83 @@ async fn an_existing_branch_of_the_same_name_is_not_overwritten() {
     assert_eq!(run_status(&s, run).await, RunStatus::Succeeded);
     assert_eq!(rev(&s.repo, &branch), theirs, "the other branch was overwritten");
     assert!(s.github.seen_to("POST", &format!("/repos/{REPO}/pulls")).is_empty());
+}
+
+// ---------------------------------------------------------------------------
+// Where the token goes, who may trigger, what lands
+// ---------------------------------------------------------------------------
+
+/// The payload's `clone_url` is not where the token goes: the worker builds
+/// the repository's URL from its configured GitHub, and a payload naming
+/// another host fails the run before anything is sent there.
+#[tokio::test]
+async fn a_foreign_clone_url_gets_no_request_and_no_token() {
+    let s = setup(vec![Reply::text("never asked")]).await;
+    // Another server on loopback that would gladly serve the repository.
+    let elsewhere_repo = BareRepo::create(REPO);
+    let elsewhere = FakeGithub::start(elsewhere_repo.root().to_owned()).await;
+    elsewhere.accept_git_token(&s.token);
+    let foreign = elsewhere.clone_url(REPO);
+    let run =
+        github_run_with(&s, 12, false, Some(570), |p| p["repository"]["clone_url"] = foreign.clone().into()).await;
+    s.app.wait_for_event(run, "delivery.succeeded").await;
+    assert_eq!(run_status(&s, run).await, RunStatus::Failed);
+    assert!(elsewhere.seen().is_empty(), "the foreign host was contacted: {:?}", elsewhere.seen());
+    let error = s.app.store.get_run_unscoped(run).await.unwrap().unwrap().error.unwrap();
+    assert!(error.contains("clone URL") && error.contains(&s.github.clone_url(REPO)), "{error}");
+    assert!(s.github.git_seen().is_empty(), "nothing was cloned");
+    assert_token_absent(&s, run).await;
+}
+
+/// An author association or a label says nothing about push access: the
+/// worker asks GitHub for the sender's permission before any work, and a
+/// reader or triager gets a comment saying why, and no clone, no push, no PR.
+#[tokio::test]
+async fn senders_without_write_access_get_no_clone_no_push_and_a_reason() {
+    let s = setup(vec![Reply::text("never asked")]).await;
+    s.github.set_role("Codertocat", "read");
+    let commented = github_run(&s, 13, false, Some(571)).await;
+    s.app.wait_for_event(commented, "delivery.succeeded").await;
+    assert_eq!(run_status(&s, commented).await, RunStatus::Failed);
+    s.github.set_role("Codertocat", "triage");
+    let labelled = github_run(&s, 14, false, None).await;
+    s.app.wait_for_event(labelled, "delivery.succeeded").await;
+    assert_eq!(run_status(&s, labelled).await, RunStatus::Failed);
+
+    assert!(s.github.git_seen().is_empty(), "git was used: {:?}", s.github.git_seen());
+    assert!(s.github.seen_to("POST", &format!("/repos/{REPO}/pulls")).is_empty());
+    assert!(s.github.seen_to("POST", &format!("/repos/{REPO}/issues/comments/571/reactions")).is_empty());
+    for (issue, role) in [(13, "read"), (14, "triage")] {
+        let comments = comments_on(&s, issue);
+        assert_eq!(comments.len(), 1, "only the reason: {comments:?}");
+        assert!(comments[0].contains(role) && comments[0].contains("write"), "{}", comments[0]);
+    }
+    let checks = s.github.seen_to("GET", &format!("/repos/{REPO}/collaborators/Codertocat/permission"));
+    assert_eq!(checks.len(), 2);
+}
+
+/// A change to `.github/` (workflows run with the repository's secrets) is
+/// not pushed; the issue is told why.
+#[tokio::test]
+async fn a_patch_touching_github_workflows_is_not_pushed_and_the_issue_says_why() {
+    let s = setup(vec![
+        Reply::tool(
+            "bash",
+            json!({ "command": "mkdir -p .github/workflows && echo 'on: push' > .github/workflows/x.yml && echo ok > ok.txt" }),
+        ),
+        Reply::text("Added a workflow."),
+    ])
+    .await;
+    let run = github_run(&s, 15, false, Some(572)).await;
+    let evs = s.app.wait_for_event(run, "delivery.succeeded").await;
+    assert_eq!(run_status(&s, run).await, RunStatus::Succeeded);
+    let EventBody::DeliverySucceeded { pull_request, .. } = &delivery_event(&evs).body else { panic!() };
+    assert_eq!(pull_request, &None);
+    let pushes: Vec<_> = s.github.git_seen().into_iter().filter(|g| g.path.ends_with("git-receive-pack")).collect();
+    assert!(pushes.is_empty(), "something was pushed: {pushes:?}");
+    assert!(!s.repo.git(&["branch", "--list", "kiln/*"]).contains("kiln/"), "no branch pushed");
+    assert!(s.github.seen_to("POST", &format!("/repos/{REPO}/pulls")).is_empty());
+    let comments = comments_on(&s, 15);
+    assert_eq!(comments.len(), 1, "{comments:?}");
+    assert!(comments[0].contains(".github/workflows/x.yml") && comments[0].contains("not pushed"), "{}", comments[0]);
 }

@@ -209,8 +209,10 @@ async fn an_owner_mentioning_kiln_queues_one_run_and_a_redelivery_creates_nothin
 #[tokio::test]
 async fn slash_commands_from_members_and_collaborators_trigger() {
     let app = app().await;
-    for association in ["MEMBER", "COLLABORATOR"] {
-        let payload = comment("/kiln add a test for parse()", association);
+    for (n, association) in ["MEMBER", "COLLABORATOR"].into_iter().enumerate() {
+        let mut payload = comment("/kiln add a test for parse()", association);
+        // Two comments: each has its own id.
+        payload["comment"]["id"] = (1000 + n as i64).into();
         json_of(deliver(&app, "issue_comment", &new_delivery_id(), &payload).await, 201).await;
     }
     assert_eq!(counts(&app).await, [2, 2, 2, 2]);
@@ -456,14 +458,16 @@ async fn racing_copies_that_all_miss_the_lookup_still_create_one_run() {
             installation_id: None,
             sender_login: "octocat".into(),
         },
+        trigger_key: "issue_comment:9".into(),
     };
-    let outcomes = join_all((0..8).map(|_| app.store.create_github_run(&delivery, &new))).await;
+    let outcomes = join_all((0..8).map(|_| app.store.create_github_run(&delivery, &new, None))).await;
     let mut created = Vec::new();
     let mut duplicates = Vec::new();
     for outcome in outcomes {
         match outcome.unwrap() {
             kiln_store::Recorded::New { run_id } => created.push(run_id.unwrap()),
             kiln_store::Recorded::Duplicate(past) => duplicates.push(past.run_id.unwrap()),
+            kiln_store::Recorded::Refused { reason } => panic!("refused without a quota: {reason}"),
         }
     }
     assert_eq!(created.len(), 1);
@@ -553,4 +557,69 @@ async fn huge_and_hostile_text_makes_a_capped_prompt() {
     assert_eq!(prompt.matches("[Kiln cut the text above here").count(), 3, "title, body and comment are each cut");
     assert!(prompt.contains("> NUL \u{FFFD} and a lone CR \u{FFFD} in the title"));
     assert!(prompt.contains("> @kiln please fix\n> ccc"));
+}
+
+// ---------------------------------------------------------------------------
+// Replays and quotas
+// ---------------------------------------------------------------------------
+
+/// The delivery id is outside the signature: a captured signed body sent
+/// again under a new id is the same event, and queues nothing more.
+#[tokio::test]
+async fn a_signed_body_replayed_under_new_delivery_ids_queues_one_run() {
+    let app = app().await;
+    let payload = comment("@kiln please fix", "OWNER");
+    let run = run_id_of(&json_of(deliver(&app, "issue_comment", &new_delivery_id(), &payload).await, 201).await);
+    for _ in 0..2 {
+        let again = json_of(deliver(&app, "issue_comment", &new_delivery_id(), &payload).await, 200).await;
+        assert_eq!(again, json!({"duplicate": true, "run_id": run.to_string()}));
+    }
+    assert_eq!(counts(&app).await, [1, 1, 3, 1]);
+
+    // A label event: the same body again is a replay; the label added
+    // again later (GitHub stamps the issue anew) is a new request.
+    let mut label = fixture("issues.labeled.json");
+    label["label"]["name"] = "kiln".into();
+    let labelled = run_id_of(&json_of(deliver(&app, "issues", &new_delivery_id(), &label).await, 201).await);
+    let again = json_of(deliver(&app, "issues", &new_delivery_id(), &label).await, 200).await;
+    assert_eq!(again, json!({"duplicate": true, "run_id": labelled.to_string()}));
+    label["issue"]["updated_at"] = "2019-05-16T09:00:00Z".into();
+    json_of(deliver(&app, "issues", &new_delivery_id(), &label).await, 201).await;
+    assert_eq!(counts(&app).await[0], 3);
+}
+
+/// Webhook runs all belong to one subject; the per-subject quota applies
+/// per repository and per sender instead, and a delivery over it is
+/// answered 202 with the reason and queues nothing.
+#[tokio::test]
+async fn webhook_runs_over_a_repository_or_sender_quota_are_ignored_with_the_reason() {
+    let mut options = Options { worker: false, github_secret: Some(WEBHOOK_SECRET.into()), ..Default::default() };
+    options.api.quota = kiln_store::Quota { max_active_runs: 100, max_runs_per_minute: 2 };
+    let app = TestApp::spawn(options).await;
+    let mut next_comment = 5000;
+    let mut from = |login: &str, repo: &str| {
+        let mut v = comment("/kiln go", "OWNER");
+        next_comment += 1;
+        v["comment"]["id"] = next_comment.into();
+        v["comment"]["user"]["login"] = login.into();
+        v["sender"]["login"] = login.into();
+        v["repository"]["full_name"] = repo.into();
+        v
+    };
+    for _ in 0..2 {
+        json_of(deliver(&app, "issue_comment", &new_delivery_id(), &from("alice", "acme/one")).await, 201).await;
+    }
+    let before = counts(&app).await;
+    let refused =
+        json_of(deliver(&app, "issue_comment", &new_delivery_id(), &from("alice", "acme/two")).await, 202).await;
+    let reason = refused["ignored"].as_str().unwrap();
+    assert!(reason.contains("quota") && reason.contains("sender alice"), "{reason}");
+    let refused =
+        json_of(deliver(&app, "issue_comment", &new_delivery_id(), &from("bob", "acme/one")).await, 202).await;
+    let reason = refused["ignored"].as_str().unwrap();
+    assert!(reason.contains("quota") && reason.contains("repository acme/one"), "{reason}");
+    let after = counts(&app).await;
+    assert_eq!(after, [before[0], before[1], before[2] + 2, before[3]], "only the deliveries are recorded");
+    // Someone else, elsewhere, is not held up.
+    json_of(deliver(&app, "issue_comment", &new_delivery_id(), &from("bob", "acme/two")).await, 201).await;
 }

@@ -12,8 +12,19 @@
 //!   request does not repeat it), from an author whose association is OWNER,
 //!   MEMBER or COLLABORATOR: people with write access;
 //! - adding the trigger label to an issue (`issues.labeled`). GitHub sends no
-//!   author association for the labeler, but adding a label already takes
-//!   triage or write access to the repository.
+//!   author association for the labeler, and adding a label takes only
+//!   triage access.
+//!
+//! Neither says the person may push: an organisation MEMBER may have read
+//! access only, and a triager can label. So the worker checks the sender's
+//! permission on the repository through GitHub's API before it does any
+//! work (`KILN_GITHUB_MIN_PERMISSION`, write by default); the checks here
+//! only keep obvious strangers from queueing runs at all.
+//!
+//! Each run carries a trigger key naming the event from inside the signed
+//! body (the comment's id; for a label, the issue, the label and the time
+//! GitHub stamped on the issue), so a signed body replayed under a new
+//! delivery id queues nothing.
 //!
 //! Bots never trigger a run: a sender or comment author whose account type
 //! is `Bot` (GitHub Apps, Kiln's own App account `<handle>[bot]` included),
@@ -36,7 +47,6 @@ use super::prompt::{Request, Task};
 const ALLOWED_ASSOCIATIONS: [&str; 3] = ["OWNER", "MEMBER", "COLLABORATOR"];
 /// GitHub logins are at most 39 characters; App accounts add `[bot]`.
 const MAX_LOGIN_BYTES: usize = 100;
-const MAX_REPO_NAME_BYTES: usize = 200;
 /// Longest payload text echoed into a reason or a delivery row.
 const MAX_ECHO_CHARS: usize = 200;
 /// Longest error message sent back (serde quotes offending values).
@@ -199,6 +209,8 @@ pub struct RunRequest {
     pub origin: GithubOrigin,
     pub repo: RepoSpec,
     pub task: Task,
+    /// The event's identity from the signed body (see the module's docs).
+    pub trigger_key: String,
 }
 
 /// Decides what delivery `event` (the `X-GitHub-Event` header) asks for.
@@ -233,7 +245,8 @@ fn on_comment(e: IssueCommentEvent, rules: &TriggerRules) -> Result<Decision, Pa
     }
     let author = login("comment.user.login", &e.comment.user.login)?;
     let request = Request::Comment { author: author.clone(), body: e.comment.body };
-    let origin = Origin { event: "issue_comment", sender_login: author, comment_id: Some(e.comment.id) };
+    let trigger_key = format!("issue_comment:{}", e.comment.id);
+    let origin = Origin { event: "issue_comment", sender_login: author, comment_id: Some(e.comment.id), trigger_key };
     run_request(origin, e.issue, e.repository, e.installation, request)
 }
 
@@ -253,8 +266,21 @@ fn on_label(e: IssuesEvent, rules: &TriggerRules) -> Result<Decision, PayloadErr
         return Ok(Decision::Ignore("the label was added by a bot account; bots never trigger runs".into()));
     }
     let by = login("sender.login", &e.sender.login)?;
+    // GitHub stamps the issue's `updated_at` afresh each time a label is
+    // added: removing the label and adding it again is a new request, the
+    // same body sent again is not.
+    let Some(stamp) = e.issue.updated_at.as_deref() else {
+        return Err(PayloadError::new("issue.updated_at is missing from a `labeled` event".into()));
+    };
+    let trigger_key = format!(
+        "issues.labeled:{}#{}:{}:{}",
+        echo(&e.repository.full_name),
+        e.issue.number,
+        echo(&label.name.to_lowercase()),
+        echo(stamp)
+    );
     let request = Request::Label { label: echo(&label.name), by: by.clone() };
-    let origin = Origin { event: "issues", sender_login: by, comment_id: None };
+    let origin = Origin { event: "issues", sender_login: by, comment_id: None, trigger_key };
     run_request(origin, e.issue, e.repository, e.installation, request)
 }
 
@@ -263,6 +289,7 @@ struct Origin {
     event: &'static str,
     sender_login: String,
     comment_id: Option<i64>,
+    trigger_key: String,
 }
 
 fn run_request(
@@ -290,7 +317,7 @@ fn run_request(
         body: issue.body,
         request,
     };
-    let origin = GithubOrigin {
+    let github = GithubOrigin {
         event: origin.event.to_owned(),
         repo_full_name,
         issue_number: issue.number,
@@ -299,7 +326,7 @@ fn run_request(
         installation_id: installation.map(|i| i.id),
         sender_login: origin.sender_login,
     };
-    Ok(Decision::Run(Box::new(RunRequest { origin, repo, task })))
+    Ok(Decision::Run(Box::new(RunRequest { origin: github, repo, task, trigger_key: origin.trigger_key })))
 }
 
 /// A login as Kiln stores and quotes it: printable ASCII, bounded.
@@ -321,13 +348,24 @@ fn clone_url(url: String) -> Result<String, PayloadError> {
     }
 }
 
-/// `owner/name`, printable ASCII, bounded.
+/// `owner/name` as GitHub allows them: an owner of letters, digits,
+/// hyphens and underscores (Enterprise managed users), a name of letters, digits, `.`, `_` and `-` (not `.` or `..`).
+/// The worker puts it in API paths and the clone URL it builds, so nothing
+/// else (`/`, `%`, `?`, `..`) may reach them.
 fn repo_name(value: &str) -> Result<String, PayloadError> {
-    let shaped = value.split_once('/').is_some_and(|(owner, name)| !owner.is_empty() && !name.is_empty());
-    if !shaped || value.len() > MAX_REPO_NAME_BYTES || !value.bytes().all(|b| b.is_ascii_graphic()) {
+    if !is_full_name(value) {
         return Err(PayloadError::new(format!("repository.full_name is not owner/name: {:?}", echo(value))));
     }
     Ok(value.to_owned())
+}
+
+/// Whether `value` is a GitHub `owner/name`.
+pub fn is_full_name(value: &str) -> bool {
+    let Some((owner, name)) = value.split_once('/') else { return false };
+    let part = |s: &str, extra: &[char]| {
+        !s.is_empty() && s.len() <= 100 && s.chars().all(|c| c.is_ascii_alphanumeric() || extra.contains(&c))
+    };
+    part(owner, &['-', '_']) && part(name, &['.', '_', '-']) && name != "." && name != ".."
 }
 
 // ---------------------------------------------------------------------------
@@ -365,6 +403,9 @@ struct Issue {
     /// Present when the issue is a pull request.
     #[serde(default)]
     pull_request: Option<IgnoredAny>,
+    /// When GitHub last changed the issue (labelling it included).
+    #[serde(default)]
+    updated_at: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

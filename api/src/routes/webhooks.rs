@@ -9,8 +9,9 @@
 //! lookup and the table is a full log of what GitHub sent.
 //!
 //! Answers: 201 `{"run_id"}` (a run was queued), 200 `{"ok": true}` (ping),
-//! 202 `{"ignored": "<reason>"}`, 200 `{"duplicate": true, "run_id"}` (seen
-//! before; nothing created). GitHub shows these in the hook's delivery log.
+//! 202 `{"ignored": "<reason>"}` (also when the repository or sender is over
+//! its quota), 200 `{"duplicate": true, "run_id"}` (seen before, under this
+//! delivery id or, for the same signed event, another; nothing created). GitHub shows these in the hook's delivery log.
 
 use axum::Json;
 use axum::body::Bytes;
@@ -94,21 +95,31 @@ pub async fn github(State(state): State<AppState>, request: Request) -> Result<R
         events::decide(&delivery.event, &payload, &config.rules).map_err(|e| ApiError::BadRequest(e.to_string()))?;
 
     let response = match decision {
+        // `record_delivery` applies no quota: never `Refused`.
         Decision::Ping => match state.store.record_delivery(&delivery, "ping").await? {
-            Recorded::New { .. } => (StatusCode::OK, Json(json!({ "ok": true }))).into_response(),
+            Recorded::New { .. } | Recorded::Refused { .. } => {
+                (StatusCode::OK, Json(json!({ "ok": true }))).into_response()
+            }
             Recorded::Duplicate(past) => duplicate(past),
         },
         Decision::Ignore(reason) => {
             match state.store.record_delivery(&delivery, &format!("ignored: {reason}")).await? {
-                Recorded::New { .. } => (StatusCode::ACCEPTED, Json(json!({ "ignored": reason }))).into_response(),
+                Recorded::New { .. } | Recorded::Refused { .. } => {
+                    (StatusCode::ACCEPTED, Json(json!({ "ignored": reason }))).into_response()
+                }
                 Recorded::Duplicate(past) => duplicate(past),
             }
         }
         Decision::Run(request) => {
             let new = new_run(*request, &config)?;
-            match state.store.create_github_run(&delivery, &new).await? {
+            // Every webhook run belongs to one subject, so the per-subject
+            // quota applies per repository and per sender instead.
+            match state.store.create_github_run(&delivery, &new, Some(&state.settings.quota)).await? {
                 Recorded::New { run_id } => (StatusCode::CREATED, Json(json!({ "run_id": run_id }))).into_response(),
                 Recorded::Duplicate(past) => duplicate(past),
+                Recorded::Refused { reason } => {
+                    (StatusCode::ACCEPTED, Json(json!({ "ignored": reason }))).into_response()
+                }
             }
         }
     };
@@ -171,7 +182,13 @@ fn new_run(request: RunRequest, config: &GithubWebhookConfig) -> Result<NewGithu
     let spec =
         CreateRun { prompt: prompt::build(&request.task), repo: Some(request.repo.clone()), ..Default::default() };
     spec.validate().map_err(|e| ApiError::BadRequest(format!("cannot make a run from this delivery: {e}")))?;
-    Ok(NewGithubRun { owner: config.owner.clone(), prompt: spec.prompt, repo: request.repo, origin: request.origin })
+    Ok(NewGithubRun {
+        owner: config.owner.clone(),
+        prompt: spec.prompt,
+        repo: request.repo,
+        origin: request.origin,
+        trigger_key: request.trigger_key,
+    })
 }
 
 fn duplicate(past: PastDelivery) -> Response {

@@ -58,6 +58,23 @@ pub struct GithubDeliveryArgs {
     /// GitHub's REST API (GitHub Enterprise: `https://HOST/api/v3`).
     #[arg(long, env = "KILN_GITHUB_API_URL", default_value = "https://api.github.com")]
     pub github_api_url: String,
+    /// Where GitHub serves the repositories (git and web), the only host the
+    /// token is sent to for git. Default: from KILN_GITHUB_API_URL
+    /// (`api.github.com` → `https://github.com`, `HOST/api/v3` → `HOST`).
+    #[arg(long, env = "KILN_GITHUB_WEB_URL")]
+    pub github_web_url: Option<String>,
+    /// The least access to the repository (write, maintain or admin) the
+    /// person who asked must have for a run to be worked on; checked through
+    /// GitHub's API before any work.
+    #[arg(long, env = "KILN_GITHUB_MIN_PERMISSION", default_value = "write")]
+    pub github_min_permission: String,
+    /// Open pull requests as drafts.
+    #[arg(long, env = "KILN_GITHUB_DRAFT_PULL_REQUESTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub github_draft_pull_requests: bool,
+    /// Push changes under `.github/` (workflows, which run with the
+    /// repository's secrets). Off: such runs comment instead of pushing.
+    #[arg(long, env = "KILN_GITHUB_ALLOW_WORKFLOW_CHANGES", default_value_t = false)]
+    pub github_allow_workflow_changes: bool,
     /// A token with contents, issues and pull requests read/write.
     #[arg(long, env = "KILN_GITHUB_TOKEN", hide_env_values = true)]
     pub github_token: Option<SecretString>,
@@ -75,7 +92,9 @@ pub struct GithubDeliveryArgs {
 impl GithubDeliveryArgs {
     /// The worker's GitHub connection, or `None` when none is configured.
     pub fn github(&self) -> anyhow::Result<Option<kiln_worker::github::Github>> {
-        use kiln_worker::github::{Credentials, Github, GithubSettings, RetryPolicy};
+        use kiln_worker::github::{
+            Credentials, DeliveryPolicy, Github, GithubSettings, Permission, RetryPolicy, web_url_for,
+        };
         let token = self.github_token.as_ref().map(|t| t.expose_secret().trim());
         let credentials = match (token, &self.github_app_id, &self.github_app_private_key) {
             (Some(_), Some(_), _) => bail!("set either KILN_GITHUB_TOKEN or KILN_GITHUB_APP_ID, not both"),
@@ -89,12 +108,26 @@ impl GithubDeliveryArgs {
             (None, None, Some(_)) => bail!("KILN_GITHUB_APP_PRIVATE_KEY needs KILN_GITHUB_APP_ID"),
             (None, None, None) => return Ok(None),
         };
+        let policy = DeliveryPolicy {
+            min_permission: Permission::parse(&self.github_min_permission)?,
+            draft_pull_requests: self.github_draft_pull_requests,
+            allow_workflow_changes: self.github_allow_workflow_changes,
+        };
+        let web_url = match &self.github_web_url {
+            Some(url) if !(url.starts_with("https://") || url.starts_with("http://")) => {
+                bail!("KILN_GITHUB_WEB_URL must be an http(s) URL, not {url:?}")
+            }
+            Some(url) => url.clone(),
+            None => web_url_for(&self.github_api_url),
+        };
         let settings = GithubSettings {
             api_url: self.github_api_url.clone(),
+            web_url,
             credentials,
             public_url: self.public_url.clone(),
             retry: RetryPolicy::default(),
             request_poll: Duration::from_secs(2),
+            policy,
         };
         Ok(Some(Github::new(settings)?))
     }

@@ -47,6 +47,9 @@ struct FakeState {
     next_id: i64,
     /// Tokens git may authenticate with.
     git_tokens: Vec<String>,
+    /// Users' roles on every repository (`read`, `triage`, `write`,
+    /// `maintain`, `admin`); anyone not listed is an admin.
+    roles: Vec<(String, String)>,
 }
 
 #[derive(Clone)]
@@ -107,6 +110,12 @@ impl FakeGithub {
     /// GitHub's API has an outage.
     pub fn set_api_down(&self, down: bool) {
         self.state.lock().unwrap().api_down = down;
+    }
+
+    /// `login`'s role on every repository, as GitHub's collaborator
+    /// permission endpoint reports it.
+    pub fn set_role(&self, login: &str, role: &str) {
+        self.state.lock().unwrap().roles.push((login.to_owned(), role.to_owned()));
     }
 
     /// The next `times` requests to `path` answer 502.
@@ -190,6 +199,17 @@ fn rest(state: &Mutex<FakeState>, method: &Method, path: &str) -> Response {
             s.git_tokens.push(token.clone());
             let expires_at = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
             created(json!({ "token": token, "expires_at": expires_at }))
+        }
+        ("GET", ["repos", _, _, "collaborators", user, "permission"]) => {
+            let role = s.roles.iter().rev().find(|(u, _)| u == user).map_or("admin", |(_, r)| r.as_str());
+            // `permission` folds roles into GitHub's older four levels.
+            let permission = match role {
+                "maintain" => "write",
+                "triage" => "read",
+                other => other,
+            };
+            axum::Json(json!({ "permission": permission, "role_name": role, "user": { "login": user } }))
+                .into_response()
         }
         ("POST", ["repos", o, r, "pulls"]) => {
             created(json!({ "number": 77, "html_url": format!("https://github.test/{o}/{r}/pull/77") }))

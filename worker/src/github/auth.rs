@@ -46,11 +46,16 @@ struct AppClaims<'a> {
     iss: &'a str,
 }
 
+/// An installation token and when it expires.
+type Minted = (SecretString, DateTime<Utc>);
+
 /// Hands out tokens, caching App installation tokens.
 #[derive(Debug)]
 pub struct Auth {
     credentials: Credentials,
-    cache: Mutex<HashMap<i64, (SecretString, DateTime<Utc>)>>,
+    /// By installation and repository `owner/name`: each token is scoped to
+    /// one repository.
+    cache: Mutex<HashMap<(i64, String), Minted>>,
 }
 
 impl Auth {
@@ -58,9 +63,14 @@ impl Auth {
         Auth { credentials, cache: Mutex::default() }
     }
 
-    /// A token for acting on a repository of `installation` (the webhook's;
-    /// ignored with a fixed token).
-    pub async fn token(&self, client: &GithubClient, installation: Option<i64>) -> Result<String, GithubError> {
+    /// A token for acting on `repo` (`owner/name`) of `installation` (the
+    /// webhook's; both ignored with a fixed token, which cannot be scoped).
+    pub async fn token(
+        &self,
+        client: &GithubClient,
+        installation: Option<i64>,
+        repo: &str,
+    ) -> Result<String, GithubError> {
         let (app_id, key) = match &self.credentials {
             Credentials::Token(t) => return Ok(t.expose_secret().to_owned()),
             Credentials::App { app_id, key } => (app_id, key),
@@ -70,16 +80,19 @@ impl Auth {
                 "the webhook named no GitHub App installation; set KILN_GITHUB_TOKEN for plain webhooks".into(),
             )
         })?;
+        super::policy::check_full_name(repo)?;
+        let name = repo.split_once('/').map_or(repo, |(_, name)| name);
+        let cache_key = (installation, repo.to_ascii_lowercase());
         // Held across the exchange so concurrent runs mint one token.
         let mut cache = self.cache.lock().await;
-        if let Some((token, expires)) = cache.get(&installation)
+        if let Some((token, expires)) = cache.get(&cache_key)
             && *expires - ChronoDuration::minutes(RENEW_BEFORE_MIN) > Utc::now()
         {
             return Ok(token.expose_secret().to_owned());
         }
         let jwt = app_jwt(app_id, key)?;
-        let minted = client.installation_token(&jwt, installation).await?;
-        cache.insert(installation, (minted.token.as_str().into(), minted.expires_at));
+        let minted = client.installation_token(&jwt, installation, name).await?;
+        cache.insert(cache_key, (minted.token.as_str().into(), minted.expires_at));
         Ok(minted.token)
     }
 }

@@ -81,6 +81,29 @@ pub struct RepoName {
     pub full_name: String,
 }
 
+/// `GET /repos/{o}/{r}/collaborators/{user}/permission`.
+#[derive(Debug, Deserialize)]
+pub struct CollaboratorPermission {
+    /// `admin`, `write`, `read` or `none` (maintain folded into write,
+    /// triage into read).
+    pub permission: String,
+    /// The finer role: `admin`, `maintain`, `write`, `triage`, `read`, or a
+    /// custom role's name.
+    #[serde(default)]
+    pub role_name: Option<String>,
+}
+
+/// `POST /repos/{o}/{r}/pulls`.
+#[derive(Debug)]
+pub struct NewPullRequest<'a> {
+    pub title: &'a str,
+    /// The branch with the changes (`owner:branch` when in another repository).
+    pub head: &'a str,
+    pub base: &'a str,
+    pub body: &'a str,
+    pub draft: bool,
+}
+
 /// A created comment or pull request.
 #[derive(Debug, Deserialize)]
 pub struct Created {
@@ -114,6 +137,10 @@ impl GithubClient {
         self.call(Method::GET, &format!("/repos/{repo}/pulls/{number}"), auth, None).await
     }
 
+    pub async fn permission(&self, auth: &str, repo: &str, user: &str) -> Result<CollaboratorPermission, GithubError> {
+        self.call(Method::GET, &format!("/repos/{repo}/collaborators/{user}/permission"), auth, None).await
+    }
+
     pub async fn react(&self, auth: &str, repo: &str, comment_id: i64, content: &str) -> Result<(), GithubError> {
         let path = format!("/repos/{repo}/issues/comments/{comment_id}/reactions");
         let _: Value = self.call(Method::POST, &path, auth, Some(json!({ "content": content }))).await?;
@@ -129,19 +156,30 @@ impl GithubClient {
         &self,
         auth: &str,
         repo: &str,
-        title: &str,
-        head: &str,
-        base: &str,
-        body: &str,
+        pr: &NewPullRequest<'_>,
     ) -> Result<Created, GithubError> {
-        let payload = json!({ "title": title, "head": head, "base": base, "body": body });
+        let payload =
+            json!({ "title": pr.title, "head": pr.head, "base": pr.base, "body": pr.body, "draft": pr.draft });
         self.call(Method::POST, &format!("/repos/{repo}/pulls"), auth, Some(payload)).await
     }
 
-    /// Exchanges an App JWT for an installation token.
-    pub async fn installation_token(&self, jwt: &str, installation: i64) -> Result<InstallationToken, GithubError> {
+    /// Exchanges an App JWT for an installation token good for `repo` (the
+    /// name, without its owner) only, with only what delivery needs: push a
+    /// branch, open a pull request, comment and react. GitHub refuses (422)
+    /// when `repo` is not one of the installation's repositories, so a
+    /// webhook naming another installation gets no token for it.
+    pub async fn installation_token(
+        &self,
+        jwt: &str,
+        installation: i64,
+        repo: &str,
+    ) -> Result<InstallationToken, GithubError> {
         let path = format!("/app/installations/{installation}/access_tokens");
-        self.call(Method::POST, &path, jwt, None).await
+        let body = json!({
+            "repositories": [repo],
+            "permissions": { "contents": "write", "pull_requests": "write", "issues": "write", "metadata": "read" },
+        });
+        self.call(Method::POST, &path, jwt, Some(body)).await
     }
 
     /// One call, retried on transport errors, 5xx and rate limits. `auth`

@@ -7,8 +7,10 @@ use kiln_protocol::{Run, RunStatus};
 use kiln_store::{DeliveryJob, GithubOrigin, Store};
 use uuid::Uuid;
 
+use super::client::NewPullRequest;
 use super::comment::{inline, quote};
 use super::git::{GitAuth, git, push_new_branch};
+use super::policy::{self, check_login};
 use super::{Github, GithubError};
 use crate::sandbox::Sandbox;
 
@@ -36,7 +38,7 @@ pub fn spawn_ack(github: Github, store: Store, run_id: Uuid, origin: GithubOrigi
         }
         let client = &github.inner.client;
         let result = async {
-            let token = github.inner.auth.token(client, origin.installation_id).await?;
+            let token = github.inner.auth.token(client, origin.installation_id, &origin.repo_full_name).await?;
             match origin.comment_id {
                 Some(id) => client.react(&token, &origin.repo_full_name, id, "eyes").await,
                 None => {
@@ -51,6 +53,36 @@ pub fn spawn_ack(github: Github, store: Store, run_id: Uuid, origin: GithubOrigi
             tracing::warn!(%run_id, %error, "acknowledging on GitHub failed");
         }
     });
+}
+
+/// Whether the run's sender may push to its repository, as GitHub says
+/// (`KILN_GITHUB_MIN_PERMISSION`): an error with the reason if not. Asked
+/// before any other work, so a reader's or triager's request gets no clone,
+/// no acknowledgement and no push, only the failure comment.
+pub async fn admit(github: &Github, origin: &GithubOrigin) -> Result<(), GithubError> {
+    let min = github.inner.policy.min_permission;
+    let (repo, sender) = (&origin.repo_full_name, &origin.sender_login);
+    check_login(sender)?;
+    let client = &github.inner.client;
+    let token = github.inner.auth.token(client, origin.installation_id, repo).await?;
+    let found = client.permission(&token, repo, sender).await?;
+    if policy::allows(min, &found.permission, found.role_name.as_deref()) {
+        return Ok(());
+    }
+    let role = found.role_name.as_deref().unwrap_or(&found.permission);
+    Err(GithubError::Delivery(format!(
+        "@{sender} has {role} access to {repo}; Kiln works only for people with {} access or more",
+        min.as_str()
+    )))
+}
+
+/// The run's repository URL on the configured GitHub (see
+/// [`policy::repository_url`]).
+fn repository_url(github: &Github, run: &Run, origin: &GithubOrigin) -> Result<String, GithubError> {
+    let repo = run.repo.as_ref().ok_or_else(|| GithubError::Delivery("the GitHub run names no repository".into()))?;
+    let url = policy::repository_url(&github.inner.web_url, &origin.repo_full_name, &repo.url)?;
+    check_scheme(&url)?;
+    Ok(url)
 }
 
 /// Clones the run's repository on the worker with the token, records the
@@ -77,9 +109,10 @@ async fn checkout_inner(
     sandbox: &Sandbox,
 ) -> Result<(), GithubError> {
     let repo = run.repo.as_ref().ok_or_else(|| GithubError::Delivery("the GitHub run names no repository".into()))?;
-    check_scheme(&repo.url)?;
+    // Before the token is minted or used.
+    let url = repository_url(github, run, origin)?;
     let client = &github.inner.client;
-    let token = github.inner.auth.token(client, origin.installation_id).await?;
+    let token = github.inner.auth.token(client, origin.installation_id, &origin.repo_full_name).await?;
     let git_ref = match origin.pr_number {
         // On a pull request's thread the run works on the PR's branch.
         Some(number) => {
@@ -98,12 +131,12 @@ async fn checkout_inner(
     let dir = tempfile::tempdir().map_err(|e| GithubError::Git(format!("creating a temporary directory: {e}")))?;
     let dest = dir.path().join("repo");
     let dest_str = utf8(&dest)?;
-    let auth = GitAuth { url: &repo.url, token: Some(&token) };
+    let auth = GitAuth { url: &url, token: Some(&token) };
     let mut args = vec!["clone", "--quiet", "--no-tags", "--depth", "1"];
     if let Some(r) = git_ref.as_deref() {
         args.extend(["--branch", r]);
     }
-    args.extend(["--", &repo.url, dest_str]);
+    args.extend(["--", &url, dest_str]);
     git(&args, None, &auth).await?;
     let sha = git(&["rev-parse", "HEAD"], Some(&dest), &auth).await?;
     let branch = match git(&["symbolic-ref", "--quiet", "--short", "HEAD"], Some(&dest), &auth).await {
@@ -150,7 +183,7 @@ pub async fn deliver_job(
 ) -> Result<(Option<String>, Option<String>), GithubError> {
     let client = &github.inner.client;
     let (run, origin) = (&job.run, &job.origin);
-    let token = github.inner.auth.token(client, origin.installation_id).await?;
+    let token = github.inner.auth.token(client, origin.installation_id, &origin.repo_full_name).await?;
     let link = github.run_link(run.id);
     let error = inline(run.error.as_deref().unwrap_or("no reason recorded"));
     let mut pr_url = job.pr_url.clone();
@@ -165,16 +198,25 @@ pub async fn deliver_job(
             if patch.is_empty() {
                 format!("Kiln run {link} finished without changing any files. Its answer:\n\n{}", quote(summary(run)))
             } else {
-                let url = match &pr_url {
-                    Some(url) => url.clone(),
-                    None => {
-                        let url = open_pull_request(github, &token, job, patch).await?;
-                        store.set_github_pr(run.id, &url).await?;
-                        pr_url = Some(url.clone());
-                        url
-                    }
+                let opened = match &pr_url {
+                    Some(url) => Opened::PullRequest(url.clone()),
+                    None => open_pull_request(github, &token, job, patch).await?,
                 };
-                format!("Kiln opened a pull request with its changes: {url}\n\nRun {link}.")
+                match opened {
+                    Opened::PullRequest(url) => {
+                        if pr_url.is_none() {
+                            store.set_github_pr(run.id, &url).await?;
+                            pr_url = Some(url.clone());
+                        }
+                        format!("Kiln opened a pull request with its changes: {url}\n\nRun {link}.")
+                    }
+                    Opened::Refused { workflow_paths } => format!(
+                        "Kiln run {link} changed files under `.github/` ({}), where workflows run with the \
+                         repository's secrets; its changes were not pushed. (An operator can allow such changes \
+                         with `KILN_GITHUB_ALLOW_WORKFLOW_CHANGES`.)",
+                        inline(&workflow_paths.join(", "))
+                    ),
+                }
             }
         }
         RunStatus::Failed => format!("Kiln run {link} failed: {error}"),
@@ -186,17 +228,26 @@ pub async fn deliver_job(
     Ok((pr_url, Some(comment.html_url)))
 }
 
+/// What became of a run's changes.
+enum Opened {
+    /// Pushed, and this pull request opened.
+    PullRequest(String),
+    /// Not pushed: they touch `.github/` and that is not allowed.
+    Refused { workflow_paths: Vec<String> },
+}
+
 /// Applies the patch to a fresh worker-side clone at the run's base, commits
-/// it on `kiln/issue-<n>-<run id>`, pushes, and opens the PR.
+/// it on `kiln/issue-<n>-<run id>`, pushes, and opens the PR (a draft unless
+/// configured otherwise). Changes under `.github/` are refused before
+/// anything is pushed, unless allowed.
 async fn open_pull_request(
     github: &Github,
     token: &str,
     job: &DeliveryJob,
     patch: &[u8],
-) -> Result<String, GithubError> {
+) -> Result<Opened, GithubError> {
     let (run, origin) = (&job.run, &job.origin);
-    let repo = run.repo.as_ref().ok_or_else(|| GithubError::Delivery("the GitHub run names no repository".into()))?;
-    check_scheme(&repo.url)?;
+    let url = repository_url(github, run, origin)?;
     let (Some(base_ref), Some(base_sha)) = (job.base_ref.as_deref().filter(|r| !r.is_empty()), job.base_sha.as_deref())
     else {
         return Err(GithubError::Delivery("the workspace was not checked out on a branch; no base for a PR".into()));
@@ -211,10 +262,10 @@ async fn open_pull_request(
     let dest = dir.path().join("repo");
     let patch_file = dir.path().join("changes.patch");
     tokio::fs::write(&patch_file, patch).await.map_err(|e| GithubError::Git(format!("writing the patch: {e}")))?;
-    let auth = GitAuth { url: &repo.url, token: Some(token) };
+    let auth = GitAuth { url: &url, token: Some(token) };
     // The whole branch, not a shallow tip: the base commit may be behind it.
     git(
-        &["clone", "--quiet", "--no-tags", "--single-branch", "--branch", base_ref, "--", &repo.url, utf8(&dest)?],
+        &["clone", "--quiet", "--no-tags", "--single-branch", "--branch", base_ref, "--", &url, utf8(&dest)?],
         None,
         &auth,
     )
@@ -222,6 +273,15 @@ async fn open_pull_request(
     let d = Some(dest.as_path());
     git(&["checkout", "--quiet", "-B", &branch, base_sha], d, &auth).await?;
     git(&["apply", "--index", "--whitespace=nowarn", utf8(&patch_file)?], d, &auth).await?;
+    if !github.inner.policy.allow_workflow_changes {
+        // What git says the patch changed (both sides of a rename), not
+        // what the patch's text claims.
+        let changed = git(&["diff", "--cached", "--name-only", "--no-renames", "-z"], d, &auth).await?;
+        let workflow_paths = policy::workflow_paths(&changed);
+        if !workflow_paths.is_empty() {
+            return Ok(Opened::Refused { workflow_paths });
+        }
+    }
     let message = format!(
         "Kiln: changes for #{n}: {}\n\nAsked for in {}#{n}; made by Kiln run {}.",
         issue.title, origin.repo_full_name, run.id
@@ -234,12 +294,15 @@ async fn open_pull_request(
         Some(pr) => body.push_str(&format!(", asked for in #{pr}.")),
         None => body.push_str(&format!(".\n\nFixes #{n}")),
     }
-    let created = github
-        .inner
-        .client
-        .open_pull_request(token, &origin.repo_full_name, &issue.title, &branch, base_ref, &body)
-        .await?;
-    Ok(created.html_url)
+    let pr = NewPullRequest {
+        title: &issue.title,
+        head: &branch,
+        base: base_ref,
+        body: &body,
+        draft: github.inner.policy.draft_pull_requests,
+    };
+    let created = github.inner.client.open_pull_request(token, &origin.repo_full_name, &pr).await?;
+    Ok(Opened::PullRequest(created.html_url))
 }
 
 /// The agent's final answer, as stored in the run's result.

@@ -2,9 +2,13 @@
 //!
 //! The API side (`api/src/github`) turns a webhook into a queued run and a
 //! `github_runs` row. Here the worker:
+//! - checks, before anything else, that the sender may push to the
+//!   repository (asked of GitHub: an author association or a label says
+//!   nothing about it), and ends the run with the reason if not ([`policy`]);
 //! - acknowledges the trigger when it takes the run (👀 on the comment, or a
 //!   "working on it" comment for a label), once per run;
-//! - clones the repository on the worker's side with the token and uploads
+//! - clones the repository on the worker's side with the token (from the
+//!   configured GitHub's URL for it, never a host the payload names) and uploads
 //!   the tree into the sandbox ([`checkout`]); the token never enters the
 //!   container;
 //! - when the run succeeds, captures `/workspace`'s changes as a binary patch
@@ -23,6 +27,7 @@ mod comment;
 mod delivery;
 mod git;
 mod owed;
+mod policy;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use auth::Credentials;
 pub use client::RetryPolicy;
+pub use policy::{DeliveryPolicy, Permission, web_url_for};
 
 use crate::agent::Outcome;
 use crate::claim_loop::WorkerContext;
@@ -63,6 +69,9 @@ pub enum GithubError {
 pub struct GithubSettings {
     /// `https://api.github.com`, or a GitHub Enterprise `/api/v3` URL.
     pub api_url: String,
+    /// Where the repositories are (`https://github.com`, a GitHub
+    /// Enterprise host): the only place git sends the token to.
+    pub web_url: String,
     pub credentials: Credentials,
     /// Where the API is reachable for people, to link runs from GitHub
     /// (`{public_url}/v1/runs/{id}`); without it comments name the run id.
@@ -71,6 +80,8 @@ pub struct GithubSettings {
     /// How often to look for owed deliveries no worker is making (runs
     /// cancelled while queued, `POST /v1/runs/{id}/deliver` retries, …).
     pub request_poll: Duration,
+    /// Who may have runs worked on, and what lands on GitHub.
+    pub policy: DeliveryPolicy,
 }
 
 /// A worker's GitHub connection. Cheap to clone; clones share the
@@ -86,7 +97,9 @@ struct Inner {
     client: client::GithubClient,
     auth: auth::Auth,
     public_url: Option<String>,
+    web_url: String,
     request_poll: Duration,
+    policy: DeliveryPolicy,
 }
 
 impl Github {
@@ -97,7 +110,9 @@ impl Github {
                 client,
                 auth: auth::Auth::new(settings.credentials),
                 public_url: settings.public_url.map(|u| u.trim_end_matches('/').to_owned()),
+                web_url: settings.web_url.trim_end_matches('/').to_owned(),
                 request_poll: settings.request_poll,
+                policy: settings.policy,
             }),
         })
     }
@@ -131,8 +146,10 @@ fn from_github(run: &Run) -> bool {
 }
 
 /// Hook for `prepare_workspace`: for a GitHub run on a worker with GitHub
-/// configured, acknowledges the trigger (in the background) and checks the
-/// repository out with the token. `None`: not ours, clone as usual.
+/// configured, checks the sender may push to the repository (else the run
+/// fails with the reason, having touched nothing of the repository),
+/// acknowledges the trigger (in the background) and checks the repository
+/// out with the token. `None`: not ours, clone as usual.
 pub async fn checkout(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox) -> Option<Result<(), SandboxError>> {
     let github = ctx.config.github.as_ref().filter(|_| from_github(run))?;
     let origin = match ctx.store.github_origin(run.id).await {
@@ -140,6 +157,9 @@ pub async fn checkout(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox) -> Opti
         Ok(None) => return None,
         Err(e) => return Some(Err(SandboxError::Workspace(format!("reading the run's GitHub origin: {e}")))),
     };
+    if let Err(e) = delivery::admit(github, &origin).await {
+        return Some(Err(SandboxError::Workspace(github.redact(&e.to_string()).await)));
+    }
     delivery::spawn_ack(github.clone(), ctx.store.clone(), run.id, origin.clone());
     let result = delivery::checkout(github, &ctx.store, run, &origin, sandbox).await;
     Some(result.map_err(|e| SandboxError::Workspace(e.to_string())))
