@@ -230,10 +230,7 @@ async fn wait_for_container(docker: &bollard::Docker, id: uuid::Uuid) -> String 
 async fn docker_exec_root(docker: &bollard::Docker, container: &str, cmd: &[&str]) -> i64 {
     use bollard::exec::{CreateExecOptions, StartExecOptions};
     let exec = docker
-        .create_exec(
-            container,
-            CreateExecOptions { cmd: Some(cmd.to_vec()), user: Some("0:0"), ..Default::default() },
-        )
+        .create_exec(container, CreateExecOptions { cmd: Some(cmd.to_vec()), user: Some("0:0"), ..Default::default() })
         .await
         .unwrap();
     docker.start_exec(&exec.id, Some(StartExecOptions { detach: true, ..Default::default() })).await.unwrap();
@@ -267,6 +264,26 @@ ls -l /proc/$tb/fd/ 2>&1 | head -n 3"#;
     let streamed: usize = tool_output(&events).map(str::len).sum();
     assert!(streamed <= 1024 * 1024, "streamed output stays under the per-call cap: {streamed}");
     assert_eq!(r[1].output.trim(), "ok");
+}
+
+#[tokio::test]
+async fn the_file_tools_act_as_the_sandbox_user_not_as_root() {
+    // The toolbox runs as root: its file work must still be the user's, so
+    // a link to a root-only file stays unreadable and new files are the user's.
+    let (_app, events) = run_script(vec![
+        bash("ln -sf /etc/shadow shadow-link && ls -l /etc/shadow"),
+        Reply::tool("view", json!({"file_path": "shadow-link"})),
+        Reply::tool("grep", json!({"pattern": "root", "path": "/etc/shadow"})),
+        Reply::tool("write", json!({"path": "made-by-write.txt", "content": "x\n"})),
+        bash("stat -c '%u:%g' made-by-write.txt"),
+    ])
+    .await;
+    let r = results(&events);
+    assert!(r[0].output.contains("root"), "the image has a root-only /etc/shadow: {:?}", r[0]);
+    assert!(r[1].is_error && r[1].output.to_lowercase().contains("permission denied"), "{:?}", r[1]);
+    assert!(!r[2].output.contains("root:"), "{:?}", r[2]);
+    assert!(!r[3].is_error, "{:?}", r[3]);
+    assert_eq!(r[4].output.trim(), "1000:1000", "{:?}", r[4]);
 }
 
 #[tokio::test]

@@ -109,8 +109,8 @@ pub fn assume(user: Option<RunAs>) -> Result<(), IdentityError> {
     if rustix::process::geteuid().as_raw() == user.uid {
         return Ok(());
     }
-    let caps = rustix::thread::capabilities(None)
-        .map_err(|e| IdentityError(format!("cannot read the capabilities: {e}")))?;
+    let caps =
+        rustix::thread::capabilities(None).map_err(|e| IdentityError(format!("cannot read the capabilities: {e}")))?;
     let needed = CapabilitySet::SETUID | CapabilitySet::SETGID | CapabilitySet::KILL;
     if !caps.effective.contains(needed) {
         return Err(IdentityError(format!(
@@ -141,9 +141,7 @@ fn set_fs_ids(uid: u32, gid: u32) -> Result<(), IdentityError> {
         (g, u)
     };
     if (uid_now, gid_now) != (uid, gid) {
-        return Err(IdentityError(format!(
-            "cannot act as {uid}:{gid} on the filesystem (got {uid_now}:{gid_now})"
-        )));
+        return Err(IdentityError(format!("cannot act as {uid}:{gid} on the filesystem (got {uid_now}:{gid_now})")));
     }
     Ok(())
 }

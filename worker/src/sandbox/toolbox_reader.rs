@@ -55,8 +55,7 @@ impl CallLimits {
         };
         match body {
             RequestBody::Exec(e) => CallLimits {
-                stream_bytes: e.stream_cap_bytes.unwrap_or(MAX_STREAM_BYTES).min(MAX_STREAM_BYTES)
-                    + STREAM_NOTE_SLACK,
+                stream_bytes: e.stream_cap_bytes.unwrap_or(MAX_STREAM_BYTES).min(MAX_STREAM_BYTES) + STREAM_NOTE_SLACK,
                 reply_bytes: bounded(e.output_cap_bytes),
             },
             RequestBody::View(v) => CallLimits { stream_bytes: 0, reply_bytes: bounded(v.max_bytes) },
@@ -77,7 +76,11 @@ pub(super) struct Pending {
 }
 
 impl Pending {
-    pub fn new(reply: oneshot::Sender<Result<Reply, ToolboxError>>, output: Option<OutputSink>, limits: CallLimits) -> Self {
+    pub fn new(
+        reply: oneshot::Sender<Result<Reply, ToolboxError>>,
+        output: Option<OutputSink>,
+        limits: CallLimits,
+    ) -> Self {
         Pending { reply, output, limits, streamed: 0, dropped: false }
     }
 
