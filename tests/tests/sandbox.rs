@@ -199,9 +199,10 @@ async fn killing_the_toolbox_is_a_clear_tool_error_and_the_next_call_works() {
         ..Default::default()
     })
     .await;
-    let id = app.submit("alice", CreateRun::new("hostile")).await.id;
+    let run = app.submit("alice", CreateRun::new("hostile")).await;
+    let id = run.id;
     let docker = bollard::Docker::connect_with_local_defaults().unwrap();
-    let container = wait_for_container(&docker, id).await;
+    let container = wait_for_container(&docker, run.session_id).await;
     // The toolbox answers as soon as the command has started; give it a moment.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let killed = docker_exec_root(&docker, &container, &["pkill", "-KILL", "-x", "kiln-toolbox"]).await;
@@ -213,17 +214,19 @@ async fn killing_the_toolbox_is_a_clear_tool_error_and_the_next_call_works() {
     assert!(!r[1].is_error && r[1].output.trim() == "ok", "{:?}", r[1]);
 }
 
-/// The container of run `id`, once it has one.
+/// The container of session `id`, once it has one (by name: a warm
+/// container taken by the session keeps its old labels).
 async fn wait_for_container(docker: &bollard::Docker, id: uuid::Uuid) -> String {
-    let filters = std::collections::HashMap::from([("label", vec![format!("dev.kiln.run={id}")])]);
-    for _ in 0..600 {
+    let name = format!("^/kiln-session-{}$", id.simple());
+    let filters = std::collections::HashMap::from([("name", vec![name])]);
+    for _ in 0..1200 {
         let options = bollard::query_parameters::ListContainersOptionsBuilder::new().filters(&filters).build();
         if let Some(c) = docker.list_containers(Some(options)).await.unwrap().into_iter().next() {
             return c.id.unwrap();
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("run {id} got no container");
+    panic!("session {id} got no container");
 }
 
 /// Runs `cmd` in `container` as root; its exit code.
