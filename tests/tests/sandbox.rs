@@ -151,12 +151,15 @@ async fn the_network_is_none_by_inspection() {
 #[tokio::test]
 async fn commands_run_unprivileged_without_the_docker_socket() {
     let r = hostile_then_ok(bash(
-        "id -u; grep -E '^(CapEff|NoNewPrivs):' /proc/self/status; ls /var/run/docker.sock /run/docker.sock 2>&1; true",
+        "id -u; grep -E '^(CapEff|CapPrm|CapAmb|NoNewPrivs|Groups):' /proc/self/status; ls /var/run/docker.sock /run/docker.sock 2>&1; true",
     ))
     .await;
     let uid: u32 = r.output.lines().next().unwrap().trim().parse().unwrap();
-    assert_ne!(uid, 0);
+    assert_eq!(uid, 1000, "the configured sandbox user");
     assert!(r.output.contains("CapEff:\t0000000000000000"), "{r:?}");
+    assert!(r.output.contains("CapPrm:\t0000000000000000"), "{r:?}");
+    assert!(r.output.contains("CapAmb:\t0000000000000000"), "{r:?}");
+    assert!(!r.output.contains("Groups:\t0") && !r.output.contains(" 0 "), "no root group: {r:?}");
     assert!(r.output.contains("NoNewPrivs:\t1"), "{r:?}");
     assert_eq!(r.output.matches("No such file or directory").count(), 2, "{r:?}");
 }
@@ -189,9 +192,116 @@ async fn the_working_directory_persists_between_calls() {
 
 #[tokio::test]
 async fn killing_the_toolbox_is_a_clear_tool_error_and_the_next_call_works() {
-    let r = hostile_then_ok(bash_with_timeout("pkill -KILL -x kiln-toolbox; sleep 20", 60)).await;
-    assert!(r.is_error, "{r:?}");
-    assert!(r.output.contains("died during this call"), "{r:?}");
+    // Commands cannot kill the toolbox (see below), so it is killed from
+    // outside, as root, while the call sleeps: an OOM kill looks the same.
+    let app = TestApp::spawn(Options {
+        script: vec![bash_with_timeout("echo started; sleep 20", 60), bash("echo ok"), Reply::text("done")],
+        ..Default::default()
+    })
+    .await;
+    let run = app.submit("alice", CreateRun::new("hostile")).await;
+    let id = run.id;
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let container = wait_for_container(&docker, run.session_id).await;
+    // The toolbox answers as soon as the command has started; give it a moment.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let killed = docker_exec_root(&docker, &container, &["pkill", "-KILL", "-x", "kiln-toolbox"]).await;
+    assert_eq!(killed, 0, "pkill as root found the toolbox");
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", events.last());
+    let r = results(&events);
+    assert!(r[0].is_error && r[0].output.contains("died during this call"), "{:?}", r[0]);
+    assert!(!r[1].is_error && r[1].output.trim() == "ok", "{:?}", r[1]);
+}
+
+/// The container of session `id`, once it has one (by name: a warm
+/// container taken by the session keeps its old labels).
+async fn wait_for_container(docker: &bollard::Docker, id: uuid::Uuid) -> String {
+    let name = format!("^/kiln-session-{}$", id.simple());
+    let filters = std::collections::HashMap::from([("name", vec![name])]);
+    for _ in 0..1200 {
+        let options = bollard::query_parameters::ListContainersOptionsBuilder::new().filters(&filters).build();
+        if let Some(c) = docker.list_containers(Some(options)).await.unwrap().into_iter().next() {
+            return c.id.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("session {id} got no container");
+}
+
+/// Runs `cmd` in `container` as root; its exit code.
+async fn docker_exec_root(docker: &bollard::Docker, container: &str, cmd: &[&str]) -> i64 {
+    use bollard::exec::{CreateExecOptions, StartExecOptions};
+    let exec = docker
+        .create_exec(container, CreateExecOptions { cmd: Some(cmd.to_vec()), user: Some("0:0"), ..Default::default() })
+        .await
+        .unwrap();
+    docker.start_exec(&exec.id, Some(StartExecOptions { detach: true, ..Default::default() })).await.unwrap();
+    for _ in 0..100 {
+        let state = docker.inspect_exec(&exec.id).await.unwrap();
+        if state.running == Some(false) {
+            return state.exit_code.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{cmd:?} did not finish");
+}
+
+/// Finds the toolbox's pid from /proc/*/cmdline (its argv[0] ends in
+/// `kiln-toolbox`), into `$tb`.
+const FIND_TOOLBOX: &str = r#"tb=; for p in /proc/[0-9]*; do a=$(tr '\0' '\n' < $p/cmdline 2>/dev/null | head -n1); case $a in *kiln-toolbox) tb=${p#/proc/};; esac; done; echo "toolbox pid: $tb"; "#;
+
+#[tokio::test]
+async fn a_command_cannot_forge_frames_on_the_toolbox_stdout() {
+    // Frames of 1 MiB of output for the first requests' ids, three each:
+    // were they accepted, this call would stream 3 MiB past the 1 MiB cap.
+    let forge = r#"frame() { n=${#1}; printf "$(printf '\\x%02x\\x%02x\\x%02x\\x%02x' $((n>>24&255)) $((n>>16&255)) $((n>>8&255)) $((n&255)))"; printf '%s' "$1"; }
+data=$(head -c 1048576 /dev/zero | tr '\0' F)
+{ for id in 1 2 3 4; do for k in 1 2 3; do frame "{\"type\":\"output\",\"id\":$id,\"data\":\"$data\"}"; done; done; } > /proc/$tb/fd/1 && echo FORGED || echo REFUSED
+ls -l /proc/$tb/fd/ 2>&1 | head -n 3"#;
+    let (_app, events) = run_script(vec![bash(&format!("{FIND_TOOLBOX}{forge}")), bash("echo ok")]).await;
+    let r = results(&events);
+    assert!(r[0].output.contains("toolbox pid: ") && !r[0].output.contains("toolbox pid: \n"), "{:?}", r[0]);
+    assert!(r[0].output.contains("Permission denied"), "{:?}", r[0]);
+    assert!(r[0].output.contains("REFUSED") && !r[0].output.contains("FORGED"), "{:?}", r[0]);
+    let streamed: usize = tool_output(&events).map(str::len).sum();
+    assert!(streamed <= 1024 * 1024, "streamed output stays under the per-call cap: {streamed}");
+    assert_eq!(r[1].output.trim(), "ok");
+}
+
+#[tokio::test]
+async fn the_file_tools_act_as_the_sandbox_user_not_as_root() {
+    // The toolbox runs as root: its file work must still be the user's, so
+    // a link to a root-only file stays unreadable and new files are the user's.
+    let (_app, events) = run_script(vec![
+        bash("ln -sf /etc/shadow shadow-link && ls -l /etc/shadow"),
+        Reply::tool("view", json!({"file_path": "shadow-link"})),
+        Reply::tool("grep", json!({"pattern": "root", "path": "/etc/shadow"})),
+        Reply::tool("write", json!({"path": "made-by-write.txt", "content": "x\n"})),
+        bash("stat -c '%u:%g' made-by-write.txt"),
+    ])
+    .await;
+    let r = results(&events);
+    assert!(r[0].output.contains("root"), "the image has a root-only /etc/shadow: {:?}", r[0]);
+    assert!(r[1].is_error && r[1].output.to_lowercase().contains("permission denied"), "{:?}", r[1]);
+    assert!(!r[2].output.contains("root:"), "{:?}", r[2]);
+    assert!(!r[3].is_error, "{:?}", r[3]);
+    assert_eq!(r[4].output.trim(), "1000:1000", "{:?}", r[4]);
+}
+
+#[tokio::test]
+async fn a_command_cannot_kill_or_trace_the_toolbox() {
+    let started = Instant::now();
+    let r = hostile_then_ok(bash(&format!(
+        "{FIND_TOOLBOX}kill -9 $tb; echo kill=$?; pkill -9 -x kiln-toolbox; echo pkill=$?; kill -9 -1; echo after; \
+         cat /proc/$tb/environ >/dev/null; grep -c . /proc/$tb/maps; true"
+    )))
+    .await;
+    assert!(!r.output.contains("died during this call"), "{r:?}");
+    assert!(r.output.contains("kill=1") && r.output.contains("Operation not permitted"), "{r:?}");
+    assert!(!r.output.contains("pkill=0"), "{r:?}");
+    assert!(r.output.contains("/proc/") && r.output.contains("Permission denied"), "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(60), "the next call answered through the toolbox");
 }
 
 #[tokio::test]

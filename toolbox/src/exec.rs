@@ -62,7 +62,7 @@ pub struct ExecSession {
 
 impl ExecSession {
     pub fn new(start_dir: PathBuf) -> Self {
-        let env: Vec<_> = std::env::vars_os().collect();
+        let env = crate::identity::command_env(std::env::vars_os().collect());
         let shell = Shell::new(&env);
         ExecSession { state: Mutex::new(SessionState::new(start_dir, env)), active: Mutex::new(HashMap::new()), shell }
     }

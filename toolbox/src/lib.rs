@@ -9,6 +9,7 @@ pub mod edit;
 pub mod exec;
 pub mod files;
 pub mod framing;
+pub mod identity;
 pub mod line_index;
 pub mod output;
 pub mod protocol;

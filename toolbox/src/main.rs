@@ -5,20 +5,39 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use kiln_toolbox::identity;
 use kiln_toolbox::server::{Server, TOOLBOX_VERSION};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        None => {}
-        Some("--version") => {
+    let user = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        [] => None,
+        ["--version"] => {
             println!("kiln-toolbox {TOOLBOX_VERSION}");
             return ExitCode::SUCCESS;
         }
-        Some(_) => {
-            eprintln!("usage: kiln-toolbox [--version]\nSpeaks the Kiln toolbox protocol on stdin/stdout.");
+        ["--user", spec] => {
+            let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+            match identity::resolve(spec, &read("/etc/passwd"), &read("/etc/group")) {
+                Ok(user) => Some(user),
+                Err(e) => {
+                    eprintln!("kiln-toolbox: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        _ => {
+            eprintln!(
+                "usage: kiln-toolbox [--version | --user UID[:GID]]\nSpeaks the Kiln toolbox protocol on stdin/stdout; \
+                 with --user (started as root) commands run as that user and file operations are done as that user."
+            );
             return ExitCode::from(2);
         }
+    };
+    // Before any thread exists: every thread inherits these credentials.
+    if let Err(e) = identity::assume(user) {
+        eprintln!("kiln-toolbox: {e}");
+        return ExitCode::FAILURE;
     }
     // Background children of a command whose shell has exited are reparented
     // to us rather than to PID 1 (which may not reap), so we can reap them and

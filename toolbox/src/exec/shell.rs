@@ -104,6 +104,10 @@ impl Shell {
             .stdout(writer)
             .stderr(writer2)
             .process_group(0);
+        if let Some(user) = crate::identity::run_as() {
+            // std also drops the supplementary groups when it sets the uid.
+            cmd.uid(user.uid).gid(user.gid);
+        }
         match command_file {
             Some(file) => cmd.env(COMMAND_VAR, file).stdin(Stdio::piped()),
             None => cmd.stdin(Stdio::null()),
@@ -147,7 +151,7 @@ fn is_private_dir(dir: &Path) -> bool {
         return false;
     }
     matches!(std::fs::symlink_metadata(dir), Ok(m)
-        if m.is_dir() && m.uid() == rustix::process::geteuid().as_raw() && m.mode() & 0o077 == 0)
+        if m.is_dir() && m.uid() == crate::identity::file_owner().0.as_raw() && m.mode() & 0o077 == 0)
 }
 
 fn find_in_path(env: &[(OsString, OsString)], name: &str) -> Option<PathBuf> {

@@ -7,8 +7,10 @@
 //! `lifecycle`). Warm containers (`pool`) are started ahead of need and
 //! renamed when a session takes one.
 //!
-//! Containers run as an unprivileged user with every capability dropped,
-//! `no-new-privileges`, pids/memory/CPU limits and no network. The workspace
+//! Commands run as an unprivileged user with no capabilities,
+//! `no-new-privileges`, pids/memory/CPU limits and no network. Only the
+//! toolbox runs as root, with `CAP_SETUID`, `CAP_SETGID` and `CAP_KILL`
+//! alone, so that commands cannot reach it (see `toolbox`). The workspace
 //! enters and leaves through the archive API, so the worker can drive a
 //! remote engine; credentials never enter the container.
 
@@ -19,6 +21,7 @@ pub mod pool;
 
 pub mod toolbox;
 mod toolbox_binary;
+mod toolbox_reader;
 mod toolbox_session;
 pub mod workspace;
 
@@ -44,8 +47,16 @@ use toolbox_session::ToolboxState;
 
 /// Where the session's files live inside the container.
 pub const WORKSPACE: &str = "/workspace";
-/// Who the container's idle main process runs as.
-const MAIN_PROCESS_USER: &str = "65534:65534";
+/// Who the container's idle main process runs as. Root, because Docker
+/// gives an exec the capabilities of the container's main process, and the
+/// toolbox exec needs [`TOOLBOX_CAPABILITIES`]; the process is `sleep`,
+/// which the command user can neither signal nor trace.
+const MAIN_PROCESS_USER: &str = "0:0";
+/// The only capabilities a container has: what the toolbox (root) needs
+/// to start commands as the sandbox user and to kill them. Commands start
+/// with none (setuid to the user clears them; `no-new-privileges` keeps
+/// anything from regaining them).
+const TOOLBOX_CAPABILITIES: [&str; 3] = ["SETUID", "SETGID", "KILL"];
 /// Label on every container Kiln creates; cleanup finds them by it.
 pub const LABEL_MANAGED: &str = "dev.kiln.managed";
 pub const LABEL_RUN: &str = "dev.kiln.run";
@@ -252,6 +263,7 @@ fn container_body(config: &SandboxConfig, purpose: &Purpose<'_>) -> ContainerCre
         // docker-init as PID 1 reaps orphans, so killed commands leave no zombies.
         init: Some(true),
         cap_drop: Some(vec!["ALL".into()]),
+        cap_add: Some(TOOLBOX_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect()),
         security_opt: Some(vec!["no-new-privileges:true".into()]),
         pids_limit: Some(config.pids_limit),
         memory: Some(config.memory_bytes),
@@ -275,10 +287,10 @@ fn container_body(config: &SandboxConfig, purpose: &Purpose<'_>) -> ContainerCre
     };
     ContainerCreateBody {
         image: Some(config.image.clone()),
-        // The container's own process (PID 1 and its `sleep`) runs as
-        // `nobody`, not as the command user: so the command user's processes
-        // can all be killed at once (`kill -9 -1`, see toolbox_session) without
-        // stopping the container. Every exec names its user explicitly.
+        // The container's own process (PID 1 and its `sleep`) does not run
+        // as the command user: so the command user's processes can all be
+        // killed at once (`kill -9 -1`, see toolbox_session) without stopping
+        // the container (or the toolbox). Every exec names its user explicitly.
         user: Some(MAIN_PROCESS_USER.into()),
         working_dir: Some(WORKSPACE.into()),
         cmd: Some(vec!["sleep".into(), "infinity".into()]),

@@ -1,30 +1,32 @@
 //! The worker's side of the toolbox protocol: one long-lived `kiln-toolbox`
 //! process per container, reached over the stdin/stdout of one attached
-//! exec. A reader task decodes frames and hands each `Response` to the call
-//! waiting for it (by request id) and each `Output` chunk to that call's
-//! stream; callers write their request frames to stdin themselves.
+//! exec. A reader task ([`super::toolbox_reader`]) decodes frames and hands
+//! each `Response` to the call waiting for it (by request id) and each
+//! `Output` chunk to that call's stream; callers write their request frames
+//! to stdin themselves.
 
-use std::collections::HashMap;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bollard::Docker;
-use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecResults};
-use futures::{Stream, StreamExt};
-use kiln_toolbox::framing::{FrameDecoder, encode_json};
-use kiln_toolbox::protocol::{PROTOCOL_VERSION, Reply, Request, RequestBody, ServerMessage};
+use kiln_toolbox::framing::encode_json;
+use kiln_toolbox::protocol::{PROTOCOL_VERSION, Reply, Request, RequestBody};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 
 use super::WORKSPACE;
+use super::toolbox_reader::{CallLimits, Pending, PendingMap, lock, read_frames};
 
 /// How long a fresh toolbox may take to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-/// stderr is diagnostics only; keep a log line short.
-const STDERR_LOG_CHARS: usize = 500;
+/// Who the toolbox exec runs as. Root, so that commands (which it starts
+/// as the sandbox user, named with `--user`) cannot signal, trace or write
+/// to it; the container grants root only `CAP_SETUID`, `CAP_SETGID` and
+/// `CAP_KILL`, and the toolbox does its file work as the sandbox user.
+pub const TOOLBOX_EXEC_USER: &str = "0:0";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ToolboxError {
@@ -40,18 +42,16 @@ pub enum ToolboxError {
     /// An answer that does not fit the request (a bug or version skew).
     #[error("unexpected answer from the toolbox: {0}")]
     Unexpected(String),
+    /// The toolbox broke one of the worker's own caps (an oversize frame
+    /// or reply): hostile or broken, so the call fails.
+    #[error("{0}")]
+    Misbehaved(String),
 }
 
 /// Where a running exec's output chunks go. Called from the reader task, so
-/// it must not block.
-pub type OutputSink = Arc<dyn Fn(String) + Send + Sync>;
+/// it must not block; `false`: the chunk was dropped (the queue is full).
+pub type OutputSink = Arc<dyn Fn(String) -> bool + Send + Sync>;
 
-struct Pending {
-    reply: oneshot::Sender<Reply>,
-    output: Option<OutputSink>,
-}
-
-type PendingMap = Arc<Mutex<HashMap<u64, Pending>>>;
 type Input = Pin<Box<dyn AsyncWrite + Send>>;
 
 /// One running toolbox process.
@@ -62,6 +62,8 @@ pub struct ToolboxConn {
     /// Cleared by the reader when the process's output ends.
     alive: Arc<std::sync::atomic::AtomicBool>,
     reader: tokio::task::JoinHandle<()>,
+    /// The toolbox's pid in the container (from its hello).
+    pid: u32,
 }
 
 impl Drop for ToolboxConn {
@@ -73,19 +75,20 @@ impl Drop for ToolboxConn {
 }
 
 impl ToolboxConn {
-    /// Starts `command` in the container and waits for its hello.
+    /// Starts `command` in the container, as root acting for `user` (see
+    /// [`TOOLBOX_EXEC_USER`]), and waits for its hello.
     pub async fn start(docker: &Docker, container: &str, command: &str, user: &str) -> Result<Self, ToolboxError> {
         let exec = docker
             .create_exec(
                 container,
                 CreateExecOptions {
-                    cmd: Some(vec![command]),
+                    cmd: Some(vec![command, "--user", user]),
                     attach_stdin: Some(true),
                     attach_stdout: Some(true),
                     attach_stderr: Some(true),
                     // A TTY would mangle the binary frames.
                     tty: Some(false),
-                    user: Some(user),
+                    user: Some(TOOLBOX_EXEC_USER),
                     working_dir: Some(WORKSPACE),
                     ..Default::default()
                 },
@@ -98,16 +101,31 @@ impl ToolboxConn {
         let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let (hello_tx, hello_rx) = oneshot::channel();
         let reader = tokio::spawn(read_frames(output, pending.clone(), alive.clone(), hello_tx));
-        let conn =
-            ToolboxConn { next_id: AtomicU64::new(1), pending, input: tokio::sync::Mutex::new(input), alive, reader };
+        let mut conn = ToolboxConn {
+            next_id: AtomicU64::new(1),
+            pending,
+            input: tokio::sync::Mutex::new(input),
+            alive,
+            reader,
+            pid: 0,
+        };
         match tokio::time::timeout(HELLO_TIMEOUT, hello_rx).await {
-            Ok(Ok(version)) if version == PROTOCOL_VERSION => Ok(conn),
-            Ok(Ok(version)) => Err(ToolboxError::Start(format!(
-                "it speaks protocol version {version}, this worker speaks {PROTOCOL_VERSION}"
+            Ok(Ok(hello)) if hello.protocol_version == PROTOCOL_VERSION => {
+                conn.pid = hello.pid;
+                Ok(conn)
+            }
+            Ok(Ok(hello)) => Err(ToolboxError::Start(format!(
+                "it speaks protocol version {}, this worker speaks {PROTOCOL_VERSION}",
+                hello.protocol_version
             ))),
             Ok(Err(_)) => Err(ToolboxError::Start(format!("{command} exited before saying hello"))),
             Err(_) => Err(ToolboxError::Start(format!("no hello from {command} within {HELLO_TIMEOUT:?}"))),
         }
+    }
+
+    /// The toolbox's pid in the container.
+    pub fn pid(&self) -> u32 {
+        self.pid
     }
 
     pub fn is_alive(&self) -> bool {
@@ -118,9 +136,10 @@ impl ToolboxConn {
     /// chunks of a running command.
     pub async fn call(&self, body: RequestBody, output: Option<OutputSink>) -> Result<Reply, ToolboxError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let limits = CallLimits::for_request(&body);
         let frame = encode_json(&Request { id, body })?;
         let (tx, rx) = oneshot::channel();
-        lock(&self.pending).insert(id, Pending { reply: tx, output });
+        lock(&self.pending).insert(id, Pending::new(tx, output, limits));
         // Checked after registering: a reader that ended before this point
         // has already drained the map, and one ending later drains it too.
         if !self.is_alive() {
@@ -138,72 +157,6 @@ impl ToolboxConn {
             lock(&self.pending).remove(&id);
             return Err(if self.is_alive() { e.into() } else { ToolboxError::Died });
         }
-        rx.await.map_err(|_| ToolboxError::Died)
+        rx.await.unwrap_or(Err(ToolboxError::Died))
     }
-}
-
-fn lock(map: &PendingMap) -> std::sync::MutexGuard<'_, HashMap<u64, Pending>> {
-    // A panic while holding this lock cannot leave the map inconsistent
-    // (single inserts and removes), so a poisoned lock is still usable.
-    map.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Decodes the toolbox's stdout until it ends, then fails every waiting call.
-async fn read_frames(
-    mut output: Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>,
-    pending: PendingMap,
-    alive: Arc<std::sync::atomic::AtomicBool>,
-    hello: oneshot::Sender<u32>,
-) {
-    let mut hello = Some(hello);
-    let mut decoder = FrameDecoder::default();
-    while let Some(chunk) = output.next().await {
-        match chunk {
-            Ok(LogOutput::StdOut { message }) => decoder.push(&message),
-            Ok(LogOutput::StdErr { message }) => {
-                let text = String::from_utf8_lossy(&message);
-                let text: String = text.chars().take(STDERR_LOG_CHARS).collect();
-                tracing::debug!(stderr = %text.trim_end(), "toolbox");
-                continue;
-            }
-            Ok(_) => continue,
-            Err(e) => {
-                tracing::warn!(error = %e, "reading from the toolbox failed");
-                break;
-            }
-        }
-        while let Some(frame) = decoder.next_frame() {
-            let body = match frame {
-                Ok(body) => body,
-                Err(e) => {
-                    tracing::warn!(error = %e, "bad frame from the toolbox");
-                    continue;
-                }
-            };
-            match serde_json::from_slice::<ServerMessage>(&body) {
-                Ok(ServerMessage::Hello(h)) => {
-                    if let Some(tx) = hello.take() {
-                        let _ = tx.send(h.protocol_version);
-                    }
-                }
-                Ok(ServerMessage::Output(o)) => {
-                    if let Some(Pending { output: Some(sink), .. }) = lock(&pending).get(&o.id) {
-                        sink(o.data);
-                    }
-                }
-                Ok(ServerMessage::Response(r)) => {
-                    if let Some(p) = lock(&pending).remove(&r.id) {
-                        let _ = p.reply.send(r.result);
-                    }
-                }
-                Ok(ServerMessage::ProtocolError(e)) => {
-                    tracing::warn!(message = %e.message, "the toolbox reported a protocol error");
-                }
-                Err(e) => tracing::warn!(error = %e, "unreadable message from the toolbox"),
-            }
-        }
-    }
-    alive.store(false, Ordering::Release);
-    // Dropping the senders wakes every waiting call with `Died`.
-    lock(&pending).clear();
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bollard::exec::{CreateExecOptions, StartExecOptions};
 use kiln_toolbox::protocol::{ErrorKind, FileVersion, Reply, RequestBody};
 
-use super::toolbox::{OutputSink, ToolboxConn, ToolboxError};
+use super::toolbox::{OutputSink, TOOLBOX_EXEC_USER, ToolboxConn, ToolboxError};
 use super::toolbox_binary::{self, CONTAINER_PATH, IMAGE_COMMAND};
 use super::{Sandbox, WORKSPACE};
 
@@ -103,7 +103,9 @@ impl Sandbox {
                 tracing::warn!(container = %self.id, error = %e.message, "sandbox at its process limit; resetting it");
                 {
                     let mut slot = self.toolbox.conn.lock().await;
-                    *slot = None;
+                    if let Some(old) = slot.take() {
+                        self.retire(&old).await;
+                    }
                     *slot = Some(Arc::new(self.restart_toolbox(command).await?));
                 }
                 let mut retry = self.call_once(command, body, output).await?;
@@ -135,7 +137,9 @@ impl Sandbox {
                 Some(c) if c.is_alive() => c.clone(),
                 _ => {
                     tracing::warn!(container = %self.id, "the toolbox is not running; restarting it");
-                    *slot = None;
+                    if let Some(old) = slot.take() {
+                        self.retire(&old).await;
+                    }
                     let c = Arc::new(self.restart_toolbox(command).await?);
                     *slot = Some(c.clone());
                     c
@@ -150,14 +154,30 @@ impl Sandbox {
                 if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
                     *slot = None;
                 }
+                self.retire(&conn).await;
                 Err(ToolboxError::Died)
             }
         }
     }
 
+    /// Kills a toolbox that is being replaced (stuck, or its stream broke):
+    /// it runs as root, so the command user's `kill -9 -1` does not reach it.
+    /// Closing its stdin (dropping the connection) also makes it exit; this
+    /// is for one that no longer reads. Best effort: a pid that is gone, or
+    /// was reused by a command, is harmless to signal.
+    async fn retire(&self, conn: &ToolboxConn) {
+        let pid = conn.pid().to_string();
+        if conn.pid() <= 1 {
+            return;
+        }
+        if let Err(e) = self.run_detached(vec!["kill", "-9", pid.as_str()], TOOLBOX_EXEC_USER).await {
+            tracing::warn!(container = %self.id, error = %e, "killing the old toolbox failed");
+        }
+    }
+
     /// Kills every process of the command user (orphans of the dead
     /// toolbox, a fork bomb that outlived it), then starts a new toolbox.
-    /// The container's main process runs as another user and survives.
+    /// The container's main process and the toolbox run as root and survive.
     async fn restart_toolbox(&self, command: &str) -> Result<ToolboxConn, ToolboxError> {
         let mut last = None;
         for attempt in 0..RESTART_ATTEMPTS {
@@ -191,13 +211,22 @@ impl Sandbox {
     /// Whether the kill ran. kill(-1) signals every process the caller may
     /// signal in one system call, so a fork bomb cannot outrun it.
     async fn kill_all_once(&self) -> Result<bool, ToolboxError> {
+        // kill(-1) spares the caller; procps `kill` exits 1 when some
+        // process could not be signalled. 126/127/-1: it never started.
+        let code = self.run_detached(vec!["kill", "-9", "-1"], &self.config.user).await?;
+        Ok(matches!(code, Some(0) | Some(1) | Some(137)))
+    }
+
+    /// Runs `cmd` as `user` without attaching; its exit code, `None` when
+    /// it did not finish within a second.
+    async fn run_detached(&self, cmd: Vec<&str>, user: &str) -> Result<Option<i64>, ToolboxError> {
         let exec = self
             .docker
             .create_exec(
                 &self.id,
                 CreateExecOptions {
-                    cmd: Some(vec!["kill", "-9", "-1"]),
-                    user: Some(self.config.user.as_str()),
+                    cmd: Some(cmd),
+                    user: Some(user),
                     attach_stdout: Some(false),
                     attach_stderr: Some(false),
                     ..Default::default()
@@ -208,13 +237,11 @@ impl Sandbox {
         for _ in 0..40 {
             let state = self.docker.inspect_exec(&exec.id).await?;
             if state.running == Some(false) {
-                // kill(-1) spares the caller; procps `kill` exits 1 when some
-                // process could not be signalled. 126/127/-1: it never started.
-                return Ok(matches!(state.exit_code, Some(0) | Some(1) | Some(137)));
+                return Ok(state.exit_code);
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        Ok(false)
+        Ok(None)
     }
 
     /// The version of `path` the model last saw, if any.

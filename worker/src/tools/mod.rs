@@ -98,6 +98,11 @@ async fn ask_toolbox(ctx: &ToolContext<'_>, body: RequestBody, stream: bool) -> 
         Err(ToolboxError::Start(e)) => Ok(Answer::Outcome(ToolOutcome::error(format!(
             "the sandbox's tool process could not be restarted ({e}); the sandbox may be out of processes or memory"
         )))),
+        // The toolbox broke one of the worker's caps: the model cannot fix
+        // that, but the run can go on (the next call may restart it).
+        Err(ToolboxError::Misbehaved(e)) => {
+            Ok(Answer::Outcome(ToolOutcome::error(format!("{e}; the call's result was discarded"))))
+        }
         Err(e) => Err(ToolFailure(e.into())),
     }
 }

@@ -176,6 +176,8 @@ async fn create(d: &Docker, c: &SandboxConfig, worker: &str) -> anyhow::Result<S
     let host_config = HostConfig {
         init: Some(true),
         cap_drop: Some(vec!["ALL".into()]),
+        // What the toolbox (root, acting for the sandbox user) needs.
+        cap_add: Some(vec!["SETUID".into(), "SETGID".into(), "KILL".into()]),
         security_opt: Some(vec!["no-new-privileges:true".into()]),
         pids_limit: Some(c.pids_limit),
         memory: Some(c.memory_bytes),
@@ -192,7 +194,8 @@ async fn create(d: &Docker, c: &SandboxConfig, worker: &str) -> anyhow::Result<S
     };
     let body = ContainerCreateBody {
         image: Some(c.image.clone()),
-        user: Some("65534:65534".into()),
+        // Root, so that the toolbox exec gets the capabilities above.
+        user: Some("0:0".into()),
         working_dir: Some("/workspace".into()),
         cmd: Some(vec!["sleep".into(), "infinity".into()]),
         tty: Some(false),
