@@ -305,3 +305,40 @@ async fn writing_past_the_disk_bound_fails_with_enospc_and_the_host_keeps_its_di
     let lost = free_before.saturating_sub(free_after);
     assert!(lost < 1024 * 1024 * 1024, "the host lost {} MiB to a 64 MiB sandbox", lost >> 20);
 }
+
+#[tokio::test]
+async fn without_a_toolbox_files_are_read_and_written_with_the_users_rights_only() {
+    // No toolbox (none found, none in the image): view and write fall back
+    // to the worker's own transfers. A symlink in the workspace to a
+    // directory of root's must not let them act as root.
+    let app = TestApp::spawn(Options {
+        worker: false,
+        script: vec![
+            bash("ln -s /etc /workspace/etc-link && echo linked"),
+            Reply::tool("view", json!({"path": "etc-link/shadow"})),
+            Reply::tool("write", json!({"path": "etc-link/kiln-evil", "content": "x"})),
+            Reply::tool("view", json!({"path": "etc-link/hostname"})),
+            Reply::tool("write", json!({"path": "sub/new.txt", "content": "fresh\n"})),
+            bash("stat -c '%U %a' sub/new.txt; cat sub/new.txt; ls /etc/kiln-evil 2>&1"),
+            Reply::text("done"),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let mut config = kiln_tests::worker_config(kiln_worker::ProviderKind::OpenAi, Duration::from_secs(10));
+    config.sandbox.toolbox_path = Some("/nonexistent/kiln-toolbox".into());
+    app.start_worker(config).await;
+    let id = app.submit("alice", CreateRun::new("read root's files")).await.id;
+    let events = app.events("alice", id).await;
+    let r = results(&events);
+    assert!(!r[1].output.contains("root:"), "root-only content leaked: {:?}", r[1]);
+    assert!(r[1].is_error && r[1].output.contains("Permission denied"), "{:?}", r[1]);
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", events.last());
+    assert_eq!(r.len(), 6, "{r:?}");
+    assert!(r[2].is_error, "{:?}", r[2]);
+    // What the user may read, it still reads through the link.
+    assert!(!r[3].is_error && r[3].output.contains("1 lines"), "{:?}", r[3]);
+    let check = &r[5].output;
+    assert!(check.starts_with("kiln 644\nfresh\n"), "{check}");
+    assert!(check.contains("No such file or directory"), "nothing was written into /etc: {check}");
+}
