@@ -148,6 +148,15 @@ async fn start_worker(store: Store, parts: WorkerParts, shutdown: CancellationTo
     let WorkerParts { config, endpoints, prices } = parts;
     let docker = bollard::Docker::connect_with_local_defaults().context("connecting to Docker")?;
     docker.ping().await.context("the Docker engine does not answer")?;
+    // Refuses an engine that cannot bound a sandbox's disk (unless told to
+    // run unbounded). Without the image yet, the first sandbox probes.
+    match config.sandbox.disk_plan(&docker).await {
+        Ok(_) => {}
+        Err(kiln_worker::sandbox::SandboxError::ImageMissing(image)) => {
+            tracing::warn!(%image, "the sandbox image is missing; the disk bound is probed when it is there");
+        }
+        Err(e) => return Err(anyhow::anyhow!(e).context("bounding the sandboxes' disk")),
+    }
     let providers = Providers::new(endpoints).context("building the HTTP client")?;
     let listener = store.listener();
     // Owed GitHub deliveries no worker is making (runs cancelled while

@@ -957,4 +957,49 @@ async fn a_patch_touching_github_workflows_is_not_pushed_and_the_issue_says_why(
     let comments = comments_on(&s, 15);
     assert_eq!(comments.len(), 1, "{comments:?}");
     assert!(comments[0].contains(".github/workflows/x.yml") && comments[0].contains("not pushed"), "{}", comments[0]);
+#[tokio::test]
+async fn a_background_process_cannot_change_the_workspace_after_its_patch_is_taken() {
+    // The run leaves a process behind (its own session, so the call's end
+    // does not stop it) that rewrites counter.txt every 10 ms. The patch is
+    // taken only once it is stopped, so the pushed counter is the one the
+    // workspace keeps: nothing changes it after (or while) it is taken.
+    let s = setup_idle(vec![
+        Reply::tool(
+            "bash",
+            json!({ "command": "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > counter.txt; sleep 0.01; done' \
+                                >/dev/null 2>&1 < /dev/null & sleep 0.5; echo started" }),
+        ),
+        Reply::text("I left a counter running."),
+    ])
+    .await;
+    s.start_worker_with(|c| c.sandbox_idle = Duration::from_secs(600)).await;
+    let run = github_run(&s, 43, false, None).await;
+    s.app.wait_for_event(run, "delivery.succeeded").await;
+    let pushed = s.repo.git(&["show", &format!("{}:counter.txt", branch_of(43, run))]);
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let containers = s.app.containers_of(&run.to_string()).await;
+    assert_eq!(containers.len(), 1, "the session's container stays");
+    let exec = docker
+        .create_exec(
+            &containers[0],
+            bollard::exec::CreateExecOptions {
+                cmd: Some(vec!["cat", "/workspace/counter.txt"]),
+                attach_stdout: Some(true),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut now = String::new();
+    if let bollard::exec::StartExecResults::Attached { mut output, .. } =
+        docker.start_exec(&exec.id, None).await.unwrap()
+    {
+        while let Some(Ok(chunk)) = futures::StreamExt::next(&mut output).await {
+            now.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
+        }
+    }
+    let options = bollard::query_parameters::RemoveContainerOptionsBuilder::new().force(true).v(true).build();
+    docker.remove_container(&containers[0], Some(options)).await.unwrap();
+    assert!(pushed.trim().parse::<u64>().unwrap() > 1, "the counter ran: {pushed:?}");
+    assert_eq!(now, pushed, "the workspace changed after its patch was taken");
 }

@@ -8,6 +8,7 @@ use clap::Args;
 use kiln_worker::WorkerConfig;
 use kiln_worker::providers::pricing::PriceTable;
 use kiln_worker::sandbox::SandboxConfig;
+use kiln_worker::sandbox::disk::DiskMode;
 
 use super::ModelArgs;
 
@@ -56,6 +57,15 @@ pub struct WorkerArgs {
     /// Size of the sandbox's /tmp (a tmpfs), in MiB.
     #[arg(long, env = "KILN_SANDBOX_TMPFS_MB", default_value_t = 256)]
     pub sandbox_tmpfs_mb: u64,
+    /// What one session may write, in MiB (`/workspace` and the rest of its
+    /// filesystem but `/tmp`); a write past it fails with ENOSPC.
+    #[arg(long, env = "KILN_SANDBOX_DISK_MB", default_value_t = 1024)]
+    pub sandbox_disk_mb: u64,
+    /// How the disk bound is enforced: `auto` (the writable layer's size where
+    /// the engine supports it, else a read-only root with tmpfs), `layer`,
+    /// `tmpfs`, or `unbounded` (no bound; needed on engines that support neither).
+    #[arg(long, env = "KILN_SANDBOX_DISK_MODE", default_value = "auto")]
+    pub sandbox_disk_mode: DiskMode,
     /// Open files per sandbox process (`nofile` ulimit).
     #[arg(long, env = "KILN_SANDBOX_NOFILE", default_value_t = 4096)]
     pub sandbox_nofile: i64,
@@ -110,6 +120,9 @@ impl WorkerArgs {
         if model.model_context_tokens < 1_000 {
             bail!("KILN_MODEL_CONTEXT_TOKENS must be at least 1000");
         }
+        if self.sandbox_disk_mb < 16 {
+            bail!("KILN_SANDBOX_DISK_MB must be at least 16");
+        }
         if self.lease_s < 3 {
             bail!("KILN_LEASE_S must be at least 3");
         }
@@ -136,6 +149,8 @@ impl WorkerArgs {
                 runtime: self.sandbox_runtime.clone(),
                 allow_network: self.sandbox_allow_network,
                 toolbox_path: self.toolbox_path.clone(),
+                disk_mb: self.sandbox_disk_mb,
+                disk_mode: self.sandbox_disk_mode,
                 ..SandboxConfig::default()
             },
             default_provider: model.provider()?,

@@ -14,8 +14,7 @@ use super::policy::{self, check_login};
 use super::{Github, GithubError};
 use crate::sandbox::Sandbox;
 
-/// Where the patch is written inside the sandbox. Under `.git` rather than
-/// `/tmp`: Docker's archive API cannot read tmpfs mounts, and git never
+/// Where the patch is written inside the sandbox. Under `.git`: git never
 /// lists its own directory in a diff.
 const PATCH_IN_SANDBOX: &str = "/workspace/.git/kiln-delivery.patch";
 /// Largest patch delivered; bigger changes are almost surely build output.
@@ -148,8 +147,10 @@ async fn checkout_inner(
 }
 
 /// Takes `/workspace`'s changes against the checked-out commit out of the
-/// sandbox (exec + archive download: nothing runs on the worker's side with
-/// the agent's files) and stores them. Commits the agent made are included.
+/// sandbox (execs only: nothing runs on the worker's side with the agent's
+/// files) and stores them. Commits the agent made are included. Whatever
+/// the run left running is stopped first, so no background process can
+/// change the workspace while or after the patch is taken.
 pub async fn capture(store: &Store, run_id: Uuid, sandbox: &Sandbox) -> Result<(), GithubError> {
     let Some(base) = store.github_base_sha(run_id).await? else {
         // A run checked out before GitHub delivery was configured.
@@ -158,6 +159,10 @@ pub async fn capture(store: &Store, run_id: Uuid, sandbox: &Sandbox) -> Result<(
     if !(7..=64).contains(&base.len()) || !base.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(GithubError::Delivery(format!("the recorded base {base:?} is not a commit id")));
     }
+    sandbox
+        .kill_user_processes()
+        .await
+        .map_err(|e| GithubError::Sandbox(format!("stopping the run's processes before taking its changes: {e}")))?;
     let command =
         format!("git -C /workspace add -A && git -C /workspace diff --cached --binary {base} > {PATCH_IN_SANDBOX}");
     let out = sandbox

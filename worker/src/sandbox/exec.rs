@@ -1,9 +1,11 @@
-//! Running a shell command in the sandbox: one exec per call.
+//! Running a command in the sandbox: one exec per call.
 
 use std::time::Duration;
 
+use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecResults};
 use futures::StreamExt;
+use tokio::io::AsyncWriteExt;
 
 use super::{HeadTail, Sandbox, SandboxError, WORKSPACE};
 
@@ -74,5 +76,93 @@ impl Sandbox {
         let exit_code = self.docker.inspect_exec(&exec.id).await?.exit_code;
         let timed_out = matches!(exit_code, Some(TIMEOUT_EXIT) | Some(KILLED_EXIT));
         Ok(ExecOutput { exit_code, output: captured.render().0, timed_out })
+    }
+}
+
+/// A command's raw result: stdout as bytes, stderr as (short) text.
+#[derive(Debug)]
+pub(super) struct RawOutput {
+    pub exit_code: Option<i64>,
+    pub stdout: Vec<u8>,
+    /// stdout went past the cap; the rest was not read.
+    pub overflow: bool,
+    pub stderr: String,
+}
+
+/// Most stderr kept from a raw exec: it becomes an error message.
+const RAW_STDERR_CAP: usize = 4096;
+
+impl Sandbox {
+    /// Runs `argv` (no shell around it) as the command user, with `stdin`
+    /// written to it and then closed, keeping up to `stdout_cap` bytes of
+    /// stdout. For file transfers that must act with the user's rights, not
+    /// the engine's.
+    pub(super) async fn exec_raw(
+        &self,
+        argv: &[&str],
+        stdin: Option<&[u8]>,
+        stdout_cap: usize,
+        timeout: Duration,
+    ) -> Result<RawOutput, SandboxError> {
+        let secs = timeout.as_secs().max(1).to_string();
+        let mut cmd = vec!["timeout", "-k", "2", secs.as_str()];
+        cmd.extend_from_slice(argv);
+        let exec = self
+            .docker
+            .create_exec(
+                &self.id,
+                CreateExecOptions {
+                    cmd: Some(cmd),
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    attach_stdin: Some(stdin.is_some()),
+                    tty: Some(false),
+                    working_dir: Some(WORKSPACE),
+                    user: Some(self.config.user.as_str()),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let mut out = RawOutput { exit_code: None, stdout: Vec::new(), overflow: false, stderr: String::new() };
+        if let StartExecResults::Attached { mut output, mut input } = self.docker.start_exec(&exec.id, None).await? {
+            let transfer = async {
+                if let Some(bytes) = stdin {
+                    // A command that failed early stops reading; its exit
+                    // status and stderr then say why, not the broken pipe.
+                    if input.write_all(bytes).await.is_ok() {
+                        // EOF for the command.
+                        let _ = input.shutdown().await;
+                    }
+                }
+                drop(input);
+                while let Some(chunk) = output.next().await {
+                    match chunk? {
+                        LogOutput::StdOut { message } => {
+                            if out.stdout.len() + message.len() > stdout_cap {
+                                out.overflow = true;
+                                break;
+                            }
+                            out.stdout.extend_from_slice(&message);
+                        }
+                        LogOutput::StdErr { message } if out.stderr.len() < RAW_STDERR_CAP => {
+                            out.stderr.push_str(&String::from_utf8_lossy(&message));
+                        }
+                        _ => {}
+                    }
+                }
+                Ok::<(), SandboxError>(())
+            };
+            // The timeout inside the container is authoritative; this one
+            // guards against an engine that never closes the stream.
+            match tokio::time::timeout(timeout + Duration::from_secs(10), transfer).await {
+                Ok(result) => result?,
+                Err(_) => return Err(SandboxError::Workspace("a file transfer in the sandbox hung".into())),
+            }
+        }
+        if out.overflow {
+            return Ok(out);
+        }
+        out.exit_code = self.docker.inspect_exec(&exec.id).await?.exit_code;
+        Ok(out)
     }
 }

@@ -1,13 +1,28 @@
-//! Reading and writing single files through the Docker archive API, so
-//! content crosses byte for byte with no shell quoting involved.
+//! Reading and writing single files when the sandbox has no toolbox: one
+//! `docker exec` as the command user, content passed byte for byte as
+//! the command's stdout or stdin (no shell quoting of content; the path is
+//! an argument). Not the archive API: that acts as root inside the
+//! container, so a symlink in the workspace (`ln -s /etc x`, then view
+//! `x/shadow`) would reach files the user cannot.
 
-use bytes::Bytes;
-use futures::StreamExt;
-use std::io::Read;
-
-use bollard::query_parameters::{DownloadFromContainerOptionsBuilder, UploadToContainerOptionsBuilder};
+use std::time::Duration;
 
 use super::{Sandbox, SandboxError, WORKSPACE};
+
+/// Longest a single file transfer may take.
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Reads `$1` up to `$2` bytes. Exit 2: no such file; 21: a directory;
+/// 27: larger than `$2` (its size on stderr); otherwise `cat`'s own error.
+const READ_SCRIPT: &str = r#"p=$1
+if [ -d "$p" ]; then exit 21; fi
+if [ ! -e "$p" ] && [ ! -L "$p" ]; then exit 2; fi
+size=$(stat -L -c %s -- "$p" 2>/dev/null) || exec cat -- "$p"
+if [ "$size" -gt "$2" ]; then echo "$size" >&2; exit 27; fi
+exec cat -- "$p""#;
+
+/// Writes stdin to `$1`, creating its directory first.
+const WRITE_SCRIPT: &str = r#"mkdir -p -- "$(dirname -- "$1")" && cat > "$1""#;
 
 /// A file problem the model can act on.
 #[derive(Debug, thiserror::Error)]
@@ -20,6 +35,9 @@ pub enum FileError {
     TooLarge { path: String, size: u64, limit: u64 },
     #[error("invalid path {0:?}")]
     InvalidPath(String),
+    /// What the command user may not do (permissions, a full disk, …).
+    #[error("{path}: {reason}")]
+    Refused { path: String, reason: String },
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
 }
@@ -33,90 +51,51 @@ pub fn resolve(path: &str) -> Result<String, FileError> {
 }
 
 impl Sandbox {
-    /// Reads a whole file, up to `limit` bytes.
+    /// Reads a whole file, up to `limit` bytes, as the command user.
     pub async fn read_file(&self, path: &str, limit: u64) -> Result<Vec<u8>, FileError> {
         let abs = resolve(path)?;
-        let options = DownloadFromContainerOptionsBuilder::new().path(&abs).build();
-        let mut stream = self.docker.download_from_container(&self.id, Some(options));
-        let mut tarball = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            match chunk {
-                Ok(bytes) => {
-                    tarball.extend_from_slice(&bytes);
-                    // The tar adds headers; allow for them before giving up.
-                    if tarball.len() as u64 > limit + 64 * 1024 {
-                        return Err(FileError::TooLarge { path: path.to_owned(), size: tarball.len() as u64, limit });
-                    }
-                }
-                Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
-                    return Err(FileError::NotFound(path.to_owned()));
-                }
-                Err(e) => return Err(SandboxError::from(e).into()),
+        let limit_arg = limit.to_string();
+        let argv = ["sh", "-c", READ_SCRIPT, "sh", abs.as_str(), limit_arg.as_str()];
+        let cap = usize::try_from(limit).unwrap_or(usize::MAX);
+        let out = self.exec_raw(&argv, None, cap, TRANSFER_TIMEOUT).await?;
+        if out.overflow {
+            // Grew while being read.
+            return Err(FileError::TooLarge { path: path.to_owned(), size: limit.saturating_add(1), limit });
+        }
+        match out.exit_code {
+            Some(0) => Ok(out.stdout),
+            Some(2) => Err(FileError::NotFound(path.to_owned())),
+            Some(21) => Err(FileError::IsDirectory(path.to_owned())),
+            Some(27) => {
+                let size = out.stderr.trim().parse().unwrap_or(limit.saturating_add(1));
+                Err(FileError::TooLarge { path: path.to_owned(), size, limit })
             }
+            _ => Err(refused(path, &out.stderr)),
         }
-        let mut archive = tar::Archive::new(tarball.as_slice());
-        let mut entries = archive.entries().map_err(SandboxError::from)?;
-        let Some(entry) = entries.next() else {
-            return Err(FileError::NotFound(path.to_owned()));
-        };
-        let mut entry = entry.map_err(SandboxError::from)?;
-        if entry.header().entry_type().is_dir() {
-            return Err(FileError::IsDirectory(path.to_owned()));
-        }
-        let size = entry.header().size().map_err(SandboxError::from)?;
-        if size > limit {
-            return Err(FileError::TooLarge { path: path.to_owned(), size, limit });
-        }
-        let mut content = Vec::with_capacity(size as usize);
-        entry.read_to_end(&mut content).map_err(SandboxError::from)?;
-        Ok(content)
     }
 
-    /// Writes a file (creating parent directories), owned by the sandbox user.
+    /// Writes a file (creating parent directories) as the command user.
     pub async fn write_file(&self, path: &str, content: &[u8]) -> Result<(), FileError> {
         let abs = resolve(path)?;
-        let (parent, name) = abs.rsplit_once('/').ok_or_else(|| FileError::InvalidPath(path.to_owned()))?;
+        let name = abs.rsplit('/').next().unwrap_or_default();
         if name.is_empty() || name == "." || name == ".." {
             return Err(FileError::InvalidPath(path.to_owned()));
         }
-        let parent = if parent.is_empty() { "/" } else { parent };
-        self.ensure_dir(parent).await?;
-        let tarball = single_file_tar(name, content, &self.config.user).map_err(SandboxError::from)?;
-        let options = UploadToContainerOptionsBuilder::new().path(parent).build();
-        self.docker
-            .upload_to_container(&self.id, Some(options), bollard::body_full(Bytes::from(tarball)))
-            .await
-            .map_err(|e| match e {
-                bollard::errors::Error::DockerResponseServerError { status_code: 404, .. } => {
-                    FileError::NotFound(parent.to_owned())
-                }
-                other => SandboxError::from(other).into(),
-            })
-    }
-
-    async fn ensure_dir(&self, dir: &str) -> Result<(), FileError> {
-        let quoted = format!("'{}'", dir.replace('\'', "'\\''"));
-        let out = self.exec(&format!("mkdir -p -- {quoted}"), std::time::Duration::from_secs(10), 4096, |_| {}).await?;
-        if out.exit_code != Some(0) {
-            return Err(FileError::InvalidPath(format!("{dir}: {}", out.output.trim())));
+        let argv = ["sh", "-c", WRITE_SCRIPT, "sh", abs.as_str()];
+        let out = self.exec_raw(&argv, Some(content), 0, TRANSFER_TIMEOUT).await?;
+        match out.exit_code {
+            Some(0) => Ok(()),
+            _ if out.stderr.contains("Is a directory") => Err(FileError::IsDirectory(path.to_owned())),
+            _ => Err(refused(path, &out.stderr)),
         }
-        Ok(())
     }
 }
 
-/// A tar holding one regular file owned by `user` (`uid:gid`).
-fn single_file_tar(name: &str, content: &[u8], user: &str) -> std::io::Result<Vec<u8>> {
-    let (uid, gid) = parse_user(user);
-    let mut header = tar::Header::new_gnu();
-    header.set_size(content.len() as u64);
-    header.set_mode(0o644);
-    header.set_uid(uid);
-    header.set_gid(gid);
-    header.set_mtime(chrono::Utc::now().timestamp().max(0) as u64);
-    header.set_entry_type(tar::EntryType::Regular);
-    let mut builder = tar::Builder::new(Vec::new());
-    builder.append_data(&mut header, name, content)?;
-    builder.into_inner()
+/// The failing command's own words, without the `cat: <path>: ` prefix.
+fn refused(path: &str, stderr: &str) -> FileError {
+    let line = stderr.lines().last().unwrap_or("").trim();
+    let reason = line.rsplit(": ").next().filter(|r| !r.is_empty()).unwrap_or("the command failed");
+    FileError::Refused { path: path.to_owned(), reason: reason.to_owned() }
 }
 
 pub(crate) fn parse_user(user: &str) -> (u64, u64) {
@@ -139,14 +118,9 @@ mod tests {
     }
 
     #[test]
-    fn tar_entry_has_owner_and_content() {
-        let t = single_file_tar("x.txt", b"hi", "1000:1001").unwrap();
-        let mut a = tar::Archive::new(t.as_slice());
-        let mut e = a.entries().unwrap().next().unwrap().unwrap();
-        assert_eq!(e.header().uid().unwrap(), 1000);
-        assert_eq!(e.header().gid().unwrap(), 1001);
-        let mut s = String::new();
-        e.read_to_string(&mut s).unwrap();
-        assert_eq!(s, "hi");
+    fn a_refusal_keeps_the_reason_not_the_command() {
+        let e = refused("x/shadow", "cat: /workspace/x/shadow: Permission denied\n");
+        assert_eq!(e.to_string(), "x/shadow: Permission denied");
+        assert_eq!(refused("a", "").to_string(), "a: the command failed");
     }
 }

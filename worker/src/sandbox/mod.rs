@@ -8,12 +8,13 @@
 //! renamed when a session takes one.
 //!
 //! Commands run as an unprivileged user with no capabilities,
-//! `no-new-privileges`, pids/memory/CPU limits and no network. Only the
-//! toolbox runs as root, with `CAP_SETUID`, `CAP_SETGID` and `CAP_KILL`
-//! alone, so that commands cannot reach it (see `toolbox`). The workspace
+//! `no-new-privileges`, pids/memory/CPU/disk limits (see `disk`) and no
+//! network. Only the toolbox runs as root, with `CAP_SETUID`, `CAP_SETGID`
+//! and `CAP_KILL` alone, so that commands cannot reach it (see `toolbox`). The workspace
 //! enters and leaves through the archive API, so the worker can drive a
 //! remote engine; credentials never enter the container.
 
+pub mod disk;
 mod exec;
 mod files;
 pub mod lifecycle;
@@ -34,6 +35,7 @@ use bollard::models::{ContainerCreateBody, HostConfig, ResourcesUlimits};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
 };
+use disk::{DiskError, DiskMode, DiskPlan};
 use kiln_protocol::{NetworkMode, SandboxSpec};
 use uuid::Uuid;
 
@@ -90,6 +92,8 @@ pub enum SandboxError {
     Io(#[from] std::io::Error),
     #[error("toolbox: {0}")]
     Toolbox(#[from] ToolboxError),
+    #[error(transparent)]
+    Disk(#[from] DiskError),
 }
 
 /// Resource limits and image of a sandbox.
@@ -116,6 +120,14 @@ pub struct SandboxConfig {
     /// The toolbox binary to copy into containers; `None`: look for it
     /// (`KILN_TOOLBOX_PATH`, then next to the executable).
     pub toolbox_path: Option<PathBuf>,
+    /// What a session may write, in MiB: `/workspace` and the rest of the
+    /// writable filesystem (see `disk` for how, per engine).
+    pub disk_mb: u64,
+    /// How the disk is bounded (`KILN_SANDBOX_DISK_MODE`).
+    pub disk_mode: DiskMode,
+    /// The engine probe's plan, made once (at worker start, or by the first
+    /// container) and shared by every clone of this config.
+    pub disk_plan: Arc<tokio::sync::OnceCell<DiskPlan>>,
 }
 
 impl Default for SandboxConfig {
@@ -132,11 +144,32 @@ impl Default for SandboxConfig {
             runtime: None,
             allow_network: false,
             toolbox_path: None,
+            disk_mb: 1024,
+            disk_mode: DiskMode::Auto,
+            disk_plan: Arc::default(),
         }
     }
 }
 
 impl SandboxConfig {
+    /// How sandboxes' disk is bounded on this engine: probed the first time
+    /// it is asked for, then remembered.
+    pub async fn disk_plan(&self, docker: &Docker) -> Result<&DiskPlan, SandboxError> {
+        self.disk_plan
+            .get_or_try_init(|| async {
+                let plan = disk::probe(docker, self).await?;
+                tracing::info!(
+                    mechanism = plan.mechanism.as_str(),
+                    disk_mb = self.disk_mb,
+                    home = ?plan.home,
+                    image_volumes = ?plan.image_volumes,
+                    "sandbox disk bound"
+                );
+                Ok(plan)
+            })
+            .await
+    }
+
     /// This deployment's sandbox as a run asked for it: limits only ever
     /// lowered, network only where allowed. `Err`: what the run may not have.
     pub fn narrowed(&self, spec: &SandboxSpec) -> Result<SandboxConfig, String> {
@@ -206,8 +239,9 @@ impl Sandbox {
         name: &str,
         purpose: Purpose<'_>,
     ) -> Result<Sandbox, SandboxError> {
+        let plan = config.disk_plan(docker).await?;
         let options = CreateContainerOptionsBuilder::new().name(name).build();
-        let body = || container_body(config, &purpose);
+        let body = || container_body(config, plan, &purpose);
         let created = match docker.create_container(Some(options.clone()), body()).await {
             Ok(c) => c,
             Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
@@ -245,7 +279,7 @@ impl Sandbox {
     }
 }
 
-fn container_body(config: &SandboxConfig, purpose: &Purpose<'_>) -> ContainerCreateBody {
+fn container_body(config: &SandboxConfig, plan: &DiskPlan, purpose: &Purpose<'_>) -> ContainerCreateBody {
     let mut labels = HashMap::from([(LABEL_MANAGED.to_owned(), "true".to_owned())]);
     match purpose {
         Purpose::Session(owner) => {
@@ -259,16 +293,13 @@ fn container_body(config: &SandboxConfig, purpose: &Purpose<'_>) -> ContainerCre
             labels.insert(LABEL_WORKER.to_owned(), (*worker).to_owned());
         }
     }
-    let host_config = HostConfig {
+    let mut host_config = HostConfig {
         // docker-init as PID 1 reaps orphans, so killed commands leave no zombies.
         init: Some(true),
         cap_drop: Some(vec!["ALL".into()]),
         cap_add: Some(TOOLBOX_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect()),
         security_opt: Some(vec!["no-new-privileges:true".into()]),
         pids_limit: Some(config.pids_limit),
-        memory: Some(config.memory_bytes),
-        // Equal to memory: no swap.
-        memory_swap: Some(config.memory_bytes),
         nano_cpus: Some(config.nano_cpus),
         network_mode: Some(if config.network { "bridge".into() } else { "none".into() }),
         ulimits: Some(vec![ResourcesUlimits {
@@ -285,6 +316,8 @@ fn container_body(config: &SandboxConfig, purpose: &Purpose<'_>) -> ContainerCre
         runtime: config.runtime.clone(),
         ..Default::default()
     };
+    // The disk bound, and memory (no swap) that leaves room for every tmpfs.
+    disk::apply(plan, config, &mut host_config);
     ContainerCreateBody {
         image: Some(config.image.clone()),
         // The container's own process (PID 1 and its `sleep`) does not run

@@ -11,6 +11,10 @@ use super::{Sandbox, SandboxError};
 /// Where the copied binary lives in the container: not under `/tmp` (a
 /// tmpfs the model can fill) and on the root filesystem, which is not noexec.
 pub const CONTAINER_PATH: &str = "/usr/local/libexec/kiln/kiln-toolbox";
+/// The directory of [`CONTAINER_PATH`]: a small tmpfs volume of its own (see
+/// `disk`), root-owned, so the binary can be copied in even where the root
+/// filesystem is read-only, and the command user cannot replace it.
+pub const CONTAINER_DIR: &str = "/usr/local/libexec/kiln";
 /// What to run when no local binary was found: an image that ships the
 /// toolbox has it on `PATH`.
 pub const IMAGE_COMMAND: &str = "kiln-toolbox";
@@ -71,10 +75,10 @@ fn candidates(configured: Option<&Path>) -> Vec<PathBuf> {
 
 impl Sandbox {
     /// Copies `binary` to [`CONTAINER_PATH`] (root-owned, mode 0755) through
-    /// the archive API.
+    /// the archive API, into the volume mounted at [`CONTAINER_DIR`].
     pub(super) async fn install_toolbox(&self, binary: &[u8]) -> Result<(), SandboxError> {
         let tarball = tar_with_binary(binary)?;
-        let options = UploadToContainerOptionsBuilder::new().path("/").build();
+        let options = UploadToContainerOptionsBuilder::new().path(CONTAINER_DIR).build();
         self.docker.upload_to_container(&self.id, Some(options), bollard::body_full(tarball.into())).await?;
         Ok(())
     }
@@ -82,21 +86,10 @@ impl Sandbox {
 
 fn tar_with_binary(binary: &[u8]) -> Result<Vec<u8>, std::io::Error> {
     let mut builder = tar::Builder::new(Vec::with_capacity(binary.len() + 4096));
-    let rel = CONTAINER_PATH.trim_start_matches('/');
-    let mut dir = PathBuf::new();
-    let parent = Path::new(rel).parent().map(Path::to_path_buf).unwrap_or_default();
-    for part in parent.components() {
-        dir.push(part);
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(tar::EntryType::Directory);
-        header.set_mode(0o755);
-        header.set_size(0);
-        builder.append_data(&mut header, &dir, std::io::empty())?;
-    }
     let mut header = tar::Header::new_gnu();
     header.set_mode(0o755);
     header.set_size(binary.len() as u64);
-    builder.append_data(&mut header, rel, binary)?;
+    builder.append_data(&mut header, BINARY_NAME, binary)?;
     builder.into_inner()
 }
 
@@ -105,7 +98,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_tarball_holds_the_directories_and_an_executable() {
+    fn the_tarball_holds_an_executable_named_as_the_container_path_says() {
         let tarball = tar_with_binary(b"\x7fELF").unwrap();
         let mut archive = tar::Archive::new(tarball.as_slice());
         let entries: Vec<(String, u32)> = archive
@@ -116,7 +109,7 @@ mod tests {
                 (e.path().unwrap().display().to_string(), e.header().mode().unwrap())
             })
             .collect();
-        assert_eq!(entries.last().unwrap(), &("usr/local/libexec/kiln/kiln-toolbox".to_owned(), 0o755));
-        assert!(entries.iter().any(|(p, _)| p == "usr/local/libexec"));
+        assert_eq!(entries, [("kiln-toolbox".to_owned(), 0o755)]);
+        assert_eq!(format!("{CONTAINER_DIR}/{BINARY_NAME}"), CONTAINER_PATH);
     }
 }

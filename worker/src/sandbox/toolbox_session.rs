@@ -194,8 +194,10 @@ impl Sandbox {
     }
 
     /// Runs `kill -9 -1` as the command user until one run of it got to
-    /// start: at the pids limit starting the kill itself can fail.
-    pub(super) async fn kill_user_processes(&self) -> Result<(), ToolboxError> {
+    /// start: at the pids limit starting the kill itself can fail. Stops
+    /// everything the run started, background processes included (and the
+    /// toolbox, which the next call restarts).
+    pub async fn kill_user_processes(&self) -> Result<(), ToolboxError> {
         let mut last = Ok(());
         for _ in 0..KILL_ATTEMPTS {
             match self.kill_all_once().await {
