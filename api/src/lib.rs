@@ -99,6 +99,9 @@ pub struct ApiSettings {
     /// Runs may name a `callback_url`: the deployment has a secret to sign
     /// callbacks with (`KILN_CALLBACK_SECRET`). Off: such runs are refused.
     pub callbacks_enabled: bool,
+    /// Where a run's `repo.url` may lead, as far as the API can tell without
+    /// DNS (`KILN_ALLOW_PRIVATE_REPOS`, `KILN_ALLOW_GIT_PROTOCOLS`).
+    pub repo_rules: kiln_protocol::repo_url::RepoRules,
     /// How long a request may take to arrive and be answered (an event
     /// stream: until its headers); beyond it, 408.
     pub request_timeout: Duration,
@@ -119,6 +122,7 @@ impl Default for ApiSettings {
             max_sse_per_subject: 32,
             metrics_refresh: Duration::from_secs(10),
             callbacks_enabled: false,
+            repo_rules: kiln_protocol::repo_url::RepoRules::default(),
             request_timeout: Duration::from_secs(30),
             sse_max_duration: Duration::from_secs(30 * 60),
             connection: HttpTimeouts::default(),

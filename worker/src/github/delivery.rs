@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::comment::{inline, quote};
 use super::git::{GitAuth, git, push_new_branch};
 use super::{Github, GithubError};
-use crate::sandbox::Sandbox;
+use crate::sandbox::{Sandbox, SandboxError};
 
 /// Where the patch is written inside the sandbox. Under `.git` rather than
 /// `/tmp`: Docker's archive API cannot read tmpfs mounts, and git never
@@ -61,11 +61,13 @@ pub async fn checkout(
     run: &Run,
     origin: &GithubOrigin,
     sandbox: &Sandbox,
-) -> Result<(), GithubError> {
-    let result = checkout_inner(github, store, run, origin, sandbox).await;
-    match result {
+    max_bytes: u64,
+) -> Result<(), SandboxError> {
+    match checkout_inner(github, store, run, origin, sandbox, max_bytes).await {
         Ok(()) => Ok(()),
-        Err(e) => Err(GithubError::Delivery(github.redact(&e.to_string()).await)),
+        // Too large is final and says which setting; kept as it is.
+        Err(GithubError::Checkout(e @ SandboxError::RepoTooLarge { .. })) => Err(e),
+        Err(e) => Err(SandboxError::Workspace(github.redact(&e.to_string()).await)),
     }
 }
 
@@ -75,6 +77,7 @@ async fn checkout_inner(
     run: &Run,
     origin: &GithubOrigin,
     sandbox: &Sandbox,
+    max_bytes: u64,
 ) -> Result<(), GithubError> {
     let repo = run.repo.as_ref().ok_or_else(|| GithubError::Delivery("the GitHub run names no repository".into()))?;
     check_scheme(&repo.url)?;
@@ -111,7 +114,10 @@ async fn checkout_inner(
         Err(_) => git_ref.clone().unwrap_or_default(),
     };
     store.set_github_base(run.id, &branch, &sha).await?;
-    sandbox.upload_dir(&dest).await.map_err(|e| GithubError::Sandbox(format!("uploading the checkout: {e}")))
+    sandbox.upload_dir(&dest, max_bytes).await.map_err(|e| match e {
+        SandboxError::RepoTooLarge { .. } => GithubError::Checkout(e),
+        e => GithubError::Sandbox(format!("uploading the checkout: {e}")),
+    })
 }
 
 /// Takes `/workspace`'s changes against the checked-out commit out of the

@@ -56,6 +56,8 @@ pub enum GithubError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Delivery(String),
+    #[error(transparent)]
+    Checkout(SandboxError),
 }
 
 /// How a worker talks to GitHub.
@@ -141,8 +143,9 @@ pub async fn checkout(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox) -> Opti
         Err(e) => return Some(Err(SandboxError::Workspace(format!("reading the run's GitHub origin: {e}")))),
     };
     delivery::spawn_ack(github.clone(), ctx.store.clone(), run.id, origin.clone());
-    let result = delivery::checkout(github, &ctx.store, run, &origin, sandbox).await;
-    Some(result.map_err(|e| SandboxError::Workspace(e.to_string())))
+    let max_bytes = ctx.config.clone_settings().max_bytes;
+    let result = delivery::checkout(github, &ctx.store, run, &origin, sandbox, max_bytes).await;
+    Some(result)
 }
 
 /// Hook for the end of a successful agent loop, while the sandbox lives:
