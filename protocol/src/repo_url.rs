@@ -139,14 +139,19 @@ pub fn parse_repo_url(raw: &str) -> Result<RepoUrl, RepoUrlError> {
 
 /// `[user@]host:path`, git's scp-like ssh form.
 fn parse_scp_like(raw: &str) -> Result<RepoUrl, RepoUrlError> {
-    let (before_path, _) = raw.split_once(':').ok_or_else(|| RepoUrlError::Malformed("no scheme".into()))?;
-    let host = match before_path.rsplit_once('@') {
-        // A user name is how ssh logs in, but `user:secret@` has no place here.
-        Some((user, _)) if user.contains(':') => return Err(RepoUrlError::Credentials),
-        Some((_, host)) => host,
-        None => before_path,
+    // The user is what comes before the first `@`, if that is before any
+    // `/` (a path may hold `@`); `user:secret@` has no place here.
+    let rest = match raw.split_once('@') {
+        Some((user, _)) if user.contains(':') && !user.contains('/') => return Err(RepoUrlError::Credentials),
+        Some((user, rest)) if !user.contains('/') => rest,
+        _ => raw,
     };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let host = match rest.strip_prefix('[') {
+        // `[::1]:path`
+        Some(bracketed) => bracketed.split_once(']').map(|(h, _)| h),
+        None => rest.split_once(':').map(|(h, _)| h),
+    };
+    let host = host.ok_or_else(|| RepoUrlError::Malformed("no path".into()))?;
     if host.is_empty() {
         return Err(RepoUrlError::Malformed("no host".into()));
     }
@@ -215,7 +220,7 @@ mod tests {
             assert_eq!(open.check(&url), Ok(()), "{raw}");
         }
         let git = RepoRules { allow_git_protocols: true, ..RepoRules::default() };
-        for raw in ["git://192.168.0.1/r", "ssh://git@10.0.0.1/r", "git@10.0.0.1:o/r.git"] {
+        for raw in ["git://192.168.0.1/r", "ssh://git@10.0.0.1/r", "git@10.0.0.1:o/r.git", "git@[fd00::1]:o/r"] {
             assert_eq!(git.check(&parse_repo_url(raw).unwrap()), Err(RepoUrlError::NotPublic("private")), "{raw}");
         }
         let public = parse_repo_url("https://github.com/o/r.git").unwrap();

@@ -143,8 +143,8 @@ pub async fn checkout(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox) -> Opti
         Err(e) => return Some(Err(SandboxError::Workspace(format!("reading the run's GitHub origin: {e}")))),
     };
     delivery::spawn_ack(github.clone(), ctx.store.clone(), run.id, origin.clone());
-    let max_bytes = ctx.config.clone_settings().max_bytes;
-    let result = delivery::checkout(github, &ctx.store, run, &origin, sandbox, max_bytes).await;
+    let limits = ctx.config.clone_settings();
+    let result = delivery::checkout(github, &ctx.store, run, &origin, sandbox, &limits).await;
     Some(result)
 }
 

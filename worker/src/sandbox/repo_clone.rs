@@ -100,16 +100,15 @@ pub async fn clone_repo(
     }
     args.extend(["--", &url.normalized, dest_str]);
     git.run(&args, None, Some((dest, settings))).await?;
-    let rev = commit.unwrap_or("HEAD");
-    let fetched = dir_size(dest.to_owned()).await?;
-    if fetched > settings.max_bytes || git.tree_size(dest, rev, settings.max_bytes - fetched).await?.is_none() {
-        return Err(too_large(settings));
-    }
-    let checkout: Vec<&str> = match commit {
-        Some(c) => vec!["checkout", "--quiet", "--force", "--detach", c],
-        None => vec!["checkout", "--quiet", "--force", "HEAD"],
-    };
-    git.run(&checkout, Some(dest), Some((dest, settings))).await
+    git.checkout_within(dest, commit, settings).await
+}
+
+/// Checks out `HEAD` (or `commit`, detached) of a clone made with
+/// `--no-checkout`, if the tree fits in what is left of the cap; the
+/// GitHub checkout, which clones with its token, ends with this too.
+pub async fn checkout_within(dest: &Path, commit: Option<&str>, settings: &CloneSettings) -> Result<(), SandboxError> {
+    let git = Git { config: isolated_config(settings.allow_file), protocols: protocols(settings) };
+    git.checkout_within(dest, commit, settings).await
 }
 
 fn refused(e: RepoUrlError) -> SandboxError {
@@ -169,6 +168,24 @@ struct Git {
 }
 
 impl Git {
+    async fn checkout_within(
+        &self,
+        dest: &Path,
+        commit: Option<&str>,
+        settings: &CloneSettings,
+    ) -> Result<(), SandboxError> {
+        let rev = commit.unwrap_or("HEAD");
+        let fetched = dir_size(dest.to_owned()).await?;
+        if fetched > settings.max_bytes || self.tree_size(dest, rev, settings.max_bytes - fetched).await?.is_none() {
+            return Err(too_large(settings));
+        }
+        let checkout: Vec<&str> = match commit {
+            Some(c) => vec!["checkout", "--quiet", "--force", "--detach", c],
+            None => vec!["checkout", "--quiet", "--force", "HEAD"],
+        };
+        self.run(&checkout, Some(dest), Some((dest, settings))).await
+    }
+
     fn command(&self, args: &[&str], cwd: Option<&Path>) -> Command {
         let mut cmd = Command::new("git");
         cmd.args(args)
