@@ -19,7 +19,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use kiln_protocol::repo_url::{RepoHost, RepoRules, RepoScheme, RepoUrlError, parse_repo_url};
-use tokio::io::AsyncBufReadExt;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 use tokio::process::Command;
 
 use super::SandboxError;
@@ -27,6 +27,8 @@ use crate::net_guard::{GuardError, HostRef, resolve_vetted};
 
 /// Longest a clone may take before the run fails.
 const CLONE_TIMEOUT: Duration = Duration::from_secs(300);
+/// How much of git's stderr reaches the worker's log.
+const MAX_STDERR: u64 = 16 * 1024;
 /// How often the clone's directory is measured while git writes it.
 const WATCH_EVERY: Duration = Duration::from_millis(200);
 /// What one tree entry costs beyond its bytes (a tar header, roughly), so
@@ -221,8 +223,20 @@ impl Git {
         let verb = args.first().copied().unwrap_or("git");
         let mut cmd = self.command(args, cwd);
         cmd.stdout(Stdio::null()).stderr(Stdio::piped());
-        let child = cmd.spawn().map_err(|e| clone_failed(&format!("starting git {verb}"), &e.to_string()))?;
+        let mut child = cmd.spawn().map_err(|e| clone_failed(&format!("starting git {verb}"), &e.to_string()))?;
         let pid = child.id();
+        let stderr = child.stderr.take();
+        // What the server makes git print is kept to a bound, the rest read
+        // and dropped (git must not block on a full pipe).
+        let said = async move {
+            let mut kept = Vec::new();
+            if let Some(mut stderr) = stderr {
+                let _ = (&mut stderr).take(MAX_STDERR).read_to_end(&mut kept).await;
+                let _ = tokio::io::copy(&mut stderr, &mut tokio::io::sink()).await;
+            }
+            kept
+        };
+        let finished = async { tokio::join!(child.wait(), said) };
         let outgrown = async {
             match watch {
                 Some((dir, settings)) => until_larger_than(dir, settings.max_bytes).await,
@@ -230,16 +244,16 @@ impl Git {
             }
         };
         tokio::select! {
-            out = tokio::time::timeout(CLONE_TIMEOUT, child.wait_with_output()) => match out {
+            out = tokio::time::timeout(CLONE_TIMEOUT, finished) => match out {
                 Err(_) => {
                     kill_group(pid);
                     Err(clone_failed(&format!("git {verb}"), "timed out"))
                 }
-                Ok(Err(e)) => Err(clone_failed(&format!("git {verb}"), &e.to_string())),
-                Ok(Ok(out)) if !out.status.success() => {
-                    Err(clone_failed(&format!("git {verb}"), &String::from_utf8_lossy(&out.stderr)))
+                Ok((Err(e), _)) => Err(clone_failed(&format!("git {verb}"), &e.to_string())),
+                Ok((Ok(status), said)) if !status.success() => {
+                    Err(clone_failed(&format!("git {verb}"), &String::from_utf8_lossy(&said)))
                 }
-                Ok(Ok(_)) => Ok(()),
+                Ok(_) => Ok(()),
             },
             () = outgrown => {
                 kill_group(pid);

@@ -43,10 +43,14 @@ impl Sandbox {
         let options = UploadToContainerOptionsBuilder::new().path(WORKSPACE).build();
         let uploaded = self.docker.upload_to_container(&self.id, Some(options), bollard::body_try_stream(body)).await;
         let written = writer.await.map_err(|e| SandboxError::Workspace(format!("tar task failed: {e}")))?;
-        // The tar's own failure (too large) says more than the upload's.
-        written?;
-        uploaded?;
-        Ok(())
+        match (written, uploaded) {
+            // Too large says more than the broken upload it caused.
+            (Err(e @ SandboxError::RepoTooLarge { .. }), _) => Err(e),
+            // Docker's refusal says more than the tar's "stopped reading".
+            (_, Err(e)) => Err(e.into()),
+            (Err(e), Ok(())) => Err(e),
+            (Ok(()), Ok(())) => Ok(()),
+        }
     }
 }
 
