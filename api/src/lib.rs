@@ -112,6 +112,9 @@ pub struct ApiSettings {
     /// (`KILN_METRICS_TOKEN`). `None`: the API's listener serves no metrics
     /// (a listener of their own may, see `metrics::listener_router`).
     pub metrics_token: Option<SecretString>,
+    /// Where a run's `repo.url` may lead, as far as the API can tell without
+    /// DNS (`KILN_ALLOW_PRIVATE_REPOS`, `KILN_ALLOW_GIT_PROTOCOLS`).
+    pub repo_rules: kiln_protocol::repo_url::RepoRules,
     /// How long a request may take to arrive and be answered (an event
     /// stream: until its headers); beyond it, 408.
     pub request_timeout: Duration,
@@ -141,6 +144,7 @@ impl Default for ApiSettings {
             callback_secret: None,
             stream_token_ttl: DEFAULT_STREAM_TOKEN_TTL,
             metrics_token: None,
+            repo_rules: kiln_protocol::repo_url::RepoRules::default(),
             request_timeout: Duration::from_secs(30),
             sse_max_duration: Duration::from_secs(30 * 60),
             connection: HttpTimeouts::default(),

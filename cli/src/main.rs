@@ -10,7 +10,7 @@ use kiln_cli::app::{Kiln, open_store};
 use kiln_cli::client::Decision;
 use kiln_cli::commands::{self, Connection};
 use kiln_cli::render::Mode;
-use kiln_cli::settings::{ApiOptions, CallbackArgs, DbArgs, WorkerOptions};
+use kiln_cli::settings::{ApiOptions, CallbackArgs, DbArgs, RepoArgs, WorkerOptions};
 use kiln_cli::up::UpArgs;
 use kiln_protocol::{ApprovalMode, CreateRun, RepoSpec, RunStatus};
 use secrecy::{ExposeSecret, SecretString};
@@ -35,6 +35,8 @@ enum Command {
         api: ApiOptions,
         #[command(flatten)]
         callbacks: CallbackArgs,
+        #[command(flatten)]
+        repos: RepoArgs,
     },
     /// Claim and drive runs.
     Worker {
@@ -44,6 +46,8 @@ enum Command {
         worker: WorkerOptions,
         #[command(flatten)]
         callbacks: CallbackArgs,
+        #[command(flatten)]
+        repos: RepoArgs,
     },
     /// Local all-in-one: start what is missing (Postgres, sandbox image),
     /// then the API and a worker in this process.
@@ -223,10 +227,10 @@ async fn main() -> ExitCode {
 
 async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Serve { db, api, callbacks } => {
+        Command::Serve { db, api, callbacks, repos } => {
             init_tracing("info");
             // Settings are checked before the database is touched.
-            let api = api.parts(&callbacks)?;
+            let api = api.parts(&callbacks, &repos)?;
             let store = open_store(db.url()?.expose_secret(), db.db_pool_size).await?;
             let webhooks = api.github.is_some();
             let running = Kiln::new(store).api(api).start(shutdown_signal()).await?;
@@ -239,9 +243,9 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             running.stopped().await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Worker { db, worker, callbacks } => {
+        Command::Worker { db, worker, callbacks, repos } => {
             init_tracing("info");
-            let parts = worker.parts(&callbacks)?;
+            let parts = worker.parts(&callbacks, &repos)?;
             let store = open_store(db.url()?.expose_secret(), db.db_pool_size).await?;
             let shutdown = shutdown_signal();
             if let Some(listen) = worker.worker.metrics_listen {

@@ -96,14 +96,14 @@ fn no_settings_or_config_struct_prints_a_secret() {
         assert_no_secret(what, debug);
     }
 
-    let api = up.api.parts(&up.callbacks).expect("the API's settings are valid");
+    let api = up.api.parts(&up.callbacks, &up.repos).expect("the API's settings are valid");
     assert!(api.github.is_some() && api.settings.callback_secret.is_some());
     assert_no_secret("ApiSettings", format!("{:?}", api.settings));
     assert_no_secret("GithubWebhookConfig", format!("{:?}", api.github));
     let auth = kiln_api::AuthConfig::Hs256 { secret: JWT_SECRET.as_bytes().to_vec().into() };
     assert_no_secret("AuthConfig", format!("{auth:?}"));
 
-    let worker = up.worker.parts(&up.callbacks).expect("the worker's settings are valid");
+    let worker = up.worker.parts(&up.callbacks, &up.repos).expect("the worker's settings are valid");
     assert!(worker.config.github.is_some() && worker.config.callbacks.is_some());
     assert!(worker.endpoints.openai_api_key.is_some() && worker.endpoints.anthropic_api_key.is_some());
     assert_no_secret("WorkerParts", format!("{worker:?}"));

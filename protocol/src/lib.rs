@@ -8,11 +8,13 @@
 #[macro_use]
 pub mod rules;
 
+pub mod address;
 pub mod callback;
 pub mod event;
 pub mod input;
 pub mod message;
 mod nested;
+pub mod repo_url;
 pub mod run;
 mod schema;
 

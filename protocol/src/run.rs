@@ -181,6 +181,9 @@ pub enum SpecError {
     RepoUrl(String),
     #[error("repo.ref must be a plain git ref name: {0}")]
     RepoRef(String),
+    /// A URL of the right shape that Kiln still does not clone (credentials).
+    #[error(transparent)]
+    Repo(#[from] crate::repo_url::RepoUrlError),
     #[error("model.provider must be one of {known:?}, not {0:?}", known = input::MODEL_PROVIDER.0)]
     Provider(String),
     #[error("model.max_tokens must be between {} and {}", input::MODEL_MAX_TOKENS.min, input::MODEL_MAX_TOKENS.max)]
@@ -233,9 +236,15 @@ impl CreateRun {
             }
         }
         if let Some(repo) = &self.repo {
+            // Credentials first: the other refusal quotes the URL.
+            let parsed = crate::repo_url::parse_repo_url(&repo.url);
+            if let Err(e @ crate::repo_url::RepoUrlError::Credentials) = parsed {
+                return Err(e.into());
+            }
             if !input::REPO_URL.accepts(&repo.url) {
                 return Err(SpecError::RepoUrl(truncate(&repo.url)));
             }
+            parsed?;
             if let Some(r) = repo.git_ref.as_deref().filter(|r| !input::GIT_REF.accepts(r)) {
                 return Err(SpecError::RepoRef(truncate(r)));
             }

@@ -104,7 +104,12 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            api: kiln_api::ApiSettings { sse_keep_alive: Duration::from_secs(1), ..Default::default() },
+            api: kiln_api::ApiSettings {
+                sse_keep_alive: Duration::from_secs(1),
+                // As the workers' `worker_config`: tests clone from loopback.
+                repo_rules: kiln_protocol::repo_url::RepoRules { allow_private: true, allow_git_protocols: false },
+                ..Default::default()
+            },
             script: Vec::new(),
             provider: ProviderKind::OpenAi,
             worker: true,
@@ -351,6 +356,10 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         context_window: 128_000,
         compaction_threshold: 0.8,
         allow_file_repos: true,
+        // Tests clone from loopback (file://, the fake GitHub's smart HTTP);
+        // the tests of the guard turn this off.
+        repo_rules: kiln_protocol::repo_url::RepoRules { allow_private: true, allow_git_protocols: false },
+        max_repo_mb: kiln_worker::config::DEFAULT_MAX_REPO_MB,
         claim_on_end: true,
         shutdown_grace: Duration::from_secs(5),
         event_retention: None,

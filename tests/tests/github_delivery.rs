@@ -218,6 +218,7 @@ const TOKEN_HUNT: &str = "env; P=ghs_; P=${P}secret; B=eC1hY2Nlc3Mt; B=${B}dG9rZ
      if grep -rIqs -e \"$P\" -e \"$B\" /workspace /tmp /home /etc /proc/1/environ; \
      then echo found=yes; else echo found=no; fi; \
      if grep -rIqsi extraheader /workspace; then echo header=yes; else echo header=no; fi; \
+     echo origin=$(git -C /workspace config --get remote.origin.url); \
      sleep 2";
 
 /// Every log line the process writes, for leak checks.
@@ -290,6 +291,9 @@ async fn a_run_with_changes_is_pushed_and_opened_as_a_pull_request() {
     let output = hunt.unwrap();
     assert!(output.contains("found=no"), "the token was found in the container: {output}");
     assert!(output.contains("header=no"), "git's auth header setting is in the workspace: {output}");
+    // The checkout's `.git/config` names the repository as it is, without credentials.
+    let origin = format!("origin={}\n", s.github.clone_url(REPO));
+    assert!(output.contains(&origin), "the checkout's remote is not the plain clone URL: {output}");
     assert_token_absent(&s, run).await;
     // Nor in any log line the worker (or anything else here) wrote.
     let log = logs.text();

@@ -80,6 +80,12 @@ pub struct WorkerConfig {
     pub compaction_threshold: f64,
     /// Allow `file://` repository URLs (they read the worker's own disk).
     pub allow_file_repos: bool,
+    /// Where repository URLs may lead (`KILN_ALLOW_PRIVATE_REPOS`,
+    /// `KILN_ALLOW_GIT_PROTOCOLS`); the API checks the same at submission.
+    pub repo_rules: kiln_protocol::repo_url::RepoRules,
+    /// Largest checkout a run may bring into its sandbox, `.git` included,
+    /// in MiB (`KILN_MAX_REPO_MB`).
+    pub max_repo_mb: u64,
     /// A run's end claims the worker's next run in the same statement, and
     /// ends that meet share a statement (`handoff`, the store's end batch).
     /// Speed only: `false` ends each run on its own and leaves claiming to
@@ -108,6 +114,19 @@ pub struct WorkerConfig {
 pub const DEFAULT_MAX_TOOL_CALLS_PER_STEP: usize = 64;
 /// Default of [`WorkerConfig::max_event_bytes_per_run`]: 64 MiB.
 pub const DEFAULT_MAX_EVENT_BYTES_PER_RUN: u64 = 64 * 1024 * 1024;
+impl WorkerConfig {
+    /// How this worker clones a run's repository.
+    pub fn clone_settings(&self) -> crate::sandbox::repo_clone::CloneSettings {
+        crate::sandbox::repo_clone::CloneSettings {
+            rules: self.repo_rules,
+            allow_file: self.allow_file_repos,
+            max_bytes: self.max_repo_mb.saturating_mul(1024 * 1024),
+        }
+    }
+}
+
+/// `KILN_MAX_REPO_MB`'s default: a large monorepo fits, a zip bomb does not.
+pub const DEFAULT_MAX_REPO_MB: u64 = 1024;
 
 #[cfg(test)]
 mod tests {

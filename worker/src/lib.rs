@@ -9,6 +9,7 @@ pub mod github;
 mod handoff;
 mod lease_keeper;
 pub mod metrics;
+pub mod net_guard;
 pub mod providers;
 pub mod retention;
 mod retry;

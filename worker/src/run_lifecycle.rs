@@ -240,15 +240,11 @@ async fn prepare_workspace(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox) ->
     if let Some(done) = crate::github::checkout(ctx, run, sandbox).await {
         return done;
     }
-    if repo.url.starts_with("file://") && !ctx.config.allow_file_repos {
-        return Err(SandboxError::Workspace(
-            "file:// repositories are disabled on this worker (KILN_ALLOW_FILE_REPOS)".into(),
-        ));
-    }
+    let settings = ctx.config.clone_settings();
     let dir = tempfile::tempdir()?;
     let dest = dir.path().join("repo");
-    sandbox::workspace::clone_repo(&repo.url, repo.git_ref.as_deref(), &dest, ctx.config.allow_file_repos).await?;
-    sandbox.upload_dir(&dest).await
+    sandbox::repo_clone::clone_repo(&repo.url, repo.git_ref.as_deref(), &dest, &settings).await?;
+    sandbox.upload_dir(&dest, settings.max_bytes).await
 }
 
 /// Time left of the run's wall-clock budget, counted from its first start.

@@ -67,6 +67,13 @@ pub async fn create(
                 .into(),
         ));
     }
+    // What can be told without DNS (the protocol, a literal address); the
+    // worker checks the resolved addresses again before it connects.
+    if let Some(repo) = &spec.repo {
+        kiln_protocol::repo_url::parse_repo_url(&repo.url)
+            .and_then(|url| state.settings.repo_rules.check(&url))
+            .map_err(|e| ApiError::Validation(e.to_string()))?;
+    }
     let idempotency_key = idempotency_key(&headers)?;
     let new = NewRun { owner, spec, trigger: Trigger::Api, idempotency_key };
     let (run, created) = match state.store.create_run_within(new, Some(&state.settings.quota)).await? {

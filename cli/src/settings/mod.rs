@@ -13,6 +13,7 @@ mod callbacks;
 mod db;
 mod github;
 mod model;
+mod repos;
 mod worker;
 
 use clap::Args;
@@ -23,6 +24,7 @@ pub use callbacks::CallbackArgs;
 pub use db::DbArgs;
 pub use github::{GithubArgs, GithubDeliveryArgs};
 pub use model::{ModelArgs, ModelSource};
+pub use repos::RepoArgs;
 pub use worker::WorkerArgs;
 
 use crate::app::{ApiParts, WorkerParts};
@@ -41,10 +43,14 @@ pub struct ApiOptions {
 
 impl ApiOptions {
     /// Checks every setting and builds what the API is started from.
-    pub fn parts(&self, callbacks: &CallbackArgs) -> anyhow::Result<ApiParts> {
+    pub fn parts(&self, callbacks: &CallbackArgs, repos: &RepoArgs) -> anyhow::Result<ApiParts> {
         Ok(ApiParts {
             auth: self.auth.authenticator()?,
-            settings: kiln_api::ApiSettings { callback_secret: callbacks.secret()?, ..self.api.settings() },
+            settings: kiln_api::ApiSettings {
+                callback_secret: callbacks.secret()?,
+                repo_rules: repos.rules(),
+                ..self.api.settings()
+            },
             github: self.github.webhook_config()?,
             listen: self.api.listen,
             metrics_listen: self.api.api_metrics_listen,
@@ -66,10 +72,14 @@ pub struct WorkerOptions {
 
 impl WorkerOptions {
     /// Checks every setting and builds what a worker is started from.
-    pub fn parts(&self, callbacks: &CallbackArgs) -> anyhow::Result<WorkerParts> {
+    pub fn parts(&self, callbacks: &CallbackArgs, repos: &RepoArgs) -> anyhow::Result<WorkerParts> {
         let config = self.worker.config(&self.model)?;
-        let config =
-            kiln_worker::WorkerConfig { github: self.delivery.github()?, callbacks: callbacks.settings()?, ..config };
+        let config = kiln_worker::WorkerConfig {
+            github: self.delivery.github()?,
+            callbacks: callbacks.settings()?,
+            repo_rules: repos.rules(),
+            ..config
+        };
         Ok(WorkerParts { config, endpoints: self.model.endpoints()?, prices: self.worker.prices()? })
     }
 }

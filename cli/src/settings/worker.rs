@@ -87,6 +87,10 @@ pub struct WorkerArgs {
     /// Allow `file://` repository URLs (they read this host's disk).
     #[arg(long, env = "KILN_ALLOW_FILE_REPOS", default_value_t = false)]
     pub allow_file_repos: bool,
+    /// Largest checkout a run may bring into its sandbox, `.git` included,
+    /// in MiB; a larger repository fails its run (checked while cloning).
+    #[arg(long, env = "KILN_MAX_REPO_MB", default_value_t = kiln_worker::config::DEFAULT_MAX_REPO_MB)]
+    pub max_repo_mb: u64,
     /// Claim the worker's next run in the statement that ends a run, and let
     /// ends that meet share one statement (speed only; `false` takes the
     /// plain path: end, then claim; see docs/architecture.md).
@@ -122,6 +126,9 @@ impl WorkerArgs {
         }
         if self.sandbox_disk_mb < 16 {
             bail!("KILN_SANDBOX_DISK_MB must be at least 16");
+        }
+        if self.max_repo_mb == 0 {
+            bail!("KILN_MAX_REPO_MB must be at least 1");
         }
         if self.lease_s < 3 {
             bail!("KILN_LEASE_S must be at least 3");
@@ -159,6 +166,9 @@ impl WorkerArgs {
             context_window: model.model_context_tokens,
             compaction_threshold: model.compaction_threshold,
             allow_file_repos: self.allow_file_repos,
+            // Set from `RepoArgs` by `WorkerOptions::parts`.
+            repo_rules: kiln_protocol::repo_url::RepoRules::default(),
+            max_repo_mb: self.max_repo_mb,
             claim_on_end: self.claim_on_end,
             shutdown_grace: Duration::from_secs(self.shutdown_grace_s),
             event_retention: (self.event_retention_days > 0)

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::{Kiln, open_store};
 use crate::local;
-use crate::settings::{ApiOptions, CallbackArgs, DbArgs, WorkerOptions};
+use crate::settings::{ApiOptions, CallbackArgs, DbArgs, RepoArgs, WorkerOptions};
 use model::ServedModel;
 
 #[derive(Debug, Clone, Args)]
@@ -40,6 +40,8 @@ pub struct UpArgs {
     pub worker: WorkerOptions,
     #[command(flatten)]
     pub callbacks: CallbackArgs,
+    #[command(flatten)]
+    pub repos: RepoArgs,
 }
 
 /// Runs until `shutdown` fires, or with `--demo` until the demo run ends.
@@ -87,14 +89,14 @@ async fn serve(args: &mut UpArgs, store: Store, shutdown: CancellationToken) -> 
     };
     args.api.auth.jwt_secret = Some(secret.clone());
     // The API's settings are checked before anything starts.
-    let api = args.api.parts(&args.callbacks)?;
+    let api = args.api.parts(&args.callbacks, &args.repos)?;
     local::ensure_sandbox_image(&args.worker.worker.sandbox_image).await?;
     let served = ServedModel::start(&mut args.worker.model, &args.state_dir).await?;
     // `up` is the single-machine mode: local repositories are fair game.
     args.worker.worker.allow_file_repos = true;
     // A new session should not wait for a container on one machine either.
     args.worker.worker.sandbox_warm = args.worker.worker.sandbox_warm.or(Some(2));
-    let worker = args.worker.parts(&args.callbacks)?;
+    let worker = args.worker.parts(&args.callbacks, &args.repos)?;
     let webhooks = api.github.is_some();
     let running = Kiln::new(store).api(api).worker(worker).start(shutdown.clone()).await?;
     let base = format!("http://{}", running.api_addr().context("the API did not start")?);

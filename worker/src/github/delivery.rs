@@ -12,7 +12,8 @@ use super::comment::{inline, quote};
 use super::git::{GitAuth, git, push_new_branch};
 use super::policy::{self, check_login};
 use super::{Github, GithubError};
-use crate::sandbox::Sandbox;
+use crate::sandbox::repo_clone::CloneSettings;
+use crate::sandbox::{Sandbox, SandboxError};
 
 /// Where the patch is written inside the sandbox. Under `.git`: git never
 /// lists its own directory in a diff.
@@ -92,11 +93,13 @@ pub async fn checkout(
     run: &Run,
     origin: &GithubOrigin,
     sandbox: &Sandbox,
-) -> Result<(), GithubError> {
-    let result = checkout_inner(github, store, run, origin, sandbox).await;
-    match result {
+    limits: &CloneSettings,
+) -> Result<(), SandboxError> {
+    match checkout_inner(github, store, run, origin, sandbox, limits).await {
         Ok(()) => Ok(()),
-        Err(e) => Err(GithubError::Delivery(github.redact(&e.to_string()).await)),
+        // Too large is final and says which setting; kept as it is.
+        Err(GithubError::Checkout(e @ SandboxError::RepoTooLarge { .. })) => Err(e),
+        Err(e) => Err(SandboxError::Workspace(github.redact(&e.to_string()).await)),
     }
 }
 
@@ -106,6 +109,7 @@ async fn checkout_inner(
     run: &Run,
     origin: &GithubOrigin,
     sandbox: &Sandbox,
+    limits: &CloneSettings,
 ) -> Result<(), GithubError> {
     let repo = run.repo.as_ref().ok_or_else(|| GithubError::Delivery("the GitHub run names no repository".into()))?;
     // Before the token is minted or used.
@@ -131,19 +135,28 @@ async fn checkout_inner(
     let dest = dir.path().join("repo");
     let dest_str = utf8(&dest)?;
     let auth = GitAuth { url: &url, token: Some(&token) };
-    let mut args = vec!["clone", "--quiet", "--no-tags", "--depth", "1"];
+    // Nothing is checked out before the tree's size is known (a small pack
+    // can hold a huge tree).
+    let mut args = vec!["clone", "--quiet", "--no-tags", "--no-checkout", "--depth", "1"];
     if let Some(r) = git_ref.as_deref() {
         args.extend(["--branch", r]);
     }
     args.extend(["--", &url, dest_str]);
     git(&args, None, &auth).await?;
+    crate::sandbox::repo_clone::checkout_within(&dest, None, limits).await.map_err(|e| match e {
+        SandboxError::RepoTooLarge { .. } => GithubError::Checkout(e),
+        e => GithubError::Git(format!("checking out the clone: {e}")),
+    })?;
     let sha = git(&["rev-parse", "HEAD"], Some(&dest), &auth).await?;
     let branch = match git(&["symbolic-ref", "--quiet", "--short", "HEAD"], Some(&dest), &auth).await {
         Ok(b) => b,
         Err(_) => git_ref.clone().unwrap_or_default(),
     };
     store.set_github_base(run.id, &branch, &sha).await?;
-    sandbox.upload_dir(&dest).await.map_err(|e| GithubError::Sandbox(format!("uploading the checkout: {e}")))
+    sandbox.upload_dir(&dest, limits.max_bytes).await.map_err(|e| match e {
+        SandboxError::RepoTooLarge { .. } => GithubError::Checkout(e),
+        e => GithubError::Sandbox(format!("uploading the checkout: {e}")),
+    })
 }
 
 /// Takes `/workspace`'s changes against the checked-out commit out of the

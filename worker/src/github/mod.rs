@@ -62,6 +62,8 @@ pub enum GithubError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Delivery(String),
+    #[error(transparent)]
+    Checkout(SandboxError),
 }
 
 /// How a worker talks to GitHub.
@@ -161,8 +163,9 @@ pub async fn checkout(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox) -> Opti
         return Some(Err(SandboxError::Workspace(github.redact(&e.to_string()).await)));
     }
     delivery::spawn_ack(github.clone(), ctx.store.clone(), run.id, origin.clone());
-    let result = delivery::checkout(github, &ctx.store, run, &origin, sandbox).await;
-    Some(result.map_err(|e| SandboxError::Workspace(e.to_string())))
+    let limits = ctx.config.clone_settings();
+    let result = delivery::checkout(github, &ctx.store, run, &origin, sandbox, &limits).await;
+    Some(result)
 }
 
 /// Hook for the end of a successful agent loop, while the sandbox lives:

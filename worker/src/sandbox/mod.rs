@@ -19,6 +19,7 @@ mod exec;
 mod files;
 pub mod lifecycle;
 pub mod pool;
+pub mod repo_clone;
 
 pub mod toolbox;
 mod toolbox_binary;
@@ -88,6 +89,17 @@ pub enum SandboxError {
     ImageMissing(String),
     #[error("workspace: {0}")]
     Workspace(String),
+    /// The checkout (or its clone) is larger than the deployment allows.
+    /// Final: the same repository is as large on any worker.
+    #[error("the repository is larger than this deployment's limit of {limit_mb} MB for a checkout (KILN_MAX_REPO_MB)")]
+    RepoTooLarge { limit_mb: u64 },
+    /// The repository URL is one this worker does not clone; says why.
+    #[error("{0}")]
+    RepoRefused(String),
+    /// git failed; what it said is in the worker's log, not here (it would
+    /// tell a tenant probing the network what it found).
+    #[error("could not clone the repository")]
+    CloneFailed,
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
     #[error("toolbox: {0}")]

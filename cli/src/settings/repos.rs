@@ -1,0 +1,25 @@
+//! Where a run's repository may be cloned from. Both the API (which refuses
+//! at submission what it can tell without DNS) and workers (which check
+//! again after resolving the host) read these.
+
+use clap::Args;
+use kiln_protocol::repo_url::RepoRules;
+
+#[derive(Debug, Clone, Args)]
+pub struct RepoArgs {
+    /// Let repository URLs reach loopback, private, link-local and reserved
+    /// addresses (an internal git server, tests). Off: refused at submission
+    /// for a literal address, by the worker after DNS for a host name.
+    #[arg(long, env = "KILN_ALLOW_PRIVATE_REPOS", default_value_t = false)]
+    pub allow_private_repos: bool,
+    /// Let repository URLs use `git://` and ssh (`ssh://`, `user@host:path`).
+    /// Off: https and http only (and file:// where KILN_ALLOW_FILE_REPOS).
+    #[arg(long, env = "KILN_ALLOW_GIT_PROTOCOLS", default_value_t = false)]
+    pub allow_git_protocols: bool,
+}
+
+impl RepoArgs {
+    pub fn rules(&self) -> RepoRules {
+        RepoRules { allow_private: self.allow_private_repos, allow_git_protocols: self.allow_git_protocols }
+    }
+}
