@@ -961,6 +961,8 @@ async fn a_patch_touching_github_workflows_is_not_pushed_and_the_issue_says_why(
     let comments = comments_on(&s, 15);
     assert_eq!(comments.len(), 1, "{comments:?}");
     assert!(comments[0].contains(".github/workflows/x.yml") && comments[0].contains("not pushed"), "{}", comments[0]);
+}
+
 #[tokio::test]
 async fn a_background_process_cannot_change_the_workspace_after_its_patch_is_taken() {
     // The run leaves a process behind (its own session, so the call's end
