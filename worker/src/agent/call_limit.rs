@@ -38,8 +38,9 @@ mod tests {
 
     #[test]
     fn the_first_calls_run_and_the_rest_are_answered_naming_the_limit() {
-        let calls: Vec<ToolCall> =
-            (0..5).map(|i| ToolCall { id: i.to_string(), name: "bash".into(), arguments: json!({}), provider_id: None }).collect();
+        let calls: Vec<ToolCall> = (0..5)
+            .map(|i| ToolCall { id: i.to_string(), name: "bash".into(), arguments: json!({}), provider_id: None })
+            .collect();
         let (run, rest) = split(&calls, 3);
         assert_eq!((run.len(), rest.len()), (3, 2));
         assert_eq!(rest[0].id, "3");
