@@ -44,10 +44,49 @@ where
         }
         integral_as_integer(&mut value);
         // Wrong types, missing or unknown fields: the message names the field.
-        let parsed = serde_path_to_error::deserialize(value)
-            .map_err(|e| ApiError::Validation(format!("the JSON body does not fit its schema: {e}")))?;
+        let parsed = serde_path_to_error::deserialize(value).map_err(|e| {
+            ApiError::Validation(format!("the JSON body does not fit its schema: {}", in_json_terms(&e.to_string())))
+        })?;
         Ok(ApiJson(parsed))
     }
+}
+
+/// serde's words for what it expected, in JSON's: `expected struct
+/// RepoSpec` names a Rust type the client has never heard of; "an object"
+/// is what it should send.
+fn in_json_terms(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("expected ") {
+        let (before, after) = rest.split_at(at + "expected ".len());
+        out.push_str(before);
+        let word_end = |s: &str| s.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(s.len());
+        let (replacement, consumed) = if let Some(name) = after.strip_prefix("struct ") {
+            ("an object", "struct ".len() + word_end(name))
+        } else if let Some(name) = after.strip_prefix("enum ") {
+            ("one of the documented values", "enum ".len() + word_end(name))
+        } else {
+            let word = &after[..word_end(after)];
+            let json = match word {
+                "u8" | "u16" | "u32" | "u64" | "usize" => Some("a non-negative whole number"),
+                "i8" | "i16" | "i32" | "i64" | "isize" => Some("a whole number"),
+                "f32" | "f64" => Some("a number"),
+                "a" if after.starts_with("a sequence") => Some("an array"),
+                "a" if after.starts_with("a boolean") => Some("true or false"),
+                _ => None,
+            };
+            match json {
+                Some("an array") => ("an array", "a sequence".len()),
+                Some("true or false") => ("true or false", "a boolean".len()),
+                Some(j) => (j, word.len()),
+                None => ("", 0),
+            }
+        };
+        out.push_str(replacement);
+        rest = &after[consumed..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// JSON Schema's `integer` is any number without a fraction, `5.0` too;
@@ -131,6 +170,27 @@ fn truncate(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn serde_type_names_become_json_words() {
+        assert_eq!(
+            in_json_terms("repo: invalid type: string \"x\", expected struct RepoSpec"),
+            "repo: invalid type: string \"x\", expected an object"
+        );
+        assert_eq!(
+            in_json_terms("limits.max_steps: invalid type: string \"3\", expected u32"),
+            "limits.max_steps: invalid type: string \"3\", expected a non-negative whole number"
+        );
+        assert_eq!(
+            in_json_terms("x: invalid type: map, expected a sequence"),
+            "x: invalid type: map, expected an array"
+        );
+        assert_eq!(
+            in_json_terms("approval: unknown variant `x`, expected one of `never`, `mutating`"),
+            "approval: unknown variant `x`, expected one of `never`, `mutating`"
+        );
+        assert_eq!(in_json_terms("missing field `prompt`"), "missing field `prompt`");
+    }
 
     #[test]
     fn json_content_types_are_recognised() {

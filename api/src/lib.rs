@@ -24,7 +24,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use kiln_store::{Listener, Quota, Store};
 use secrecy::{SecretSlice, SecretString};
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
 pub use auth::{AuthConfig, Authenticator};
 pub use error::ApiError;
@@ -165,9 +165,16 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::from_fn_with_state(state.settings.request_timeout, deadline::within))
         .layer(axum::middleware::from_fn(metrics::track_http))
-        // Spans name the path only: a query may carry `access_token`.
-        .layer(TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
-            tracing::info_span!("request", method = %req.method(), path = %req.uri().path())
-        }))
+        // Spans name the path only: a query may carry `access_token`. One
+        // line per request at info (method, path, status, latency) is the
+        // access log: a refused token leaves a trace on the server.
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(|req: &axum::http::Request<_>| {
+                    tracing::info_span!("request", method = %req.method(), path = %req.uri().path())
+                })
+                .on_request(())
+                .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
+        )
         .with_state(state)
 }

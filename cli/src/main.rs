@@ -66,7 +66,8 @@ enum Command {
         /// Subject: the owner of the runs made with this token.
         #[arg(long)]
         sub: String,
-        /// Lifetime, e.g. 30m, 1h, 7d.
+        /// Lifetime, e.g. 30m, 1h, 7d. The API accepts a token up to 5 s past
+        /// its expiry (leeway for clock skew between machines).
         #[arg(long, default_value = "1h", value_parser = parse_duration)]
         ttl: Duration,
         /// The API's signing secret.

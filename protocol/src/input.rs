@@ -50,12 +50,78 @@ macro_rules! no_space {
     };
 }
 
+/// A URL's host: a host name of dot-separated labels whose last label
+/// starts with a letter (so that no URL parser reads it as an IPv4 address)
+/// and with no `--` (so that none is read as punycode), an IPv4 address, or
+/// an IPv6 address in brackets (without an embedded IPv4 address or a zone).
+macro_rules! url_host {
+    () => {
+        concat!(
+            r"(?:",
+            // A host name.
+            r"(?:[A-Za-z0-9_]+(?:-[A-Za-z0-9_]+)*\.)*[A-Za-z][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*",
+            // An IPv4 address.
+            r"|(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(?:\.(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}",
+            // An IPv6 address.
+            r"|\[(?:",
+            r"(?:[0-9A-Fa-f]{1,4}:){7}[0-9A-Fa-f]{1,4}",
+            r"|(?:[0-9A-Fa-f]{1,4}:){1,7}:",
+            r"|(?:[0-9A-Fa-f]{1,4}:){1,6}:[0-9A-Fa-f]{1,4}",
+            r"|(?:[0-9A-Fa-f]{1,4}:){1,5}(?::[0-9A-Fa-f]{1,4}){1,2}",
+            r"|(?:[0-9A-Fa-f]{1,4}:){1,4}(?::[0-9A-Fa-f]{1,4}){1,3}",
+            r"|(?:[0-9A-Fa-f]{1,4}:){1,3}(?::[0-9A-Fa-f]{1,4}){1,4}",
+            r"|(?:[0-9A-Fa-f]{1,4}:){1,2}(?::[0-9A-Fa-f]{1,4}){1,5}",
+            r"|[0-9A-Fa-f]{1,4}:(?::[0-9A-Fa-f]{1,4}){1,6}",
+            r"|:(?:(?::[0-9A-Fa-f]{1,4}){1,7}|:)",
+            r")\])"
+        )
+    };
+}
+
+/// An optional port, 0 to 65535.
+macro_rules! url_port {
+    () => {
+        r"(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?"
+    };
+}
+
 /// `repo.url`, handed to `git clone` on the worker: a URL of a scheme git
-/// cannot read as an option or a helper invocation (`-u…`, `ext::…`).
+/// cannot read as an option or a helper invocation (`-u…`, `ext::…`), with a
+/// host of the same grammar as [`CALLBACK_URL`]'s (so every URL of this
+/// shape parses, see [`crate::repo_url`]) and no credentials: only ssh
+/// names a user (`ssh://git@host/…`, `git@host:owner/repo`). `file://`
+/// takes any path (the worker refuses it unless the deployment allows it).
 pub static REPO_URL: Text = Text::new(
     1,
     2048,
-    concat!("^(?:https?://|ssh://|git://|file://|git@[^", no_space!(), "]*:)[^", no_space!(), "]*$"),
+    concat!(
+        "^(?:",
+        // https, http and git: no user.
+        r"(?:https?|git)://",
+        url_host!(),
+        url_port!(),
+        r"(?:[/?#][^",
+        no_space!(),
+        r"]*)?",
+        // ssh: an optional user.
+        r"|ssh://(?:[A-Za-z0-9._-]+@)?",
+        url_host!(),
+        url_port!(),
+        r"(?:[/?#][^",
+        no_space!(),
+        r"]*)?",
+        // file: a path.
+        r"|file://[^",
+        no_space!(),
+        r"]*",
+        // scp-like ssh: `[user@]host:path`, the host without a port.
+        r"|(?:[A-Za-z0-9._-]+@)?",
+        url_host!(),
+        r":[^",
+        no_space!(),
+        r"]*",
+        ")$"
+    ),
 );
 
 /// `repo.ref`: a plain git ref name. Not an option (`-…`), no `..`, none of
@@ -94,25 +160,8 @@ pub static CALLBACK_URL: Text = Text::new(
     MAX_CALLBACK_URL_CHARS,
     concat!(
         r"^[Hh][Tt][Tt][Pp][Ss]?://",
-        r"(?:",
-        // A host name.
-        r"(?:[A-Za-z0-9_]+(?:-[A-Za-z0-9_]+)*\.)*[A-Za-z][A-Za-z0-9_]*(?:-[A-Za-z0-9_]+)*",
-        // An IPv4 address.
-        r"|(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(?:\.(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}",
-        // An IPv6 address (without an embedded IPv4 address or a zone).
-        r"|\[(?:",
-        r"(?:[0-9A-Fa-f]{1,4}:){7}[0-9A-Fa-f]{1,4}",
-        r"|(?:[0-9A-Fa-f]{1,4}:){1,7}:",
-        r"|(?:[0-9A-Fa-f]{1,4}:){1,6}:[0-9A-Fa-f]{1,4}",
-        r"|(?:[0-9A-Fa-f]{1,4}:){1,5}(?::[0-9A-Fa-f]{1,4}){1,2}",
-        r"|(?:[0-9A-Fa-f]{1,4}:){1,4}(?::[0-9A-Fa-f]{1,4}){1,3}",
-        r"|(?:[0-9A-Fa-f]{1,4}:){1,3}(?::[0-9A-Fa-f]{1,4}){1,4}",
-        r"|(?:[0-9A-Fa-f]{1,4}:){1,2}(?::[0-9A-Fa-f]{1,4}){1,5}",
-        r"|[0-9A-Fa-f]{1,4}:(?::[0-9A-Fa-f]{1,4}){1,6}",
-        r"|:(?:(?::[0-9A-Fa-f]{1,4}){1,7}|:)",
-        r")\])",
-        // A port, 0 to 65535.
-        r"(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?",
+        url_host!(),
+        url_port!(),
         // A path and query.
         r"(?:[/?][^#",
         no_space!(),

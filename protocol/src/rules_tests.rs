@@ -98,3 +98,40 @@ fn ranges_and_sets() {
     assert_eq!(input::MAX_STEPS.keywords()["maximum"], json!(500));
     assert_eq!(input::DECISION_REASON.keywords().get("minLength"), None);
 }
+
+#[test]
+fn every_repo_url_of_the_documented_shape_parses() {
+    let ok = [
+        "https://github.com/o/r.git",
+        "http://127.0.0.1:8080/o/r",
+        "https://[::1]:443/r",
+        "git://host.example/r",
+        "ssh://git@host.example:2222/o/r",
+        "git@github.com:o/r.git",
+        "host.example:o/r",
+        "[::1]:r",
+        "file:///srv/repos/r",
+        "https://a/#frag",
+    ];
+    for url in ok {
+        assert!(input::REPO_URL.accepts(url), "{url:?}");
+        assert!(crate::repo_url::parse_repo_url(url).is_ok(), "{url:?} is of the shape but does not parse");
+    }
+    // Each refused by the shape, as the server refuses them.
+    let bad = [
+        "git@:0",
+        "https://:80/x",
+        "https://user:pw@host/x",
+        "https://user@host/x",
+        "https://a:99999/x",
+        "ssh://u:p@host/x",
+        "-uhttps://x",
+        "ext::sh -c x",
+        "file://host/x",
+        "https://host name/x",
+        "ssh://-oProxyCommand=x/y",
+    ];
+    for url in bad {
+        assert!(!input::REPO_URL.accepts(url), "{url:?}");
+    }
+}

@@ -83,7 +83,7 @@ fn message_start(plan: &Plan) -> String {
             "usage": {
                 "input_tokens": plan.input_tokens,
                 "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
+                "cache_read_input_tokens": plan.cached_tokens,
                 "output_tokens": 1,
             },
         },

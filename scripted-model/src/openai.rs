@@ -31,10 +31,13 @@ pub(crate) fn render(plan: &Plan, include_usage: bool) -> Vec<String> {
     frames
         .push(chunks.frame(json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_reason}]), None));
     if include_usage {
+        // Chat Completions counts cached tokens inside `prompt_tokens`.
+        let prompt = plan.input_tokens + plan.cached_tokens;
         let usage = json!({
-            "prompt_tokens": plan.input_tokens,
+            "prompt_tokens": prompt,
             "completion_tokens": plan.output_tokens,
-            "total_tokens": plan.input_tokens + plan.output_tokens,
+            "total_tokens": prompt + plan.output_tokens,
+            "prompt_tokens_details": {"cached_tokens": plan.cached_tokens},
         });
         frames.push(chunks.frame(json!([]), Some(usage)));
     }

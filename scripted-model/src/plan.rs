@@ -12,7 +12,10 @@ pub(crate) struct Plan {
     pub text: String,
     pub calls: Vec<PlannedCall>,
     pub hang: bool,
+    /// Uncached input tokens.
     pub input_tokens: u64,
+    /// Input tokens read from the prompt cache.
+    pub cached_tokens: u64,
     pub output_tokens: u64,
 }
 
@@ -59,6 +62,7 @@ impl Plan {
             calls,
             hang: reply.hang,
             input_tokens: (request_len / 4) as u64,
+            cached_tokens: reply.cached_input,
             output_tokens: (output_len / 4 + 1) as u64,
         }
     }

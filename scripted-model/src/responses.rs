@@ -84,12 +84,14 @@ pub(crate) fn render(plan: &Plan) -> Vec<String> {
         frames.push(events.frame(json!({"type": "response.output_item.done", "output_index": index, "item": item})));
         output.push(item);
     }
+    // Like Chat Completions, `input_tokens` includes the cached ones.
+    let input = plan.input_tokens + plan.cached_tokens;
     let usage = json!({
-        "input_tokens": plan.input_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens": input,
+        "input_tokens_details": {"cached_tokens": plan.cached_tokens},
         "output_tokens": plan.output_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": plan.input_tokens + plan.output_tokens,
+        "total_tokens": input + plan.output_tokens,
     });
     frames.push(events.lifecycle("response.completed", "completed", Value::Array(output), usage));
     frames

@@ -18,6 +18,9 @@ pub struct Reply {
     /// Close the stream in the middle of the first tool call's arguments,
     /// with no finish event: a connection lost mid-answer.
     pub cut: bool,
+    /// Input tokens reported as read from the provider's prompt cache, on
+    /// top of the uncached estimate (each wire format in its own way).
+    pub cached_input: u64,
 }
 
 /// One tool call the model makes.
@@ -75,6 +78,12 @@ impl Reply {
     }
 
     /// Adds text said before the tool calls.
+    /// Report `tokens` of the input as served from the prompt cache.
+    pub fn with_cached_input(mut self, tokens: u64) -> Self {
+        self.cached_input = tokens;
+        self
+    }
+
     pub fn with_text(mut self, text: impl Into<String>) -> Self {
         self.text = Some(text.into());
         self

@@ -364,7 +364,9 @@ async fn logs_follow_a_running_run_until_kiln_cancel_ends_it_and_exit_non_zero()
     }
     assert_eq!(status.code(), Some(1), "a cancelled run is not a success: {seen:?}");
     assert!(seen.contains(&"● run cancelled: cancelled by client".to_owned()), "{seen:?}");
-    assert!(seen.last().unwrap().ends_with(" s · cancelled: cancelled by client"), "{seen:?}");
+    // The summary says how it ended; the reason is said once, on the line above.
+    assert!(seen.last().unwrap().ends_with(" s · cancelled"), "{seen:?}");
+    assert_eq!(seen.iter().filter(|l| l.contains("cancelled by client")).count(), 1, "{seen:?}");
 
     // Cancelling again is refused, and says why.
     let again = output(kiln(&app.url(""), "alice", &["cancel", &id])).await;
@@ -859,4 +861,28 @@ async fn run_repo_takes_a_relative_local_path() {
     let out = output(cmd).await;
     assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
     assert!(stdout(&out).contains("from the local checkout"), "{}", stdout(&out));
+}
+
+#[tokio::test]
+async fn cached_input_shows_in_each_step_and_in_the_totals() {
+    let app = TestApp::spawn(Options {
+        script: vec![
+            Reply::tool("bash", json!({"command": "true"})).with_cached_input(1974),
+            Reply::text("Done.").with_cached_input(1974),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let out = output(kiln(&app.url(""), "alice", &["run", "--prompt", "go", "--follow", "--json"])).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let cached: Vec<u64> = json_lines(&stdout(&out))
+        .iter()
+        .filter(|e| e["kind"] == "step.finished")
+        .map(|e| e["payload"]["usage"]["cache_read_tokens"].as_u64().unwrap())
+        .collect();
+    assert_eq!(cached, [1974, 1974], "step.finished carries the cached input");
+    let id = run_id_in(String::from_utf8_lossy(&out.stderr).lines().next().unwrap());
+    let plain = output(kiln(&app.url(""), "alice", &["logs", &id])).await;
+    let last = stdout(&plain).lines().last().unwrap().to_owned();
+    assert!(last.contains(" tokens in + 3,948 cached / "), "{last}");
 }

@@ -447,6 +447,11 @@ async fn a_fuzzer_driven_by_the_document_finds_the_server_agreeing_with_it() {
             // The document describes a deployment that signs callbacks, where
             // a run may name a `callback_url`.
             callback_secret: Some(b"openapi-callback-secret".to_vec().into()),
+            // And one that clones over every protocol from any address (no
+            // worker runs here, so nothing is cloned): which of those a
+            // deployment refuses (422) is its policy, not the request's
+            // shape, and is tested in repo_clone.rs.
+            repo_rules: kiln_protocol::repo_url::RepoRules { allow_private: true, allow_git_protocols: true },
             // A quota's 429 says nothing about the request's shape: high
             // quotas let every request reach the checks.
             quota: kiln_store::Quota { max_active_runs: 1_000_000, max_runs_per_minute: 1_000_000 },

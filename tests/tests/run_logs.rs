@@ -76,3 +76,44 @@ async fn every_line_of_a_run_carries_run_session_and_step() {
     assert_eq!(from_spans(finished, "step"), Some(&json!(2)), "{finished}");
     assert_eq!(finished["span"]["name"], "run", "the current span is named: {finished}");
 }
+
+/// The access log: one line per request at info, with its method, path and
+/// status, and never the query string (it may carry a stream token).
+#[tokio::test]
+async fn each_request_is_logged_with_its_status_and_without_its_query() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let (subscriber, _telemetry) = kiln_cli::telemetry::subscriber(
+        EnvFilter::new("info"),
+        kiln_cli::telemetry::LogFormat::Json,
+        move || writer.clone(),
+        None,
+    )
+    .unwrap();
+    subscriber.try_init().unwrap();
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let refused = app.http.get(app.url("/v1/runs")).bearer_auth("not-a-token").send().await.unwrap();
+    assert_eq!(refused.status(), 401);
+    let query = app
+        .http
+        .get(app.url("/v1/runs/0199a000-0000-7000-8000-000000000001/events?access_token=SECRET-IN-QUERY"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(query.status(), 401);
+
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert!(!text.contains("SECRET-IN-QUERY"), "the query string is never logged");
+    let responses: Vec<Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["fields"]["message"] == "finished processing request")
+        .collect();
+    let logged: Vec<(String, u64)> = responses
+        .iter()
+        .map(|l| (l["span"]["path"].as_str().unwrap().to_owned(), l["fields"]["status"].as_u64().unwrap()))
+        .collect();
+    assert!(logged.contains(&("/v1/runs".to_owned(), 401)), "{logged:?}");
+    assert!(logged.contains(&("/v1/runs/0199a000-0000-7000-8000-000000000001/events".to_owned(), 401)), "{logged:?}");
+    assert!(responses.iter().all(|l| l["level"] == "INFO"), "{responses:?}");
+}

@@ -37,9 +37,14 @@ async fn view_pages_through_a_gigabyte_and_describes_what_it_cannot_show() {
             Reply::tool("view", json!({"file_path": "big.txt", "offset": 5_000_000})),
             Reply::text("done"),
         ],
+        worker: false,
         ..Default::default()
     })
     .await;
+    // The files take 1.1 GB: more than a session's default disk bound.
+    let mut config = kiln_tests::worker_config(kiln_worker::ProviderKind::OpenAi, std::time::Duration::from_secs(10));
+    config.sandbox.disk_mb = 2048;
+    app.start_worker(config).await;
     let id = app.submit("alice", CreateRun::new("read big files")).await.id;
     let events = app.events("alice", id).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));

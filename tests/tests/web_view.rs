@@ -403,3 +403,58 @@ async fn a_run_of_5000_events_renders_quickly_and_exactly() {
 
     b.screenshot(&artifact("web-view-long-run.png")).await;
 }
+
+/// What a newcomer pastes (the whole `export …` line `kiln up` prints)
+/// signs in; an unknown run id says so and leaves nothing of the previous
+/// run's page behind: no status, no endless "reconnecting…", no message box.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pasted_export_line_signs_in_and_an_unknown_run_says_so() {
+    let Some(b) = Browser::start("web_view::pasted_line", 1000, 900).await else { return };
+    let app =
+        TestApp::spawn(Options { script: vec![Reply::text("done").with_cached_input(1974)], ..Default::default() })
+            .await;
+    let site = app.url("");
+    let site = site.trim_end_matches('/');
+    b.client.goto(&format!("{site}/")).await.unwrap();
+    let field = b.client.wait().at_most(WAIT).for_element(Locator::Css("#signin-token")).await.unwrap();
+    field.send_keys(&format!("export KILN_URL={site} KILN_TOKEN={}", token("alice"))).await.unwrap();
+    b.client.find(Locator::Css("#signin-form button[type=submit]")).await.unwrap().click().await.unwrap();
+    b.wait_js("the runs list", WAIT, "return !document.getElementById('view-runs').hidden;", vec![]).await;
+
+    // A run that ended: its page shows its status and its cached input.
+    let id = app.submit("alice", kiln_protocol::CreateRun::new("hello")).await.id;
+    app.events("alice", id).await;
+    b.client.goto(&format!("{site}/#/runs/{id}")).await.unwrap();
+    b.wait_js(
+        "the run's status",
+        WAIT,
+        "return document.getElementById('run-status').textContent === 'succeeded';",
+        vec![],
+    )
+    .await;
+    let cached =
+        b.wait_js("the cached input", WAIT, "return document.getElementById('tot-cached').textContent;", vec![]).await;
+    assert_eq!(cached, "1,974");
+
+    // Then an id that is nobody's.
+    b.client.goto(&format!("{site}/#/runs/{}", uuid::Uuid::now_v7())).await.unwrap();
+    b.wait_js(
+        "the not-found notice",
+        WAIT,
+        "return document.getElementById('notice').textContent.includes('No run with this id');",
+        vec![],
+    )
+    .await;
+    // Given the time a retry would take, the page still has not reconnected.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let state = b
+        .js(
+            "return [document.getElementById('run-status').textContent, \
+                     document.getElementById('run-conn').dataset.state, \
+                     document.getElementById('steer-form').hidden, \
+                     document.getElementById('run-cancel').hidden];",
+            vec![],
+        )
+        .await;
+    assert_eq!(state, json!(["", "ended", true, true]), "status, connection, message box hidden, cancel hidden");
+}

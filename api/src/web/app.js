@@ -109,6 +109,13 @@
     return Math.floor(s / 86400) + 'd';
   }
   const usd = (n) => '$' + n.toFixed(4);
+  // As `kiln runs` and `kiln follow` say it: `$x`, `$x+` when some model
+  // calls had no price, `n/a` when none had, `—` before any step.
+  function costText(c) {
+    if (c.usd > 0) return usd(c.usd) + (c.unpriced ? '+' : '');
+    if (c.unpriced) return 'n/a';
+    return c.steps ? usd(0) : '—';
+  }
   const ms = (n) => (n >= 1000 ? (n / 1000).toFixed(1) + ' s' : n + ' ms');
   const num = (n) => Number(n || 0).toLocaleString('en');
   function pretty(value) {
@@ -145,9 +152,18 @@
 
   // ---- sign in -------------------------------------------------------------
 
+  // The token in what was pasted: the token itself, `Bearer <token>`, or the
+  // whole `export KILN_URL=… KILN_TOKEN=…` line `kiln up` prints.
+  function pastedToken(text) {
+    const t = String(text || '').trim();
+    const m = /(?:^|\s)KILN_TOKEN=(["']?)([^\s"']+)\1/.exec(t);
+    if (m) return m[2];
+    return t.replace(/^Bearer\s+/i, '');
+  }
+
   async function signIn(ev) {
     ev.preventDefault();
-    const t = $('signin-token').value.trim().replace(/^Bearer\s+/i, '');
+    const t = pastedToken($('signin-token').value);
     if (!t) return;
     sessionStorage.setItem(TOKEN_KEY, t);
     try {
@@ -197,7 +213,7 @@
         row.age.textContent = age(run.created_at);
         row.age.title = run.created_at;
         const c = costs.get(run.id);
-        if (c && c.after >= run.last_event_seq) row.cost.textContent = c.unpriced && !c.usd ? 'n/a' : usd(c.usd);
+        if (c && c.after >= run.last_event_seq) row.cost.textContent = costText(c);
         if (body.children[i] !== row.tr) body.insertBefore(row.tr, body.children[i] || null);
       });
       const keep = new Set(runs.map((r) => r.id));
@@ -212,12 +228,13 @@
       try {
         for (const run of runs) {
           if (stopped) return;
-          const c = costs.get(run.id) || { after: 0, usd: 0, unpriced: false };
+          const c = costs.get(run.id) || { after: 0, usd: 0, unpriced: false, steps: 0 };
           costs.set(run.id, c);
           while (c.after < run.last_event_seq && !stopped) {
             const page = await api('GET', `/v1/runs/${run.id}/events?after=${c.after}&limit=1000`);
             for (const ev of page.events) {
               if (ev.kind !== 'step.finished') continue;
+              c.steps += 1;
               if (typeof ev.payload.cost_usd === 'number') c.usd += ev.payload.cost_usd;
               else c.unpriced = true;
             }
@@ -225,7 +242,7 @@
             c.after = page.next_after;
           }
           const row = rows.get(run.id);
-          if (row) row.cost.textContent = c.unpriced && !c.usd ? 'n/a' : usd(c.usd);
+          if (row) row.cost.textContent = costText(c);
         }
       } catch (e) {
         if (e.status !== 401) notice(e.message);
@@ -294,6 +311,12 @@
     $('diff').hidden = true;
     $('diff-body').replaceChildren();
     $('run-prompt').textContent = '';
+    // Nothing of the previous run's view stays: its status, its controls.
+    const badge = $('run-status');
+    badge.textContent = '';
+    delete badge.dataset.status;
+    $('run-cancel').hidden = true;
+    $('steer-form').hidden = false;
     const conn = $('run-conn');
 
     const s = {
@@ -313,7 +336,7 @@
       block: null, // the assistant text or reasoning block that text deltas extend
       status: null,
       pendingApprovals: new Set(),
-      totals: { input: 0, output: 0, usd: 0, unpriced: false, steps: 0 },
+      totals: { input: 0, cached: 0, output: 0, usd: 0, unpriced: false, steps: 0 },
     };
 
     function setConn(state) {
@@ -337,9 +360,21 @@
       if (!s.status || TERMINAL.includes('run.' + run.status)) setStatus(run.status);
       if (run.result && typeof run.result.diff === 'string') showDiff(run.result.diff);
     }).catch((e) => {
-      if (e.status === 404) notice('No run with this id (or it belongs to another subject).');
+      if (e.status === 404) notFound();
       else if (e.status !== 401) notice(e.message);
     });
+
+    // An unknown run (or another subject's): say so and offer nothing to do
+    // with it — no stream to wait for, no message box.
+    function notFound() {
+      s.stopped = true;
+      if (s.es) s.es.close();
+      for (const t of [s.flushTimer, s.retryTimer]) if (t) clearTimeout(t);
+      setConn('ended');
+      $('steer-form').hidden = true;
+      $('run-cancel').hidden = true;
+      notice('No run with this id (or it belongs to another subject).');
+    }
 
     // -- the stream --
 
@@ -354,7 +389,8 @@
         minted = await api('POST', `/v1/runs/${id}/stream-token`);
       } catch (e) {
         // A refused token signs out (api() did); a deleted run says so above.
-        if (e.status !== 401 && e.status !== 404) retryLater();
+        if (e.status === 404) notFound();
+        else if (e.status !== 401) retryLater();
         return;
       }
       if (s.stopped || s.done) return;
@@ -398,6 +434,7 @@
           // Tells a refused token (signs out) or a deleted run from a network error.
           await api('GET', '/v1/runs/' + id);
         } catch (e) {
+          if (e.status === 404) notFound();
           if (e.status === 401 || e.status === 404) return;
           retryLater();
           return;
@@ -636,11 +673,14 @@
         case 'step.finished': {
           const u = p.usage || {};
           s.totals.input += Number(u.input_tokens) || 0;
+          s.totals.cached += (Number(u.cache_read_tokens) || 0) + (Number(u.cache_write_tokens) || 0);
           s.totals.output += Number(u.output_tokens) || 0;
           if (typeof p.cost_usd === 'number') s.totals.usd += p.cost_usd;
           else s.totals.unpriced = true;
           const cost = typeof p.cost_usd === 'number' ? ' · ' + usd(p.cost_usd) : '';
-          return meta(ev.seq, `Step ${p.step} finished (${p.finish_reason}) · ${num(u.input_tokens)} in / ${num(u.output_tokens)} out${cost}`);
+          const cached = (Number(u.cache_read_tokens) || 0) + (Number(u.cache_write_tokens) || 0);
+          const input = num(u.input_tokens) + ' in' + (cached ? ' + ' + num(cached) + ' cached' : '');
+          return meta(ev.seq, `Step ${p.step} finished (${p.finish_reason}) · ${input} / ${num(u.output_tokens)} out${cost}`);
         }
         case 'message.queued':
           return add(mark(el('div', { class: 'msg user' }, String(p.text)), ev.seq));
@@ -706,8 +746,9 @@
     function renderTotals() {
       const t = s.totals;
       $('tot-in').textContent = num(t.input);
+      $('tot-cached').textContent = num(t.cached);
       $('tot-out').textContent = num(t.output);
-      $('tot-cost').textContent = t.unpriced && !t.usd ? 'n/a' : usd(t.usd) + (t.unpriced ? '+' : '');
+      $('tot-cost').textContent = costText(t);
       $('tot-steps').textContent = String(t.steps);
     }
 

@@ -114,7 +114,8 @@ impl<W: Write> Render for Printer<W> {
     }
 
     fn finish(&mut self, totals: &Totals) {
-        self.write_lines(&[format!("● {}", totals.line())]);
+        // The run's end, with its reason, is the line above.
+        self.write_lines(&[format!("● {}", totals.line_without_reason())]);
     }
 }
 

@@ -104,12 +104,27 @@ impl Totals {
     /// with `+ 3,948 cached` after the input when the provider served part
     /// of it from its cache (billed, at its own price, so it is shown).
     pub fn line(&self) -> String {
+        self.line_with(true)
+    }
+
+    /// The closing line, its outcome without the reason: for output that
+    /// printed the run's end (`● run failed: …`) just above it.
+    pub fn line_without_reason(&self) -> String {
+        self.line_with(false)
+    }
+
+    fn line_with(&self, reason: bool) -> String {
         let mut parts =
             vec![plural(self.steps, "step"), plural(self.tool_calls, "tool call"), self.tokens(), self.cost()];
         if let Some(wall) = self.wall {
             parts.push(format!("{:.1} s", wall.as_secs_f64()));
         }
-        parts.push(self.outcome.as_ref().map_or("not finished".to_owned(), Outcome::describe));
+        parts.push(match &self.outcome {
+            None => "not finished".to_owned(),
+            Some(outcome) if reason => outcome.describe(),
+            Some(Outcome::TimedOut(limit)) => format!("timed out after {limit} s"),
+            Some(outcome) => outcome.word().to_owned(),
+        });
         parts.join(" · ")
     }
 }

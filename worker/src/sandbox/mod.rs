@@ -87,7 +87,8 @@ pub enum SandboxError {
     Docker(#[from] bollard::errors::Error),
     #[error("sandbox image {0:?} is missing; build it with sandbox-images/build-offline.sh")]
     ImageMissing(String),
-    #[error("workspace: {0}")]
+    // Said as it is: callers already say it was about the workspace.
+    #[error("{0}")]
     Workspace(String),
     /// The checkout (or its clone) is larger than the deployment allows.
     /// Final: the same repository is as large on any worker.
