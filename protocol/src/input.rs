@@ -89,8 +89,8 @@ macro_rules! url_port {
 /// cannot read as an option or a helper invocation (`-u…`, `ext::…`), with a
 /// host of the same grammar as [`CALLBACK_URL`]'s (so every URL of this
 /// shape parses, see [`crate::repo_url`]) and no credentials: only ssh
-/// names a user (`ssh://git@host/…`, `git@host:owner/repo`). `file://`
-/// takes any path (the worker refuses it unless the deployment allows it).
+/// names a user (`ssh://git@host/…`, `git@host:owner/repo`). `file:///`
+/// takes any local path (the worker refuses it unless the deployment allows it).
 pub static REPO_URL: Text = Text::new(
     1,
     2048,
@@ -110,16 +110,20 @@ pub static REPO_URL: Text = Text::new(
         r"(?:[/?#][^",
         no_space!(),
         r"]*)?",
-        // file: a path.
-        r"|file://[^",
+        // file: an absolute local path.
+        r"|file:///[^",
         no_space!(),
         r"]*",
-        // scp-like ssh: `[user@]host:path`, the host without a port.
+        // scp-like ssh: `[user@]host:path`, the host without a port, the
+        // path without a colon and not starting `//` (git reads anything
+        // holding `://` as a URL).
         r"|(?:[A-Za-z0-9._-]+@)?",
         url_host!(),
-        r":[^",
+        r":(?:/?[^:/",
         no_space!(),
-        r"]*",
+        r"][^:",
+        no_space!(),
+        r"]*)?",
         ")$"
     ),
 );

@@ -109,6 +109,7 @@ fn every_repo_url_of_the_documented_shape_parses() {
         "ssh://git@host.example:2222/o/r",
         "git@github.com:o/r.git",
         "host.example:o/r",
+        "host.example:/srv/r.git",
         "[::1]:r",
         "file:///srv/repos/r",
         "https://a/#frag",
@@ -130,6 +131,8 @@ fn every_repo_url_of_the_documented_shape_parses() {
         "file://host/x",
         "https://host name/x",
         "ssh://-oProxyCommand=x/y",
+        "host://x",
+        "host:a://b",
     ];
     for url in bad {
         assert!(!input::REPO_URL.accepts(url), "{url:?}");

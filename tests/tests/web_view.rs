@@ -432,9 +432,14 @@ async fn a_pasted_export_line_signs_in_and_an_unknown_run_says_so() {
         vec![],
     )
     .await;
-    let cached =
-        b.wait_js("the cached input", WAIT, "return document.getElementById('tot-cached').textContent;", vec![]).await;
-    assert_eq!(cached, "1,974");
+    // The totals count its cached input (the step's 1,974 tokens).
+    b.wait_js(
+        "1,974 cached input tokens in the totals",
+        WAIT,
+        "return document.getElementById('tot-cached').textContent === '1,974';",
+        vec![],
+    )
+    .await;
 
     // Then an id that is nobody's.
     b.client.goto(&format!("{site}/#/runs/{}", uuid::Uuid::now_v7())).await.unwrap();
