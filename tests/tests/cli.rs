@@ -886,3 +886,19 @@ async fn cached_input_shows_in_each_step_and_in_the_totals() {
     let last = stdout(&plain).lines().last().unwrap().to_owned();
     assert!(last.contains(" tokens in + 3,948 cached / "), "{last}");
 }
+
+#[tokio::test]
+async fn a_second_kiln_up_on_a_taken_address_says_so_before_starting_anything() {
+    let state = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let pg_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut cmd = kiln_up(state.path(), pg_port, &[]);
+    cmd.env("KILN_LISTEN", &addr);
+    let out = output(cmd).await;
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains(&format!("cannot listen on {addr}")) && err.contains("KILN_LISTEN"), "{err}");
+    assert!(!err.contains("Postgres") && !err.contains("model"), "nothing was started first: {err}");
+    assert!(port_is_free(pg_port));
+}

@@ -28,13 +28,9 @@ impl Write for Captured {
     }
 }
 
-/// The value of `field` in the innermost span of the line that has it.
-fn from_spans<'a>(line: &'a Value, field: &str) -> Option<&'a Value> {
-    line["spans"].as_array()?.iter().rev().find_map(|span| span.get(field))
-}
-
-#[tokio::test]
-async fn every_line_of_a_run_carries_run_session_and_step() {
+/// Installs the subscriber `kiln` installs, at info, writing JSON lines
+/// into what it returns.
+fn capture_json_logs() -> Captured {
     let captured = Captured::default();
     let writer = captured.clone();
     let (subscriber, _telemetry) = kiln_cli::telemetry::subscriber(
@@ -45,6 +41,17 @@ async fn every_line_of_a_run_carries_run_session_and_step() {
     )
     .unwrap();
     subscriber.try_init().unwrap();
+    captured
+}
+
+/// The value of `field` in the innermost span of the line that has it.
+fn from_spans<'a>(line: &'a Value, field: &str) -> Option<&'a Value> {
+    line["spans"].as_array()?.iter().rev().find_map(|span| span.get(field))
+}
+
+#[tokio::test]
+async fn every_line_of_a_run_carries_run_session_and_step() {
+    let captured = capture_json_logs();
 
     let script = vec![Reply::tool("bash", json!({"command": "echo hi"})), Reply::text("done")];
     let app = TestApp::spawn(Options { script, ..Default::default() }).await;
@@ -81,16 +88,7 @@ async fn every_line_of_a_run_carries_run_session_and_step() {
 /// status, and never the query string (it may carry a stream token).
 #[tokio::test]
 async fn each_request_is_logged_with_its_status_and_without_its_query() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let (subscriber, _telemetry) = kiln_cli::telemetry::subscriber(
-        EnvFilter::new("info"),
-        kiln_cli::telemetry::LogFormat::Json,
-        move || writer.clone(),
-        None,
-    )
-    .unwrap();
-    subscriber.try_init().unwrap();
+    let captured = capture_json_logs();
     let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
     let refused = app.http.get(app.url("/v1/runs")).bearer_auth("not-a-token").send().await.unwrap();
     assert_eq!(refused.status(), 401);

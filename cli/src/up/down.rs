@@ -92,7 +92,7 @@ async fn stop_up_process(state_dir: &Path) -> anyhow::Result<bool> {
 
 /// Whether `pid` is a live `kiln` process (a stale pid file may name a
 /// process that has nothing to do with Kiln by now).
-fn is_kiln(pid: u32) -> bool {
+pub(crate) fn is_kiln(pid: u32) -> bool {
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
     // A zombie has exited; its parent has not reaped it yet.

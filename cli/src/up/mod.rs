@@ -56,6 +56,7 @@ pub async fn up(mut args: UpArgs, shutdown: CancellationToken) -> anyhow::Result
         args.worker.worker.worker_id = Some(down::up_worker_id(&args.state_dir)?);
     }
     let pid_file = args.state_dir.join(down::PID_FILE);
+    refuse_a_second_up(&args, &pid_file)?;
     std::fs::write(&pid_file, std::process::id().to_string())?;
     let (store, cluster) = match local_store(&args).await {
         Ok(both) => both,
@@ -80,6 +81,28 @@ pub async fn up(mut args: UpArgs, shutdown: CancellationToken) -> anyhow::Result
     }
     let _ = std::fs::remove_file(&pid_file);
     result
+}
+
+/// Says so before anything starts when this state directory's `kiln up`
+/// already runs, or something else holds the API's address.
+fn refuse_a_second_up(args: &UpArgs, pid_file: &std::path::Path) -> anyhow::Result<()> {
+    if let Some(pid) = std::fs::read_to_string(pid_file).ok().and_then(|t| t.trim().parse::<u32>().ok())
+        && pid != std::process::id()
+        && down::is_kiln(pid)
+    {
+        bail!(
+            "kiln up is already running for {} (pid {pid}); use it, or stop it with Ctrl-C in its terminal or `kiln down`",
+            args.state_dir.display()
+        );
+    }
+    let listen = args.api.api.listen;
+    if let Err(e) = std::net::TcpListener::bind(listen) {
+        bail!(
+            "cannot listen on {listen} ({e}): another Kiln or another program is using it; stop it \
+             (`kiln down` stops a kiln up), or choose another address with KILN_LISTEN=127.0.0.1:8081"
+        );
+    }
+    Ok(())
 }
 
 async fn serve(args: &mut UpArgs, store: Store, shutdown: CancellationToken) -> anyhow::Result<ExitCode> {
