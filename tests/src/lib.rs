@@ -366,6 +366,7 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         github: None,
         callbacks: None,
         max_tool_calls_per_step: kiln_worker::config::DEFAULT_MAX_TOOL_CALLS_PER_STEP,
+        prompt_cache: true,
         max_event_bytes_per_run: kiln_worker::config::DEFAULT_MAX_EVENT_BYTES_PER_RUN,
     }
 }

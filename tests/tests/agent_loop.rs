@@ -521,3 +521,61 @@ async fn a_takeover_counts_the_event_bytes_earlier_attempts_stored() {
     let (total, largest) = stored_event_bytes(&app, id).await;
     assert!(total as u64 <= CAP + largest as u64, "{total} bytes stored, cap {CAP}, largest event {largest}");
 }
+
+/// Each step asks the provider to cache the stable prefix: OpenAI gets the
+/// session id as `prompt_cache_key`; Anthropic gets breakpoints on the
+/// tools, the system prompt and the latest messages, at most four.
+#[tokio::test]
+async fn every_step_marks_the_prompt_for_the_providers_cache() {
+    for provider in [ProviderKind::OpenAi, ProviderKind::OpenAiResponses, ProviderKind::Anthropic] {
+        let app = TestApp::spawn(Options {
+            script: vec![echo(1), echo(2), Reply::text("done")],
+            provider,
+            ..Default::default()
+        })
+        .await;
+        let run = app.submit("alice", CreateRun::new("go")).await;
+        let events = app.events("alice", run.id).await;
+        assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{provider:?}: {:?}", kinds(&events));
+        let requests = app.model.requests();
+        assert_eq!(requests.len(), 3, "{provider:?}");
+        for (step, request) in requests.iter().enumerate() {
+            let body = &request.body;
+            match provider {
+                ProviderKind::Anthropic => {
+                    let marked = body.to_string().matches("\"cache_control\"").count();
+                    assert!((3..=4).contains(&marked), "step {step}: {marked} breakpoints in {body}");
+                    let tools = body["tools"].as_array().unwrap();
+                    assert_eq!(tools.last().unwrap()["cache_control"]["type"], "ephemeral", "step {step}");
+                    assert_eq!(body["system"][0]["cache_control"]["type"], "ephemeral", "step {step}");
+                    let last = body["messages"].as_array().unwrap().last().unwrap().clone();
+                    let last_block = last["content"].as_array().unwrap().last().unwrap().clone();
+                    assert_eq!(last_block["cache_control"]["type"], "ephemeral", "step {step}");
+                }
+                _ => assert_eq!(body["prompt_cache_key"], run.session_id.to_string(), "{provider:?} step {step}"),
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn with_prompt_caching_off_no_caching_field_is_sent() {
+    for provider in [ProviderKind::OpenAi, ProviderKind::Anthropic] {
+        let app = TestApp::spawn(Options {
+            script: vec![echo(1), Reply::text("done")],
+            provider,
+            worker: false,
+            ..Default::default()
+        })
+        .await;
+        let mut config = worker_config(provider, std::time::Duration::from_secs(10));
+        config.prompt_cache = false;
+        app.start_worker(config).await;
+        let run = app.submit("alice", CreateRun::new("go")).await;
+        app.events("alice", run.id).await;
+        for request in app.model.requests() {
+            let text = request.body.to_string();
+            assert!(!text.contains("cache_control") && !text.contains("prompt_cache_key"), "{provider:?}: {text}");
+        }
+    }
+}

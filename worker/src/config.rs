@@ -108,6 +108,10 @@ pub struct WorkerConfig {
     /// Bytes of events one run may store, over all its attempts; when they
     /// are spent the run fails (`KILN_MAX_EVENT_BYTES_PER_RUN`).
     pub max_event_bytes_per_run: u64,
+    /// Ask providers to cache the prompt's stable prefix (Anthropic
+    /// `cache_control` breakpoints, OpenAI `prompt_cache_key`); off for
+    /// gateways that reject those fields (`KILN_PROMPT_CACHE`).
+    pub prompt_cache: bool,
 }
 
 /// Default of [`WorkerConfig::max_tool_calls_per_step`].

@@ -227,6 +227,7 @@ async fn drive(
             threshold: ctx.config.compaction_threshold,
         },
         max_tool_calls_per_step: ctx.config.max_tool_calls_per_step,
+        prompt_cache: ctx.config.prompt_cache,
     };
     let outcome = agent.drive().await?;
     // What the loop queued goes out before anything else writes events.

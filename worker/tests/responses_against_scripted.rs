@@ -44,6 +44,7 @@ fn request(messages: Vec<Message>) -> ModelRequest {
         tools: vec![bash_tool()],
         max_tokens: 1024,
         temperature: Some(0.0),
+        cache_key: None,
     }
 }
 

@@ -104,6 +104,11 @@ pub struct WorkerArgs {
     /// when they are spent, no more are stored and the run fails.
     #[arg(long, env = "KILN_MAX_EVENT_BYTES_PER_RUN", default_value_t = kiln_worker::config::DEFAULT_MAX_EVENT_BYTES_PER_RUN)]
     pub max_event_bytes_per_run: u64,
+    /// Ask the model provider to cache the prompt's stable prefix (Anthropic
+    /// `cache_control`, OpenAI `prompt_cache_key`); `false` for gateways that
+    /// reject those fields.
+    #[arg(long, env = "KILN_PROMPT_CACHE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub prompt_cache: bool,
 }
 
 impl WorkerArgs {
@@ -177,6 +182,7 @@ impl WorkerArgs {
             github: None,
             callbacks: None,
             max_tool_calls_per_step: self.max_tool_calls_per_step,
+            prompt_cache: self.prompt_cache,
             max_event_bytes_per_run: self.max_event_bytes_per_run,
         })
     }

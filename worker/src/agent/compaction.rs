@@ -157,6 +157,8 @@ impl AgentRun<'_> {
             tools: Vec::new(),
             max_tokens: self.max_tokens,
             temperature: None,
+            // A one-off prompt: nothing to reuse.
+            cache_key: None,
         };
         let assembled = match model_call::call_model_quietly(self.provider.as_ref(), &request, self.events).await {
             Ok(a) => a,

@@ -97,6 +97,8 @@ pub struct AgentRun<'a> {
     pub compaction: compaction::Policy,
     /// Tool calls of one step that run; the rest are answered unrun.
     pub max_tool_calls_per_step: usize,
+    /// Mark the prompt's stable prefix for the provider's cache.
+    pub prompt_cache: bool,
 }
 
 /// What the loop carries from one step to the next.
@@ -232,6 +234,8 @@ impl<'a> AgentRun<'a> {
             tools: self.tool_specs(),
             max_tokens: self.max_tokens,
             temperature: self.run.model.temperature,
+            // One key per session: its runs share the conversation's prefix.
+            cache_key: self.prompt_cache.then(|| self.run.session_id.to_string()),
         };
         model_call::call_model(self.provider.as_ref(), &request, self.events, step).await
     }

@@ -80,9 +80,9 @@ where
 struct MessagesRequest<'a> {
     model: &'a str,
     max_tokens: u32,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    system: String,
-    messages: Vec<WireMessage<'a>>,
+    #[serde(skip_serializing_if = "System::is_empty")]
+    system: System,
+    messages: Vec<MarkedMessage<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<WireTool<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -94,6 +94,57 @@ struct MessagesRequest<'a> {
 struct WireMessage<'a> {
     role: &'static str,
     content: Vec<Block<'a>>,
+}
+
+/// The system prompt: plain text, or (with caching) one text block that
+/// ends a cached prefix.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum System {
+    Text(String),
+    Blocks([SystemBlock; 1]),
+}
+
+impl System {
+    fn is_empty(&self) -> bool {
+        matches!(self, System::Text(text) if text.is_empty())
+    }
+}
+
+#[derive(Serialize)]
+struct SystemBlock {
+    r#type: &'static str,
+    text: String,
+    cache_control: CacheControl,
+}
+
+/// A cache breakpoint: the prompt up to and including this block is
+/// written to the cache, and a later request with the same prefix reads it.
+#[derive(Serialize, Clone, Copy, Debug, PartialEq)]
+struct CacheControl {
+    r#type: &'static str,
+}
+
+const EPHEMERAL: CacheControl = CacheControl { r#type: "ephemeral" };
+
+/// Breakpoints on the latest messages: the last one's prefix is the next
+/// step's prefix, and the one before still matches when the last turn held
+/// something sent once (a budget note). With the tools' and the system's,
+/// four: the API's limit.
+const MESSAGE_BREAKPOINTS: usize = 2;
+
+#[derive(Serialize)]
+struct MarkedMessage<'a> {
+    role: &'static str,
+    content: Vec<MarkedBlock<'a>>,
+}
+
+#[derive(Serialize)]
+struct MarkedBlock<'a> {
+    #[serde(flatten)]
+    block: Block<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: Option<CacheControl>,
 }
 
 #[derive(Serialize)]
@@ -110,6 +161,8 @@ struct WireTool<'a> {
     name: &'a str,
     description: &'a str,
     input_schema: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: Option<CacheControl>,
 }
 
 fn request_body(request: &ModelRequest) -> MessagesRequest<'_> {
@@ -125,19 +178,54 @@ fn request_body(request: &ModelRequest) -> MessagesRequest<'_> {
             system.push_str(&text);
         }
     }
+    let cache = request.cache_key.is_some();
+    let mut tools: Vec<WireTool<'_>> = request.tools.iter().map(tool).collect();
+    // Tools come first in the prompt, then the system, then the messages:
+    // each breakpoint caches everything before it.
+    if cache && let Some(last) = tools.last_mut() {
+        last.cache_control = Some(EPHEMERAL);
+    }
+    let system = if cache && !system.is_empty() {
+        System::Blocks([SystemBlock { r#type: "text", text: system, cache_control: EPHEMERAL }])
+    } else {
+        System::Text(system)
+    };
+    let messages = mark_latest(wire_messages(&request.messages), if cache { MESSAGE_BREAKPOINTS } else { 0 });
     MessagesRequest {
         model: &request.model,
         max_tokens: request.max_tokens,
         system,
-        messages: wire_messages(&request.messages),
-        tools: request.tools.iter().map(tool).collect(),
+        messages,
+        tools,
         temperature: request.temperature,
         stream: true,
     }
 }
 
 fn tool(spec: &ToolSpec) -> WireTool<'_> {
-    WireTool { name: &spec.name, description: &spec.description, input_schema: &spec.input_schema }
+    WireTool { name: &spec.name, description: &spec.description, input_schema: &spec.input_schema, cache_control: None }
+}
+
+/// Puts a breakpoint on the last block of each of the last `count`
+/// messages (a thinking block cannot carry one: the last block that can).
+fn mark_latest(messages: Vec<WireMessage<'_>>, count: usize) -> Vec<MarkedMessage<'_>> {
+    let marked_from = messages.len().saturating_sub(count);
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(index, message)| {
+            let anchor = (index >= marked_from)
+                .then(|| message.content.iter().rposition(|b| !matches!(b, Block::Thinking { .. })))
+                .flatten();
+            let content = message
+                .content
+                .into_iter()
+                .enumerate()
+                .map(|(at, block)| MarkedBlock { block, cache_control: (Some(at) == anchor).then_some(EPHEMERAL) })
+                .collect();
+            MarkedMessage { role: message.role, content }
+        })
+        .collect()
 }
 
 /// Maps Kiln messages to the API's strictly alternating user/assistant

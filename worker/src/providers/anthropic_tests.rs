@@ -278,6 +278,7 @@ fn conversation() -> ModelRequest {
         }],
         max_tokens: 4096,
         temperature: None,
+        cache_key: None,
     }
 }
 
@@ -331,4 +332,68 @@ fn url_and_debug() {
     assert_eq!(at("http://h:1/").url(), "http://h:1/v1/messages");
     assert_eq!(at("http://h:1/v1").url(), "http://h:1/v1/messages");
     assert!(!format!("{p:?}").contains("secret"));
+}
+
+/// Every `cache_control` in a request body, by where it is.
+fn breakpoints(body: &serde_json::Value) -> Vec<String> {
+    let mut found = Vec::new();
+    for (i, tool) in body["tools"].as_array().into_iter().flatten().enumerate() {
+        if tool.get("cache_control").is_some() {
+            found.push(format!("tools[{i}]"));
+        }
+    }
+    for (i, block) in body["system"].as_array().into_iter().flatten().enumerate() {
+        if block.get("cache_control").is_some() {
+            found.push(format!("system[{i}]"));
+        }
+    }
+    for (m, message) in body["messages"].as_array().into_iter().flatten().enumerate() {
+        for (b, block) in message["content"].as_array().into_iter().flatten().enumerate() {
+            if block.get("cache_control").is_some() {
+                found.push(format!("messages[{m}][{b}]"));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn with_a_cache_key_the_tools_the_system_and_the_latest_two_messages_end_cached_prefixes() {
+    let request = ModelRequest { cache_key: Some("session".into()), ..conversation() };
+    let body = serde_json::to_value(request_body(&request)).unwrap();
+    // messages: [user, assistant, user(results + "also check b")]: the last
+    // block of the last two.
+    assert_eq!(breakpoints(&body), ["tools[0]", "system[0]", "messages[1][3]", "messages[2][2]"]);
+    assert_eq!(body["tools"][0]["cache_control"], json!({"type": "ephemeral"}));
+    assert_eq!(
+        body["system"],
+        json!([{"type": "text", "text": "You are Kiln.\n\nSummary of earlier work.", "cache_control": {"type": "ephemeral"}}])
+    );
+    // The marked blocks keep their shape.
+    assert_eq!(body["messages"][2]["content"][2]["type"], "text");
+    assert_eq!(body["messages"][1]["content"][3]["type"], "tool_use");
+
+    // The same request without a key: no breakpoint, the system as text.
+    let plain = serde_json::to_value(request_body(&conversation())).unwrap();
+    assert!(breakpoints(&plain).is_empty());
+    assert!(plain["system"].is_string());
+}
+
+#[test]
+fn a_thinking_block_is_never_a_breakpoint_and_at_most_four_are_set() {
+    let mut request = ModelRequest { cache_key: Some("s".into()), ..conversation() };
+    request.messages = vec![
+        Message::user("go"),
+        Message {
+            role: Role::Assistant,
+            parts: vec![
+                Part::Text { text: "one".into() },
+                Part::Reasoning { text: "t".into(), signature: Some("sig".into()) },
+            ],
+        },
+    ];
+    let body = serde_json::to_value(request_body(&request)).unwrap();
+    let found = breakpoints(&body);
+    assert_eq!(found, ["tools[0]", "system[0]", "messages[0][0]", "messages[1][0]"]);
+    assert!(found.len() <= 4);
 }

@@ -49,6 +49,10 @@ pub struct ModelRequest {
     pub tools: Vec<ToolSpec>,
     pub max_tokens: u32,
     pub temperature: Option<f32>,
+    /// Cache the prompt's stable prefix under this key (the session id):
+    /// Anthropic gets `cache_control` breakpoints, OpenAI `prompt_cache_key`.
+    /// `None`: no caching fields are sent.
+    pub cache_key: Option<String>,
 }
 
 /// Why the model stopped.

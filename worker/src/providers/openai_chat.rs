@@ -79,6 +79,10 @@ struct ChatRequest<'a> {
     temperature: Option<f32>,
     stream: bool,
     stream_options: StreamOptions,
+    /// Routes requests sharing a prefix to the same cache (the session id).
+    /// Servers that do not know it ignore it (llama.cpp, vLLM, Ollama).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_cache_key: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -151,6 +155,7 @@ fn request_body(request: &ModelRequest) -> ChatRequest<'_> {
         temperature: request.temperature,
         stream: true,
         stream_options: StreamOptions { include_usage: true },
+        prompt_cache_key: request.cache_key.as_deref(),
     }
 }
 

@@ -312,6 +312,7 @@ fn request_shape() {
         }],
         max_tokens: 1000,
         temperature: Some(0.5),
+        cache_key: None,
     };
     let body = serde_json::to_value(request_body(&request)).unwrap();
     assert_eq!(
@@ -358,6 +359,7 @@ fn tool_only_assistant_turn_has_null_content_and_no_tools_key_when_none() {
         tools: vec![],
         max_tokens: 10,
         temperature: None,
+        cache_key: None,
     };
     let body = serde_json::to_value(request_body(&request)).unwrap();
     assert_eq!(
@@ -375,4 +377,21 @@ fn url_and_debug() {
     let p = OpenAiChat::new(Endpoint::new(reqwest::Client::new(), "http://h/v1/", Some("sk-secret-key".into())));
     assert_eq!(p.url(), "http://h/v1/chat/completions");
     assert!(!format!("{p:?}").contains("secret"));
+}
+
+#[test]
+fn a_cache_key_goes_out_as_prompt_cache_key() {
+    let request = ModelRequest {
+        model: "m".into(),
+        system: "sys".into(),
+        messages: vec![Message::user("hi")],
+        tools: vec![],
+        max_tokens: 10,
+        temperature: None,
+        cache_key: Some("0192-session".into()),
+    };
+    let body = serde_json::to_value(request_body(&request)).unwrap();
+    assert_eq!(body["prompt_cache_key"], "0192-session");
+    let body = serde_json::to_value(request_body(&ModelRequest { cache_key: None, ..request })).unwrap();
+    assert!(body.get("prompt_cache_key").is_none());
 }

@@ -95,6 +95,9 @@ struct ResponsesRequest<'a> {
     /// `reasoning.encrypted_content`: reasoning comes back in a form that
     /// can be sent again without server-side state.
     include: [&'static str; 1],
+    /// Routes requests sharing a prefix to the same cache (the session id).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_cache_key: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -163,6 +166,7 @@ fn request_body(request: &ModelRequest) -> ResponsesRequest<'_> {
         stream: true,
         store: false,
         include: ["reasoning.encrypted_content"],
+        prompt_cache_key: request.cache_key.as_deref(),
     }
 }
 

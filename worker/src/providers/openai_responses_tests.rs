@@ -515,6 +515,7 @@ fn conversation() -> ModelRequest {
         }],
         max_tokens: 1000,
         temperature: Some(0.5),
+        cache_key: None,
     }
 }
 
@@ -596,6 +597,7 @@ fn tool_only_turn_and_optional_fields() {
         tools: vec![],
         max_tokens: 10,
         temperature: None,
+        cache_key: None,
     };
     let body = serde_json::to_value(request_body(&request)).unwrap();
     assert_eq!(body["input"], json!([{"type": "function_call", "call_id": "c", "name": "bash", "arguments": "{}"}]));
@@ -611,4 +613,13 @@ fn url_and_debug() {
     assert_eq!(p.url(), "http://h/v1/responses");
     assert_eq!(p.name(), "openai-responses");
     assert!(!format!("{p:?}").contains("secret"));
+}
+
+#[test]
+fn a_cache_key_goes_out_as_prompt_cache_key() {
+    let request = ModelRequest { cache_key: Some("0192-session".into()), ..conversation() };
+    let body = serde_json::to_value(request_body(&request)).unwrap();
+    assert_eq!(body["prompt_cache_key"], "0192-session");
+    let body = serde_json::to_value(request_body(&conversation())).unwrap();
+    assert!(body.get("prompt_cache_key").is_none());
 }
