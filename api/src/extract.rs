@@ -60,33 +60,45 @@ fn in_json_terms(message: &str) -> String {
     while let Some(at) = rest.find("expected ") {
         let (before, after) = rest.split_at(at + "expected ".len());
         out.push_str(before);
-        let word_end = |s: &str| s.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(s.len());
-        let (replacement, consumed) = if let Some(name) = after.strip_prefix("struct ") {
-            ("an object", "struct ".len() + word_end(name))
-        } else if let Some(name) = after.strip_prefix("enum ") {
-            ("one of the documented values", "enum ".len() + word_end(name))
-        } else {
-            let word = &after[..word_end(after)];
-            let json = match word {
-                "u8" | "u16" | "u32" | "u64" | "usize" => Some("a non-negative whole number"),
-                "i8" | "i16" | "i32" | "i64" | "isize" => Some("a whole number"),
-                "f32" | "f64" => Some("a number"),
-                "a" if after.starts_with("a sequence") => Some("an array"),
-                "a" if after.starts_with("a boolean") => Some("true or false"),
-                _ => None,
-            };
-            match json {
-                Some("an array") => ("an array", "a sequence".len()),
-                Some("true or false") => ("true or false", "a boolean".len()),
-                Some(j) => (j, word.len()),
-                None => ("", 0),
-            }
-        };
-        out.push_str(replacement);
+        let (said, consumed) = json_phrase(after).unwrap_or(("", 0));
+        out.push_str(said);
         rest = &after[consumed..];
     }
     out.push_str(rest);
     out
+}
+
+/// The JSON words for the serde phrase `after` starts with, and the
+/// phrase's length; `None`: a phrase that is fine as it is.
+fn json_phrase(after: &str) -> Option<(&'static str, usize)> {
+    const WORDS: [(&str, &str); 14] = [
+        ("a sequence", "an array"),
+        ("a boolean", "true or false"),
+        ("u8", "a non-negative whole number"),
+        ("u16", "a non-negative whole number"),
+        ("u32", "a non-negative whole number"),
+        ("u64", "a non-negative whole number"),
+        ("usize", "a non-negative whole number"),
+        ("i8", "a whole number"),
+        ("i16", "a whole number"),
+        ("i32", "a whole number"),
+        ("i64", "a whole number"),
+        ("isize", "a whole number"),
+        ("f32", "a number"),
+        ("f64", "a number"),
+    ];
+    let ident = |s: &str| s.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(s.len());
+    if let Some(name) = after.strip_prefix("struct ") {
+        return Some(("an object", "struct ".len() + ident(name)));
+    }
+    if let Some(name) = after.strip_prefix("enum ") {
+        return Some(("one of the documented values", "enum ".len() + ident(name)));
+    }
+    let word = &after[..ident(after)];
+    WORDS
+        .iter()
+        .find(|(serde, _)| if serde.contains(' ') { after.starts_with(serde) } else { *serde == word })
+        .map(|(serde, json)| (*json, serde.len()))
 }
 
 /// JSON Schema's `integer` is any number without a fraction, `5.0` too;

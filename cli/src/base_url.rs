@@ -28,8 +28,8 @@ impl BaseUrl {
         let trimmed = given.trim();
         let url = match reqwest::Url::parse(trimmed) {
             Ok(url) => url,
-            // `127.0.0.1:8080` parses as scheme `127.0.0.1`? No: as a
-            // relative URL, which has no base. Name the missing scheme.
+            // `127.0.0.1:8080` is read as a relative URL, which has no
+            // base: the scheme is what is missing.
             Err(url::ParseError::RelativeUrlWithoutBase) => return Err(BaseUrlError::NoScheme(given.to_owned())),
             Err(e) => return Err(BaseUrlError::Malformed(given.to_owned(), e.to_string())),
         };

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use bollard::container::LogOutput;
-use bollard::exec::{CreateExecOptions, StartExecResults};
+use bollard::exec::{CreateExecOptions, CreateExecResults, StartExecResults};
 use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
 
@@ -24,6 +24,35 @@ pub struct ExecOutput {
 }
 
 impl Sandbox {
+    /// Creates an attached exec of `argv` as the command user in
+    /// `/workspace`, under GNU `timeout` (which kills the command's whole
+    /// process group), stdout and stderr attached, stdin if asked.
+    async fn create_user_exec(
+        &self,
+        argv: &[&str],
+        timeout: Duration,
+        stdin: bool,
+    ) -> Result<CreateExecResults, bollard::errors::Error> {
+        let secs = timeout.as_secs().max(1).to_string();
+        let mut cmd = vec!["timeout", "-k", "2", secs.as_str()];
+        cmd.extend_from_slice(argv);
+        self.docker
+            .create_exec(
+                &self.id,
+                CreateExecOptions {
+                    cmd: Some(cmd),
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    attach_stdin: Some(stdin),
+                    tty: Some(false),
+                    working_dir: Some(WORKSPACE),
+                    user: Some(self.config.user.as_str()),
+                    ..Default::default()
+                },
+            )
+            .await
+    }
+
     /// Runs `command` with bash in `/workspace`, stdin closed. `timeout`
     /// kills the command's whole process group (GNU `timeout` signals its
     /// group); `on_output` sees each chunk as it arrives.
@@ -34,24 +63,7 @@ impl Sandbox {
         output_cap: usize,
         mut on_output: impl FnMut(&[u8]),
     ) -> Result<ExecOutput, SandboxError> {
-        let secs = timeout.as_secs().max(1).to_string();
-        let cmd = vec!["timeout", "-k", "2", secs.as_str(), "bash", "-c", command];
-        let exec = self
-            .docker
-            .create_exec(
-                &self.id,
-                CreateExecOptions {
-                    cmd: Some(cmd),
-                    attach_stdout: Some(true),
-                    attach_stderr: Some(true),
-                    attach_stdin: Some(false),
-                    tty: Some(false),
-                    working_dir: Some(WORKSPACE),
-                    user: Some(self.config.user.as_str()),
-                    ..Default::default()
-                },
-            )
-            .await?;
+        let exec = self.create_user_exec(&["bash", "-c", command], timeout, false).await?;
         let mut captured = HeadTail::new(output_cap);
         if let StartExecResults::Attached { mut output, .. } = self.docker.start_exec(&exec.id, None).await? {
             // The timeout inside the container is authoritative; this outer
@@ -104,25 +116,7 @@ impl Sandbox {
         stdout_cap: usize,
         timeout: Duration,
     ) -> Result<RawOutput, SandboxError> {
-        let secs = timeout.as_secs().max(1).to_string();
-        let mut cmd = vec!["timeout", "-k", "2", secs.as_str()];
-        cmd.extend_from_slice(argv);
-        let exec = self
-            .docker
-            .create_exec(
-                &self.id,
-                CreateExecOptions {
-                    cmd: Some(cmd),
-                    attach_stdout: Some(true),
-                    attach_stderr: Some(true),
-                    attach_stdin: Some(stdin.is_some()),
-                    tty: Some(false),
-                    working_dir: Some(WORKSPACE),
-                    user: Some(self.config.user.as_str()),
-                    ..Default::default()
-                },
-            )
-            .await?;
+        let exec = self.create_user_exec(argv, timeout, stdin.is_some()).await?;
         let mut out = RawOutput { exit_code: None, stdout: Vec::new(), overflow: false, stderr: String::new() };
         if let StartExecResults::Attached { mut output, mut input } = self.docker.start_exec(&exec.id, None).await? {
             let transfer = async {
