@@ -579,3 +579,38 @@ async fn with_prompt_caching_off_no_caching_field_is_sent() {
         }
     }
 }
+
+/// A run cancelled while the model streams still paid for what the provider
+/// reported of that call (Anthropic reports the input in `message_start`):
+/// a `step.finished` saying why the step ended carries it, so the run's
+/// totals are not 0 beside the text it streamed.
+#[tokio::test]
+async fn a_run_cancelled_mid_step_keeps_the_usage_the_provider_reported() {
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::hang().with_text("Thinking about it").with_cached_input(1_500)],
+        provider: ProviderKind::Anthropic,
+        ..Default::default()
+    })
+    .await;
+    let run = app.submit("alice", CreateRun::new("go")).await;
+    app.wait_for_event(run.id, "text.delta").await;
+    let r = app
+        .http
+        .post(app.url(&format!("/v1/runs/{}/cancel", run.id)))
+        .bearer_auth(kiln_tests::token("alice"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202, "a running run is asked to stop");
+    let events = app.events("alice", run.id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Cancelled), "{:?}", kinds(&events));
+    let finished: Vec<_> = pick!(events, EventBody::StepFinished { step, finish_reason, usage, .. } => (*step, finish_reason.clone(), *usage)).collect();
+    assert_eq!(finished.len(), 1, "{:?}", kinds(&events));
+    let (step, reason, usage) = &finished[0];
+    assert_eq!((*step, reason.as_str()), (1, "cancelled"));
+    assert!(usage.input_tokens > 0, "the reported input is counted: {usage:?}");
+    assert_eq!(usage.cache_read_tokens, 1_500, "{usage:?}");
+    // The step's end comes after its text and before the run's.
+    let at = |kind: &str| events.iter().position(|e| e.kind() == kind).unwrap();
+    assert!(at("text.delta") < at("step.finished") && at("step.finished") < at("run.cancelled"));
+}

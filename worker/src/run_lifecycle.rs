@@ -124,6 +124,7 @@ async fn execute_in_span(
             _ = tokio::time::sleep(remaining) => Ending::TimedOut,
         }
     };
+    record_unfinished_step(&ctx, &run, &ending, &mut events).await;
     // The heartbeat goes on until the end is written: putting the container
     // to rest, the last events and the terminal write (each with retries)
     // can together outlast the lease, and a run whose lease expired then
@@ -157,6 +158,33 @@ async fn execute_in_span(
     drop(heartbeat);
     if recorded {
         crate::github::deliver_finished(&ctx, &run).await;
+    }
+}
+
+/// A run that ends for good in the middle of a model call still paid for
+/// what the provider reported of it: that usage goes in a `step.finished`
+/// (its `finish_reason` says why the step ended), so totals and cost count
+/// it. A run that will go on elsewhere (released, lease lost) leaves it to
+/// the attempt that repeats the step.
+async fn record_unfinished_step(ctx: &WorkerContext, run: &Run, ending: &Ending, events: &mut EventSink) {
+    let finish_reason = match ending {
+        Ending::Cancelled => "cancelled",
+        Ending::TimedOut => "timed_out",
+        Ending::Error(_) => "error",
+        Ending::Finished(_) | Ending::Released | Ending::DatabaseAway(_) | Ending::LeaseLost => return,
+    };
+    let Some(unfinished) = events.take_unfinished_step() else { return };
+    let model = run.model.name.clone().unwrap_or_else(|| ctx.config.default_model.clone());
+    let cost_usd = ctx.prices.cost(&model, &unfinished.usage);
+    let body = EventBody::StepFinished {
+        step: unfinished.step,
+        finish_reason: finish_reason.to_owned(),
+        usage: unfinished.usage,
+        cost_usd,
+    };
+    // Written with the run's last events by the commit that follows.
+    if let Err(e) = events.write_soon(body).await {
+        tracing::warn!(run_id = %run.id, error = %e, "could not record the interrupted step's usage");
     }
 }
 

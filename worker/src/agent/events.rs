@@ -48,6 +48,18 @@ pub struct EventSink {
     held: Option<HeldMessage>,
     /// The bytes of events the run may still store.
     budget: EventBudget,
+    /// The model call under way and what the provider has reported it used.
+    unfinished: Option<UnfinishedStep>,
+}
+
+/// A step whose model call has started but not answered: what the
+/// provider reported so far (e.g. Anthropic's `message_start` reports the
+/// input before a single token is streamed). A run that ends mid-call —
+/// cancelled, timed out, failed — still paid for it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UnfinishedStep {
+    pub step: u32,
+    pub usage: Usage,
 }
 
 /// A message to append to the session.
@@ -83,7 +95,24 @@ impl EventSink {
             since: None,
             held: None,
             budget: EventBudget::unlimited(),
+            unfinished: None,
         }
+    }
+
+    /// Step `step`'s model call has so far reported `usage`.
+    pub fn note_usage_so_far(&mut self, step: u32, usage: Usage) {
+        self.unfinished = Some(UnfinishedStep { step, usage });
+    }
+
+    /// The model call has answered: its usage goes with the step's message.
+    pub fn step_answered(&mut self) {
+        self.unfinished = None;
+    }
+
+    /// The model call that was under way when the loop stopped, if the
+    /// provider had reported any usage for it.
+    pub fn take_unfinished_step(&mut self) -> Option<UnfinishedStep> {
+        self.unfinished.take().filter(|u| u.usage != Usage::default())
     }
 
     /// Counts what is stored from now on against `budget`.

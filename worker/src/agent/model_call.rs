@@ -128,6 +128,9 @@ async fn stream_once(
         let Some(item) = item else { break };
         let event = item?;
         builder.push(&event);
+        if let (ModelEvent::Usage(_), Some(step)) = (&event, step) {
+            events.note_usage_so_far(step, builder.usage());
+        }
         if stream_deltas && let Some(body) = event_for(&builder, &event) {
             // Shown within the coalescing window; the rest waits for the
             // step's message, which is written right after the stream.
@@ -139,6 +142,9 @@ async fn stream_once(
     }
     if builder.finish_reason().is_none() {
         return Err(ProviderError::Truncated.into());
+    }
+    if step.is_some() {
+        events.step_answered();
     }
     Ok(builder.finish())
 }
