@@ -6,10 +6,12 @@
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use kiln_protocol::{CreateRun, RunStatus};
 use kiln_scripted_model::Reply;
 use kiln_tests::{Options, TestApp, outcome};
+use kiln_worker::config::ProviderKind;
 use serde_json::{Value, json};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -36,6 +38,22 @@ fn capture_json_logs() -> Captured {
     let (subscriber, _telemetry) = kiln_cli::telemetry::subscriber(
         EnvFilter::new("info"),
         kiln_cli::telemetry::LogFormat::Json,
+        move || writer.clone(),
+        None,
+    )
+    .unwrap();
+    subscriber.try_init().unwrap();
+    captured
+}
+
+/// Installs the subscriber `kiln` installs, at info, writing plain text
+/// lines (no colour) into what it returns.
+fn capture_text_logs() -> Captured {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let (subscriber, _telemetry) = kiln_cli::telemetry::subscriber(
+        EnvFilter::new("info"),
+        kiln_cli::telemetry::LogFormat::Text { colour: false },
         move || writer.clone(),
         None,
     )
@@ -114,4 +132,64 @@ async fn each_request_is_logged_with_its_status_and_without_its_query() {
     assert!(logged.contains(&("/v1/runs".to_owned(), 401)), "{logged:?}");
     assert!(logged.contains(&("/v1/runs/0199a000-0000-7000-8000-000000000001/events".to_owned(), 401)), "{logged:?}");
     assert!(responses.iter().all(|l| l["level"] == "INFO"), "{responses:?}");
+}
+
+/// Text logs: the run span's `step`, recorded again at every step, shows
+/// its latest value once (the text format used to append each value:
+/// `step=0 step=1 step=2`).
+#[tokio::test]
+async fn text_lines_show_the_runs_step_once_and_current() {
+    let captured = capture_text_logs();
+    let script = vec![
+        Reply::tool("bash", json!({"command": "echo one"})),
+        Reply::tool("bash", json!({"command": "echo two"})),
+        Reply::text("done"),
+    ];
+    let app = TestApp::spawn(Options { script, ..Default::default() }).await;
+    let run = app.submit("alice", CreateRun::new("count")).await;
+    assert_eq!(outcome(&app.events("alice", run.id).await), Some(RunStatus::Succeeded));
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let run_spans: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(&run.id.to_string()))
+        .filter_map(|l| l.find("run{").map(|at| &l[at..]))
+        .map(|s| s.split_once("}:").map_or(s, |(span, _)| span))
+        .collect();
+    assert!(!run_spans.is_empty(), "no line in the run's span:\n{text}");
+    for span in &run_spans {
+        assert_eq!(span.matches(" step=").count(), 1, "the run's step once: {span}");
+    }
+    let finished = text.lines().find(|l| l.contains("run finished")).expect("a run finished line");
+    assert!(finished.contains(" step=3"), "the step the run ended in: {finished}");
+}
+
+/// A run whose checkout fails removes its container there and then; the
+/// end of the run must not then warn about a container that is gone.
+#[tokio::test]
+async fn a_failed_checkout_logs_no_warning_about_its_removed_sandbox() {
+    let captured = capture_json_logs();
+    let app = TestApp::spawn(Options { worker: false, ..Options::default() }).await;
+    // Sessions keep their container between runs, as `kiln up`'s do.
+    let mut config = kiln_tests::worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
+    config.sandbox_idle = Duration::from_secs(600);
+    app.start_worker(config).await;
+    let missing = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/no-such-repo", missing.path().display());
+    let spec = CreateRun { repo: Some(kiln_protocol::RepoSpec { url, git_ref: None }), ..CreateRun::new("look") };
+    let run = app.submit("alice", spec).await;
+    let events = app.events("alice", run.id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Failed));
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let warnings: Vec<String> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["level"] == "WARN")
+        .map(|l| l["fields"]["message"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    // The clone's own failure is worth a warning (what git said is only
+    // in the log); the sandbox's removal is not.
+    assert!(warnings.iter().any(|m| m == "git clone failed"), "the clone's failure is logged: {warnings:?}");
+    let about_sandbox: Vec<&String> =
+        warnings.iter().filter(|m| m.contains("sandbox") || m.contains("container")).collect();
+    assert!(about_sandbox.is_empty(), "{about_sandbox:#?}");
 }

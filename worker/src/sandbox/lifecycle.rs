@@ -7,6 +7,7 @@ use bollard::query_parameters::RenameContainerOptionsBuilder;
 use uuid::Uuid;
 
 use super::pool::WarmPool;
+use super::toolbox::ToolboxError;
 use super::{Owner, Sandbox, SandboxConfig, SandboxError, remove_container, session_container_name};
 
 /// Where a run's sandbox came from.
@@ -79,9 +80,14 @@ pub async fn after_run(docker: &Docker, config: &SandboxConfig, session_id: Uuid
         return;
     }
     let sandbox = Sandbox { docker: docker.clone(), id: name, config: config.clone(), toolbox: Default::default() };
-    if let Err(e) = sandbox.kill_user_processes().await {
-        tracing::warn!(%session_id, error = %e, "stopping the run's processes failed; removing the sandbox");
-        sandbox.remove().await;
+    match sandbox.kill_user_processes().await {
+        Ok(()) => {}
+        // Already removed (a checkout that failed removes it at once).
+        Err(ToolboxError::Docker(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. })) => {}
+        Err(e) => {
+            tracing::warn!(%session_id, error = %e, "stopping the run's processes failed; removing the sandbox");
+            sandbox.remove().await;
+        }
     }
 }
 

@@ -203,6 +203,14 @@ impl Sandbox {
             match self.kill_all_once().await {
                 Ok(true) => return Ok(()),
                 Ok(false) => {}
+                // No container: nothing to retry.
+                Err(
+                    e @ ToolboxError::Docker(bollard::errors::Error::DockerResponseServerError {
+                        status_code: 404, ..
+                    }),
+                ) => {
+                    return Err(e);
+                }
                 Err(e) => last = Err(e),
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

@@ -10,6 +10,9 @@
 //! - Metrics: one Prometheus recorder per process, installed on first use,
 //!   which the API's `/metrics` and the worker's metrics listener render.
 
+mod latest_fields;
+
+use latest_fields::LatestFields;
 use std::net::SocketAddr;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
@@ -102,7 +105,8 @@ where
     let fmt = match format {
         // The span list is what puts the run's ids on every line of the run.
         LogFormat::Json => fmt.json().with_current_span(true).with_span_list(true).boxed(),
-        LogFormat::Text { colour } => fmt.with_ansi(colour).boxed(),
+        // A span field recorded again (the run's `step`) is shown once.
+        LogFormat::Text { colour } => fmt.with_ansi(colour).fmt_fields(LatestFields::default()).boxed(),
     };
     let tracer = traces.map(tracer_provider).transpose()?;
     let otel = tracer.as_ref().map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("kiln")));
