@@ -73,9 +73,10 @@ pub fn unreachable(base: &BaseUrl, error: &reqwest::Error) -> String {
     } else {
         "the connection failed"
     };
+    let kiln = crate::invocation::kiln();
     format!(
         "cannot reach Kiln at {base}: {why} ({}).\n\
-         Is Kiln running? Start it with `kiln up` (or `kiln serve` and `kiln worker`), \
+         Is Kiln running? Start it with `{kiln} up` (or `{kiln} serve` and `{kiln} worker`), \
          or point KILN_URL/--url at the server",
         innermost(error)
     )

@@ -27,10 +27,15 @@ pub struct Connection {
 }
 
 /// What a client command says when it has no token: where one comes from.
-pub const NO_TOKEN: &str = "no token: set KILN_TOKEN (or pass --token).\n\
-    `kiln up` prints a line to paste: export KILN_URL=… KILN_TOKEN=…\n\
-    or mint one with `kiln token --sub NAME` (it signs with KILN_JWT_SECRET, \
-    or with `kiln up`'s secret in .kiln/jwt-secret when that is not set)";
+pub fn no_token() -> String {
+    let kiln = crate::invocation::kiln();
+    format!(
+        "no token: set KILN_TOKEN (or pass --token).\n\
+         `{kiln} up` prints a line to paste: export KILN_URL=… KILN_TOKEN=…\n\
+         or mint one with `{kiln} token --sub NAME` (it signs with KILN_JWT_SECRET, \
+         or with `kiln up`'s secret in .kiln/jwt-secret when that is not set)"
+    )
+}
 
 /// A command given without something it needs, or with a setting that
 /// cannot work: exits 2 like clap's own usage errors, so scripts can tell it
@@ -41,7 +46,7 @@ pub struct UsageError(pub String);
 
 impl Connection {
     pub fn client(&self) -> anyhow::Result<KilnClient> {
-        let token = self.token.as_ref().ok_or_else(|| UsageError(NO_TOKEN.into()))?;
+        let token = self.token.as_ref().ok_or_else(|| UsageError(no_token()))?;
         KilnClient::new(&self.url, token.expose_secret()).map_err(|e| {
             match e.downcast::<crate::base_url::BaseUrlError>() {
                 Ok(bad_url) => UsageError(bad_url.to_string()).into(),
@@ -72,7 +77,8 @@ pub async fn run(client: &KilnClient, spec: &CreateRun, follow: bool, json: bool
     }
     if !follow {
         if !json {
-            println!("follow it: kiln logs --follow {}   (cancel: kiln cancel {})", run.id, run.id);
+            let kiln = crate::invocation::kiln();
+            println!("follow it: {kiln} logs --follow {}   (cancel: {kiln} cancel {})", run.id, run.id);
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -109,7 +115,8 @@ pub async fn watch(client: &KilnClient, id: Uuid, follow: bool, mode: Mode) -> a
         // Ctrl-C stops the watching, not the run: clear the spinner and say
         // how to carry on.
         drop(render);
-        eprintln!("\nkiln: stopped following; run {id} goes on: kiln logs {id} --follow (or kiln cancel {id})");
+        let kiln = crate::invocation::kiln();
+        eprintln!("\nkiln: stopped following; run {id} goes on: {kiln} logs {id} --follow (or {kiln} cancel {id})");
         return Ok(ExitCode::from(INTERRUPTED));
     }
     if totals.outcome.is_some() && mode != Mode::Json {

@@ -5,6 +5,7 @@ pub mod app;
 pub mod base_url;
 pub mod client;
 pub mod commands;
+pub mod invocation;
 pub mod local;
 pub mod local_model;
 pub mod render;

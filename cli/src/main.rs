@@ -163,7 +163,10 @@ fn parse_approval(s: &str) -> Result<ApprovalMode, String> {
 
 fn parse_run_id(s: &str) -> Result<Uuid, String> {
     Uuid::try_parse(s.trim()).map_err(|_| {
-        format!("{s:?} is not a run id: ids look like 0192f4c1-7a3e-7c1d-9a4b-3f1e2d4c5b6a (see `kiln runs`)")
+        format!(
+            "{s:?} is not a run id: ids look like 0192f4c1-7a3e-7c1d-9a4b-3f1e2d4c5b6a (see `{} runs`)",
+            kiln_cli::invocation::kiln()
+        )
     })
 }
 

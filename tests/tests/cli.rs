@@ -902,3 +902,34 @@ async fn a_second_kiln_up_on_a_taken_address_says_so_before_starting_anything() 
     assert!(!err.contains("Postgres") && !err.contains("model"), "nothing was started first: {err}");
     assert!(port_is_free(pg_port));
 }
+
+/// The commands hints print are the ones the user can type: `kiln …` for
+/// an installed binary, `cargo run -- …` under `cargo run` (the README's
+/// way), where `kiln` is not on the PATH.
+#[tokio::test]
+async fn hints_name_the_command_the_user_ran() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let submit = |under_cargo: bool| {
+        let mut cmd = kiln(&app.url(""), "alice", &["run", "--prompt", "wait"]);
+        // What `cargo run` gives the binary it runs (its package's variables).
+        if under_cargo {
+            cmd.env("CARGO", "cargo").env("CARGO_PKG_NAME", "kiln-cli");
+        } else {
+            cmd.env_remove("CARGO").env_remove("CARGO_PKG_NAME");
+        }
+        output(cmd)
+    };
+    let installed = submit(false).await;
+    let said = String::from_utf8_lossy(&installed.stdout);
+    assert!(said.contains("follow it: kiln logs --follow "), "{said}");
+    let under_cargo = submit(true).await;
+    let said = String::from_utf8_lossy(&under_cargo.stdout);
+    assert!(said.contains("follow it: cargo run -- logs --follow "), "{said}");
+    assert!(said.contains("(cancel: cargo run -- cancel "), "{said}");
+
+    // The same for the hint of an error, with no server to reach.
+    let mut down = kiln("http://127.0.0.1:9", "alice", &["runs"]);
+    down.env("CARGO", "cargo").env("CARGO_PKG_NAME", "kiln-cli");
+    let err = String::from_utf8_lossy(&output(down).await.stderr).into_owned();
+    assert!(err.contains("Start it with `cargo run -- up`"), "{err}");
+}

@@ -86,7 +86,7 @@ pub fn one_line(s: &str, max: usize) -> String {
 
 /// The commands that decide a waiting call, as printed beside it.
 pub fn approve_hint(run: Uuid, call_id: &str) -> String {
-    format!("kiln approve {run} {call_id}   (or --deny --reason …)")
+    format!("{} approve {run} {call_id}   (or --deny --reason …)", crate::invocation::kiln())
 }
 
 #[cfg(test)]

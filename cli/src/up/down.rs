@@ -63,7 +63,11 @@ pub async fn down(args: DownArgs) -> anyhow::Result<ExitCode> {
             args.state_dir.join("local-model").display()
         );
     } else if cluster.stop().await? {
-        eprintln!("kiln: stopped the local Postgres ({}; `kiln down --reset` deletes it)", cluster.data().display());
+        eprintln!(
+            "kiln: stopped the local Postgres ({}; `{} down --reset` deletes it)",
+            cluster.data().display(),
+            crate::invocation::kiln()
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -91,15 +91,17 @@ fn refuse_a_second_up(args: &UpArgs, pid_file: &std::path::Path) -> anyhow::Resu
         && down::is_kiln(pid)
     {
         bail!(
-            "kiln up is already running for {} (pid {pid}); use it, or stop it with Ctrl-C in its terminal or `kiln down`",
-            args.state_dir.display()
+            "kiln up is already running for {} (pid {pid}); use it, or stop it with Ctrl-C in its terminal or `{} down`",
+            args.state_dir.display(),
+            crate::invocation::kiln()
         );
     }
     let listen = args.api.api.listen;
     if let Err(e) = std::net::TcpListener::bind(listen) {
         bail!(
             "cannot listen on {listen} ({e}): another Kiln or another program is using it; stop it \
-             (`kiln down` stops a kiln up), or choose another address with KILN_LISTEN=127.0.0.1:8081"
+             (`{} down` stops a kiln up), or choose another address with KILN_LISTEN=127.0.0.1:8081",
+            crate::invocation::kiln()
         );
     }
     Ok(())
@@ -133,8 +135,9 @@ async fn serve(args: &mut UpArgs, store: Store, shutdown: CancellationToken) -> 
 
     if !args.demo {
         eprintln!(
-            "kiln: state in {}; Ctrl-C stops Kiln and everything it started; `kiln down --reset` deletes the local data",
-            args.state_dir.display()
+            "kiln: state in {}; Ctrl-C stops Kiln and everything it started; `{} down --reset` deletes the local data",
+            args.state_dir.display(),
+            crate::invocation::kiln()
         );
         shutdown.cancelled().await;
         let _ = running.stopped().await;
