@@ -154,10 +154,16 @@ async fn a_client_resumes_on_another_api_instance_without_gap_or_duplicate() {
 #[tokio::test]
 async fn a_live_stream_receives_events_as_they_happen() {
     // Subscribe before the worker has done anything and follow to the end:
-    // the LISTEN/NOTIFY path (not only the table read) must deliver.
-    let app = TestApp::spawn(Options { script: hello_script(), ..Default::default() }).await;
+    // the LISTEN/NOTIFY path (not only the table read) must deliver. The
+    // fallback poll is pushed out of reach, so only a notification can
+    // wake the stream between its first read and the run's end.
+    let defaults = Options::default();
+    let api = kiln_api::ApiSettings { sse_poll: Duration::from_secs(3600), ..defaults.api };
+    let app = TestApp::spawn(Options { script: hello_script(), api, ..defaults }).await;
     let run = app.submit("alice", CreateRun::new("go")).await;
-    let events = app.events("alice", run.id).await;
+    let events = tokio::time::timeout(Duration::from_secs(60), app.events("alice", run.id))
+        .await
+        .expect("the stream followed the run to its end by notifications alone");
     assert_hello_events(&events);
 }
 
