@@ -82,16 +82,19 @@ async fn every_line_of_a_run_carries_run_session_and_step() {
     let lines: Vec<Value> =
         text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect();
 
-    // The worker's lines about this run: any that names it anywhere.
-    let of_run: Vec<&Value> = lines
-        .iter()
-        .filter(|l| l["target"].as_str().is_some_and(|t| t.starts_with("kiln_worker")))
-        .filter(|l| l.to_string().contains(&id))
-        .collect();
+    // The worker's lines while it worked on the run: from its claim to its
+    // end. Only this run was queued, so each of them is about it — and
+    // must say so (a filter on the run's id would hide the lines without).
+    let worker_lines: Vec<&Value> =
+        lines.iter().filter(|l| l["target"].as_str().is_some_and(|t| t.starts_with("kiln_worker"))).collect();
+    let message = |l: &Value| l["fields"]["message"].as_str().map(str::to_owned);
+    let claimed = worker_lines.iter().position(|l| message(l).as_deref() == Some("claimed run")).expect("claimed run");
+    let ended = worker_lines.iter().position(|l| message(l).as_deref() == Some("run finished")).expect("run finished");
+    let of_run = &worker_lines[claimed..=ended];
     let messages: Vec<&str> = of_run.iter().filter_map(|l| l["fields"]["message"].as_str()).collect();
     assert!(messages.contains(&"claimed run"), "{messages:?}");
     assert!(messages.contains(&"run finished"), "{messages:?}");
-    for line in &of_run {
+    for line in of_run {
         assert_eq!(from_spans(line, "run_id"), Some(&json!(id)), "run_id on {line}");
         assert_eq!(from_spans(line, "session_id"), Some(&json!(session)), "session_id on {line}");
         assert!(from_spans(line, "step").is_some_and(Value::is_u64), "step on {line}");
