@@ -203,8 +203,8 @@ async fn killing_the_toolbox_is_a_clear_tool_error_and_the_next_call_works() {
     let id = run.id;
     let docker = bollard::Docker::connect_with_local_defaults().unwrap();
     let container = wait_for_container(&docker, run.session_id).await;
-    // The toolbox answers as soon as the command has started; give it a moment.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Killed once the command has started: its first output is stored.
+    app.wait_for_event(id, "tool.output").await;
     let killed = docker_exec_root(&docker, &container, &["pkill", "-KILL", "-x", "kiln-toolbox"]).await;
     assert_eq!(killed, 0, "pkill as root found the toolbox");
     let events = app.events("alice", id).await;
