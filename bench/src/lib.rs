@@ -117,11 +117,14 @@ pub async fn serve_api_if_child() -> anyhow::Result<()> {
         max_sse_per_subject: usize::MAX,
         ..Default::default()
     };
-    // As `kiln serve` wires it (cli/src/app.rs), minus GitHub.
-    let state = kiln_api::AppState::new(store, auth, settings, None, tokio_util::sync::CancellationToken::new());
+    // As `kiln serve` wires it (cli/src/app.rs), minus GitHub and the
+    // metrics exporter: Kiln's own accept loop with its connection timeouts.
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let timeouts = settings.connection;
+    let state = kiln_api::AppState::new(store, auth, settings, None, shutdown.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     println!("listening {}", listener.local_addr()?);
-    axum::serve(listener, kiln_api::router(state)).await?;
+    kiln_api::serve(listener, kiln_api::router(state), timeouts, shutdown).await?;
     std::process::exit(0);
 }
 
