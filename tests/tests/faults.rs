@@ -31,10 +31,13 @@ async fn a_run_survives_a_database_restart_and_its_events_stay_dense() {
         pg.restart(Duration::from_secs(3));
         pg
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    // While it is down the API says so, in JSON, with 503.
-    let ready = app.http.get(app.url("/readyz")).send().await.unwrap();
-    assert_eq!(ready.status(), 503);
+    // While it is down the API says so, in JSON, with 503: wait for the
+    // stop to take effect (a fixed pause was too short on a busy machine).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while app.http.get(app.url("/readyz")).send().await.unwrap().status() != 503 {
+        assert!(tokio::time::Instant::now() < deadline, "/readyz never said the database is down");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let create = app
         .http
         .post(app.url("/v1/runs"))
