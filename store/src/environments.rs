@@ -132,6 +132,31 @@ impl Store {
         row.as_ref().map(from_row).transpose()
     }
 
+    /// The environment `name` of the owner of run `run_id`: what a worker
+    /// prepares the run's sandbox with (it knows the run, not its owner).
+    pub async fn environment_of_run(&self, run_id: Uuid, name: &str) -> Result<Option<StoredEnvironment>, StoreError> {
+        let client = self.client().await?;
+        let columns = COLUMNS.split(", ").map(|c| format!("e.{c}")).collect::<Vec<_>>().join(", ");
+        let row = client
+            .query_opt(
+                &format!(
+                    "SELECT {columns} FROM environments e JOIN runs r ON r.owner = e.owner
+                     WHERE r.id = $1 AND e.name = $2"
+                ),
+                &[&run_id, &name],
+            )
+            .await?;
+        row.as_ref().map(from_row).transpose()
+    }
+
+    /// The owner of run `run_id` (the associated data its environment's
+    /// secrets were sealed with).
+    pub async fn run_owner(&self, run_id: Uuid) -> Result<Option<String>, StoreError> {
+        let client = self.client().await?;
+        let row = client.query_opt("SELECT owner FROM runs WHERE id = $1", &[&run_id]).await?;
+        Ok(row.map(|r| r.try_get(0)).transpose()?)
+    }
+
     /// `owner`'s environments by name (at most [`MAX_ENVIRONMENTS_PER_OWNER`]).
     pub async fn list_environments(&self, owner: &str) -> Result<Vec<Environment>, StoreError> {
         let client = self.client().await?;
