@@ -3,14 +3,16 @@
 //!
 //! What setup changed lives where the command user can write: `/workspace`
 //! and its home. Under the tmpfs disk bound (see `sandbox::disk`) both are
-//! tmpfs volumes, which `docker commit` does not capture; so the snapshot
-//! copies those two trees out of the setup container (the archive API,
-//! streamed, never whole in memory) into the layer of a fresh, never
-//! started container of the same image, and commits that. A sandbox later
-//! created from the image mounts fresh tmpfs volumes on the same paths,
-//! and Docker copies the image's content into an empty volume on first
-//! mount: the sandbox starts with what setup left, still on a bounded
-//! tmpfs. The same works unchanged where the layer itself is sized.
+//! tmpfs volumes, which `docker commit` does not capture, and which Docker
+//! does not fill from the image either (it copies an image's content only
+//! into plain volumes, not ones with tmpfs options; checked by hand on this
+//! engine). So the snapshot copies those two trees out of the setup
+//! container (the archive API, streamed, never whole in memory) into
+//! [`PREPARED`] in the layer of a fresh, never started container of the
+//! same image, and commits that; a sandbox made from the image copies them
+//! back onto its fresh tmpfs volumes (`cp -a` inside, as the command user:
+//! see [`restore_command`]) before anything else runs. The same works
+//! unchanged where the layer itself is sized.
 //!
 //! The snapshot container is created from the environment's image with
 //! nothing of the run: its configuration (and so the image's) holds the
@@ -38,6 +40,10 @@ pub const LABEL_CACHE: &str = "dev.kiln.env-cache";
 pub const LABEL_COMMIT: &str = "dev.kiln.env-commit";
 /// The environment's id.
 pub const LABEL_ENVIRONMENT: &str = "dev.kiln.environment";
+/// The home directory kept in the image, if any.
+pub const LABEL_HOME: &str = "dev.kiln.env-home";
+/// Where a prepared image keeps setup's trees: `w/workspace` and `h/<home's name>`.
+pub const PREPARED: &str = "/.kiln-prepared";
 
 /// Bounds of the cache on one engine (`KILN_ENVIRONMENT_CACHE_MAX_IMAGES`,
 /// `KILN_ENVIRONMENT_CACHE_MAX_MB`).
@@ -58,12 +64,21 @@ pub fn tag_of(key: &str) -> String {
     format!("{REPOSITORY}:{key}")
 }
 
-/// The prepared image's base commit label, if the image is there.
-pub async fn lookup(docker: &Docker, key: &str) -> Result<Option<Option<String>>, SandboxError> {
+/// What a prepared image says of itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// The commit setup ran on.
+    pub commit: Option<String>,
+    /// The home directory it keeps.
+    pub home: Option<String>,
+}
+
+/// The prepared image of `key`, if it is there.
+pub async fn lookup(docker: &Docker, key: &str) -> Result<Option<Found>, SandboxError> {
     match docker.inspect_image(&tag_of(key)).await {
         Ok(image) => {
             let labels = image.config.and_then(|c| c.labels).unwrap_or_default();
-            Ok(Some(labels.get(LABEL_COMMIT).cloned()))
+            Ok(Some(Found { commit: labels.get(LABEL_COMMIT).cloned(), home: labels.get(LABEL_HOME).cloned() }))
         }
         Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(None),
         Err(e) => Err(e.into()),
@@ -84,8 +99,8 @@ pub struct Snapshot<'a> {
     pub from: &'a str,
     /// The environment's image (the setup container's).
     pub image: &'a str,
-    /// The directories to keep: `/workspace` and the user's home.
-    pub paths: Vec<String>,
+    /// The command user's home, kept besides `/workspace`.
+    pub home: Option<String>,
     pub key: &'a str,
     pub run_id: Uuid,
     pub environment_id: Uuid,
@@ -118,15 +133,17 @@ pub async fn store(docker: &Docker, snapshot: &Snapshot<'_>) -> Result<(), Sandb
 }
 
 async fn copy_and_commit(docker: &Docker, snapshot: &Snapshot<'_>, into: &str) -> Result<(), SandboxError> {
-    for path in &snapshot.paths {
-        // The archive of `/a/b` holds `b/…`: it goes into `/a`.
-        let parent = match path.rsplit_once('/') {
-            Some(("", _)) | None => "/".to_owned(),
-            Some((parent, _)) => parent.to_owned(),
-        };
-        let download = DownloadFromContainerOptionsBuilder::new().path(path).build();
+    let upload = UploadToContainerOptionsBuilder::new().path("/").build();
+    docker.upload_to_container(into, Some(upload), bollard::body_full(prepared_dirs()?.into())).await?;
+    let mut trees = vec![(crate::sandbox::WORKSPACE.to_owned(), format!("{PREPARED}/w"))];
+    if let Some(home) = &snapshot.home {
+        trees.push((home.clone(), format!("{PREPARED}/h")));
+    }
+    for (path, into_dir) in trees {
+        // The archive of `/a/b` holds `b/…`.
+        let download = DownloadFromContainerOptionsBuilder::new().path(&path).build();
         let tar = docker.download_from_container(snapshot.from, Some(download)).map_err(std::io::Error::other);
-        let upload = UploadToContainerOptionsBuilder::new().path(&parent).build();
+        let upload = UploadToContainerOptionsBuilder::new().path(&into_dir).build();
         docker.upload_to_container(into, Some(upload), bollard::body_try_stream(tar)).await?;
     }
     let mut labels = HashMap::from([
@@ -136,6 +153,9 @@ async fn copy_and_commit(docker: &Docker, snapshot: &Snapshot<'_>, into: &str) -
     ]);
     if let Some(commit) = snapshot.commit {
         labels.insert(LABEL_COMMIT.to_owned(), commit.to_owned());
+    }
+    if let Some(home) = &snapshot.home {
+        labels.insert(LABEL_HOME.to_owned(), home.clone());
     }
     let options = CommitContainerOptionsBuilder::new().container(into).repo(REPOSITORY).tag(snapshot.key).build();
     // Docker merges this with the container's configuration: the variables
@@ -147,6 +167,31 @@ async fn copy_and_commit(docker: &Docker, snapshot: &Snapshot<'_>, into: &str) -
     };
     docker.commit_container(options, config).await?;
     Ok(())
+}
+
+/// A tar of the (empty, root-owned) directories [`PREPARED`] holds.
+fn prepared_dirs() -> Result<Vec<u8>, SandboxError> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for dir in ["w", "h"] {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Directory);
+        header.set_mode(0o755);
+        header.set_size(0);
+        builder.append_data(&mut header, format!("{}/{dir}/", PREPARED.trim_start_matches('/')), std::io::empty())?;
+    }
+    Ok(builder.into_inner()?)
+}
+
+/// The command (run as the command user in a sandbox made from a prepared
+/// image) that puts setup's trees back onto the sandbox's own `/workspace`
+/// and `home`, keeping modes and times.
+pub fn restore_command(home: Option<&str>) -> String {
+    let mut command = format!("cp -a {PREPARED}/w/workspace/. /workspace/");
+    if let Some(home) = home {
+        let name = home.rsplit('/').next().unwrap_or_default();
+        command.push_str(&format!(" && cp -a '{PREPARED}/h/{name}/.' '{home}/'"));
+    }
+    command
 }
 
 /// A prepared image as eviction sees it.
@@ -180,8 +225,10 @@ pub fn to_evict(mut images: Vec<Cached>, bounds: CacheBounds) -> Vec<String> {
     gone
 }
 
-/// Removes prepared images beyond `bounds` (see [`to_evict`]).
-pub async fn evict(docker: &Docker, bounds: CacheBounds) -> Result<(), SandboxError> {
+/// Removes prepared images beyond `bounds` (see [`to_evict`]); the image
+/// of `keep` (just made, about to be used) counts as in use.
+pub async fn evict(docker: &Docker, bounds: CacheBounds, keep: &str) -> Result<(), SandboxError> {
+    let keep = tag_of(keep);
     let filters = HashMap::from([("label".to_owned(), vec![format!("{LABEL_CACHE}=true")])]);
     let images = docker.list_images(Some(ListImagesOptionsBuilder::new().filters(&filters).build())).await?;
     let containers = docker.list_containers(Some(ListContainersOptionsBuilder::new().all(true).build())).await?;
@@ -196,7 +243,7 @@ pub async fn evict(docker: &Docker, bounds: CacheBounds) -> Result<(), SandboxEr
             .map(|t| t.with_timezone(&chrono::Utc))
             .unwrap_or_default();
         cached.push(Cached {
-            in_use: used.contains(&image.id),
+            in_use: used.contains(&image.id) || image.repo_tags.contains(&keep),
             id: image.id,
             bytes: u64::try_from(image.size).unwrap_or(0),
             last_used,

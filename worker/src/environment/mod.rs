@@ -35,7 +35,7 @@ use crate::agent::events::EventSink;
 use crate::agent::Outcome;
 use crate::claim_loop::WorkerContext;
 use crate::sandbox::lifecycle::{self, Origin};
-use crate::sandbox::{Owner, Sandbox, SandboxConfig, WORKSPACE};
+use crate::sandbox::{Owner, Sandbox, SandboxConfig};
 
 /// Where a run's bundle is put in the sandbox (the workspace volume: the
 /// archive API cannot write to `/tmp`'s plain tmpfs).
@@ -152,8 +152,7 @@ impl Plan<'_> {
             Err(e) => return Ok(failed(format!("looking up the environment's cache failed: {e}"))),
         };
         for attempt in 0..2 {
-            let hit_commit = cached.as_ref().filter(|_| attempt == 0);
-            let hit = hit_commit.is_some();
+            let hit = attempt == 0 && cached.is_some();
             events
                 .write_now(EventBody::EnvironmentStarted {
                     environment: self.name().to_owned(),
@@ -162,25 +161,44 @@ impl Plan<'_> {
                     image: self.setup_config.image.clone(),
                 })
                 .await?;
-            if hit {
+            let found = if hit {
                 // Eviction order only: a failure costs nothing else.
                 if let Err(e) = cache::touch(docker, &self.key).await {
                     tracing::warn!(error = %e, "marking a prepared environment image used failed");
                 }
-            } else if let Err(why) = self.set_up(events).await? {
-                return Ok(failed(why));
-            }
+                cached.clone()
+            } else {
+                match self.set_up(events).await? {
+                    Ok(found) => Some(found),
+                    Err(why) => return Ok(failed(why)),
+                }
+            };
+            let found = found.unwrap_or(cache::Found { commit: None, home: None });
             let agent_config = SandboxConfig { image: cache::tag_of(&self.key), ..config.clone() };
             let (sandbox, origin) = match lifecycle::acquire(docker, &agent_config, None, self.owner).await {
                 Ok(s) => s,
                 Err(e) => return Ok(failed(format!("could not start the sandbox: {e}"))),
             };
-            let Some(base) = hit_commit else { return Ok(Prepared::Ready(sandbox, origin)) };
             if origin == Origin::Reused {
                 return Ok(Prepared::Ready(sandbox, origin));
             }
+            let restore = cache::restore_command(found.home.as_deref());
+            match sandbox.exec(&restore, CHECKOUT_TIMEOUT, 16 * 1024, |_| {}).await {
+                Ok(out) if out.exit_code == Some(0) => {}
+                Ok(out) => {
+                    sandbox.remove().await;
+                    return Ok(failed(format!("could not restore the prepared workspace: {}", out.output.trim())));
+                }
+                Err(e) => {
+                    sandbox.remove().await;
+                    return Ok(failed(format!("could not restore the prepared workspace: {e}")));
+                }
+            }
+            if !hit {
+                return Ok(Prepared::Ready(sandbox, origin));
+            }
             if let (Some(commit), Some(checkout)) = (&self.commit, self.checkout)
-                && base.as_deref() != Some(commit.as_str())
+                && found.commit.as_deref() != Some(commit.as_str())
                 && let Err(why) = self.move_to_commit(&sandbox, checkout).await
             {
                 tracing::info!(run_id = %self.run.id, why, "the prepared workspace could not be moved to the run's commit; setting up afresh");
@@ -192,8 +210,9 @@ impl Plan<'_> {
         Ok(failed("the environment's prepared sandbox could not be used"))
     }
 
-    /// The setup phase; `Err`: why the run fails.
-    async fn set_up(&self, events: &mut EventSink) -> Result<Result<(), String>, StoreError> {
+    /// The setup phase: what the prepared image says of itself; `Err`: why
+    /// the run fails.
+    async fn set_up(&self, events: &mut EventSink) -> Result<Result<cache::Found, String>, StoreError> {
         let docker = &self.ctx.docker;
         let name = self.name();
         let env = &self.stored.environment;
@@ -238,12 +257,10 @@ impl Plan<'_> {
             Ok(plan) => plan.home.clone(),
             Err(e) => return Ok(Err(format!("environment {name:?}: {e}"))),
         };
-        let mut paths = vec![WORKSPACE.to_owned()];
-        paths.extend(home);
         let snapshot = cache::Snapshot {
             from: setup.id(),
             image: &self.setup_config.image,
-            paths,
+            home: home.clone(),
             key: &self.key,
             run_id: self.run.id,
             environment_id: env.id,
@@ -253,13 +270,13 @@ impl Plan<'_> {
         if let Err(e) = cache::store(docker, &snapshot).await {
             return Ok(Err(format!("environment {name:?}: storing the prepared sandbox failed: {e}")));
         }
-        if let Err(e) = cache::evict(docker, self.ctx.config.environment_cache).await {
+        if let Err(e) = cache::evict(docker, self.ctx.config.environment_cache, &self.key).await {
             tracing::warn!(error = %e, "bounding the environment cache failed");
         }
         events
             .write_now(EventBody::EnvironmentFinished { phase: "setup".into(), exit_code: 0, duration_ms, cached: true })
             .await?;
-        Ok(Ok(()))
+        Ok(Ok(cache::Found { commit: self.commit.clone(), home }))
     }
 
     /// Brings the run's commit into the prepared workspace and checks it
