@@ -248,7 +248,8 @@ async fn secrets_reach_the_setup_script_and_nothing_else() {
     let image = docker.inspect_image(&format!("kiln-env:{key}")).await.unwrap();
     let config = serde_json::to_string(&image.config).unwrap();
     assert!(!config.contains(SECRET) && !config.contains("API_TOKEN"), "the image's configuration holds it: {config}");
-    let row = app.sql().await.query_one("SELECT secrets_sealed FROM environments WHERE name = 'sec'", &[]).await.unwrap();
+    let row =
+        app.sql().await.query_one("SELECT secrets_sealed FROM environments WHERE name = 'sec'", &[]).await.unwrap();
     let sealed: Vec<u8> = row.get(0);
     assert!(!sealed.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()), "the column holds the plaintext");
     assert!(sealed.len() > SECRET.len(), "nothing sealed");
@@ -307,7 +308,8 @@ async fn environments_are_their_owners_and_bad_input_is_refused_with_nothing_sto
     let (status, body) = app.post_json("alice", "/v1/environments", json!({"name": "mine"})).await;
     assert_eq!(status, 409, "{body}");
     let (_, listed) = request(&app, "alice", get.clone(), "/v1/environments", None).await;
-    let names: Vec<&str> = listed["environments"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> =
+        listed["environments"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["mine"], "a refused environment was stored");
     let (status, _) = request(&app, "alice", reqwest::Method::DELETE, "/v1/environments/mine", None).await;
     assert_eq!(status, 204);

@@ -190,7 +190,7 @@ async fn drive(
     };
     let (sandbox, origin) = match environment {
         Some(name) => match crate::environment::prepare(ctx, run, name, &config, &owner, events).await? {
-            crate::environment::Prepared::Ready(sandbox, origin) => (sandbox, origin),
+            crate::environment::Prepared::Ready(sandbox, origin) => (*sandbox, origin),
             crate::environment::Prepared::Failed(outcome) => return Ok(outcome),
         },
         None => match lifecycle::acquire(&ctx.docker, &config, pool, &owner).await {

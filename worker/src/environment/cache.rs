@@ -265,12 +265,7 @@ mod tests {
     use super::*;
 
     fn image(id: &str, bytes: u64, age_s: i64, in_use: bool) -> Cached {
-        Cached {
-            id: id.into(),
-            bytes,
-            last_used: chrono::Utc::now() - chrono::Duration::seconds(age_s),
-            in_use,
-        }
+        Cached { id: id.into(), bytes, last_used: chrono::Utc::now() - chrono::Duration::seconds(age_s), in_use }
     }
 
     #[test]

@@ -30,9 +30,9 @@ use bollard::Docker;
 use kiln_protocol::{EventBody, Run};
 use kiln_store::{StoreError, StoredEnvironment};
 
+use crate::agent::Outcome;
 use crate::agent::db_retry;
 use crate::agent::events::EventSink;
-use crate::agent::Outcome;
 use crate::claim_loop::WorkerContext;
 use crate::sandbox::lifecycle::{self, Origin};
 use crate::sandbox::{Owner, Sandbox, SandboxConfig};
@@ -45,7 +45,7 @@ const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The run's sandbox, prepared; or why the run fails.
 pub enum Prepared {
-    Ready(Sandbox, Origin),
+    Ready(Box<Sandbox>, Origin),
     Failed(Outcome),
 }
 
@@ -77,7 +77,9 @@ pub async fn prepare(
     events: &mut EventSink,
 ) -> Result<Prepared, StoreError> {
     let Some(stored) = db_retry::with_retry(|| ctx.store.environment_of_run(run.id, name)).await? else {
-        return Ok(failed(format!("the environment {name:?} does not exist (it was deleted after the run was queued)")));
+        return Ok(failed(format!(
+            "the environment {name:?} does not exist (it was deleted after the run was queued)"
+        )));
     };
     let secrets = match open_secrets(ctx, run, &stored).await? {
         Ok(secrets) => secrets,
@@ -180,7 +182,7 @@ impl Plan<'_> {
                 Err(e) => return Ok(failed(format!("could not start the sandbox: {e}"))),
             };
             if origin == Origin::Reused {
-                return Ok(Prepared::Ready(sandbox, origin));
+                return Ok(Prepared::Ready(Box::new(sandbox), origin));
             }
             let restore = cache::restore_command(found.home.as_deref());
             match sandbox.exec(&restore, CHECKOUT_TIMEOUT, 16 * 1024, |_| {}).await {
@@ -195,7 +197,7 @@ impl Plan<'_> {
                 }
             }
             if !hit {
-                return Ok(Prepared::Ready(sandbox, origin));
+                return Ok(Prepared::Ready(Box::new(sandbox), origin));
             }
             if let (Some(commit), Some(checkout)) = (&self.commit, self.checkout)
                 && found.commit.as_deref() != Some(commit.as_str())
@@ -232,7 +234,16 @@ impl Plan<'_> {
         vars.extend(self.secrets.iter().map(|(k, v)| format!("{k}={v}")));
         let mask: Vec<&str> = self.secrets.values().map(String::as_str).collect();
         let user = &self.setup_config.user;
-        let ran = script::run(docker, setup.id(), user, &env.setup_script, vars, "setup", &mask, events).await?;
+        let script = script::Script {
+            docker,
+            container: setup.id(),
+            user,
+            text: &env.setup_script,
+            env: vars,
+            phase: "setup",
+            mask: &mask,
+        };
+        let ran = script::run(script, events).await?;
         let end = match ran {
             Ok(end) => end,
             Err(e) => return Ok(Err(format!("environment {name:?}: running setup failed: {e}"))),
@@ -274,7 +285,12 @@ impl Plan<'_> {
             tracing::warn!(error = %e, "bounding the environment cache failed");
         }
         events
-            .write_now(EventBody::EnvironmentFinished { phase: "setup".into(), exit_code: 0, duration_ms, cached: true })
+            .write_now(EventBody::EnvironmentFinished {
+                phase: "setup".into(),
+                exit_code: 0,
+                duration_ms,
+                cached: true,
+            })
             .await?;
         Ok(Ok(cache::Found { commit: self.commit.clone(), home }))
     }
@@ -306,12 +322,21 @@ impl Plan<'_> {
     /// Runs the maintenance script, if any, in the session's sandbox.
     async fn maintain(&self, sandbox: Sandbox, origin: Origin, events: &mut EventSink) -> Result<Prepared, StoreError> {
         let Some(maintenance) = &self.stored.environment.maintenance_script else {
-            return Ok(Prepared::Ready(sandbox, origin));
+            return Ok(Prepared::Ready(Box::new(sandbox), origin));
         };
         let docker = &self.ctx.docker;
         // The variables are the prepared image's environment already.
         let user = &self.setup_config.user;
-        let ran = script::run(docker, sandbox.id(), user, maintenance, Vec::new(), "maintenance", &[], events).await?;
+        let script = script::Script {
+            docker,
+            container: sandbox.id(),
+            user,
+            text: maintenance,
+            env: Vec::new(),
+            phase: "maintenance",
+            mask: &[],
+        };
+        let ran = script::run(script, events).await?;
         let (exit_code, duration_ms, tail) = match ran {
             Ok(end) => (end.exit_code.unwrap_or(-1), end.duration.as_millis() as u64, end.tail),
             Err(e) => (-1, 0, e.to_string()),
@@ -331,7 +356,7 @@ impl Plan<'_> {
                 self.name()
             )));
         }
-        Ok(Prepared::Ready(sandbox, origin))
+        Ok(Prepared::Ready(Box::new(sandbox), origin))
     }
 }
 

@@ -34,18 +34,27 @@ pub struct ScriptEnd {
     pub tail: String,
 }
 
-/// Runs `script` with bash in `/workspace` of `container` as `user`, with
-/// `env` (`NAME=value`) added to its environment.
+/// A script to run.
+pub struct Script<'a> {
+    pub docker: &'a Docker,
+    pub container: &'a str,
+    /// `uid:gid` it runs as.
+    pub user: &'a str,
+    pub text: &'a str,
+    /// `NAME=value`, added to its environment.
+    pub env: Vec<String>,
+    /// `setup` or `maintenance`: the events' `phase`.
+    pub phase: &'a str,
+    /// Values replaced in what it prints (the secrets).
+    pub mask: &'a [&'a str],
+}
+
+/// Runs the script with bash in `/workspace`, streaming its output.
 pub async fn run(
-    docker: &Docker,
-    container: &str,
-    user: &str,
-    script: &str,
-    env: Vec<String>,
-    phase: &str,
-    mask: &[&str],
+    script: Script<'_>,
     events: &mut EventSink,
 ) -> Result<Result<ScriptEnd, bollard::errors::Error>, StoreError> {
+    let Script { docker, container, user, text: script, env, phase, mask } = script;
     let started = Instant::now();
     let exec = docker
         .create_exec(
