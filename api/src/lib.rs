@@ -127,6 +127,9 @@ pub struct ApiSettings {
     /// SSE catch-up batch, a feed read), besides the count limit; a read
     /// always loads at least one event.
     pub event_page_bytes: usize,
+    /// The deployment's key for environment secrets (`KILN_SECRETS_KEY`).
+    /// `None`: environments with secrets are refused (422).
+    pub secrets_key: Option<Arc<kiln_store::secrets::SecretsKey>>,
 }
 
 /// Default of [`ApiSettings::event_page_bytes`]: 2 MiB.
@@ -149,6 +152,7 @@ impl Default for ApiSettings {
             sse_max_duration: Duration::from_secs(30 * 60),
             connection: HttpTimeouts::default(),
             event_page_bytes: DEFAULT_EVENT_PAGE_BYTES,
+            secrets_key: None,
         }
     }
 }

@@ -19,7 +19,9 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder
 use utoipa::{Modify, OpenApi};
 
 use crate::ApiError;
-use crate::routes::{callback_key, control, deliver, events as events_route, health, runs, stream_token, webhooks};
+use crate::routes::{
+    callback_key, control, deliver, environments, events as events_route, health, runs, stream_token, webhooks,
+};
 
 pub use errors::{ErrorBody, ErrorCode};
 
@@ -50,6 +52,12 @@ pub const METRICS_TOKEN: &str = "metrics_token";
         runs::list,
         runs::get,
         runs::cancel,
+        environments::create,
+        environments::list,
+        environments::get,
+        environments::update,
+        environments::delete,
+        environments::reset_cache,
         deliver::deliver,
         events_route::events,
         stream_token::mint,
@@ -81,6 +89,8 @@ pub const METRICS_TOKEN: &str = "metrics_token";
     security(("bearer" = [])),
     tags(
         (name = "runs", description = "Create, list, read and cancel runs."),
+        (name = "environments", description = "How runs' sandboxes are prepared: image, setup, variables, secrets; \
+            the prepared sandbox is cached."),
         (name = "events", description = "A run's events: Server-Sent Events, or pages of JSON."),
         (name = "control", description = "Steer a run and approve its tool calls."),
         (name = "github", description = "GitHub webhooks and reporting results on GitHub."),

@@ -32,6 +32,20 @@ pub enum EventBody {
         #[serde(default)]
         workspace_lost: bool,
     },
+    /// The run's environment is being prepared: `hit` says whether a
+    /// prepared sandbox with this `cache_key` was found (then setup does
+    /// not run; the maintenance script does, if there is one).
+    #[serde(rename = "environment.started")]
+    EnvironmentStarted { environment: String, cache_key: String, hit: bool, image: String },
+    /// Output of the environment's `setup` or `maintenance` script, in
+    /// pieces; bounded per run (the rest is summarised in the finish).
+    #[serde(rename = "environment.output")]
+    EnvironmentOutput { phase: String, text: String },
+    /// A script of the environment ended: `exit_code` 0 on success (a
+    /// failure then ends the run with `run.failed`); `cached` says whether
+    /// a prepared sandbox was stored after setup.
+    #[serde(rename = "environment.finished")]
+    EnvironmentFinished { phase: String, exit_code: i64, duration_ms: u64, cached: bool },
     /// The agent's plan (the `todo` tool), the whole list each time.
     #[serde(rename = "todo")]
     Todo { items: Vec<TodoItem> },

@@ -2,7 +2,7 @@
 //! [`crate::CreateRun::validate`] and the API's handlers check, and what
 //! the OpenAPI document states (see [`crate::rules`]).
 
-use crate::rules::{List, NO_CONTROL, NO_NUL, NOT_BLANK_NO_NUL, OneOf, Range, Text};
+use crate::rules::{Constraint, List, NO_CONTROL, NO_NUL, NOT_BLANK_NO_NUL, OneOf, Range, Text};
 
 /// Longest prompt, in characters. A prompt is sent to the model on every
 /// step, so an unbounded one is a cost and memory hazard.
@@ -179,3 +179,40 @@ pub static CALLBACK_URL: Text = Text::new(
 pub static CALL_ID: Text = Text::new(1, 256, NO_CONTROL);
 /// `reason` of an approval decision, passed to the model with a denial.
 pub static DECISION_REASON: Text = Text::new(0, 4096, NO_NUL);
+
+/// `environment` of a run, and `name` of an environment: lower-case, so a
+/// name is one thing whatever the client's case habits.
+pub static ENVIRONMENT_NAME: Text = Text::new(1, 64, r"^[a-z0-9][a-z0-9._-]*$");
+/// `image` of an environment: a Docker image reference (name, tag,
+/// digest); never an option to anything (no leading `-`).
+pub static IMAGE: Text = Text::new(1, 255, r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$");
+/// Longest setup or maintenance script, in characters.
+pub const MAX_SCRIPT_CHARS: usize = 64 * 1024;
+/// `setup_script` and `maintenance_script`.
+pub static SCRIPT: Text = Text::new(0, MAX_SCRIPT_CHARS, NO_NUL);
+/// `variables` and `secrets`: at most this many entries.
+pub static ENV_ENTRIES: List = List { max_items: 64 };
+/// A variable's or secret's name: what a shell accepts.
+pub static ENV_VAR_NAME: Text = Text::new(1, 128, r"^[A-Za-z_][A-Za-z0-9_]*$");
+/// A variable's or secret's value.
+pub static ENV_VAR_VALUE: Text = Text::new(0, 8 * 1024, NO_NUL);
+/// `lock_files`: at most this many globs, each a [`LOCK_GLOB`].
+pub static LOCK_FILES: List = List { max_items: 64 };
+pub static LOCK_GLOB: Text = Text::new(1, 256, NO_CONTROL);
+
+/// The rule of `variables` and `secrets` as a whole: at most
+/// [`ENV_ENTRIES`] entries named by [`ENV_VAR_NAME`] with values of
+/// [`ENV_VAR_VALUE`].
+pub struct EnvMap;
+
+impl Constraint for EnvMap {
+    fn keywords(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut k = serde_json::Map::new();
+        k.insert("maxProperties".into(), serde_json::json!(ENV_ENTRIES.max_items));
+        k.insert("propertyNames".into(), serde_json::Value::Object(ENV_VAR_NAME.keywords()));
+        let mut value = ENV_VAR_VALUE.keywords();
+        value.insert("type".into(), serde_json::json!("string"));
+        k.insert("additionalProperties".into(), serde_json::Value::Object(value));
+        k
+    }
+}

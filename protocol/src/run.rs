@@ -42,6 +42,10 @@ pub struct CreateRun {
     /// [`crate::callback`]); the deployment must have a callback secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub callback_url: Option<String>,
+    /// The caller's environment (`/v1/environments`) the sandbox is
+    /// prepared with; the deployment's bare image when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<String>,
 }
 
 /// A run's sandbox, within what the deployment allows: limits can only be
@@ -92,6 +96,9 @@ pub struct Policy {
     pub allowed_tools: Option<Vec<String>>,
     #[serde(default)]
     pub sandbox: SandboxSpec,
+    /// The environment's name, as the run named it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<String>,
 }
 
 /// A repository to clone into the sandbox's `/workspace`.
@@ -202,6 +209,8 @@ pub enum SpecError {
     Sandbox(String),
     #[error("callback_url {0}")]
     CallbackUrl(String),
+    #[error("environment must be the name of one of your environments (lower-case letters, digits, '.', '_', '-')")]
+    EnvironmentName,
 }
 
 impl CreateRun {
@@ -216,6 +225,7 @@ impl CreateRun {
             approval: self.approval.unwrap_or_default(),
             allowed_tools: self.allowed_tools.clone(),
             sandbox: self.sandbox.clone().unwrap_or_default(),
+            environment: self.environment.clone(),
         }
     }
 
@@ -258,6 +268,9 @@ impl CreateRun {
         if let Some(model) = &self.model {
             model.validate()?;
         }
+        if self.environment.as_deref().is_some_and(|e| !input::ENVIRONMENT_NAME.accepts(e)) {
+            return Err(SpecError::EnvironmentName);
+        }
         Ok(())
     }
 }
@@ -294,7 +307,7 @@ impl Limits {
 }
 
 impl SandboxSpec {
-    fn validate(&self) -> Result<(), SpecError> {
+    pub(crate) fn validate(&self) -> Result<(), SpecError> {
         fn out_of<T: fmt::Display>(field: &str, range: &crate::rules::Range<T>) -> SpecError {
             SpecError::Sandbox(format!("{field} must be between {} and {}", range.min, range.max))
         }
@@ -447,6 +460,9 @@ pub struct Run {
     /// The sandbox the run asked for (see [`SandboxSpec`]).
     #[serde(default, skip_serializing_if = "is_default_sandbox")]
     pub sandbox: SandboxSpec,
+    /// The environment the run's sandbox is prepared with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<String>,
     pub trigger: Trigger,
     pub attempt: i32,
     pub cancel_requested: bool,

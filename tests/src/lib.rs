@@ -367,6 +367,8 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         callbacks: None,
         max_tool_calls_per_step: kiln_worker::config::DEFAULT_MAX_TOOL_CALLS_PER_STEP,
         prompt_cache: true,
+        secrets_key: None,
+        environment_cache: Default::default(),
         max_event_bytes_per_run: kiln_worker::config::DEFAULT_MAX_EVENT_BYTES_PER_RUN,
     }
 }

@@ -112,6 +112,11 @@ pub struct WorkerConfig {
     /// `cache_control` breakpoints, OpenAI `prompt_cache_key`); off for
     /// gateways that reject those fields (`KILN_PROMPT_CACHE`).
     pub prompt_cache: bool,
+    /// The deployment's key for environment secrets (`KILN_SECRETS_KEY`);
+    /// `None`: runs whose environment has secrets fail, saying so.
+    pub secrets_key: Option<std::sync::Arc<kiln_store::secrets::SecretsKey>>,
+    /// Bounds of the prepared-environment images on this worker's engine.
+    pub environment_cache: crate::environment::cache::CacheBounds,
 }
 
 /// Default of [`WorkerConfig::max_tool_calls_per_step`].

@@ -209,14 +209,29 @@ async fn drive(
     // Warm containers have the deployment's settings; a run that narrows
     // them gets its own.
     let pool = pool.filter(|_| run.sandbox == SandboxSpec::default());
-    let (sandbox, origin) = match lifecycle::acquire(&ctx.docker, &config, pool, &owner).await {
-        Ok(s) => s,
-        Err(e) => return Ok(Outcome::Failed { error: format!("could not start the sandbox: {e}") }),
+    // A session that still has its container continues in it; otherwise a
+    // run with an environment gets its sandbox prepared by it (a warm
+    // container is of the bare image: no use here).
+    let environment = match &run.environment {
+        Some(name) if !lifecycle::has_container(&ctx.docker, run.session_id).await => Some(name),
+        _ => None,
+    };
+    let (sandbox, origin) = match environment {
+        Some(name) => match crate::environment::prepare(ctx, run, name, &config, &owner, events).await? {
+            crate::environment::Prepared::Ready(sandbox, origin) => (*sandbox, origin),
+            crate::environment::Prepared::Failed(outcome) => return Ok(outcome),
+        },
+        None => match lifecycle::acquire(&ctx.docker, &config, pool, &owner).await {
+            Ok(s) => s,
+            Err(e) => return Ok(Outcome::Failed { error: format!("could not start the sandbox: {e}") }),
+        },
     };
     let _active = crate::metrics::ActiveSandbox::enter();
     let mut notice = None;
     if origin != Origin::Reused {
-        if let Err(e) = prepare_workspace(ctx, run, &sandbox).await {
+        // An environment brought the workspace in itself.
+        let prepared = if environment.is_some() { Ok(()) } else { prepare_workspace(ctx, run, &sandbox).await };
+        if let Err(e) = prepared {
             // A half-filled workspace must not be what a follow-up finds.
             sandbox.remove().await;
             return Ok(Outcome::Failed { error: format!("could not prepare the workspace: {e}") });

@@ -10,6 +10,9 @@ use serde_json::{Map, Value};
 
 use crate::routes::{events, runs, webhooks};
 
+/// `variables` and `secrets` of an environment: their names and values.
+static ENV_MAP: input::EnvMap = input::EnvMap;
+
 /// Where a rule goes.
 enum Target {
     /// `components.schemas.<schema>`, then a JSON pointer below it.
@@ -39,6 +42,19 @@ static RULES: &[(Target, &dyn Constraint)] = &[
     (Schema("SandboxSpec", "/properties/memory_mb"), &input::SANDBOX_MEMORY_MB),
     (Schema("SandboxSpec", "/properties/cpus"), &input::SANDBOX_CPUS),
     (Schema("SandboxSpec", "/properties/pids"), &input::SANDBOX_PIDS),
+    (Schema("CreateRun", "/properties/environment"), &input::ENVIRONMENT_NAME),
+    (Schema("EnvironmentSpec", "/properties/name"), &input::ENVIRONMENT_NAME),
+    (Schema("EnvironmentSpec", "/properties/image"), &input::IMAGE),
+    (Schema("EnvironmentSpec", "/properties/setup_script"), &input::SCRIPT),
+    (Schema("EnvironmentSpec", "/properties/maintenance_script"), &input::SCRIPT),
+    (Schema("EnvironmentSpec", "/properties/variables"), &ENV_MAP),
+    (Schema("EnvironmentSpec", "/properties/secrets"), &ENV_MAP),
+    (Schema("EnvironmentSpec", "/properties/lock_files"), &input::LOCK_FILES),
+    (Schema("EnvironmentSpec", "/properties/lock_files/items"), &input::LOCK_GLOB),
+    (Parameter("/v1/environments/{name}", "get", "name"), &input::ENVIRONMENT_NAME),
+    (Parameter("/v1/environments/{name}", "put", "name"), &input::ENVIRONMENT_NAME),
+    (Parameter("/v1/environments/{name}", "delete", "name"), &input::ENVIRONMENT_NAME),
+    (Parameter("/v1/environments/{name}/reset-cache", "post", "name"), &input::ENVIRONMENT_NAME),
     (Schema("SendMessage", "/properties/text"), &input::PROMPT),
     (Schema("Decide", "/properties/reason"), &input::DECISION_REASON),
     (Parameter("/v1/runs/{id}/approvals/{call_id}", "post", "call_id"), &input::CALL_ID),

@@ -1,6 +1,7 @@
 pub mod callback_key;
 pub mod control;
 pub mod deliver;
+pub mod environments;
 pub mod events;
 pub mod health;
 pub mod runs;
@@ -21,6 +22,9 @@ pub fn v1() -> Router<AppState> {
         .route("/runs/{id}/deliver", post(deliver::deliver))
         .route("/runs/{id}/events", get(events::events))
         .route("/runs/{id}/stream-token", post(stream_token::mint))
+        .route("/environments", post(environments::create).get(environments::list))
+        .route("/environments/{name}", get(environments::get).put(environments::update).delete(environments::delete))
+        .route("/environments/{name}/reset-cache", post(environments::reset_cache))
         .route("/callback-key", get(callback_key::callback_key))
         .route("/runs/{id}/messages", post(control::send_message))
         .route("/runs/{id}/approvals/{call_id}", post(control::decide))

@@ -74,6 +74,13 @@ pub async fn create(
             .and_then(|url| state.settings.repo_rules.check(&url))
             .map_err(|e| ApiError::Validation(e.to_string()))?;
     }
+    // Named environments are the caller's own: another subject's is as
+    // unknown as one that does not exist.
+    if let Some(name) = &spec.environment
+        && state.store.environment(&owner, name).await?.is_none()
+    {
+        return Err(ApiError::Validation(format!("environment: you have no environment named {name:?}")));
+    }
     let idempotency_key = idempotency_key(&headers)?;
     let new = NewRun { owner, spec, trigger: Trigger::Api, idempotency_key };
     let (run, created) = match state.store.create_run_within(new, Some(&state.settings.quota)).await? {

@@ -120,6 +120,19 @@ impl Render for Live {
             }
             EventBody::RunStarted { .. } => self.activity("starting"),
             EventBody::SandboxReady { .. } => self.activity("sandbox ready"),
+            EventBody::EnvironmentStarted { environment, hit, .. } => {
+                let how = if hit { "prepared sandbox from the cache" } else { "setting up" };
+                self.print(&[format!("{} environment {environment}: {how}", style("●").dim())]);
+                self.activity(if hit { "maintenance…" } else { "setup…" });
+            }
+            EventBody::EnvironmentOutput { text, .. } => {
+                if let Some(last) = text.lines().rev().find(|l| !l.trim().is_empty()) {
+                    self.activity(&format!("│ {last}"));
+                }
+            }
+            EventBody::EnvironmentFinished { phase, exit_code, duration_ms, .. } => {
+                self.print(&[format!("{} {phase} exited {exit_code} ({duration_ms} ms)", style("●").dim())]);
+            }
             EventBody::StepStarted { step } => {
                 self.flush_text();
                 self.bar.set_prefix(format!("step {step}"));

@@ -27,6 +27,13 @@ impl<W: Write> Printer<W> {
             EventBody::RunQueued { .. } => "● queued".to_owned(),
             EventBody::RunStarted { attempt, .. } => format!("● started (attempt {attempt})"),
             EventBody::SandboxReady { image, .. } => format!("● sandbox ready ({image})"),
+            EventBody::EnvironmentStarted { environment, hit, cache_key, .. } => {
+                let how = if *hit { "hit" } else { "miss: setting up" };
+                format!("● environment {environment} (cache {cache_key}: {how})")
+            }
+            EventBody::EnvironmentFinished { phase, exit_code, duration_ms, .. } => {
+                format!("● {phase} exited {exit_code} ({duration_ms} ms)")
+            }
             EventBody::ToolCallReady { name, arguments, .. } => {
                 format!("→ {name} {}", one_line(&arguments.to_string(), 120))
             }

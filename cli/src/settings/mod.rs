@@ -49,6 +49,7 @@ impl ApiOptions {
             settings: kiln_api::ApiSettings {
                 callback_secret: callbacks.secret()?,
                 repo_rules: repos.rules(),
+                secrets_key: repos.secrets_key()?,
                 ..self.api.settings()
             },
             github: self.github.webhook_config()?,
@@ -78,6 +79,7 @@ impl WorkerOptions {
             github: self.delivery.github()?,
             callbacks: callbacks.settings()?,
             repo_rules: repos.rules(),
+            secrets_key: repos.secrets_key()?,
             ..config
         };
         Ok(WorkerParts { config, endpoints: self.model.endpoints()?, prices: self.worker.prices()? })

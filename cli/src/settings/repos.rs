@@ -2,8 +2,13 @@
 //! at submission what it can tell without DNS) and workers (which check
 //! again after resolving the host) read these.
 
+use std::sync::Arc;
+
+use anyhow::Context;
 use clap::Args;
 use kiln_protocol::repo_url::RepoRules;
+use kiln_store::secrets::SecretsKey;
+use secrecy::{ExposeSecret, SecretString};
 
 #[derive(Debug, Clone, Args)]
 pub struct RepoArgs {
@@ -16,10 +21,23 @@ pub struct RepoArgs {
     /// Off: https and http only (and file:// where KILN_ALLOW_FILE_REPOS).
     #[arg(long, env = "KILN_ALLOW_GIT_PROTOCOLS", default_value_t = false)]
     pub allow_git_protocols: bool,
+    /// Key that environment secrets are encrypted with at rest: 64 hex
+    /// digits (`openssl rand -hex 32`), the same on the API and every
+    /// worker. Unset: environments with secrets are refused (422), and a
+    /// worker fails runs whose environment has some.
+    #[arg(long, env = "KILN_SECRETS_KEY", hide_env_values = true)]
+    pub secrets_key: Option<SecretString>,
 }
 
 impl RepoArgs {
     pub fn rules(&self) -> RepoRules {
         RepoRules { allow_private: self.allow_private_repos, allow_git_protocols: self.allow_git_protocols }
+    }
+
+    /// The environment secrets' key, checked.
+    pub fn secrets_key(&self) -> anyhow::Result<Option<Arc<SecretsKey>>> {
+        let Some(text) = &self.secrets_key else { return Ok(None) };
+        let key = SecretsKey::from_hex(text.expose_secret()).context("KILN_SECRETS_KEY")?;
+        Ok(Some(Arc::new(key)))
     }
 }

@@ -109,6 +109,14 @@ pub struct WorkerArgs {
     /// reject those fields.
     #[arg(long, env = "KILN_PROMPT_CACHE", default_value_t = true, action = clap::ArgAction::Set)]
     pub prompt_cache: bool,
+    /// Prepared environment images (`kiln-env:*`) kept on this worker's
+    /// engine, at most; past it, the least recently used go first.
+    #[arg(long, env = "KILN_ENVIRONMENT_CACHE_MAX_IMAGES", default_value_t = 20)]
+    pub environment_cache_max_images: usize,
+    /// Megabytes the prepared environment images may take on this worker's
+    /// engine, at most (their own size, shared base layers counted).
+    #[arg(long, env = "KILN_ENVIRONMENT_CACHE_MAX_MB", default_value_t = 20 * 1024)]
+    pub environment_cache_max_mb: u64,
 }
 
 impl WorkerArgs {
@@ -183,6 +191,12 @@ impl WorkerArgs {
             callbacks: None,
             max_tool_calls_per_step: self.max_tool_calls_per_step,
             prompt_cache: self.prompt_cache,
+            // Set from `RepoArgs` by `WorkerOptions::parts`.
+            secrets_key: None,
+            environment_cache: kiln_worker::environment::cache::CacheBounds {
+                max_images: self.environment_cache_max_images,
+                max_bytes: self.environment_cache_max_mb.saturating_mul(1024 * 1024),
+            },
             max_event_bytes_per_run: self.max_event_bytes_per_run,
         })
     }

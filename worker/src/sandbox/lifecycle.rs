@@ -70,6 +70,15 @@ pub async fn acquire(
     }
 }
 
+/// Whether the session has a running container (which its next run
+/// continues in).
+pub async fn has_container(docker: &Docker, session_id: Uuid) -> bool {
+    match docker.inspect_container(&session_container_name(session_id), None).await {
+        Ok(info) => info.state.and_then(|s| s.running).unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
 /// After a run: with `keep`, the container stays for the session's next
 /// run but nothing the run started keeps running in it; otherwise it goes.
 /// Works by name, so it also covers a run dropped halfway through starting.

@@ -70,6 +70,10 @@ pub const LABEL_POOL: &str = "dev.kiln.pool";
 /// Name prefixes: the session's container, and warm ones.
 const SESSION_PREFIX: &str = "kiln-session-";
 const WARM_PREFIX: &str = "kiln-warm-";
+/// Containers that run an environment's setup for one run (see
+/// `crate::environment`); labelled with the run, so the reaper removes
+/// one whose run is over.
+const SETUP_PREFIX: &str = "kiln-setup-";
 
 /// The container name that binds a container to its session.
 pub fn session_container_name(session_id: Uuid) -> String {
@@ -238,6 +242,14 @@ impl Sandbox {
     /// left under the session's name is replaced.
     pub async fn start(docker: &Docker, config: &SandboxConfig, owner: &Owner) -> Result<Sandbox, SandboxError> {
         Self::create(docker, config, &session_container_name(owner.session_id), Purpose::Session(owner)).await
+    }
+
+    /// Creates and starts a container for a run's environment setup: the
+    /// run's labels, a name of its own (not the session's: the session's
+    /// container is made afterwards, from what setup prepared).
+    pub async fn start_setup(docker: &Docker, config: &SandboxConfig, owner: &Owner) -> Result<Sandbox, SandboxError> {
+        let name = format!("{SETUP_PREFIX}{}", Uuid::new_v4().simple());
+        Self::create(docker, config, &name, Purpose::Session(owner)).await
     }
 
     /// Creates and starts a warm container, not yet anyone's.

@@ -1,0 +1,242 @@
+//! `/v1/environments`: a subject's environments (create, list, get,
+//! replace, delete, reset the cache). Another subject's environment is a
+//! 404, as a run is. Secrets are sealed here, before the store sees them,
+//! and never answered.
+
+use axum::Json;
+use axum::extract::{FromRequestParts, State};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use kiln_protocol::{Environment, EnvironmentSpec, input};
+use kiln_store::{EnvironmentRefusal, MAX_ENVIRONMENTS_PER_OWNER, SecretsWrite};
+use serde::Serialize;
+
+use crate::auth::Subject;
+use crate::extract::ApiJson;
+use crate::{ApiError, AppState};
+
+/// The `{name}` path segment as an environment's name.
+pub struct NamePath(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for NamePath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let axum::extract::Path(raw) = axum::extract::Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::BadRequest(e.body_text()))?;
+        if !input::ENVIRONMENT_NAME.accepts(&raw) {
+            return Err(ApiError::BadRequest(
+                "an environment's name is lower-case letters, digits, '.', '_' and '-'".into(),
+            ));
+        }
+        Ok(NamePath(raw))
+    }
+}
+
+fn not_found() -> ApiError {
+    ApiError::NotFound("no environment with this name".into())
+}
+
+fn refused(refusal: EnvironmentRefusal, name: &str) -> ApiError {
+    match refusal {
+        EnvironmentRefusal::NotFound => not_found(),
+        EnvironmentRefusal::NameTaken => ApiError::Conflict(format!("you already have an environment named {name:?}")),
+        EnvironmentRefusal::TooMany => ApiError::Conflict(format!(
+            "you have {MAX_ENVIRONMENTS_PER_OWNER} environments, the most allowed; delete one first"
+        )),
+    }
+}
+
+/// Checks `spec` and seals its secrets with the deployment's key.
+fn checked(state: &AppState, owner: &str, spec: &EnvironmentSpec) -> Result<SecretsWrite, ApiError> {
+    spec.validate().map_err(|e| ApiError::Validation(e.to_string()))?;
+    let Some(secrets) = &spec.secrets else { return Ok(SecretsWrite::Keep) };
+    if secrets.is_empty() {
+        return Ok(SecretsWrite::Set { names: Vec::new(), sealed: None });
+    }
+    // Refused rather than kept in clear: without a key there is nothing to
+    // seal them with.
+    let key = state.settings.secrets_key.as_ref().ok_or_else(|| {
+        ApiError::Validation(
+            "secrets cannot be stored here: this deployment has no KILN_SECRETS_KEY to encrypt them with".into(),
+        )
+    })?;
+    let sealed = key.seal(owner, secrets).map_err(|e| ApiError::Internal(e.to_string()))?;
+    Ok(SecretsWrite::Set { names: secrets.keys().cloned().collect(), sealed: Some(sealed) })
+}
+
+/// Create an environment
+///
+/// Secrets are write-only: stored encrypted, answered by name only.
+#[utoipa::path(
+    post,
+    path = "/v1/environments",
+    operation_id = "create_environment",
+    tag = "environments",
+    request_body = EnvironmentSpec,
+    responses(
+        (status = 201, description = "The environment was created.", body = Environment),
+        (status = 400, response = crate::openapi::errors::BadRequest),
+        (status = 409, response = crate::openapi::errors::Conflict),
+        (status = 413, response = crate::openapi::errors::PayloadTooLarge),
+        (status = 415, response = crate::openapi::errors::UnsupportedMediaType),
+        (status = 422, response = crate::openapi::errors::Unprocessable),
+        (status = 401, response = crate::openapi::errors::Unauthorized),
+        (status = 500, response = crate::openapi::errors::Internal),
+        (status = 503, response = crate::openapi::errors::Unavailable),
+    )
+)]
+pub async fn create(
+    State(state): State<AppState>,
+    Subject(owner): Subject,
+    ApiJson(spec): ApiJson<EnvironmentSpec>,
+) -> Result<(StatusCode, Json<Environment>), ApiError> {
+    let secrets = checked(&state, &owner, &spec)?;
+    match state.store.create_environment(&owner, &spec, secrets).await? {
+        Ok(environment) => Ok((StatusCode::CREATED, Json(environment))),
+        Err(refusal) => Err(refused(refusal, &spec.name)),
+    }
+}
+
+/// The caller's environments.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct EnvironmentList {
+    environments: Vec<Environment>,
+}
+
+/// List environments
+///
+/// The caller's environments, by name.
+#[utoipa::path(
+    get,
+    path = "/v1/environments",
+    operation_id = "list_environments",
+    tag = "environments",
+    responses(
+        (status = 200, description = "The caller's environments.", body = EnvironmentList),
+        (status = 401, response = crate::openapi::errors::Unauthorized),
+        (status = 500, response = crate::openapi::errors::Internal),
+        (status = 503, response = crate::openapi::errors::Unavailable),
+    )
+)]
+pub async fn list(State(state): State<AppState>, Subject(owner): Subject) -> Result<Json<EnvironmentList>, ApiError> {
+    Ok(Json(EnvironmentList { environments: state.store.list_environments(&owner).await? }))
+}
+
+/// Get an environment
+#[utoipa::path(
+    get,
+    path = "/v1/environments/{name}",
+    operation_id = "get_environment",
+    tag = "environments",
+    params(("name" = String, Path, description = "The environment's name.")),
+    responses(
+        (status = 200, description = "The environment (secret names only).", body = Environment),
+        (status = 400, response = crate::openapi::errors::BadRequest),
+        (status = 404, response = crate::openapi::errors::NotFound),
+        (status = 401, response = crate::openapi::errors::Unauthorized),
+        (status = 500, response = crate::openapi::errors::Internal),
+        (status = 503, response = crate::openapi::errors::Unavailable),
+    )
+)]
+pub async fn get(
+    State(state): State<AppState>,
+    Subject(owner): Subject,
+    NamePath(name): NamePath,
+) -> Result<Json<Environment>, ApiError> {
+    let stored = state.store.environment(&owner, &name).await?.ok_or_else(not_found)?;
+    Ok(Json(stored.environment))
+}
+
+/// Replace an environment
+///
+/// The body replaces the environment whole (its `name` may rename it),
+/// except that leaving out `secrets` keeps the stored ones (`{}` removes
+/// them). A changed definition misses the cache on the next run.
+#[utoipa::path(
+    put,
+    path = "/v1/environments/{name}",
+    operation_id = "update_environment",
+    tag = "environments",
+    params(("name" = String, Path, description = "The environment's name.")),
+    request_body = EnvironmentSpec,
+    responses(
+        (status = 200, description = "The environment as it now is.", body = Environment),
+        (status = 400, response = crate::openapi::errors::BadRequest),
+        (status = 404, response = crate::openapi::errors::NotFound),
+        (status = 409, response = crate::openapi::errors::Conflict),
+        (status = 413, response = crate::openapi::errors::PayloadTooLarge),
+        (status = 415, response = crate::openapi::errors::UnsupportedMediaType),
+        (status = 422, response = crate::openapi::errors::Unprocessable),
+        (status = 401, response = crate::openapi::errors::Unauthorized),
+        (status = 500, response = crate::openapi::errors::Internal),
+        (status = 503, response = crate::openapi::errors::Unavailable),
+    )
+)]
+pub async fn update(
+    State(state): State<AppState>,
+    Subject(owner): Subject,
+    NamePath(name): NamePath,
+    ApiJson(spec): ApiJson<EnvironmentSpec>,
+) -> Result<Json<Environment>, ApiError> {
+    let secrets = checked(&state, &owner, &spec)?;
+    match state.store.update_environment(&owner, &name, &spec, secrets).await? {
+        Ok(environment) => Ok(Json(environment)),
+        Err(refusal) => Err(refused(refusal, &spec.name)),
+    }
+}
+
+/// Delete an environment
+///
+/// Runs already queued with it fail when they start.
+#[utoipa::path(
+    delete,
+    path = "/v1/environments/{name}",
+    operation_id = "delete_environment",
+    tag = "environments",
+    params(("name" = String, Path, description = "The environment's name.")),
+    responses(
+        (status = 204, description = "Deleted."),
+        (status = 400, response = crate::openapi::errors::BadRequest),
+        (status = 404, response = crate::openapi::errors::NotFound),
+        (status = 401, response = crate::openapi::errors::Unauthorized),
+        (status = 500, response = crate::openapi::errors::Internal),
+        (status = 503, response = crate::openapi::errors::Unavailable),
+    )
+)]
+pub async fn delete(
+    State(state): State<AppState>,
+    Subject(owner): Subject,
+    NamePath(name): NamePath,
+) -> Result<StatusCode, ApiError> {
+    if state.store.delete_environment(&owner, &name).await? { Ok(StatusCode::NO_CONTENT) } else { Err(not_found()) }
+}
+
+/// Reset an environment's cache
+///
+/// Every prepared sandbox of this environment misses from now on: the
+/// next run sets up afresh. (The old images age out of the workers' caches.)
+#[utoipa::path(
+    post,
+    path = "/v1/environments/{name}/reset-cache",
+    operation_id = "reset_environment_cache",
+    tag = "environments",
+    params(("name" = String, Path, description = "The environment's name.")),
+    responses(
+        (status = 200, description = "The environment, with its new `cache_generation`.", body = Environment),
+        (status = 400, response = crate::openapi::errors::BadRequest),
+        (status = 404, response = crate::openapi::errors::NotFound),
+        (status = 401, response = crate::openapi::errors::Unauthorized),
+        (status = 500, response = crate::openapi::errors::Internal),
+        (status = 503, response = crate::openapi::errors::Unavailable),
+    )
+)]
+pub async fn reset_cache(
+    State(state): State<AppState>,
+    Subject(owner): Subject,
+    NamePath(name): NamePath,
+) -> Result<Json<Environment>, ApiError> {
+    let environment = state.store.reset_environment_cache(&owner, &name).await?.ok_or_else(not_found)?;
+    Ok(Json(environment))
+}

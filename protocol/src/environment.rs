@@ -1,0 +1,251 @@
+//! Environments: how a repository's sandbox is prepared before the agent
+//! starts (an image, a setup script, variables and secrets), owned by a
+//! subject and named by runs (`"environment": "name"`).
+//!
+//! What a client sends ([`EnvironmentSpec`]) and what it gets back
+//! ([`Environment`]): secrets go in, only their names come out.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::input;
+use crate::run::SandboxSpec;
+
+/// Lock files that key the cache when an environment names none: what the
+/// common package managers write.
+pub const DEFAULT_LOCK_FILES: &[&str] = &[
+    "Cargo.lock",
+    "package-lock.json",
+    "npm-shrinkwrap.json",
+    "pnpm-lock.yaml",
+    "yarn.lock",
+    "bun.lockb",
+    "uv.lock",
+    "poetry.lock",
+    "Pipfile.lock",
+    "requirements*.txt",
+    "go.sum",
+    "Gemfile.lock",
+    "composer.lock",
+    "mix.lock",
+    "pubspec.lock",
+    "flake.lock",
+];
+
+/// Body of `POST /v1/environments` and `PUT /v1/environments/{name}`.
+/// Unknown fields are refused, as in a run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnvironmentSpec {
+    /// Lower-case letters, digits, `.`, `_` and `-`; unique per subject.
+    pub name: String,
+    /// The image setup starts from; the deployment's sandbox image
+    /// (`KILN_SANDBOX_IMAGE`) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Run by `bash` as the sandbox user in `/workspace` at the run's base
+    /// commit, with `variables` and `secrets` in its environment.
+    #[serde(default)]
+    pub setup_script: String,
+    /// Run on every reuse of a prepared sandbox, after the run's commit is
+    /// checked out; with `variables`, never `secrets`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance_script: Option<String>,
+    /// Plain variables: in the setup and maintenance scripts' environment
+    /// and the agent's commands'.
+    #[serde(default)]
+    pub variables: BTreeMap<String, String>,
+    /// Write-only: in the setup script's environment only; stored
+    /// encrypted, never returned. On `PUT`, absent keeps the stored ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets: Option<BTreeMap<String, String>>,
+    /// Globs (relative to the repository's root) of the files whose
+    /// contents key the cache; [`DEFAULT_LOCK_FILES`] when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock_files: Option<Vec<String>>,
+    /// The setup phase's sandbox: limits and network (`bridge` needs a
+    /// deployment with `KILN_SANDBOX_ALLOW_NETWORK`).
+    #[serde(default, deserialize_with = "crate::nested::object", skip_serializing_if = "Option::is_none")]
+    pub setup_sandbox: Option<SandboxSpec>,
+}
+
+/// An environment as the API shows it: no secret values.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Environment {
+    pub id: Uuid,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    pub setup_script: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance_script: Option<String>,
+    pub variables: BTreeMap<String, String>,
+    /// The names of the stored secrets, sorted; their values are never shown.
+    pub secret_names: Vec<String>,
+    /// The globs in force (the default list when none were given).
+    pub lock_files: Vec<String>,
+    #[serde(default)]
+    pub setup_sandbox: SandboxSpec,
+    /// Raised by `POST /v1/environments/{name}/reset-cache`: part of the
+    /// cache key, so every prepared sandbox made before it misses.
+    pub cache_generation: i64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// Why an environment is not acceptable. Messages are shown to clients.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnvironmentError {
+    #[error(
+        "name must be {} to {} characters: lower-case letters, digits, '.', '_' or '-', starting with a letter or digit",
+        input::ENVIRONMENT_NAME.min_chars,
+        input::ENVIRONMENT_NAME.max_chars
+    )]
+    Name,
+    #[error(
+        "image must be a Docker image reference of at most {} characters (letters, digits and ._-/:@)",
+        input::IMAGE.max_chars
+    )]
+    Image,
+    #[error("{0} is {1} characters; the limit is {max} characters, without NUL", max = input::SCRIPT.max_chars)]
+    Script(&'static str, usize),
+    #[error("{0} must not contain NUL characters")]
+    ScriptNul(&'static str),
+    #[error(
+        "{0} may hold at most {max} entries, each named like a shell variable (letters, digits and _, not starting \
+         with a digit, at most {name} characters) with a value of at most {value} characters without NUL",
+        max = input::ENV_ENTRIES.max_items,
+        name = input::ENV_VAR_NAME.max_chars,
+        value = input::ENV_VAR_VALUE.max_chars
+    )]
+    Entries(&'static str),
+    #[error("{0}: the name {1:?} is Kiln's own or the shell's; choose another")]
+    ReservedName(&'static str, String),
+    #[error("a name cannot be both a variable and a secret: {0:?}")]
+    BothVariableAndSecret(String),
+    #[error(
+        "lock_files must be at most {} globs of at most {} characters, relative (no leading '/', no '..') and without \
+         control characters",
+        input::LOCK_FILES.max_items,
+        input::LOCK_GLOB.max_chars
+    )]
+    LockFiles,
+    #[error("setup_sandbox.{0}")]
+    Sandbox(String),
+}
+
+/// Variables a script's environment must keep as Kiln sets them.
+const RESERVED: &[&str] = &["PATH", "HOME", "USER", "PWD", "SHELL", "LD_PRELOAD", "LD_LIBRARY_PATH", "BASH_ENV", "ENV"];
+
+impl EnvironmentSpec {
+    /// Checks everything serde cannot, with the rules of [`crate::input`]
+    /// that the OpenAPI document states too.
+    pub fn validate(&self) -> Result<(), EnvironmentError> {
+        if !input::ENVIRONMENT_NAME.accepts(&self.name) {
+            return Err(EnvironmentError::Name);
+        }
+        if self.image.as_deref().is_some_and(|i| !input::IMAGE.accepts(i)) {
+            return Err(EnvironmentError::Image);
+        }
+        script("setup_script", &self.setup_script)?;
+        if let Some(s) = &self.maintenance_script {
+            script("maintenance_script", s)?;
+        }
+        entries("variables", &self.variables)?;
+        if let Some(secrets) = &self.secrets {
+            entries("secrets", secrets)?;
+            if let Some(both) = secrets.keys().find(|k| self.variables.contains_key(*k)) {
+                return Err(EnvironmentError::BothVariableAndSecret(both.clone()));
+            }
+        }
+        if let Some(globs) = &self.lock_files {
+            let ok = |g: &String| {
+                input::LOCK_GLOB.accepts(g) && !g.starts_with('/') && !g.split('/').any(|part| part == "..")
+            };
+            if globs.len() > input::LOCK_FILES.max_items || !globs.iter().all(ok) {
+                return Err(EnvironmentError::LockFiles);
+            }
+        }
+        if let Some(sandbox) = &self.setup_sandbox {
+            sandbox.validate().map_err(|e| EnvironmentError::Sandbox(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// The lock-file globs in force.
+    pub fn lock_files(&self) -> Vec<String> {
+        match &self.lock_files {
+            Some(globs) => globs.clone(),
+            None => DEFAULT_LOCK_FILES.iter().map(|g| (*g).to_owned()).collect(),
+        }
+    }
+}
+
+fn script(field: &'static str, text: &str) -> Result<(), EnvironmentError> {
+    if input::SCRIPT.accepts(text) {
+        return Ok(());
+    }
+    let chars = text.chars().count();
+    if chars > input::SCRIPT.max_chars {
+        Err(EnvironmentError::Script(field, chars))
+    } else {
+        Err(EnvironmentError::ScriptNul(field))
+    }
+}
+
+fn entries(field: &'static str, map: &BTreeMap<String, String>) -> Result<(), EnvironmentError> {
+    let ok = map.len() <= input::ENV_ENTRIES.max_items
+        && map.iter().all(|(k, v)| input::ENV_VAR_NAME.accepts(k) && input::ENV_VAR_VALUE.accepts(v));
+    if !ok {
+        return Err(EnvironmentError::Entries(field));
+    }
+    if let Some(name) = map.keys().find(|k| RESERVED.contains(&k.as_str()) || k.starts_with("KILN_")) {
+        return Err(EnvironmentError::ReservedName(field, name.clone()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(json: &str) -> Result<EnvironmentSpec, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    #[test]
+    fn a_minimal_environment_is_valid_and_gets_the_default_lock_files() {
+        let s = spec(r#"{"name":"web"}"#).unwrap();
+        assert_eq!(s.validate(), Ok(()));
+        assert!(s.lock_files().iter().any(|g| g == "Cargo.lock"));
+    }
+
+    #[test]
+    fn bad_input_is_refused_with_the_field_named() {
+        assert!(spec(r#"{"name":"web","setup":"x"}"#).is_err(), "unknown field");
+        for name in ["", "Web", "-x", "a b", &"a".repeat(65)] {
+            let s = EnvironmentSpec { name: name.into(), ..Default::default() };
+            assert_eq!(s.validate(), Err(EnvironmentError::Name), "{name:?}");
+        }
+        let big = EnvironmentSpec {
+            name: "a".into(),
+            setup_script: "x".repeat(input::SCRIPT.max_chars + 1),
+            ..Default::default()
+        };
+        assert!(matches!(big.validate(), Err(EnvironmentError::Script("setup_script", _))));
+        let mut vars = EnvironmentSpec { name: "a".into(), ..Default::default() };
+        vars.variables.insert("1X".into(), "v".into());
+        assert_eq!(vars.validate(), Err(EnvironmentError::Entries("variables")));
+        vars.variables = BTreeMap::from([("PATH".into(), "/x".into())]);
+        assert!(matches!(vars.validate(), Err(EnvironmentError::ReservedName("variables", _))));
+        let both = spec(r#"{"name":"a","variables":{"T":"1"},"secrets":{"T":"2"}}"#).unwrap();
+        assert!(matches!(both.validate(), Err(EnvironmentError::BothVariableAndSecret(_))));
+        for glob in ["/etc/passwd", "../x", "a/../../b"] {
+            let s = EnvironmentSpec { name: "a".into(), lock_files: Some(vec![glob.into()]), ..Default::default() };
+            assert_eq!(s.validate(), Err(EnvironmentError::LockFiles), "{glob}");
+        }
+    }
+}

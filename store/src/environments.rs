@@ -1,0 +1,245 @@
+//! Environments, scoped by owner like runs: one subject never reads,
+//! changes or names another's. Secrets arrive here already sealed
+//! ([`crate::secrets`]); the store never sees their plaintext.
+
+use kiln_protocol::{Environment, EnvironmentSpec, SandboxSpec};
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use crate::{Store, StoreError};
+
+/// Environments one subject may hold.
+pub const MAX_ENVIRONMENTS_PER_OWNER: i64 = 100;
+
+/// What the secrets of a write become.
+pub enum SecretsWrite {
+    /// Keep what is stored (an update without `secrets`).
+    Keep,
+    /// Store these: names in clear, values sealed (`None`: no secrets).
+    Set { names: Vec<String>, sealed: Option<Vec<u8>> },
+}
+
+/// Why a write did not happen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvironmentRefusal {
+    NotFound,
+    NameTaken,
+    TooMany,
+}
+
+/// An environment with its sealed secrets: what a worker prepares a run with.
+#[derive(Debug, Clone)]
+pub struct StoredEnvironment {
+    pub environment: Environment,
+    pub secrets_sealed: Option<Vec<u8>>,
+}
+
+const COLUMNS: &str = "id, name, image, setup_script, maintenance_script, variables, secret_names, lock_files, \
+     setup_sandbox, cache_generation, created_at, updated_at, secrets_sealed";
+
+fn from_row(row: &Row) -> Result<StoredEnvironment, StoreError> {
+    let corrupt = |what: &str, e: serde_json::Error| StoreError::Corrupt(format!("environments.{what}: {e}"));
+    let variables: serde_json::Value = row.try_get(5)?;
+    let lock_files: serde_json::Value = row.try_get(7)?;
+    let setup_sandbox: serde_json::Value = row.try_get(8)?;
+    Ok(StoredEnvironment {
+        environment: Environment {
+            id: row.try_get(0)?,
+            name: row.try_get(1)?,
+            image: row.try_get(2)?,
+            setup_script: row.try_get(3)?,
+            maintenance_script: row.try_get(4)?,
+            variables: serde_json::from_value(variables).map_err(|e| corrupt("variables", e))?,
+            secret_names: row.try_get(6)?,
+            lock_files: serde_json::from_value(lock_files).map_err(|e| corrupt("lock_files", e))?,
+            setup_sandbox: serde_json::from_value::<SandboxSpec>(setup_sandbox)
+                .map_err(|e| corrupt("setup_sandbox", e))?,
+            cache_generation: row.try_get(9)?,
+            created_at: row.try_get(10)?,
+            updated_at: row.try_get(11)?,
+        },
+        secrets_sealed: row.try_get(12)?,
+    })
+}
+
+/// The JSON columns of a spec.
+fn json_columns(spec: &EnvironmentSpec) -> Result<[serde_json::Value; 3], StoreError> {
+    let json = |v: Result<serde_json::Value, serde_json::Error>| v.map_err(|e| StoreError::Corrupt(e.to_string()));
+    Ok([
+        json(serde_json::to_value(&spec.variables))?,
+        json(serde_json::to_value(spec.lock_files()))?,
+        json(serde_json::to_value(spec.setup_sandbox.clone().unwrap_or_default()))?,
+    ])
+}
+
+impl Store {
+    /// Creates `owner`'s environment `spec.name`.
+    pub async fn create_environment(
+        &self,
+        owner: &str,
+        spec: &EnvironmentSpec,
+        secrets: SecretsWrite,
+    ) -> Result<Result<Environment, EnvironmentRefusal>, StoreError> {
+        let (names, sealed) = match secrets {
+            SecretsWrite::Set { names, sealed } => (names, sealed),
+            SecretsWrite::Keep => (Vec::new(), None),
+        };
+        let [variables, lock_files, setup_sandbox] = json_columns(spec)?;
+        // The count and the insert in one statement: concurrent creations
+        // can at worst both pass the count, never loop past it.
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                &format!(
+                    "INSERT INTO environments (id, owner, name, image, setup_script, maintenance_script, variables,
+                                               secret_names, secrets_sealed, lock_files, setup_sandbox)
+                     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11
+                     WHERE (SELECT count(*) FROM environments WHERE owner = $2) < $12
+                     ON CONFLICT (owner, name) DO NOTHING
+                     RETURNING {COLUMNS}"
+                ),
+                &[
+                    &Uuid::now_v7(),
+                    &owner,
+                    &spec.name,
+                    &spec.image,
+                    &spec.setup_script,
+                    &spec.maintenance_script,
+                    &variables,
+                    &names,
+                    &sealed,
+                    &lock_files,
+                    &setup_sandbox,
+                    &MAX_ENVIRONMENTS_PER_OWNER,
+                ],
+            )
+            .await?;
+        if let Some(row) = row {
+            return Ok(Ok(from_row(&row)?.environment));
+        }
+        Ok(Err(match self.environment(owner, &spec.name).await? {
+            Some(_) => EnvironmentRefusal::NameTaken,
+            None => EnvironmentRefusal::TooMany,
+        }))
+    }
+
+    /// `owner`'s environment `name`, with its sealed secrets.
+    pub async fn environment(&self, owner: &str, name: &str) -> Result<Option<StoredEnvironment>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(&format!("SELECT {COLUMNS} FROM environments WHERE owner = $1 AND name = $2"), &[&owner, &name])
+            .await?;
+        row.as_ref().map(from_row).transpose()
+    }
+
+    /// The environment `name` of the owner of run `run_id`: what a worker
+    /// prepares the run's sandbox with (it knows the run, not its owner).
+    pub async fn environment_of_run(&self, run_id: Uuid, name: &str) -> Result<Option<StoredEnvironment>, StoreError> {
+        let client = self.client().await?;
+        let columns = COLUMNS.split(", ").map(|c| format!("e.{c}")).collect::<Vec<_>>().join(", ");
+        let row = client
+            .query_opt(
+                &format!(
+                    "SELECT {columns} FROM environments e JOIN runs r ON r.owner = e.owner
+                     WHERE r.id = $1 AND e.name = $2"
+                ),
+                &[&run_id, &name],
+            )
+            .await?;
+        row.as_ref().map(from_row).transpose()
+    }
+
+    /// The owner of run `run_id` (the associated data its environment's
+    /// secrets were sealed with).
+    pub async fn run_owner(&self, run_id: Uuid) -> Result<Option<String>, StoreError> {
+        let client = self.client().await?;
+        let row = client.query_opt("SELECT owner FROM runs WHERE id = $1", &[&run_id]).await?;
+        Ok(row.map(|r| r.try_get(0)).transpose()?)
+    }
+
+    /// `owner`'s environments by name (at most [`MAX_ENVIRONMENTS_PER_OWNER`]).
+    pub async fn list_environments(&self, owner: &str) -> Result<Vec<Environment>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                &format!("SELECT {COLUMNS} FROM environments WHERE owner = $1 ORDER BY name LIMIT $2"),
+                &[&owner, &MAX_ENVIRONMENTS_PER_OWNER],
+            )
+            .await?;
+        rows.iter().map(|r| from_row(r).map(|s| s.environment)).collect()
+    }
+
+    /// Replaces `owner`'s environment `name` with `spec` (which may rename it).
+    pub async fn update_environment(
+        &self,
+        owner: &str,
+        name: &str,
+        spec: &EnvironmentSpec,
+        secrets: SecretsWrite,
+    ) -> Result<Result<Environment, EnvironmentRefusal>, StoreError> {
+        let (keep, names, sealed) = match secrets {
+            SecretsWrite::Keep => (true, Vec::new(), None),
+            SecretsWrite::Set { names, sealed } => (false, names, sealed),
+        };
+        let [variables, lock_files, setup_sandbox] = json_columns(spec)?;
+        let client = self.client().await?;
+        let updated = client
+            .query_opt(
+                &format!(
+                    "UPDATE environments SET name = $3, image = $4, setup_script = $5, maintenance_script = $6,
+                         variables = $7, lock_files = $8, setup_sandbox = $9,
+                         secret_names = CASE WHEN $10 THEN secret_names ELSE $11 END,
+                         secrets_sealed = CASE WHEN $10 THEN secrets_sealed ELSE $12 END,
+                         updated_at = now()
+                     WHERE owner = $1 AND name = $2
+                     RETURNING {COLUMNS}"
+                ),
+                &[
+                    &owner,
+                    &name,
+                    &spec.name,
+                    &spec.image,
+                    &spec.setup_script,
+                    &spec.maintenance_script,
+                    &variables,
+                    &lock_files,
+                    &setup_sandbox,
+                    &keep,
+                    &names,
+                    &sealed,
+                ],
+            )
+            .await;
+        match updated {
+            Ok(Some(row)) => Ok(Ok(from_row(&row)?.environment)),
+            Ok(None) => Ok(Err(EnvironmentRefusal::NotFound)),
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
+                Ok(Err(EnvironmentRefusal::NameTaken))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Deletes `owner`'s environment `name`; `false` when there was none.
+    pub async fn delete_environment(&self, owner: &str, name: &str) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let n = client.execute("DELETE FROM environments WHERE owner = $1 AND name = $2", &[&owner, &name]).await?;
+        Ok(n > 0)
+    }
+
+    /// Raises the environment's cache generation: every prepared sandbox
+    /// made before misses from now on.
+    pub async fn reset_environment_cache(&self, owner: &str, name: &str) -> Result<Option<Environment>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                &format!(
+                    "UPDATE environments SET cache_generation = cache_generation + 1, updated_at = now()
+                     WHERE owner = $1 AND name = $2 RETURNING {COLUMNS}"
+                ),
+                &[&owner, &name],
+            )
+            .await?;
+        row.as_ref().map(|r| from_row(r).map(|s| s.environment)).transpose()
+    }
+}

@@ -1,0 +1,318 @@
+//! Environments (issue 15, items 1–3): a repository's setup runs once, its
+//! prepared sandbox is cached as an image and reused with the run's commit
+//! checked out in place; secrets reach the setup script and nothing else;
+//! the API keeps environments per subject and refuses bad input whole.
+//! Real Postgres, real Docker; only the model is scripted.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_protocol::{CreateRun, EventBody, RepoSpec, RunStatus};
+use kiln_scripted_model::Reply;
+use kiln_store::secrets::SecretsKey;
+use kiln_tests::{Event, Options, TestApp, kinds, outcome, pick, token, worker_config};
+use kiln_worker::ProviderKind;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+const KEY_HEX: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.com")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.com")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A repository that ignores `deps/` and has a lock file.
+fn repo() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    git(d, &["init", "-q", "-b", "main"]);
+    std::fs::write(d.join(".gitignore"), "deps/\n").unwrap();
+    std::fs::write(d.join("Cargo.lock"), "version = 1\n").unwrap();
+    std::fs::write(d.join("README"), "hello\n").unwrap();
+    git(d, &["add", "."]);
+    git(d, &["commit", "-q", "-m", "first"]);
+    let url = format!("file://{}", d.display());
+    (dir, url)
+}
+
+fn commit_file(dir: &Path, name: &str, content: &str, message: &str) {
+    std::fs::write(dir.join(name), content).unwrap();
+    git(dir, &["add", "."]);
+    git(dir, &["commit", "-q", "-m", message]);
+}
+
+/// An app whose API and worker share the secrets key (when `secrets`).
+async fn app(script: Vec<Reply>, secrets: bool) -> TestApp {
+    let key = || secrets.then(|| Arc::new(SecretsKey::from_hex(KEY_HEX).unwrap()));
+    let mut options = Options { script, worker: false, ..Default::default() };
+    options.api.secrets_key = key();
+    let app = TestApp::spawn(options).await;
+    let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
+    config.secrets_key = key();
+    app.start_worker(config).await;
+    app
+}
+
+async fn request(app: &TestApp, sub: &str, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+    let mut r = app.http.request(method, app.url(path)).bearer_auth(token(sub));
+    if let Some(body) = body {
+        r = r.json(&body);
+    }
+    let r = r.send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+async fn create_environment(app: &TestApp, body: Value) -> Value {
+    let (status, env) = app.post_json("alice", "/v1/environments", body).await;
+    assert_eq!(status, 201, "{env}");
+    env
+}
+
+async fn run(app: &TestApp, url: &str, environment: &str) -> (Uuid, Vec<Event>) {
+    let spec = CreateRun {
+        repo: Some(RepoSpec { url: url.to_owned(), git_ref: None }),
+        environment: Some(environment.to_owned()),
+        ..CreateRun::new("work on the repository")
+    };
+    let id = app.submit("alice", spec).await.id;
+    (id, app.events("alice", id).await)
+}
+
+/// `(cache_key, hit)` of the run's `environment.started`.
+fn started(events: &[Event]) -> (String, bool) {
+    pick!(events, EventBody::EnvironmentStarted { cache_key, hit, .. } => (cache_key.clone(), *hit))
+        .last()
+        .unwrap_or_else(|| panic!("no environment.started: {:?}", kinds(events)))
+}
+
+fn output_of(events: &[Event], of: &str) -> String {
+    pick!(events, EventBody::EnvironmentOutput { phase, text } => (phase.clone(), text.clone()))
+        .filter(|(phase, _)| phase == of)
+        .map(|(_, text)| text)
+        .collect()
+}
+
+fn tool_output(events: &[Event]) -> String {
+    pick!(events, EventBody::ToolResult { output, .. } => output.clone()).collect::<Vec<_>>().join("\n")
+}
+
+async fn image_exists(key: &str) -> bool {
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    docker.inspect_image(&format!("kiln-env:{key}")).await.is_ok()
+}
+
+/// Removes the prepared images a test made (the engine is shared).
+async fn remove_images(keys: &[String]) {
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    for key in keys {
+        let options = bollard::query_parameters::RemoveImageOptionsBuilder::new().force(true).build();
+        let _ = docker.remove_image(&format!("kiln-env:{key}"), Some(options), None).await;
+    }
+}
+
+const SETUP: &str = r#"echo setting-up
+mkdir -p deps && echo dep-installed > deps/lib.txt
+mkdir -p "$HOME/.tool" && printf '#!/bin/sh\necho tool-ok\n' > "$HOME/.tool/tool" && chmod +x "$HOME/.tool/tool"
+echo "greeting=$GREETING""#;
+
+#[tokio::test]
+async fn a_miss_sets_up_then_a_hit_reuses_home_and_ignored_files_at_the_new_commit_after_maintenance() {
+    let (dir, url) = repo();
+    let look = "cat deps/lib.txt; $HOME/.tool/tool; git log --format=%s -1; cat new.txt 2>&1; echo var=$GREETING";
+    let app = app(
+        vec![
+            Reply::tool("bash", json!({"command": look})),
+            Reply::text("first done"),
+            Reply::tool("bash", json!({"command": look})),
+            Reply::text("second done"),
+        ],
+        false,
+    )
+    .await;
+    create_environment(
+        &app,
+        json!({"name": "web", "setup_script": SETUP, "maintenance_script": "echo maintenance-ran; git log --format=%s -1",
+               "variables": {"GREETING": "hello-var"}}),
+    )
+    .await;
+
+    let (_, first) = run(&app, &url, "web").await;
+    assert_eq!(outcome(&first), Some(RunStatus::Succeeded), "{:?}", kinds(&first));
+    let (key, hit) = started(&first);
+    assert!(!hit, "the first run of an environment misses");
+    let setup = output_of(&first, "setup");
+    assert!(setup.contains("setting-up") && setup.contains("greeting=hello-var"), "{setup}");
+    let finished: Vec<_> =
+        pick!(first, EventBody::EnvironmentFinished { phase, exit_code, cached, .. } => (phase.clone(), *exit_code, *cached))
+            .collect();
+    assert_eq!(finished, [("setup".to_owned(), 0, true)]);
+    let out = tool_output(&first);
+    assert!(out.contains("dep-installed") && out.contains("tool-ok") && out.contains("first"), "{out}");
+    assert!(out.contains("var=hello-var"), "the variables reach the agent's commands: {out}");
+
+    commit_file(dir.path(), "new.txt", "brand-new\n", "second");
+    let (_, second) = run(&app, &url, "web").await;
+    assert_eq!(outcome(&second), Some(RunStatus::Succeeded), "{:?}", kinds(&second));
+    assert_eq!(started(&second), (key.clone(), true), "the same environment and lock files hit");
+    assert!(output_of(&second, "setup").is_empty(), "setup ran on a hit");
+    let maintenance = output_of(&second, "maintenance");
+    assert!(maintenance.contains("maintenance-ran"), "{maintenance}");
+    assert!(maintenance.contains("second"), "maintenance runs after the run's commit is in place: {maintenance}");
+    let out = tool_output(&second);
+    assert!(out.contains("dep-installed"), "the ignored dependency folder is gone: {out}");
+    assert!(out.contains("tool-ok"), "the tool under $HOME is gone: {out}");
+    assert!(out.contains("second") && out.contains("brand-new"), "the workspace is not at the new commit: {out}");
+    remove_images(&[key]).await;
+}
+
+#[tokio::test]
+async fn a_changed_lock_file_a_changed_script_and_a_reset_cache_each_miss() {
+    let (dir, url) = repo();
+    let app = app((0..5).map(|i| Reply::text(format!("done {i}"))).collect(), false).await;
+    let mut body = json!({"name": "svc", "setup_script": "echo one > deps.txt"});
+    create_environment(&app, body.clone()).await;
+    let mut keys = Vec::new();
+    let mut next = async |expect_hit: bool, why: &str| {
+        let (_, events) = run(&app, &url, "svc").await;
+        assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{why}: {:?}", kinds(&events));
+        let (key, hit) = started(&events);
+        assert_eq!(hit, expect_hit, "{why}");
+        keys.push(key);
+    };
+    next(false, "first run").await;
+    next(true, "nothing changed").await;
+    commit_file(dir.path(), "Cargo.lock", "version = 2\n", "bump");
+    next(false, "the lock file changed").await;
+    body["setup_script"] = json!("echo two > deps.txt");
+    let (status, _) = request(&app, "alice", reqwest::Method::PUT, "/v1/environments/svc", Some(body)).await;
+    assert_eq!(status, 200);
+    next(false, "the setup script changed").await;
+    let (status, env) = app.post_json("alice", "/v1/environments/svc/reset-cache", json!({})).await;
+    assert_eq!((status, &env["cache_generation"]), (200, &json!(1)), "{env}");
+    next(false, "the cache was reset").await;
+    let distinct: std::collections::HashSet<&String> = keys.iter().collect();
+    assert_eq!(distinct.len(), 4, "{keys:?}");
+    remove_images(&keys).await;
+}
+
+#[tokio::test]
+async fn secrets_reach_the_setup_script_and_nothing_else() {
+    const SECRET: &str = "s3cr3t-Value-9f8e7d";
+    let (_dir, url) = repo();
+    let look = "env; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c API_TOKEN; cat ~/.setup-proof";
+    let app = app(vec![Reply::tool("bash", json!({"command": look})), Reply::text("done")], true).await;
+    // The script checks the value by its hash: the secret itself appears
+    // nowhere but in `secrets`.
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(SECRET.as_bytes()));
+    let setup = format!(
+        "[ \"$(printf %s \"$API_TOKEN\" | sha256sum | cut -d' ' -f1)\" = {digest} ] && echo seen-by-setup > ~/.setup-proof
+         echo \"token is $API_TOKEN\""
+    );
+    let env =
+        create_environment(&app, json!({"name": "sec", "secrets": {"API_TOKEN": SECRET}, "setup_script": setup})).await;
+    assert_eq!(env["secret_names"], json!(["API_TOKEN"]));
+    assert!(!env.to_string().contains(SECRET), "{env}");
+    let (status, got) = request(&app, "alice", reqwest::Method::GET, "/v1/environments/sec", None).await;
+    assert_eq!(status, 200);
+    assert!(!got.to_string().contains(SECRET), "{got}");
+
+    let (id, events) = run(&app, &url, "sec").await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let out = tool_output(&events);
+    assert!(out.contains("seen-by-setup"), "the setup script did not see the secret: {out}");
+    assert!(!out.contains(SECRET) && !out.contains("API_TOKEN="), "the agent phase sees the secret: {out}");
+    for event in app.stored_events(id).await {
+        let json = serde_json::to_string(&event.body).unwrap();
+        assert!(!json.contains(SECRET), "an event holds the secret: {json}");
+    }
+    assert!(output_of(&events, "setup").contains("token is [secret]"), "{}", output_of(&events, "setup"));
+    for request in app.model.requests() {
+        assert!(!request.body.to_string().contains(SECRET), "a model request holds the secret");
+    }
+    let (key, _) = started(&events);
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let image = docker.inspect_image(&format!("kiln-env:{key}")).await.unwrap();
+    let config = serde_json::to_string(&image.config).unwrap();
+    assert!(!config.contains(SECRET) && !config.contains("API_TOKEN"), "the image's configuration holds it: {config}");
+    let row =
+        app.sql().await.query_one("SELECT secrets_sealed FROM environments WHERE name = 'sec'", &[]).await.unwrap();
+    let sealed: Vec<u8> = row.get(0);
+    assert!(!sealed.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()), "the column holds the plaintext");
+    assert!(sealed.len() > SECRET.len(), "nothing sealed");
+    remove_images(&[key]).await;
+}
+
+#[tokio::test]
+async fn a_failing_setup_fails_the_run_with_its_status_and_tail_and_caches_nothing() {
+    let (_dir, url) = repo();
+    let app = app(vec![Reply::text("never")], false).await;
+    create_environment(&app, json!({"name": "broken", "setup_script": "echo line-one; echo last-words >&2; exit 7"}))
+        .await;
+    let (_, events) = run(&app, &url, "broken").await;
+    assert_eq!(outcome(&events), Some(RunStatus::Failed), "{:?}", kinds(&events));
+    let error = pick!(events, EventBody::RunFailed { error } => error.clone()).next().unwrap();
+    assert!(error.contains("exit status 7") && error.contains("last-words"), "{error}");
+    let finished: Vec<_> =
+        pick!(events, EventBody::EnvironmentFinished { exit_code, cached, .. } => (*exit_code, *cached)).collect();
+    assert_eq!(finished, [(7, false)]);
+    let (key, _) = started(&events);
+    assert!(!image_exists(&key).await, "a failed setup was cached");
+    assert!(app.model.requests().is_empty(), "the agent ran after a failed setup");
+}
+
+#[tokio::test]
+async fn environments_are_their_owners_and_bad_input_is_refused_with_nothing_stored() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let created = create_environment(&app, json!({"name": "mine", "setup_script": "true"})).await;
+    assert_eq!(created["lock_files"][0], "Cargo.lock", "{created}");
+    let get = reqwest::Method::GET;
+    let (status, _) = request(&app, "bob", get.clone(), "/v1/environments/mine", None).await;
+    assert_eq!(status, 404, "another subject's environment is not found");
+    let (status, listed) = request(&app, "bob", get.clone(), "/v1/environments", None).await;
+    assert_eq!((status, listed), (200, json!({"environments": []})));
+    let (status, _) = request(&app, "bob", reqwest::Method::DELETE, "/v1/environments/mine", None).await;
+    assert_eq!(status, 404);
+    let (status, body) = app.post_json("bob", "/v1/runs", json!({"prompt": "x", "environment": "mine"})).await;
+    assert_eq!(status, 422, "a run named another subject's environment: {body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("no environment named"), "{body}");
+    let (status, _) = app.post_json("alice", "/v1/runs", json!({"prompt": "x", "environment": "mine"})).await;
+    assert_eq!(status, 201);
+
+    for (bad, why) in [
+        (json!({"name": "Bad Name"}), "name"),
+        (json!({"name": "ok", "setup_script": "x".repeat(64 * 1024 + 1)}), "setup_script"),
+        (json!({"name": "ok", "setup": "x"}), "unknown field"),
+        (json!({"name": "ok", "variables": {"1X": "v"}}), "variables"),
+        (json!({"name": "ok", "lock_files": ["../etc/passwd"]}), "lock_files"),
+        (json!({"name": "ok", "secrets": {"T": "v"}}), "KILN_SECRETS_KEY"),
+    ] {
+        let (status, body) = app.post_json("alice", "/v1/environments", bad).await;
+        assert_eq!(status, 422, "{why}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(why), "{why}: {message}");
+    }
+    let (status, body) = app.post_json("alice", "/v1/environments", json!({"name": "mine"})).await;
+    assert_eq!(status, 409, "{body}");
+    let (_, listed) = request(&app, "alice", get.clone(), "/v1/environments", None).await;
+    let names: Vec<&str> =
+        listed["environments"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["mine"], "a refused environment was stored");
+    let (status, _) = request(&app, "alice", reqwest::Method::DELETE, "/v1/environments/mine", None).await;
+    assert_eq!(status, 204);
+    let (status, _) = request(&app, "alice", get, "/v1/environments/mine", None).await;
+    assert_eq!(status, 404);
+}

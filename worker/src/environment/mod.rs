@@ -1,0 +1,416 @@
+//! A run's environment: its sandbox prepared by the environment's setup
+//! script, or taken ready from the cache.
+//!
+//! 1. The checkout is made on the worker's side (as for any run), and the
+//!    cache key computed from the environment, the image's id, the secrets'
+//!    keyed hashes and the lock files in the checkout (`key`).
+//! 2. Miss: a setup container of the environment's image (the setup
+//!    phase's limits and network) gets the checkout, runs the setup script
+//!    as the command user with the variables and secrets in that process's
+//!    environment only (`script`), and what it left in `/workspace` and the
+//!    home is committed as `kiln-env:<key>` (`cache`). The setup container
+//!    then goes: secrets never reach the agent's sandbox.
+//! 3. The session's sandbox is created from `kiln-env:<key>` with the
+//!    run's own limits and network. On a hit its workspace is at the commit
+//!    setup ran on: the run's commit is brought in as a git bundle and
+//!    checked out in place (ignored files such as dependency folders stay),
+//!    then the maintenance script runs. A checkout that cannot be moved
+//!    (history the bundle does not connect to) falls back to a fresh setup.
+
+pub mod cache;
+pub mod key;
+mod script;
+mod tail;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use bollard::Docker;
+use kiln_protocol::{EventBody, Run};
+use kiln_store::{StoreError, StoredEnvironment};
+
+use crate::agent::Outcome;
+use crate::agent::db_retry;
+use crate::agent::events::EventSink;
+use crate::claim_loop::WorkerContext;
+use crate::sandbox::lifecycle::{self, Origin};
+use crate::sandbox::{Owner, Sandbox, SandboxConfig};
+
+/// Where a run's bundle is put in the sandbox (the workspace volume: the
+/// archive API cannot write to `/tmp`'s plain tmpfs).
+const BUNDLE_IN_SANDBOX: &str = "/workspace/.git/kiln-run.bundle";
+/// Longest the in-place checkout may take.
+const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The run's sandbox, prepared; or why the run fails.
+pub enum Prepared {
+    Ready(Box<Sandbox>, Origin),
+    Failed(Outcome),
+}
+
+fn failed(error: impl Into<String>) -> Prepared {
+    Prepared::Failed(Outcome::Failed { error: error.into() })
+}
+
+/// What the setup phase needs to know, gathered once.
+struct Plan<'a> {
+    ctx: &'a WorkerContext,
+    run: &'a Run,
+    owner: &'a Owner,
+    stored: StoredEnvironment,
+    secrets: BTreeMap<String, String>,
+    setup_config: SandboxConfig,
+    key: String,
+    commit: Option<String>,
+    checkout: Option<&'a Path>,
+}
+
+/// Prepares the session's sandbox with the environment `name` (the run's
+/// owner's). `config` is the run's sandbox (its limits and network).
+pub async fn prepare(
+    ctx: &WorkerContext,
+    run: &Run,
+    name: &str,
+    config: &SandboxConfig,
+    owner: &Owner,
+    events: &mut EventSink,
+) -> Result<Prepared, StoreError> {
+    let Some(stored) = db_retry::with_retry(|| ctx.store.environment_of_run(run.id, name)).await? else {
+        return Ok(failed(format!(
+            "the environment {name:?} does not exist (it was deleted after the run was queued)"
+        )));
+    };
+    let secrets = match open_secrets(ctx, run, &stored).await? {
+        Ok(secrets) => secrets,
+        Err(why) => return Ok(failed(why)),
+    };
+    let env = &stored.environment;
+    let image = env.image.clone().unwrap_or_else(|| config.image.clone());
+    let mut setup_config = match config.narrowed(&env.setup_sandbox) {
+        Ok(c) => c,
+        Err(refusal) => return Ok(failed(format!("environment {name:?}: setup_sandbox: {refusal}"))),
+    };
+    setup_config.image = image.clone();
+    let image_id = match ctx.docker.inspect_image(&image).await {
+        Ok(i) => i.id.unwrap_or_default(),
+        Err(e) => return Ok(failed(format!("environment {name:?}: its image {image:?} is not usable here: {e}"))),
+    };
+    // The checkout, on the worker's side: for the setup container on a
+    // miss, for the bundle on a hit, for the lock files either way.
+    let dir = match tempfile::tempdir() {
+        Ok(dir) => dir,
+        Err(e) => return Ok(failed(format!("could not prepare the workspace: {e}"))),
+    };
+    let dest = dir.path().join("repo");
+    let (checkout, commit) = match &run.repo {
+        Some(repo) => {
+            let settings = ctx.config.clone_settings();
+            let cloned =
+                crate::sandbox::repo_clone::clone_repo(&repo.url, repo.git_ref.as_deref(), &dest, &settings).await;
+            if let Err(e) = cloned {
+                return Ok(failed(format!("could not prepare the workspace: {e}")));
+            }
+            (Some(dest.as_path()), git_head(&dest).await)
+        }
+        None => (None, None),
+    };
+    let globs = env.lock_files.clone();
+    let locks = match &checkout {
+        Some(root) => {
+            let root = root.to_path_buf();
+            match tokio::task::spawn_blocking(move || key::lock_file_digests(&root, &globs)).await {
+                Ok(Ok(locks)) => locks,
+                Ok(Err(e)) => return Ok(failed(format!("environment {name:?}: reading its lock files failed: {e}"))),
+                Err(e) => return Ok(failed(format!("environment {name:?}: reading its lock files failed: {e}"))),
+            }
+        }
+        None => BTreeMap::new(),
+    };
+    let fingerprints: BTreeMap<String, String> = match &ctx.config.secrets_key {
+        Some(k) => secrets.iter().map(|(n, v)| (n.clone(), k.fingerprint(n, v))).collect(),
+        None => BTreeMap::new(),
+    };
+    let key = key::cache_key(&key::KeyInputs {
+        environment: env,
+        image_id: &image_id,
+        secret_fingerprints: &fingerprints,
+        lock_files: &locks,
+        user: &config.user,
+    });
+    let plan = Plan { ctx, run, owner, stored, secrets, setup_config, key, commit, checkout };
+    plan.prepare(config, events).await
+}
+
+impl Plan<'_> {
+    fn name(&self) -> &str {
+        &self.stored.environment.name
+    }
+
+    async fn prepare(self, config: &SandboxConfig, events: &mut EventSink) -> Result<Prepared, StoreError> {
+        let docker = &self.ctx.docker;
+        let cached = match cache::lookup(docker, &self.key).await {
+            Ok(c) => c,
+            Err(e) => return Ok(failed(format!("looking up the environment's cache failed: {e}"))),
+        };
+        for attempt in 0..2 {
+            let hit = attempt == 0 && cached.is_some();
+            events
+                .write_now(EventBody::EnvironmentStarted {
+                    environment: self.name().to_owned(),
+                    cache_key: self.key.clone(),
+                    hit,
+                    image: self.setup_config.image.clone(),
+                })
+                .await?;
+            let found = if hit {
+                // Eviction order only: a failure costs nothing else.
+                if let Err(e) = cache::touch(docker, &self.key).await {
+                    tracing::warn!(error = %e, "marking a prepared environment image used failed");
+                }
+                cached.clone()
+            } else {
+                match self.set_up(events).await? {
+                    Ok(found) => Some(found),
+                    Err(why) => return Ok(failed(why)),
+                }
+            };
+            let found = found.unwrap_or(cache::Found { commit: None, home: None });
+            let agent_config = SandboxConfig { image: cache::tag_of(&self.key), ..config.clone() };
+            let (sandbox, origin) = match lifecycle::acquire(docker, &agent_config, None, self.owner).await {
+                Ok(s) => s,
+                Err(e) => return Ok(failed(format!("could not start the sandbox: {e}"))),
+            };
+            if origin == Origin::Reused {
+                return Ok(Prepared::Ready(Box::new(sandbox), origin));
+            }
+            let restore = cache::restore_command(found.home.as_deref());
+            match sandbox.exec(&restore, CHECKOUT_TIMEOUT, 16 * 1024, |_| {}).await {
+                Ok(out) if out.exit_code == Some(0) => {}
+                Ok(out) => {
+                    sandbox.remove().await;
+                    return Ok(failed(format!("could not restore the prepared workspace: {}", out.output.trim())));
+                }
+                Err(e) => {
+                    sandbox.remove().await;
+                    return Ok(failed(format!("could not restore the prepared workspace: {e}")));
+                }
+            }
+            if !hit {
+                return Ok(Prepared::Ready(Box::new(sandbox), origin));
+            }
+            if let (Some(commit), Some(checkout)) = (&self.commit, self.checkout)
+                && found.commit.as_deref() != Some(commit.as_str())
+                && let Err(why) = self.move_to_commit(&sandbox, checkout).await
+            {
+                tracing::info!(run_id = %self.run.id, why, "the prepared workspace could not be moved to the run's commit; setting up afresh");
+                sandbox.remove().await;
+                continue;
+            }
+            return self.maintain(sandbox, origin, events).await;
+        }
+        Ok(failed("the environment's prepared sandbox could not be used"))
+    }
+
+    /// The setup phase: what the prepared image says of itself; `Err`: why
+    /// the run fails.
+    async fn set_up(&self, events: &mut EventSink) -> Result<Result<cache::Found, String>, StoreError> {
+        let docker = &self.ctx.docker;
+        let name = self.name();
+        let env = &self.stored.environment;
+        let setup = match Sandbox::start_setup(docker, &self.setup_config, self.owner).await {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(format!("environment {name:?}: could not start the setup sandbox: {e}"))),
+        };
+        // Whatever happens from here on (the run cancelled mid-setup too),
+        // the setup container goes.
+        let _gone = RemoveOnDrop { docker: docker.clone(), id: setup.id().to_owned() };
+        if let Some(checkout) = self.checkout
+            && let Err(e) = setup.upload_dir(checkout, self.ctx.config.clone_settings().max_bytes).await
+        {
+            return Ok(Err(format!("could not prepare the workspace: {e}")));
+        }
+        let mut vars: Vec<String> = env.variables.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        vars.extend(self.secrets.iter().map(|(k, v)| format!("{k}={v}")));
+        let mask: Vec<&str> = self.secrets.values().map(String::as_str).collect();
+        let user = &self.setup_config.user;
+        let script = script::Script {
+            docker,
+            container: setup.id(),
+            user,
+            text: &env.setup_script,
+            env: vars,
+            phase: "setup",
+            mask: &mask,
+        };
+        let ran = script::run(script, events).await?;
+        let end = match ran {
+            Ok(end) => end,
+            Err(e) => return Ok(Err(format!("environment {name:?}: running setup failed: {e}"))),
+        };
+        let duration_ms = end.duration.as_millis() as u64;
+        if end.exit_code != Some(0) {
+            let exit_code = end.exit_code.unwrap_or(-1);
+            events
+                .write_now(EventBody::EnvironmentFinished {
+                    phase: "setup".into(),
+                    exit_code,
+                    duration_ms,
+                    cached: false,
+                })
+                .await?;
+            return Ok(Err(format!(
+                "environment {name:?}: setup failed with exit status {exit_code}; the last lines of its output:\n{}",
+                end.tail
+            )));
+        }
+        let home = match self.setup_config.disk_plan(docker).await {
+            Ok(plan) => plan.home.clone(),
+            Err(e) => return Ok(Err(format!("environment {name:?}: {e}"))),
+        };
+        let snapshot = cache::Snapshot {
+            from: setup.id(),
+            image: &self.setup_config.image,
+            home: home.clone(),
+            key: &self.key,
+            run_id: self.run.id,
+            environment_id: env.id,
+            commit: self.commit.as_deref(),
+            variables: env.variables.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        };
+        if let Err(e) = cache::store(docker, &snapshot).await {
+            return Ok(Err(format!("environment {name:?}: storing the prepared sandbox failed: {e}")));
+        }
+        if let Err(e) = cache::evict(docker, self.ctx.config.environment_cache, &self.key).await {
+            tracing::warn!(error = %e, "bounding the environment cache failed");
+        }
+        events
+            .write_now(EventBody::EnvironmentFinished {
+                phase: "setup".into(),
+                exit_code: 0,
+                duration_ms,
+                cached: true,
+            })
+            .await?;
+        Ok(Ok(cache::Found { commit: self.commit.clone(), home }))
+    }
+
+    /// Brings the run's commit into the prepared workspace and checks it
+    /// out in place; `Err`: why not (the caller sets up afresh).
+    async fn move_to_commit(&self, sandbox: &Sandbox, checkout: &Path) -> Result<(), String> {
+        let bundle = checkout.with_file_name("run.bundle");
+        let made = git(checkout, &["bundle", "create", &bundle.to_string_lossy(), "HEAD"]).await;
+        if !made.is_some_and(|o| o.status.success()) {
+            return Err("git bundle failed".into());
+        }
+        let bytes = tokio::fs::read(&bundle).await.map_err(|e| e.to_string())?;
+        if bytes.len() as u64 > self.ctx.config.clone_settings().max_bytes {
+            return Err("the bundle is larger than KILN_MAX_REPO_MB".into());
+        }
+        sandbox.write_file(BUNDLE_IN_SANDBOX, &bytes).await.map_err(|e| e.to_string())?;
+        let command = format!(
+            "git fetch --quiet --no-tags {BUNDLE_IN_SANDBOX} HEAD && git checkout --quiet --force --detach FETCH_HEAD; \
+             s=$?; rm -f {BUNDLE_IN_SANDBOX}; exit $s"
+        );
+        let out = sandbox.exec(&command, CHECKOUT_TIMEOUT, 16 * 1024, |_| {}).await.map_err(|e| e.to_string())?;
+        match out.exit_code {
+            Some(0) => Ok(()),
+            _ => Err(format!("git in the sandbox: {}", out.output.trim())),
+        }
+    }
+
+    /// Runs the maintenance script, if any, in the session's sandbox.
+    async fn maintain(&self, sandbox: Sandbox, origin: Origin, events: &mut EventSink) -> Result<Prepared, StoreError> {
+        let Some(maintenance) = &self.stored.environment.maintenance_script else {
+            return Ok(Prepared::Ready(Box::new(sandbox), origin));
+        };
+        let docker = &self.ctx.docker;
+        // The variables are the prepared image's environment already.
+        let user = &self.setup_config.user;
+        let script = script::Script {
+            docker,
+            container: sandbox.id(),
+            user,
+            text: maintenance,
+            env: Vec::new(),
+            phase: "maintenance",
+            mask: &[],
+        };
+        let ran = script::run(script, events).await?;
+        let (exit_code, duration_ms, tail) = match ran {
+            Ok(end) => (end.exit_code.unwrap_or(-1), end.duration.as_millis() as u64, end.tail),
+            Err(e) => (-1, 0, e.to_string()),
+        };
+        events
+            .write_now(EventBody::EnvironmentFinished {
+                phase: "maintenance".into(),
+                exit_code,
+                duration_ms,
+                cached: false,
+            })
+            .await?;
+        if exit_code != 0 {
+            sandbox.remove().await;
+            return Ok(failed(format!(
+                "environment {:?}: maintenance failed with exit status {exit_code}; the last lines of its output:\n{tail}",
+                self.name()
+            )));
+        }
+        Ok(Prepared::Ready(Box::new(sandbox), origin))
+    }
+}
+
+/// The environment's secrets in clear; `Err`: why they cannot be had.
+async fn open_secrets(
+    ctx: &WorkerContext,
+    run: &Run,
+    stored: &StoredEnvironment,
+) -> Result<Result<BTreeMap<String, String>, String>, StoreError> {
+    let Some(sealed) = &stored.secrets_sealed else { return Ok(Ok(BTreeMap::new())) };
+    let Some(key) = &ctx.config.secrets_key else {
+        return Ok(Err(format!(
+            "the environment {:?} has secrets, and this worker has no KILN_SECRETS_KEY to open them",
+            stored.environment.name
+        )));
+    };
+    let owner = db_retry::with_retry(|| ctx.store.run_owner(run.id)).await?.unwrap_or_default();
+    Ok(key.open(&owner, sealed).map_err(|e| e.to_string()))
+}
+
+/// Runs git in the worker's own checkout, with none of the worker's git
+/// configuration.
+async fn git(dir: &Path, args: &[&str]) -> Option<std::process::Output> {
+    tokio::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .ok()
+}
+
+/// The commit checked out in `dir`.
+async fn git_head(dir: &Path) -> Option<String> {
+    let out = git(dir, &["rev-parse", "HEAD"]).await.filter(|o| o.status.success())?;
+    let sha = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    (!sha.is_empty()).then_some(sha)
+}
+
+/// Removes a container when dropped (by a task: `Drop` cannot wait).
+struct RemoveOnDrop {
+    docker: Docker,
+    id: String,
+}
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let (docker, id) = (self.docker.clone(), std::mem::take(&mut self.id));
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { crate::sandbox::remove_by_id(&docker, &id).await });
+        }
+    }
+}

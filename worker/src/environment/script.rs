@@ -1,0 +1,159 @@
+//! Running an environment's script (setup or maintenance) in a sandbox as
+//! the command user, its output streamed as `environment.output` events.
+//!
+//! The script's variables (and, for setup, secrets) are the exec's own
+//! environment: they exist in that process tree only, not in the
+//! container's configuration, not on a command line, not in a file.
+
+use std::time::{Duration, Instant};
+
+use bollard::Docker;
+use bollard::exec::{CreateExecOptions, StartExecResults};
+use futures::StreamExt;
+use kiln_protocol::EventBody;
+use kiln_store::StoreError;
+
+use super::tail::Tail;
+use crate::agent::events::EventSink;
+use crate::sandbox::WORKSPACE;
+
+/// Bytes of a script's output sent as events; past it, the output is kept
+/// only as the tail an error quotes (a chatty install would otherwise
+/// spend the run's whole event budget).
+const MAX_EVENT_OUTPUT: usize = 256 * 1024;
+/// Output is sent in pieces of about this many bytes, or after this long.
+const PIECE: usize = 8 * 1024;
+const PIECE_EVERY: Duration = Duration::from_millis(200);
+
+/// How a script ended.
+pub struct ScriptEnd {
+    /// `None`: Docker could not tell (the engine lost the exec).
+    pub exit_code: Option<i64>,
+    pub duration: Duration,
+    /// The last lines of its output, for the error a failure ends the run with.
+    pub tail: String,
+}
+
+/// A script to run.
+pub struct Script<'a> {
+    pub docker: &'a Docker,
+    pub container: &'a str,
+    /// `uid:gid` it runs as.
+    pub user: &'a str,
+    pub text: &'a str,
+    /// `NAME=value`, added to its environment.
+    pub env: Vec<String>,
+    /// `setup` or `maintenance`: the events' `phase`.
+    pub phase: &'a str,
+    /// Values replaced in what it prints (the secrets).
+    pub mask: &'a [&'a str],
+}
+
+/// Runs the script with bash in `/workspace`, streaming its output.
+pub async fn run(
+    script: Script<'_>,
+    events: &mut EventSink,
+) -> Result<Result<ScriptEnd, bollard::errors::Error>, StoreError> {
+    let Script { docker, container, user, text: script, env, phase, mask } = script;
+    let started = Instant::now();
+    let exec = docker
+        .create_exec(
+            container,
+            CreateExecOptions {
+                cmd: Some(vec!["bash".to_owned(), "-c".to_owned(), script.to_owned()]),
+                env: Some(env),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                attach_stdin: Some(false),
+                tty: Some(false),
+                working_dir: Some(WORKSPACE.to_owned()),
+                user: Some(user.to_owned()),
+                ..Default::default()
+            },
+        )
+        .await;
+    let exec = match exec {
+        Ok(e) => e,
+        Err(e) => return Ok(Err(e)),
+    };
+    let mut output = match docker.start_exec(&exec.id, None).await {
+        Ok(StartExecResults::Attached { output, .. }) => output,
+        Ok(StartExecResults::Detached) => return Ok(Ok(end(docker, &exec.id, started, Tail::new(), mask).await)),
+        Err(e) => return Ok(Err(e)),
+    };
+    let mut tail = Tail::new();
+    let mut piece = String::new();
+    let mut sent = 0usize;
+    let mut tick = tokio::time::interval(PIECE_EVERY);
+    loop {
+        tokio::select! {
+            chunk = output.next() => match chunk {
+                Some(Ok(log)) => {
+                    let bytes = log.into_bytes();
+                    tail.push(&bytes);
+                    if sent < MAX_EVENT_OUTPUT {
+                        piece.push_str(&String::from_utf8_lossy(&bytes));
+                        if piece.len() >= PIECE {
+                            sent += flush(events, phase, &mut piece, sent, mask).await?;
+                        }
+                    }
+                }
+                Some(Err(e)) => return Ok(Err(e)),
+                None => break,
+            },
+            _ = tick.tick() => {
+                if !piece.is_empty() {
+                    sent += flush(events, phase, &mut piece, sent, mask).await?;
+                }
+            }
+        }
+    }
+    if !piece.is_empty() {
+        sent += flush(events, phase, &mut piece, sent, mask).await?;
+    }
+    if sent >= MAX_EVENT_OUTPUT {
+        let note = format!("\n[kiln] output past {MAX_EVENT_OUTPUT} bytes is not sent as events; see the tail\n");
+        events.write_soon(EventBody::EnvironmentOutput { phase: phase.to_owned(), text: note }).await?;
+    }
+    Ok(Ok(end(docker, &exec.id, started, tail, mask).await))
+}
+
+/// Sends `piece` (cut to what is left of the output allowance) as one
+/// event; answers the bytes sent.
+async fn flush(
+    events: &mut EventSink,
+    phase: &str,
+    piece: &mut String,
+    sent: usize,
+    mask: &[&str],
+) -> Result<usize, StoreError> {
+    let mut text = masked(&std::mem::take(piece), mask);
+    let room = MAX_EVENT_OUTPUT.saturating_sub(sent);
+    if text.len() > room {
+        let mut cut = room;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+    let n = text.len();
+    events.write_soon(EventBody::EnvironmentOutput { phase: phase.to_owned(), text }).await?;
+    Ok(n)
+}
+
+async fn end(docker: &Docker, exec: &str, started: Instant, tail: Tail, mask: &[&str]) -> ScriptEnd {
+    let exit_code = docker.inspect_exec(exec).await.ok().and_then(|i| i.exit_code);
+    ScriptEnd { exit_code, duration: started.elapsed(), tail: masked(&tail.render(), mask) }
+}
+
+/// `text` with every secret value in `mask` replaced: a script that
+/// prints a secret does not put it in an event or an error. (A value split
+/// across two pieces of output is not caught; values shorter than 4
+/// characters are not masked, or every `1` would be.)
+fn masked(text: &str, mask: &[&str]) -> String {
+    let mut out = text.to_owned();
+    for secret in mask.iter().filter(|s| s.len() >= 4) {
+        out = out.replace(secret, "[secret]");
+    }
+    out
+}
