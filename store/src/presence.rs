@@ -141,7 +141,7 @@ impl Store {
             .query_one(
                 "WITH before AS (
                      SELECT lock_key = $2 AND lost_at IS NULL AS kept FROM workers WHERE id = $1 FOR UPDATE
-                 )), reg AS (
+                 ), reg AS (
                      INSERT INTO workers (id, lock_key, lock_epoch)
                      VALUES ($1, $2, pg_postmaster_start_time())
                      ON CONFLICT (id) DO UPDATE SET lock_key = $2, lock_epoch = pg_postmaster_start_time(),

@@ -6,10 +6,10 @@
 
 use std::io::Read;
 use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{ExitStatus, Output, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use kiln_scripted_model::{Reply, ScriptedCall};
 use kiln_tests::netcut::CutProxy;
