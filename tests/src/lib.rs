@@ -28,8 +28,8 @@ pub mod fake_github;
 pub mod kiln_bin;
 pub mod netcut;
 pub mod pg;
-pub mod worker_process;
 mod runs;
+pub mod worker_process;
 
 pub use runs::{Event, outcome};
 

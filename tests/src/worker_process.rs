@@ -40,7 +40,10 @@ impl WorkerProcess {
             .env("KILN_SANDBOX_IDLE_S", "0")
             .env("KILN_WORKER_MAX_SESSIONS", "2")
             .env("KILN_POLL_S", "1")
-            .env("KILN_SANDBOX_IMAGE", std::env::var("KILN_SANDBOX_IMAGE").unwrap_or_else(|_| "kiln-sandbox:latest".into()))
+            .env(
+                "KILN_SANDBOX_IMAGE",
+                std::env::var("KILN_SANDBOX_IMAGE").unwrap_or_else(|_| "kiln-sandbox:latest".into()),
+            )
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kiln_scripted_model::{Reply, ScriptedCall};
-use kiln_tests::netcut::CutProxy;
 use kiln_tests::kiln_bin::kiln_bin;
+use kiln_tests::netcut::CutProxy;
 use kiln_tests::{Ev, Options, TestApp, assert_dense, kinds, token};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};

@@ -38,9 +38,8 @@ async fn until_call_ready(app: &TestApp, id: Uuid) -> Vec<Event> {
 /// how long after `since` that was.
 async fn until_second_attempt(app: &TestApp, id: Uuid, seen: &[Event], since: Instant) -> (Vec<Event>, Duration) {
     let after = seen.last().map(|e| e.seq);
-    let rest = app
-        .events_until("alice", id, after, |e| matches!(e.body, EventBody::RunStarted { attempt: 2, .. }))
-        .await;
+    let rest =
+        app.events_until("alice", id, after, |e| matches!(e.body, EventBody::RunStarted { attempt: 2, .. })).await;
     (rest, since.elapsed())
 }
 

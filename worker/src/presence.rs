@@ -94,7 +94,9 @@ impl Presence {
                 }
                 // The server still holds the key for the connection that
                 // failed; it lets go once it notices.
-                Ok(None) => tracing::info!(worker = %self.worker, "the worker's lock is still held by its old connection"),
+                Ok(None) => {
+                    tracing::info!(worker = %self.worker, "the worker's lock is still held by its old connection")
+                }
                 Err(e) => tracing::warn!(worker = %self.worker, error = %e, "taking the worker's lock failed"),
             }
             tokio::select! {

@@ -59,7 +59,11 @@ async fn main() -> anyhow::Result<()> {
         .collect();
     let model = ScriptedModel::start(script).await?;
     let setup = Setup { kiln, db_url, model_url: model.openai_base_url(), lease_s: args.lease_s };
-    println!("takeover: {} from SIGKILL to the run's next event on another worker ({})", args.rounds, setup.kiln.display());
+    println!(
+        "takeover: {} from SIGKILL to the run's next event on another worker ({})",
+        args.rounds,
+        setup.kiln.display()
+    );
     let mut lock = Vec::new();
     let mut lease = Vec::new();
     for round in 0..args.rounds {
@@ -100,8 +104,12 @@ impl Setup {
         let b = self.worker(sql, path).await?;
         let killed = Instant::now();
         a.kill().await?;
-        wait_for(sql, "SELECT 1 FROM events WHERE run_id = $1 AND kind = 'run.started' AND payload->>'attempt' = '2'", run)
-            .await?;
+        wait_for(
+            sql,
+            "SELECT 1 FROM events WHERE run_id = $1 AND kind = 'run.started' AND payload->>'attempt' = '2'",
+            run,
+        )
+        .await?;
         let took = killed.elapsed();
         wait_for(sql, "SELECT 1 FROM runs WHERE id = $1 AND status = 'succeeded'", run).await?;
         b.stop().await;
