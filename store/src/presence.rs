@@ -177,6 +177,12 @@ impl Store {
     pub async fn hand_back_dead_workers(&self) -> Result<DeadWorkers, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
+        // A dead worker's run row may be locked for a while: by a worker
+        // whose lock connection failed mid-transaction and that stands
+        // still until it is back or its lease is over. Rather than stall
+        // this worker's claim loop behind it, give up and look again at the
+        // next check (the lease remains the fallback).
+        tx.batch_execute("SET LOCAL lock_timeout = '2s'").await?;
         // `pg_try_advisory_xact_lock` probes each registered key without
         // waiting: a live worker's session holds it (false); a dead one's is
         // free, and stays taken by this transaction until it commits, so the
