@@ -171,7 +171,8 @@ async fn start_worker(store: Store, parts: WorkerParts, shutdown: CancellationTo
     if let Some(keep) = config.event_retention {
         tokio::spawn(kiln_worker::retention::serve(store.clone(), keep, shutdown.clone()));
     }
-    let ctx = WorkerContext { store, docker, config, providers, prices, tools: Registry::standard() };
+    let presence = kiln_worker::presence::Presence::new(store.clone(), config.worker_id.clone());
+    let ctx = WorkerContext { store, docker, config, providers, prices, tools: Registry::standard(), presence };
     let worker = Worker::new(ctx, listener);
     Ok(tokio::spawn(worker.run(shutdown)))
 }

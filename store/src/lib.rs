@@ -18,6 +18,7 @@ mod messages;
 mod migrate;
 mod notifier;
 mod owner_gate;
+mod presence;
 mod queue;
 mod queue_sql;
 mod queued;
@@ -43,6 +44,7 @@ pub use environments::{EnvironmentRefusal, MAX_ENVIRONMENTS_PER_OWNER, SecretsWr
 pub use error::StoreError;
 pub use events::EventBatch;
 pub use listen::{Listener, Notice};
+pub use presence::{DeadWorkers, LOCK_CLASS, PresenceSession, Registered};
 pub use queue::{HeartbeatOutcome, Lease, ReapedRun};
 pub use queue_sql::{claim_statement, finish_and_claim_statement, finish_statement};
 pub use retention::Pruned;
@@ -72,6 +74,9 @@ pub mod channels {
 pub struct Store {
     pool: Pool,
     config: tokio_postgres::Config,
+    /// Where a worker's lock connection goes (`presence`): the database's
+    /// own address unless told otherwise ([`Store::with_presence_url`]).
+    presence_config: tokio_postgres::Config,
     /// Queues an owner's submissions before they take a connection.
     owner_gate: std::sync::Arc<owner_gate::OwnerGate>,
     /// Sends the NOTIFYs of the hot writes after their commit.
@@ -137,7 +142,28 @@ impl Store {
             .build()
             .map_err(|e| StoreError::Config(e.to_string()))?;
         let notifier = std::sync::Arc::new(notifier::Notifier::new(config.clone()));
-        Ok(Store { pool, config, owner_gate: Default::default(), notifier, end_batcher: Default::default() })
+        Ok(Store {
+            pool,
+            presence_config: config.clone(),
+            config,
+            owner_gate: Default::default(),
+            notifier,
+            end_batcher: Default::default(),
+        })
+    }
+
+    /// Sends workers' lock connections (`presence`) to `url` instead: a
+    /// session-level lock needs a session of its own, so behind a pooler in
+    /// transaction mode this must reach Postgres directly (or the pooler in
+    /// session mode). The tests route it through a proxy they can cut.
+    pub fn with_presence_url(self, url: &str) -> Result<Self, StoreError> {
+        let mut presence_config =
+            tokio_postgres::Config::from_str(url).map_err(|e| StoreError::Config(e.to_string()))?;
+        if presence_config.get_connect_timeout().is_none() {
+            presence_config.connect_timeout(Duration::from_secs(5));
+        }
+        detect_dead_peers(&mut presence_config);
+        Ok(Store { presence_config, ..self })
     }
 
     /// Checks that the database answers.

@@ -67,14 +67,7 @@ impl Store {
     pub async fn heartbeat(&self, lease: &Lease, extend: Duration) -> Result<HeartbeatOutcome, StoreError> {
         let client = self.client().await?;
         // Prepared once per connection: every running run beats.
-        let statement = client
-            .prepare_cached(
-                "UPDATE runs SET lease_expires_at = now() + $4 * interval '1 millisecond'
-                 WHERE id = $1 AND attempt = $2 AND lease_owner = $3
-                   AND status IN ('running', 'awaiting_approval')
-                 RETURNING cancel_requested",
-            )
-            .await?;
+        let statement = client.prepare_cached(crate::presence::HEARTBEAT).await?;
         let row =
             client.query_opt(&statement, &[&lease.run_id, &lease.attempt, &lease.worker, &millis(extend)]).await?;
         match row {
@@ -228,42 +221,14 @@ impl Store {
     pub async fn reap_expired_leases(&self) -> Result<Vec<ReapedRun>, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        let rows = tx
-            .query(
-                "WITH expired AS (
-                     SELECT id FROM runs
-                     WHERE status IN ('running', 'awaiting_approval') AND lease_expires_at < now()
-                     FOR UPDATE SKIP LOCKED
-                 )
-                 UPDATE runs r SET
-                     status = CASE WHEN r.losses + 1 >= r.max_attempts THEN 'failed' ELSE 'queued' END,
-                     finished_at = CASE WHEN r.losses + 1 >= r.max_attempts THEN now() END,
-                     error = CASE WHEN r.losses + 1 >= r.max_attempts
-                                  THEN 'the worker running this run was lost ' || (r.losses + 1) || ' times; giving up'
-                             END,
-                     losses = r.losses + 1,
-                     lease_owner = NULL, lease_expires_at = NULL
-                 FROM expired e WHERE r.id = e.id
-                 RETURNING r.id, r.status, r.attempt, r.losses",
-                &[],
-            )
-            .await?;
-        let mut reaped = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let run_id: Uuid = row.try_get(0)?;
-            let status: String = row.try_get(1)?;
-            let attempt: i32 = row.try_get(2)?;
-            let losses: i32 = row.try_get(3)?;
-            let status: RunStatus =
-                status.parse().map_err(|e: kiln_protocol::run::UnknownStatus| StoreError::Corrupt(e.to_string()))?;
-            if status == RunStatus::Failed {
-                let error = format!("the worker running this run was lost {losses} times; giving up");
-                insert_event_tx(&tx, run_id, &EventBody::RunFailed { error }).await?;
-            } else {
-                tx.execute("SELECT pg_notify($1, $2)", &[&channels::RUNS_QUEUED, &run_id.to_string()]).await?;
-            }
-            reaped.push(ReapedRun { run_id, status, attempt });
-        }
+        let reaped = lose_runs(
+            &tx,
+            "SELECT id FROM runs
+             WHERE status IN ('running', 'awaiting_approval') AND lease_expires_at < now()
+             FOR UPDATE SKIP LOCKED",
+            &[],
+        )
+        .await?;
         tx.commit().await?;
         drop(client);
         // The runs failed here may owe a follow-up, and so may runs whose
@@ -273,6 +238,51 @@ impl Store {
         }
         Ok(reaped)
     }
+}
+
+/// Returns the runs `lost` selects (a query answering their ids, locking
+/// them) to the queue, or fails them when their worker has now been lost
+/// `max_attempts` times: their worker is gone, so the loss counts.
+pub(crate) async fn lose_runs(
+    tx: &deadpool_postgres::Transaction<'_>,
+    lost: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<ReapedRun>, StoreError> {
+    let rows = tx
+        .query(
+            &format!(
+                "WITH lost AS ({lost})
+                 UPDATE runs r SET
+                     status = CASE WHEN r.losses + 1 >= r.max_attempts THEN 'failed' ELSE 'queued' END,
+                     finished_at = CASE WHEN r.losses + 1 >= r.max_attempts THEN now() END,
+                     error = CASE WHEN r.losses + 1 >= r.max_attempts
+                                  THEN 'the worker running this run was lost ' || (r.losses + 1) || ' times; giving up'
+                             END,
+                     losses = r.losses + 1,
+                     lease_owner = NULL, lease_expires_at = NULL
+                 FROM lost e WHERE r.id = e.id
+                 RETURNING r.id, r.status, r.attempt, r.losses"
+            ),
+            params,
+        )
+        .await?;
+    let mut reaped = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let run_id: Uuid = row.try_get(0)?;
+        let status: String = row.try_get(1)?;
+        let attempt: i32 = row.try_get(2)?;
+        let losses: i32 = row.try_get(3)?;
+        let status: RunStatus =
+            status.parse().map_err(|e: kiln_protocol::run::UnknownStatus| StoreError::Corrupt(e.to_string()))?;
+        if status == RunStatus::Failed {
+            let error = format!("the worker running this run was lost {losses} times; giving up");
+            insert_event_tx(tx, run_id, &EventBody::RunFailed { error }).await?;
+        } else {
+            tx.execute("SELECT pg_notify($1, $2)", &[&channels::RUNS_QUEUED, &run_id.to_string()]).await?;
+        }
+        reaped.push(ReapedRun { run_id, status, attempt });
+    }
+    Ok(reaped)
 }
 
 /// The status, error, and event kind and payload a terminal event stands for.

@@ -22,7 +22,8 @@ pub struct SessionActivity {
 pub enum WorkerPresence {
     /// Seen within the given window.
     Alive,
-    /// Known, but not seen within the window: its process is gone.
+    /// Known, but not seen within the window, or its lock was found free
+    /// (`presence`): its process is gone.
     Gone,
     /// Never registered here (another deployment sharing the Docker engine).
     Unknown,
@@ -45,12 +46,14 @@ impl Store {
         Ok(())
     }
 
-    /// Whether `worker` was seen within `window`.
+    /// Whether `worker` was seen within `window` and has not been found
+    /// without its lock since.
     pub async fn worker_presence(&self, worker: &str, window: Duration) -> Result<WorkerPresence, StoreError> {
         let client = self.client().await?;
         let row = client
             .query_opt(
-                "SELECT seen_at > now() - $2 * interval '1 millisecond' FROM workers WHERE id = $1",
+                "SELECT seen_at > now() - $2 * interval '1 millisecond' AND lost_at IS NULL
+                 FROM workers WHERE id = $1",
                 &[&worker, &(window.as_secs_f64() * 1000.0)],
             )
             .await?;

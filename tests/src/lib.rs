@@ -25,9 +25,11 @@ pub use kiln_scripted_model;
 
 pub mod browser;
 pub mod fake_github;
+pub mod kiln_bin;
 pub mod netcut;
 pub mod pg;
 mod runs;
+pub mod worker_process;
 
 pub use runs::{Event, outcome};
 
@@ -345,6 +347,7 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         sandbox_idle: Duration::ZERO,
         warm_pool: 0,
         lease,
+        dead_worker_check: Some(kiln_worker::config::DEFAULT_DEAD_WORKER_CHECK),
         poll_interval: Duration::from_millis(500),
         sandbox: SandboxConfig {
             image: std::env::var("KILN_SANDBOX_IMAGE").unwrap_or_else(|_| "kiln-sandbox:latest".into()),

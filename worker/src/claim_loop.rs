@@ -16,6 +16,7 @@ use uuid::Uuid;
 
 use crate::config::{Providers, WorkerConfig};
 use crate::handoff::{self, Handoff, Successors};
+use crate::presence::Presence;
 use crate::providers::pricing::PriceTable;
 use crate::run_lifecycle::{self, RunSignals};
 use crate::sandbox::pool::WarmPool;
@@ -31,6 +32,8 @@ pub struct WorkerContext {
     /// Prices per model, for cost budgets and `step.finished` events.
     pub prices: PriceTable,
     pub tools: Registry,
+    /// This worker's lock: what its heartbeats ride on and its runs wait for.
+    pub presence: Arc<Presence>,
 }
 
 pub struct Worker {
@@ -66,6 +69,10 @@ impl Worker {
         let mut notices = self.listener.subscribe();
         let mut tasks = JoinSet::new();
         let (handoff, mut successors) = handoff::channel();
+        // Held until the worker has wound down, runs handed back included.
+        let stop_presence = CancellationToken::new();
+        let presence_task = tokio::spawn(self.ctx.presence.clone().keep(stop_presence.clone()));
+        let mut presence = self.ctx.presence.subscribe();
         self.announce().await;
         self.reap_sandboxes(true).await;
         let pool_task = self.pool.clone().map(|pool| {
@@ -75,6 +82,10 @@ impl Worker {
         let mut reap = tokio::time::interval(self.ctx.config.lease / 2);
         let mut reap_sandboxes = tokio::time::interval(sandbox_reaper::interval(self.ctx.config.sandbox_idle));
         let mut poll = tokio::time::interval(self.ctx.config.poll_interval);
+        // Off: an hour's tick that is never looked at.
+        let check_every = self.ctx.config.dead_worker_check;
+        let mut dead_check = tokio::time::interval(check_every.unwrap_or(Duration::from_secs(3600)));
+        dead_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tracing::info!(worker = %self.ctx.config.worker_id, "worker started");
         // Whether the queue may hold something for this worker now. Every
         // event anywhere is a notification on a channel it listens to; a
@@ -106,6 +117,9 @@ impl Worker {
                     self.reap().await;
                     true
                 }
+                _ = dead_check.tick(), if check_every.is_some() => self.hand_back_dead_workers().await,
+                // The lock was taken (again): runs may be claimed.
+                Ok(()) = presence.changed() => presence.borrow_and_update().held,
                 _ = reap_sandboxes.tick() => {
                     self.reap_sandboxes(false).await;
                     false
@@ -127,6 +141,34 @@ impl Worker {
         if let Err(e) = self.ctx.store.worker_gone(&self.ctx.config.worker_id).await {
             tracing::warn!(error = %e, "could not sign off; other workers will notice after a while");
         }
+        stop_presence.cancel();
+        let _ = presence_task.await;
+    }
+
+    /// Hands back the runs of workers whose lock is free: they died. `true`
+    /// when runs went back to the queue (one may be for this worker).
+    async fn hand_back_dead_workers(&self) -> bool {
+        // A worker without its own lock may be the one that is gone.
+        if !self.ctx.presence.state().held {
+            return false;
+        }
+        let dead = match self.ctx.store.hand_back_dead_workers().await {
+            Ok(dead) => dead,
+            Err(e) => {
+                tracing::warn!(error = %e, "looking for dead workers failed");
+                return false;
+            }
+        };
+        if dead.workers.is_empty() {
+            return false;
+        }
+        for r in &dead.runs {
+            tracing::warn!(run_id = %r.run_id, attempt = r.attempt, status = %r.status, "handed back a dead worker's run");
+        }
+        tracing::warn!(workers = ?dead.workers, runs = dead.runs.len(), "found workers without their lock: gone");
+        // Their warm containers are nobody's now.
+        self.reap_sandboxes(false).await;
+        !dead.runs.is_empty()
     }
 
     /// Tells the database this worker is alive (see `sandbox_reaper`).
@@ -138,8 +180,13 @@ impl Worker {
 
     async fn claim_while_capacity(&self, tasks: &mut JoinSet<()>, handoff: &Handoff, shutdown: &CancellationToken) {
         while tasks.len() < self.ctx.config.concurrency && !shutdown.is_cancelled() {
+            // Without its lock the worker could not keep what it claims.
+            let presence = self.ctx.presence.state();
+            if !presence.held {
+                return;
+            }
             match self.ctx.store.claim_run(&self.ctx.config.worker_id, self.ctx.config.lease).await {
-                Ok(Some((run, lease))) => self.spawn_run(tasks, run, lease, handoff),
+                Ok(Some((run, lease))) => self.spawn_run_in(tasks, run, lease, handoff, presence.tenure),
                 Ok(None) => return,
                 Err(e) => {
                     tracing::warn!(error = %e, "claiming failed");
@@ -149,7 +196,14 @@ impl Worker {
         }
     }
 
+    /// Drives a run claimed by an ending run's statement (`handoff`).
     fn spawn_run(&self, tasks: &mut JoinSet<()>, run: Run, lease: Lease, handoff: &Handoff) {
+        let tenure = self.ctx.presence.state().tenure;
+        self.spawn_run_in(tasks, run, lease, handoff, tenure);
+    }
+
+    /// Drives a run claimed while the worker's lock was in `tenure`.
+    fn spawn_run_in(&self, tasks: &mut JoinSet<()>, run: Run, lease: Lease, handoff: &Handoff, tenure: u64) {
         crate::metrics::run_claimed(&run, lease.attempt);
         let handoff = self.ctx.config.claim_on_end.then(|| handoff.clone());
         let signals = RunSignals { handoff, ..Default::default() };
@@ -159,7 +213,7 @@ impl Worker {
         let active = self.active.clone();
         tasks.spawn(async move {
             let id = run.id;
-            run_lifecycle::execute(ctx, pool, run, lease, signals).await;
+            run_lifecycle::execute(ctx, pool, run, lease, signals, tenure).await;
             lock(&active).remove(&id);
         });
     }

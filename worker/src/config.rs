@@ -67,6 +67,10 @@ pub struct WorkerConfig {
     pub warm_pool: usize,
     /// How long a claim holds without a heartbeat.
     pub lease: Duration,
+    /// How often to look for workers whose lock is free (they died) and hand
+    /// their runs back at once (`KILN_DEAD_WORKER_CHECK_MS`); `None`: their
+    /// runs wait for their leases to run out.
+    pub dead_worker_check: Option<Duration>,
     /// Claim attempts without a notification (covers missed NOTIFYs).
     pub poll_interval: Duration,
     pub sandbox: SandboxConfig,
@@ -119,6 +123,8 @@ pub struct WorkerConfig {
     pub environment_cache: crate::environment::cache::CacheBounds,
 }
 
+/// Default of [`WorkerConfig::dead_worker_check`].
+pub const DEFAULT_DEAD_WORKER_CHECK: Duration = Duration::from_secs(1);
 /// Default of [`WorkerConfig::max_tool_calls_per_step`].
 pub const DEFAULT_MAX_TOOL_CALLS_PER_STEP: usize = 64;
 /// Default of [`WorkerConfig::max_event_bytes_per_run`]: 64 MiB.

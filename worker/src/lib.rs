@@ -11,6 +11,7 @@ mod handoff;
 mod lease_keeper;
 pub mod metrics;
 pub mod net_guard;
+pub mod presence;
 pub mod providers;
 pub mod retention;
 mod retry;

@@ -75,6 +75,7 @@ pub async fn execute(
     run: Run,
     lease: Lease,
     signals: RunSignals,
+    tenure: u64,
 ) {
     let span = tracing::info_span!(
         "run",
@@ -85,7 +86,7 @@ pub async fn execute(
         step = 0u32,
         outcome = tracing::field::Empty,
     );
-    execute_in_span(ctx, pool, run, lease, signals).instrument(span).await;
+    execute_in_span(ctx, pool, run, lease, signals, tenure).instrument(span).await;
 }
 
 async fn execute_in_span(
@@ -94,6 +95,7 @@ async fn execute_in_span(
     run: Run,
     lease: Lease,
     signals: RunSignals,
+    tenure: u64,
 ) {
     // Logged here rather than by the claim loop so the line has the run's span.
     tracing::info!(attempt = lease.attempt, "claimed run");
@@ -111,12 +113,16 @@ async fn execute_in_span(
     } else {
         let remaining = remaining_time(&run);
         let work = drive(&ctx, pool.as_deref(), &run, &lease, &mut events, signals.control.clone());
+        // Stands still while the worker's lock connection is down, and is
+        // dropped if others took the run meanwhile (`presence`).
+        let work = ctx.presence.while_held(tenure, work);
         tokio::select! {
             result = work => match result {
-                Ok(outcome) => Ending::Finished(outcome),
-                Err(AgentError::Store(StoreError::LeaseLost(_))) => Ending::LeaseLost,
-                Err(AgentError::Store(e)) if e.is_unavailable() => Ending::DatabaseAway(e.to_string()),
-                Err(e) => Ending::Error(e.to_string()),
+                Err(crate::presence::Lost) => Ending::LeaseLost,
+                Ok(Ok(outcome)) => Ending::Finished(outcome),
+                Ok(Err(AgentError::Store(StoreError::LeaseLost(_)))) => Ending::LeaseLost,
+                Ok(Err(AgentError::Store(e))) if e.is_unavailable() => Ending::DatabaseAway(e.to_string()),
+                Ok(Err(e)) => Ending::Error(e.to_string()),
             },
             _ = signals.cancel.cancelled() => Ending::Cancelled,
             _ = signals.release.cancelled() => Ending::Released,
@@ -136,7 +142,7 @@ async fn execute_in_span(
     // whose lease was taken without this task noticing yet.
     let ending = match ending {
         Ending::Released | Ending::DatabaseAway(_) | Ending::LeaseLost => ending,
-        ending => match ctx.store.heartbeat(&lease, ctx.config.lease).await {
+        ending => match ctx.presence.heartbeat(&lease, ctx.config.lease).await {
             Ok(_) => {
                 let keep = !ctx.config.sandbox_idle.is_zero();
                 lifecycle::after_run(&ctx.docker, &ctx.config.sandbox, run.session_id, keep).await;
@@ -381,13 +387,13 @@ async fn finish_and_maybe_claim(
     Ok(())
 }
 
-/// Keeps the run's lease; reports a cancel request and a lost lease through
-/// the tokens.
+/// Keeps the run's lease over the worker's lock connection (`presence`);
+/// reports a cancel request and a lost lease through the tokens.
 async fn heartbeat_loop(ctx: Arc<WorkerContext>, lease: Lease, cancel: CancellationToken, lost: CancellationToken) {
     LeaseKeeper::new("run", lease.run_id, ctx.config.lease)
         .reporting_cancel(cancel)
         .keep(|| async {
-            match ctx.store.heartbeat(&lease, ctx.config.lease).await {
+            match ctx.presence.heartbeat(&lease, ctx.config.lease).await {
                 Ok(beat) if beat.cancel_requested => Ok(Beat::CancelRequested),
                 Ok(_) => Ok(Beat::Extended),
                 Err(StoreError::LeaseLost(_)) => Ok(Beat::Lost),

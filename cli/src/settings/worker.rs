@@ -31,6 +31,11 @@ pub struct WorkerArgs {
     /// Seconds a claim holds without a heartbeat.
     #[arg(long, env = "KILN_LEASE_S", default_value_t = 30)]
     pub lease_s: u64,
+    /// Milliseconds between looks for dead workers (their advisory lock
+    /// free), whose runs are then handed back at once; 0 turns it off and
+    /// leaves their runs to their leases.
+    #[arg(long, env = "KILN_DEAD_WORKER_CHECK_MS", default_value_t = 1000)]
+    pub dead_worker_check_ms: u64,
     /// Seconds between claim attempts when no notification arrives.
     #[arg(long, env = "KILN_POLL_S", default_value_t = 2)]
     pub poll_s: u64,
@@ -158,6 +163,8 @@ impl WorkerArgs {
             sandbox_idle: Duration::from_secs(self.sandbox_idle_s),
             warm_pool: self.sandbox_warm.unwrap_or(0),
             lease: Duration::from_secs(self.lease_s),
+            dead_worker_check: (self.dead_worker_check_ms > 0)
+                .then(|| Duration::from_millis(self.dead_worker_check_ms.max(100))),
             poll_interval: Duration::from_secs(self.poll_s.max(1)),
             sandbox: SandboxConfig {
                 image: self.sandbox_image.clone(),
