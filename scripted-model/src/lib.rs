@@ -74,6 +74,8 @@ pub struct RecordedRequest {
     pub path: String,
     /// The parsed JSON body.
     pub body: Value,
+    /// The body exactly as received (for byte-for-byte comparisons).
+    pub bytes: Bytes,
     /// Selected headers, lower-case names: authorization, x-api-key,
     /// anthropic-version, content-type, accept.
     pub headers: BTreeMap<String, String>,
@@ -244,7 +246,12 @@ fn answer(shared: &Shared, api: Api, path: &str, headers: &HeaderMap, body: &[u8
         Api::Anthropic => lock(&shared.prompt_cache).as_mut().map(|cache| cache.account(&json)),
         Api::OpenAi | Api::Responses => None,
     };
-    shared.record(RecordedRequest { path: path.to_owned(), body: json, headers: recorded_headers(headers) });
+    shared.record(RecordedRequest {
+        path: path.to_owned(),
+        body: json,
+        bytes: Bytes::copy_from_slice(body),
+        headers: recorded_headers(headers),
+    });
     // Kiln only ever streams; a non-streaming request is a bug to surface.
     if !streaming {
         return error_response(api, 400);
