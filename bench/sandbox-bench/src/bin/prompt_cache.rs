@@ -11,21 +11,17 @@
 //! Claude Sonnet's prices (cache reads 0.1x, writes 1.25x the input price)
 //! against the baseline's.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use kiln_bench_sandbox::kiln::Kiln;
 use kiln_bench_sandbox::setup;
-use kiln_protocol::{EventBody, StoredEvent, Usage};
+use kiln_protocol::{EventBody, Usage};
 use kiln_scripted_model::{Reply, ScriptedModel};
-use serde_json::{Value, json};
-use tokio::process::{Child, Command};
+use serde_json::json;
 
-/// Signs the bench's bearer token; the processes live as long as one run.
-const JWT_SECRET: &str = "prompt-cache-bench-secret-0123456789abcdef";
 /// A model name the built-in price table prices as Claude Sonnet.
 const MODEL: &str = "claude-sonnet-4-5";
 
@@ -79,7 +75,6 @@ impl Figures {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let mut on = Vec::new();
     let mut off = Vec::new();
     for round in 0..args.rounds {
@@ -138,34 +133,25 @@ async fn run_on(args: &Args, db_url: &str, cache: bool) -> anyhow::Result<Figure
     script.push(Reply::text("done"));
     let model = ScriptedModel::start(script).await?;
     model.simulate_prompt_cache();
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let env = Env { kiln: &args.kiln, db_url, model: &model, port, cache, image: &args.image };
-    let migrate = env.command("migrate").status().await.context("running kiln migrate")?;
-    if !migrate.success() {
-        bail!("kiln migrate failed: {migrate}");
-    }
-    let mut api = env.command("serve").spawn().context("starting kiln serve")?;
-    let mut worker = env.command("worker").spawn().context("starting kiln worker")?;
-    let result = drive(args, &env, &mut [&mut api, &mut worker]).await;
-    for child in [&mut api, &mut worker] {
-        let _ = child.kill().await;
-    }
-    result
-}
-
-/// Submits the run and reads its figures; fails as soon as a process dies.
-async fn drive(args: &Args, env: &Env<'_>, processes: &mut [&mut Child]) -> anyhow::Result<Figures> {
-    let port = env.port;
-    let token = env.token().await?;
-    let http = reqwest::Client::builder().no_proxy().build()?;
-    let base = format!("http://127.0.0.1:{port}");
-    wait_listening(&http, &base).await?;
+    let env = [
+        ("KILN_MODEL_PROVIDER", "anthropic".to_owned()),
+        ("KILN_ANTHROPIC_BASE_URL", model.anthropic_base_url()),
+        ("ANTHROPIC_API_KEY", "sk-ant-bench".to_owned()),
+        ("KILN_MODEL", MODEL.to_owned()),
+        ("KILN_PROMPT_CACHE", cache.to_string()),
+        ("KILN_SANDBOX_IMAGE", args.image.clone()),
+        ("KILN_SANDBOX_WARM", "0".to_owned()),
+    ];
+    let mut kiln = Kiln::start(&args.kiln, db_url, &env).await?;
     let started = Instant::now();
     let body = json!({"prompt": "Echo each step.", "limits": {"max_steps": args.steps + 2, "timeout_s": 600}});
-    let run: Value =
-        http.post(format!("{base}/v1/runs")).bearer_auth(&token).json(&body).send().await?.error_for_status()?.json().await?;
-    let id = run["id"].as_str().context("a run id")?.to_owned();
-    let events = events_to_end(&http, &base, &token, &id, processes).await?;
+    let result = async {
+        let id = kiln.submit(&body).await?;
+        kiln.follow(&id, Duration::from_millis(200), Duration::from_secs(900), async |_| Ok(())).await
+    }
+    .await;
+    kiln.stop().await;
+    let events = result?;
     let wall = started.elapsed();
     let mut steps = Vec::new();
     let mut cost = 0.0;
@@ -179,102 +165,4 @@ async fn drive(args: &Args, env: &Env<'_>, processes: &mut [&mut Child]) -> anyh
         bail!("the run took {} steps, not {}: {:?}", steps.len(), args.steps, events.last().map(|e| &e.kind));
     }
     Ok(Figures { steps, cost, wall })
-}
-
-/// What the `kiln` processes of one run are told.
-struct Env<'a> {
-    kiln: &'a PathBuf,
-    db_url: &'a str,
-    model: &'a ScriptedModel,
-    port: u16,
-    cache: bool,
-    image: &'a str,
-}
-
-impl Env<'_> {
-    fn command(&self, sub: &str) -> Command {
-        let mut cmd = Command::new(self.kiln);
-        cmd.arg(sub)
-            .env("DATABASE_URL", self.db_url)
-            .env("KILN_LISTEN", format!("127.0.0.1:{}", self.port))
-            .env("KILN_JWT_SECRET", JWT_SECRET)
-            .env("KILN_MODEL_PROVIDER", "anthropic")
-            .env("KILN_ANTHROPIC_BASE_URL", self.model.anthropic_base_url())
-            .env("ANTHROPIC_API_KEY", "sk-ant-bench")
-            .env("KILN_MODEL", MODEL)
-            .env("KILN_PROMPT_CACHE", if self.cache { "true" } else { "false" })
-            .env("KILN_SANDBOX_IMAGE", self.image)
-            .env("KILN_SANDBOX_WARM", "0")
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .kill_on_drop(true);
-        cmd
-    }
-
-    async fn token(&self) -> anyhow::Result<String> {
-        let out = Command::new(self.kiln)
-            .args(["token", "--sub", "bench"])
-            .env("KILN_JWT_SECRET", JWT_SECRET)
-            .output()
-            .await
-            .context("running kiln token")?;
-        if !out.status.success() {
-            bail!("kiln token failed: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        let text = String::from_utf8(out.stdout)?;
-        // Either the bare token or an `export KILN_TOKEN=…` line.
-        let token = text.trim().rsplit('=').next().unwrap_or_default().trim_matches('\'').trim_matches('"');
-        Ok(token.to_owned())
-    }
-}
-
-async fn wait_listening(http: &reqwest::Client, base: &str) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while http.get(format!("{base}/v1/runs")).send().await.is_err() {
-        if Instant::now() > deadline {
-            bail!("kiln serve did not listen on {base} within a minute");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(())
-}
-
-/// The run's events, page by page, until its terminal event.
-async fn events_to_end(
-    http: &reqwest::Client,
-    base: &str,
-    token: &str,
-    id: &str,
-    processes: &mut [&mut Child],
-) -> anyhow::Result<Vec<StoredEvent>> {
-    let deadline = Instant::now() + Duration::from_secs(900);
-    let mut events: Vec<StoredEvent> = Vec::new();
-    loop {
-        let after = events.last().map_or(0, |e| e.seq);
-        let page: Value = http
-            .get(format!("{base}/v1/runs/{id}/events?after={after}"))
-            .bearer_auth(token)
-            .header("accept", "application/json")
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
-            .await?;
-        let page: Vec<StoredEvent> = serde_json::from_value(page["events"].clone())?;
-        let ended = page.iter().any(|e| e.kind.starts_with("run.") && e.kind != "run.started" && e.kind != "run.queued");
-        events.extend(page);
-        if ended {
-            return Ok(events);
-        }
-        if Instant::now() > deadline {
-            bail!("run {id} did not end within 15 minutes");
-        }
-        for process in processes.iter_mut() {
-            if let Some(status) = process.try_wait()? {
-                bail!("a kiln process exited ({status}) before run {id} ended");
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
