@@ -218,13 +218,11 @@ impl LocalModel {
         // installed (a no-op when the binary already did).
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder().no_proxy().build()?;
-        let spawner = Spawner { options: options.clone(), port, log: log.clone() };
+        let warm_up = options.warm.then(|| WarmUp::new(&base_url, &options.model_name())).transpose()?;
+        let spawner = Spawner { options: options.clone(), port, log: log.clone(), warm_up };
         let mut child = spawner.spawn()?;
         wait_healthy(&http, &base_url, &mut child, &log).await?;
-        let warm_up = options.warm.then(|| WarmUp::new(&base_url, &options.model_name())).transpose()?;
-        if let Some(warm_up) = &warm_up {
-            warm_up.run().await;
-        }
+        spawner.warm_up().await;
         let pid = Arc::new(AtomicU32::new(child.id().unwrap_or(0)));
         let restarts = Arc::new(AtomicU32::new(0));
         let stop = CancellationToken::new();
@@ -232,7 +230,6 @@ impl LocalModel {
             spawner,
             child,
             http,
-            warm_up,
             base_url.clone(),
             pid.clone(),
             restarts.clone(),
@@ -315,9 +312,17 @@ struct Spawner {
     options: Options,
     port: u16,
     log: PathBuf,
+    /// What a fresh server reads first (`None`: [`Options::warm`] is off).
+    warm_up: Option<WarmUp>,
 }
 
 impl Spawner {
+    async fn warm_up(&self) {
+        if let Some(warm_up) = &self.warm_up {
+            warm_up.run().await;
+        }
+    }
+
     fn spawn(&self) -> anyhow::Result<Child> {
         let dir = &self.options.dir;
         let log = OpenOptions::new()
@@ -394,8 +399,12 @@ impl WarmUp {
             Ok::<_, kiln_worker::providers::ProviderError>(())
         };
         match drained.await {
-            Ok(()) => tracing::info!(elapsed = ?started.elapsed(), "the local model's prompt cache holds the runs' common prefix"),
-            Err(e) => tracing::warn!(error = %e, "warming the local model's prompt cache failed; the first run reads the whole prompt"),
+            Ok(()) => {
+                tracing::info!(elapsed = ?started.elapsed(), "the local model's prompt cache holds the runs' common prefix")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "warming the local model's prompt cache failed; the first run reads the whole prompt")
+            }
         }
     }
 }
@@ -442,7 +451,6 @@ async fn supervise(
     spawner: Spawner,
     mut child: Child,
     http: reqwest::Client,
-    warm_up: Option<WarmUp>,
     base_url: String,
     pid: Arc<AtomicU32>,
     restarts: Arc<AtomicU32>,
@@ -493,9 +501,7 @@ async fn supervise(
             }
         }
         // A new server starts with an empty cache.
-        if let Some(warm_up) = &warm_up {
-            warm_up.run().await;
-        }
+        spawner.warm_up().await;
         pid.store(child.id().unwrap_or(0), Ordering::SeqCst);
         restarts.fetch_add(1, Ordering::SeqCst);
         started = Instant::now();

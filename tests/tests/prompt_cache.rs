@@ -109,7 +109,9 @@ async fn the_cached_prefix_is_the_same_bytes_across_steps_runs_and_workers() {
         for _worker in 0..2 {
             let store = open_store(&app.db_url, 4).await.unwrap();
             let stop = CancellationToken::new();
-            let worker = app.start_worker_on(store, worker_config(provider, std::time::Duration::from_secs(10)), stop.clone()).await;
+            let worker = app
+                .start_worker_on(store, worker_config(provider, std::time::Duration::from_secs(10)), stop.clone())
+                .await;
             run_to_end(&app, spec()).await;
             stop.cancel();
             worker.await.unwrap();
@@ -167,12 +169,15 @@ async fn cache_reads_and_writes_from_recorded_streams_reach_steps_totals_and_cos
             vec![
                 fixture(
                     "anthropic/vercel_tool_use.sse",
-                    &[("\"cache_creation_input_tokens\":0", "\"cache_creation_input_tokens\":1200"), (
-                        "\"cache_read_input_tokens\":0",
-                        "\"cache_read_input_tokens\":3400",
-                    )],
+                    &[
+                        ("\"cache_creation_input_tokens\":0", "\"cache_creation_input_tokens\":1200"),
+                        ("\"cache_read_input_tokens\":0", "\"cache_read_input_tokens\":3400"),
+                    ],
                 ),
-                fixture("anthropic/vercel_text.sse", &[("\"cache_read_input_tokens\":0", "\"cache_read_input_tokens\":4600")]),
+                fixture(
+                    "anthropic/vercel_text.sse",
+                    &[("\"cache_read_input_tokens\":0", "\"cache_read_input_tokens\":4600")],
+                ),
             ],
             [usage(849, 47, 3400, 1200), usage(12, 30, 4600, 0)],
         ),
@@ -181,7 +186,10 @@ async fn cache_reads_and_writes_from_recorded_streams_reach_steps_totals_and_cos
             vec![
                 fixture(
                     "openai_chat/openai_python_tool_call.sse",
-                    &[("\"total_tokens\":100,", "\"total_tokens\":100,\"prompt_tokens_details\":{\"cached_tokens\":64},")],
+                    &[(
+                        "\"total_tokens\":100,",
+                        "\"total_tokens\":100,\"prompt_tokens_details\":{\"cached_tokens\":64},",
+                    )],
                 ),
                 fixture(
                     "openai_chat/vercel_text_with_usage_obfuscation.sse",
@@ -194,11 +202,14 @@ async fn cache_reads_and_writes_from_recorded_streams_reach_steps_totals_and_cos
         (
             ProviderKind::OpenAiResponses,
             vec![
-                fixture("openai_responses/vercel_function_call_step2.sse", &[(
-                    "\"cached_tokens\":0",
-                    "\"cached_tokens\":200",
-                )]),
-                fixture("openai_responses/vercel_text_message.sse", &[("\"cached_tokens\":0", "\"cached_tokens\":256")]),
+                fixture(
+                    "openai_responses/vercel_function_call_step2.sse",
+                    &[("\"cached_tokens\":0", "\"cached_tokens\":200")],
+                ),
+                fixture(
+                    "openai_responses/vercel_text_message.sse",
+                    &[("\"cached_tokens\":0", "\"cached_tokens\":256")],
+                ),
             ],
             [usage(221 - 200, 26, 200, 0), usage(299 - 256, 12, 256, 0)],
         ),
