@@ -37,6 +37,9 @@ impl Kiln {
                 .env("KILN_LISTEN", format!("127.0.0.1:{port}"))
                 .env("KILN_JWT_SECRET", JWT_SECRET)
                 .env("RUST_LOG", "warn")
+                // Each run's sandbox goes with its end, not after an idle
+                // timer that outlives the worker.
+                .env("KILN_SANDBOX_IDLE_S", "0")
                 .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -146,9 +149,17 @@ impl Kiln {
         }
     }
 
+    /// Stops both processes as an operator would (SIGTERM: the worker
+    /// removes its sandboxes), killing what has not exited within 30 s.
     pub async fn stop(mut self) {
-        let _ = self.api.kill().await;
-        let _ = self.worker.kill().await;
+        for child in [&mut self.worker, &mut self.api] {
+            if let Some(pid) = child.id() {
+                let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status().await;
+            }
+            if tokio::time::timeout(Duration::from_secs(30), child.wait()).await.is_err() {
+                let _ = child.kill().await;
+            }
+        }
     }
 }
 
