@@ -60,6 +60,8 @@ def main():
     params.n_ctx = args.ctx
     params.n_parallel = args.parallel
     params.sampling.temp = args.temp
+    # Prometheus figures at /metrics (prompt tokens processed, …).
+    params.endpoint_metrics = True
     if args.threads > 0:
         params.cpuparams.n_threads = args.threads
         params.cpuparams_batch.n_threads = args.threads

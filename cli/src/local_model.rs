@@ -20,7 +20,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use kiln_worker::ProviderEndpoints;
+use futures::StreamExt;
+use kiln_worker::agent::first_step_request;
+use kiln_worker::providers::{ModelProvider, ModelRequest};
+use kiln_worker::tools::Registry;
+use kiln_worker::{ProviderEndpoints, ProviderKind, Providers};
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -74,12 +78,23 @@ pub struct Options {
     pub port: Option<u16>,
     /// Server log (stdout and stderr, appended); default `dir/server.log`.
     pub log: Option<PathBuf>,
+    /// Read the stable start of every run's prompt (system prompt and tool
+    /// definitions) into the server's prompt cache once it is up, and again
+    /// after each restart, so no run pays for it.
+    pub warm: bool,
 }
 
 impl Options {
     /// The bundled model with Kiln's template, under `state_dir/local-model`.
     pub fn new(state_dir: &Path) -> Options {
-        Options { dir: state_dir.join("local-model"), model: None, template: Template::Kiln, port: None, log: None }
+        Options {
+            dir: state_dir.join("local-model"),
+            model: None,
+            template: Template::Kiln,
+            port: None,
+            log: None,
+            warm: true,
+        }
     }
 
     pub fn log_path(&self) -> PathBuf {
@@ -203,9 +218,11 @@ impl LocalModel {
         // installed (a no-op when the binary already did).
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder().no_proxy().build()?;
-        let spawner = Spawner { options: options.clone(), port, log: log.clone() };
+        let warm_up = options.warm.then(|| WarmUp::new(&base_url, &options.model_name())).transpose()?;
+        let spawner = Spawner { options: options.clone(), port, log: log.clone(), warm_up };
         let mut child = spawner.spawn()?;
         wait_healthy(&http, &base_url, &mut child, &log).await?;
+        spawner.warm_up().await;
         let pid = Arc::new(AtomicU32::new(child.id().unwrap_or(0)));
         let restarts = Arc::new(AtomicU32::new(0));
         let stop = CancellationToken::new();
@@ -295,9 +312,17 @@ struct Spawner {
     options: Options,
     port: u16,
     log: PathBuf,
+    /// What a fresh server reads first (`None`: [`Options::warm`] is off).
+    warm_up: Option<WarmUp>,
 }
 
 impl Spawner {
+    async fn warm_up(&self) {
+        if let Some(warm_up) = &self.warm_up {
+            warm_up.run().await;
+        }
+    }
+
     fn spawn(&self) -> anyhow::Result<Child> {
         let dir = &self.options.dir;
         let log = OpenOptions::new()
@@ -332,6 +357,55 @@ impl Spawner {
             .process_group(0)
             .kill_on_drop(true);
         cmd.spawn().with_context(|| format!("starting {}", dir.join("venv/bin/python").display()))
+    }
+}
+
+/// What a fresh server is asked first so that its prompt cache holds the
+/// start every run's first step shares (see
+/// [`kiln_worker::agent::first_step_request`]).
+///
+/// llama.cpp keeps each slot's last prompt (`cache_prompt`, on by default
+/// and never turned off by Kiln) and copies idle slots' prompts to host
+/// memory (`--cache-ram`), restoring the most similar one for a new
+/// request, so a run's first step reuses this prefix whichever slot it
+/// lands in.
+struct WarmUp {
+    provider: Arc<dyn ModelProvider>,
+    request: ModelRequest,
+}
+
+/// The user turn of the warm-up request; anything works, the prefix before
+/// it is what counts.
+const WARM_UP_PROMPT: &str = "Reply with OK.";
+
+impl WarmUp {
+    fn new(base_url: &str, model: &str) -> anyhow::Result<WarmUp> {
+        let endpoints = ProviderEndpoints { openai_base_url: Some(format!("{base_url}/v1")), ..Default::default() };
+        let provider = Providers::new(endpoints)?.get(ProviderKind::OpenAi);
+        // One output token: the work is reading the prompt.
+        let request = first_step_request(model, &Registry::standard(), WARM_UP_PROMPT, 1);
+        Ok(WarmUp { provider, request })
+    }
+
+    /// Sends the request and reads the answer to its end. A failure only
+    /// costs the first run the time the warm-up would have saved.
+    async fn run(&self) {
+        let started = Instant::now();
+        let drained = async {
+            let mut stream = self.provider.stream(&self.request).await?;
+            while let Some(event) = stream.next().await {
+                event?;
+            }
+            Ok::<_, kiln_worker::providers::ProviderError>(())
+        };
+        match drained.await {
+            Ok(()) => {
+                tracing::info!(elapsed = ?started.elapsed(), "the local model's prompt cache holds the runs' common prefix")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "warming the local model's prompt cache failed; the first run reads the whole prompt")
+            }
+        }
     }
 }
 
@@ -426,6 +500,8 @@ async fn supervise(
                 Err(e) => tracing::warn!(error = %format!("{e:#}"), "the restarted local model server failed"),
             }
         }
+        // A new server starts with an empty cache.
+        spawner.warm_up().await;
         pid.store(child.id().unwrap_or(0), Ordering::SeqCst);
         restarts.fetch_add(1, Ordering::SeqCst);
         started = Instant::now();

@@ -82,7 +82,7 @@ fn message_start(plan: &Plan) -> String {
             "stop_sequence": null,
             "usage": {
                 "input_tokens": plan.input_tokens,
-                "cache_creation_input_tokens": 0,
+                "cache_creation_input_tokens": plan.cache_write_tokens,
                 "cache_read_input_tokens": plan.cached_tokens,
                 "output_tokens": 1,
             },

@@ -27,6 +27,7 @@
 mod anthropic;
 mod openai;
 mod plan;
+mod prompt_cache;
 mod responses;
 mod script;
 
@@ -48,6 +49,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use plan::Plan;
+pub use prompt_cache::{CacheUsage, LOOKBACK, MIN_CACHEABLE_TOKENS, PromptCache};
 pub use script::{EXHAUSTED_TEXT, Reply, ScriptedCall, demo_script};
 
 /// Request headers worth asserting on; others are not recorded.
@@ -72,6 +74,8 @@ pub struct RecordedRequest {
     pub path: String,
     /// The parsed JSON body.
     pub body: Value,
+    /// The body exactly as received (for byte-for-byte comparisons).
+    pub bytes: Bytes,
     /// Selected headers, lower-case names: authorization, x-api-key,
     /// anthropic-version, content-type, accept.
     pub headers: BTreeMap<String, String>,
@@ -104,6 +108,9 @@ struct Shared {
     calls: Mutex<u64>,
     /// Count of recorded requests, for waiters.
     received: watch::Sender<usize>,
+    /// With [`ScriptedModel::simulate_prompt_cache`]: the Anthropic
+    /// endpoint's cache, which sets its usage instead of the script.
+    prompt_cache: Mutex<Option<PromptCache>>,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -132,6 +139,7 @@ impl ScriptedModel {
             replies: Mutex::new(0),
             calls: Mutex::new(0),
             received: watch::channel(0).0,
+            prompt_cache: Mutex::new(None),
             shutdown: shutdown_rx.clone(),
         });
         let app = Router::new()
@@ -166,6 +174,14 @@ impl ScriptedModel {
     /// Base URL for the Anthropic provider: `http://127.0.0.1:PORT`.
     pub fn anthropic_base_url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// From now on the Anthropic endpoint reports the cache reads and
+    /// writes Anthropic's prompt cache would ([`PromptCache`]), computed
+    /// from the requests' `cache_control` breakpoints; the script's
+    /// [`Reply::with_cached_input`] numbers are then ignored there.
+    pub fn simulate_prompt_cache(&self) {
+        lock(&self.shared.prompt_cache).get_or_insert_with(PromptCache::default);
     }
 
     /// Every request so far, in arrival order.
@@ -226,7 +242,16 @@ fn answer(shared: &Shared, api: Api, path: &str, headers: &HeaderMap, body: &[u8
     let streaming = json.get("stream").and_then(Value::as_bool) == Some(true);
     let include_usage = json.pointer("/stream_options/include_usage").and_then(Value::as_bool) == Some(true);
     let model = json.get("model").and_then(Value::as_str).unwrap_or("scripted").to_owned();
-    shared.record(RecordedRequest { path: path.to_owned(), body: json, headers: recorded_headers(headers) });
+    let cache_usage = match api {
+        Api::Anthropic => lock(&shared.prompt_cache).as_mut().map(|cache| cache.account(&json)),
+        Api::OpenAi | Api::Responses => None,
+    };
+    shared.record(RecordedRequest {
+        path: path.to_owned(),
+        body: json,
+        bytes: Bytes::copy_from_slice(body),
+        headers: recorded_headers(headers),
+    });
     // Kiln only ever streams; a non-streaming request is a bug to surface.
     if !streaming {
         return error_response(api, 400);
@@ -236,7 +261,15 @@ fn answer(shared: &Shared, api: Api, path: &str, headers: &HeaderMap, body: &[u8
     if let Some(status) = reply.status {
         return error_response(api, status);
     }
-    let plan = Plan::new(seq, model, &reply, body.len(), shared.take_call_numbers(reply.tool_calls.len()));
+    if let Some(raw) = reply.raw {
+        return event_stream(vec![raw], false, shared.shutdown.clone());
+    }
+    let mut plan = Plan::new(seq, model, &reply, body.len(), shared.take_call_numbers(reply.tool_calls.len()));
+    if let Some(usage) = cache_usage {
+        plan.input_tokens = usage.input_tokens;
+        plan.cached_tokens = usage.cache_read_tokens;
+        plan.cache_write_tokens = usage.cache_write_tokens;
+    }
     let frames = match (api, plan.hang) {
         (Api::Anthropic, false) => anthropic::render(&plan),
         (Api::Anthropic, true) => anthropic::render_hang(&plan),

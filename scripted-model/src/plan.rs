@@ -16,6 +16,8 @@ pub(crate) struct Plan {
     pub input_tokens: u64,
     /// Input tokens read from the prompt cache.
     pub cached_tokens: u64,
+    /// Input tokens written to the prompt cache (Anthropic reports them).
+    pub cache_write_tokens: u64,
     pub output_tokens: u64,
 }
 
@@ -63,6 +65,7 @@ impl Plan {
             hang: reply.hang,
             input_tokens: (request_len / 4) as u64,
             cached_tokens: reply.cached_input,
+            cache_write_tokens: 0,
             output_tokens: (output_len / 4 + 1) as u64,
         }
     }

@@ -21,6 +21,9 @@ pub struct Reply {
     /// Input tokens reported as read from the provider's prompt cache, on
     /// top of the uncached estimate (each wire format in its own way).
     pub cached_input: u64,
+    /// Send exactly this text as the response body (a recorded stream),
+    /// whatever the request; everything else above is ignored.
+    pub raw: Option<String>,
 }
 
 /// One tool call the model makes.
@@ -77,13 +80,18 @@ impl Reply {
         Reply { status: Some(status), ..Reply::default() }
     }
 
-    /// Adds text said before the tool calls.
+    /// A recorded answer, replayed byte for byte.
+    pub fn raw(body: impl Into<String>) -> Self {
+        Reply { raw: Some(body.into()), ..Reply::default() }
+    }
+
     /// Report `tokens` of the input as served from the prompt cache.
     pub fn with_cached_input(mut self, tokens: u64) -> Self {
         self.cached_input = tokens;
         self
     }
 
+    /// Adds text said before the tool calls.
     pub fn with_text(mut self, text: impl Into<String>) -> Self {
         self.text = Some(text.into());
         self

@@ -88,6 +88,11 @@ pub fn token(sub: &str) -> String {
 /// other than the handle (`KILN_GITHUB_BOT_LOGIN`).
 pub const GITHUB_BOT_LOGIN: &str = "kiln-ops";
 
+/// A model the harness's workers price like Claude Sonnet, cache prices
+/// included ($3 in, $15 out, $0.30 cache read, $3.75 cache write per
+/// million tokens); the scripted model answers to any name.
+pub const CACHE_PRICED_MODEL: &str = "scripted-sonnet";
+
 pub struct Options {
     /// API settings; the harness shortens the keep-alive interval to 1 s.
     pub api: kiln_api::ApiSettings,
@@ -182,6 +187,10 @@ impl TestApp {
         // A price for the scripted model so cost budgets can be tested: $1
         // per million tokens in and out.
         prices.insert("scripted", ModelPrice { input: 1.0, output: 1.0, cache_read: None, cache_write: None });
+        prices.insert(
+            CACHE_PRICED_MODEL,
+            ModelPrice { input: 3.0, output: 15.0, cache_read: Some(0.3), cache_write: Some(3.75) },
+        );
         // The app's shutdown also stops this worker.
         let app_shutdown = self.shutdown.clone();
         let token = shutdown.clone();

@@ -175,6 +175,43 @@ async fn counters_move_with_a_scripted_run() {
     );
 }
 
+/// An operator's cache hit rate: the Anthropic steps' cache reads and
+/// writes (the scripted model computes them as Anthropic's cache would)
+/// are counted apart from the uncached input, by provider and model, and
+/// add up to what the steps reported.
+#[tokio::test]
+async fn cached_input_is_counted_apart_from_input() {
+    let script = vec![
+        Reply::tool("bash", json!({"command": "echo one"})),
+        Reply::tool("bash", json!({"command": "echo two"})),
+        Reply::text("done"),
+    ];
+    let mut options = options(script, false);
+    options.provider = kiln_worker::config::ProviderKind::Anthropic;
+    let app = TestApp::spawn(options).await;
+    app.model.simulate_prompt_cache();
+    app.start_worker(kiln_tests::worker_config(kiln_worker::config::ProviderKind::Anthropic, Duration::from_secs(10)))
+        .await;
+    let before = scrape(&app).await;
+    let run = app.submit("alice", CreateRun::new("go")).await;
+    let events = app.events("alice", run.id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded));
+    let after = scrape(&app).await;
+    let delta = |kind: &str| {
+        let labels = [("provider", "anthropic"), ("model", "scripted"), ("kind", kind)];
+        value(&after, "kiln_model_tokens_total", &labels) - value(&before, "kiln_model_tokens_total", &labels)
+    };
+    let steps: Vec<kiln_protocol::Usage> =
+        kiln_tests::pick!(events, kiln_protocol::EventBody::StepFinished { usage, .. } => *usage).collect();
+    let sum = |f: fn(&kiln_protocol::Usage) -> u64| steps.iter().map(f).sum::<u64>() as f64;
+    assert!(sum(|u| u.cache_read_tokens) > 0.0, "{steps:?}");
+    assert_eq!(delta("cache_read"), sum(|u| u.cache_read_tokens));
+    assert_eq!(delta("cache_write"), sum(|u| u.cache_write_tokens));
+    assert_eq!(delta("input"), sum(|u| u.input_tokens));
+    // Most of the prompt came from the cache after the first step.
+    assert!(delta("cache_read") > delta("input") + delta("cache_write"), "{steps:?}");
+}
+
 #[tokio::test]
 async fn queue_gauges_show_waiting_runs_and_their_age() {
     let app = TestApp::spawn(options(Vec::new(), false)).await;

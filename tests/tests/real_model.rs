@@ -251,6 +251,46 @@ async fn full_run(test: &str, provider: ProviderKind) {
     let _ = std::fs::remove_file(server_log);
 }
 
+/// Prompt tokens the server has processed (read, not found in its cache)
+/// since it started, by its own count (`llamacpp:prompt_tokens_total`).
+async fn prompt_tokens_processed(server: &LocalModel) -> f64 {
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let text = http.get(format!("{}/metrics", server.base_url())).send().await.unwrap().text().await.unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix("llamacpp:prompt_tokens_total "))
+        .unwrap_or_else(|| panic!("no prompt_tokens_total in {text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The server `kiln up` starts reads the start every run shares (system
+/// prompt and tools) before the first run; the demo run's first step then
+/// costs it fewer than 300 prompt tokens, not the whole prompt.
+#[tokio::test]
+async fn a_warm_server_reads_only_the_new_part_of_a_runs_first_step() {
+    let Some((_turn, server)) = local_model("warm").await else { return };
+    let warmed = prompt_tokens_processed(&server).await;
+    assert!(warmed > 1000.0, "the warm-up read the system prompt and tools: {warmed} tokens");
+    let app = app_for(&server, ProviderKind::OpenAi).await;
+    let (repo_dir, repo_url) = demo_repo().await;
+    let spec = CreateRun {
+        repo: Some(RepoSpec { url: repo_url, git_ref: None }),
+        limits: Some(Limits { max_steps: Some(1), timeout_s: Some(600), ..Default::default() }),
+        model: Some(ModelSpec { temperature: Some(0.0), ..Default::default() }),
+        ..CreateRun::new(PROMPT)
+    };
+    let id = app.submit("alice", spec).await.id;
+    let events = events_to_end(&app, id, Duration::from_secs(600)).await;
+    let steps = events.iter().filter(|e| matches!(e.body, EventBody::StepFinished { .. })).count();
+    assert_eq!(steps, 1, "{:?}", kinds(&events));
+    let first_step = prompt_tokens_processed(&server).await - warmed;
+    eprintln!("warm: the warm-up processed {warmed} prompt tokens; the run's first step {first_step}");
+    assert!(first_step < 300.0, "the first step processed {first_step} prompt tokens");
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(repo_dir);
+}
+
 #[tokio::test]
 async fn a_real_model_runs_a_tool_through_the_openai_endpoint() {
     full_run("openai", ProviderKind::OpenAi).await;

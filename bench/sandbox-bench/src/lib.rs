@@ -6,5 +6,6 @@
 //! baseline side by side, in one run, on one image, and prints both.
 
 pub mod cli;
+pub mod kiln;
 pub mod setup;
 pub mod stats;

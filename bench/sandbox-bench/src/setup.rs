@@ -72,3 +72,26 @@ pub async fn bash(sandbox: &Sandbox, command: &str, timeout: Duration) -> anyhow
         None => bail!("the sandbox has no toolbox (was the binary copied in?)"),
     }
 }
+
+/// Creates an empty database `{prefix}_{random}` next to `admin` (a
+/// Postgres URL) and returns its URL and name.
+pub async fn scratch_database(admin: &str, prefix: &str) -> anyhow::Result<(String, String)> {
+    let (client, conn) =
+        tokio_postgres::connect(admin, tokio_postgres::NoTls).await.context("connecting to Postgres")?;
+    tokio::spawn(conn);
+    let name = format!("{prefix}_{}", Uuid::new_v4().simple());
+    client.execute(&format!("CREATE DATABASE {name}"), &[]).await?;
+    let base = admin.rsplit_once('/').map(|(base, _)| base).context("DATABASE_URL has no database name")?;
+    Ok((format!("{base}/{name}"), name))
+}
+
+/// Drops a database [`scratch_database`] made, telling (not failing) when
+/// it cannot.
+pub async fn drop_database(admin: &str, name: &str) {
+    if let Ok((client, conn)) = tokio_postgres::connect(admin, tokio_postgres::NoTls).await {
+        tokio::spawn(conn);
+        if let Err(e) = client.execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"), &[]).await {
+            eprintln!("dropping the scratch database {name} failed: {e}");
+        }
+    }
+}

@@ -69,7 +69,8 @@ async fn start_local(model: &mut ModelArgs, state_dir: &Path, why: &str) -> anyh
     let server = LocalModel::start_installed(options).await?;
     eprintln!(
         "kiln: {why}, so Kiln serves a local model on this CPU: {what},\n\
-         \x20 with llama.cpp's server at {url} (started in {secs:.1} s; log: {log}).\n\
+         \x20 with llama.cpp's server at {url} (started, and the runs' common prompt read into its cache,\n\
+         \x20 in {secs:.1} s; log: {log}).\n\
          \x20 {caveat}Answers are capped at {max} tokens (KILN_LOCAL_MODEL_MAX_TOKENS).\n\
          \x20 For a real model set OPENAI_API_KEY (and KILN_MODEL),\n\
          \x20 ANTHROPIC_API_KEY with KILN_MODEL_PROVIDER=anthropic, or KILN_MODEL_BASE_URL for Ollama, vLLM\n\

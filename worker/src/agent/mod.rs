@@ -355,6 +355,22 @@ impl<'a> AgentRun<'a> {
     }
 }
 
+/// A request that starts as a run's first step does when its repository
+/// has no `AGENTS.md` and every tool of `tools` is allowed: the same system
+/// prompt and tool definitions, byte for byte, then `prompt`. A local model
+/// server given it ahead of the first run holds that prefix in its cache.
+pub fn first_step_request(model: &str, tools: &Registry, prompt: &str, max_tokens: u32) -> ModelRequest {
+    ModelRequest {
+        model: model.to_owned(),
+        system: prompt::system_prompt(None),
+        messages: vec![Message::user(prompt)],
+        tools: tools.specs(),
+        max_tokens,
+        temperature: None,
+        cache_key: None,
+    }
+}
+
 /// How the model said it stopped; a stream without a reason ended its turn.
 fn finish_reason(answer: &Assembled) -> FinishReason {
     answer.finish_reason.clone().unwrap_or(FinishReason::EndTurn)

@@ -119,12 +119,12 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let config = args.common.sandbox_config()?;
     let steps = args.common.runs + WARM_UP_STEPS;
-    let (db_url, db_name) = scratch_database(&args.database_url).await?;
+    let (db_url, db_name) = setup::scratch_database(&args.database_url, "kiln_loop_bench").await?;
     let docker = setup::docker().await?;
     let sandbox = Sandbox::start(&docker, &config, &setup::owner()).await?;
     let result = measure(&db_url, &sandbox, steps).await;
     sandbox.remove().await;
-    drop_database(&args.database_url, &db_name).await;
+    setup::drop_database(&args.database_url, &db_name).await;
     let (durable, relaxed, commits) = result?;
 
     println!(
@@ -301,24 +301,4 @@ async fn commit_latency(client: &tokio_postgres::Client, n: usize) -> anyhow::Re
         }
     }
     Ok(out)
-}
-
-/// Creates an empty database next to `admin` and returns its URL and name.
-async fn scratch_database(admin: &str) -> anyhow::Result<(String, String)> {
-    let (client, conn) =
-        tokio_postgres::connect(admin, tokio_postgres::NoTls).await.context("connecting to Postgres")?;
-    tokio::spawn(conn);
-    let name = format!("kiln_loop_bench_{}", uuid::Uuid::new_v4().simple());
-    client.execute(&format!("CREATE DATABASE {name}"), &[]).await?;
-    let base = admin.rsplit_once('/').map(|(base, _)| base).context("DATABASE_URL has no database name")?;
-    Ok((format!("{base}/{name}"), name))
-}
-
-async fn drop_database(admin: &str, name: &str) {
-    if let Ok((client, conn)) = tokio_postgres::connect(admin, tokio_postgres::NoTls).await {
-        tokio::spawn(conn);
-        if let Err(e) = client.execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"), &[]).await {
-            eprintln!("dropping the scratch database {name} failed: {e}");
-        }
-    }
 }

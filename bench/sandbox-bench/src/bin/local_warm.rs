@@ -1,0 +1,175 @@
+//! The local model's prompt cache (issue 19): the demo run of `kiln up`
+//! (SmolLM2-135M on llama.cpp's server, the demo repository, "Run `cat
+//! README.md` with bash, then reply with one sentence.") through `kiln
+//! serve` and `kiln worker`, on a server whose cache was warmed with the
+//! runs' common prefix when it started (as `kiln up` starts it) and on one
+//! that was not. Server starts alternate, warm and cold.
+//!
+//! Figures: the first step's wall time (its `step.started` to its
+//! `step.finished`) and the prompt tokens the server processed for each
+//! step, by its own count (`llamacpp:prompt_tokens_total` at `/metrics`,
+//! read as each `step.finished` arrives).
+//!
+//! Needs the local model installed (`.kiln/local-model`, as `kiln up` or
+//! `scripts/test` install it) and Docker with the sandbox image.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use kiln_bench_sandbox::kiln::Kiln;
+use kiln_bench_sandbox::setup;
+use kiln_cli::local_model::{self, LocalModel};
+use serde_json::json;
+
+const PROMPT: &str = "Run `cat README.md` with bash, then reply with one sentence.";
+
+#[derive(Parser)]
+#[command(about = "Demo run on the local model: first step and prompt tokens per step, warm vs cold server")]
+struct Args {
+    /// The `kiln` binary (the toolbox is found next to it).
+    #[arg(long, default_value = "target/debug/kiln")]
+    kiln: PathBuf,
+    /// Kiln's state directory holding `local-model/`.
+    #[arg(long, default_value = ".kiln")]
+    state_dir: PathBuf,
+    /// Rounds; each starts a warm and a cold server, in alternating order.
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Admin URL of the Postgres server; a scratch database is created per run and dropped.
+    #[arg(long, env = "DATABASE_URL", default_value = "postgres://kiln:kiln@127.0.0.1:5432/kiln")]
+    database_url: String,
+    #[arg(long, env = "KILN_SANDBOX_IMAGE", default_value = "kiln-sandbox:latest")]
+    image: String,
+}
+
+/// One demo run's figures.
+struct Figures {
+    /// Prompt tokens the warm-up made the server process (0 when cold).
+    warm_up_tokens: f64,
+    first_step: Duration,
+    /// Prompt tokens processed for each step, in order.
+    prompt_tokens: Vec<f64>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let install = args.state_dir.join("local-model");
+    if !local_model::is_installed(&install) {
+        bail!("the local model is not installed in {} (kiln up installs it)", install.display());
+    }
+    let repo_dir = tempfile_dir()?;
+    let repo = kiln_cli::local::ensure_demo_repo(&repo_dir).await?;
+    let repo_url = format!("file://{}", repo.display());
+    let mut warm = Vec::new();
+    let mut cold = Vec::new();
+    for round in 0..args.rounds {
+        let order = if round % 2 == 0 { [true, false] } else { [false, true] };
+        for warmed in order {
+            let figures = one_run(&args, &repo_url, warmed).await;
+            let figures = match figures {
+                Ok(f) => f,
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(&repo_dir);
+                    return Err(e);
+                }
+            };
+            eprintln!(
+                "round {round}: {}: warm-up {:.0} tokens, first step {:.1} s, prompt tokens per step {:?}",
+                if warmed { "warm" } else { "cold" },
+                figures.warm_up_tokens,
+                figures.first_step.as_secs_f64(),
+                figures.prompt_tokens
+            );
+            if warmed { warm.push(figures) } else { cold.push(figures) }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&repo_dir);
+    let median = |runs: &[Figures], f: &dyn Fn(&Figures) -> f64| {
+        let mut v: Vec<f64> = runs.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!("demo run on the local model, {} rounds, warm and cold server starts alternated:", args.rounds);
+    for (name, runs) in [("warm server (Kiln)", &warm), ("cold server (baseline)", &cold)] {
+        println!(
+            "{name:24} first step {:>5.1} s (median)   first-step prompt tokens {:>5.0}   per step, each run: {:?}",
+            median(runs, &|f| f.first_step.as_secs_f64()),
+            median(runs, &|f| f.prompt_tokens.first().copied().unwrap_or(0.0)),
+            runs.iter().map(|f| f.prompt_tokens.clone()).collect::<Vec<_>>()
+        );
+    }
+    let ratio = median(&warm, &|f| f.first_step.as_secs_f64()) / median(&cold, &|f| f.first_step.as_secs_f64());
+    println!("first step, warm / cold: {ratio:.2}x");
+    Ok(())
+}
+
+fn tempfile_dir() -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("kiln-local-warm-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+async fn one_run(args: &Args, repo_url: &str, warm: bool) -> anyhow::Result<Figures> {
+    let log = std::env::temp_dir().join(format!("kiln-local-warm-{}.log", std::process::id()));
+    let options = local_model::Options { warm, log: Some(log.clone()), ..local_model::Options::new(&args.state_dir) };
+    let server = LocalModel::start_installed(options).await?;
+    let (db_url, db_name) = setup::scratch_database(&args.database_url, "kiln_local_warm_bench").await?;
+    let result = demo_run(args, &db_url, &server, repo_url).await;
+    setup::drop_database(&args.database_url, &db_name).await;
+    server.stop().await;
+    let _ = std::fs::remove_file(log);
+    result
+}
+
+async fn demo_run(args: &Args, db_url: &str, server: &LocalModel, repo_url: &str) -> anyhow::Result<Figures> {
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    let metrics = format!("{}/metrics", server.base_url());
+    let processed = async || -> anyhow::Result<f64> {
+        let text = http.get(&metrics).send().await?.error_for_status()?.text().await?;
+        let value = text
+            .lines()
+            .find_map(|l| l.strip_prefix("llamacpp:prompt_tokens_total "))
+            .context("no llamacpp:prompt_tokens_total at /metrics")?;
+        Ok(value.trim().parse()?)
+    };
+    let warm_up_tokens = processed().await?;
+    let env = [
+        ("KILN_MODEL_PROVIDER", "openai".to_owned()),
+        ("KILN_MODEL_BASE_URL", server.openai_base_url()),
+        ("KILN_MODEL", server.model_name().to_owned()),
+        ("KILN_MODEL_MAX_TOKENS", local_model::DEFAULT_MAX_TOKENS.to_string()),
+        ("KILN_ALLOW_FILE_REPOS", "true".to_owned()),
+        ("KILN_SANDBOX_IMAGE", args.image.clone()),
+        ("KILN_SANDBOX_WARM", "0".to_owned()),
+    ];
+    let mut kiln = Kiln::start(&args.kiln, db_url, &env).await?;
+    let body = json!({
+        "prompt": PROMPT,
+        "repo": {"url": repo_url},
+        "limits": {"max_steps": 4, "timeout_s": 600},
+        "model": {"temperature": 0.0},
+    });
+    let mut prompt_tokens = Vec::new();
+    let mut last = warm_up_tokens;
+    let result = async {
+        let id = kiln.submit(&body).await?;
+        kiln.follow(&id, Duration::from_millis(100), Duration::from_secs(900), async |page| {
+            for _ in page.iter().filter(|e| e.kind == "step.finished") {
+                let now = processed().await?;
+                prompt_tokens.push(now - last);
+                last = now;
+            }
+            Ok(())
+        })
+        .await
+    }
+    .await;
+    kiln.stop().await;
+    let events = result?;
+    let at = |kind: &str| events.iter().find(|e| e.kind == kind).map(|e| e.at).context("no first step");
+    let first_step = (at("step.finished")? - at("step.started")?).to_std()?;
+    Ok(Figures { warm_up_tokens, first_step, prompt_tokens })
+}
