@@ -348,6 +348,89 @@ mod tests {
         assert_eq!((r.first_line, r.last_line, r.next_offset, r.total_lines), (3, 6, Some(7), 10));
     }
 
+    /// A file past [`COUNT_NOW_BYTES`]: `n` lines `line N` plus padding
+    /// to 100 bytes, the last one without its newline.
+    fn big(dir: &Path, n: u64) -> u64 {
+        let mut text = String::with_capacity(n as usize * 100);
+        for i in 1..=n {
+            let _ = write!(text, "line {i:<94}");
+            if i < n {
+                text.push('\n');
+            }
+        }
+        std::fs::write(dir.join("big"), &text).unwrap();
+        text.len() as u64
+    }
+
+    #[test]
+    fn a_large_file_states_its_total_only_once_known() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = 100_000;
+        let size = big(dir.path(), n);
+        assert!(size > 2 * COUNT_NOW_BYTES);
+        let cache = LineIndexCache::new();
+        cache.stop_counting(); // this test is about pages alone
+        let view_at = |offset: u64, limit: u64| {
+            let mut r = ViewRequest::new("big");
+            r.offset = offset;
+            r.limit = limit;
+            view(&cache, dir.path(), &r).unwrap()
+        };
+
+        let first = view_at(1, 10);
+        let header = first.text.lines().next().unwrap();
+        assert_eq!(
+            header,
+            format!("{}: {size} bytes (9.5 MiB), at least 11 lines (not yet counted to the end)", first.path)
+        );
+        assert!(first.text.ends_with("[showing lines 1-10 of at least 11; to read more, call view with offset=11]\n"));
+        assert_eq!((first.total_lines, first.total_known, first.next_offset), (11, false, Some(11)));
+        assert!(!first.text.contains(&n.to_string()), "no total it does not know: {}", first.text);
+
+        // A page within the last COUNT_NOW_BYTES: the rest is counted before answering.
+        let near_end = view_at(n - 1000, 10);
+        assert_eq!((near_end.total_lines, near_end.total_known), (n, true));
+        assert!(near_end.text.starts_with(&format!("{}: {n} lines, {size} bytes (9.5 MiB)\n", near_end.path)));
+        assert!(near_end.text.ends_with(&format!("of {n}; to read more, call view with offset={}]\n", n - 990)));
+
+        // The last page, whose line has no newline: shown whole, nothing after it.
+        let last = view_at(n, 10);
+        assert!(last.text.ends_with(&format!("{n:>6}\tline {n:<94}\n")), "{}", last.text);
+        assert_eq!((last.last_line, last.next_offset), (n, None));
+        let past = view(&cache, dir.path(), &ViewRequest { offset: n + 1, ..ViewRequest::new("big") }).unwrap_err();
+        assert!(past.message.contains(&format!("which has {n} lines")), "{}", past.message);
+    }
+
+    #[test]
+    fn past_the_end_of_a_file_not_yet_counted_is_found_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = 100_000;
+        big(dir.path(), n);
+        let cache = LineIndexCache::new();
+        let r = ViewRequest { offset: n + 7, ..ViewRequest::new("big") };
+        let err = view(&cache, dir.path(), &r).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::InvalidArgument);
+        assert!(
+            err.message.contains(&format!("past the end of {}, which has {n} lines", dir.path().join("big").display())),
+            "{}",
+            err.message
+        );
+    }
+
+    #[test]
+    fn a_file_changed_between_views_is_read_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        big(dir.path(), 100_000);
+        let cache = LineIndexCache::new();
+        let first =
+            view(&cache, dir.path(), &ViewRequest { offset: 50_000, limit: 1, ..ViewRequest::new("big") }).unwrap();
+        assert!(first.text.contains("50000\tline 50000 "));
+        std::fs::write(dir.path().join("big"), "one\ntwo\n").unwrap();
+        let again = view(&cache, dir.path(), &ViewRequest::new("big")).unwrap();
+        assert_eq!((again.total_lines, again.total_known, again.last_line), (2, true, 2));
+        assert!(again.text.ends_with("     1\tone\n     2\ttwo\n"), "{}", again.text);
+    }
+
     #[test]
     fn long_lines_are_cut_and_the_byte_budget_ends_the_page() {
         let mut content = "é".repeat(5000).into_bytes();
