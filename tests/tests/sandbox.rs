@@ -430,6 +430,9 @@ async fn without_a_toolbox_files_are_read_and_written_with_the_users_rights_only
             Reply::tool("view", json!({"path": "etc-link/hostname"})),
             Reply::tool("write", json!({"path": "sub/new.txt", "content": "fresh\n"})),
             bash("stat -c '%U %a' sub/new.txt; cat sub/new.txt; ls /etc/kiln-evil 2>&1"),
+            bash("seq 1 3000 > nums.txt"),
+            Reply::tool("view", json!({"path": "nums.txt"})),
+            Reply::tool("view", json!({"path": "nums.txt", "offset": 2001})),
             Reply::text("done"),
         ],
         ..Default::default()
@@ -444,11 +447,18 @@ async fn without_a_toolbox_files_are_read_and_written_with_the_users_rights_only
     assert!(!r[1].output.contains("root:"), "root-only content leaked: {:?}", r[1]);
     assert!(r[1].is_error && r[1].output.contains("Permission denied"), "{:?}", r[1]);
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", events.last());
-    assert_eq!(r.len(), 6, "{r:?}");
+    assert_eq!(r.len(), 9, "{r:?}");
     assert!(r[2].is_error, "{:?}", r[2]);
     // What the user may read, it still reads through the link.
     assert!(!r[3].is_error && r[3].output.contains("1 lines"), "{:?}", r[3]);
     let check = &r[5].output;
     assert!(check.starts_with("kiln 644\nfresh\n"), "{check}");
     assert!(check.contains("No such file or directory"), "nothing was written into /etc: {check}");
+    // Paging reads as far as the page: the total is stated once the end is read.
+    let first = &r[7].output;
+    assert!(first.contains("at least 2001 lines") && !first.contains("3000"), "{first}");
+    assert!(first.contains("  2000\t2000\n") && first.ends_with("call view with offset=2001]"), "{first}");
+    let rest = &r[8].output;
+    assert!(rest.starts_with("/workspace/nums.txt: 3000 lines") || rest.contains(": 3000 lines,"), "{rest}");
+    assert!(rest.contains("  3000\t3000\n") && !rest.contains("read more"), "{rest}");
 }

@@ -10,6 +10,7 @@ pub mod exec;
 pub mod files;
 pub mod framing;
 pub mod identity;
+pub mod line_count;
 pub mod line_index;
 pub mod output;
 pub mod protocol;

@@ -1,27 +1,37 @@
 //! Sparse per-file line index, kept in memory for the life of the toolbox.
 //!
-//! The first view of a file scans it once with memchr: that gives the total
-//! line count for the header and a checkpoint (byte offset) every
-//! [`STRIDE`] lines. Any later seek starts from the nearest checkpoint — or
-//! from exactly where an earlier page ended — so paging through a file of any
-//! size never rescans it. An entry is valid for one (size, mtime, inode): a
-//! changed file is indexed afresh.
+//! What the index knows of a file grows from its start: the *frontier* is
+//! the furthest line whose start is known with every line before it
+//! counted. A view scans from the frontier only as far as its page needs
+//! (as `sed -n 'a,bp;bq'` stops at its page), noting a checkpoint (a byte
+//! offset) every [`STRIDE`] lines on the way, and the page it reads moves the
+//! frontier on too. The total line count is known once the frontier reaches
+//! the end of the file: the background counter ([`crate::line_count`])
+//! carries it there between requests, or a later page does.
+//!
+//! A seek behind the frontier starts from the nearest checkpoint, or from
+//! exactly where an earlier page ended, so paging through a file of any size
+//! never rescans it. An entry is valid for one (size, mtime, device, inode):
+//! a changed file is indexed afresh.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Lines between checkpoints. Seeking costs at most this many lines of
-/// scanning; the index costs 8 bytes per `STRIDE` lines (a 100-million-line
-/// file: about 200 KB).
+use crate::line_count::Counter;
+
+/// Lines between checkpoints. Seeking behind the frontier costs at most
+/// this many lines of scanning; the index costs 8 bytes per `STRIDE` lines
+/// (a 100-million-line file: about 200 KB).
 pub const STRIDE: u64 = 4096;
 /// Files indexed at once; the least recently used is dropped beyond that.
 const MAX_FILES: usize = 64;
 /// Page ends remembered per file.
 const MAX_HINTS: usize = 16;
-const SCAN_CHUNK: usize = 256 * 1024;
+pub(crate) const SCAN_CHUNK: usize = 256 * 1024;
 
 /// What a cached index is valid for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,47 +42,165 @@ pub struct FileKey {
     pub ino: u64,
 }
 
+/// Line `line` (1-based) starts at byte `offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark {
+    pub line: u64,
+    pub offset: u64,
+}
+
+impl Mark {
+    pub const START: Mark = Mark { line: 1, offset: 0 };
+}
+
+/// What one pass over a stretch of a file learned: a scan for line breaks,
+/// or a page read.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Stretch {
+    pub from: Mark,
+    pub to: Mark,
+    /// The lines `k * STRIDE + 1` that start after `from` and at or before
+    /// `to`, with their offsets, in order.
+    pub checkpoints: Vec<Mark>,
+    /// The pass ended at the end of the file: no line starts after `to`
+    /// (`to` itself is a line only if it starts before the end).
+    pub at_end: bool,
+    /// Bytes examined for line breaks (reads run ahead of that by less
+    /// than one read's worth, [`SCAN_CHUNK`] at most).
+    pub bytes: u64,
+}
+
+impl Default for Mark {
+    fn default() -> Self {
+        Mark::START
+    }
+}
+
+/// How many lines a file has, as far as is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LineCount {
+    /// The exact count if `exact`; otherwise the lines known to exist.
+    pub lines: u64,
+    pub exact: bool,
+}
+
 #[derive(Debug)]
 struct LineIndex {
     key: FileKey,
-    /// `checkpoints[k]` is the byte offset where line `k * STRIDE + 1` starts.
+    /// `checkpoints[k]` is the byte offset where line `k * STRIDE + 1`
+    /// starts, for every such line at or before the frontier.
     checkpoints: Vec<u64>,
-    total_lines: u64,
-    /// `(line, offset)` where recent pages ended.
-    hints: Vec<(u64, u64)>,
+    frontier: Mark,
+    /// Known once the frontier has reached the end of the file.
+    total_lines: Option<u64>,
+    /// Where recent pages ended (all at or before the frontier).
+    hints: Vec<Mark>,
     last_used: u64,
 }
 
 impl LineIndex {
-    /// The known position closest before `line`.
-    fn nearest(&self, line: u64) -> (u64, u64) {
-        let k = ((line - 1) / STRIDE) as usize;
-        let (mut best_line, mut best_off) = match self.checkpoints.get(k) {
-            Some(&off) => (k as u64 * STRIDE + 1, off),
-            None => (1, 0),
+    fn new(key: FileKey) -> Self {
+        LineIndex {
+            key,
+            checkpoints: vec![0],
+            frontier: Mark::START,
+            total_lines: (key.size == 0).then_some(0),
+            hints: Vec::new(),
+            last_used: 0,
+        }
+    }
+
+    fn count(&self) -> LineCount {
+        match self.total_lines {
+            Some(lines) => LineCount { lines, exact: true },
+            // Every line before the frontier, and the frontier's own if any
+            // byte of it is there.
+            None => LineCount {
+                lines: self.frontier.line - 1 + u64::from(self.frontier.offset < self.key.size),
+                exact: false,
+            },
+        }
+    }
+
+    /// The known position closest before `line`, which is at or before the
+    /// frontier.
+    fn nearest(&self, line: u64) -> Mark {
+        if self.frontier.line == line {
+            return self.frontier;
+        }
+        let k = (line - 1) / STRIDE;
+        let mut best = match self.checkpoints.get(k as usize) {
+            Some(&offset) => Mark { line: k * STRIDE + 1, offset },
+            None => Mark::START,
         };
-        for &(l, off) in &self.hints {
-            if l <= line && l > best_line {
-                (best_line, best_off) = (l, off);
+        for h in &self.hints {
+            if h.line <= line && h.line > best.line {
+                best = *h;
             }
         }
-        (best_line, best_off)
+        best
+    }
+
+    /// Moves the frontier to the end of `s` if `s` covers it; checkpoints
+    /// and the total come with it. A stretch behind the frontier, or one
+    /// that does not reach it, teaches nothing new.
+    fn absorb(&mut self, s: &Stretch) {
+        let f = self.frontier;
+        if self.total_lines.is_some() || s.from.offset > f.offset || s.to.offset < f.offset {
+            return;
+        }
+        if s.to.offset == f.offset && (!s.at_end || s.to.line != f.line) {
+            return;
+        }
+        // Checkpoints past the frontier, each the next one expected: any
+        // other numbering means the file is not what the entry was built
+        // from (it changed under us), and the entry keeps what it had.
+        let new: Vec<u64> = s.checkpoints.iter().filter(|c| c.line > f.line).map(|c| c.offset).collect();
+        let first_k = s.checkpoints.iter().find(|c| c.line > f.line).map(|c| (c.line - 1) / STRIDE);
+        if first_k.is_some_and(|k| k != self.checkpoints.len() as u64) {
+            return;
+        }
+        self.checkpoints.extend(new);
+        self.frontier = s.to;
+        if s.at_end || s.to.offset >= self.key.size {
+            // A line starting before the end is the last one; a "line"
+            // starting at the end is the empty string after a final newline.
+            let last_is_line = s.to.offset < self.key.size;
+            self.total_lines = Some(s.to.line - 1 + u64::from(last_is_line));
+        }
+    }
+
+    fn remember(&mut self, at: Mark) {
+        if at.line > self.frontier.line || self.hints.contains(&at) {
+            return;
+        }
+        if self.hints.len() >= MAX_HINTS {
+            self.hints.remove(0);
+        }
+        self.hints.push(at);
     }
 }
 
 /// Where a line starts, and what finding it cost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Located {
-    pub total_lines: u64,
     /// Byte offset of the requested line; `None` if the file has fewer lines.
     pub offset: Option<u64>,
     /// Bytes scanned for line breaks by this call.
     pub bytes_scanned: u64,
 }
 
-#[derive(Debug, Default)]
+/// The index of every file viewed, shared by the request threads and the
+/// background counter. Cloning shares it.
+#[derive(Debug, Clone, Default)]
 pub struct LineIndexCache {
+    pub(crate) shared: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
     files: Mutex<HashMap<PathBuf, LineIndex>>,
+    pub(crate) counter: Counter,
 }
 
 impl LineIndexCache {
@@ -80,135 +208,170 @@ impl LineIndexCache {
         Self::default()
     }
 
-    /// Finds where `line` (1-based) starts in `file`, whose identity is `key`.
-    pub fn locate(&self, path: &Path, file: &mut File, key: FileKey, line: u64) -> io::Result<Located> {
+    /// Finds where `line` (1-based) starts in `file`, whose identity is
+    /// `key`, reading no further than that line. A background count of this
+    /// file is stopped first: this request reads the file now, and what the
+    /// count had learned is kept.
+    pub fn locate(&self, path: &Path, file: &File, key: FileKey, line: u64) -> io::Result<Located> {
         let line = line.max(1);
-        let mut scanned = 0;
-        let cached = {
+        self.shared.counter.cancel(path);
+        let (from, behind) = {
             let mut files = self.lock();
-            let clock = next_clock(&files);
-            match files.get_mut(path) {
-                Some(idx) if idx.key == key => {
-                    idx.last_used = clock;
-                    Some((idx.total_lines, idx.nearest(line)))
-                }
-                _ => None,
+            let idx = entry(&mut files, path, key);
+            if idx.total_lines.is_some_and(|total| line > total) {
+                return Ok(Located { offset: None, bytes_scanned: 0 });
             }
+            if line <= idx.frontier.line { (idx.nearest(line), true) } else { (idx.frontier, false) }
         };
-        let (total_lines, (from_line, from_off)) = match cached {
-            Some(c) => c,
-            None => {
-                let idx = build(file, key)?;
-                scanned += key.size;
-                let found = (idx.total_lines, idx.nearest(line));
-                self.insert(path.to_path_buf(), idx);
-                found
-            }
-        };
-        if line > total_lines {
-            return Ok(Located { total_lines, offset: None, bytes_scanned: scanned });
+        let stretch = scan(file, key.size, from, Some(line), u64::MAX, &|| false)?;
+        if !behind {
+            self.with_entry(path, key, |idx| idx.absorb(&stretch));
         }
-        let (offset, cost) = skip_lines(file, from_off, line - from_line, key.size)?;
-        scanned += cost;
-        Ok(Located { total_lines, offset: Some(offset), bytes_scanned: scanned })
+        let found = stretch.to.line == line && stretch.to.offset < key.size;
+        Ok(Located { offset: found.then_some(stretch.to.offset), bytes_scanned: stretch.bytes })
     }
 
-    /// Records that `line` starts at `offset`, typically where a page ended,
-    /// so the next page starts there without scanning.
-    pub fn remember(&self, path: &Path, key: FileKey, line: u64, offset: u64) {
-        let mut files = self.lock();
-        if let Some(idx) = files.get_mut(path)
-            && idx.key == key
-            && !idx.hints.contains(&(line, offset))
-        {
-            if idx.hints.len() >= MAX_HINTS {
-                idx.hints.remove(0);
+    /// Takes in what a page read learned: the frontier moves on if the page
+    /// went past it, and its end is remembered so the next page starts
+    /// there without scanning.
+    pub fn learned(&self, path: &Path, key: FileKey, page: &Stretch) {
+        self.with_entry(path, key, |idx| {
+            idx.absorb(page);
+            if page.to.line > page.from.line {
+                idx.remember(page.to);
             }
-            idx.hints.push((line, offset));
+        });
+    }
+
+    /// The file's line count as far as it is known.
+    pub fn count(&self, path: &Path, key: FileKey) -> LineCount {
+        let mut files = self.lock();
+        entry(&mut files, path, key).count()
+    }
+
+    /// Counts the rest of the file's lines now if no more than `limit` bytes
+    /// of it are left to scan.
+    pub fn count_rest_if_within(&self, path: &Path, file: &File, key: FileKey, limit: u64) -> io::Result<()> {
+        let Some(from) = self.frontier(path, key) else { return Ok(()) };
+        if key.size.saturating_sub(from.offset) > limit {
+            return Ok(());
+        }
+        let stretch = scan(file, key.size, from, None, u64::MAX, &|| false)?;
+        self.absorb(path, key, &stretch);
+        Ok(())
+    }
+
+    /// Counts the rest of the file's lines on the background counter, if
+    /// they are not known yet.
+    pub fn count_in_background(&self, path: &Path, file: File, key: FileKey) {
+        if !self.count(path, key).exact {
+            self.shared.counter.start(&self.shared, path.to_path_buf(), file, key);
         }
     }
 
-    fn insert(&self, path: PathBuf, mut idx: LineIndex) {
+    /// The counter's own step: where the frontier of `path` stands, if its
+    /// entry is still for `key` and its count is still wanted.
+    pub(crate) fn frontier(&self, path: &Path, key: FileKey) -> Option<Mark> {
+        let files = self.lock();
+        files.get(path).filter(|i| i.key == key && i.total_lines.is_none()).map(|i| i.frontier)
+    }
+
+    /// Takes in what a stretch learned, if `path`'s entry is still for `key`
+    /// (an entry dropped or rebuilt meanwhile keeps nothing of it).
+    pub(crate) fn absorb(&self, path: &Path, key: FileKey, s: &Stretch) {
         let mut files = self.lock();
-        idx.last_used = next_clock(&files);
+        if let Some(idx) = files.get_mut(path).filter(|i| i.key == key) {
+            idx.absorb(s);
+        }
+    }
+
+    fn with_entry(&self, path: &Path, key: FileKey, f: impl FnOnce(&mut LineIndex)) {
+        let mut files = self.lock();
+        f(entry(&mut files, path, key));
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<PathBuf, LineIndex>> {
+        self.shared.files.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The entry of `path` for `key`, new if there was none or it was for
+/// another version of the file; marked as just used.
+fn entry<'a>(files: &'a mut HashMap<PathBuf, LineIndex>, path: &Path, key: FileKey) -> &'a mut LineIndex {
+    let clock = files.values().map(|i| i.last_used).max().unwrap_or(0) + 1;
+    let fresh = files.get(path).is_none_or(|i| i.key != key);
+    if fresh {
         if files.len() >= MAX_FILES
-            && !files.contains_key(&path)
+            && !files.contains_key(path)
             && let Some(oldest) = files.iter().min_by_key(|(_, i)| i.last_used).map(|(p, _)| p.clone())
         {
             files.remove(&oldest);
         }
-        files.insert(path, idx);
+        files.insert(path.to_path_buf(), LineIndex::new(key));
     }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, LineIndex>> {
-        self.files.lock().unwrap_or_else(|p| p.into_inner())
-    }
+    let idx = files.entry(path.to_path_buf()).or_insert_with(|| LineIndex::new(key));
+    idx.last_used = clock;
+    idx
 }
 
-fn next_clock(files: &HashMap<PathBuf, LineIndex>) -> u64 {
-    files.values().map(|i| i.last_used).max().unwrap_or(0) + 1
-}
-
-/// One memchr pass over the first `key.size` bytes (a file growing meanwhile
-/// does not confuse the index: its key no longer matches next time).
-fn build(file: &mut File, key: FileKey) -> io::Result<LineIndex> {
-    file.seek(SeekFrom::Start(0))?;
-    let mut reader = file.take(key.size);
-    let mut buf = vec![0u8; SCAN_CHUNK];
-    let mut checkpoints = vec![0u64];
-    let mut newlines = 0u64;
-    let mut base = 0u64;
-    let mut last = b'\n';
-    loop {
-        let n = read_some(&mut reader, &mut buf)?;
+/// From `from` (a line start), scans for line breaks until line `until`
+/// starts (to the end of the file when `None`), reading at most about
+/// `budget` bytes and never past `size` (a file growing meanwhile does not
+/// confuse the index: its key no longer matches next time). `stop` is asked
+/// between reads.
+pub fn scan(
+    file: &File,
+    size: u64,
+    from: Mark,
+    until: Option<u64>,
+    budget: u64,
+    stop: &dyn Fn() -> bool,
+) -> io::Result<Stretch> {
+    let mut s = Stretch { from, to: from, ..Stretch::default() };
+    let target = until.unwrap_or(u64::MAX);
+    if from.line >= target {
+        return Ok(s);
+    }
+    // A seek of a few lines needs no 256 KiB read.
+    let lines = target.saturating_sub(from.line);
+    let mut buf =
+        vec![
+            0u8;
+            SCAN_CHUNK.min(usize::try_from(lines).unwrap_or(usize::MAX).saturating_mul(128).saturating_add(64 * 1024))
+        ];
+    let mut pos = from.offset;
+    while pos < size {
+        if pos - from.offset >= budget || stop() {
+            break;
+        }
+        let want = buf.len().min(usize::try_from(size - pos).unwrap_or(usize::MAX));
+        let n = read_at(file, &mut buf[..want], pos)?;
         if n == 0 {
+            // Shorter than its size said: it shrank under us.
+            s.at_end = true;
             break;
         }
         for i in memchr::memchr_iter(b'\n', &buf[..n]) {
-            newlines += 1;
-            if newlines.is_multiple_of(STRIDE) {
-                checkpoints.push(base + i as u64 + 1);
+            let next = Mark { line: s.to.line + 1, offset: pos + i as u64 + 1 };
+            s.to = next;
+            if (next.line - 1).is_multiple_of(STRIDE) && next.offset < size {
+                s.checkpoints.push(next);
             }
-        }
-        last = buf[n - 1];
-        base += n as u64;
-    }
-    // A last line without a final newline still counts.
-    let total_lines = newlines + u64::from(base > 0 && last != b'\n');
-    Ok(LineIndex { key, checkpoints, total_lines, hints: Vec::new(), last_used: 0 })
-}
-
-/// From `offset` (a line start), skips `lines` lines; returns the new offset
-/// and the bytes scanned.
-fn skip_lines(file: &mut File, offset: u64, lines: u64, size: u64) -> io::Result<(u64, u64)> {
-    if lines == 0 {
-        return Ok((offset, 0));
-    }
-    file.seek(SeekFrom::Start(offset))?;
-    let mut reader = file.take(size.saturating_sub(offset));
-    let mut buf = vec![0u8; SCAN_CHUNK.min(64 * 1024 + (lines as usize).saturating_mul(128))];
-    let mut left = lines;
-    let mut pos = offset;
-    loop {
-        let n = read_some(&mut reader, &mut buf)?;
-        if n == 0 {
-            // Fewer lines than the index said: the file changed under us.
-            return Ok((pos, pos - offset));
-        }
-        for i in memchr::memchr_iter(b'\n', &buf[..n]) {
-            left -= 1;
-            if left == 0 {
-                let end = pos + i as u64 + 1;
-                return Ok((end, end - offset));
+            if next.line == target {
+                s.bytes = next.offset - from.offset;
+                return Ok(s);
             }
         }
         pos += n as u64;
     }
+    s.at_end |= pos >= size;
+    s.bytes = pos - from.offset;
+    Ok(s)
 }
 
-fn read_some(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+fn read_at(file: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
     loop {
-        match r.read(buf) {
+        match file.read_at(buf, at) {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             other => return other,
         }
@@ -216,60 +379,5 @@ fn read_some(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::Write;
-
-    fn key_of(f: &File) -> FileKey {
-        FileKey { size: f.metadata().unwrap().len(), mtime_ns: 0, dev: 0, ino: 0 }
-    }
-
-    #[test]
-    fn locates_lines_across_checkpoints_and_counts_a_last_line_without_newline() {
-        let mut tmp = tempfile::NamedTempFile::new().unwrap();
-        let n = STRIDE * 3 + 10;
-        for i in 1..=n {
-            write!(tmp, "{i}").unwrap();
-            if i < n {
-                writeln!(tmp).unwrap();
-            }
-        }
-        tmp.flush().unwrap();
-        let mut f = File::open(tmp.path()).unwrap();
-        let key = key_of(&f);
-        let cache = LineIndexCache::new();
-        let first = cache.locate(tmp.path(), &mut f, key, STRIDE * 2 + 5).unwrap();
-        assert_eq!(first.total_lines, n);
-        assert!(first.bytes_scanned >= key.size);
-        let off = first.offset.unwrap();
-        let mut s = String::new();
-        f.seek(SeekFrom::Start(off)).unwrap();
-        f.read_to_string(&mut s).unwrap();
-        assert!(s.starts_with(&format!("{}\n", STRIDE * 2 + 5)));
-
-        // Cached: only the few lines after the checkpoint are scanned.
-        let again = cache.locate(tmp.path(), &mut f, key, STRIDE * 2 + 5).unwrap();
-        assert_eq!(again.offset, Some(off));
-        assert!(again.bytes_scanned < 100, "{}", again.bytes_scanned);
-
-        // A remembered page end is an exact starting point.
-        cache.remember(tmp.path(), key, STRIDE * 2 + 5, off);
-        assert_eq!(cache.locate(tmp.path(), &mut f, key, STRIDE * 2 + 5).unwrap().bytes_scanned, 0);
-
-        assert_eq!(cache.locate(tmp.path(), &mut f, key, n + 1).unwrap().offset, None);
-    }
-
-    #[test]
-    fn empty_file_and_trailing_newline() {
-        let tmp = tempfile::NamedTempFile::new().unwrap();
-        let mut f = File::open(tmp.path()).unwrap();
-        let cache = LineIndexCache::new();
-        let key = key_of(&f);
-        assert_eq!(cache.locate(tmp.path(), &mut f, key, 1).unwrap().total_lines, 0);
-        std::fs::write(tmp.path(), "a\nb\n").unwrap();
-        let mut f = File::open(tmp.path()).unwrap();
-        let key = FileKey { mtime_ns: 1, ..key_of(&f) };
-        let loc = cache.locate(tmp.path(), &mut f, key, 2).unwrap();
-        assert_eq!((loc.total_lines, loc.offset), (2, Some(2)));
-    }
-}
+#[path = "line_index_tests.rs"]
+mod tests;

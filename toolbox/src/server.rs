@@ -97,6 +97,7 @@ impl Server {
 
         // The peer is gone: nobody will read a running command's result.
         self.tools.exec.cancel_all();
+        self.tools.views.stop_counting();
         for h in handlers {
             let _ = h.join();
         }

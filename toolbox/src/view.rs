@@ -7,16 +7,20 @@
 
 use std::fmt::Write as _;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, Seek, SeekFrom};
+use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 
 use crate::files::{io_error, regular_file, resolve, version_of};
-use crate::line_index::{FileKey, LineIndexCache};
+use crate::line_index::{FileKey, LineIndexCache, Mark, STRIDE, Stretch};
 use crate::protocol::{BinaryInfo, ErrorKind, ToolError, ViewRequest, ViewResult};
 
 /// How much of the start of a file is sniffed for binary content.
 const SNIFF_BYTES: usize = 8 * 1024;
+/// A rest of the file this small is counted before answering (a few
+/// milliseconds at most), so every ordinary source file's header states its
+/// total; beyond it the count goes on in the background.
+const COUNT_NOW_BYTES: u64 = 4 * 1024 * 1024;
 
 pub fn view(cache: &LineIndexCache, base: &Path, req: &ViewRequest) -> Result<ViewResult, ToolError> {
     if req.limit == 0 || req.max_line_chars == 0 || req.max_bytes == 0 {
@@ -39,6 +43,7 @@ pub fn view(cache: &LineIndexCache, base: &Path, req: &ViewRequest) -> Result<Vi
             text,
             version,
             total_lines: 0,
+            total_known: true,
             first_line: 1,
             last_line: 0,
             next_offset: None,
@@ -49,13 +54,13 @@ pub fn view(cache: &LineIndexCache, base: &Path, req: &ViewRequest) -> Result<Vi
     }
 
     let offset = req.offset.max(1);
-    let located = cache.locate(&path, &mut file, key, offset).map_err(|e| io_error(&path, &e))?;
-    let total = located.total_lines;
+    let located = cache.locate(&path, &file, key, offset).map_err(|e| io_error(&path, &e))?;
     let mut result = ViewResult {
         path: shown_path.clone(),
         text: String::new(),
         version,
-        total_lines: total,
+        total_lines: 0,
+        total_known: true,
         first_line: offset,
         last_line: offset - 1,
         next_offset: None,
@@ -64,6 +69,9 @@ pub fn view(cache: &LineIndexCache, base: &Path, req: &ViewRequest) -> Result<Vi
         bytes_scanned: located.bytes_scanned,
     };
     let Some(start) = located.offset else {
+        // Past the end: finding that out counted every line.
+        let total = cache.count(&path, key).lines;
+        result.total_lines = total;
         if total == 0 {
             result.text = format!("{shown_path}: 0 lines, 0 bytes (empty file)\n");
             return Ok(result);
@@ -75,50 +83,92 @@ pub fn view(cache: &LineIndexCache, base: &Path, req: &ViewRequest) -> Result<Vi
     };
 
     file.seek(SeekFrom::Start(start)).map_err(|e| io_error(&path, &e))?;
-    let page = read_page(file, start, offset, req).map_err(|e| io_error(&path, &e))?;
+    let reader = (&file).take(key.size.saturating_sub(start));
+    let page =
+        read_page(reader, Mark { line: offset, offset: start }, key.size, req).map_err(|e| io_error(&path, &e))?;
+    cache.learned(&path, key, &page.stretch);
+    cache.count_rest_if_within(&path, &file, key, COUNT_NOW_BYTES).map_err(|e| io_error(&path, &e))?;
+    let count = cache.count(&path, key);
+    if !count.exact {
+        // The rest is counted while the model reads this page.
+        cache.count_in_background(&path, file, key);
+    }
     let last = offset + page.lines - 1;
-    if page.lines > 0 && last < total {
-        cache.remember(&path, key, last + 1, page.end_offset);
+    if page.lines > 0 && page.stretch.to.offset < key.size {
         result.next_offset = Some(last + 1);
     }
     let lossy_note = if page.lossy { " (invalid UTF-8 shown as \u{FFFD})" } else { "" };
-    let mut text = format!("{shown_path}: {total} lines, {} bytes{lossy_note}\n", meta.len());
+    let size = meta.len();
+    let mut text = if count.exact {
+        format!("{shown_path}: {} lines, {size} bytes{}{lossy_note}\n", count.lines, human_size(size))
+    } else {
+        format!(
+            "{shown_path}: {size} bytes{}, at least {} lines (not yet counted to the end){lossy_note}\n",
+            human_size(size),
+            count.lines
+        )
+    };
     text.push_str(&page.body);
     if let Some(next) = result.next_offset {
-        let _ =
-            writeln!(text, "[showing lines {offset}-{last} of {total}; to read more, call view with offset={next}]");
+        let of = if count.exact { format!("{}", count.lines) } else { format!("at least {}", count.lines) };
+        let _ = writeln!(text, "[showing lines {offset}-{last} of {of}; to read more, call view with offset={next}]");
     }
     result.text = text;
+    result.total_lines = count.lines;
+    result.total_known = count.exact;
     result.last_line = last;
     result.lossy = page.lossy;
     Ok(result)
 }
 
+/// ` (1.0 GiB)` for a file of a mebibyte or more: the scale at a glance.
+fn human_size(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 3] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20)];
+    for (unit, scale) in UNITS {
+        if bytes >= scale {
+            return format!(" ({:.1} {unit})", bytes as f64 / scale as f64);
+        }
+    }
+    String::new()
+}
+
 struct Page {
     body: String,
     lines: u64,
-    /// Byte offset just after the last line shown.
-    end_offset: u64,
+    /// The lines read, as the index takes them: where the page ended and
+    /// the checkpoints it passed.
+    stretch: Stretch,
     lossy: bool,
 }
 
-fn read_page(file: File, start: u64, first: u64, req: &ViewRequest) -> io::Result<Page> {
-    let mut reader = BufReader::with_capacity(64 * 1024, file);
+/// Reads up to `req.limit` lines from `from`, within the byte budget;
+/// `reader` ends where the file's indexed size does.
+fn read_page(reader: impl Read, from: Mark, size: u64, req: &ViewRequest) -> io::Result<Page> {
+    let mut reader = BufReader::with_capacity(64 * 1024, reader);
     let max_chars = usize::try_from(req.max_line_chars).unwrap_or(usize::MAX);
     // Enough bytes for `max_chars` characters of any width, and one more to tell a cut.
     let keep = max_chars.saturating_mul(4).saturating_add(4);
     let budget = usize::try_from(req.max_bytes).unwrap_or(usize::MAX);
-    let mut page = Page { body: String::new(), lines: 0, end_offset: start, lossy: false };
+    let stretch = Stretch { from, to: from, ..Stretch::default() };
+    let mut page = Page { body: String::new(), lines: 0, stretch, lossy: false };
     let mut raw = Vec::new();
     while page.lines < req.limit {
-        let Some(line_len) = read_line_capped(&mut reader, keep, &mut raw)? else { break };
-        let rendered = render_line(first + page.lines, &raw, line_len, max_chars, &mut page.lossy);
+        let Some(line_len) = read_line_capped(&mut reader, keep, &mut raw)? else {
+            page.stretch.at_end = true;
+            break;
+        };
+        let rendered = render_line(from.line + page.lines, &raw, line_len, max_chars, &mut page.lossy);
         if page.lines > 0 && page.body.len() + rendered.len() > budget {
             break;
         }
         page.body.push_str(&rendered);
         page.lines += 1;
-        page.end_offset += line_len;
+        let next = Mark { line: page.stretch.to.line + 1, offset: page.stretch.to.offset + line_len };
+        page.stretch.to = next;
+        page.stretch.bytes += line_len;
+        if (next.line - 1).is_multiple_of(STRIDE) && next.offset < size {
+            page.stretch.checkpoints.push(next);
+        }
     }
     Ok(page)
 }
@@ -296,6 +346,89 @@ mod tests {
         );
         assert!(r.text.starts_with(&r.path));
         assert_eq!((r.first_line, r.last_line, r.next_offset, r.total_lines), (3, 6, Some(7), 10));
+    }
+
+    /// A file past [`COUNT_NOW_BYTES`]: `n` lines `line N` plus padding
+    /// to 100 bytes, the last one without its newline.
+    fn big(dir: &Path, n: u64) -> u64 {
+        let mut text = String::with_capacity(n as usize * 100);
+        for i in 1..=n {
+            let _ = write!(text, "line {i:<94}");
+            if i < n {
+                text.push('\n');
+            }
+        }
+        std::fs::write(dir.join("big"), &text).unwrap();
+        text.len() as u64
+    }
+
+    #[test]
+    fn a_large_file_states_its_total_only_once_known() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = 100_000;
+        let size = big(dir.path(), n);
+        assert!(size > 2 * COUNT_NOW_BYTES);
+        let cache = LineIndexCache::new();
+        cache.stop_counting(); // this test is about pages alone
+        let view_at = |offset: u64, limit: u64| {
+            let mut r = ViewRequest::new("big");
+            r.offset = offset;
+            r.limit = limit;
+            view(&cache, dir.path(), &r).unwrap()
+        };
+
+        let first = view_at(1, 10);
+        let header = first.text.lines().next().unwrap();
+        assert_eq!(
+            header,
+            format!("{}: {size} bytes (9.5 MiB), at least 11 lines (not yet counted to the end)", first.path)
+        );
+        assert!(first.text.ends_with("[showing lines 1-10 of at least 11; to read more, call view with offset=11]\n"));
+        assert_eq!((first.total_lines, first.total_known, first.next_offset), (11, false, Some(11)));
+        assert!(!first.text.contains(&n.to_string()), "no total it does not know: {}", first.text);
+
+        // A page within the last COUNT_NOW_BYTES: the rest is counted before answering.
+        let near_end = view_at(n - 1000, 10);
+        assert_eq!((near_end.total_lines, near_end.total_known), (n, true));
+        assert!(near_end.text.starts_with(&format!("{}: {n} lines, {size} bytes (9.5 MiB)\n", near_end.path)));
+        assert!(near_end.text.ends_with(&format!("of {n}; to read more, call view with offset={}]\n", n - 990)));
+
+        // The last page, whose line has no newline: shown whole, nothing after it.
+        let last = view_at(n, 10);
+        assert!(last.text.ends_with(&format!("{n:>6}\tline {n:<94}\n")), "{}", last.text);
+        assert_eq!((last.last_line, last.next_offset), (n, None));
+        let past = view(&cache, dir.path(), &ViewRequest { offset: n + 1, ..ViewRequest::new("big") }).unwrap_err();
+        assert!(past.message.contains(&format!("which has {n} lines")), "{}", past.message);
+    }
+
+    #[test]
+    fn past_the_end_of_a_file_not_yet_counted_is_found_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = 100_000;
+        big(dir.path(), n);
+        let cache = LineIndexCache::new();
+        let r = ViewRequest { offset: n + 7, ..ViewRequest::new("big") };
+        let err = view(&cache, dir.path(), &r).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::InvalidArgument);
+        assert!(
+            err.message.contains(&format!("past the end of {}, which has {n} lines", dir.path().join("big").display())),
+            "{}",
+            err.message
+        );
+    }
+
+    #[test]
+    fn a_file_changed_between_views_is_read_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        big(dir.path(), 100_000);
+        let cache = LineIndexCache::new();
+        let first =
+            view(&cache, dir.path(), &ViewRequest { offset: 50_000, limit: 1, ..ViewRequest::new("big") }).unwrap();
+        assert!(first.text.contains("50000\tline 50000 "));
+        std::fs::write(dir.path().join("big"), "one\ntwo\n").unwrap();
+        let again = view(&cache, dir.path(), &ViewRequest::new("big")).unwrap();
+        assert_eq!((again.total_lines, again.total_known, again.last_line), (2, true, 2));
+        assert!(again.text.ends_with("     1\tone\n     2\ttwo\n"), "{}", again.text);
     }
 
     #[test]

@@ -101,7 +101,14 @@ pub struct ViewResult {
     /// What the model sees: header, numbered lines, how to continue.
     pub text: String,
     pub version: FileVersion,
+    /// The file's line count if `total_known`; otherwise the lines known to
+    /// exist so far (a lower bound).
     pub total_lines: u64,
+    /// Whether `total_lines` is exact. The first view of a large file reads
+    /// only as far as its page; the count finishes in the background or on
+    /// a later page. Absent from older toolboxes, which always counted.
+    #[serde(default = "known")]
+    pub total_known: bool,
     /// First and last line shown (1-based); `last_line < first_line` when none.
     pub first_line: u64,
     pub last_line: u64,
@@ -113,8 +120,8 @@ pub struct ViewResult {
     pub binary: Option<BinaryInfo>,
     /// Some shown line was not valid UTF-8 (shown with U+FFFD).
     pub lossy: bool,
-    /// Debug counter: bytes scanned for line breaks to answer this call
-    /// (building the line index plus seeking from the nearest checkpoint).
+    /// Debug counter: bytes scanned for line breaks to find the first line
+    /// of this page (from the index's frontier or its nearest checkpoint).
     pub bytes_scanned: u64,
 }
 
@@ -228,4 +235,8 @@ pub struct CancelResult {
     pub target: u64,
     /// Whether an exec with that id was running (and has been killed).
     pub was_running: bool,
+}
+
+fn known() -> bool {
+    true
 }

@@ -21,6 +21,35 @@ size=$(stat -L -c %s -- "$p" 2>/dev/null) || exec cat -- "$p"
 if [ "$size" -gt "$2" ]; then echo "$size" >&2; exit 27; fi
 exec cat -- "$p""#;
 
+/// Prints one page of `$1` without reading past it: its size, the NUL
+/// bytes among its first 8 KiB (binary or not), then for each line from `$2`
+/// through `$3` its length and its first `$4` bytes (tab-separated), and a
+/// last line `end N` (the file has N lines) or `more N` (it goes on after
+/// line N). Exit 2: no such file; 21: a directory; 13: not readable.
+const PAGE_SCRIPT: &str = r#"p=$1
+if [ -d "$p" ]; then exit 21; fi
+if [ ! -e "$p" ] && [ ! -L "$p" ]; then exit 2; fi
+if [ ! -r "$p" ]; then echo "$p: Permission denied" >&2; exit 13; fi
+stat -L -c %s -- "$p" || exit 1
+head -c 8192 < "$p" | tr -dc '\000' | wc -c
+LC_ALL=C exec awk -v a="$2" -v b="$3" -v c="$4" '
+NR >= a && NR <= b { print length($0) "\t" substr($0, 1, c) }
+NR > b { more = 1; exit }
+END { print (more ? "more " : "end ") NR }' < "$p""#;
+
+/// One page of a file as [`Sandbox::read_page`] read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilePage {
+    pub size: u64,
+    /// NUL bytes in the first 8 KiB: a binary file.
+    pub binary: bool,
+    /// Each line's length in bytes and its first bytes.
+    pub lines: Vec<(u64, Vec<u8>)>,
+    /// Lines the file has (`exact`), or that it has at least.
+    pub total: u64,
+    pub exact: bool,
+}
+
 /// Writes stdin to `$1`, creating its directory first.
 const WRITE_SCRIPT: &str = r#"mkdir -p -- "$(dirname -- "$1")" && cat > "$1""#;
 
@@ -74,6 +103,28 @@ impl Sandbox {
         }
     }
 
+    /// Lines `first..=last` of a file, each cut to `keep` bytes, as the
+    /// command user, reading no further into the file than the line after
+    /// `last` (what the view tool does without a toolbox).
+    pub async fn read_page(&self, path: &str, first: u64, last: u64, keep: u64) -> Result<FilePage, FileError> {
+        let abs = resolve(path)?;
+        let (a, b, c) = (first.to_string(), last.to_string(), keep.to_string());
+        let argv = ["sh", "-c", PAGE_SCRIPT, "sh", abs.as_str(), a.as_str(), b.as_str(), c.as_str()];
+        // Every line is cut to `keep`, plus its length and a tab.
+        let lines = usize::try_from(last.saturating_sub(first).saturating_add(1)).unwrap_or(usize::MAX);
+        let cap =
+            lines.saturating_mul(usize::try_from(keep).unwrap_or(usize::MAX).saturating_add(24)).saturating_add(256);
+        let out = self.exec_raw(&argv, None, cap, TRANSFER_TIMEOUT).await?;
+        match out.exit_code {
+            Some(0) if !out.overflow => {
+                parse_page(&out.stdout).ok_or_else(|| refused(path, "the page could not be read"))
+            }
+            Some(2) => Err(FileError::NotFound(path.to_owned())),
+            Some(21) => Err(FileError::IsDirectory(path.to_owned())),
+            _ => Err(refused(path, &out.stderr)),
+        }
+    }
+
     /// Writes a file (creating parent directories) as the command user.
     pub async fn write_file(&self, path: &str, content: &[u8]) -> Result<(), FileError> {
         let abs = resolve(path)?;
@@ -89,6 +140,31 @@ impl Sandbox {
             _ => Err(refused(path, &out.stderr)),
         }
     }
+}
+
+/// [`PAGE_SCRIPT`]'s output; `None` if it is not that shape.
+fn parse_page(out: &[u8]) -> Option<FilePage> {
+    let mut rows: Vec<&[u8]> = out.split(|&b| b == b'\n').collect();
+    if rows.last().is_some_and(|r| r.is_empty()) {
+        rows.pop();
+    }
+    let number = |row: &[u8]| std::str::from_utf8(row).ok()?.trim().parse::<u64>().ok();
+    let size = number(rows.first()?)?;
+    let binary = number(rows.get(1)?)? > 0;
+    let trailer = std::str::from_utf8(rows.last()?).ok()?;
+    let (word, n) = trailer.split_once(' ')?;
+    let n: u64 = n.parse().ok()?;
+    let exact = match word {
+        "end" => true,
+        "more" => false,
+        _ => return None,
+    };
+    let mut lines = Vec::new();
+    for row in rows.get(2..rows.len() - 1)? {
+        let tab = row.iter().position(|&b| b == b'\t')?;
+        lines.push((number(&row[..tab])?, row[tab + 1..].to_vec()));
+    }
+    Some(FilePage { size, binary, lines, total: n, exact })
 }
 
 /// The failing command's own words, without the `cat: <path>: ` prefix.
@@ -115,6 +191,17 @@ mod tests {
         assert_eq!(resolve("/etc/hosts").unwrap(), "/etc/hosts");
         assert!(resolve("").is_err());
         assert!(resolve("a\0b").is_err());
+    }
+
+    #[test]
+    fn a_page_is_parsed_with_its_lines_and_whether_the_file_goes_on() {
+        let page = parse_page(b"1234\n0\n3\tabc\n0\t\n5\tx\ty\tz\nmore 6\n").unwrap();
+        assert_eq!((page.size, page.binary, page.total, page.exact), (1234, false, 6, false));
+        assert_eq!(page.lines, vec![(3, b"abc".to_vec()), (0, vec![]), (5, b"x\ty\tz".to_vec())]);
+        let empty = parse_page(b"0\n0\nend 0\n").unwrap();
+        assert_eq!((empty.lines.len(), empty.total, empty.exact), (0, 0, true));
+        assert!(parse_page(b"12\n3\n").is_none());
+        assert!(parse_page(b"garbage").is_none());
     }
 
     #[test]

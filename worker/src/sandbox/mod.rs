@@ -41,7 +41,7 @@ use kiln_protocol::{NetworkMode, SandboxSpec};
 use uuid::Uuid;
 
 pub use exec::ExecOutput;
-pub use files::FileError;
+pub use files::{FileError, FilePage};
 // One bounded head-and-tail buffer, shared with the toolbox.
 pub use kiln_toolbox::output::HeadTail;
 pub use toolbox::{OutputSink, ToolboxError};

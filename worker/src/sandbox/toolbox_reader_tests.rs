@@ -152,6 +152,7 @@ async fn a_reply_over_its_kinds_cap_is_a_clear_error() {
         text: "v".repeat(3 * 1024 * 1024),
         version: kiln_toolbox::protocol::FileVersion { size: 1, mtime_ns: 0 },
         total_lines: 1,
+        total_known: true,
         first_line: 1,
         last_line: 1,
         next_offset: None,

@@ -5,13 +5,12 @@ use serde_json::Value;
 
 use super::{Answer, Tool, ToolContext, ToolFailure, ToolOutcome, ask_toolbox, file_outcome, parse_arguments};
 use super::{schema_of, unexpected};
+use crate::sandbox::FilePage;
 
 const DEFAULT_LIMIT: usize = 2000;
 const MAX_LINE_CHARS: usize = 2000;
 /// Byte budget of one answer, whatever the line count.
 const MAX_OUTPUT_BYTES: usize = 100 * 1024;
-/// Without a toolbox, files are read whole through the archive API.
-const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -35,9 +34,10 @@ impl Tool for View {
         "view"
     }
     fn description(&self) -> &'static str {
-        "Show a file's lines, numbered, with the total line count. Use offset and limit to page through \
-         files of any size. Binary files are described, not shown. A file must be viewed before edit or write \
-         may change it."
+        "Show a file's lines, numbered, with its size and line count. Use offset and limit to page through \
+         files of any size: only the page asked for is read, so the first view of a very large file may say \
+         \"at least N lines\" until the rest has been counted. Binary files are described, not shown. A file \
+         must be viewed before edit or write may change it."
     }
     fn schema(&self) -> Value {
         schema_of::<ViewArgs>()
@@ -70,42 +70,55 @@ impl Tool for View {
             Answer::Outcome(o) => return Ok(o),
             Answer::NoToolbox => {}
         }
-        let bytes = match ctx.sandbox.read_file(&args.path, MAX_FILE_BYTES).await {
-            Ok(b) => b,
-            Err(e) => return file_outcome(e),
-        };
-        Ok(ToolOutcome::ok(render(&args.path, &bytes, offset, limit)))
+        // Without a toolbox: one exec that reads no further than the page.
+        let last = (offset as u64).saturating_add(limit as u64 - 1);
+        let keep = (MAX_LINE_CHARS * 4) as u64;
+        match ctx.sandbox.read_page(&args.path, offset as u64, last, keep).await {
+            Ok(page) => Ok(ToolOutcome::ok(render(&args.path, &page, offset))),
+            Err(e) => file_outcome(e),
+        }
     }
 }
 
-/// Numbered lines `offset..offset+limit` of `bytes`, with a header and a hint
-/// on how to continue.
-fn render(path: &str, bytes: &[u8], offset: usize, limit: usize) -> String {
-    let probe = &bytes[..bytes.len().min(8192)];
-    if probe.contains(&0) {
-        return format!("{path}: binary file, {} bytes; not shown", bytes.len());
+/// Numbered lines of a page read without the toolbox, with a header and a
+/// hint on how to continue; the total only if the read reached the end.
+fn render(path: &str, page: &FilePage, offset: usize) -> String {
+    if page.binary {
+        return format!("{path}: binary file, {} bytes; not shown", page.size);
     }
-    let text = String::from_utf8_lossy(bytes);
-    let lossy_note = if matches!(text, std::borrow::Cow::Owned(_)) { " (invalid UTF-8 shown as \u{FFFD})" } else { "" };
-    let total = text.lines().count();
-    let mut out = format!("{path}: {total} lines, {} bytes{lossy_note}\n", bytes.len());
-    if offset > total.max(1) {
+    let mut body = String::new();
+    let mut lossy = false;
+    let mut last = offset.saturating_sub(1);
+    for (i, (len, raw)) in page.lines.iter().enumerate() {
+        if body.len() > MAX_OUTPUT_BYTES {
+            break;
+        }
+        let text = String::from_utf8_lossy(raw);
+        lossy |= matches!(text, std::borrow::Cow::Owned(_));
+        let shown: String = text.chars().take(MAX_LINE_CHARS).collect();
+        let cut = if (shown.len() as u64) < *len { " [line truncated]" } else { "" };
+        body.push_str(&format!("{:>6}\t{}{cut}\n", offset + i, shown.trim_end_matches('\r')));
+        last = offset + i;
+    }
+    let lossy_note = if lossy { " (invalid UTF-8 shown as \u{FFFD})" } else { "" };
+    let (total, of) = if page.exact {
+        (format!("{} lines", page.total), page.total.to_string())
+    } else {
+        (format!("at least {} lines (not yet counted to the end)", page.total), format!("at least {}", page.total))
+    };
+    let mut out = if page.exact {
+        format!("{path}: {total}, {} bytes{lossy_note}\n", page.size)
+    } else {
+        format!("{path}: {} bytes, {total}{lossy_note}\n", page.size)
+    };
+    if page.lines.is_empty() && offset > 1 {
         out.push_str(&format!("offset {offset} is past the end of the file"));
         return out;
     }
-    let mut last = offset.saturating_sub(1);
-    for (i, line) in text.lines().enumerate().skip(offset - 1).take(limit) {
-        if out.len() > MAX_OUTPUT_BYTES {
-            break;
-        }
-        let shown: String = line.chars().take(MAX_LINE_CHARS).collect();
-        let cut = if shown.len() < line.len() { " [line truncated]" } else { "" };
-        out.push_str(&format!("{:>6}\t{shown}{cut}\n", i + 1));
-        last = i + 1;
-    }
-    if last < total {
+    out.push_str(&body);
+    if (last as u64) < page.total {
         out.push_str(&format!(
-            "[showing lines {offset}-{last} of {total}; to read more, call view with offset={}]",
+            "[showing lines {offset}-{last} of {of}; to read more, call view with offset={}]",
             last + 1
         ));
     }
@@ -114,34 +127,44 @@ fn render(path: &str, bytes: &[u8], offset: usize, limit: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::render;
+    use super::{FilePage, render};
 
-    #[test]
-    fn lines_are_numbered_with_a_header() {
-        let out = render("a.txt", b"one\ntwo\n", 1, 2000);
-        assert_eq!(out, "a.txt: 2 lines, 8 bytes\n     1\tone\n     2\ttwo\n");
+    fn page(lines: &[&[u8]], total: u64, exact: bool) -> FilePage {
+        let lines = lines.iter().map(|l| (l.len() as u64, l.to_vec())).collect();
+        FilePage { size: 1000, binary: false, lines, total, exact }
     }
 
     #[test]
-    fn paging_says_how_to_continue() {
-        let text: String = (1..=10).map(|i| format!("l{i}\n")).collect();
-        let out = render("f", text.as_bytes(), 3, 4);
-        assert!(out.contains("     3\tl3\n"));
+    fn lines_are_numbered_with_a_header() {
+        let out = render("a.txt", &page(&[b"one", b"two"], 2, true), 1);
+        assert_eq!(out, "a.txt: 2 lines, 1000 bytes\n     1\tone\n     2\ttwo\n");
+    }
+
+    #[test]
+    fn paging_says_how_to_continue_and_claims_no_total_it_does_not_know() {
+        let out = render("f", &page(&[b"l3", b"l4\r", b"l5", b"l6"], 7, false), 3);
+        assert!(out.starts_with("f: 1000 bytes, at least 7 lines (not yet counted to the end)\n"), "{out}");
+        assert!(out.contains("     3\tl3\n     4\tl4\n"));
         assert!(out.contains("     6\tl6\n"));
-        assert!(!out.contains("l7"));
-        assert!(out.ends_with("call view with offset=7]"));
+        assert!(out.ends_with("[showing lines 3-6 of at least 7; to read more, call view with offset=7]"), "{out}");
+        let end = render("f", &page(&[b"l9", b"l10"], 10, true), 9);
+        assert!(end.starts_with("f: 10 lines, 1000 bytes\n") && !end.contains("read more"), "{end}");
+        assert!(render("f", &page(&[], 10, true), 12).contains("offset 12 is past the end"));
     }
 
     #[test]
     fn binary_and_invalid_utf8_are_handled() {
-        assert!(render("b", b"\x00\x01\x02", 1, 10).contains("binary file"));
-        assert!(render("u", b"caf\xe9\n", 1, 10).contains("invalid UTF-8"));
+        let binary = FilePage { binary: true, ..page(&[], 0, false) };
+        assert!(render("b", &binary, 1).contains("binary file"));
+        assert!(render("u", &page(&[b"caf\xe9"], 1, true), 1).contains("invalid UTF-8"));
     }
 
     #[test]
     fn long_lines_are_cut_with_a_marker() {
-        let line = "x".repeat(5000);
-        let out = render("l", line.as_bytes(), 1, 10);
+        let line = "x".repeat(9000);
+        let mut p = page(&[&line.as_bytes()[..8000]], 1, true);
+        p.lines[0].0 = 9000;
+        let out = render("l", &p, 1);
         assert!(out.contains("[line truncated]"));
         assert!(out.len() < 2200);
     }
