@@ -105,6 +105,10 @@ pub enum SandboxError {
     Io(#[from] std::io::Error),
     #[error("toolbox: {0}")]
     Toolbox(#[from] ToolboxError),
+    /// The image lacks a program every sandbox needs. Final: the same image
+    /// lacks it on any worker.
+    #[error("the sandbox image {image:?} has no {missing}, which Kiln runs every command with; use an image that has it")]
+    ImageLacks { image: String, missing: String },
     #[error(transparent)]
     Disk(#[from] DiskError),
 }
@@ -274,7 +278,10 @@ impl Sandbox {
             sandbox.remove().await;
             return Err(e.into());
         }
-        sandbox.start_toolbox().await;
+        if let Err(e) = sandbox.start_toolbox().await {
+            sandbox.remove().await;
+            return Err(e);
+        }
         Ok(sandbox)
     }
 
