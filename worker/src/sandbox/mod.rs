@@ -46,6 +46,7 @@ pub use files::FileError;
 pub use kiln_toolbox::output::HeadTail;
 pub use toolbox::{OutputSink, ToolboxError};
 pub use toolbox_binary::PATH_ENV as TOOLBOX_PATH_ENV;
+pub use toolbox_binary::{static_binary_in as static_toolbox_in, static_target as static_toolbox_target};
 use toolbox_session::ToolboxState;
 
 /// Where the session's files live inside the container.
