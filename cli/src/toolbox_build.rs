@@ -82,7 +82,8 @@ impl SourceTree {
             .env_remove("CARGO_ENCODED_RUSTFLAGS")
             .env("RUSTFLAGS", STATIC_RUSTFLAGS)
             .kill_on_drop(true);
-        let status = cmd.status().await.map_err(|e| BuildError::Cargo(format!("{}: {e}", Path::new(&cargo).display())))?;
+        let status =
+            cmd.status().await.map_err(|e| BuildError::Cargo(format!("{}: {e}", Path::new(&cargo).display())))?;
         if !status.success() {
             return Err(BuildError::Failed(status.to_string()));
         }

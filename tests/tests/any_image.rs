@@ -129,8 +129,7 @@ async fn a_uid_missing_from_the_images_passwd_runs_commands_with_a_writable_home
 async fn an_image_without_bash_fails_at_sandbox_start_naming_bash() {
     images().await;
     for toolbox in [Some(static_toolbox().await), Some(PathBuf::from("/nonexistent/kiln-toolbox"))] {
-        let events =
-            run(vec![bash("echo never"), Reply::text("done")], config(NOBASH_IMAGE, toolbox.clone())).await;
+        let events = run(vec![bash("echo never"), Reply::text("done")], config(NOBASH_IMAGE, toolbox.clone())).await;
         assert_eq!(outcome(&events), Some(RunStatus::Failed), "toolbox {toolbox:?}: {:?}", events.last());
         let error = pick!(&events, EventBody::RunFailed { error, .. } => error.clone()).next().unwrap();
         assert!(

@@ -18,8 +18,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::{Kiln, open_store};
 use crate::local;
-use crate::toolbox_build::SourceTree;
 use crate::settings::{ApiOptions, CallbackArgs, DbArgs, RepoArgs, WorkerOptions};
+use crate::toolbox_build::SourceTree;
 use model::ServedModel;
 
 #[derive(Debug, Clone, Args)]

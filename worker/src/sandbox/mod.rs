@@ -108,7 +108,9 @@ pub enum SandboxError {
     Toolbox(#[from] ToolboxError),
     /// The image lacks a program every sandbox needs. Final: the same image
     /// lacks it on any worker.
-    #[error("the sandbox image {image:?} has no {missing}, which Kiln runs every command with; use an image that has it")]
+    #[error(
+        "the sandbox image {image:?} has no {missing}, which Kiln runs every command with; use an image that has it"
+    )]
     ImageLacks { image: String, missing: String },
     #[error(transparent)]
     Disk(#[from] DiskError),

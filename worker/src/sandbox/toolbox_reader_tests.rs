@@ -17,7 +17,12 @@ fn frame(msg: &ServerMessage) -> Vec<u8> {
 }
 
 fn hello() -> Vec<u8> {
-    frame(&ServerMessage::Hello(Hello { protocol_version: 1, toolbox_version: "x".into(), pid: 42, missing: Vec::new() }))
+    frame(&ServerMessage::Hello(Hello {
+        protocol_version: 1,
+        toolbox_version: "x".into(),
+        pid: 42,
+        missing: Vec::new(),
+    }))
 }
 
 fn output(id: u64, data: String) -> Vec<u8> {
