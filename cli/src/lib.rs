@@ -12,4 +12,5 @@ pub mod render;
 pub mod repo_arg;
 pub mod settings;
 pub mod telemetry;
+pub mod toolbox_build;
 pub mod up;

@@ -30,13 +30,37 @@ pub enum WorkerPresence {
 }
 
 impl Store {
-    /// Records that `worker` is alive now.
-    pub async fn worker_seen(&self, worker: &str) -> Result<(), StoreError> {
+    /// Records that `worker` is alive now, driving the Docker engine
+    /// `engine` (its `info` ID) when known.
+    pub async fn worker_seen(&self, worker: &str, engine: Option<&str>) -> Result<(), StoreError> {
         let client = self.client().await?;
         client
-            .execute("INSERT INTO workers (id) VALUES ($1) ON CONFLICT (id) DO UPDATE SET seen_at = now()", &[&worker])
+            .execute(
+                "INSERT INTO workers (id, engine) VALUES ($1, $2)
+                 ON CONFLICT (id) DO UPDATE SET seen_at = now(), engine = coalesce($2, workers.engine)",
+                &[&worker, &engine],
+            )
             .await?;
         Ok(())
+    }
+
+    /// How many workers other than `worker` were seen within `window`
+    /// driving `engine`.
+    pub async fn other_live_workers_on_engine(
+        &self,
+        worker: &str,
+        engine: &str,
+        window: Duration,
+    ) -> Result<i64, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT count(*) FROM workers
+                 WHERE engine = $2 AND id <> $1 AND seen_at > now() - $3 * interval '1 millisecond'",
+                &[&worker, &engine, &(window.as_secs_f64() * 1000.0)],
+            )
+            .await?;
+        Ok(row.get(0))
     }
 
     /// Removes a worker's row on a clean exit.

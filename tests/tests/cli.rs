@@ -863,3 +863,55 @@ async fn hints_name_the_command_the_user_ran() {
     let err = String::from_utf8_lossy(&output(down).await.stderr).into_owned();
     assert!(err.contains("Start it with `cargo run -- up`"), "{err}");
 }
+
+/// The newcomer's path, as near as a test can afford (a real fresh clone
+/// builds the whole workspace; README and the report give those figures):
+/// the `kiln` built in this tree, with no toolbox configured, run as
+/// `kiln up --demo` builds the static toolbox itself and hands it to its
+/// worker; the demo creates no more than the warm pool (2) + 1 containers,
+/// and none is left after it exits.
+#[tokio::test]
+async fn kiln_up_from_a_source_tree_builds_the_static_toolbox_and_creates_no_more_than_warm_plus_one() {
+    use futures::StreamExt;
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().join("state");
+    std::fs::create_dir(&state_dir).unwrap();
+    let worker = kiln_cli::up::down::up_worker_id(&state_dir).unwrap();
+    let pg_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let filters = std::collections::HashMap::from([
+        ("type".to_owned(), vec!["container".to_owned()]),
+        ("event".to_owned(), vec!["create".to_owned()]),
+        ("label".to_owned(), vec![format!("dev.kiln.worker={worker}")]),
+    ]);
+    let options = bollard::query_parameters::EventsOptionsBuilder::new().filters(&filters).build();
+    let created = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = created.clone();
+    let mut events = docker.events(Some(options));
+    let watch = tokio::spawn(async move {
+        while let Some(Ok(event)) = events.next().await {
+            seen.lock().unwrap().extend(event.actor.and_then(|a| a.id));
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let mut up = kiln_up(&state_dir, pg_port, &["--demo"]);
+    up.env_remove("KILN_TOOLBOX_PATH").env("RUST_LOG", "warn,kiln_worker::sandbox=info");
+    // The first build of the static toolbox may take minutes on a busy machine.
+    let out = tokio::time::timeout(Duration::from_secs(900), up.output()).await.expect("kiln up finished").unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success(), "kiln up --demo failed:\n{err}");
+    assert!(err.contains("building the sandbox toolbox"), "{err}");
+    let used = err.lines().find(|l| l.contains("using the toolbox binary")).unwrap_or_else(|| panic!("{err}"));
+    let triple = kiln_worker::sandbox::static_toolbox_target().unwrap();
+    assert!(used.contains(&format!("/{triple}/")), "the static build: {used}");
+    assert!(!err.contains("docker exec per call"), "{err}");
+
+    // Docker reports events asynchronously: the last create may trail the exit.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    watch.abort();
+    let created = created.lock().unwrap().clone();
+    assert!(!created.is_empty() && created.len() <= 3, "containers created for {worker}: {created:?}");
+    assert!(containers_of_worker(&worker).await.is_empty(), "none is left after kiln up exits");
+}

@@ -340,3 +340,48 @@ async fn a_worker_whose_lease_was_taken_leaves_the_sessions_container_alone_when
     assert_eq!(status, "running", "the zombie wrote no end");
     remove_all(&before).await;
 }
+
+/// A worker that stops for good does not strand its idle sessions'
+/// containers: while another live worker of the deployment drives the same
+/// engine it leaves them to that one; the last one out removes them.
+#[tokio::test]
+async fn the_last_worker_on_an_engine_to_stop_removes_its_idle_sessions_containers() {
+    let app = TestApp::spawn(Options {
+        worker: false,
+        script: vec![Reply::tool("bash", json!({"command": "echo hi"})), Reply::text("done")],
+        ..Default::default()
+    })
+    .await;
+    let lease = Duration::from_secs(10);
+    let (first_stop, second_stop) = (CancellationToken::new(), CancellationToken::new());
+    let first = app.start_worker_until(config(Duration::from_secs(600), 0, lease), first_stop.clone()).await;
+    let id = app.submit("alice", CreateRun::new("work")).await.id;
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let [(_, container, _)] = &readies(&events)[..] else { panic!("{:?}", kinds(&events)) };
+    let alive = |all: &[Managed]| all.iter().any(|c| &c.id == container);
+
+    // Another worker on this engine: the first one's stop leaves the container.
+    let second = app.start_worker_until(config(Duration::from_secs(600), 0, lease), second_stop.clone()).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while app
+        .sql()
+        .await
+        .query_one("SELECT count(*) FROM workers WHERE engine IS NOT NULL", &[])
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        < 2
+    {
+        assert!(Instant::now() < deadline, "both workers announced their engine");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    first_stop.cancel();
+    first.await.unwrap();
+    assert!(alive(&managed().await), "a live worker on the engine still looks after the idle session");
+
+    // The last one out removes it.
+    second_stop.cancel();
+    second.await.unwrap();
+    assert!(!alive(&managed().await), "the idle session's container went with the last worker");
+}

@@ -67,6 +67,11 @@ impl ExecSession {
         ExecSession { state: Mutex::new(SessionState::new(start_dir, env)), active: Mutex::new(HashMap::new()), shell }
     }
 
+    /// What commands need and the image lacks: `bash` itself.
+    pub fn missing_programs(&self) -> Vec<String> {
+        if self.shell.has_bash() { Vec::new() } else { vec!["bash".to_owned()] }
+    }
+
     /// Kills exec `id` (running or still waiting); false if there is none.
     pub fn cancel(&self, id: u64) -> bool {
         match lock(&self.active).get(&id) {

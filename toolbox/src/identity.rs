@@ -124,8 +124,33 @@ pub fn assume(user: Option<RunAs>) -> Result<(), IdentityError> {
     rustix::thread::set_thread_groups(&[])
         .map_err(|e| IdentityError(format!("cannot drop supplementary groups: {e}")))?;
     set_fs_ids(user.uid, user.gid)?;
-    let _ = RUN_AS.set(user);
+    let home = usable_home(&user);
+    let _ = RUN_AS.set(RunAs { home, ..user });
     Ok(())
+}
+
+/// `HOME` when the image gives the user none it can write: a uid missing
+/// from `/etc/passwd` (Docker's `--user 4242` gets `/`), or a home that is
+/// not there or not the user's. On `/tmp`, which every sandbox has
+/// writable (a tmpfs), so tools that keep caches and settings under `~`
+/// work in any image.
+pub const FALLBACK_HOME: &str = "/tmp/kiln-home";
+
+/// The user's home if it is a directory the user can write, else
+/// [`FALLBACK_HOME`], created as the user (the fs ids are the user's by
+/// now). Failing that, the home as given: commands still run.
+fn usable_home(user: &RunAs) -> OsString {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let writable = |m: &std::fs::Metadata| m.is_dir() && (m.uid() == user.uid || m.mode() & 0o002 != 0);
+    if user.home != OsStr::new("/") && std::fs::metadata(&user.home).is_ok_and(|m| writable(&m)) {
+        return user.home.clone();
+    }
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(FALLBACK_HOME);
+    // Not following a symlink: only a real directory of the user's will do.
+    match std::fs::symlink_metadata(FALLBACK_HOME) {
+        Ok(m) if m.is_dir() && m.uid() == user.uid => OsString::from(FALLBACK_HOME),
+        _ => user.home.clone(),
+    }
 }
 
 /// `setfsgid` then `setfsuid` for the calling thread (threads created

@@ -62,6 +62,7 @@ impl Server {
             protocol_version: PROTOCOL_VERSION,
             toolbox_version: TOOLBOX_VERSION.into(),
             pid: std::process::id(),
+            missing: self.tools.exec.missing_programs(),
         };
         let _ = tx.send(ServerMessage::Hello(hello));
 

@@ -73,7 +73,16 @@ impl Worker {
         let stop_presence = CancellationToken::new();
         let presence_task = tokio::spawn(self.ctx.presence.clone().keep(stop_presence.clone()));
         let mut presence = self.ctx.presence.subscribe();
-        self.announce().await;
+        // Which engine this worker drives, so that the last worker on it
+        // knows to clear its idle sessions when it stops (see `leave_engine`).
+        let engine = match self.ctx.docker.info().await {
+            Ok(info) => info.id.filter(|id| !id.is_empty()),
+            Err(e) => {
+                tracing::warn!(error = %e, "asking Docker for its engine id failed");
+                None
+            }
+        };
+        self.announce(engine.as_deref()).await;
         self.reap_sandboxes(true).await;
         let pool_task = self.pool.clone().map(|pool| {
             let stop = shutdown.child_token();
@@ -112,7 +121,7 @@ impl Worker {
                 _ = shutdown.cancelled() => break,
                 _ = poll.tick() => true,
                 _ = reap.tick() => {
-                    self.announce().await;
+                    self.announce(engine.as_deref()).await;
                     // Reaped runs go back to the queue.
                     self.reap().await;
                     true
@@ -137,6 +146,9 @@ impl Worker {
         if let Some(task) = pool_task {
             // Cancelled with `shutdown`: it removes its containers and ends.
             let _ = task.await;
+        }
+        if let Some(engine) = &engine {
+            self.leave_engine(engine).await;
         }
         if let Err(e) = self.ctx.store.worker_gone(&self.ctx.config.worker_id).await {
             tracing::warn!(error = %e, "could not sign off; other workers will notice after a while");
@@ -172,8 +184,8 @@ impl Worker {
     }
 
     /// Tells the database this worker is alive (see `sandbox_reaper`).
-    async fn announce(&self) {
-        if let Err(e) = self.ctx.store.worker_seen(&self.ctx.config.worker_id).await {
+    async fn announce(&self, engine: Option<&str>) {
+        if let Err(e) = self.ctx.store.worker_seen(&self.ctx.config.worker_id, engine).await {
             tracing::warn!(error = %e, "recording this worker's presence failed");
         }
     }
@@ -280,6 +292,29 @@ impl Worker {
             worker_gone_after: self.ctx.config.lease * 2,
         };
         sandbox_reaper::reap(&self.ctx.docker, &self.ctx.store, &policy).await;
+    }
+
+    /// On a clean stop: when no other live worker of this deployment drives
+    /// this engine, nobody would ever remove the idle sessions' containers
+    /// here (they are kept for follow-ups; the reaper of a live worker on
+    /// the engine removes them once idle). So this worker removes them now;
+    /// such a session's next run starts a fresh container and brings its
+    /// repository in again. Sessions with a run still queued or running
+    /// keep theirs: a worker that comes back to this engine resumes them.
+    async fn leave_engine(&self, engine: &str) {
+        let window = self.ctx.config.lease * 2;
+        match self.ctx.store.other_live_workers_on_engine(&self.ctx.config.worker_id, engine, window).await {
+            Ok(0) => {}
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not tell whether other workers use this engine; leaving its sandboxes");
+                return;
+            }
+        }
+        let removed = sandbox_reaper::remove_idle_sessions(&self.ctx.docker, &self.ctx.store).await;
+        if removed > 0 {
+            tracing::info!(removed, "removed idle session sandboxes: no other worker uses this engine");
+        }
     }
 
     async fn shut_down(&self, tasks: JoinSet<()>, mut successors: Successors) {

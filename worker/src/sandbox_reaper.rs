@@ -81,3 +81,31 @@ async fn should_remove(
 pub fn interval(idle: Duration) -> Duration {
     (idle / 2).clamp(Duration::from_secs(1), Duration::from_secs(30))
 }
+
+/// Removes every container on the engine bound to a session of this
+/// database that has no run queued or running; how many went.
+pub async fn remove_idle_sessions(docker: &bollard::Docker, store: &Store) -> usize {
+    let containers = match sandbox::list_managed(docker).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "listing sandboxes failed");
+            return 0;
+        }
+    };
+    let mut removed = 0;
+    for container in containers {
+        let Some(session) = container.session else { continue };
+        match store.session_activity(session).await {
+            // Unknown here: another deployment's.
+            Ok(None) => {}
+            Ok(Some(activity)) if activity.active => {}
+            Ok(Some(_)) => {
+                tracing::info!(container = %container.id, %session, "removing idle session sandbox");
+                sandbox::remove_by_id(docker, &container.id).await;
+                removed += 1;
+            }
+            Err(e) => tracing::warn!(container = %container.id, error = %e, "checking a sandbox failed"),
+        }
+    }
+    removed
+}

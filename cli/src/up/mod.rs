@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::app::{Kiln, open_store};
 use crate::local;
 use crate::settings::{ApiOptions, CallbackArgs, DbArgs, RepoArgs, WorkerOptions};
+use crate::toolbox_build::SourceTree;
 use model::ServedModel;
 
 #[derive(Debug, Clone, Args)]
@@ -116,6 +117,7 @@ async fn serve(args: &mut UpArgs, store: Store, shutdown: CancellationToken) -> 
     // The API's settings are checked before anything starts.
     let api = args.api.parts(&args.callbacks, &args.repos)?;
     local::ensure_sandbox_image(&args.worker.worker.sandbox_image).await?;
+    find_or_build_toolbox(args).await;
     let served = ServedModel::start(&mut args.worker.model, &args.state_dir).await?;
     // `up` is the single-machine mode: local repositories are fair game.
     args.worker.worker.allow_file_repos = true;
@@ -154,6 +156,22 @@ async fn serve(args: &mut UpArgs, store: Store, shutdown: CancellationToken) -> 
         served.stop().await;
     }
     if code == ExitCode::SUCCESS { Ok(code) } else { bail!("the demo run did not succeed") }
+}
+
+/// From a source tree (`cargo run -- up`), builds the static toolbox (a
+/// no-op when it is up to date) and hands it to the worker; a failure is
+/// said and the worker looks for a toolbox as usual (an image's own, or
+/// one exec per call). `KILN_TOOLBOX_PATH` / `--toolbox-path` win.
+async fn find_or_build_toolbox(args: &mut UpArgs) {
+    if args.worker.worker.toolbox_path.is_some() {
+        return;
+    }
+    let Some(tree) = SourceTree::of_current_exe() else { return };
+    eprintln!("kiln: building the sandbox toolbox (static kiln-toolbox) from {}", tree.workspace.display());
+    match tree.build_static_toolbox().await {
+        Ok(path) => args.worker.worker.toolbox_path = Some(path),
+        Err(e) => eprintln!("kiln: {e}; sandboxes use a toolbox found elsewhere, or one docker exec per call"),
+    }
 }
 
 /// The database at DATABASE_URL, or else the state directory's local

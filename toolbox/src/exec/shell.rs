@@ -64,6 +64,11 @@ impl Shell {
         Shell { bash, state_dir: choose_state_dir() }
     }
 
+    /// Whether the bash commands run with is there (and a file).
+    pub(super) fn has_bash(&self) -> bool {
+        self.bash.is_file()
+    }
+
     pub(super) fn state_dir(&self) -> &Path {
         &self.state_dir
     }

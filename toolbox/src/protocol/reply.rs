@@ -25,6 +25,11 @@ pub struct Hello {
     pub protocol_version: u32,
     pub toolbox_version: String,
     pub pid: u32,
+    /// Programs the sandbox needs that its image lacks (`bash`): the worker
+    /// refuses such a sandbox at start with a clear error, rather than let
+    /// every command fail. Absent from toolboxes older than this field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

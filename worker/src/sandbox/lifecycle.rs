@@ -122,7 +122,10 @@ impl Sandbox {
             sandbox.remove().await;
             return Ok(None);
         }
-        sandbox.start_toolbox().await;
+        if let Err(e) = sandbox.start_toolbox().await {
+            sandbox.remove().await;
+            return Err(e);
+        }
         Ok(Some(sandbox))
     }
 

@@ -46,6 +46,7 @@ pub use files::{FileError, FilePage};
 pub use kiln_toolbox::output::HeadTail;
 pub use toolbox::{OutputSink, ToolboxError};
 pub use toolbox_binary::PATH_ENV as TOOLBOX_PATH_ENV;
+pub use toolbox_binary::{static_binary_in as static_toolbox_in, static_target as static_toolbox_target};
 use toolbox_session::ToolboxState;
 
 /// Where the session's files live inside the container.
@@ -109,6 +110,12 @@ pub enum SandboxError {
     Io(#[from] std::io::Error),
     #[error("toolbox: {0}")]
     Toolbox(#[from] ToolboxError),
+    /// The image lacks a program every sandbox needs. Final: the same image
+    /// lacks it on any worker.
+    #[error(
+        "the sandbox image {image:?} has no {missing}, which Kiln runs every command with; use an image that has it"
+    )]
+    ImageLacks { image: String, missing: String },
     #[error(transparent)]
     Disk(#[from] DiskError),
 }
@@ -286,7 +293,10 @@ impl Sandbox {
             sandbox.remove().await;
             return Err(e.into());
         }
-        sandbox.start_toolbox().await;
+        if let Err(e) = sandbox.start_toolbox().await {
+            sandbox.remove().await;
+            return Err(e);
+        }
         Ok(sandbox)
     }
 

@@ -64,6 +64,8 @@ pub struct ToolboxConn {
     reader: tokio::task::JoinHandle<()>,
     /// The toolbox's pid in the container (from its hello).
     pid: u32,
+    /// What the image lacks, from its hello.
+    missing: Vec<String>,
 }
 
 impl Drop for ToolboxConn {
@@ -108,13 +110,16 @@ impl ToolboxConn {
             alive,
             reader,
             pid: 0,
+            missing: Vec::new(),
         };
         match tokio::time::timeout(HELLO_TIMEOUT, hello_rx).await {
-            Ok(Ok(hello)) if hello.protocol_version == PROTOCOL_VERSION => {
+            Ok(Ok(Ok(hello))) if hello.protocol_version == PROTOCOL_VERSION => {
                 conn.pid = hello.pid;
+                conn.missing = hello.missing;
                 Ok(conn)
             }
-            Ok(Ok(hello)) => Err(ToolboxError::Start(format!(
+            Ok(Ok(Err(said))) => Err(ToolboxError::Start(format!("{command}: {said}"))),
+            Ok(Ok(Ok(hello))) => Err(ToolboxError::Start(format!(
                 "it speaks protocol version {}, this worker speaks {PROTOCOL_VERSION}",
                 hello.protocol_version
             ))),
@@ -126,6 +131,11 @@ impl ToolboxConn {
     /// The toolbox's pid in the container.
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// Programs the image lacks, as the toolbox found at its start.
+    pub fn missing(&self) -> &[String] {
+        &self.missing
     }
 
     pub fn is_alive(&self) -> bool {

@@ -40,19 +40,33 @@ pub fn local_binary(configured: Option<&Path>) -> Option<&'static [u8]> {
                     Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot read the toolbox binary"),
                 }
             }
-            tracing::warn!(
-                tried = ?candidates,
-                "no kiln-toolbox binary found (set {PATH_ENV}); sessions use the image's toolbox if it has one, \
-                 otherwise one docker exec per command"
-            );
+            tracing::debug!(tried = ?candidates, "no kiln-toolbox binary found");
             None
         })
         .as_deref()
 }
 
-/// In order: the configured path, `KILN_TOOLBOX_PATH`, next to the running
-/// executable, and one directory up (test binaries live in `target/debug/deps`
-/// while Cargo puts the toolbox in `target/debug`).
+/// The target triple a static toolbox is built for on this machine: the gnu
+/// one, named explicitly with `--target` so that `-C target-feature=+crt-static`
+/// reaches the toolbox and not the host's build scripts and proc-macros
+/// (which cannot be static). `None` off Linux/glibc.
+pub fn static_target() -> Option<String> {
+    cfg!(all(target_os = "linux", target_env = "gnu")).then(|| format!("{}-unknown-linux-gnu", std::env::consts::ARCH))
+}
+
+/// Where Cargo puts the static toolbox (built with `--target`) for the
+/// profile whose output directory is `profile_dir` (`<target-dir>/debug`).
+pub fn static_binary_in(profile_dir: &Path) -> Option<PathBuf> {
+    let profile = profile_dir.file_name()?;
+    let target_dir = profile_dir.parent()?;
+    Some(target_dir.join(static_target()?).join(profile).join(BINARY_NAME))
+}
+
+/// In order: the configured path, `KILN_TOOLBOX_PATH`, then, next to the
+/// running executable and one directory up (test binaries live in
+/// `target/debug/deps` while Cargo puts the toolbox in `target/debug`), the
+/// static build of that profile before the plain one: the static one runs
+/// in any image, the plain one only where the image's glibc suits it.
 fn candidates(configured: Option<&Path>) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = configured.map(Path::to_path_buf).into_iter().collect();
     if let Some(env) = std::env::var_os(PATH_ENV).filter(|v| !v.is_empty()) {
@@ -65,9 +79,9 @@ fn candidates(configured: Option<&Path>) -> Vec<PathBuf> {
         return out;
     }
     if let Some(dir) = std::env::current_exe().ok().and_then(|exe| exe.parent().map(Path::to_path_buf)) {
-        out.push(dir.join(BINARY_NAME));
-        if let Some(up) = dir.parent() {
-            out.push(up.join(BINARY_NAME));
+        for dir in [Some(dir.as_path()), dir.parent()].into_iter().flatten() {
+            out.extend(static_binary_in(dir));
+            out.push(dir.join(BINARY_NAME));
         }
     }
     out
@@ -111,5 +125,14 @@ mod tests {
             .collect();
         assert_eq!(entries, [("kiln-toolbox".to_owned(), 0o755)]);
         assert_eq!(format!("{CONTAINER_DIR}/{BINARY_NAME}"), CONTAINER_PATH);
+    }
+
+    #[test]
+    fn the_static_build_sits_beside_the_profile_under_its_target_triple() {
+        let triple = static_target().unwrap();
+        assert_eq!(
+            static_binary_in(Path::new("/src/target/release")).unwrap(),
+            Path::new("/src/target").join(triple).join("release/kiln-toolbox")
+        );
     }
 }

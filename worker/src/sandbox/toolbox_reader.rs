@@ -138,12 +138,25 @@ pub(super) fn lock(map: &PendingMap) -> std::sync::MutexGuard<'_, HashMap<u64, P
 }
 
 /// What the toolbox said in its hello.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct HelloInfo {
     pub protocol_version: u32,
     /// Its pid in the container, to kill it from outside when it is stuck.
     pub pid: u32,
+    /// Programs the image lacks (bounded: it is the sandbox talking).
+    pub missing: Vec<String>,
 }
+
+/// How the start ended: the hello, or what came instead of one (Docker's
+/// own error text, such as `OCI runtime exec failed: ... not found`, when
+/// the command could not be started at all).
+pub(super) type HelloResult = Result<HelloInfo, String>;
+
+/// What is kept of the bytes that came instead of a hello.
+const NOT_A_HELLO_CHARS: usize = 300;
+/// Names of missing programs passed on, and their length.
+const MISSING_MAX: usize = 4;
+const MISSING_NAME_CHARS: usize = 64;
 
 pub(super) type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
 
@@ -153,14 +166,21 @@ pub(super) async fn read_frames(
     mut output: Output,
     pending: PendingMap,
     alive: Arc<AtomicBool>,
-    hello: oneshot::Sender<HelloInfo>,
+    hello: oneshot::Sender<HelloResult>,
 ) {
     let mut hello = Some(hello);
     let mut decoder = FrameDecoder::new(MAX_FRAME_BYTES);
     let mut broken: Option<String> = None;
+    // Until the hello: the raw bytes, for when they are no frames at all.
+    let mut before_hello: Vec<u8> = Vec::new();
     'stream: while let Some(chunk) = output.next().await {
         match chunk {
-            Ok(LogOutput::StdOut { message }) => decoder.push(&message),
+            Ok(LogOutput::StdOut { message }) => {
+                if hello.is_some() && before_hello.len() < NOT_A_HELLO_CHARS {
+                    before_hello.extend_from_slice(&message[..message.len().min(NOT_A_HELLO_CHARS)]);
+                }
+                decoder.push(&message)
+            }
             Ok(LogOutput::StdErr { message }) => {
                 let text = String::from_utf8_lossy(&message);
                 let text: String = text.chars().take(STDERR_LOG_CHARS).collect();
@@ -175,6 +195,16 @@ pub(super) async fn read_frames(
         }
         while let Some(frame) = decoder.next_frame() {
             let body = match frame {
+                Ok(body) if hello.is_some() && !is_hello(&body) => {
+                    not_a_hello(&mut hello, &before_hello);
+                    break 'stream;
+                }
+                Err(_) if hello.is_some() => {
+                    // Not a toolbox talking (Docker's exec error, "OCI ...",
+                    // read as a frame length): say what it said.
+                    not_a_hello(&mut hello, &before_hello);
+                    break 'stream;
+                }
                 Ok(body) => body,
                 Err(e @ FrameError::TooLarge { .. }) => {
                     // Which call it was for is unknown, and a toolbox that
@@ -204,12 +234,32 @@ pub(super) async fn read_frames(
     }
 }
 
+fn is_hello(body: &[u8]) -> bool {
+    matches!(serde_json::from_slice::<ServerMessage>(body), Ok(ServerMessage::Hello(_)))
+}
+
+/// Ends the start with what came instead of a hello, as text.
+fn not_a_hello(hello: &mut Option<oneshot::Sender<HelloResult>>, raw: &[u8]) {
+    let text: String = String::from_utf8_lossy(raw).chars().take(NOT_A_HELLO_CHARS).collect();
+    let text = text.trim();
+    let said = if text.is_empty() { "no hello".to_owned() } else { format!("instead of a hello: {text}") };
+    if let Some(tx) = hello.take() {
+        let _ = tx.send(Err(said));
+    }
+}
+
 /// Hands one frame body to whoever waits for it.
-fn dispatch(body: &[u8], pending: &PendingMap, hello: &mut Option<oneshot::Sender<HelloInfo>>) {
+fn dispatch(body: &[u8], pending: &PendingMap, hello: &mut Option<oneshot::Sender<HelloResult>>) {
     match serde_json::from_slice::<ServerMessage>(body) {
         Ok(ServerMessage::Hello(h)) => {
             if let Some(tx) = hello.take() {
-                let _ = tx.send(HelloInfo { protocol_version: h.protocol_version, pid: h.pid });
+                let missing = h
+                    .missing
+                    .into_iter()
+                    .take(MISSING_MAX)
+                    .map(|m| m.chars().take(MISSING_NAME_CHARS).collect())
+                    .collect();
+                let _ = tx.send(Ok(HelloInfo { protocol_version: h.protocol_version, pid: h.pid, missing }));
             }
         }
         Ok(ServerMessage::Output(o)) => {

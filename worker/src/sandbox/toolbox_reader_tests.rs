@@ -17,7 +17,12 @@ fn frame(msg: &ServerMessage) -> Vec<u8> {
 }
 
 fn hello() -> Vec<u8> {
-    frame(&ServerMessage::Hello(Hello { protocol_version: 1, toolbox_version: "x".into(), pid: 42 }))
+    frame(&ServerMessage::Hello(Hello {
+        protocol_version: 1,
+        toolbox_version: "x".into(),
+        pid: 42,
+        missing: Vec::new(),
+    }))
 }
 
 fn output(id: u64, data: String) -> Vec<u8> {
@@ -187,4 +192,28 @@ fn limits_follow_the_request_and_never_exceed_the_frame_cap() {
     assert_eq!(greedy.reply_bytes, MAX_FRAME_BYTES);
     assert_eq!(greedy.stream_bytes, MAX_STREAM_BYTES + 1024);
     assert_eq!(CallLimits::for_request(&RequestBody::Ping).stream_bytes, 0);
+}
+
+async fn hello_of(stream: Vec<u8>) -> HelloResult {
+    let (hello_tx, hello_rx) = oneshot::channel();
+    let alive = Arc::new(AtomicBool::new(true));
+    read_frames(Box::pin(futures::stream::iter(chunks(stream))), PendingMap::default(), alive, hello_tx).await;
+    hello_rx.await.unwrap_or_else(|_| Err("the reader dropped the hello".into()))
+}
+
+#[tokio::test]
+async fn dockers_exec_error_instead_of_a_hello_is_reported_as_text_not_read_as_a_frame() {
+    let said = "OCI runtime exec failed: exec failed: unable to start container process: exec: \"kiln-toolbox\": \
+                executable file not found in $PATH: unknown\r\n";
+    let err = hello_of(said.as_bytes().to_vec()).await.unwrap_err();
+    assert!(err.contains("executable file not found"), "{err}");
+    assert!(!err.contains("frame"), "{err}");
+}
+
+#[tokio::test]
+async fn a_first_frame_that_is_no_hello_ends_the_start() {
+    let err = hello_of(output(1, "x".into())).await.unwrap_err();
+    assert!(err.starts_with("instead of a hello"), "{err}");
+    let ok = hello_of(hello()).await.unwrap();
+    assert_eq!((ok.pid, ok.missing.len()), (42, 0));
 }

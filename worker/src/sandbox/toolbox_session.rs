@@ -11,7 +11,7 @@ use kiln_toolbox::protocol::{ErrorKind, FileVersion, Reply, RequestBody};
 
 use super::toolbox::{OutputSink, TOOLBOX_EXEC_USER, ToolboxConn, ToolboxError};
 use super::toolbox_binary::{self, CONTAINER_PATH, IMAGE_COMMAND};
-use super::{Sandbox, WORKSPACE};
+use super::{Sandbox, SandboxError, WORKSPACE};
 
 /// Beyond a command's own timeout (which the toolbox enforces), how long to
 /// wait before deciding the toolbox is stuck.
@@ -44,9 +44,12 @@ impl std::fmt::Debug for ToolboxState {
 
 impl Sandbox {
     /// Installs (when the worker has the binary) and starts the toolbox.
-    /// Any failure leaves the sandbox in per-exec mode, which still works.
-    pub(super) async fn start_toolbox(&mut self) {
-        let command = match toolbox_binary::local_binary(self.config.toolbox_path.as_deref()) {
+    /// A toolbox that cannot start leaves the sandbox in per-exec mode,
+    /// which still works; an image without what commands need (`bash`) is
+    /// an error, whichever way the tools would run.
+    pub(super) async fn start_toolbox(&mut self) -> Result<(), SandboxError> {
+        let local = toolbox_binary::local_binary(self.config.toolbox_path.as_deref());
+        let command = match local {
             Some(binary) => match self.install_toolbox(binary).await {
                 Ok(()) => CONTAINER_PATH,
                 Err(e) => {
@@ -57,22 +60,43 @@ impl Sandbox {
             None => IMAGE_COMMAND,
         };
         match ToolboxConn::start(&self.docker, &self.id, command, &self.config.user).await {
+            Ok(conn) if !conn.missing().is_empty() => {
+                Err(SandboxError::ImageLacks { image: self.config.image.clone(), missing: conn.missing().join(", ") })
+            }
             Ok(conn) => {
                 self.toolbox = Arc::new(ToolboxState {
                     command: Some(command.to_owned()),
                     conn: tokio::sync::Mutex::new(Some(Arc::new(conn))),
                     seen: Mutex::default(),
                 });
+                Ok(())
             }
             Err(e) => {
-                tracing::warn!(container = %self.id, error = %e, "no toolbox in this sandbox; using one exec per call");
+                warn_fallback_once(&self.config.image, local.is_some(), &e);
+                tracing::debug!(container = %self.id, error = %e, "no toolbox in this sandbox; using one exec per call");
+                self.check_shell().await
             }
         }
     }
 
-    /// Whether a toolbox connection is up (a warm container whose toolbox
-    /// died is not worth handing out).
+    /// Without a toolbox to say so: whether `bash` runs in the container,
+    /// as the command user (126/127: it could not be started).
+    async fn check_shell(&self) -> Result<(), SandboxError> {
+        match self.run_detached(vec!["bash", "-c", "exit 0"], &self.config.user).await? {
+            Some(126) | Some(127) => {
+                Err(SandboxError::ImageLacks { image: self.config.image.clone(), missing: "bash".into() })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the sandbox is as good as when it started: a warm container
+    /// whose toolbox died is not worth handing out; one that never had a
+    /// toolbox (per-exec mode) is exactly what a new one would be.
     pub(super) fn toolbox_alive(&self) -> bool {
+        if self.toolbox.command.is_none() {
+            return true;
+        }
         match self.toolbox.conn.try_lock() {
             Ok(slot) => slot.as_ref().is_some_and(|c| c.is_alive()),
             // Someone is using it: alive enough.
@@ -261,6 +285,29 @@ impl Sandbox {
 
     pub fn record_seen(&self, path: &str, version: FileVersion) {
         lock(&self.toolbox.seen).insert(version_key(path), version);
+    }
+}
+
+/// Images already warned about running without a toolbox: the fallback
+/// is said once per image and process, not once per container (a warm
+/// pool starts many).
+static FALLBACK_WARNED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn warn_fallback_once(image: &str, had_binary: bool, error: &ToolboxError) {
+    let mut warned = FALLBACK_WARNED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if warned.iter().any(|i| i == image) {
+        return;
+    }
+    warned.push(image.to_owned());
+    if had_binary {
+        tracing::warn!(image, error = %error, "the toolbox does not start in sandboxes of this image; tools run one docker exec per call (slower)");
+    } else {
+        tracing::warn!(
+            image,
+            "no kiln-toolbox binary (set {} or build it: `cargo build -p kiln-toolbox`) and none in the image; \
+             tools run one docker exec per call (slower)",
+            toolbox_binary::PATH_ENV
+        );
     }
 }
 

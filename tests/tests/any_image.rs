@@ -1,0 +1,235 @@
+//! Any image (issue 15, items 4–5): the static toolbox runs where there is no
+//! C library at all; a uid the image does not know still gets a usable
+//! `HOME`; an image without `bash` fails at sandbox start, clearly; and
+//! without any toolbox the warm pool does not churn and the fallback is said
+//! once. Real API, worker, Docker; the model is scripted.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kiln_protocol::{CreateRun, EventBody, RunStatus};
+use kiln_scripted_model::Reply;
+use kiln_tests::{Event, Options, TestApp, outcome, pick};
+use kiln_worker::ProviderKind;
+use kiln_worker::config::WorkerConfig;
+use serde_json::json;
+use tokio::sync::OnceCell;
+
+/// No glibc, no loader: bash-static and busybox-static only.
+const STATIC_IMAGE: &str = "kiln-test-static:1";
+/// The same without bash.
+const NOBASH_IMAGE: &str = "kiln-test-nobash:1";
+
+/// Builds the two test images unless they exist (the script skips what is done).
+async fn images() {
+    static BUILT: OnceCell<()> = OnceCell::const_new();
+    BUILT
+        .get_or_init(|| async {
+            let script = workspace().join("sandbox-images/build-static-test-images.sh");
+            let status = tokio::process::Command::new(&script).status().await.unwrap();
+            assert!(status.success(), "{} failed: {status}", script.display());
+        })
+        .await;
+}
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The static toolbox, built as `kiln up` builds it from a source tree.
+async fn static_toolbox() -> PathBuf {
+    static PATH: OnceCell<PathBuf> = OnceCell::const_new();
+    PATH.get_or_init(|| async {
+        let tree = kiln_cli::toolbox_build::SourceTree::of_current_exe().expect("tests run from the source tree");
+        tree.build_static_toolbox().await.unwrap()
+    })
+    .await
+    .clone()
+}
+
+fn config(image: &str, toolbox: Option<PathBuf>) -> WorkerConfig {
+    let mut config = kiln_tests::worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
+    config.sandbox.image = image.to_owned();
+    config.sandbox.toolbox_path = toolbox;
+    config
+}
+
+fn bash(command: &str) -> Reply {
+    Reply::tool("bash", json!({ "command": command }))
+}
+
+fn results(events: &[Event]) -> Vec<(String, bool)> {
+    pick!(events, EventBody::ToolResult { output, is_error, .. } => (output.clone(), *is_error)).collect()
+}
+
+async fn run(script: Vec<Reply>, config: WorkerConfig) -> Vec<Event> {
+    let app = TestApp::spawn(Options { worker: false, script, ..Default::default() }).await;
+    app.start_worker(config).await;
+    let id = app.submit("alice", CreateRun::new("work")).await.id;
+    app.events("alice", id).await
+}
+
+#[tokio::test]
+async fn bash_view_write_and_edit_work_through_the_static_toolbox_in_an_image_without_glibc() {
+    images().await;
+    let events = run(
+        vec![
+            // The command's parent is the toolbox (the exec fallback's
+            // would be `timeout`); and there is no C library to load.
+            bash("cat /proc/$PPID/comm; ls /lib /lib64 /usr/lib 2>&1 | head -3; echo $BASH_VERSION"),
+            Reply::tool("write", json!({"path": "notes.txt", "content": "alpha\nbeta\n"})),
+            Reply::tool("view", json!({"path": "notes.txt"})),
+            Reply::tool("edit", json!({"path": "notes.txt", "old_string": "beta", "new_string": "gamma"})),
+            bash("cat notes.txt"),
+            Reply::text("done"),
+        ],
+        config(STATIC_IMAGE, Some(static_toolbox().await)),
+    )
+    .await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", events.last());
+    let r = results(&events);
+    assert_eq!(r.len(), 5, "{r:?}");
+    assert!(r.iter().all(|(_, is_error)| !is_error), "{r:?}");
+    let probe = &r[0].0;
+    assert!(probe.starts_with("kiln-toolbox\n"), "commands run under the toolbox: {probe}");
+    assert!(probe.contains("/lib: No such file or directory"), "no C library in the image: {probe}");
+    assert!(probe.contains("/usr/lib: No such file or directory"), "{probe}");
+    assert!(r[2].0.contains("beta"), "view: {:?}", r[2]);
+    assert!(r[4].0.starts_with("alpha\ngamma\n"), "write then edit: {:?}", r[4]);
+}
+
+#[tokio::test]
+async fn a_uid_missing_from_the_images_passwd_runs_commands_with_a_writable_home() {
+    let mut config = config("kiln-sandbox:latest", Some(static_toolbox().await));
+    // kiln-sandbox's /etc/passwd knows root and kiln (1000), not 4242.
+    config.sandbox.user = "4242:4242".into();
+    let events = run(
+        vec![
+            bash("id -u; grep -c ':4242:' /etc/passwd; echo home=$HOME; echo kept > ~/.probe && cat ~/.probe && ls -ld ~ | cut -c1-10"),
+            Reply::text("done"),
+        ],
+        config,
+    )
+    .await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", events.last());
+    let r = results(&events);
+    let out = &r[0].0;
+    assert!(!r[0].1, "{out}");
+    assert!(out.starts_with("4242\n0\n"), "runs as the uid the image does not know: {out}");
+    assert!(out.contains("home=/tmp/kiln-home\n"), "{out}");
+    assert!(out.contains("kept\ndrwx------"), "HOME is the user's and writable: {out}");
+}
+
+#[tokio::test]
+async fn an_image_without_bash_fails_at_sandbox_start_naming_bash() {
+    images().await;
+    for toolbox in [Some(static_toolbox().await), Some(PathBuf::from("/nonexistent/kiln-toolbox"))] {
+        let events = run(vec![bash("echo never"), Reply::text("done")], config(NOBASH_IMAGE, toolbox.clone())).await;
+        assert_eq!(outcome(&events), Some(RunStatus::Failed), "toolbox {toolbox:?}: {:?}", events.last());
+        let error = pick!(&events, EventBody::RunFailed { error, .. } => error.clone()).next().unwrap();
+        assert!(
+            error.contains("could not start the sandbox") && error.contains(&format!("{NOBASH_IMAGE:?} has no bash")),
+            "toolbox {toolbox:?}: {error}"
+        );
+        assert!(results(&events).is_empty(), "no tool ran: {events:?}");
+    }
+}
+
+/// Every log line of this test process (each test is its own process
+/// under nextest).
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn capture() -> Logs {
+        let logs = Logs::default();
+        let writer = logs.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .try_init()
+            .expect("no other subscriber in this test process");
+        logs
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Ids of the containers Docker creates for `worker` from now on.
+fn count_creations(worker: &str) -> Arc<Mutex<Vec<String>>> {
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let filters = HashMap::from([
+        ("type".to_owned(), vec!["container".to_owned()]),
+        ("event".to_owned(), vec!["create".to_owned()]),
+        ("label".to_owned(), vec![format!("dev.kiln.worker={worker}")]),
+    ]);
+    let options = bollard::query_parameters::EventsOptionsBuilder::new().filters(&filters).build();
+    let created = Arc::new(Mutex::new(Vec::new()));
+    let seen = created.clone();
+    let mut stream = docker.events(Some(options));
+    tokio::spawn(async move {
+        while let Some(Ok(event)) = stream.next().await {
+            if let Some(id) = event.actor.and_then(|a| a.id) {
+                seen.lock().unwrap().push(id);
+            }
+        }
+    });
+    created
+}
+
+#[tokio::test]
+async fn without_a_toolbox_runs_work_the_warm_pool_keeps_its_containers_and_the_fallback_is_said_once() {
+    let logs = Logs::capture();
+    let mut config = config("kiln-sandbox:latest", Some(PathBuf::from("/nonexistent/kiln-toolbox")));
+    config.warm_pool = 2;
+    let created = count_creations(&config.worker_id);
+    // The subscription is in place before anything is created.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let app = TestApp::spawn(Options {
+        worker: false,
+        script: vec![bash("echo one"), Reply::text("first"), bash("echo two"), Reply::text("second")],
+        ..Default::default()
+    })
+    .await;
+    let pool_worker = config.worker_id.clone();
+    app.start_worker(config).await;
+    for (prompt, said) in [("first", "one"), ("second", "two")] {
+        let id = app.submit("alice", CreateRun::new(prompt)).await.id;
+        let events = app.events("alice", id).await;
+        assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", events.last());
+        assert!(results(&events)[0].0.starts_with(&format!("{said}\n")), "{:?}", results(&events));
+    }
+    // Two runs from a pool of two: each took one warm container and the
+    // pool started one in its place, no more: 2 + 2.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while created.lock().unwrap().len() < 4 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A churning pool would go on creating: give it the time to show.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let n = created.lock().unwrap().len();
+    assert_eq!(n, 4, "containers created for worker {pool_worker}: {:?}", created.lock().unwrap());
+    let text = logs.text();
+    let warnings: Vec<&str> = text.lines().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(warnings.len(), 1, "one warning, not one per container: {warnings:#?}");
+    assert!(warnings[0].contains("no kiln-toolbox binary") && warnings[0].contains("one docker exec per call"));
+    assert!(!text.contains("frame"), "Docker's error text is not read as frames: {text}");
+}
