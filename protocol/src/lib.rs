@@ -10,6 +10,7 @@ pub mod rules;
 
 pub mod address;
 pub mod callback;
+pub mod egress;
 pub mod event;
 pub mod input;
 pub mod message;
@@ -19,6 +20,7 @@ pub mod run;
 mod schema;
 
 pub use callback::CallbackBody;
+pub use egress::{EgressMode, EgressPolicy, HostRule};
 pub use event::{EventBody, EventRecord, StoredEvent, TodoItem, TodoStatus};
 pub use message::{Message, Part, Role, Usage};
 pub use run::{
