@@ -107,11 +107,11 @@ pub enum EventBody {
         #[serde(default, skip_serializing_if = "is_zero")]
         suppressed: u64,
     },
-    /// The egress proxy let the sandbox reach `host:port`; written the
-    /// first time per host and port in a run (`connections` counts them
-    /// since the previous event for it). Bounded per run.
+    /// The egress proxy let the sandbox reach `host:port`: written the
+    /// first time per host and port in a run, for a bounded number of them
+    /// (`/metrics` counts every connection).
     #[serde(rename = "network.allowed")]
-    NetworkAllowed { host: String, port: u16, connections: u64 },
+    NetworkAllowed { host: String, port: u16 },
     #[serde(rename = "run.succeeded")]
     RunSucceeded { summary: String },
     #[serde(rename = "run.failed")]

@@ -5,6 +5,7 @@ pub mod agent;
 pub mod callbacks;
 pub mod claim_loop;
 pub mod config;
+pub mod egress;
 pub mod github;
 mod handoff;
 mod lease_keeper;
