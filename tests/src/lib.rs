@@ -26,6 +26,7 @@ pub use kiln_scripted_model;
 pub mod browser;
 pub mod fake_github;
 pub mod netcut;
+pub mod outside;
 pub mod pg;
 mod runs;
 

@@ -255,7 +255,7 @@ async fn start_proxy(
     let Some(client) = egress::network::address_of(&ctx.docker, sandbox.id(), run.session_id).await? else {
         return Ok(None);
     };
-    let net = egress::network::ensure(&ctx.docker, run.session_id).await?;
+    let Some(net) = egress::network::find(&ctx.docker, run.session_id).await? else { return Ok(None) };
     let listen = std::net::SocketAddr::new(net.gateway, config.egress.port);
     let proxy = SessionProxy::start(&config.egress, config.egress_layers(), listen, Some(client)).await?;
     tracing::info!(run_id = %run.id, proxy = %proxy.addr, mode = config.egress_layers().mode().as_str(), "egress proxy serving");

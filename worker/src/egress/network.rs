@@ -41,6 +41,9 @@ pub enum NetworkError {
 
 /// The session's network, created if it does not exist yet.
 pub async fn ensure(docker: &Docker, session_id: Uuid) -> Result<SessionNetwork, NetworkError> {
+    if let Some(net) = find(docker, session_id).await? {
+        return Ok(net);
+    }
     let name = name(session_id);
     let request = NetworkCreateRequest {
         name: name.clone(),
@@ -53,13 +56,20 @@ pub async fn ensure(docker: &Docker, session_id: Uuid) -> Result<SessionNetwork,
         ])),
         ..Default::default()
     };
-    match docker.create_network(request).await {
-        Ok(_) => {}
-        // Made by an earlier run of the session (or a racing attempt).
-        Err(bollard::errors::Error::DockerResponseServerError { status_code: 409, .. }) => {}
+    // Engines before API 1.44 accept a second network of the same name
+    // unless asked not to; looking first (above) is what keeps them one.
+    docker.create_network(request).await?;
+    find(docker, session_id).await?.ok_or_else(|| NetworkError::NoGateway(name))
+}
+
+/// The session's network, if it exists.
+pub async fn find(docker: &Docker, session_id: Uuid) -> Result<Option<SessionNetwork>, NetworkError> {
+    let name = name(session_id);
+    let inspected = match docker.inspect_network(&name, None).await {
+        Ok(n) => n,
+        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => return Ok(None),
         Err(e) => return Err(e.into()),
-    }
-    let inspected = docker.inspect_network(&name, None).await?;
+    };
     let gateway = inspected
         .ipam
         .and_then(|ipam| ipam.config)
@@ -68,7 +78,7 @@ pub async fn ensure(docker: &Docker, session_id: Uuid) -> Result<SessionNetwork,
         .filter_map(|c| c.gateway.as_deref()?.parse::<IpAddr>().ok())
         .find(IpAddr::is_ipv4)
         .ok_or_else(|| NetworkError::NoGateway(name.clone()))?;
-    Ok(SessionNetwork { name, gateway })
+    Ok(Some(SessionNetwork { name, gateway }))
 }
 
 /// The address `container` has on the session's network, if it is on it.
