@@ -170,10 +170,12 @@ impl HostRule {
     fn matches_host(&self, host: &str) -> bool {
         let pattern = self.host.to_ascii_lowercase();
         match pattern.strip_prefix("*.") {
-            Some(suffix) => host.len() > suffix.len() + 1 && host.ends_with(suffix) && {
-                let dot = host.len() - suffix.len() - 1;
-                host.as_bytes()[dot] == b'.'
-            },
+            Some(suffix) => {
+                host.len() > suffix.len() + 1 && host.ends_with(suffix) && {
+                    let dot = host.len() - suffix.len() - 1;
+                    host.as_bytes()[dot] == b'.'
+                }
+            }
             None => host == pattern,
         }
     }

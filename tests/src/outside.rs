@@ -119,7 +119,8 @@ impl Outside {
         docker.create_container(Some(options), body).await.expect("create the test server");
         docker.start_container(&container, None).await.expect("start the test server");
         let info = docker.inspect_network(&network, None).await.expect("inspect the test network");
-        let subnet = info.ipam.and_then(|i| i.config).and_then(|c| c.into_iter().find_map(|c| c.subnet)).expect("subnet");
+        let subnet =
+            info.ipam.and_then(|i| i.config).and_then(|c| c.into_iter().find_map(|c| c.subnet)).expect("subnet");
         let inspected = docker.inspect_container(&container, None).await.expect("inspect the test server");
         let ip = inspected
             .network_settings

@@ -154,7 +154,8 @@ fn denials(events: &[Event]) -> Vec<(String, u16, Option<String>, String, String
 #[tokio::test]
 async fn an_allowlist_lets_through_what_it_names_and_nothing_else() {
     let outside = Outside::start().await;
-    let script = vec![Reply::tool("bash", bash_python(&PROBE.replace("@IP@", &outside.ip.to_string()))), Reply::text("done")];
+    let script =
+        vec![Reply::tool("bash", bash_python(&PROBE.replace("@IP@", &outside.ip.to_string()))), Reply::text("done")];
     let app = app_with(&outside, EgressMode::Allowlist, script).await;
     let events = run(&app, egress(EgressPolicy { mode: EgressMode::Allowlist, allow: None })).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
@@ -191,12 +192,20 @@ async fn an_allowlist_lets_through_what_it_names_and_nothing_else() {
         denied.iter().find(|d| d.0 == host && d.1 == port).unwrap_or_else(|| panic!("no denial of {host}: {denied:?}"))
     };
     let d = find("blocked.test", HTTP_PORT);
-    assert_eq!((d.2.as_deref(), d.3.as_str(), d.4.as_str()), (Some("GET"), "deployment", "allowlist: no rule for blocked.test:8080"));
+    assert_eq!(
+        (d.2.as_deref(), d.3.as_str(), d.4.as_str()),
+        (Some("GET"), "deployment", "allowlist: no rule for blocked.test:8080")
+    );
     let d = find("blocked.test", HTTPS_PORT);
     assert_eq!((d.2.as_deref(), d.3.as_str()), (None, "deployment"));
     let d = find("redirected.test", HTTP_PORT);
     assert_eq!(d.4, "allowlist: no rule for redirected.test:8080");
-    assert!(denied.iter().any(|d| d.0 == "readonly.test" && d.2.as_deref() == Some("POST") && d.4.contains("methods GET,HEAD")), "{denied:?}");
+    assert!(
+        denied
+            .iter()
+            .any(|d| d.0 == "readonly.test" && d.2.as_deref() == Some("POST") && d.4.contains("methods GET,HEAD")),
+        "{denied:?}"
+    );
     assert!(denied.iter().any(|d| d.0 == "readonly.test" && d.4.contains("paths /simple/")), "{denied:?}");
     assert!(find("private.test", HTTP_PORT).4.contains("loopback"), "{denied:?}");
     // The mismatch is named after the name the client asked the server for.
@@ -249,7 +258,10 @@ for name, url in [('blocked', 'http://blocked.test:8080/x'), ('metadata', 'http:
     assert!(denied[0].4.contains("link-local"), "{denied:?}");
 
     // A run narrows the open deployment to one host.
-    let only_allowed = EgressPolicy { mode: EgressMode::Allowlist, allow: Some(vec![HostRule::host("allowed.test", vec![HTTP_PORT])]) };
+    let only_allowed = EgressPolicy {
+        mode: EgressMode::Allowlist,
+        allow: Some(vec![HostRule::host("allowed.test", vec![HTTP_PORT])]),
+    };
     let events = run(&app, egress(only_allowed)).await;
     let got = results(&events);
     assert_eq!(result(&got, "allowed"), "OK outside says GET /y", "{got:?}");

@@ -257,7 +257,13 @@ async fn start_proxy(
     };
     let Some(net) = egress::network::find(&ctx.docker, run.session_id).await? else { return Ok(None) };
     let listen = std::net::SocketAddr::new(net.gateway, config.egress.port);
-    let proxy = SessionProxy::start(&config.egress, config.egress_layers(), listen, Some(client)).await?;
+    let proxy = SessionProxy::start(&config.egress, config.egress_layers(), listen, Some(client)).await.map_err(|e| {
+        // Most likely: this worker is not in the engine host's network
+        // namespace, where the gateway address is.
+        SandboxError::Workspace(format!(
+            "listening on {listen}: {e} (the worker must share the Docker host's network; see docs/deployment.md, Egress)"
+        ))
+    })?;
     tracing::info!(run_id = %run.id, proxy = %proxy.addr, mode = config.egress_layers().mode().as_str(), "egress proxy serving");
     Ok(Some(proxy))
 }

@@ -124,11 +124,7 @@ async fn connection(stream: TcpStream, ctx: Arc<ProxyContext>, _permit: OwnedSem
 }
 
 async fn handle(ctx: &Arc<ProxyContext>, req: Request<Incoming>, slot: &Mutex<Option<Tunnel>>) -> Response<Body> {
-    if req.method() == Method::CONNECT {
-        connect(ctx, req, slot).await
-    } else {
-        forward(ctx, req).await
-    }
+    if req.method() == Method::CONNECT { connect(ctx, req, slot).await } else { forward(ctx, req).await }
 }
 
 /// What was asked for, for refusals.
@@ -235,8 +231,11 @@ async fn forward(ctx: &ProxyContext, req: Request<Incoming>) -> Response<Body> {
             "kiln egress proxy: only absolute http:// URLs here; HTTPS goes through CONNECT\n".into(),
         );
     };
-    let target =
-        Target { host: normalize_host(authority.host()), port: authority.port_u16().unwrap_or(80), method: Some(req.method().to_string()) };
+    let target = Target {
+        host: normalize_host(authority.host()),
+        port: authority.port_u16().unwrap_or(80),
+        method: Some(req.method().to_string()),
+    };
     // The origin picks its site by the Host header: it must name the host judged.
     if let Some(named) = req.headers().get(header::HOST) {
         let named = named.to_str().ok().and_then(|h| h.parse::<hyper::http::uri::Authority>().ok());

@@ -108,8 +108,10 @@ mod tests {
         let rules = AddressRules {
             allow_ranges: parse_ranges("10.9.0.0/16").unwrap(),
             deny_ranges: parse_ranges("10.9.9.0/24, 203.0.113.7/32").unwrap(),
-            hosts: parse_hosts("ok.test=10.9.1.1, mixed.test=10.9.1.2, mixed.test=127.0.0.1, meta.test=169.254.169.254")
-                .unwrap(),
+            hosts: parse_hosts(
+                "ok.test=10.9.1.1, mixed.test=10.9.1.2, mixed.test=127.0.0.1, meta.test=169.254.169.254",
+            )
+            .unwrap(),
         };
         assert_eq!(rules.resolve("ok.test", 80).await, Ok(vec!["10.9.1.1:80".parse().unwrap()]));
         assert_eq!(rules.resolve("mixed.test", 80).await, Err(Refused::NotPublic("loopback")));
