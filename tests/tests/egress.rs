@@ -278,3 +278,77 @@ for name, url in [('blocked', 'http://blocked.test:8080/x'), ('metadata', 'http:
     drop(app);
     outside.stop().await;
 }
+
+/// The worker's resident memory, in KiB (the worker runs in this process).
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn four_sessions_at_once_each_see_only_their_own_traffic_under_load() {
+    let outside = Outside::start().await;
+    // Each sandbox tags its requests with its proxy's address (one network
+    // per session, so one address per session): 25 fetches from
+    // allowed.test and 25 from a blocked name of its own, all at once.
+    let load = r#"
+import os, time, threading, urllib.request
+time.sleep(2)
+tag = os.environ['HTTP_PROXY'].split('//')[1].split(':')[0].replace('.', '-')
+results = []
+def get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r: results.append('ok' if r.read().startswith(b'outside says') else 'bad')
+    except urllib.error.HTTPError as e: results.append('http%d' % e.code)
+    except Exception as e: results.append(type(e).__name__)
+urls = ['http://allowed.test:8080/%d' % i for i in range(25)] + ['http://blocked-%s.test:8080/%d' % (tag, i) for i in range(25)]
+threads = [threading.Thread(target=get, args=(u,)) for u in urls]
+for t in threads: t.start()
+for t in threads: t.join()
+print('tag: ' + tag)
+print('ok: %d' % results.count('ok'))
+print('refused: %d' % results.count('http403'))
+print('other: %s' % sorted(r for r in results if r not in ('ok', 'http403')))
+"#;
+    let mut script: Vec<Reply> = (0..4).map(|_| Reply::tool("bash", bash_python(load))).collect();
+    script.extend((0..4).map(|_| Reply::text("done")));
+    let app = TestApp::spawn(Options { worker: false, script, ..Default::default() }).await;
+    let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
+    config.concurrency = 4;
+    config.sandbox.egress = Arc::new(settings(&outside, EgressMode::Allowlist));
+    app.start_worker(config).await;
+    let before = rss_kib();
+
+    let spec = egress(EgressPolicy { mode: EgressMode::Allowlist, allow: None });
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(app.submit("alice", CreateRun { sandbox: spec.clone(), ..CreateRun::new("x") }).await.id);
+    }
+    let runs = futures::future::join_all(ids.iter().map(|id| app.events("alice", *id))).await;
+    let mut tags = Vec::new();
+    for events in &runs {
+        assert_eq!(outcome(events), Some(RunStatus::Succeeded), "{:?}", kinds(events));
+        let got = results(events);
+        assert_eq!(result(&got, "ok"), "25", "{got:?}");
+        assert_eq!(result(&got, "refused"), "25", "{got:?}");
+        assert_eq!(result(&got, "other"), "[]", "{got:?}");
+        let tag = result(&got, "tag").to_owned();
+        // This run's refusals, all of them and no other session's.
+        let denied = denials(events);
+        assert_eq!(denied.len(), 25, "{denied:?}");
+        let own = format!("blocked-{tag}.test");
+        assert!(denied.iter().all(|d| d.0 == own), "{own}: {denied:?}");
+        tags.push(tag);
+    }
+    tags.sort();
+    tags.dedup();
+    assert_eq!(tags.len(), 4, "one network, and one proxy, per session: {tags:?}");
+    // 200 connections through four proxies cost the worker little; a
+    // generous bound that catches buffering bodies or leaking connections.
+    let grown = rss_kib().saturating_sub(before);
+    assert!(grown < 256 * 1024, "the worker grew by {grown} KiB");
+
+    drop(app);
+    outside.stop().await;
+}
