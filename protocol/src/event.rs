@@ -105,6 +105,27 @@ pub enum EventBody {
     MessageQueued { text: String },
     #[serde(rename = "model.retry")]
     ModelRetry { attempt: u32, delay_ms: u64, error: String },
+    /// The egress proxy refused a connection or request from the run's
+    /// sandbox. `rule`: what refused it (`layer` says whose policy:
+    /// `deployment`, `run`, or `proxy` for the proxy's own checks:
+    /// addresses, SNI, malformed requests). `suppressed`: refusals since the
+    /// previous event that were not written (the run's stream is bounded).
+    #[serde(rename = "network.denied")]
+    NetworkDenied {
+        host: String,
+        port: u16,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        method: Option<String>,
+        layer: String,
+        rule: String,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        suppressed: u64,
+    },
+    /// The egress proxy let the sandbox reach `host:port`: written the
+    /// first time per host and port in a run, for a bounded number of them
+    /// (`/metrics` counts every connection).
+    #[serde(rename = "network.allowed")]
+    NetworkAllowed { host: String, port: u16 },
     #[serde(rename = "run.succeeded")]
     RunSucceeded { summary: String },
     #[serde(rename = "run.failed")]
@@ -154,6 +175,10 @@ pub enum EventBody {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         retry_in_ms: Option<u64>,
     },
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Kinds after which a run's stream ends.

@@ -11,6 +11,7 @@ pub mod rules;
 pub mod address;
 pub mod callback;
 pub mod environment;
+pub mod egress;
 pub mod event;
 pub mod input;
 pub mod message;
@@ -21,6 +22,7 @@ mod schema;
 
 pub use callback::CallbackBody;
 pub use environment::{Environment, EnvironmentSpec};
+pub use egress::{EgressMode, EgressPolicy, HostRule};
 pub use event::{EventBody, EventRecord, StoredEvent, TodoItem, TodoStatus};
 pub use message::{Message, Part, Role, Usage};
 pub use run::{

@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
 use uuid::Uuid;
 
+use crate::egress::{EgressMode, EgressPolicy};
 use crate::input;
 
 pub use crate::input::MAX_PROMPT_CHARS;
@@ -56,6 +57,10 @@ pub struct CreateRun {
 pub struct SandboxSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkMode>,
+    /// Traffic through Kiln's egress proxy, within the deployment's egress
+    /// policy (which it only narrows); absent: none. Not with `network`.
+    #[serde(default, deserialize_with = "crate::nested::object", skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressPolicy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_mb: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -319,6 +324,12 @@ impl SandboxSpec {
         }
         if self.pids.is_some_and(|p| !input::SANDBOX_PIDS.contains(p)) {
             return Err(out_of("pids", &input::SANDBOX_PIDS));
+        }
+        if let Some(egress) = &self.egress {
+            if self.network == Some(NetworkMode::Bridge) && egress.mode != EgressMode::None {
+                return Err(SpecError::Sandbox("egress and network = \"bridge\" do not go together".into()));
+            }
+            egress.validate().map_err(|e| SpecError::Sandbox(format!("egress: {e}")))?;
         }
         Ok(())
     }

@@ -27,6 +27,7 @@ pub mod browser;
 pub mod fake_github;
 pub mod kiln_bin;
 pub mod netcut;
+pub mod outside;
 pub mod pg;
 mod runs;
 pub mod worker_process;

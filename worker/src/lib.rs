@@ -6,6 +6,7 @@ pub mod callbacks;
 pub mod claim_loop;
 pub mod config;
 pub mod environment;
+pub mod egress;
 pub mod github;
 mod handoff;
 mod lease_keeper;

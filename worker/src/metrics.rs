@@ -115,6 +115,17 @@ impl Drop for ActiveSandbox {
     }
 }
 
+/// The egress proxy refused a connection or request; `layer`: whose rule
+/// (`deployment`, `run`, or `proxy` for its own checks).
+pub fn egress_denied(layer: &'static str) {
+    metrics::counter!("kiln_egress_denied_total", "layer" => layer).increment(1);
+}
+
+/// The egress proxy let a connection or request through.
+pub fn egress_allowed() {
+    metrics::counter!("kiln_egress_allowed_total").increment(1);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

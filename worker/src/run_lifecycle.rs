@@ -17,6 +17,7 @@ use crate::agent::event_budget::EventBudget;
 use crate::agent::events::EventSink;
 use crate::agent::{AgentError, AgentRun, Outcome};
 use crate::claim_loop::WorkerContext;
+use crate::egress::{self, SessionProxy};
 use crate::handoff::Handoff;
 use crate::lease_keeper::{Beat, LeaseKeeper};
 use crate::retry::{self, Verdict};
@@ -233,6 +234,11 @@ async fn drive(
         },
     };
     let _active = crate::metrics::ActiveSandbox::enter();
+    // Serves the sandbox's network for as long as the run lasts.
+    let _proxy = match start_proxy(ctx, run, &config, &sandbox).await {
+        Ok(proxy) => proxy.inspect(|p| events.attach_network_log(p.log.clone())),
+        Err(e) => return Ok(Outcome::Failed { error: format!("could not start the egress proxy: {e}") }),
+    };
     let mut notice = None;
     if origin != Origin::Reused {
         // An environment brought the workspace in itself.
@@ -283,6 +289,32 @@ async fn drive(
     events.commit().await?;
     crate::github::capture(ctx, run, &sandbox, &outcome).await;
     Ok(outcome)
+}
+
+/// The session's egress proxy, if its sandbox is on the session's network.
+/// It judges by this run's policy; a sandbox left on the network by an
+/// earlier run gets a proxy too, so that a run without egress sees its
+/// attempts refused (and recorded) rather than unanswered.
+async fn start_proxy(
+    ctx: &WorkerContext,
+    run: &Run,
+    config: &sandbox::SandboxConfig,
+    sandbox: &Sandbox,
+) -> Result<Option<SessionProxy>, SandboxError> {
+    let Some(client) = egress::network::address_of(&ctx.docker, sandbox.id(), run.session_id).await? else {
+        return Ok(None);
+    };
+    let Some(net) = egress::network::find(&ctx.docker, run.session_id).await? else { return Ok(None) };
+    let listen = std::net::SocketAddr::new(net.gateway, config.egress.port);
+    let proxy = SessionProxy::start(&config.egress, config.egress_layers(), listen, Some(client)).await.map_err(|e| {
+        // Most likely: this worker is not in the engine host's network
+        // namespace, where the gateway address is.
+        SandboxError::Workspace(format!(
+            "listening on {listen}: {e} (the worker must share the Docker host's network; see docs/deployment.md, Egress)"
+        ))
+    })?;
+    tracing::info!(run_id = %run.id, proxy = %proxy.addr, mode = config.egress_layers().mode().as_str(), "egress proxy serving");
+    Ok(Some(proxy))
 }
 
 async fn prepare_workspace(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox) -> Result<(), SandboxError> {

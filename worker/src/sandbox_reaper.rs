@@ -39,6 +39,9 @@ pub async fn reap(docker: &bollard::Docker, store: &Store, policy: &ReapPolicy<'
             Ok(Some(why)) => {
                 tracing::info!(container = %container.id, session = ?container.session, why, "removing sandbox");
                 sandbox::remove_by_id(docker, &container.id).await;
+                if let Some(session) = container.session {
+                    crate::egress::network::remove(docker, session).await;
+                }
             }
             Ok(None) => {}
             Err(e) => tracing::warn!(container = %container.id, error = %e, "checking a sandbox failed"),

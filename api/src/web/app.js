@@ -23,6 +23,7 @@
     'tool_call.started', 'tool_call.delta', 'tool_call.ready', 'tool.output', 'tool.result',
     'step.finished', 'approval.requested', 'approval.resolved', 'message.queued', 'model.retry',
     'compaction', 'todo', 'delivery.succeeded', 'delivery.failed', 'callback.succeeded', 'callback.failed',
+    'network.denied', 'network.allowed',
     ...TERMINAL,
   ];
   const RENDER_BATCH = 500; // events rendered per frame; the rest wait for the next
@@ -702,6 +703,13 @@
           const next = typeof p.retry_in_ms === 'number' ? `; retrying in ${ms(p.retry_in_ms)}` : '; given up';
           return meta(ev.seq, `Callback attempt ${p.attempt} failed: ${p.error}${next}`, 'ev-warn');
         }
+        case 'network.denied': {
+          const more = p.suppressed ? ` (+${p.suppressed} more not shown)` : '';
+          const method = p.method ? p.method + ' ' : '';
+          return meta(ev.seq, `Network denied: ${method}${p.host}:${p.port} by the ${p.layer} policy: ${p.rule}${more}`, 'ev-warn');
+        }
+        case 'network.allowed':
+          return meta(ev.seq, `Network: ${p.host}:${p.port} reached`);
         case 'run.succeeded':
         case 'run.failed':
         case 'run.cancelled':

@@ -109,6 +109,14 @@ fn error_gist(output: &str) -> String {
     one_line(&gist, 120)
 }
 
+/// A refusal by the egress proxy, in one line (shared with the plain printer).
+pub fn network_denied(body: &EventBody) -> Option<String> {
+    let EventBody::NetworkDenied { host, port, method, layer, rule, suppressed } = body else { return None };
+    let method = method.as_deref().map(|m| format!("{m} ")).unwrap_or_default();
+    let more = if *suppressed > 0 { format!(" (+{suppressed} more not shown)") } else { String::new() };
+    Some(one_line(&format!("network denied: {method}{host}:{port} by the {layer} policy: {rule}{more}"), 200))
+}
+
 impl Render for Live {
     fn event(&mut self, event: &StreamedEvent) {
         let Some(body) = event.body() else { return };
@@ -199,7 +207,12 @@ impl Render for Live {
             | EventBody::RunFailed { .. }
             | EventBody::RunCancelled { .. }
             | EventBody::RunTimedOut { .. } => self.flush_text(),
-            EventBody::ToolCallDelta { .. } => {}
+            EventBody::NetworkDenied { .. } => {
+                if let Some(line) = network_denied(&body) {
+                    self.print(&[format!("{} {line}", style("⛔").red())]);
+                }
+            }
+            EventBody::ToolCallDelta { .. } | EventBody::NetworkAllowed { .. } => {}
         }
     }
 

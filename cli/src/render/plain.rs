@@ -75,6 +75,7 @@ impl<W: Write> Printer<W> {
             EventBody::CallbackFailed { attempt, error, .. } => {
                 format!("● completion callback attempt {attempt} failed: {error}")
             }
+            EventBody::NetworkDenied { .. } => crate::render::live::network_denied(body)?,
             _ => return None,
         };
         Some(vec![line])

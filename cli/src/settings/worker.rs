@@ -1,11 +1,14 @@
 //! How a worker is tuned: its identity, sessions, leases and sandboxes.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
+use kiln_protocol::{EgressMode, EgressPolicy};
 use kiln_worker::WorkerConfig;
+use kiln_worker::egress::{AddressRules, EgressSettings, parse_allow};
 use kiln_worker::providers::pricing::PriceTable;
 use kiln_worker::sandbox::SandboxConfig;
 use kiln_worker::sandbox::disk::DiskMode;
@@ -80,6 +83,32 @@ pub struct WorkerArgs {
     /// Let runs ask for `bridge` networking (`"sandbox": {"network": "bridge"}`); off: no run gets a network.
     #[arg(long, env = "KILN_SANDBOX_ALLOW_NETWORK", default_value_t = false)]
     pub sandbox_allow_network: bool,
+    /// The most egress any run may have, through Kiln's proxy: `none`,
+    /// `allowlist` (the hosts of `KILN_EGRESS_ALLOW`) or `open` (any public
+    /// address). Runs ask for theirs (`"sandbox": {"egress": …}`) and only narrow this.
+    #[arg(long, env = "KILN_EGRESS_MODE", default_value = "none")]
+    pub egress_mode: String,
+    /// The hosts `allowlist` allows, comma-separated: `host`, `host:port`,
+    /// `*.host`; `@common` stands for the preset of package registries and forges.
+    #[arg(long, env = "KILN_EGRESS_ALLOW", default_value = "@common")]
+    pub egress_allow: String,
+    /// Non-public CIDR ranges sandboxes may reach anyway (an internal
+    /// registry); loopback, private, link-local and metadata addresses are refused otherwise.
+    #[arg(long, env = "KILN_EGRESS_ALLOW_RANGES", default_value = "")]
+    pub egress_allow_ranges: String,
+    /// CIDR ranges never reached, whatever else allows them: the
+    /// deployment's own public addresses (API, load balancer).
+    #[arg(long, env = "KILN_EGRESS_DENY_RANGES", default_value = "")]
+    pub egress_deny_ranges: String,
+    /// Names the proxy answers itself before DNS, `name=ip,…` (split-horizon names).
+    #[arg(long, env = "KILN_EGRESS_HOSTS", default_value = "")]
+    pub egress_hosts: String,
+    /// Port of the egress proxy on each session network's gateway.
+    #[arg(long, env = "KILN_EGRESS_PORT", default_value_t = 3128)]
+    pub egress_port: u16,
+    /// Connections one session's sandbox may hold open through the proxy at once.
+    #[arg(long, env = "KILN_EGRESS_MAX_CONNECTIONS", default_value_t = 256)]
+    pub egress_max_connections: usize,
     /// The kiln-toolbox binary copied into sandboxes; found next to `kiln` otherwise.
     #[arg(long, env = "KILN_TOOLBOX_PATH")]
     pub toolbox_path: Option<PathBuf>,
@@ -178,6 +207,7 @@ impl WorkerArgs {
                 toolbox_path: self.toolbox_path.clone(),
                 disk_mb: self.sandbox_disk_mb,
                 disk_mode: self.sandbox_disk_mode,
+                egress: Arc::new(self.egress()?),
                 ..SandboxConfig::default()
             },
             default_provider: model.provider()?,
@@ -205,6 +235,31 @@ impl WorkerArgs {
                 max_bytes: self.environment_cache_max_mb.saturating_mul(1024 * 1024),
             },
             max_event_bytes_per_run: self.max_event_bytes_per_run,
+        })
+    }
+}
+
+impl WorkerArgs {
+    fn egress(&self) -> anyhow::Result<EgressSettings> {
+        use kiln_worker::egress::resolve::{parse_hosts, parse_ranges};
+        let mode: EgressMode = serde_json::from_value(serde_json::Value::String(self.egress_mode.clone()))
+            .map_err(|_| anyhow::anyhow!("KILN_EGRESS_MODE must be none, allowlist or open"))?;
+        let allow = parse_allow(&self.egress_allow).map_err(|e| anyhow::anyhow!("KILN_EGRESS_ALLOW: {e}"))?;
+        if self.egress_max_connections == 0 {
+            bail!("KILN_EGRESS_MAX_CONNECTIONS must be at least 1");
+        }
+        let addresses = AddressRules {
+            allow_ranges: parse_ranges(&self.egress_allow_ranges)
+                .map_err(|e| anyhow::anyhow!("KILN_EGRESS_ALLOW_RANGES: {e}"))?,
+            deny_ranges: parse_ranges(&self.egress_deny_ranges)
+                .map_err(|e| anyhow::anyhow!("KILN_EGRESS_DENY_RANGES: {e}"))?,
+            hosts: parse_hosts(&self.egress_hosts).map_err(|e| anyhow::anyhow!("KILN_EGRESS_HOSTS: {e}"))?,
+        };
+        Ok(EgressSettings {
+            deployment: EgressPolicy { mode, allow: Some(allow) },
+            addresses: Arc::new(addresses),
+            port: self.egress_port,
+            max_connections: self.egress_max_connections,
         })
     }
 }

@@ -22,6 +22,7 @@
 //! are dropped (messages are still written, the conversation stays whole)
 //! and [`EventSink::exhausted`] says why the loop must end the run.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kiln_protocol::{EventBody, Message, Usage};
@@ -30,6 +31,7 @@ use uuid::Uuid;
 
 use super::db_retry::with_retry;
 use super::event_budget::EventBudget;
+use crate::egress::NetworkLog;
 
 /// Longest a delta waits before it is written.
 pub const COALESCE: Duration = Duration::from_millis(50);
@@ -50,6 +52,9 @@ pub struct EventSink {
     budget: EventBudget,
     /// The model call under way and what the provider has reported it used.
     unfinished: Option<UnfinishedStep>,
+    /// The egress proxy's decisions for this run, taken in at each commit
+    /// (the proxy never waits on the database).
+    network: Option<Arc<NetworkLog>>,
 }
 
 /// A step whose model call has started but not answered: what the
@@ -96,7 +101,13 @@ impl EventSink {
             held: None,
             budget: EventBudget::unlimited(),
             unfinished: None,
+            network: None,
         }
+    }
+
+    /// Takes the egress proxy's decisions into the run's stream from now on.
+    pub fn attach_network_log(&mut self, log: Arc<NetworkLog>) {
+        self.network = Some(log);
     }
 
     /// Step `step`'s model call has so far reported `usage`.
@@ -144,6 +155,9 @@ impl EventSink {
 
     /// Commits what is buffered if the oldest of it has waited [`COALESCE`].
     pub async fn write_if_stale(&mut self) -> Result<(), StoreError> {
+        if self.network.as_ref().is_some_and(|log| log.has_pending()) {
+            return self.commit().await;
+        }
         match self.since {
             Some(since) if since.elapsed() >= COALESCE => self.commit().await,
             _ => Ok(()),
@@ -177,6 +191,11 @@ impl EventSink {
 
     /// Writes everything buffered, and the held message, now, in one commit.
     pub async fn commit(&mut self) -> Result<(), StoreError> {
+        if let Some(log) = self.network.clone() {
+            for body in log.take() {
+                self.buffer(body);
+            }
+        }
         if let Some(done) = self.pending.take() {
             self.queued.push((Uuid::now_v7(), done));
         }

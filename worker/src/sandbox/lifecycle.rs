@@ -86,6 +86,7 @@ pub async fn after_run(docker: &Docker, config: &SandboxConfig, session_id: Uuid
     let name = session_container_name(session_id);
     if !keep {
         remove_container(docker, &name).await;
+        crate::egress::network::remove(docker, session_id).await;
         return;
     }
     let sandbox = Sandbox { docker: docker.clone(), id: name, config: config.clone(), toolbox: Default::default() };
@@ -113,6 +114,18 @@ impl Sandbox {
         };
         let id = info.id.unwrap_or(name);
         if !info.state.and_then(|s| s.running).unwrap_or(false) {
+            remove_container(docker, &id).await;
+            return Ok(None);
+        }
+        // A run with egress needs the sandbox on its session's network; one
+        // made without it cannot join it (a container without a network
+        // cannot be given one), so it is replaced.
+        let attached = info
+            .network_settings
+            .and_then(|n| n.networks)
+            .is_some_and(|n| n.contains_key(&crate::egress::network::name(session_id)));
+        if config.wants_egress() && !attached {
+            tracing::info!(%session_id, "the session's sandbox has no egress network; replacing it");
             remove_container(docker, &id).await;
             return Ok(None);
         }

@@ -37,7 +37,11 @@ use bollard::query_parameters::{
     CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
 };
 use disk::{DiskError, DiskMode, DiskPlan};
+use kiln_protocol::egress::{EgressMode, EgressPolicy, Layers};
 use kiln_protocol::{NetworkMode, SandboxSpec};
+
+use crate::egress::network::{self as egress_network, NetworkError};
+use crate::egress::{EgressSettings, SANDBOX_DNS};
 use uuid::Uuid;
 
 pub use exec::ExecOutput;
@@ -118,6 +122,8 @@ pub enum SandboxError {
     ImageLacks { image: String, missing: String },
     #[error(transparent)]
     Disk(#[from] DiskError),
+    #[error("egress network: {0}")]
+    Network(#[from] NetworkError),
 }
 
 /// Resource limits and image of a sandbox.
@@ -152,6 +158,10 @@ pub struct SandboxConfig {
     /// The engine probe's plan, made once (at worker start, or by the first
     /// container) and shared by every clone of this config.
     pub disk_plan: Arc<tokio::sync::OnceCell<DiskPlan>>,
+    /// The deployment's egress policy and proxy settings.
+    pub egress: Arc<EgressSettings>,
+    /// The run's own egress policy (see [`SandboxConfig::egress_layers`]).
+    pub egress_run: Option<EgressPolicy>,
 }
 
 impl Default for SandboxConfig {
@@ -171,6 +181,8 @@ impl Default for SandboxConfig {
             disk_mb: 1024,
             disk_mode: DiskMode::Auto,
             disk_plan: Arc::default(),
+            egress: Arc::default(),
+            egress_run: None,
         }
     }
 }
@@ -216,7 +228,28 @@ impl SandboxConfig {
                     .into());
             }
         }
+        if let Some(egress) = &spec.egress {
+            if egress.mode != EgressMode::None && self.egress.deployment.mode == EgressMode::None {
+                return Err(format!(
+                    "this run asked for egress (sandbox.egress.mode = \"{}\"), which this deployment does not \
+                     allow (KILN_EGRESS_MODE)",
+                    egress.mode.as_str()
+                ));
+            }
+            config.egress_run = Some(egress.clone());
+        }
         Ok(config)
+    }
+
+    /// The policies a request from this sandbox must pass: the
+    /// deployment's, then the run's.
+    pub fn egress_layers(&self) -> Layers {
+        Layers { deployment: self.egress.deployment.clone(), run: self.egress_run.clone() }
+    }
+
+    /// Whether the sandbox needs its session's network and proxy.
+    pub fn wants_egress(&self) -> bool {
+        self.egress_layers().mode() != EgressMode::None
     }
 }
 
@@ -273,7 +306,17 @@ impl Sandbox {
     ) -> Result<Sandbox, SandboxError> {
         let plan = config.disk_plan(docker).await?;
         let options = CreateContainerOptionsBuilder::new().name(name).build();
-        let body = || container_body(config, plan, &purpose);
+        // A session's sandbox with egress sits on the session's network
+        // (warm ones never do: runs with egress do not take from the pool).
+        let egress = match &purpose {
+            Purpose::Session(owner) if config.wants_egress() => {
+                let net = egress_network::ensure(docker, owner.session_id).await?;
+                let proxy = std::net::SocketAddr::new(net.gateway, config.egress.port);
+                Some(Attachment { network: net.name, proxy })
+            }
+            _ => None,
+        };
+        let body = || container_body(config, plan, &purpose, egress.as_ref());
         let created = match docker.create_container(Some(options.clone()), body()).await {
             Ok(c) => c,
             Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
@@ -314,7 +357,19 @@ impl Sandbox {
     }
 }
 
-fn container_body(config: &SandboxConfig, plan: &DiskPlan, purpose: &Purpose<'_>) -> ContainerCreateBody {
+/// A sandbox's place on its session's egress network.
+struct Attachment {
+    network: String,
+    /// Where the session's proxy listens.
+    proxy: std::net::SocketAddr,
+}
+
+fn container_body(
+    config: &SandboxConfig,
+    plan: &DiskPlan,
+    purpose: &Purpose<'_>,
+    egress: Option<&Attachment>,
+) -> ContainerCreateBody {
     let mut labels = HashMap::from([(LABEL_MANAGED.to_owned(), "true".to_owned())]);
     match purpose {
         Purpose::Session(owner) => {
@@ -336,7 +391,14 @@ fn container_body(config: &SandboxConfig, plan: &DiskPlan, purpose: &Purpose<'_>
         security_opt: Some(vec!["no-new-privileges:true".into()]),
         pids_limit: Some(config.pids_limit),
         nano_cpus: Some(config.nano_cpus),
-        network_mode: Some(if config.network { "bridge".into() } else { "none".into() }),
+        network_mode: Some(match egress {
+            Some(a) => a.network.clone(),
+            None if config.network => "bridge".into(),
+            None => "none".into(),
+        }),
+        // The engine's resolver for the sandbox forwards to an address it
+        // cannot reach (see `SANDBOX_DNS`): names resolve at the proxy only.
+        dns: egress.map(|_| vec![SANDBOX_DNS.to_owned()]),
         ulimits: Some(vec![ResourcesUlimits {
             name: Some("nofile".into()),
             soft: Some(config.nofile),
@@ -366,7 +428,8 @@ fn container_body(config: &SandboxConfig, plan: &DiskPlan, purpose: &Purpose<'_>
         tty: Some(false),
         open_stdin: Some(false),
         labels: Some(labels),
-        network_disabled: Some(!config.network),
+        env: egress.map(|a| crate::egress::proxy_env(a.proxy)),
+        network_disabled: Some(!config.network && egress.is_none()),
         host_config: Some(host_config),
         ..Default::default()
     }

@@ -1,0 +1,354 @@
+//! Egress through Kiln's proxy (issue 16): a sandbox reaches what its
+//! policy allows and nothing else, has no way around the proxy, and every
+//! refusal is a `network.denied` event of its run.
+//!
+//! "The internet" is one test server in a container on a network the test
+//! creates (`kiln_tests::outside`); the proxy knows it under several names
+//! (`KILN_EGRESS_HOSTS`) and the test allows its network's range, as an
+//! operator would allow an internal registry. No traffic leaves the machine.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_protocol::egress::{EgressMode, EgressPolicy, HostRule};
+use kiln_protocol::{CreateRun, EventBody, RunStatus, SandboxSpec};
+use kiln_scripted_model::Reply;
+use kiln_tests::outside::{HTTP_PORT, HTTPS_PORT, Outside};
+use kiln_tests::{Event, Options, TestApp, kinds, outcome, pick, worker_config};
+use kiln_worker::ProviderKind;
+use kiln_worker::egress::resolve::{parse_hosts, parse_ranges};
+use kiln_worker::egress::{AddressRules, EgressSettings};
+use serde_json::json;
+
+/// What the sandbox tries, one line of result each. Placeholders: `@IP@`,
+/// the test server's address.
+const PROBE: &str = r#"
+import os, socket, ssl, urllib.request, fcntl, struct
+unverified = ssl._create_unverified_context()
+def get(url, method='GET'):
+    try:
+        req = urllib.request.Request(url, method=method, data=b'x' if method == 'POST' else None)
+        with urllib.request.urlopen(req, context=unverified, timeout=20) as r:
+            return 'OK ' + r.read().decode()
+    except urllib.error.HTTPError as e:
+        return 'HTTP %d' % e.code
+    except Exception as e:
+        return 'ERR ' + type(e).__name__
+def tunnel(host, sni):
+    proxy = os.environ['HTTPS_PROXY'].split('//')[1].split(':')
+    s = socket.create_connection((proxy[0], int(proxy[1])), timeout=20)
+    s.sendall(('CONNECT %s:8443 HTTP/1.1\r\nHost: %s:8443\r\n\r\n' % (host, host)).encode())
+    status = s.recv(4096).split(b'\r\n')[0].decode()
+    if ' 200' not in status:
+        return 'REFUSED ' + status
+    try:
+        t = unverified.wrap_socket(s, server_hostname=sni)
+        t.sendall(b'GET /tunnel HTTP/1.0\r\nHost: allowed.test\r\n\r\n')
+        return 'OK ' + t.recv(4096).decode().split('\r\n')[0]
+    except Exception as e:
+        return 'ERR ' + type(e).__name__
+results = [
+    ('http-allowed', get('http://allowed.test:8080/plain')),
+    ('https-allowed', get('https://allowed.test:8443/secure')),
+    ('http-blocked', get('http://blocked.test:8080/x')),
+    ('https-blocked', get('https://blocked.test:8443/x')),
+    ('redirect', get('http://allowed.test:8080/redirect?to=http://redirected.test:8080/loot')),
+    ('method', get('http://readonly.test:8080/simple/pkg', 'POST')),
+    ('path', get('http://readonly.test:8080/admin')),
+    ('method-path-ok', get('http://readonly.test:8080/simple/pkg')),
+    ('readonly-https', tunnel('readonly.test', 'readonly.test')),
+    ('private', get('http://private.test:8080/')),
+    ('sni-mismatch', tunnel('allowed.test', 'blocked.test')),
+    ('sni-missing', tunnel('allowed.test', None)),
+]
+try:
+    socket.create_connection(('@IP@', 8080), timeout=5); results.append(('direct', 'CONNECTED'))
+except Exception as e:
+    results.append(('direct', 'ERR ' + type(e).__name__))
+try:
+    socket.getaddrinfo('allowed.test', 8080); results.append(('dns', 'RESOLVED'))
+except Exception as e:
+    results.append(('dns', 'ERR ' + type(e).__name__))
+ifname = [n for n in os.listdir('/sys/class/net') if n != 'lo'][0].encode()
+sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for name, req, arg in [('link-down', 0x8914, struct.pack('16sH14s', ifname, 0, b'')),
+                       ('route-add', 0x890B, bytes(120))]:
+    try:
+        fcntl.ioctl(sock, req, arg); results.append((name, 'CHANGED'))
+    except OSError as e:
+        results.append((name, 'ERRNO %d' % e.errno))
+for name, result in results:
+    print('%s: %s' % (name, result))
+"#;
+
+fn bash_python(script: &str) -> serde_json::Value {
+    json!({ "command": format!("python3 - <<'PY'\n{script}\nPY") })
+}
+
+/// The deployment: `mode` at most, the test's names on the test server,
+/// its network's range allowed.
+fn settings(outside: &Outside, mode: EgressMode) -> EgressSettings {
+    let ip = outside.ip;
+    let hosts = format!(
+        "allowed.test={ip},blocked.test={ip},redirected.test={ip},readonly.test={ip},\
+         private.test=127.0.0.1,metadata.test=169.254.169.254"
+    );
+    let allowed = HostRule::host("allowed.test", vec![HTTP_PORT, HTTPS_PORT]);
+    let read_only = HostRule {
+        methods: Some(vec!["GET".into(), "HEAD".into()]),
+        path_prefixes: Some(vec!["/simple/".into()]),
+        ..HostRule::host("readonly.test", vec![HTTP_PORT, HTTPS_PORT])
+    };
+    let private = HostRule::host("private.test", vec![HTTP_PORT]);
+    EgressSettings {
+        deployment: EgressPolicy { mode, allow: Some(vec![allowed, read_only, private]) },
+        addresses: Arc::new(AddressRules {
+            allow_ranges: parse_ranges(&outside.subnet).unwrap(),
+            deny_ranges: Vec::new(),
+            hosts: parse_hosts(&hosts).unwrap(),
+        }),
+        ..EgressSettings::default()
+    }
+}
+
+async fn app_with(outside: &Outside, mode: EgressMode, script: Vec<Reply>) -> TestApp {
+    let app = TestApp::spawn(Options { worker: false, script, ..Default::default() }).await;
+    let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
+    config.sandbox.egress = Arc::new(settings(outside, mode));
+    app.start_worker(config).await;
+    app
+}
+
+fn egress(policy: EgressPolicy) -> Option<SandboxSpec> {
+    Some(SandboxSpec { egress: Some(policy), ..Default::default() })
+}
+
+async fn run(app: &TestApp, sandbox: Option<SandboxSpec>) -> Vec<Event> {
+    let id = app.submit("alice", CreateRun { sandbox, ..CreateRun::new("x") }).await.id;
+    app.events("alice", id).await
+}
+
+/// The probe's lines as `(name, result)`.
+fn results(events: &[Event]) -> Vec<(String, String)> {
+    let output = pick!(events, EventBody::ToolResult { output, .. } => output).next();
+    let output = output.unwrap_or_else(|| panic!("{:?}", kinds(events)));
+    output
+        .lines()
+        .filter_map(|l| l.split_once(": "))
+        .map(|(name, result)| (name.to_owned(), result.to_owned()))
+        .collect()
+}
+
+fn result<'a>(results: &'a [(String, String)], name: &str) -> &'a str {
+    results.iter().find(|(n, _)| n == name).map(|(_, r)| r.as_str()).unwrap_or_else(|| panic!("no {name}: {results:?}"))
+}
+
+/// Every `network.denied` of the run as `(host, port, method, layer, rule)`.
+fn denials(events: &[Event]) -> Vec<(String, u16, Option<String>, String, String)> {
+    pick!(events, EventBody::NetworkDenied { host, port, method, layer, rule, .. } =>
+        (host.clone(), *port, method.clone(), layer.clone(), rule.clone()))
+    .collect()
+}
+
+#[tokio::test]
+async fn an_allowlist_lets_through_what_it_names_and_nothing_else() {
+    let outside = Outside::start().await;
+    let script =
+        vec![Reply::tool("bash", bash_python(&PROBE.replace("@IP@", &outside.ip.to_string()))), Reply::text("done")];
+    let app = app_with(&outside, EgressMode::Allowlist, script).await;
+    let events = run(&app, egress(EgressPolicy { mode: EgressMode::Allowlist, allow: None })).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let got = results(&events);
+
+    // Allowed, over HTTP and HTTPS (a tunnel whose SNI is the CONNECT host).
+    assert_eq!(result(&got, "http-allowed"), "OK outside says GET /plain");
+    assert_eq!(result(&got, "https-allowed"), "OK outside says GET /secure");
+    assert_eq!(result(&got, "method-path-ok"), "OK outside says GET /simple/pkg");
+    // Refused by name, by method, by path, and a redirect to a blocked host
+    // (the client follows; the second request is judged on its own).
+    for name in ["http-blocked", "redirect", "method", "path"] {
+        assert_eq!(result(&got, name), "HTTP 403", "{name}: {got:?}");
+    }
+    assert!(result(&got, "https-blocked").starts_with("ERR"), "{got:?}");
+    // A rule with methods or paths cannot be checked inside TLS: no tunnel.
+    assert!(result(&got, "readonly-https").starts_with("REFUSED"), "{got:?}");
+    // An allowed name resolving to loopback is refused before connecting.
+    assert_eq!(result(&got, "private"), "HTTP 403");
+    // A tunnel to allowed.test whose ClientHello names blocked.test, or
+    // nothing, is closed before the server is dialled.
+    assert!(result(&got, "sni-mismatch").starts_with("ERR"), "{got:?}");
+    assert!(result(&got, "sni-missing").starts_with("ERR"), "{got:?}");
+
+    // No way around the proxy: no route, no resolver, no capability.
+    assert!(result(&got, "direct").starts_with("ERR"), "{got:?}");
+    assert!(result(&got, "dns").starts_with("ERR"), "{got:?}");
+    assert_eq!(result(&got, "link-down"), "ERRNO 1", "EPERM: {got:?}");
+    assert_eq!(result(&got, "route-add"), "ERRNO 1", "EPERM: {got:?}");
+
+    // Every refusal is an event naming the host and the rule.
+    let denied = denials(&events);
+    let find = |host: &str, port: u16| {
+        denied.iter().find(|d| d.0 == host && d.1 == port).unwrap_or_else(|| panic!("no denial of {host}: {denied:?}"))
+    };
+    let d = find("blocked.test", HTTP_PORT);
+    assert_eq!(
+        (d.2.as_deref(), d.3.as_str(), d.4.as_str()),
+        (Some("GET"), "deployment", "allowlist: no rule for blocked.test:8080")
+    );
+    let d = find("blocked.test", HTTPS_PORT);
+    assert_eq!((d.2.as_deref(), d.3.as_str()), (None, "deployment"));
+    let d = find("redirected.test", HTTP_PORT);
+    assert_eq!(d.4, "allowlist: no rule for redirected.test:8080");
+    assert!(
+        denied
+            .iter()
+            .any(|d| d.0 == "readonly.test" && d.2.as_deref() == Some("POST") && d.4.contains("methods GET,HEAD")),
+        "{denied:?}"
+    );
+    assert!(denied.iter().any(|d| d.0 == "readonly.test" && d.4.contains("paths /simple/")), "{denied:?}");
+    assert!(find("private.test", HTTP_PORT).4.contains("loopback"), "{denied:?}");
+    // The mismatch is named after the name the client asked the server for.
+    assert!(
+        denied.iter().any(|d| d.0 == "blocked.test" && d.3 == "proxy" && d.4.contains("server name differs")),
+        "{denied:?}"
+    );
+    assert!(denied.iter().any(|d| d.0 == "allowed.test" && d.4.contains("no server name")), "{denied:?}");
+    let allowed: Vec<_> = pick!(&events, EventBody::NetworkAllowed { host, port } => (host.clone(), *port)).collect();
+    assert!(allowed.contains(&("allowed.test".to_owned(), HTTP_PORT)), "{allowed:?}");
+    assert!(allowed.contains(&("allowed.test".to_owned(), HTTPS_PORT)), "{allowed:?}");
+
+    drop(app);
+    outside.stop().await;
+}
+
+#[tokio::test]
+async fn open_mode_reaches_public_names_but_never_metadata_and_a_run_only_narrows() {
+    let outside = Outside::start().await;
+    let probe = r#"
+import urllib.request
+def get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=20) as r: return 'OK ' + r.read().decode()
+    except urllib.error.HTTPError as e: return 'HTTP %d' % e.code
+    except Exception as e: return 'ERR ' + type(e).__name__
+for name, url in [('blocked', 'http://blocked.test:8080/x'), ('metadata', 'http://metadata.test/latest/meta-data/'),
+                  ('allowed', 'http://allowed.test:8080/y')]:
+    print('%s: %s' % (name, get(url)))
+"#;
+    let script = vec![
+        Reply::tool("bash", bash_python(probe)),
+        Reply::text("open"),
+        Reply::tool("bash", bash_python(probe)),
+        Reply::text("narrowed"),
+        Reply::tool("bash", bash_python(probe)),
+        Reply::text("none"),
+    ];
+    let app = app_with(&outside, EgressMode::Open, script).await;
+
+    // Open: any name, but metadata.test resolves to 169.254.169.254 and is
+    // refused before any connection.
+    let events = run(&app, egress(EgressPolicy { mode: EgressMode::Open, allow: None })).await;
+    let got = results(&events);
+    assert_eq!(result(&got, "blocked"), "OK outside says GET /x", "{got:?}");
+    assert_eq!(result(&got, "metadata"), "HTTP 403", "{got:?}");
+    let denied = denials(&events);
+    assert_eq!(denied.len(), 1, "{denied:?}");
+    assert_eq!((denied[0].0.as_str(), denied[0].3.as_str()), ("metadata.test", "proxy"));
+    assert!(denied[0].4.contains("link-local"), "{denied:?}");
+
+    // A run narrows the open deployment to one host.
+    let only_allowed = EgressPolicy {
+        mode: EgressMode::Allowlist,
+        allow: Some(vec![HostRule::host("allowed.test", vec![HTTP_PORT])]),
+    };
+    let events = run(&app, egress(only_allowed)).await;
+    let got = results(&events);
+    assert_eq!(result(&got, "allowed"), "OK outside says GET /y", "{got:?}");
+    assert_eq!(result(&got, "blocked"), "HTTP 403", "{got:?}");
+    let denied = denials(&events);
+    assert!(denied.iter().any(|d| d.0 == "blocked.test" && d.3 == "run"), "{denied:?}");
+
+    // No egress asked: no network at all (the proxy's variables are not even set).
+    let events = run(&app, None).await;
+    let got = results(&events);
+    assert!(result(&got, "allowed").starts_with("ERR"), "{got:?}");
+    assert!(denials(&events).is_empty());
+
+    drop(app);
+    outside.stop().await;
+}
+
+/// The worker's resident memory, in KiB (the worker runs in this process).
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn four_sessions_at_once_each_see_only_their_own_traffic_under_load() {
+    let outside = Outside::start().await;
+    // Each sandbox tags its requests with its proxy's address (one network
+    // per session, so one address per session): 25 fetches from
+    // allowed.test and 25 from a blocked name of its own, all at once.
+    let load = r#"
+import os, time, threading, urllib.request
+time.sleep(2)
+tag = os.environ['HTTP_PROXY'].split('//')[1].split(':')[0].replace('.', '-')
+results = []
+def get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r: results.append('ok' if r.read().startswith(b'outside says') else 'bad')
+    except urllib.error.HTTPError as e: results.append('http%d' % e.code)
+    except Exception as e: results.append(type(e).__name__)
+urls = ['http://allowed.test:8080/%d' % i for i in range(25)] + ['http://blocked-%s.test:8080/%d' % (tag, i) for i in range(25)]
+threads = [threading.Thread(target=get, args=(u,)) for u in urls]
+for t in threads: t.start()
+for t in threads: t.join()
+print('tag: ' + tag)
+print('ok: %d' % results.count('ok'))
+print('refused: %d' % results.count('http403'))
+print('other: %s' % sorted(r for r in results if r not in ('ok', 'http403')))
+"#;
+    let mut script: Vec<Reply> = (0..4).map(|_| Reply::tool("bash", bash_python(load))).collect();
+    script.extend((0..4).map(|_| Reply::text("done")));
+    let app = TestApp::spawn(Options { worker: false, script, ..Default::default() }).await;
+    let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
+    config.concurrency = 4;
+    config.sandbox.egress = Arc::new(settings(&outside, EgressMode::Allowlist));
+    app.start_worker(config).await;
+    let before = rss_kib();
+
+    let spec = egress(EgressPolicy { mode: EgressMode::Allowlist, allow: None });
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(app.submit("alice", CreateRun { sandbox: spec.clone(), ..CreateRun::new("x") }).await.id);
+    }
+    let runs = futures::future::join_all(ids.iter().map(|id| app.events("alice", *id))).await;
+    let mut tags = Vec::new();
+    for events in &runs {
+        assert_eq!(outcome(events), Some(RunStatus::Succeeded), "{:?}", kinds(events));
+        let got = results(events);
+        assert_eq!(result(&got, "ok"), "25", "{got:?}");
+        assert_eq!(result(&got, "refused"), "25", "{got:?}");
+        assert_eq!(result(&got, "other"), "[]", "{got:?}");
+        let tag = result(&got, "tag").to_owned();
+        // This run's refusals, all of them and no other session's.
+        let denied = denials(events);
+        assert_eq!(denied.len(), 25, "{denied:?}");
+        let own = format!("blocked-{tag}.test");
+        assert!(denied.iter().all(|d| d.0 == own), "{own}: {denied:?}");
+        tags.push(tag);
+    }
+    tags.sort();
+    tags.dedup();
+    assert_eq!(tags.len(), 4, "one network, and one proxy, per session: {tags:?}");
+    // 200 connections through four proxies cost the worker little; a
+    // generous bound that catches buffering bodies or leaking connections.
+    let grown = rss_kib().saturating_sub(before);
+    assert!(grown < 256 * 1024, "the worker grew by {grown} KiB");
+
+    drop(app);
+    outside.stop().await;
+}

@@ -1,0 +1,148 @@
+//! Egress: a sandbox reaches only what its policy allows, through the
+//! worker's own proxy, and every refusal is an event of the run.
+//!
+//! Where things are enforced:
+//! - the sandbox sits alone on its session's `internal` Docker network
+//!   (`network`): no route out, no NAT, and a resolver that forwards
+//!   nowhere, so it cannot reach anything by itself; it holds no capability
+//!   to change its interfaces or routes;
+//! - the only thing it can talk to is this proxy (`proxy`), which the
+//!   worker runs for the session's current run, bound to that network's
+//!   gateway address, and which judges every request by the policy
+//!   (`kiln_protocol::egress`) and every address by `resolve`;
+//! - decisions go to the run's stream through `log`.
+
+pub mod client_hello;
+pub mod log;
+pub mod network;
+pub mod proxy;
+pub mod resolve;
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use kiln_protocol::egress::{EgressMode, EgressPolicy, HostRule, Layers, PRESET_COMMON};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+pub use log::NetworkLog;
+use proxy::ProxyContext;
+pub use resolve::AddressRules;
+
+/// Where the sandbox's resolver forwards names it does not know: an
+/// address from TEST-NET-1 (never routed), which the sandbox, having no
+/// route beyond its own network, cannot reach either. Docker's embedded DNS
+/// forwards from the container's own network namespace (only loopback
+/// upstreams are dialled from the host's), so no query leaves.
+pub const SANDBOX_DNS: &str = "192.0.2.1";
+
+/// The deployment's egress settings.
+#[derive(Debug, Clone)]
+pub struct EgressSettings {
+    /// The most any run gets (`KILN_EGRESS_MODE`, `KILN_EGRESS_ALLOW`).
+    pub deployment: EgressPolicy,
+    /// Which addresses names may resolve to, and static names.
+    pub addresses: Arc<AddressRules>,
+    /// The port the proxy listens on, on each session network's gateway.
+    pub port: u16,
+    /// Connections one session's proxy holds open at once.
+    pub max_connections: usize,
+}
+
+impl Default for EgressSettings {
+    fn default() -> Self {
+        EgressSettings {
+            deployment: EgressPolicy { mode: EgressMode::None, allow: Some(preset_common()) },
+            addresses: Arc::default(),
+            port: 3128,
+            max_connections: 256,
+        }
+    }
+}
+
+/// The `@common` preset as rules.
+pub fn preset_common() -> Vec<HostRule> {
+    PRESET_COMMON.iter().map(|h| HostRule::host(h, vec![443])).collect()
+}
+
+/// Parses the operator's list: `host`, `host:port`, `*.host`, and `@common`
+/// for the preset, comma-separated.
+pub fn parse_allow(list: &str) -> Result<Vec<HostRule>, String> {
+    let mut rules = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        match item {
+            "@common" => rules.extend(preset_common()),
+            _ if item.starts_with('@') => return Err(format!("{item:?}: the only preset is @common")),
+            _ => rules.push(HostRule::parse_short(item)?),
+        }
+    }
+    Ok(rules)
+}
+
+/// The proxy settings a sandbox's commands see (for convenience: the
+/// network, not these, is what makes the proxy the only way out).
+pub fn proxy_env(proxy: SocketAddr) -> Vec<String> {
+    let url = format!("http://{proxy}");
+    let no_proxy = "localhost,127.0.0.1,::1";
+    let mut env = Vec::new();
+    for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "npm_config_proxy", "npm_config_https_proxy"]
+    {
+        env.push(format!("{name}={url}"));
+    }
+    env.push(format!("NO_PROXY={no_proxy}"));
+    env.push(format!("no_proxy={no_proxy}"));
+    // pip, git and curl read the variables above; pip's own names too.
+    env.push(format!("PIP_PROXY={url}"));
+    env
+}
+
+/// A session's proxy, serving while this lives.
+pub struct SessionProxy {
+    task: tokio::task::JoinHandle<()>,
+    pub log: Arc<NetworkLog>,
+    pub addr: SocketAddr,
+}
+
+impl Drop for SessionProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl SessionProxy {
+    /// Listens on `listen` for the sandbox at `client`, judging by `layers`.
+    pub async fn start(
+        settings: &EgressSettings,
+        layers: Layers,
+        listen: SocketAddr,
+        client: Option<IpAddr>,
+    ) -> io::Result<SessionProxy> {
+        let listener = TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let log = Arc::new(NetworkLog::default());
+        let ctx = ProxyContext {
+            layers,
+            addresses: settings.addresses.clone(),
+            log: log.clone(),
+            client,
+            permits: Arc::new(Semaphore::new(settings.max_connections)),
+        };
+        let task = proxy::spawn(listener, Arc::new(ctx));
+        Ok(SessionProxy { task, log, addr })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_operators_list_takes_the_preset_and_more() {
+        let rules = parse_allow("@common, registry.internal:8443, *.corp.example").unwrap();
+        assert_eq!(rules.len(), PRESET_COMMON.len() + 2);
+        assert!(rules.iter().any(|r| r.host == "pypi.org" && r.ports == [443]));
+        assert!(parse_allow("@everything").is_err());
+        assert!(parse_allow("http://x").is_err());
+    }
+}

@@ -1,0 +1,99 @@
+//! A session's own Docker network: `internal` (the engine gives it no route
+//! out and no NAT), holding the session's sandbox alone. The only thing on
+//! it the sandbox can talk to is the network's gateway, the worker's host,
+//! where the session's egress proxy listens.
+//!
+//! One network per session, not per worker, so that the listener a
+//! connection arrives on says whose it is, and one sandbox can never reach
+//! another's. The engine gives each network a subnet from its address
+//! pools (`default-address-pools` in daemon.json sets how many there are).
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use bollard::Docker;
+use bollard::models::NetworkCreateRequest;
+use uuid::Uuid;
+
+use crate::sandbox::{LABEL_MANAGED, LABEL_SESSION};
+
+const PREFIX: &str = "kiln-egress-";
+
+/// The session's network's name.
+pub fn name(session_id: Uuid) -> String {
+    format!("{PREFIX}{}", session_id.simple())
+}
+
+/// The session's network and its gateway address (where the proxy listens).
+#[derive(Debug, Clone)]
+pub struct SessionNetwork {
+    pub name: String,
+    pub gateway: IpAddr,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkError {
+    #[error("docker: {0}")]
+    Docker(#[from] bollard::errors::Error),
+    #[error("the network {0} has no IPv4 gateway")]
+    NoGateway(String),
+}
+
+/// The session's network, created if it does not exist yet.
+pub async fn ensure(docker: &Docker, session_id: Uuid) -> Result<SessionNetwork, NetworkError> {
+    if let Some(net) = find(docker, session_id).await? {
+        return Ok(net);
+    }
+    let name = name(session_id);
+    let request = NetworkCreateRequest {
+        name: name.clone(),
+        driver: Some("bridge".into()),
+        internal: Some(true),
+        enable_ipv6: Some(false),
+        labels: Some(HashMap::from([
+            (LABEL_MANAGED.to_owned(), "true".to_owned()),
+            (LABEL_SESSION.to_owned(), session_id.to_string()),
+        ])),
+        ..Default::default()
+    };
+    // Engines before API 1.44 accept a second network of the same name
+    // unless asked not to; looking first (above) is what keeps them one.
+    docker.create_network(request).await?;
+    find(docker, session_id).await?.ok_or_else(|| NetworkError::NoGateway(name))
+}
+
+/// The session's network, if it exists.
+pub async fn find(docker: &Docker, session_id: Uuid) -> Result<Option<SessionNetwork>, NetworkError> {
+    let name = name(session_id);
+    let inspected = match docker.inspect_network(&name, None).await {
+        Ok(n) => n,
+        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let gateway = inspected
+        .ipam
+        .and_then(|ipam| ipam.config)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|c| c.gateway.as_deref()?.parse::<IpAddr>().ok())
+        .find(IpAddr::is_ipv4)
+        .ok_or_else(|| NetworkError::NoGateway(name.clone()))?;
+    Ok(Some(SessionNetwork { name, gateway }))
+}
+
+/// The address `container` has on the session's network, if it is on it.
+pub async fn address_of(docker: &Docker, container: &str, session_id: Uuid) -> Result<Option<IpAddr>, NetworkError> {
+    let info = docker.inspect_container(container, None).await?;
+    let networks = info.network_settings.and_then(|s| s.networks).unwrap_or_default();
+    Ok(networks.get(&name(session_id)).and_then(|e| e.ip_address.as_deref()?.parse().ok()))
+}
+
+/// Removes the session's network; gone already is fine. The engine
+/// refuses while a container is still attached: the caller removes the
+/// container first.
+pub async fn remove(docker: &Docker, session_id: Uuid) {
+    match docker.remove_network(&name(session_id)).await {
+        Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
+        Err(e) => tracing::warn!(%session_id, error = %e, "removing the session's egress network failed"),
+    }
+}
