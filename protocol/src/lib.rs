@@ -10,8 +10,8 @@ pub mod rules;
 
 pub mod address;
 pub mod callback;
-pub mod environment;
 pub mod egress;
+pub mod environment;
 pub mod event;
 pub mod input;
 pub mod message;
@@ -21,8 +21,8 @@ pub mod run;
 mod schema;
 
 pub use callback::CallbackBody;
-pub use environment::{Environment, EnvironmentSpec};
 pub use egress::{EgressMode, EgressPolicy, HostRule};
+pub use environment::{Environment, EnvironmentSpec};
 pub use event::{EventBody, EventRecord, StoredEvent, TodoItem, TodoStatus};
 pub use message::{Message, Part, Role, Usage};
 pub use run::{
