@@ -12,10 +12,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::input;
+
 /// The most rules one policy may carry; a policy is hostile input.
 pub const MAX_RULES: usize = 256;
-/// Longest host pattern, path prefix or method accepted.
-const MAX_PART: usize = 253;
 /// Ports a rule allows when it names none: plain HTTP and HTTPS.
 pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
 
@@ -144,23 +144,20 @@ impl HostRule {
 
     /// Checks the rule's shape: a host name pattern, sane methods and paths.
     pub fn validate(&self) -> Result<(), String> {
-        let name = self.host.strip_prefix("*.").unwrap_or(&self.host);
-        let label_ok = |l: &str| {
-            !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        };
-        if name.is_empty() || self.host.len() > MAX_PART || !name.split('.').all(label_ok) {
+        // The rules the API document states (`crate::input`), not copies.
+        if !input::EGRESS_HOST.accepts(&self.host) {
             return Err(format!("{:?} is not a host name or *.name pattern", self.host));
         }
-        if self.ports.contains(&0) {
-            return Err(format!("{}: port 0", self.host));
+        if let Some(port) = self.ports.iter().find(|p| !input::EGRESS_PORT.contains(**p)) {
+            return Err(format!("{}: port {port}", self.host));
         }
         for m in self.methods.iter().flatten() {
-            if m.is_empty() || m.len() > 32 || !m.bytes().all(|b| b.is_ascii_uppercase()) {
+            if !input::EGRESS_METHOD.accepts(m) {
                 return Err(format!("{}: {m:?} is not an upper-case HTTP method", self.host));
             }
         }
         for p in self.path_prefixes.iter().flatten() {
-            if !p.starts_with('/') || p.len() > MAX_PART {
+            if !input::EGRESS_PATH_PREFIX.accepts(p) {
                 return Err(format!("{}: path prefix {p:?} must start with /", self.host));
             }
         }

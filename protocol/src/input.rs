@@ -11,6 +11,16 @@ pub const MAX_PROMPT_CHARS: usize = 64 * 1024;
 /// `prompt` of a run, and the `text` of a message to one.
 pub static PROMPT: Text = Text::new(1, MAX_PROMPT_CHARS, NOT_BLANK_NO_NUL);
 
+/// An egress rule's host (`sandbox.egress.allow[].host`): a name or a
+/// `*.name` pattern, labels of letters, digits, `-` and `_`.
+pub static EGRESS_HOST: Text = Text::new(1, 253, r"^(\*\.)?[A-Za-z0-9_-]{1,63}(\.[A-Za-z0-9_-]{1,63})*$");
+/// A port of an egress rule (`…allow[].ports[]`).
+pub static EGRESS_PORT: Range<u16> = Range::new(1, 65_535);
+/// An HTTP method of an egress rule (`…allow[].methods[]`), upper case.
+pub static EGRESS_METHOD: Text = Text::new(1, 32, r"^[A-Z]+$");
+/// A path prefix of an egress rule (`…allow[].path_prefixes[]`).
+pub static EGRESS_PATH_PREFIX: Text = Text::new(1, 253, concat!("^/[^", control!(), "]*$"));
+
 /// `limits.max_steps`: model calls.
 pub static MAX_STEPS: Range<u32> = Range::new(1, 500);
 /// `limits.timeout_s`: up to one day.

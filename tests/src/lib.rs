@@ -26,6 +26,7 @@ pub use kiln_scripted_model;
 pub mod browser;
 pub mod fake_github;
 pub mod kiln_bin;
+pub mod logs;
 pub mod netcut;
 pub mod outside;
 pub mod pg;

@@ -6,7 +6,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,11 +13,13 @@ use std::time::Duration;
 use futures::StreamExt;
 use kiln_protocol::{CreateRun, EventBody, RunStatus};
 use kiln_scripted_model::Reply;
+use kiln_tests::logs::Logs;
 use kiln_tests::{Event, Options, TestApp, outcome, pick};
 use kiln_worker::ProviderKind;
 use kiln_worker::config::WorkerConfig;
 use serde_json::json;
 use tokio::sync::OnceCell;
+use tracing_subscriber::filter::LevelFilter;
 
 /// No glibc, no loader: bash-static and busybox-static only.
 const STATIC_IMAGE: &str = "kiln-test-static:1";
@@ -140,39 +141,6 @@ async fn an_image_without_bash_fails_at_sandbox_start_naming_bash() {
     }
 }
 
-/// Every log line of this test process (each test is its own process
-/// under nextest).
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Logs {
-    fn capture() -> Logs {
-        let logs = Logs::default();
-        let writer = logs.clone();
-        tracing_subscriber::fmt()
-            .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .try_init()
-            .expect("no other subscriber in this test process");
-        logs
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// Ids of the containers Docker creates for `worker` from now on.
 fn count_creations(worker: &str) -> Arc<Mutex<Vec<String>>> {
     let docker = bollard::Docker::connect_with_local_defaults().unwrap();
@@ -197,7 +165,7 @@ fn count_creations(worker: &str) -> Arc<Mutex<Vec<String>>> {
 
 #[tokio::test]
 async fn without_a_toolbox_runs_work_the_warm_pool_keeps_its_containers_and_the_fallback_is_said_once() {
-    let logs = Logs::capture();
+    let logs = Logs::capture(LevelFilter::INFO);
     let mut config = config("kiln-sandbox:latest", Some(PathBuf::from("/nonexistent/kiln-toolbox")));
     config.warm_pool = 2;
     let created = count_creations(&config.worker_id);

@@ -287,7 +287,7 @@ async fn environments_are_their_owners_and_bad_input_is_refused_with_nothing_sto
     let (status, _) = request(&app, "bob", reqwest::Method::DELETE, "/v1/environments/mine", None).await;
     assert_eq!(status, 404);
     let (status, body) = app.post_json("bob", "/v1/runs", json!({"prompt": "x", "environment": "mine"})).await;
-    assert_eq!(status, 422, "a run named another subject's environment: {body}");
+    assert_eq!(status, 404, "a run named another subject's environment: {body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("no environment named"), "{body}");
     let (status, _) = app.post_json("alice", "/v1/runs", json!({"prompt": "x", "environment": "mine"})).await;
     assert_eq!(status, 201);
@@ -305,6 +305,11 @@ async fn environments_are_their_owners_and_bad_input_is_refused_with_nothing_sto
         let message = body["error"]["message"].as_str().unwrap();
         assert!(message.contains(why), "{why}: {message}");
     }
+    // Two parts of one request that contradict each other: 409.
+    let both = json!({"name": "ok", "variables": {"T": "a"}, "secrets": {"T": "b"}});
+    let (status, body) = app.post_json("alice", "/v1/environments", both).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("both a variable and a secret"), "{body}");
     let (status, body) = app.post_json("alice", "/v1/environments", json!({"name": "mine"})).await;
     assert_eq!(status, 409, "{body}");
     let (_, listed) = request(&app, "alice", get.clone(), "/v1/environments", None).await;

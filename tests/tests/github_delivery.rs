@@ -7,19 +7,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kiln_api::github::WebhookSecret;
 use kiln_protocol::{CreateRun, EventBody, RunStatus};
 use kiln_tests::fake_github::{BareRepo, FakeGithub, git_basic_auth};
 use kiln_tests::kiln_scripted_model::Reply;
+use kiln_tests::logs::Logs;
 use kiln_tests::{Event, Options, TestApp, kinds, pick, token, worker_config};
 use kiln_worker::github::{Credentials, DeliveryPolicy, Github, GithubSettings, RetryPolicy};
 use kiln_worker::{ProviderKind, WorkerConfig};
 use secrecy::ExposeSecret;
 use serde_json::{Value, json};
+use tracing_subscriber::filter::LevelFilter;
 use uuid::Uuid;
 
 const REPO: &str = "acme/widget";
@@ -221,44 +221,9 @@ const TOKEN_HUNT: &str = "env; P=ghs_; P=${P}secret; B=eC1hY2Nlc3Mt; B=${B}dG9rZ
      echo origin=$(git -C /workspace config --get remote.origin.url); \
      sleep 2";
 
-/// Every log line the process writes, for leak checks.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Logs {
-    /// Installs a subscriber recording everything at debug level and above
-    /// (each test is its own process under nextest).
-    fn capture() -> Logs {
-        let logs = Logs::default();
-        let writer = logs.clone();
-        tracing_subscriber::fmt()
-            .with_max_level(tracing_subscriber::filter::LevelFilter::DEBUG)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .try_init()
-            .expect("no other subscriber in this test process");
-        logs
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn a_run_with_changes_is_pushed_and_opened_as_a_pull_request() {
-    let logs = Logs::capture();
+    let logs = Logs::capture(LevelFilter::DEBUG);
     let s = setup(vec![
         Reply::tool("bash", json!({ "command": "echo 'hello from kiln' > greeting.txt && git status --short" })),
         Reply::tool("bash", json!({ "command": TOKEN_HUNT })),
@@ -454,7 +419,7 @@ async fn deliver_refuses_runs_not_from_github() {
 /// try to capture every successful API run and log that it failed.)
 #[tokio::test]
 async fn an_api_run_on_a_worker_with_github_touches_nothing_of_github() {
-    let logs = Logs::capture();
+    let logs = Logs::capture(LevelFilter::DEBUG);
     let s = setup(vec![Reply::text("hi")]).await;
     let id = s.app.submit("alice", CreateRun::new("say hi")).await.id;
     let evs = s.app.wait_for_event(id, "run.succeeded").await;

@@ -447,6 +447,10 @@ async fn a_fuzzer_driven_by_the_document_finds_the_server_agreeing_with_it() {
             // The document describes a deployment that signs callbacks, where
             // a run may name a `callback_url`.
             callback_secret: Some(b"openapi-callback-secret".to_vec().into()),
+            // And keeps environment secrets (without a key they are refused).
+            secrets_key: Some(std::sync::Arc::new(
+                kiln_store::secrets::SecretsKey::from_hex(&"ab".repeat(32)).expect("a key"),
+            )),
             // And one that clones over every protocol from any address (no
             // worker runs here, so nothing is cloned): which of those a
             // deployment refuses (422) is its policy, not the request's

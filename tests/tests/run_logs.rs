@@ -4,36 +4,21 @@
 //! (`kiln_cli::telemetry::subscriber`), writing to a buffer.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kiln_protocol::{CreateRun, RunStatus};
 use kiln_scripted_model::Reply;
+use kiln_tests::logs::Logs;
 use kiln_tests::{Options, TestApp, outcome};
 use kiln_worker::config::ProviderKind;
 use serde_json::{Value, json};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::util::SubscriberInitExt;
 
-/// Collects what the subscriber writes.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// Installs the subscriber `kiln` installs, at info, writing JSON lines
 /// into what it returns.
-fn capture_json_logs() -> Captured {
-    let captured = Captured::default();
+fn capture_json_logs() -> Logs {
+    let captured = Logs::default();
     let writer = captured.clone();
     let (subscriber, _telemetry) = kiln_cli::telemetry::subscriber(
         EnvFilter::new("info"),
@@ -48,8 +33,8 @@ fn capture_json_logs() -> Captured {
 
 /// Installs the subscriber `kiln` installs, at info, writing plain text
 /// lines (no colour) into what it returns.
-fn capture_text_logs() -> Captured {
-    let captured = Captured::default();
+fn capture_text_logs() -> Logs {
+    let captured = Logs::default();
     let writer = captured.clone();
     let (subscriber, _telemetry) = kiln_cli::telemetry::subscriber(
         EnvFilter::new("info"),
@@ -78,7 +63,7 @@ async fn every_line_of_a_run_carries_run_session_and_step() {
     let events = app.events("alice", run.id).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded));
     // "run finished" is logged before the terminal event is written.
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let text = captured.text();
     let lines: Vec<Value> =
         text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect();
 
@@ -121,7 +106,7 @@ async fn each_request_is_logged_with_its_status_and_without_its_query() {
         .unwrap();
     assert_eq!(query.status(), 401);
 
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let text = captured.text();
     assert!(!text.contains("SECRET-IN-QUERY"), "the query string is never logged");
     let responses: Vec<Value> = text
         .lines()
@@ -151,7 +136,7 @@ async fn text_lines_show_the_runs_step_once_and_current() {
     let app = TestApp::spawn(Options { script, ..Default::default() }).await;
     let run = app.submit("alice", CreateRun::new("count")).await;
     assert_eq!(outcome(&app.events("alice", run.id).await), Some(RunStatus::Succeeded));
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let text = captured.text();
     let run_spans: Vec<&str> = text
         .lines()
         .filter(|l| l.contains(&run.id.to_string()))
@@ -182,7 +167,7 @@ async fn a_failed_checkout_logs_no_warning_about_its_removed_sandbox() {
     let run = app.submit("alice", spec).await;
     let events = app.events("alice", run.id).await;
     assert_eq!(outcome(&events), Some(RunStatus::Failed));
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let text = captured.text();
     let warnings: Vec<String> = text
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())

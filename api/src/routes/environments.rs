@@ -7,6 +7,7 @@ use axum::Json;
 use axum::extract::{FromRequestParts, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
+use kiln_protocol::environment::EnvironmentError;
 use kiln_protocol::{Environment, EnvironmentSpec, input};
 use kiln_store::{EnvironmentRefusal, MAX_ENVIRONMENTS_PER_OWNER, SecretsWrite};
 use serde::Serialize;
@@ -50,7 +51,12 @@ fn refused(refusal: EnvironmentRefusal, name: &str) -> ApiError {
 
 /// Checks `spec` and seals its secrets with the deployment's key.
 fn checked(state: &AppState, owner: &str, spec: &EnvironmentSpec) -> Result<SecretsWrite, ApiError> {
-    spec.validate().map_err(|e| ApiError::Validation(e.to_string()))?;
+    spec.validate().map_err(|e| match e {
+        // Two parts of the request that contradict each other, which no
+        // schema of either part can state: 409, like other conflicts.
+        EnvironmentError::BothVariableAndSecret(_) => ApiError::Conflict(e.to_string()),
+        e => ApiError::Validation(e.to_string()),
+    })?;
     let Some(secrets) = &spec.secrets else { return Ok(SecretsWrite::Keep) };
     if secrets.is_empty() {
         return Ok(SecretsWrite::Set { names: Vec::new(), sealed: None });

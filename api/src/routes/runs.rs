@@ -45,6 +45,7 @@ pub(crate) static CURSOR: Text = Text::new(1, 64, r"^(?:[0-9]{1,17}|-[0-9]{1,16}
         (status = 400, response = crate::openapi::errors::BadRequest),
         (status = 413, response = crate::openapi::errors::PayloadTooLarge),
         (status = 415, response = crate::openapi::errors::UnsupportedMediaType),
+        (status = 404, response = crate::openapi::errors::NotFound),
         (status = 422, response = crate::openapi::errors::Unprocessable),
         (status = 429, response = crate::openapi::errors::TooManyRequests),
         (status = 401, response = crate::openapi::errors::Unauthorized),
@@ -79,7 +80,9 @@ pub async fn create(
     if let Some(name) = &spec.environment
         && state.store.environment(&owner, name).await?.is_none()
     {
-        return Err(ApiError::Validation(format!("environment: you have no environment named {name:?}")));
+        // 404, as for a run id: an answer about what exists, not about the
+        // request's shape.
+        return Err(ApiError::NotFound(format!("environment: you have no environment named {name:?}")));
     }
     let idempotency_key = idempotency_key(&headers)?;
     let new = NewRun { owner, spec, trigger: Trigger::Api, idempotency_key };
