@@ -934,10 +934,14 @@ async fn a_background_process_cannot_change_the_workspace_after_its_patch_is_tak
     // does not stop it) that rewrites counter.txt every 10 ms. The patch is
     // taken only once it is stopped, so the pushed counter is the one the
     // workspace keeps: nothing changes it after (or while) it is taken.
+    // The counter is written to a temporary file and renamed, so the file is
+    // never seen half-written (`echo > f` truncates first; a process stopped
+    // between the truncation and the write leaves it empty, which once made
+    // this test fail for a reason that is not the one it exists for).
     let s = setup_idle(vec![
         Reply::tool(
             "bash",
-            json!({ "command": "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > counter.txt; sleep 0.01; done' \
+            json!({ "command": "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > .counter.tmp; mv .counter.tmp counter.txt; sleep 0.01; done' \
                                 >/dev/null 2>&1 < /dev/null & sleep 0.5; echo started" }),
         ),
         Reply::text("I left a counter running."),
