@@ -184,6 +184,88 @@ impl EnvironmentSpec {
     }
 }
 
+/// Where a repository keeps its environment, from its root.
+pub const REPOSITORY_FILE: &str = ".kiln/environment.toml";
+/// Largest `.kiln/environment.toml` read (two scripts at their limit fit).
+pub const MAX_REPOSITORY_FILE_BYTES: u64 = 512 * 1024;
+
+/// `.kiln/environment.toml`: an environment kept in the repository, used
+/// by a run that names no environment. The same fields as the API's, in
+/// TOML, except `name` (it is the repository's) and `secrets` (refused:
+/// whoever reads the repository would read them).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvironmentFile {
+    #[serde(default)]
+    pub image: Option<String>,
+    #[serde(default)]
+    pub setup_script: String,
+    #[serde(default)]
+    pub maintenance_script: Option<String>,
+    #[serde(default)]
+    pub variables: BTreeMap<String, String>,
+    #[serde(default)]
+    pub lock_files: Option<Vec<String>>,
+    #[serde(default)]
+    pub setup_sandbox: Option<SandboxSpec>,
+}
+
+/// Why `.kiln/environment.toml` is not acceptable. Messages are shown to
+/// the run's owner (in `run.failed`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnvironmentFileError {
+    #[error("{REPOSITORY_FILE} is {0} bytes; the limit is {MAX_REPOSITORY_FILE_BYTES}")]
+    TooLarge(u64),
+    #[error("{REPOSITORY_FILE} is not a regular file (a symbolic link or a submodule is not followed)")]
+    NotAFile,
+    #[error("{REPOSITORY_FILE} is not valid: {0}")]
+    Parse(String),
+    #[error(
+        "{REPOSITORY_FILE} must not hold secrets: anyone who can read the repository could read them. Define them \
+         in an environment through the API (POST /v1/environments) and name it in the run"
+    )]
+    Secrets,
+    #[error("{REPOSITORY_FILE}: {0}")]
+    Invalid(EnvironmentError),
+}
+
+impl EnvironmentFile {
+    /// Reads the file's text into the environment it defines, checked as
+    /// the API checks one; `name` is what events call it.
+    pub fn parse(text: &str, name: &str) -> Result<EnvironmentSpec, EnvironmentFileError> {
+        if text.len() as u64 > MAX_REPOSITORY_FILE_BYTES {
+            return Err(EnvironmentFileError::TooLarge(text.len() as u64));
+        }
+        // Secrets first, whatever else is wrong with the file.
+        let table: toml::Table = toml::from_str(text).map_err(|e| parse_error(&e))?;
+        if table.contains_key("secrets") {
+            return Err(EnvironmentFileError::Secrets);
+        }
+        let file: EnvironmentFile = toml::from_str(text).map_err(|e| parse_error(&e))?;
+        let spec = EnvironmentSpec {
+            name: name.to_owned(),
+            image: file.image,
+            setup_script: file.setup_script,
+            maintenance_script: file.maintenance_script,
+            variables: file.variables,
+            secrets: None,
+            lock_files: file.lock_files,
+            setup_sandbox: file.setup_sandbox,
+        };
+        spec.validate().map_err(EnvironmentFileError::Invalid)?;
+        Ok(spec)
+    }
+}
+
+/// toml's message with the line and column, on one line.
+fn parse_error(e: &toml::de::Error) -> EnvironmentFileError {
+    let message = e.message().trim().replace('\n', " ");
+    match e.span() {
+        Some(span) => EnvironmentFileError::Parse(format!("{message} (at byte {})", span.start)),
+        None => EnvironmentFileError::Parse(message),
+    }
+}
+
 fn script(field: &'static str, text: &str) -> Result<(), EnvironmentError> {
     if input::SCRIPT.accepts(text) {
         return Ok(());
@@ -221,6 +303,46 @@ mod tests {
         let s = spec(r#"{"name":"web"}"#).unwrap();
         assert_eq!(s.validate(), Ok(()));
         assert!(s.lock_files().iter().any(|g| g == "Cargo.lock"));
+    }
+
+    #[test]
+    fn a_repository_file_reads_as_the_api_body_without_name_or_secrets() {
+        let text = r#"
+image = "kiln-sandbox:latest"
+setup_script = """
+npm ci
+"""
+maintenance_script = "npm ci --offline"
+lock_files = ["package-lock.json"]
+
+[variables]
+NODE_ENV = "development"
+
+[setup_sandbox]
+network = "bridge"
+memory_mb = 512
+"#;
+        let spec = EnvironmentFile::parse(text, "repo").unwrap();
+        assert_eq!(spec.name, "repo");
+        assert_eq!(spec.setup_script, "npm ci\n");
+        assert_eq!(spec.variables["NODE_ENV"], "development");
+        assert_eq!(spec.lock_files(), ["package-lock.json"]);
+        let sandbox = spec.setup_sandbox.unwrap();
+        assert_eq!((sandbox.network, sandbox.memory_mb), (Some(crate::run::NetworkMode::Bridge), Some(512)));
+        assert_eq!(EnvironmentFile::parse("", "repo").unwrap().lock_files(), DEFAULT_LOCK_FILES);
+    }
+
+    #[test]
+    fn a_bad_repository_file_is_refused_with_a_reason() {
+        let parse = |t: &str| EnvironmentFile::parse(t, "repo").unwrap_err();
+        assert_eq!(parse("setup_script = \"x\"\n[secrets]\nTOKEN = \"v\"\n"), EnvironmentFileError::Secrets);
+        assert_eq!(parse("secrets = { TOKEN = \"v\" }\nunknown = 1\n"), EnvironmentFileError::Secrets);
+        let unknown = parse("setup = \"make\"\n").to_string();
+        assert!(unknown.contains("unknown field `setup`"), "{unknown}");
+        assert!(matches!(parse("setup_script = \"unterminated\n"), EnvironmentFileError::Parse(_)));
+        assert!(matches!(parse("[variables]\nPATH = \"/x\"\n"), EnvironmentFileError::Invalid(_)));
+        let big = format!("setup_script = \"{}\"\n", "x".repeat(MAX_REPOSITORY_FILE_BYTES as usize));
+        assert!(matches!(parse(&big), EnvironmentFileError::TooLarge(_)));
     }
 
     #[test]

@@ -321,3 +321,141 @@ async fn environments_are_their_owners_and_bad_input_is_refused_with_nothing_sto
     let (status, _) = request(&app, "alice", get, "/v1/environments/mine", None).await;
     assert_eq!(status, 404);
 }
+
+/// Runs the agent on `url` without naming an environment.
+async fn run_unnamed(app: &TestApp, url: &str) -> (Uuid, Vec<Event>) {
+    let spec = CreateRun { repo: Some(RepoSpec { url: url.to_owned(), git_ref: None }), ..CreateRun::new("work") };
+    let id = app.submit("alice", spec).await.id;
+    (id, app.events("alice", id).await)
+}
+
+fn environment_named(events: &[Event]) -> String {
+    pick!(events, EventBody::EnvironmentStarted { environment, .. } => environment.clone())
+        .last()
+        .unwrap_or_else(|| panic!("no environment.started: {:?}", kinds(events)))
+}
+
+const REPOSITORY_FILE: &str = r#"# the repository's environment
+setup_script = """
+echo file-setup-ran
+mkdir -p deps && echo dep-from-file > deps/lib.txt
+"""
+maintenance_script = "echo file-maintenance-ran"
+lock_files = ["Cargo.lock"]
+
+[variables]
+FROM_FILE = "file-var"
+"#;
+
+#[tokio::test]
+async fn a_repository_file_sets_up_once_then_hits_and_a_named_environment_wins_over_it() {
+    let (dir, url) = repo();
+    std::fs::create_dir_all(dir.path().join(".kiln")).unwrap();
+    commit_file(dir.path(), ".kiln/environment.toml", REPOSITORY_FILE, "environment file");
+    let look = "cat deps/lib.txt; echo var=$FROM_FILE";
+    let app = app(
+        vec![
+            Reply::tool("bash", json!({"command": look})),
+            Reply::text("first"),
+            Reply::tool("bash", json!({"command": look})),
+            Reply::text("second"),
+            Reply::text("third"),
+            Reply::text("fourth"),
+        ],
+        false,
+    )
+    .await;
+
+    let (_, first) = run_unnamed(&app, &url).await;
+    assert_eq!(outcome(&first), Some(RunStatus::Succeeded), "{:?}", kinds(&first));
+    assert_eq!(environment_named(&first), ".kiln/environment.toml");
+    let (key, hit) = started(&first);
+    assert!(!hit, "the first run with the file misses");
+    assert!(output_of(&first, "setup").contains("file-setup-ran"), "{}", output_of(&first, "setup"));
+    let out = tool_output(&first);
+    assert!(out.contains("dep-from-file") && out.contains("var=file-var"), "{out}");
+
+    commit_file(dir.path(), "new.txt", "x\n", "unrelated change");
+    let (_, second) = run_unnamed(&app, &url).await;
+    assert_eq!(outcome(&second), Some(RunStatus::Succeeded), "{:?}", kinds(&second));
+    assert_eq!(started(&second), (key.clone(), true), "the same file and lock files hit");
+    assert!(output_of(&second, "setup").is_empty(), "setup ran on a hit");
+    assert!(output_of(&second, "maintenance").contains("file-maintenance-ran"));
+    assert!(tool_output(&second).contains("dep-from-file"), "{}", tool_output(&second));
+
+    // The file is part of the key: a changed script misses.
+    commit_file(
+        dir.path(),
+        ".kiln/environment.toml",
+        &REPOSITORY_FILE.replace("file-setup-ran", "file-setup-ran-again"),
+        "change the setup",
+    );
+    let (_, third) = run_unnamed(&app, &url).await;
+    assert_eq!(outcome(&third), Some(RunStatus::Succeeded), "{:?}", kinds(&third));
+    let (changed_key, hit) = started(&third);
+    assert!(!hit && changed_key != key, "a changed file hit the old image");
+    assert!(output_of(&third, "setup").contains("file-setup-ran-again"));
+
+    // A run that names an environment gets it, not the file's.
+    create_environment(&app, json!({"name": "api-env", "setup_script": "echo api-setup-ran"})).await;
+    let (_, fourth) = run(&app, &url, "api-env").await;
+    assert_eq!(outcome(&fourth), Some(RunStatus::Succeeded), "{:?}", kinds(&fourth));
+    assert_eq!(environment_named(&fourth), "api-env");
+    assert!(output_of(&fourth, "setup").contains("api-setup-ran"));
+    let (api_key, _) = started(&fourth);
+    remove_images(&[key, changed_key, api_key]).await;
+}
+
+#[tokio::test]
+async fn a_bad_repository_file_fails_the_run_with_the_reason_and_a_secret_in_it_is_refused() {
+    let (dir, url) = repo();
+    let app = app(vec![Reply::text("never")], false).await;
+    std::fs::create_dir_all(dir.path().join(".kiln")).unwrap();
+    for (file, expect) in [
+        ("setup = \"make deps\"\n", "unknown field `setup`"),
+        ("setup_script = \"unterminated\n", ".kiln/environment.toml is not valid"),
+        ("setup_script = \"make\"\n[secrets]\nNPM_TOKEN = \"npm_abcdef123456\"\n", "must not hold secrets"),
+        ("[variables]\nPATH = \"/evil\"\n", "PATH"),
+    ] {
+        commit_file(dir.path(), ".kiln/environment.toml", file, "bad file");
+        let (_, events) = run_unnamed(&app, &url).await;
+        assert_eq!(outcome(&events), Some(RunStatus::Failed), "{file}: {:?}", kinds(&events));
+        let error = pick!(events, EventBody::RunFailed { error } => error.clone()).next().unwrap();
+        assert!(error.contains(expect), "{file}: {error}");
+        assert!(!error.contains("npm_abcdef123456"), "the error quotes the secret: {error}");
+        assert!(pick!(events, EventBody::EnvironmentStarted { .. } => ()).next().is_none(), "setup started");
+    }
+    // A symbolic link is refused, not followed (to a file of the worker's).
+    std::fs::remove_file(dir.path().join(".kiln/environment.toml")).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", dir.path().join(".kiln/environment.toml")).unwrap();
+    git(dir.path(), &["add", "."]);
+    git(dir.path(), &["commit", "-q", "-m", "link"]);
+    let (_, events) = run_unnamed(&app, &url).await;
+    let error = pick!(events, EventBody::RunFailed { error } => error.clone()).next().unwrap();
+    assert!(error.contains("not a regular file"), "{error}");
+    assert!(app.model.requests().is_empty(), "the agent ran with a bad environment file");
+}
+
+#[tokio::test]
+async fn a_secret_printed_slowly_across_output_pieces_is_masked_in_events_and_in_the_error() {
+    const SECRET: &str = "Sl0w-s3cret-42";
+    let (_dir, url) = repo();
+    let app = app(vec![Reply::text("never")], true).await;
+    // One byte at a time, each after the worker has sent what it had (it
+    // sends every 200 ms): every piece holds at most a byte of the secret.
+    let setup = r#"echo start; for i in $(seq 0 $((${#TOKEN} - 1))); do printf %s "${TOKEN:$i:1}"; sleep 0.3; done; echo; exit 3"#;
+    create_environment(&app, json!({"name": "slow", "secrets": {"TOKEN": SECRET}, "setup_script": setup})).await;
+    let (_, events) = run(&app, &url, "slow").await;
+    assert_eq!(outcome(&events), Some(RunStatus::Failed), "{:?}", kinds(&events));
+    let pieces: Vec<String> =
+        pick!(events, EventBody::EnvironmentOutput { phase, text } => (phase.clone(), text.clone()))
+            .filter(|(phase, _)| phase == "setup")
+            .map(|(_, text)| text)
+            .collect();
+    let shown: String = pieces.concat();
+    assert!(pieces.len() >= 2, "the output came in one piece: {pieces:?}");
+    assert!(!shown.contains(SECRET), "the secret was put together from the pieces: {pieces:?}");
+    assert!(shown.contains("[secret]"), "{shown}");
+    let error = pick!(events, EventBody::RunFailed { error } => error.clone()).next().unwrap();
+    assert!(error.contains("exit status 3") && !error.contains(SECRET), "{error}");
+}

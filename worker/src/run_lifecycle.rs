@@ -216,18 +216,36 @@ async fn drive(
     // Warm containers have the deployment's settings; a run that narrows
     // them gets its own.
     let pool = pool.filter(|_| run.sandbox == SandboxSpec::default());
-    // A session that still has its container continues in it; otherwise a
-    // run with an environment gets its sandbox prepared by it (a warm
-    // container is of the bare image: no use here).
-    let environment = match &run.environment {
-        Some(name) if !lifecycle::has_container(&ctx.docker, run.session_id).await => Some(name),
-        _ => None,
-    };
-    let (sandbox, origin) = match environment {
-        Some(name) => match crate::environment::prepare(ctx, run, name, &config, &owner, events).await? {
-            crate::environment::Prepared::Ready(sandbox, origin) => (*sandbox, origin),
-            crate::environment::Prepared::Failed(outcome) => return Ok(outcome),
+    // A session that still has its container continues in it. Otherwise
+    // the repository is checked out on the worker's side first: it says
+    // which environment the run gets when the run names none
+    // (`.kiln/environment.toml`), and a run with an environment gets its
+    // sandbox prepared by it (a warm container is of the bare image: no
+    // use there).
+    let fresh = !lifecycle::has_container(&ctx.docker, run.session_id).await;
+    let checkout = match fresh {
+        true => match crate::local_checkout::make(ctx, run).await {
+            Ok(c) => c,
+            Err(e) => return Ok(Outcome::Failed { error: format!("could not prepare the workspace: {e}") }),
         },
+        false => None,
+    };
+    let checkout_path = checkout.as_ref().map(|c| c.path());
+    let source = match fresh {
+        true => match crate::environment::source_of(run, checkout_path).await {
+            Ok(source) => source,
+            Err(error) => return Ok(Outcome::Failed { error }),
+        },
+        false => None,
+    };
+    let with_environment = source.is_some();
+    let (sandbox, origin) = match source {
+        Some(source) => {
+            match crate::environment::prepare(ctx, run, source, checkout_path, &config, &owner, events).await? {
+                crate::environment::Prepared::Ready(sandbox, origin) => (*sandbox, origin),
+                crate::environment::Prepared::Failed(outcome) => return Ok(outcome),
+            }
+        }
         None => match lifecycle::acquire(&ctx.docker, &config, pool, &owner).await {
             Ok(s) => s,
             Err(e) => return Ok(Outcome::Failed { error: format!("could not start the sandbox: {e}") }),
@@ -242,7 +260,7 @@ async fn drive(
     let mut notice = None;
     if origin != Origin::Reused {
         // An environment brought the workspace in itself.
-        let prepared = if environment.is_some() { Ok(()) } else { prepare_workspace(ctx, run, &sandbox).await };
+        let prepared = if with_environment { Ok(()) } else { fill_workspace(ctx, run, checkout, &sandbox).await };
         if let Err(e) = prepared {
             // A half-filled workspace must not be what a follow-up finds.
             sandbox.remove().await;
@@ -291,6 +309,23 @@ async fn drive(
     Ok(outcome)
 }
 
+/// Puts the run's repository into a new sandbox: the checkout made before
+/// it, or one made now (the session's container went between the look and
+/// the start).
+async fn fill_workspace(
+    ctx: &WorkerContext,
+    run: &Run,
+    checkout: Option<crate::local_checkout::LocalCheckout>,
+    sandbox: &Sandbox,
+) -> Result<(), SandboxError> {
+    let checkout = match checkout {
+        Some(c) => Some(c),
+        None => crate::local_checkout::make(ctx, run).await?,
+    };
+    let Some(checkout) = checkout else { return Ok(()) };
+    sandbox.upload_dir(checkout.path(), ctx.config.clone_settings().max_bytes).await
+}
+
 /// The session's egress proxy, if its sandbox is on the session's network.
 /// It judges by this run's policy; a sandbox left on the network by an
 /// earlier run gets a proxy too, so that a run without egress sees its
@@ -315,18 +350,6 @@ async fn start_proxy(
     })?;
     tracing::info!(run_id = %run.id, proxy = %proxy.addr, mode = config.egress_layers().mode().as_str(), "egress proxy serving");
     Ok(Some(proxy))
-}
-
-async fn prepare_workspace(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox) -> Result<(), SandboxError> {
-    let Some(repo) = &run.repo else { return Ok(()) };
-    if let Some(done) = crate::github::checkout(ctx, run, sandbox).await {
-        return done;
-    }
-    let settings = ctx.config.clone_settings();
-    let dir = tempfile::tempdir()?;
-    let dest = dir.path().join("repo");
-    sandbox::repo_clone::clone_repo(&repo.url, repo.git_ref.as_deref(), &dest, &settings).await?;
-    sandbox.upload_dir(&dest, settings.max_bytes).await
 }
 
 /// Time left of the run's wall-clock budget, counted from its first start.

@@ -19,6 +19,8 @@
 
 pub mod cache;
 pub mod key;
+mod mask;
+mod repo_file;
 mod script;
 mod tail;
 
@@ -27,7 +29,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use bollard::Docker;
-use kiln_protocol::{EventBody, Run};
+use kiln_protocol::environment::REPOSITORY_FILE;
+use kiln_protocol::{Environment, EnvironmentSpec, EventBody, Run};
 use kiln_store::{StoreError, StoredEnvironment};
 
 use crate::agent::Outcome;
@@ -66,21 +69,53 @@ struct Plan<'a> {
     checkout: Option<&'a Path>,
 }
 
-/// Prepares the session's sandbox with the environment `name` (the run's
-/// owner's). `config` is the run's sandbox (its limits and network).
+/// Where a run's environment comes from.
+pub enum Source<'a> {
+    /// Named by the run: an environment of the run's owner, from the API.
+    Named(&'a str),
+    /// The repository's `.kiln/environment.toml` (the run names none).
+    Repository(Box<EnvironmentSpec>),
+}
+
+/// The environment a run gets: the one it names, else its repository's
+/// file at the base commit, else none. `Err`: why the run fails (a bad
+/// file is not ignored: its author expects it to be used).
+pub async fn source_of<'a>(run: &'a Run, checkout: Option<&Path>) -> Result<Option<Source<'a>>, String> {
+    if let Some(name) = &run.environment {
+        return Ok(Some(Source::Named(name)));
+    }
+    let Some(checkout) = checkout else { return Ok(None) };
+    Ok(repo_file::read(checkout).await?.map(|spec| Source::Repository(Box::new(spec))))
+}
+
+/// Prepares the session's sandbox with the run's environment. `checkout`
+/// is the run's repository at its base commit on the worker's side;
+/// `config` is the run's sandbox (its limits and network).
 pub async fn prepare(
     ctx: &WorkerContext,
     run: &Run,
-    name: &str,
+    source: Source<'_>,
+    checkout: Option<&Path>,
     config: &SandboxConfig,
     owner: &Owner,
     events: &mut EventSink,
 ) -> Result<Prepared, StoreError> {
-    let Some(stored) = db_retry::with_retry(|| ctx.store.environment_of_run(run.id, name)).await? else {
-        return Ok(failed(format!(
-            "the environment {name:?} does not exist (it was deleted after the run was queued)"
-        )));
+    let stored = match source {
+        Source::Named(name) => match db_retry::with_retry(|| ctx.store.environment_of_run(run.id, name)).await? {
+            Some(stored) => stored,
+            None => {
+                return Ok(failed(format!(
+                    "the environment {name:?} does not exist (it was deleted after the run was queued)"
+                )));
+            }
+        },
+        Source::Repository(spec) => {
+            let subject = db_retry::with_retry(|| ctx.store.run_owner(run.id)).await?.unwrap_or_default();
+            let url = run.repo.as_ref().map(|r| r.url.as_str()).unwrap_or_default();
+            StoredEnvironment { environment: from_repository(*spec, &subject, url), secrets_sealed: None }
+        }
     };
+    let name = stored.environment.name.clone();
     let secrets = match open_secrets(ctx, run, &stored).await? {
         Ok(secrets) => secrets,
         Err(why) => return Ok(failed(why)),
@@ -96,24 +131,9 @@ pub async fn prepare(
         Ok(i) => i.id.unwrap_or_default(),
         Err(e) => return Ok(failed(format!("environment {name:?}: its image {image:?} is not usable here: {e}"))),
     };
-    // The checkout, on the worker's side: for the setup container on a
-    // miss, for the bundle on a hit, for the lock files either way.
-    let dir = match tempfile::tempdir() {
-        Ok(dir) => dir,
-        Err(e) => return Ok(failed(format!("could not prepare the workspace: {e}"))),
-    };
-    let dest = dir.path().join("repo");
-    let (checkout, commit) = match &run.repo {
-        Some(repo) => {
-            let settings = ctx.config.clone_settings();
-            let cloned =
-                crate::sandbox::repo_clone::clone_repo(&repo.url, repo.git_ref.as_deref(), &dest, &settings).await;
-            if let Err(e) = cloned {
-                return Ok(failed(format!("could not prepare the workspace: {e}")));
-            }
-            (Some(dest.as_path()), git_head(&dest).await)
-        }
-        None => (None, None),
+    let commit = match checkout {
+        Some(dir) => git_head(dir).await,
+        None => None,
     };
     let globs = env.lock_files.clone();
     let locks = match &checkout {
@@ -375,6 +395,36 @@ async fn open_secrets(
     };
     let owner = db_retry::with_retry(|| ctx.store.run_owner(run.id)).await?.unwrap_or_default();
     Ok(key.open(&owner, sealed).map_err(|e| e.to_string()))
+}
+
+/// The environment of a repository's file, as if stored: its id is the
+/// owner's and the repository's (the cache is never shared across
+/// subjects, nor across repositories), its name the file's path.
+fn from_repository(spec: EnvironmentSpec, subject: &str, url: &str) -> Environment {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for part in ["kiln-repository-environment", subject, url] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    let mut id = [0u8; 16];
+    id.copy_from_slice(&h.finalize()[..16]);
+    let lock_files = spec.lock_files();
+    let now = chrono::Utc::now();
+    Environment {
+        id: uuid::Uuid::from_bytes(id),
+        name: REPOSITORY_FILE.to_owned(),
+        image: spec.image,
+        setup_script: spec.setup_script,
+        maintenance_script: spec.maintenance_script,
+        variables: spec.variables,
+        secret_names: Vec::new(),
+        lock_files,
+        setup_sandbox: spec.setup_sandbox.unwrap_or_default(),
+        cache_generation: 0,
+        created_at: now,
+        updated_at: now,
+    }
 }
 
 /// Runs git in the worker's own checkout, with none of the worker's git

@@ -13,6 +13,7 @@ use futures::StreamExt;
 use kiln_protocol::EventBody;
 use kiln_store::StoreError;
 
+use super::mask::{Masker, masked};
 use super::tail::Tail;
 use crate::agent::events::EventSink;
 use crate::sandbox::WORKSPACE;
@@ -82,7 +83,8 @@ pub async fn run(
         Err(e) => return Ok(Err(e)),
     };
     let mut tail = Tail::new();
-    let mut piece = String::new();
+    // A secret split across two reads is masked too: see `mask`.
+    let mut piece = Masker::new(mask);
     let mut sent = 0usize;
     let mut tick = tokio::time::interval(PIECE_EVERY);
     loop {
@@ -92,9 +94,9 @@ pub async fn run(
                     let bytes = log.into_bytes();
                     tail.push(&bytes);
                     if sent < MAX_EVENT_OUTPUT {
-                        piece.push_str(&String::from_utf8_lossy(&bytes));
-                        if piece.len() >= PIECE {
-                            sent += flush(events, phase, &mut piece, sent, mask).await?;
+                        piece.push(&bytes);
+                        if piece.pending() >= PIECE {
+                            sent += flush(events, phase, piece.take(), sent).await?;
                         }
                     }
                 }
@@ -102,14 +104,14 @@ pub async fn run(
                 None => break,
             },
             _ = tick.tick() => {
-                if !piece.is_empty() {
-                    sent += flush(events, phase, &mut piece, sent, mask).await?;
+                if piece.pending() > 0 {
+                    sent += flush(events, phase, piece.take(), sent).await?;
                 }
             }
         }
     }
-    if !piece.is_empty() {
-        sent += flush(events, phase, &mut piece, sent, mask).await?;
+    if piece.pending() > 0 {
+        sent += flush(events, phase, piece.finish(), sent).await?;
     }
     if sent >= MAX_EVENT_OUTPUT {
         let note = format!("\n[kiln] output past {MAX_EVENT_OUTPUT} bytes is not sent as events; see the tail\n");
@@ -118,16 +120,12 @@ pub async fn run(
     Ok(Ok(end(docker, &exec.id, started, tail, mask).await))
 }
 
-/// Sends `piece` (cut to what is left of the output allowance) as one
-/// event; answers the bytes sent.
-async fn flush(
-    events: &mut EventSink,
-    phase: &str,
-    piece: &mut String,
-    sent: usize,
-    mask: &[&str],
-) -> Result<usize, StoreError> {
-    let mut text = masked(&std::mem::take(piece), mask);
+/// Sends `text` (masked; cut to what is left of the output allowance) as
+/// one event; answers the bytes sent.
+async fn flush(events: &mut EventSink, phase: &str, mut text: String, sent: usize) -> Result<usize, StoreError> {
+    if text.is_empty() {
+        return Ok(0);
+    }
     let room = MAX_EVENT_OUTPUT.saturating_sub(sent);
     if text.len() > room {
         let mut cut = room;
@@ -144,16 +142,4 @@ async fn flush(
 async fn end(docker: &Docker, exec: &str, started: Instant, tail: Tail, mask: &[&str]) -> ScriptEnd {
     let exit_code = docker.inspect_exec(exec).await.ok().and_then(|i| i.exit_code);
     ScriptEnd { exit_code, duration: started.elapsed(), tail: masked(&tail.render(), mask) }
-}
-
-/// `text` with every secret value in `mask` replaced: a script that
-/// prints a secret does not put it in an event or an error. (A value split
-/// across two pieces of output is not caught; values shorter than 4
-/// characters are not masked, or every `1` would be.)
-fn masked(text: &str, mask: &[&str]) -> String {
-    let mut out = text.to_owned();
-    for secret in mask.iter().filter(|s| s.len() >= 4) {
-        out = out.replace(secret, "[secret]");
-    }
-    out
 }

@@ -7,6 +7,8 @@ const SHOW_LINES: usize = 30;
 #[derive(Default)]
 pub struct Tail {
     bytes: Vec<u8>,
+    /// Whether bytes were dropped from the front.
+    cut: bool,
 }
 
 impl Tail {
@@ -18,12 +20,18 @@ impl Tail {
         self.bytes.extend_from_slice(chunk);
         if self.bytes.len() > 2 * KEEP_BYTES {
             self.bytes.drain(..self.bytes.len() - KEEP_BYTES);
+            self.cut = true;
         }
     }
 
     /// The last lines (at most [`SHOW_LINES`], within [`KEEP_BYTES`]).
     pub fn render(&self) -> String {
-        let start = self.bytes.len().saturating_sub(KEEP_BYTES);
+        let mut start = self.bytes.len().saturating_sub(KEEP_BYTES);
+        if start > 0 || self.cut {
+            // The first line was cut: dropped, so that no part of a secret
+            // cut through (too short to be masked) is shown.
+            start += self.bytes[start..].iter().position(|b| *b == b'\n').map_or(0, |n| n + 1);
+        }
         let text = String::from_utf8_lossy(&self.bytes[start..]);
         let lines: Vec<&str> = text.trim_end().lines().collect();
         lines[lines.len().saturating_sub(SHOW_LINES)..].join("\n")
@@ -44,5 +52,13 @@ mod tests {
         assert_eq!(shown.lines().count(), SHOW_LINES);
         assert!(shown.ends_with("line 9999"), "{shown}");
         assert!(tail.bytes.len() <= 2 * KEEP_BYTES);
+    }
+
+    #[test]
+    fn a_line_cut_at_the_front_is_not_shown() {
+        let mut tail = Tail::new();
+        tail.push(&[b'x'; 3 * KEEP_BYTES]);
+        tail.push(b"tail-of-secret\nlast line\n");
+        assert_eq!(tail.render(), "last line");
     }
 }

@@ -85,17 +85,18 @@ fn repository_url(github: &Github, run: &Run, origin: &GithubOrigin) -> Result<S
     Ok(url)
 }
 
-/// Clones the run's repository on the worker with the token, records the
-/// base, and uploads the tree into the sandbox.
+/// Clones the run's repository on the worker with the token into `dest`
+/// (which must not exist) and records the base; the caller puts the tree
+/// into the sandbox (as it is, or through the run's environment).
 pub async fn checkout(
     github: &Github,
     store: &Store,
     run: &Run,
     origin: &GithubOrigin,
-    sandbox: &Sandbox,
+    dest: &Path,
     limits: &CloneSettings,
 ) -> Result<(), SandboxError> {
-    match checkout_inner(github, store, run, origin, sandbox, limits).await {
+    match checkout_inner(github, store, run, origin, dest, limits).await {
         Ok(()) => Ok(()),
         // Too large is final and says which setting; kept as it is.
         Err(GithubError::Checkout(e @ SandboxError::RepoTooLarge { .. })) => Err(e),
@@ -108,7 +109,7 @@ async fn checkout_inner(
     store: &Store,
     run: &Run,
     origin: &GithubOrigin,
-    sandbox: &Sandbox,
+    dest: &Path,
     limits: &CloneSettings,
 ) -> Result<(), GithubError> {
     let repo = run.repo.as_ref().ok_or_else(|| GithubError::Delivery("the GitHub run names no repository".into()))?;
@@ -131,9 +132,7 @@ async fn checkout_inner(
         }
         None => repo.git_ref.clone(),
     };
-    let dir = tempfile::tempdir().map_err(|e| GithubError::Git(format!("creating a temporary directory: {e}")))?;
-    let dest = dir.path().join("repo");
-    let dest_str = utf8(&dest)?;
+    let dest_str = utf8(dest)?;
     let auth = GitAuth { url: &url, token: Some(&token) };
     // Nothing is checked out before the tree's size is known (a small pack
     // can hold a huge tree).
@@ -143,20 +142,17 @@ async fn checkout_inner(
     }
     args.extend(["--", &url, dest_str]);
     git(&args, None, &auth).await?;
-    crate::sandbox::repo_clone::checkout_within(&dest, None, limits).await.map_err(|e| match e {
+    crate::sandbox::repo_clone::checkout_within(dest, None, limits).await.map_err(|e| match e {
         SandboxError::RepoTooLarge { .. } => GithubError::Checkout(e),
         e => GithubError::Git(format!("checking out the clone: {e}")),
     })?;
-    let sha = git(&["rev-parse", "HEAD"], Some(&dest), &auth).await?;
-    let branch = match git(&["symbolic-ref", "--quiet", "--short", "HEAD"], Some(&dest), &auth).await {
+    let sha = git(&["rev-parse", "HEAD"], Some(dest), &auth).await?;
+    let branch = match git(&["symbolic-ref", "--quiet", "--short", "HEAD"], Some(dest), &auth).await {
         Ok(b) => b,
         Err(_) => git_ref.clone().unwrap_or_default(),
     };
     store.set_github_base(run.id, &branch, &sha).await?;
-    sandbox.upload_dir(&dest, limits.max_bytes).await.map_err(|e| match e {
-        SandboxError::RepoTooLarge { .. } => GithubError::Checkout(e),
-        e => GithubError::Sandbox(format!("uploading the checkout: {e}")),
-    })
+    Ok(())
 }
 
 /// Takes `/workspace`'s changes against the checked-out commit out of the

@@ -29,6 +29,7 @@ mod git;
 mod owed;
 mod policy;
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -147,12 +148,12 @@ fn from_github(run: &Run) -> bool {
     run.trigger == Trigger::Github
 }
 
-/// Hook for `prepare_workspace`: for a GitHub run on a worker with GitHub
+/// Hook for the run's checkout on the worker's side: for a GitHub run on a worker with GitHub
 /// configured, checks the sender may push to the repository (else the run
 /// fails with the reason, having touched nothing of the repository),
 /// acknowledges the trigger (in the background) and checks the repository
-/// out with the token. `None`: not ours, clone as usual.
-pub async fn checkout(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox) -> Option<Result<(), SandboxError>> {
+/// out with the token into `dest`. `None`: not ours, clone as usual.
+pub async fn checkout(ctx: &WorkerContext, run: &Run, dest: &Path) -> Option<Result<(), SandboxError>> {
     let github = ctx.config.github.as_ref().filter(|_| from_github(run))?;
     let origin = match ctx.store.github_origin(run.id).await {
         Ok(Some(origin)) => origin,
@@ -164,7 +165,7 @@ pub async fn checkout(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox) -> Opti
     }
     delivery::spawn_ack(github.clone(), ctx.store.clone(), run.id, origin.clone());
     let limits = ctx.config.clone_settings();
-    let result = delivery::checkout(github, &ctx.store, run, &origin, sandbox, &limits).await;
+    let result = delivery::checkout(github, &ctx.store, run, &origin, dest, &limits).await;
     Some(result)
 }
 
