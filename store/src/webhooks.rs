@@ -56,6 +56,8 @@ pub struct GithubOrigin {
 pub struct NewGithubRun {
     /// The subject that owns webhook-created runs.
     pub owner: String,
+    /// The environment (of `owner`) the run's sandbox is prepared with.
+    pub environment: Option<String>,
     pub prompt: String,
     pub repo: RepoSpec,
     pub origin: GithubOrigin,
@@ -185,7 +187,12 @@ impl Store {
         // take the worker's configuration.
         let run = NewRun {
             owner: new.owner.clone(),
-            spec: CreateRun { prompt: new.prompt.clone(), repo: Some(new.repo.clone()), ..Default::default() },
+            spec: CreateRun {
+                prompt: new.prompt.clone(),
+                repo: Some(new.repo.clone()),
+                environment: new.environment.clone(),
+                ..Default::default()
+            },
             trigger: Trigger::Github,
             idempotency_key: None,
         };

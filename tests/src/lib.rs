@@ -108,6 +108,8 @@ pub struct Options {
     /// The other webhook settings take `kiln serve`'s defaults (handle and
     /// label `kiln`, runs owned by `github`).
     pub github_secret: Option<String>,
+    /// `KILN_GITHUB_ENVIRONMENTS` of the webhook (with `github_secret`).
+    pub github_environments: String,
 }
 
 impl Default for Options {
@@ -125,6 +127,7 @@ impl Default for Options {
             lease: Duration::from_secs(10),
             postgres: None,
             github_secret: None,
+            github_environments: String::new(),
         }
     }
 }
@@ -149,7 +152,11 @@ impl TestApp {
         let github = options
             .github_secret
             .map(|secret| kiln_api::GithubWebhookConfig::new(secret.as_bytes(), "kiln", "kiln", "github").unwrap())
-            .map(|config| config.posting_as(GITHUB_BOT_LOGIN).unwrap());
+            .map(|config| config.posting_as(GITHUB_BOT_LOGIN).unwrap())
+            .map(|config| {
+                let environments = kiln_api::github::RepositoryEnvironments::parse(&options.github_environments);
+                config.with_environments(environments.unwrap())
+            });
         let addr = Self::start_api_on(&store, options.api.clone(), github, shutdown.clone()).await;
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let app = TestApp { addr, db_url, store, model, http, shutdown };

@@ -55,13 +55,12 @@ async fn setup_without_worker(
     token: String,
     installation: Option<i64>,
 ) -> Setup {
-    let app = TestApp::spawn(Options {
-        script,
-        worker: false,
-        github_secret: Some(WEBHOOK_SECRET.into()),
-        ..Default::default()
-    })
-    .await;
+    let options = Options { script, worker: false, github_secret: Some(WEBHOOK_SECRET.into()), ..Default::default() };
+    setup_with(options, credentials, token, installation).await
+}
+
+async fn setup_with(options: Options, credentials: Credentials, token: String, installation: Option<i64>) -> Setup {
+    let app = TestApp::spawn(options).await;
     let repo = BareRepo::create(REPO);
     let github = FakeGithub::start(repo.root().to_owned()).await;
     if let Credentials::Token(t) = &credentials {
@@ -977,4 +976,64 @@ async fn a_background_process_cannot_change_the_workspace_after_its_patch_is_tak
     docker.remove_container(&containers[0], Some(options)).await.unwrap();
     assert!(pushed.trim().parse::<u64>().unwrap() > 1, "the counter ran: {pushed:?}");
     assert_eq!(now, pushed, "the workspace changed after its patch was taken");
+}
+
+/// A repository mapped to an environment (`KILN_GITHUB_ENVIRONMENTS`) gets
+/// the GitHub owner subject's environment of that name: set up on the
+/// first run, a hit on the next after the default branch moved (the
+/// token's shallow checkout brought in place), and both delivered.
+#[tokio::test]
+async fn a_repository_mapped_to_an_environment_gets_it_on_every_run_and_still_delivers() {
+    let look = "cat ~/.widget/ok; git log -1 --format=%s";
+    let script = vec![
+        Reply::tool("bash", json!({ "command": format!("{look}; echo 'hello from kiln' > greeting.txt") })),
+        Reply::text("Added greeting.txt."),
+        Reply::tool("bash", json!({ "command": format!("{look}; echo 'second' > second.txt") })),
+        Reply::text("Added second.txt."),
+    ];
+    let gh_token = format!("ghs_secret{}", Uuid::new_v4().simple());
+    let options = Options {
+        script,
+        worker: false,
+        github_secret: Some(WEBHOOK_SECRET.into()),
+        github_environments: format!("other/repo=nothing, {}=widget-env", REPO.to_uppercase()),
+        ..Default::default()
+    };
+    let s = setup_with(options, Credentials::Token(gh_token.as_str().into()), gh_token, None).await;
+    // The environment belongs to the subject that owns GitHub runs.
+    let setup = "echo widget-setup-ran; mkdir -p ~/.widget && echo tool-ready > ~/.widget/ok";
+    let body = json!({"name": "widget-env", "setup_script": setup, "maintenance_script": "echo widget-maintained"});
+    let created = s.app.http.post(s.app.url("/v1/environments")).bearer_auth(token("github")).json(&body).send().await;
+    assert_eq!(created.unwrap().status(), 201);
+    s.start_worker().await;
+
+    let first = github_run(&s, 42, false, Some(601)).await;
+    let evs = s.app.wait_for_event(first, "delivery.succeeded").await;
+    let started: Vec<(String, bool)> =
+        pick!(evs, EventBody::EnvironmentStarted { environment, hit, .. } => (environment.clone(), *hit)).collect();
+    assert_eq!(started, [("widget-env".to_owned(), false)], "{:?}", kinds(&evs));
+    let setup_out: String = pick!(evs, EventBody::EnvironmentOutput { text, .. } => text.clone()).collect();
+    assert!(setup_out.contains("widget-setup-ran"), "{setup_out}");
+    let out: String = pick!(evs, EventBody::ToolResult { output, .. } => output.clone()).collect();
+    assert!(out.contains("tool-ready"), "the setup's result is not in the agent's sandbox: {out}");
+    assert_eq!(s.repo.git(&["show", &format!("{}:greeting.txt", branch_of(42, first))]), "hello from kiln\n");
+    assert_token_absent(&s, first).await;
+
+    let main = rev(&s.repo, "main");
+    someone_elses_commit(&s.repo, "main", &main);
+    let second = github_run(&s, 43, false, Some(602)).await;
+    let evs = s.app.wait_for_event(second, "delivery.succeeded").await;
+    let started: Vec<bool> = pick!(evs, EventBody::EnvironmentStarted { hit, .. } => *hit).collect();
+    assert_eq!(started, [true], "the second run did not reuse the prepared sandbox: {:?}", kinds(&evs));
+    let out: String = pick!(evs, EventBody::ToolResult { output, .. } => output.clone()).collect();
+    assert!(out.contains("tool-ready") && out.contains("a human's commit"), "{out}");
+    let maintained: String = pick!(evs, EventBody::EnvironmentOutput { text, .. } => text.clone()).collect();
+    assert!(maintained.contains("widget-maintained"), "{maintained}");
+    let branch = branch_of(43, second);
+    assert_eq!(s.repo.git(&["show", &format!("{branch}:second.txt")]), "second\n");
+    assert_eq!(rev(&s.repo, &format!("{branch}~1")), rev(&s.repo, "main"), "not based on the moved main");
+    let key: Vec<String> = pick!(evs, EventBody::EnvironmentStarted { cache_key, .. } => cache_key.clone()).collect();
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let options = bollard::query_parameters::RemoveImageOptionsBuilder::new().force(true).build();
+    let _ = docker.remove_image(&format!("kiln-env:{}", key[0]), Some(options), None).await;
 }

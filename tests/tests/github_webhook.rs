@@ -447,6 +447,7 @@ async fn racing_copies_that_all_miss_the_lookup_still_create_one_run() {
     };
     let new = kiln_store::NewGithubRun {
         owner: OWNER.into(),
+        environment: None,
         prompt: "fix it".into(),
         repo: kiln_protocol::RepoSpec { url: "https://github.com/octo/hello.git".into(), git_ref: None },
         origin: GithubOrigin {

@@ -182,8 +182,10 @@ fn new_run(request: RunRequest, config: &GithubWebhookConfig) -> Result<NewGithu
     let spec =
         CreateRun { prompt: prompt::build(&request.task), repo: Some(request.repo.clone()), ..Default::default() };
     spec.validate().map_err(|e| ApiError::BadRequest(format!("cannot make a run from this delivery: {e}")))?;
+    let environment = config.environments.of(&request.origin.repo_full_name).map(str::to_owned);
     Ok(NewGithubRun {
         owner: config.owner.clone(),
+        environment,
         prompt: spec.prompt,
         repo: request.repo,
         origin: request.origin,

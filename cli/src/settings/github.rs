@@ -29,6 +29,12 @@ pub struct GithubArgs {
     /// Subject that owns webhook-created runs (a token with this `sub` sees them).
     #[arg(long, env = "KILN_GITHUB_OWNER_SUB", default_value = "github")]
     pub github_owner_sub: String,
+    /// Environments for GitHub runs, per repository: `owner/repo=name`
+    /// pairs separated by commas, each naming an environment of the owner
+    /// subject (KILN_GITHUB_OWNER_SUB). A repository not listed uses its
+    /// `.kiln/environment.toml`, if any.
+    #[arg(long, env = "KILN_GITHUB_ENVIRONMENTS", default_value = "")]
+    pub github_environments: String,
 }
 
 impl GithubArgs {
@@ -47,7 +53,8 @@ impl GithubArgs {
             Some(login) => config.posting_as(login)?,
             None => config,
         };
-        Ok(Some(config))
+        let environments = kiln_api::github::RepositoryEnvironments::parse(&self.github_environments)?;
+        Ok(Some(config.with_environments(environments)))
     }
 }
 

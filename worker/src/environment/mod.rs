@@ -105,7 +105,9 @@ pub async fn prepare(
             Some(stored) => stored,
             None => {
                 return Ok(failed(format!(
-                    "the environment {name:?} does not exist (it was deleted after the run was queued)"
+                    "the environment {name:?} does not exist for the run's owner (deleted after the run was queued, \
+                     or named for a GitHub repository by KILN_GITHUB_ENVIRONMENTS and never created for \
+                     KILN_GITHUB_OWNER_SUB)"
                 )));
             }
         },
