@@ -459,3 +459,71 @@ async fn a_secret_printed_slowly_across_output_pieces_is_masked_in_events_and_in
     let error = pick!(events, EventBody::RunFailed { error } => error.clone()).next().unwrap();
     assert!(error.contains("exit status 3") && !error.contains(SECRET), "{error}");
 }
+
+/// Removes the containers of a run's session: its prepared image is then
+/// used by no container.
+async fn remove_containers_of(app: &TestApp, run: Uuid) {
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    for id in app.containers_of(run).await {
+        let options = bollard::query_parameters::RemoveContainerOptionsBuilder::new().force(true).build();
+        docker.remove_container(&id, Some(options)).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn over_the_cache_bound_the_least_recently_used_image_goes_and_one_in_use_stays() {
+    let (_dir, url) = repo();
+    let app = TestApp::spawn(Options {
+        script: (0..5).map(|i| Reply::text(format!("done {i}"))).collect(),
+        worker: false,
+        ..Default::default()
+    })
+    .await;
+    let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
+    // A scope of this test's own: the engine is shared, and other tests'
+    // images are none of this cache's business.
+    let scope = format!("bound-test-{}", Uuid::new_v4().simple());
+    config.environment_cache =
+        kiln_worker::environment::cache::CacheBounds { max_images: 3, max_bytes: u64::MAX, scope: scope.clone() };
+    // Sessions keep their containers (and so their images in use) until
+    // the test removes them.
+    config.sandbox_idle = Duration::from_secs(600);
+    app.start_worker(config).await;
+    let mut keys = Vec::new();
+    for n in 1..=4 {
+        create_environment(&app, json!({"name": format!("e{n}"), "setup_script": format!("echo {n} > deps.txt")}))
+            .await;
+    }
+    let next = async |name: &str, keep_container: bool, expect_hit: bool| {
+        let (id, events) = run(&app, &url, name).await;
+        assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{name}: {:?}", kinds(&events));
+        let (key, hit) = started(&events);
+        assert_eq!(hit, expect_hit, "{name}");
+        if !keep_container {
+            remove_containers_of(&app, id).await;
+        }
+        (key, id)
+    };
+    // e1's image is the oldest but stays in use (its session's container
+    // lives on); e2's and e3's are free; e2 is used again after e3.
+    let (key, first) = next("e1", true, false).await;
+    keys.push(key);
+    keys.push(next("e2", false, false).await.0);
+    keys.push(next("e3", false, false).await.0);
+    assert_eq!(next("e2", false, true).await.0, keys[1]);
+    for key in &keys {
+        assert!(image_exists(key).await, "within the bound an image went: {key}");
+    }
+    // A fourth image: one must go. Not e1's (in use), not e2's (used more
+    // recently): e3's.
+    let (key, last) = next("e4", true, false).await;
+    keys.push(key);
+    let present: Vec<bool> = futures::future::join_all(keys.iter().map(|k| image_exists(k))).await;
+    assert_eq!(present, [true, true, false, true], "e1 (in use), e2 (used last), e3 (least recently used), e4 (new)");
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let labels = docker.inspect_image(&format!("kiln-env:{}", keys[3])).await.unwrap().config.unwrap().labels.unwrap();
+    assert_eq!(labels.get("dev.kiln.env-scope"), Some(&scope));
+    remove_containers_of(&app, first).await;
+    remove_containers_of(&app, last).await;
+    remove_images(&keys).await;
+}

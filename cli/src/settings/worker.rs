@@ -151,6 +151,11 @@ pub struct WorkerArgs {
     /// engine, at most (their own size, shared base layers counted).
     #[arg(long, env = "KILN_ENVIRONMENT_CACHE_MAX_MB", default_value_t = 20 * 1024)]
     pub environment_cache_max_mb: u64,
+    /// The cache those bounds apply to: prepared images are labelled with
+    /// it, and only images of the same scope are counted and removed. Give
+    /// each deployment sharing an engine its own.
+    #[arg(long, env = "KILN_ENVIRONMENT_CACHE_SCOPE", default_value = "default")]
+    pub environment_cache_scope: String,
 }
 
 impl WorkerArgs {
@@ -233,6 +238,7 @@ impl WorkerArgs {
             environment_cache: kiln_worker::environment::cache::CacheBounds {
                 max_images: self.environment_cache_max_images,
                 max_bytes: self.environment_cache_max_mb.saturating_mul(1024 * 1024),
+                scope: self.environment_cache_scope.clone(),
             },
             max_event_bytes_per_run: self.max_event_bytes_per_run,
         })

@@ -40,22 +40,30 @@ pub const LABEL_CACHE: &str = "dev.kiln.env-cache";
 pub const LABEL_COMMIT: &str = "dev.kiln.env-commit";
 /// The environment's id.
 pub const LABEL_ENVIRONMENT: &str = "dev.kiln.environment";
+/// The cache the image counts against (`KILN_ENVIRONMENT_CACHE_SCOPE`).
+pub const LABEL_SCOPE: &str = "dev.kiln.env-scope";
 /// The home directory kept in the image, if any.
 pub const LABEL_HOME: &str = "dev.kiln.env-home";
 /// Where a prepared image keeps setup's trees: `w/workspace` and `h/<home's name>`.
 pub const PREPARED: &str = "/.kiln-prepared";
 
 /// Bounds of the cache on one engine (`KILN_ENVIRONMENT_CACHE_MAX_IMAGES`,
-/// `KILN_ENVIRONMENT_CACHE_MAX_MB`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// `KILN_ENVIRONMENT_CACHE_MAX_MB`), over the images of one scope
+/// (`KILN_ENVIRONMENT_CACHE_SCOPE`): two deployments sharing an engine
+/// bound their own images and never remove each other's.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CacheBounds {
     pub max_images: usize,
     pub max_bytes: u64,
+    pub scope: String,
 }
+
+/// The scope of a deployment that sets none.
+pub const DEFAULT_SCOPE: &str = "default";
 
 impl Default for CacheBounds {
     fn default() -> Self {
-        CacheBounds { max_images: 20, max_bytes: 20 * 1024 * 1024 * 1024 }
+        CacheBounds { max_images: 20, max_bytes: 20 * 1024 * 1024 * 1024, scope: DEFAULT_SCOPE.to_owned() }
     }
 }
 
@@ -105,6 +113,8 @@ pub struct Snapshot<'a> {
     pub run_id: Uuid,
     pub environment_id: Uuid,
     pub commit: Option<&'a str>,
+    /// The cache it counts against.
+    pub scope: &'a str,
     /// `NAME=value` of the plain variables: the image's environment for
     /// the agent's commands.
     pub variables: Vec<String>,
@@ -150,6 +160,7 @@ async fn copy_and_commit(docker: &Docker, snapshot: &Snapshot<'_>, into: &str) -
         (LABEL_MANAGED.to_owned(), "true".to_owned()),
         (LABEL_CACHE.to_owned(), "true".to_owned()),
         (LABEL_ENVIRONMENT.to_owned(), snapshot.environment_id.to_string()),
+        (LABEL_SCOPE.to_owned(), snapshot.scope.to_owned()),
     ]);
     if let Some(commit) = snapshot.commit {
         labels.insert(LABEL_COMMIT.to_owned(), commit.to_owned());
@@ -206,7 +217,7 @@ pub struct Cached {
 
 /// Which of `images` go so that the rest fit `bounds`: least recently
 /// used first, never one in use.
-pub fn to_evict(mut images: Vec<Cached>, bounds: CacheBounds) -> Vec<String> {
+pub fn to_evict(mut images: Vec<Cached>, bounds: &CacheBounds) -> Vec<String> {
     images.sort_by_key(|i| i.last_used);
     let mut count = images.len();
     let mut bytes: u64 = images.iter().map(|i| i.bytes).sum();
@@ -225,11 +236,13 @@ pub fn to_evict(mut images: Vec<Cached>, bounds: CacheBounds) -> Vec<String> {
     gone
 }
 
-/// Removes prepared images beyond `bounds` (see [`to_evict`]); the image
-/// of `keep` (just made, about to be used) counts as in use.
-pub async fn evict(docker: &Docker, bounds: CacheBounds, keep: &str) -> Result<(), SandboxError> {
+/// Removes prepared images of `bounds.scope` beyond `bounds` (see
+/// [`to_evict`]); the image of `keep` (just made, about to be used) counts
+/// as in use.
+pub async fn evict(docker: &Docker, bounds: &CacheBounds, keep: &str) -> Result<(), SandboxError> {
     let keep = tag_of(keep);
-    let filters = HashMap::from([("label".to_owned(), vec![format!("{LABEL_CACHE}=true")])]);
+    let labels = vec![format!("{LABEL_CACHE}=true"), format!("{LABEL_SCOPE}={}", bounds.scope)];
+    let filters = HashMap::from([("label".to_owned(), labels)]);
     let images = docker.list_images(Some(ListImagesOptionsBuilder::new().filters(&filters).build())).await?;
     let containers = docker.list_containers(Some(ListContainersOptionsBuilder::new().all(true).build())).await?;
     let used: HashSet<String> = containers.into_iter().filter_map(|c| c.image_id).collect();
@@ -270,10 +283,10 @@ mod tests {
 
     #[test]
     fn the_least_recently_used_go_first_and_one_in_use_stays() {
-        let bounds = CacheBounds { max_images: 2, max_bytes: 1000 };
+        let bounds = &CacheBounds { max_images: 2, max_bytes: 1000, ..Default::default() };
         let images = vec![image("new", 10, 1, false), image("old", 10, 100, true), image("mid", 10, 50, false)];
         assert_eq!(to_evict(images, bounds), ["mid"]);
-        let bytes = CacheBounds { max_images: 10, max_bytes: 25 };
+        let bytes = &CacheBounds { max_images: 10, max_bytes: 25, ..Default::default() };
         let images = vec![image("a", 10, 3, false), image("b", 10, 2, false), image("c", 10, 1, false)];
         assert_eq!(to_evict(images, bytes), ["a"]);
         let fits = vec![image("a", 10, 3, false)];

@@ -298,12 +298,13 @@ impl Plan<'_> {
             run_id: self.run.id,
             environment_id: env.id,
             commit: self.commit.as_deref(),
+            scope: &self.ctx.config.environment_cache.scope,
             variables: env.variables.iter().map(|(k, v)| format!("{k}={v}")).collect(),
         };
         if let Err(e) = cache::store(docker, &snapshot).await {
             return Ok(Err(format!("environment {name:?}: storing the prepared sandbox failed: {e}")));
         }
-        if let Err(e) = cache::evict(docker, self.ctx.config.environment_cache, &self.key).await {
+        if let Err(e) = cache::evict(docker, &self.ctx.config.environment_cache, &self.key).await {
             tracing::warn!(error = %e, "bounding the environment cache failed");
         }
         events
