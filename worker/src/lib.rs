@@ -10,6 +10,7 @@ pub mod environment;
 pub mod github;
 mod handoff;
 mod lease_keeper;
+pub mod mcp;
 pub mod metrics;
 pub mod net_guard;
 pub mod presence;

@@ -151,6 +151,11 @@ pub struct WorkerArgs {
     /// engine, at most (their own size, shared base layers counted).
     #[arg(long, env = "KILN_ENVIRONMENT_CACHE_MAX_MB", default_value_t = 20 * 1024)]
     pub environment_cache_max_mb: u64,
+    /// JSON file of the MCP servers runs may use (URLs, headers with their
+    /// credentials, timeouts, whether to trust read-only hints); none
+    /// without it. See README, "MCP servers".
+    #[arg(long, env = "KILN_MCP_SERVERS")]
+    pub mcp_servers: Option<PathBuf>,
 }
 
 impl WorkerArgs {
@@ -235,6 +240,10 @@ impl WorkerArgs {
                 max_bytes: self.environment_cache_max_mb.saturating_mul(1024 * 1024),
             },
             max_event_bytes_per_run: self.max_event_bytes_per_run,
+            mcp: Arc::new(match &self.mcp_servers {
+                Some(path) => kiln_worker::mcp::McpConfig::load(path)?,
+                None => Default::default(),
+            }),
         })
     }
 }
