@@ -50,8 +50,14 @@ impl McpSession {
 /// Connects to the servers `run` may use and lists their tools, all at
 /// once; `builtin` holds the names MCP tools must not take.
 pub async fn open(config: &McpConfig, run: &Run, builtin: &Registry) -> McpSession {
+    connect(config, run.mcp.as_deref(), builtin).await
+}
+
+/// Connects to the servers named in `wanted` (all of `config`'s when
+/// `None`) and lists their tools, all at once.
+pub async fn connect(config: &McpConfig, wanted: Option<&[String]>, builtin: &Registry) -> McpSession {
     let mut session = McpSession::default();
-    let wanted: Vec<&str> = match &run.mcp {
+    let wanted: Vec<&str> = match wanted {
         Some(names) => names.iter().map(String::as_str).collect(),
         None => config.servers.keys().map(String::as_str).collect(),
     };
@@ -70,14 +76,14 @@ pub async fn open(config: &McpConfig, run: &Run, builtin: &Registry) -> McpSessi
     for (server, tools) in servers.into_iter().zip(listed) {
         match tools {
             Ok(tools) => {
-                tracing::info!(run_id = %run.id, server = %server.name(), tools = tools.len(), "MCP server connected");
+                tracing::info!(server = %server.name(), tools = tools.len(), "MCP server connected");
                 for listed in &tools {
                     let name = namer.name(server.name(), &listed.name);
                     session.tools.push(Arc::new(tool::McpTool::new(name, listed, server.clone())));
                 }
             }
             Err(e) => {
-                tracing::warn!(run_id = %run.id, server = %server.name(), error = %e, "MCP server unavailable");
+                tracing::warn!(server = %server.name(), error = %e, "MCP server unavailable");
                 session.problems.push(format!("- {}: {e}", server.name()));
             }
         }
