@@ -3,7 +3,9 @@
 //! of a remote server on loopback (`tests/mcp/demo_server.py`, the official
 //! MCP Python SDK under uvicorn, reached over streamable HTTP by the
 //! worker's rmcp client with its secret header) against `view` of a 3-line
-//! file through the sandbox's toolbox. The two alternate in each repetition.
+//! file through the sandbox's toolbox; and, to separate the server's own time
+//! from the client's, the same `tools/call` as one plain HTTP POST (reqwest,
+//! the session made by hand). The three alternate in each repetition.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -66,18 +68,26 @@ async fn main() -> anyhow::Result<()> {
 
     let docker = setup::docker().await?;
     let sandbox = Sandbox::start(&docker, &config, &setup::owner()).await?;
-    let result = measure(&sandbox, &mcp, args.common.runs).await;
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let result = measure(&sandbox, &mcp, &url, args.common.runs).await;
     sandbox.remove().await;
-    let (remote, view) = result?;
+    let (remote, view, raw) = result?;
 
     println!("one tool call through the worker's registry, image {}:", args.common.image);
     let m = stats::report("MCP mcp__demo__add (remote, loopback)", &remote);
     let v = stats::report("built-in view of a 3-line file (toolbox)", &view);
+    let r = stats::report("same tools/call as one plain HTTP POST", &raw);
     stats::ratio("MCP call / view", m, v, None);
+    stats::ratio("MCP call / plain POST (client's share)", m, r, None);
+    let requests = std::fs::read_to_string(dir.path().join("headers.log")).unwrap_or_default().lines().count();
+    println!("HTTP requests the server saw in all: {requests} (for {} calls of each kind)", args.common.runs + 1);
     Ok(())
 }
 
-async fn measure(sandbox: &Sandbox, mcp: &McpConfig, runs: usize) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+type Series = (Vec<Duration>, Vec<Duration>, Vec<Duration>);
+
+async fn measure(sandbox: &Sandbox, mcp: &McpConfig, url: &str, runs: usize) -> anyhow::Result<Series> {
+    let raw = RawSession::open(url).await?;
     setup::bash(sandbox, "printf 'one\\ntwo\\nthree\\n' > /workspace/small.txt", TIMEOUT).await?;
     let builtin = Registry::standard();
     let session = kiln_worker::mcp::connect(mcp, None, &builtin).await;
@@ -86,7 +96,7 @@ async fn measure(sandbox: &Sandbox, mcp: &McpConfig, runs: usize) -> anyhow::Res
     }
     let tools = builtin.with(session.tools.iter().cloned());
     let ctx = ToolContext { sandbox, output: None };
-    let (mut remote, mut view) = (vec![], vec![]);
+    let (mut remote, mut view, mut plain) = (vec![], vec![], vec![]);
     for rep in 0..=runs {
         let started = Instant::now();
         let out = tools.call(&ctx, "mcp__demo__add", json!({"a": rep, "b": 1})).await?;
@@ -101,10 +111,63 @@ async fn measure(sandbox: &Sandbox, mcp: &McpConfig, runs: usize) -> anyhow::Res
         if out.is_error || !out.output.contains("three") {
             bail!("view answered {out:?}");
         }
+        let started = Instant::now();
+        let body = raw.call_add(rep, 1).await?;
+        let took_plain = started.elapsed();
+        if !body.contains(&format!("\"result\":{}", rep + 1)) {
+            bail!("plain tools/call answered {body}");
+        }
         if rep > 0 {
             remote.push(took_remote);
             view.push(took_view);
+            plain.push(took_plain);
         }
     }
-    Ok((remote, view))
+    Ok((remote, view, plain))
+}
+
+/// An MCP session made by hand with plain HTTP: the baseline.
+struct RawSession {
+    http: reqwest::Client,
+    url: String,
+    session: String,
+}
+
+impl RawSession {
+    async fn open(url: &str) -> anyhow::Result<RawSession> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder().no_proxy().build()?;
+        let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}});
+        let r = Self::post(&http, url, None).json(&init).send().await?;
+        let session = r
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .context("no mcp-session-id from initialize")?
+            .to_owned();
+        r.bytes().await?;
+        let done = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        Self::post(&http, url, Some(&session)).json(&done).send().await?.bytes().await?;
+        Ok(RawSession { http, url: url.to_owned(), session })
+    }
+
+    fn post(http: &reqwest::Client, url: &str, session: Option<&str>) -> reqwest::RequestBuilder {
+        let mut r = http
+            .post(url)
+            .header("x-api-key", KEY)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25");
+        if let Some(s) = session {
+            r = r.header("mcp-session-id", s);
+        }
+        r
+    }
+
+    async fn call_add(&self, a: usize, b: usize) -> anyhow::Result<String> {
+        let call = json!({"jsonrpc": "2.0", "id": 2 + a, "method": "tools/call",
+            "params": {"name": "add", "arguments": {"a": a, "b": b}}});
+        let r = Self::post(&self.http, &self.url, Some(&self.session)).json(&call).send().await?;
+        Ok(r.text().await?)
+    }
 }
