@@ -33,7 +33,13 @@ pub static MAX_COST_USD: Range<f64> = Range::above(0.0, 1_000_000.0);
 
 /// `allowed_tools`: at most this many names, each a [`TOOL_NAME`].
 pub static ALLOWED_TOOLS: List = List { max_items: 64 };
-pub static TOOL_NAME: Text = Text::new(1, 64, r"^[A-Za-z0-9_]*$");
+/// A tool name, or a pattern of them with `*` (`mcp__github__*`).
+pub static TOOL_NAME: Text = Text::new(1, 64, r"^[A-Za-z0-9_*-]*$");
+
+/// `mcp`: at most this many server names, each an [`MCP_SERVER_NAME`].
+pub static MCP_SERVERS: List = List { max_items: 32 };
+/// The name of an MCP server, as the operator's configuration gives it.
+pub static MCP_SERVER_NAME: Text = Text::new(1, 64, r"^[A-Za-z0-9_-]*$");
 
 /// The providers a run may name; the worker maps each to its wire format.
 pub static MODEL_PROVIDER: OneOf = OneOf(&["openai", "openai-responses", "anthropic"]);

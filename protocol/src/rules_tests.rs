@@ -20,9 +20,10 @@ fn the_character_classes_are_rusts() {
 
 #[test]
 fn every_pattern_compiles() {
-    let texts: [&Text; 9] = [
+    let texts: [&Text; 10] = [
         &input::PROMPT,
         &input::TOOL_NAME,
+        &input::MCP_SERVER_NAME,
         &input::MODEL_NAME,
         &input::REPO_URL,
         &input::GIT_REF,

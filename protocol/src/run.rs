@@ -32,9 +32,14 @@ pub struct CreateRun {
     /// Which tool calls wait for a person's approval (default: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalMode>,
-    /// The only tools the model sees; all tools when absent.
+    /// The only tools the model sees; all tools when absent. A name may hold
+    /// `*` (any run of characters): `mcp__github__*`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_tools: Option<Vec<String>>,
+    /// The operator's MCP servers (`KILN_MCP_SERVERS`) whose tools the run
+    /// gets, by name; all of them when absent, none when empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<Vec<String>>,
     /// Narrower sandbox limits, or network access where the deployment
     /// allows it.
     #[serde(default, deserialize_with = "crate::nested::object", skip_serializing_if = "Option::is_none")]
@@ -99,6 +104,9 @@ pub struct Policy {
     pub approval: ApprovalMode,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_tools: Option<Vec<String>>,
+    /// The MCP servers the run uses (see [`CreateRun::mcp`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<Vec<String>>,
     #[serde(default)]
     pub sandbox: SandboxSpec,
     /// The environment's name, as the run named it.
@@ -180,11 +188,17 @@ pub enum SpecError {
     #[error("limits.timeout_s must be between {} and {}", input::TIMEOUT_S.min, input::TIMEOUT_S.max)]
     Timeout,
     #[error(
-        "allowed_tools must be a list of at most {} tool names of at most {} letters, digits or _",
+        "allowed_tools must be a list of at most {} tool names of at most {} letters, digits, _ or - (* for any run of them)",
         input::ALLOWED_TOOLS.max_items,
         input::TOOL_NAME.max_chars
     )]
     AllowedTools,
+    #[error(
+        "mcp must be a list of at most {} server names of 1 to {} letters, digits, _ or -",
+        input::MCP_SERVERS.max_items,
+        input::MCP_SERVER_NAME.max_chars
+    )]
+    McpServers,
     #[error("limits.max_tokens must be between {} and {}", input::RUN_MAX_TOKENS.min, input::RUN_MAX_TOKENS.max)]
     MaxRunTokens,
     #[error("limits.max_cost_usd must be a positive number of dollars, at most {}", input::MAX_COST_USD.max)]
@@ -229,6 +243,7 @@ impl CreateRun {
         Policy {
             approval: self.approval.unwrap_or_default(),
             allowed_tools: self.allowed_tools.clone(),
+            mcp: self.mcp.clone(),
             sandbox: self.sandbox.clone().unwrap_or_default(),
             environment: self.environment.clone(),
         }
@@ -248,6 +263,12 @@ impl CreateRun {
             let names_ok = tools.iter().all(|t| input::TOOL_NAME.accepts(t));
             if tools.len() > input::ALLOWED_TOOLS.max_items || !names_ok {
                 return Err(SpecError::AllowedTools);
+            }
+        }
+        if let Some(servers) = &self.mcp {
+            let names_ok = servers.iter().all(|s| input::MCP_SERVER_NAME.accepts(s));
+            if servers.len() > input::MCP_SERVERS.max_items || !names_ok {
+                return Err(SpecError::McpServers);
             }
         }
         if let Some(repo) = &self.repo {
@@ -468,6 +489,9 @@ pub struct Run {
     pub approval: ApprovalMode,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allowed_tools: Option<Vec<String>>,
+    /// The MCP servers the run asked for; all the worker's when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<Vec<String>>,
     /// The sandbox the run asked for (see [`SandboxSpec`]).
     #[serde(default, skip_serializing_if = "is_default_sandbox")]
     pub sandbox: SandboxSpec,
@@ -534,6 +558,20 @@ mod tests {
     }
 
     #[test]
+    fn mcp_servers_are_names_and_carried_into_the_policy() {
+        let s = spec(r#"{"prompt":"x","mcp":["demo","git-hub_2"]}"#).unwrap();
+        assert_eq!(s.validate(), Ok(()));
+        assert_eq!(s.policy().mcp, Some(vec!["demo".to_owned(), "git-hub_2".to_owned()]));
+        for bad in [r#"[""]"#, r#"["a b"]"#, r#"["mcp*"]"#] {
+            let s = spec(&format!(r#"{{"prompt":"x","mcp":{bad}}}"#)).unwrap();
+            assert_eq!(s.validate(), Err(SpecError::McpServers), "{bad}");
+        }
+        let many: Vec<String> = (0..=input::MCP_SERVERS.max_items).map(|i| format!("s{i}")).collect();
+        let s = CreateRun { mcp: Some(many), ..CreateRun::new("x") };
+        assert_eq!(s.validate(), Err(SpecError::McpServers));
+    }
+
+    #[test]
     fn allowed_tools_and_approval_parse_and_are_checked() {
         let s = spec(r#"{"prompt":"x","approval":"mutating","allowed_tools":["view","grep"]}"#).unwrap();
         assert_eq!(s.validate(), Ok(()));
@@ -541,6 +579,8 @@ mod tests {
         assert!(spec(r#"{"prompt":"x","approval":"sometimes"}"#).is_err());
         let bad = spec(r#"{"prompt":"x","allowed_tools":["rm -rf"]}"#).unwrap();
         assert_eq!(bad.validate(), Err(SpecError::AllowedTools));
+        let pattern = spec(r#"{"prompt":"x","allowed_tools":["mcp__git-hub__*"]}"#).unwrap();
+        assert_eq!(pattern.validate(), Ok(()));
     }
 
     #[test]

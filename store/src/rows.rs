@@ -42,6 +42,7 @@ pub(crate) fn run_from_row(row: &Row) -> Result<Run, StoreError> {
             .map_err(|e| StoreError::Corrupt(format!("runs.limits: {e}")))?,
         approval: policy.approval,
         allowed_tools: policy.allowed_tools,
+        mcp: policy.mcp,
         sandbox: policy.sandbox,
         environment: policy.environment,
         trigger: match trigger.as_str() {

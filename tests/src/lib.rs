@@ -390,6 +390,7 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         prompt_cache: true,
         secrets_key: None,
         environment_cache: Default::default(),
+        mcp: Default::default(),
         max_event_bytes_per_run: kiln_worker::config::DEFAULT_MAX_EVENT_BYTES_PER_RUN,
     }
 }

@@ -121,6 +121,8 @@ pub struct WorkerConfig {
     pub secrets_key: Option<std::sync::Arc<kiln_store::secrets::SecretsKey>>,
     /// Bounds of the prepared-environment images on this worker's engine.
     pub environment_cache: crate::environment::cache::CacheBounds,
+    /// The MCP servers runs may use (`KILN_MCP_SERVERS`); none by default.
+    pub mcp: std::sync::Arc<crate::mcp::McpConfig>,
 }
 
 /// Default of [`WorkerConfig::dead_worker_check`].

@@ -11,6 +11,7 @@ pub mod github;
 mod handoff;
 mod lease_keeper;
 mod local_checkout;
+pub mod mcp;
 pub mod metrics;
 pub mod net_guard;
 pub mod presence;

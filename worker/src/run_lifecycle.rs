@@ -280,6 +280,14 @@ async fn drive(
             workspace_lost: notice.is_some(),
         })
         .await?;
+    // The run's MCP tools, listed now; a server that is missing is told to
+    // the model, not a failure.
+    let mcp = crate::mcp::open(&ctx.config.mcp, run, &ctx.tools).await;
+    let tools = ctx.tools.with(mcp.tools.iter().cloned());
+    let notice = match (notice, mcp.notice()) {
+        (Some(a), Some(b)) => Some(format!("{a}\n\n{b}")),
+        (a, b) => a.or(b),
+    };
     let kind = run.model.provider.as_deref().and_then(|p| p.parse().ok()).unwrap_or(ctx.config.default_provider);
     let agent = AgentRun {
         store: &ctx.store,
@@ -290,7 +298,7 @@ async fn drive(
         model: run.model.name.clone().unwrap_or_else(|| ctx.config.default_model.clone()),
         max_tokens: run.model.max_tokens.unwrap_or(ctx.config.default_max_tokens),
         pricing: &|model, usage| ctx.prices.cost(model, usage),
-        tools: &ctx.tools,
+        tools: &tools,
         events,
         control,
         notice,

@@ -27,6 +27,8 @@ static RULES: &[(Target, &dyn Constraint)] = &[
     (Schema("CreateRun", "/properties/prompt"), &input::PROMPT),
     (Schema("CreateRun", "/properties/allowed_tools"), &input::ALLOWED_TOOLS),
     (Schema("CreateRun", "/properties/allowed_tools/items"), &input::TOOL_NAME),
+    (Schema("CreateRun", "/properties/mcp"), &input::MCP_SERVERS),
+    (Schema("CreateRun", "/properties/mcp/items"), &input::MCP_SERVER_NAME),
     (Schema("CreateRun", "/properties/callback_url"), &input::CALLBACK_URL),
     (Schema("Limits", "/properties/max_steps"), &input::MAX_STEPS),
     (Schema("Limits", "/properties/timeout_s"), &input::TIMEOUT_S),

@@ -156,6 +156,11 @@ pub struct WorkerArgs {
     /// each deployment sharing an engine its own.
     #[arg(long, env = "KILN_ENVIRONMENT_CACHE_SCOPE", default_value = "default")]
     pub environment_cache_scope: String,
+    /// JSON file of the MCP servers runs may use (URLs, headers with their
+    /// credentials, timeouts, whether to trust read-only hints); none
+    /// without it. See README, "MCP servers".
+    #[arg(long, env = "KILN_MCP_SERVERS")]
+    pub mcp_servers: Option<PathBuf>,
 }
 
 impl WorkerArgs {
@@ -241,6 +246,10 @@ impl WorkerArgs {
                 scope: self.environment_cache_scope.clone(),
             },
             max_event_bytes_per_run: self.max_event_bytes_per_run,
+            mcp: Arc::new(match &self.mcp_servers {
+                Some(path) => kiln_worker::mcp::McpConfig::load(path)?,
+                None => Default::default(),
+            }),
         })
     }
 }

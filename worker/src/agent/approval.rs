@@ -53,9 +53,10 @@ impl Clearance {
 }
 
 impl Gate<'_> {
-    /// Whether the run may call `name` at all (its `allowed_tools`).
+    /// Whether the run may call `name` at all (its `allowed_tools`, whose
+    /// entries may be patterns such as `mcp__github__*`).
     pub fn allows(&self, name: &str) -> bool {
-        self.run.allowed_tools.as_ref().is_none_or(|allowed| allowed.iter().any(|t| t == name))
+        self.run.allowed_tools.as_ref().is_none_or(|allowed| allowed.iter().any(|t| name_matches(t, name)))
     }
 
     /// Whether the run's approval mode makes a call of `name` wait for a person.
@@ -135,5 +136,51 @@ impl Gate<'_> {
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+}
+
+/// Whether `name` matches `pattern`, where `*` stands for any run of
+/// characters (none included) and everything else for itself. Tool names
+/// are ASCII letters, digits, `_` and `-`, so nothing else needs escaping.
+fn name_matches(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    // No `*`: the whole name.
+    let Some(first) = parts.next() else { return false };
+    let Some(mut rest) = name.strip_prefix(first) else { return false };
+    let pieces: Vec<&str> = parts.collect();
+    let Some((last, middle)) = pieces.split_last() else { return rest.is_empty() };
+    for piece in middle {
+        // The leftmost place a piece fits leaves the most for the others.
+        match rest.find(piece) {
+            Some(at) => rest = &rest[at + piece.len()..],
+            None => return false,
+        }
+    }
+    rest.ends_with(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::name_matches;
+
+    #[test]
+    fn patterns_match_whole_names_with_star_for_any_run() {
+        assert!(name_matches("view", "view"));
+        assert!(!name_matches("view", "viewer"));
+        assert!(!name_matches("view", "vie"));
+        assert!(name_matches("mcp__demo__*", "mcp__demo__add"));
+        assert!(name_matches("mcp__demo__*", "mcp__demo__"));
+        assert!(!name_matches("mcp__demo__*", "mcp__demo2__add"));
+        assert!(!name_matches("mcp__demo__*", "bash"));
+        assert!(name_matches("*", "bash"));
+        assert!(name_matches("mcp__*__add", "mcp__demo__add"));
+        assert!(!name_matches("mcp__*__add", "mcp__demo__add2"));
+        assert!(name_matches("*_add", "mcp__demo__add"));
+        assert!(name_matches("a*b*c", "abc"));
+        assert!(name_matches("a*b*c", "axxbyyc"));
+        assert!(!name_matches("a*b*c", "axxcyyb"));
+        // The suffix may not reuse what a middle piece consumed.
+        assert!(!name_matches("ab*b", "ab"));
+        assert!(name_matches("a**", "a"));
     }
 }

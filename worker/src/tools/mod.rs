@@ -126,8 +126,9 @@ const NEEDS_TOOLBOX: &str = "this sandbox has no toolbox process, so this tool i
 
 #[async_trait::async_trait]
 pub trait Tool: Send + Sync {
-    fn name(&self) -> &'static str;
-    fn description(&self) -> &'static str;
+    /// The name the model calls it by (MCP tools' names are made at run time).
+    fn name(&self) -> &str;
+    fn description(&self) -> &str;
     /// JSON schema of the arguments object.
     fn schema(&self) -> Value;
     /// Whether the tool changes the workspace (runs serially, may need approval).
@@ -153,7 +154,7 @@ pub fn schema_of<T: JsonSchema>() -> Value {
 /// The set of tools offered to the model.
 #[derive(Clone)]
 pub struct Registry {
-    tools: BTreeMap<&'static str, Arc<dyn Tool>>,
+    tools: BTreeMap<String, Arc<dyn Tool>>,
 }
 
 impl Registry {
@@ -174,7 +175,17 @@ impl Registry {
     /// A registry of exactly these tools (benchmarks measure the loop with a
     /// no-op tool; a deployment uses [`Registry::standard`]).
     pub fn from_tools(tools: impl IntoIterator<Item = Arc<dyn Tool>>) -> Self {
-        Registry { tools: tools.into_iter().map(|t| (t.name(), t)).collect() }
+        Registry { tools: tools.into_iter().map(|t| (t.name().to_owned(), t)).collect() }
+    }
+
+    /// These tools and `extra` (a run's MCP tools); a name already taken
+    /// keeps its first tool.
+    pub fn with(&self, extra: impl IntoIterator<Item = Arc<dyn Tool>>) -> Self {
+        let mut tools = self.tools.clone();
+        for tool in extra {
+            tools.entry(tool.name().to_owned()).or_insert(tool);
+        }
+        Registry { tools }
     }
 
     pub fn specs(&self) -> Vec<ToolSpec> {
@@ -182,6 +193,11 @@ impl Registry {
             .values()
             .map(|t| ToolSpec { name: t.name().into(), description: t.description().into(), input_schema: t.schema() })
             .collect()
+    }
+
+    /// The names of the tools, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tools.keys().map(String::as_str)
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
@@ -193,7 +209,7 @@ impl Registry {
         match self.get(name) {
             Some(tool) => tool.call(ctx, args).await,
             None => {
-                let known: Vec<_> = self.tools.keys().copied().collect();
+                let known: Vec<&str> = self.tools.keys().map(String::as_str).collect();
                 Ok(ToolOutcome::error(format!("unknown tool {name:?}; available tools: {}", known.join(", "))))
             }
         }

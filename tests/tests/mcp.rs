@@ -1,0 +1,299 @@
+//! MCP tools from a remote server: a server the test runs on loopback,
+//! written with the official MCP Python SDK (`tests/mcp/demo_server.py`,
+//! the SDK pinned in `tests/tools/mcp.txt` and installed by `scripts/test`
+//! into `.kiln/tools/mcp`). Without the SDK these tests say so and pass,
+//! unless `KILN_REQUIRE_MCP_TOOLS` is set (`.ci/run` sets it).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_protocol::{ApprovalMode, CreateRun, EventBody, RunStatus};
+use kiln_scripted_model::{Reply, ScriptedCall};
+use kiln_tests::logs::Logs;
+use kiln_tests::{Event, Options, TestApp, kinds, outcome, pick, worker_config};
+use kiln_worker::ProviderKind;
+use kiln_worker::mcp::McpConfig;
+use kiln_worker::mcp::names::{MAX_NAME_CHARS, Namer};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// The key the server requires in `X-Api-Key`; it must reach the server and
+/// nothing else.
+const SECRET: &str = "kiln-mcp-secret-7f3a9c41d2";
+/// A server name that makes `mcp__<server>__<tool>` too long for the tool
+/// with the long name.
+const LONG_SERVER: &str = "a_server_with_a_name_long_enough_for_the_cut";
+/// `LONG_TOOL` of demo_server.py.
+const LONG_TOOL: &str = "a_tool_whose_name_is_long_enough_to_need_cutting";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().unwrap()
+}
+
+/// The venv's Python with the SDK, or `None` (then the test is skipped,
+/// unless the SDK is required).
+fn sdk_python() -> Option<PathBuf> {
+    let state = std::env::var_os("KILN_STATE_DIR").map(PathBuf::from).unwrap_or_else(|| root().join(".kiln"));
+    let python = state.join("tools/mcp/bin/python");
+    if python.is_file() {
+        return Some(python);
+    }
+    let required = std::env::var_os("KILN_REQUIRE_MCP_TOOLS").is_some_and(|v| !v.is_empty() && v != "0");
+    assert!(!required, "KILN_REQUIRE_MCP_TOOLS is set but the MCP SDK venv is missing: scripts/test installs it");
+    eprintln!("skipped: the MCP Python SDK is not installed (scripts/ensure-pip-tool.sh mcp tests/tools/mcp.txt)");
+    None
+}
+
+/// The demo server, running until dropped.
+struct DemoServer {
+    url: String,
+    header_log: PathBuf,
+    _child: tokio::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl DemoServer {
+    async fn start(python: &PathBuf) -> DemoServer {
+        let dir = tempfile::tempdir().unwrap();
+        let header_log = dir.path().join("headers.log");
+        let mut child = tokio::process::Command::new(python)
+            .arg(root().join("tests/mcp/demo_server.py"))
+            .arg(&header_log)
+            .arg(SECRET)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let port = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if let Some(port) = line.strip_prefix("LISTENING ") {
+                    return port.trim().parse::<u16>().unwrap();
+                }
+            }
+            panic!("the MCP server exited before listening")
+        })
+        .await
+        .expect("the MCP server did not start");
+        // Keep reading its output so it never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        DemoServer { url: format!("http://127.0.0.1:{port}/mcp"), header_log, _child: child, _dir: dir }
+    }
+
+    /// The `X-Api-Key` of every request the server got.
+    fn keys_seen(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.header_log).unwrap_or_default().lines().map(str::to_owned).collect()
+    }
+
+    /// A server entry of the worker's configuration for this server.
+    fn entry(&self, extra: Value) -> Value {
+        let mut entry = json!({"url": self.url, "headers": {"X-Api-Key": SECRET}});
+        entry.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        entry
+    }
+}
+
+/// An app whose worker has the MCP servers `servers` (a JSON object).
+async fn app_with(script: Vec<Reply>, servers: Value) -> TestApp {
+    let app = TestApp::spawn(Options { script, worker: false, ..Default::default() }).await;
+    let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
+    config.mcp = Arc::new(McpConfig::parse(&json!({ "servers": servers }).to_string()).unwrap());
+    app.start_worker(config).await;
+    app
+}
+
+/// The names of the tools a model request offered.
+fn offered(body: &Value) -> Vec<String> {
+    let mut names: Vec<String> =
+        body["tools"].as_array().unwrap().iter().map(|t| t["function"]["name"].as_str().unwrap().to_owned()).collect();
+    names.sort();
+    names
+}
+
+/// The results of calls to `name`: (output, is_error).
+fn results(events: &[Event], name: &str) -> Vec<(String, bool)> {
+    pick!(events, EventBody::ToolResult { name: n, output, is_error, .. } => (n, output.clone(), *is_error))
+        .filter(|(n, ..)| *n == name)
+        .map(|(_, output, is_error)| (output, is_error))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_remote_tool_works_and_its_secret_header_reaches_only_the_server() {
+    let Some(python) = sdk_python() else { return };
+    let logs = Logs::capture(tracing_subscriber::filter::LevelFilter::TRACE);
+    let server = DemoServer::start(&python).await;
+    let script = vec![
+        Reply::tool("mcp__demo__add", json!({"a": 2, "b": 3})),
+        Reply::tool("bash", json!({"command": "env"})),
+        Reply::text("done"),
+    ];
+    let app = app_with(script, json!({"demo": server.entry(json!({}))})).await;
+    let id = app.submit("alice", CreateRun::new("add two and three")).await.id;
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+
+    assert_eq!(results(&events, "mcp__demo__add"), [("5".to_owned(), false)]);
+    let requests = app.model.requests();
+    assert_eq!(requests.len(), 3);
+    let tools = offered(&requests[0].body);
+    for name in ["mcp__demo__add", "mcp__demo__shout", "mcp__demo__huge", "bash", "view"] {
+        assert!(tools.contains(&name.to_owned()), "{name} not in {tools:?}");
+    }
+    // The model was given the server's schema and the result.
+    let add = requests[0].body["tools"].as_array().unwrap().iter().find(|t| t["function"]["name"] == "mcp__demo__add");
+    assert_eq!(add.unwrap()["function"]["parameters"]["required"], json!(["a", "b"]));
+    let answer = requests[1].body["messages"].as_array().unwrap().iter().find(|m| m["role"] == "tool").unwrap();
+    assert_eq!(answer["content"], "5");
+
+    // The server got the key with every request, so it was the worker that
+    // sent it...
+    let seen = server.keys_seen();
+    assert!(!seen.is_empty() && seen.iter().all(|k| k == SECRET), "{seen:?}");
+    // ...and nothing else ever held it: not the events (the sandbox's
+    // environment, printed by the bash call, is among them), not what the
+    // model was sent, not the logs.
+    let env = results(&events, "bash");
+    assert!(env.len() == 1 && !env[0].1 && env[0].0.contains("PATH="), "{env:?}");
+    let stored = serde_json::to_string(&app.stored_events(id).await.iter().map(|e| &e.body).collect::<Vec<_>>());
+    assert!(!stored.unwrap().contains(SECRET), "an event holds the secret");
+    for request in &requests {
+        assert!(!String::from_utf8_lossy(&request.bytes).contains(SECRET), "a model request holds the secret");
+    }
+    let log = logs.text();
+    assert!(log.contains("MCP server connected"), "the logs were captured");
+    assert!(!log.contains(SECRET), "a log line holds the secret");
+}
+
+#[tokio::test]
+async fn long_names_are_cut_and_callable_and_allowed_tools_patterns_pick_mcp_tools() {
+    let Some(python) = sdk_python() else { return };
+    let server = DemoServer::start(&python).await;
+    // What the worker calls the long tool: cut to 64 with a hash suffix.
+    let cut = Namer::default().name(LONG_SERVER, LONG_TOOL);
+    let (head, hash) = cut.rsplit_once('_').unwrap();
+    assert_eq!(cut.len(), MAX_NAME_CHARS);
+    assert!(head.starts_with(&format!("mcp__{LONG_SERVER}__a_to")), "{cut}");
+    assert!(hash.len() == 8 && hash.chars().all(|c| c.is_ascii_hexdigit()), "{cut}");
+    let script = vec![
+        Reply::tools(vec![
+            ScriptedCall::new(cut.clone(), json!({"a": 6, "b": 7})),
+            ScriptedCall::new("mcp__demo__shout", json!({"text": "hi"})),
+        ]),
+        Reply::text("done"),
+    ];
+    let servers = json!({"demo": server.entry(json!({})), LONG_SERVER: server.entry(json!({}))});
+    let app = app_with(script, servers).await;
+    let spec = CreateRun {
+        allowed_tools: Some(vec!["view".into(), "mcp__demo__ad*".into(), "mcp__a_server_*__a*".into()]),
+        ..CreateRun::new("multiply")
+    };
+    let id = app.submit("alice", spec).await.id;
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let mut want =
+        vec!["view".to_owned(), "mcp__demo__add".to_owned(), format!("mcp__{LONG_SERVER}__add"), cut.clone()];
+    want.sort();
+    assert_eq!(offered(&app.model.requests()[0].body), want);
+    assert_eq!(results(&events, &cut), [("42".to_owned(), false)]);
+    let refused = results(&events, "mcp__demo__shout");
+    assert!(refused.len() == 1 && refused[0].1 && refused[0].0.contains("not available"), "{refused:?}");
+}
+
+#[tokio::test]
+async fn mcp_tools_wait_for_approval_unless_a_trusted_server_marks_them_read_only() {
+    let Some(python) = sdk_python() else { return };
+    let server = DemoServer::start(&python).await;
+    let script = vec![
+        Reply::tool("mcp__demo__shout", json!({"text": "hi"})),
+        Reply::tool("mcp__demo__add", json!({"a": 1, "b": 2})),
+        Reply::tool("mcp__untrusted__shout", json!({"text": "yo"})),
+        Reply::text("done"),
+    ];
+    let servers = json!({
+        "demo": server.entry(json!({"trust_read_only_hints": true})),
+        "untrusted": server.entry(json!({})),
+        "other": server.entry(json!({})),
+    });
+    let app = app_with(script, servers).await;
+    let spec = CreateRun {
+        approval: Some(ApprovalMode::Mutating),
+        mcp: Some(vec!["demo".into(), "untrusted".into()]),
+        ..CreateRun::new("work")
+    };
+    let id = app.submit("alice", spec).await.id;
+    // Approve whatever asks, noting what asked.
+    let mut asked = Vec::new();
+    let mut after = None;
+    loop {
+        let seen = app
+            .events_until("alice", id, after, |e| {
+                e.kind() == "approval.requested" || e.body.terminal_status().is_some()
+            })
+            .await;
+        let last = seen.last().unwrap();
+        after = Some(last.seq);
+        match &last.body {
+            EventBody::ApprovalRequested { call_id, name, .. } => {
+                asked.push(name.clone());
+                let path = format!("/v1/runs/{id}/approvals/{call_id}");
+                let (status, body) = app.post_json("alice", &path, json!({"decision": "approve"})).await;
+                assert!(status < 300, "{status} {body}");
+            }
+            _ => break,
+        }
+    }
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    assert_eq!(asked, ["mcp__demo__add", "mcp__untrusted__shout"]);
+    // The run's `mcp` left the third server out.
+    let tools = offered(&app.model.requests()[0].body);
+    assert!(tools.contains(&"mcp__untrusted__add".to_owned()), "{tools:?}");
+    assert!(!tools.iter().any(|t| t.starts_with("mcp__other__")), "{tools:?}");
+    assert_eq!(results(&events, "mcp__demo__shout"), [("HI".to_owned(), false)]);
+    assert_eq!(results(&events, "mcp__demo__add"), [("3".to_owned(), false)]);
+    assert_eq!(results(&events, "mcp__untrusted__shout"), [("YO".to_owned(), false)]);
+}
+
+#[tokio::test]
+async fn server_failures_are_tool_errors_and_huge_results_are_capped() {
+    let Some(python) = sdk_python() else { return };
+    let server = DemoServer::start(&python).await;
+    // A port nothing listens on: the server that is down.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let script = vec![
+        Reply::tool("mcp__demo__huge", json!({"size": 300_000})),
+        Reply::tool("mcp__demo__boom", json!({})),
+        Reply::tool("mcp__demo__slow", json!({"seconds": 30})),
+        Reply::tool("mcp__demo__add", json!({"a": 1, "b": 1})),
+        Reply::text("done"),
+    ];
+    let servers = json!({
+        "demo": server.entry(json!({"timeout_s": 2})),
+        "gone": {"url": format!("http://127.0.0.1:{closed}/mcp"), "timeout_s": 2},
+    });
+    let app = app_with(script, servers).await;
+    let id = app.submit("alice", CreateRun::new("try things")).await.id;
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+
+    // The missing server is told to the model, not a failed run.
+    let first = app.model.requests()[0].body.to_string();
+    assert!(first.contains("unavailable") && first.contains("- gone:"), "{first}");
+    assert!(!offered(&app.model.requests()[0].body).iter().any(|t| t.starts_with("mcp__gone")));
+
+    let huge = results(&events, "mcp__demo__huge");
+    assert_eq!(huge.len(), 1);
+    assert!(!huge[0].1 && huge[0].0.len() < 110 * 1024, "{}", huge[0].0.len());
+    assert!(huge[0].0.contains("the MCP server's result was 300000 bytes"), "{}", &huge[0].0[huge[0].0.len() - 200..]);
+
+    let boom = results(&events, "mcp__demo__boom");
+    assert!(boom.len() == 1 && boom[0].1 && boom[0].0.contains("Error executing tool boom"), "{boom:?}");
+    let slow = results(&events, "mcp__demo__slow");
+    assert!(slow.len() == 1 && slow[0].1 && slow[0].0.contains("did not answer within 2 s"), "{slow:?}");
+    // After the timeout the next call connects again and works.
+    assert_eq!(results(&events, "mcp__demo__add"), [("2".to_owned(), false)]);
+}

@@ -1,0 +1,92 @@
+//! MCP tools: the operator's remote MCP servers (streamable HTTP, through
+//! the official Rust SDK `rmcp`), whose tools a run gets beside the
+//! built-in ones.
+//!
+//! At session start [`open`] connects to the servers the run may use (the
+//! operator's `KILN_MCP_SERVERS`, narrowed by the run's `mcp`), lists their
+//! tools and names them `mcp__<server>__<tool>` (`names`). Each becomes a
+//! [`Tool`] (`tool`) in the run's registry, so `allowed_tools`, the
+//! approval gate, batching, budgets, output caps and events treat it as
+//! any other tool. A server that cannot be reached is not a failed run:
+//! the model is told which servers are missing and why, and a call that
+//! fails later is a tool error it sees.
+
+pub mod config;
+pub mod names;
+mod remote;
+mod result;
+mod tool;
+
+use std::sync::Arc;
+
+use kiln_protocol::Run;
+
+pub use config::{ConfigError, McpConfig, ServerConfig};
+use remote::RemoteServer;
+
+use crate::tools::{Registry, Tool};
+
+/// A run's MCP tools, and what the model should know about the servers
+/// that are missing.
+#[derive(Default)]
+pub struct McpSession {
+    pub tools: Vec<Arc<dyn Tool>>,
+    /// One line per server the run asked for but does not get.
+    pub problems: Vec<String>,
+}
+
+impl McpSession {
+    /// Told to the model before its first step; `None` when all is well.
+    pub fn notice(&self) -> Option<String> {
+        (!self.problems.is_empty()).then(|| {
+            format!(
+                "[kiln] Some MCP servers are unavailable in this run, so their tools are missing:\n{}",
+                self.problems.join("\n")
+            )
+        })
+    }
+}
+
+/// Connects to the servers `run` may use and lists their tools, all at
+/// once; `builtin` holds the names MCP tools must not take.
+pub async fn open(config: &McpConfig, run: &Run, builtin: &Registry) -> McpSession {
+    connect(config, run.mcp.as_deref(), builtin).await
+}
+
+/// Connects to the servers named in `wanted` (all of `config`'s when
+/// `None`) and lists their tools, all at once.
+pub async fn connect(config: &McpConfig, wanted: Option<&[String]>, builtin: &Registry) -> McpSession {
+    let mut session = McpSession::default();
+    let wanted: Vec<&str> = match wanted {
+        Some(names) => names.iter().map(String::as_str).collect(),
+        None => config.servers.keys().map(String::as_str).collect(),
+    };
+    let mut servers = Vec::new();
+    for name in wanted {
+        match config.servers.get(name) {
+            Some(server) => match RemoteServer::new(name, server.clone()) {
+                Ok(server) => servers.push(Arc::new(server)),
+                Err(e) => session.problems.push(format!("- {name}: {e}")),
+            },
+            None => session.problems.push(format!("- {name}: no MCP server of that name is configured")),
+        }
+    }
+    let listed = futures::future::join_all(servers.iter().map(|s| s.list_tools())).await;
+    let mut namer = names::Namer::reserving(builtin.names());
+    for (server, tools) in servers.into_iter().zip(listed) {
+        match tools {
+            Ok(tools) => {
+                tracing::info!(server = %server.name(), tools = tools.len(), "MCP server connected");
+                for listed in &tools {
+                    let name = namer.name(server.name(), &listed.name);
+                    session.tools.push(Arc::new(tool::McpTool::new(name, listed, server.clone())));
+                }
+            }
+            Err(e) => {
+                tracing::warn!(server = %server.name(), error = %e, "MCP server unavailable");
+                session.problems.push(format!("- {}: {e}", server.name()));
+            }
+        }
+    }
+    session
+}
