@@ -63,19 +63,35 @@ pub async fn remove(docker: &Docker, leftovers: &Leftovers) {
 
 /// Finds and removes what `workers` left, from a thread of its own: a
 /// `Drop` cannot await, and the test's runtime may be the one it runs on.
+/// Where something was left, looks again a moment later: a container the
+/// engine was still creating when the test ended shows up only then.
 pub fn clean_up(db_url: String, workers: Vec<String>) -> Leftovers {
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
         runtime.block_on(async {
             let Ok(docker) = Docker::connect_with_local_defaults() else { return Leftovers::default() };
-            let leftovers = find(&docker, &db_url, &workers).await;
-            remove(&docker, &leftovers).await;
-            leftovers
+            let mut removed = Leftovers::default();
+            for _ in 0..LOOKS {
+                let found = find(&docker, &db_url, &workers).await;
+                if found.is_empty() {
+                    break;
+                }
+                remove(&docker, &found).await;
+                removed.containers.extend(found.containers);
+                removed.networks.extend(found.networks);
+                tokio::time::sleep(AGAIN_AFTER).await;
+            }
+            removed
         })
     })
     .join()
     .unwrap_or_default()
 }
+
+/// How many times [`clean_up`] looks, at most, and how long it waits
+/// between looks.
+const LOOKS: usize = 3;
+const AGAIN_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
 
 async fn sessions(db_url: &str) -> HashSet<String> {
     let Ok((client, conn)) = tokio_postgres::connect(db_url, tokio_postgres::NoTls).await else {
