@@ -26,6 +26,7 @@ pub use kiln_scripted_model;
 pub mod browser;
 pub mod fake_github;
 pub mod kiln_bin;
+pub mod leftovers;
 pub mod logs;
 pub mod netcut;
 pub mod outside;
@@ -140,6 +141,9 @@ pub struct TestApp {
     pub model: ScriptedModel,
     pub http: reqwest::Client,
     pub shutdown: CancellationToken,
+    /// Ids of the workers started for this app (in this process or as
+    /// processes): what they leave in Docker is removed when it drops.
+    workers: std::sync::Mutex<Vec<String>>,
 }
 
 impl TestApp {
@@ -159,7 +163,7 @@ impl TestApp {
             });
         let addr = Self::start_api_on(&store, options.api.clone(), github, shutdown.clone()).await;
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
-        let app = TestApp { addr, db_url, store, model, http, shutdown };
+        let app = TestApp { addr, db_url, store, model, http, shutdown, workers: Default::default() };
         if options.worker {
             app.start_worker(worker_config(options.provider, options.lease)).await;
         }
@@ -207,6 +211,7 @@ impl TestApp {
             app_shutdown.cancelled().await;
             token.cancel();
         });
+        self.owns_worker(&config.worker_id);
         let parts = WorkerParts { config, endpoints, prices };
         let running = Kiln::new(store).worker(parts).start(shutdown).await.expect("start worker");
         running.worker.expect("a worker")
@@ -343,6 +348,30 @@ impl TestApp {
             .collect()
     }
 
+    /// Returns once `n` statements on this test's database wait for a lock
+    /// (a write queued behind a transaction the test holds open): proof
+    /// that they wait, where a fixed sleep would only give them time.
+    pub async fn until_waiting_on_locks(&self, n: i64) {
+        let sql = self.sql().await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let waiting: i64 = sql
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if waiting == n {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{waiting} statements wait for a lock, not {n}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// A raw SQL connection to this test's database.
     pub async fn sql(&self) -> tokio_postgres::Client {
         let (client, conn) = tokio_postgres::connect(&self.db_url, tokio_postgres::NoTls).await.unwrap();
@@ -351,9 +380,64 @@ impl TestApp {
     }
 }
 
+impl TestApp {
+    /// Records that the worker `id` works for this app: its containers go
+    /// when the app drops.
+    pub fn owns_worker(&self, id: &str) {
+        self.workers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(id.to_owned());
+    }
+
+    /// The worker ids recorded by [`TestApp::owns_worker`].
+    pub fn worker_ids(&self) -> Vec<String> {
+        self.workers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
 impl Drop for TestApp {
+    /// Stops the app's workers and removes what they left in Docker (see
+    /// [`leftovers`]): a test that ends, or fails, mid-run leaves nothing
+    /// running behind it.
     fn drop(&mut self) {
         self.shutdown.cancel();
+        let workers = self.worker_ids();
+        if workers.is_empty() {
+            return;
+        }
+        let removed = leftovers::clean_up(self.db_url.clone(), workers);
+        if !removed.is_empty() {
+            eprintln!("test harness: removed what the test's workers left: {removed:?}");
+        }
+    }
+}
+
+/// Runs `cmd` in `container` as the container's own user (root without
+/// capabilities in a sandbox: it can read the workspace and write `/tmp`);
+/// its exit code and output (stdout and stderr together).
+pub async fn docker_exec(container: &str, cmd: &[&str]) -> (i64, String) {
+    use bollard::exec::{CreateExecOptions, StartExecResults};
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let options = CreateExecOptions {
+        cmd: Some(cmd.to_vec()),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        ..Default::default()
+    };
+    let exec = docker.create_exec(container, options).await.unwrap();
+    let mut text = String::new();
+    if let StartExecResults::Attached { mut output, .. } = docker.start_exec(&exec.id, None).await.unwrap() {
+        while let Some(chunk) = output.next().await {
+            text.push_str(&chunk.unwrap().to_string());
+        }
+    }
+    // The output ends a moment before the engine records the exit.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let state = docker.inspect_exec(&exec.id).await.unwrap();
+        if state.running == Some(false) {
+            return (state.exit_code.unwrap_or(-1), text);
+        }
+        assert!(Instant::now() < deadline, "{cmd:?} in {container} did not finish");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

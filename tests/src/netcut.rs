@@ -7,7 +7,7 @@
 //! alone, this really ends an open EventSource response.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::net::{TcpListener, TcpStream};
@@ -22,6 +22,8 @@ pub struct CutProxy {
 
 struct Shared {
     cut: AtomicBool,
+    /// Connections turned away while cut.
+    refused: AtomicU64,
     /// Cancelled on a cut: every connection made before it closes.
     connections: Mutex<CancellationToken>,
 }
@@ -31,12 +33,16 @@ impl CutProxy {
     pub async fn start(target: SocketAddr) -> CutProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
         let addr = listener.local_addr().expect("proxy address");
-        let shared =
-            Arc::new(Shared { cut: AtomicBool::new(false), connections: Mutex::new(CancellationToken::new()) });
+        let shared = Arc::new(Shared {
+            cut: AtomicBool::new(false),
+            refused: AtomicU64::new(0),
+            connections: Mutex::new(CancellationToken::new()),
+        });
         let s = shared.clone();
         let accept = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
                 if s.cut.load(Ordering::SeqCst) {
+                    s.refused.fetch_add(1, Ordering::SeqCst);
                     drop(inbound); // cut: the connection closes at once, with nothing said
                     continue;
                 }
@@ -55,6 +61,11 @@ impl CutProxy {
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// How many connections were turned away while cut, so far.
+    pub fn refused(&self) -> u64 {
+        self.shared.refused.load(Ordering::SeqCst)
     }
 
     /// Drops every open connection and refuses new ones.

@@ -68,6 +68,7 @@ impl WorkerProcess {
                 eprintln!("[{tag}] {line}");
             }
         });
+        app.owns_worker(&id);
         let worker = WorkerProcess { id, child };
         let sql = app.sql().await;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(120);

@@ -307,6 +307,35 @@ async fn a_compaction_that_spends_the_budget_stops_the_run_before_the_next_step(
     assert_eq!(pick!(events, EventBody::StepFinished { .. } => ()).count(), 2);
 }
 
+/// A summarising call whose summary is empty is of no use, but it was paid
+/// for: the budget counts it, so the step after it is not taken when it
+/// spent the budget (it was once counted only for a summary that was used).
+#[tokio::test]
+async fn a_compaction_with_an_empty_summary_still_counts_against_the_budget() {
+    let model = ModelSpec { context_window: Some(3000), ..Default::default() };
+    let spec =
+        |limits: Option<Limits>| CreateRun { model: Some(model.clone()), limits, ..CreateRun::new("count, then mark") };
+    // What the two steps spend, measured as in the test above.
+    let app = TestApp::spawn(Options { script: compacting_script(), ..Default::default() }).await;
+    let (_, events) = run_to_end(&app, spec(None)).await;
+    let steps: Vec<u64> =
+        pick!(events, EventBody::StepFinished { usage, .. } => usage.input_tokens + usage.output_tokens).collect();
+    let two_steps = steps[0] + steps[1];
+
+    // The same run, its summary empty, with a budget the two steps stay
+    // under and any summarising call goes over.
+    let mut script = compacting_script();
+    script[2] = Reply::text("");
+    let app = TestApp::spawn(Options { script, ..Default::default() }).await;
+    let (_, events) =
+        run_to_end(&app, spec(Some(Limits { max_tokens: Some(two_steps + 1), ..Default::default() }))).await;
+    let error = failure(&events);
+    assert!(error.contains("token budget exhausted"), "{error}");
+    assert_eq!(pick!(events, EventBody::Compaction { .. } => ()).count(), 0, "nothing was compacted");
+    assert_eq!(app.model.requests().len(), 3, "two steps and the summarising call; no step after it");
+    assert_eq!(pick!(events, EventBody::StepFinished { .. } => ()).count(), 2);
+}
+
 #[tokio::test]
 async fn a_step_near_the_context_window_compacts_the_older_conversation_into_a_summary() {
     let app = TestApp::spawn(Options {

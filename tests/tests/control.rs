@@ -3,7 +3,7 @@
 
 use kiln_protocol::{ApprovalMode, CreateRun, EventBody, Run, RunStatus};
 use kiln_scripted_model::{Reply, ScriptedCall};
-use kiln_tests::{Event, Options, TestApp, assert_dense, kinds, outcome, pick, token};
+use kiln_tests::{Event, Options, TestApp, assert_dense, docker_exec, kinds, outcome, pick, token};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -123,6 +123,16 @@ async fn an_approved_call_runs_and_a_denied_one_goes_back_to_the_model() {
     assert!(requests[2].body.to_string().contains("the user denied this call: too risky"));
 }
 
+/// The files `touch` made in the run's workspace, seen from outside the
+/// sandbox (the engine's exec, not a tool call of the run).
+async fn in_workspace(app: &TestApp, id: Uuid) -> Vec<String> {
+    let containers = app.containers_of(id).await;
+    assert_eq!(containers.len(), 1, "{containers:?}");
+    let (code, listing) = docker_exec(&containers[0], &["ls", "-A", "/workspace"]).await;
+    assert_eq!(code, 0, "{listing}");
+    listing.split_whitespace().filter(|f| ["first", "second"].contains(f)).map(str::to_owned).collect()
+}
+
 /// A bash call that creates `file` in the workspace, sent under `id`.
 fn touch(file: &str, id: &str) -> ScriptedCall {
     ScriptedCall::new("bash", json!({"command": format!("touch {file} && echo made {file}")})).with_id(id)
@@ -142,6 +152,8 @@ async fn approve_first_deny_second(script: Vec<Reply>, wire_id: &str) -> String 
     let asked = first.last().unwrap();
     let EventBody::ApprovalRequested { call_id: call, arguments, .. } = &asked.body else { panic!("{asked:?}") };
     assert!(arguments.to_string().contains("touch first"), "{arguments}");
+    // Not yet approved: it has not run.
+    assert_eq!(in_workspace(&app, id).await, Vec::<String>::new(), "a call waiting for approval ran");
     let (status, body) =
         app.post_json("alice", &format!("/v1/runs/{id}/approvals/{call}"), json!({"decision": "approve"})).await;
     assert_eq!(status, 200, "{body}");
@@ -153,6 +165,9 @@ async fn approve_first_deny_second(script: Vec<Reply>, wire_id: &str) -> String 
     assert!(arguments.to_string().contains("touch second"), "{arguments}");
     assert_ne!(call2, call, "each call has its own id");
     assert_eq!(app.run("alice", id).await.status, RunStatus::AwaitingApproval);
+    // The approved call ran (so the look below can see a file); the one
+    // waiting did not.
+    assert_eq!(in_workspace(&app, id).await, ["first"], "only the approved call ran");
     let (status, body) =
         app.post_json("alice", &format!("/v1/runs/{id}/approvals/{call2}"), json!({"decision": "deny"})).await;
     assert_eq!(status, 200, "{body}");
@@ -374,7 +389,7 @@ async fn a_message_accepted_while_the_runs_end_waits_for_it_is_not_lost() {
     let end = tokio::spawn(async move {
         store.finish_run(&lease, &kiln_protocol::EventBody::RunSucceeded { summary: "done".into() }, None).await
     });
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    app.until_waiting_on_locks(1).await;
     assert!(!end.is_finished(), "the end waits for the run's row");
     message.commit().await.unwrap();
     end.await.unwrap().unwrap();

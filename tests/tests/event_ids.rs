@@ -90,15 +90,27 @@ impl AnswerEater {
     }
 }
 
+/// The protocol's ReadyForQuery message ('Z', length 5), minus its
+/// transaction-status byte.
+const READY_FOR_QUERY: &[u8] = b"Z\0\0\0\x05";
+
 async fn pipe(client: TcpStream, server: TcpStream, pattern: &[u8], armed: Arc<AtomicBool>, eaten: Arc<AtomicU32>) {
     let (mut client_r, mut client_w) = client.into_split();
     let (mut server_r, mut server_w) = server.into_split();
     let swallow = Arc::new(AtomicBool::new(false));
     let swallowing = swallow.clone();
+    // Told when the server, after the swallowed statement, says it is ready
+    // for the next one: the statement has run and (outside a transaction)
+    // committed.
+    let answered = Arc::new(tokio::sync::Notify::new());
+    let done = answered.clone();
     let answers = tokio::spawn(async move {
         let mut buf = vec![0u8; 64 * 1024];
         while let Ok(n @ 1..) = server_r.read(&mut buf).await {
             if swallowing.load(Ordering::SeqCst) {
+                if buf[..n].windows(READY_FOR_QUERY.len()).any(|w| w == READY_FOR_QUERY) {
+                    done.notify_one();
+                }
                 continue;
             }
             if client_w.write_all(&buf[..n]).await.is_err() {
@@ -115,8 +127,10 @@ async fn pipe(client: TcpStream, server: TcpStream, pattern: &[u8], armed: Arc<A
         if parsed {
             swallow.store(true, Ordering::SeqCst);
             server_w.write_all(chunk).await.unwrap();
-            // Give the server time to execute and commit, then cut both ways.
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            // Once the server has executed and committed, cut both ways.
+            tokio::time::timeout(Duration::from_secs(30), answered.notified())
+                .await
+                .expect("the server answered the swallowed statement");
             eaten.fetch_add(1, Ordering::SeqCst);
             answers.abort();
             return;

@@ -33,16 +33,24 @@ fn lost(r: Result<impl std::fmt::Debug, StoreError>) -> bool {
 async fn an_expired_lease_is_reclaimed_and_the_old_workers_writes_are_refused() {
     let store = store().await;
     let run = queued_run(&store).await;
-    let (claimed, first) = store.claim_run("w1", Duration::from_millis(500)).await.unwrap().unwrap();
+    let before_claim = std::time::Instant::now();
+    let (claimed, first) = store.claim_run("w1", Duration::from_secs(2)).await.unwrap().unwrap();
     assert_eq!(claimed.id, run.id);
     assert_eq!(first.attempt, 1);
     store.append_event(&first, &EventBody::StepStarted { step: 1 }).await.unwrap();
     // Nothing else to claim while w1 holds it.
     assert!(store.claim_run("w2", Duration::from_secs(30)).await.unwrap().is_none());
 
-    // w1 stops heartbeating; the reaper returns the run to the queue.
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    let reaped = store.reap_expired_leases().await.unwrap();
+    // w1 stops heartbeating; once its lease is over the reaper returns the
+    // run to the queue.
+    let reaped = loop {
+        let reaped = store.reap_expired_leases().await.unwrap();
+        if !reaped.is_empty() || before_claim.elapsed() > Duration::from_secs(60) {
+            break reaped;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(before_claim.elapsed() >= Duration::from_secs(2), "reaped before the lease was over");
     assert_eq!(reaped.len(), 1);
     assert_eq!(reaped[0].status, RunStatus::Queued);
     let (again, second) = store.claim_run("w2", Duration::from_secs(30)).await.unwrap().unwrap();
@@ -118,15 +126,20 @@ async fn runs_handed_back_on_purpose_do_not_use_up_their_attempts() {
 async fn a_heartbeat_keeps_the_lease_and_reports_cancellation() {
     let store = store().await;
     let run = queued_run(&store).await;
-    let (_, lease) = store.claim_run("w1", Duration::from_millis(400)).await.unwrap().unwrap();
-    for _ in 0..4 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let beat = store.heartbeat(&lease, Duration::from_millis(400)).await.unwrap();
+    // A lease of 2 s, renewed every 250 ms for twice its length: without the
+    // beats it would have expired, and a beat may come 1.75 s late (a
+    // loaded machine) before the lease runs out.
+    let lease_for = Duration::from_secs(2);
+    let claimed = std::time::Instant::now();
+    let (_, lease) = store.claim_run("w1", lease_for).await.unwrap().unwrap();
+    while claimed.elapsed() < 2 * lease_for {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let beat = store.heartbeat(&lease, lease_for).await.unwrap();
         assert!(!beat.cancel_requested);
         assert!(store.reap_expired_leases().await.unwrap().is_empty());
     }
     store.cancel_run("alice", run.id).await.unwrap();
-    assert!(store.heartbeat(&lease, Duration::from_millis(400)).await.unwrap().cancel_requested);
+    assert!(store.heartbeat(&lease, lease_for).await.unwrap().cancel_requested);
 }
 
 #[tokio::test]

@@ -297,7 +297,9 @@ async fn a_fenced_write_waits_for_a_takeover_under_way_and_is_then_refused() {
     });
     let (store, old) = (app.store.clone(), lease.clone());
     let inbox = tokio::spawn(async move { store.consume_inbox(&old, session, &unread).await });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Both writes reach the server and wait there for the takeover's lock
+    // on the run row (not merely slow to start).
+    app.until_waiting_on_locks(2).await;
     assert!(!summary.is_finished() && !inbox.is_finished(), "the writes wait for the run row");
     takeover.commit().await.unwrap();
 

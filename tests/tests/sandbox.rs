@@ -342,18 +342,43 @@ async fn bash_output_streams_as_tool_output_events() {
 
 #[tokio::test]
 async fn two_sessions_cannot_see_each_others_files_or_processes() {
-    let a = tokio::spawn(run_script(vec![bash("echo secret-a > a-only.txt && sleep 8 && echo ok")]));
-    // B looks while A's file exists and A's sleep runs.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // A writes its file, says so, and waits (its process visible to a `ps`
+    // that could see it) until the test lets it go.
+    let a_app = TestApp::spawn(Options {
+        script: vec![
+            bash("echo secret-a > a-only.txt && echo written && until [ -e /tmp/go ]; do sleep 0.1; done && echo ok"),
+            Reply::text("done"),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let a = a_app.submit("alice", CreateRun::new("hostile")).await.id;
+    a_app
+        .events_until(
+            "alice",
+            a,
+            None,
+            |e| matches!(&e.body, EventBody::ToolOutput { text, .. } if text.contains("written")),
+        )
+        .await;
+
+    // B looks while A's file exists and A's command runs.
     let (_app, events) = run_script(vec![bash(
         "ls -a /workspace; ps -eo args; grep -rs secret-a /workspace /tmp /home 2>/dev/null; echo ok",
     )])
     .await;
     let b = &results(&events)[0];
-    assert!(!b.output.contains("a-only.txt") && !b.output.contains("sleep 8"), "{b:?}");
+    assert!(!b.output.contains("a-only.txt") && !b.output.contains("until ["), "{b:?}");
     assert!(!b.output.contains("secret-a\n"), "{b:?}");
-    let (_app_a, events_a) = a.await.unwrap();
-    assert_eq!(results(&events_a)[0].output.trim(), "ok");
+    assert_eq!(a_app.run("alice", a).await.status, RunStatus::Running, "A was still running when B looked");
+
+    let containers = a_app.containers_of(a).await;
+    assert_eq!(containers.len(), 1, "{containers:?}");
+    let (code, out) = kiln_tests::docker_exec(&containers[0], &["touch", "/tmp/go"]).await;
+    assert_eq!(code, 0, "{out}");
+    let events_a = a_app.events("alice", a).await;
+    assert_eq!(outcome(&events_a), Some(RunStatus::Succeeded), "{:?}", events_a.last());
+    assert_eq!(results(&events_a)[0].output.trim(), "written\nok");
 }
 
 /// Bytes free on the filesystem holding Docker's data (images, writable

@@ -8,11 +8,13 @@ use std::time::{Duration, Instant};
 
 use kiln_protocol::{CreateRun, EventBody, Run, RunStatus};
 use kiln_scripted_model::Reply;
+use kiln_tests::logs::Logs;
 use kiln_tests::{Event, Options, TestApp, assert_dense, kinds, outcome, pick, token, worker_config};
 use kiln_worker::sandbox::{Managed, list_managed, remove_by_id};
 use kiln_worker::{ProviderKind, WorkerConfig};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+use tracing_subscriber::filter::LevelFilter;
 use uuid::Uuid;
 
 const INTERRUPTED: &str = "interrupted: the worker running this call was lost; it may or may not have completed";
@@ -301,6 +303,7 @@ async fn a_formerly_warm_container_taken_over_from_a_dead_worker_is_not_reaped_a
 
 #[tokio::test]
 async fn a_worker_whose_lease_was_taken_leaves_the_sessions_container_alone_when_its_run_ends() {
+    let logs = Logs::capture(LevelFilter::WARN);
     let app = TestApp::spawn(Options {
         worker: false,
         script: vec![Reply::tool("bash", json!({"command": "sleep 60"}))],
@@ -331,7 +334,15 @@ async fn a_worker_whose_lease_was_taken_leaves_the_sessions_container_alone_when
     // The first attempt still runs and ends on a cancel; then its worker stops.
     let r = app.http.post(app.url(&format!("/v1/runs/{id}/cancel"))).bearer_auth(token("alice")).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 202);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Stopped only once its run has ended and it has found the lease gone
+    // (when it would have removed the container): stopped earlier, it
+    // would leave the container alone whatever it does at a run's end.
+    let lost = format!("run_id={id}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !logs.text().lines().any(|l| l.contains("lease lost; another worker has the run") && l.contains(&lost)) {
+        assert!(Instant::now() < deadline, "the zombie never ended its run:\n{}", logs.text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     stop.cancel();
     tokio::time::timeout(Duration::from_secs(60), zombie).await.unwrap().unwrap();
     assert_eq!(app.containers_of(id).await, before, "the container the takeover holds was left alone");

@@ -193,3 +193,59 @@ async fn a_worker_paused_for_less_than_its_lease_keeps_its_run() {
     assert_eq!(losses(&app, id).await, 0);
     paused.stop().await;
 }
+
+/// A cost-budgeted run taken over after it spent something goes on under
+/// its budget, its earlier spend priced: one with room finishes, one whose
+/// first step already spent the budget stops on it. Neither fails because
+/// the cost "cannot be enforced" (the survivor once recorded the earlier
+/// usage without a price, and an unknown cost refuses a cost budget).
+#[tokio::test]
+async fn cost_budgeted_runs_taken_over_after_spending_go_on_under_their_budgets() {
+    // Both first steps call a long command; the one run with room left asks
+    // again after the takeover and finishes.
+    let sleep = || Reply::tool("bash", json!({"command": "sleep 60; echo never"}));
+    let script = vec![sleep(), sleep(), Reply::text("recovered")];
+    let app = TestApp::spawn(Options { script, worker: false, ..Default::default() }).await;
+    // The doomed process prices the scripted model as the harness's own
+    // workers do: $1 per million tokens.
+    let prices = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(prices.path(), r#"{"scripted": {"input": 1.0, "output": 1.0}}"#).unwrap();
+    let doomed = WorkerProcess::start(&app, LEASE_S, &[("KILN_PRICES_FILE", prices.path().to_str().unwrap())]).await;
+    let budgeted = |usd: f64| CreateRun {
+        limits: Some(kiln_protocol::Limits { max_cost_usd: Some(usd), ..Default::default() }),
+        ..CreateRun::new("work")
+    };
+    // A dollar is far more than the two steps spend; a millionth of one is
+    // less than the first step's prompt alone.
+    let roomy = app.submit("alice", budgeted(1.0)).await.id;
+    let spent = app.submit("alice", budgeted(0.000_001)).await.id;
+    let roomy_seen = until_call_ready(&app, roomy).await;
+    let spent_seen = until_call_ready(&app, spent).await;
+    for seen in [&roomy_seen, &spent_seen] {
+        let cost: f64 = pick!(seen, EventBody::StepFinished { cost_usd, .. } => cost_usd.unwrap()).sum();
+        assert!(cost > 0.000_001, "the first step spent something: ${cost}");
+    }
+    app.start_worker(worker_config(ProviderKind::OpenAi, lease())).await;
+    doomed.kill().await;
+
+    let rest = app.events_after("alice", roomy, roomy_seen.last().map(|e| e.seq)).await;
+    let all: Vec<Event> = roomy_seen.into_iter().chain(rest).collect();
+    assert_dense(&all, 1);
+    assert_eq!(outcome(&all), Some(RunStatus::Succeeded), "{:?}", kinds(&all));
+    assert_eq!(workers_of(&all).len(), 2, "taken over: {:?}", workers_of(&all));
+    let costs: Vec<Option<f64>> = pick!(all, EventBody::StepFinished { cost_usd, .. } => *cost_usd).collect();
+    assert!(costs.len() == 2 && costs.iter().all(|c| c.is_some_and(|c| c > 0.0)), "{costs:?}");
+
+    let rest = app.events_after("alice", spent, spent_seen.last().map(|e| e.seq)).await;
+    let all: Vec<Event> = spent_seen.into_iter().chain(rest).collect();
+    assert_dense(&all, 1);
+    assert_eq!(workers_of(&all).len(), 2, "taken over: {:?}", workers_of(&all));
+    let error = match all.last().map(|e| &e.body) {
+        Some(EventBody::RunFailed { error }) => error.clone(),
+        _ => panic!("the run did not stop on its budget: {:?}", kinds(&all)),
+    };
+    assert!(error.starts_with("cost budget exhausted"), "{error}");
+    assert_eq!(pick!(all, EventBody::StepFinished { .. } => ()).count(), 1, "no step after the takeover");
+    // Two first steps and the roomy run's one step after the takeover.
+    assert_eq!(app.model.requests().len(), 3);
+}

@@ -74,12 +74,15 @@ async fn a_run_exports_spans_for_itself_its_steps_and_its_calls() {
     let events = app.events("alice", run.id).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded));
     // The run span closes when the run task returns, just after the
-    // terminal event; then shutting the exporter down sends what is buffered.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while app.run("alice", run.id).await.status != RunStatus::Succeeded && std::time::Instant::now() < deadline {
+    // terminal event, and its children before it: once the exporter's
+    // batches (every few seconds) have brought it, everything of the run
+    // has been sent.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let is_this_run = |s: &Span| s.name == "run" && attr(s, "run_id").as_deref() == Some(id.as_str());
+    while !received.lock().unwrap().iter().any(is_this_run) {
+        assert!(std::time::Instant::now() < deadline, "the run's span was never exported");
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     telemetry.shutdown().await;
 
     let spans = received.lock().unwrap().clone();

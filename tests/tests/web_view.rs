@@ -181,8 +181,14 @@ async fn a_run_is_followed_live_approved_steered_and_survives_a_network_cut() {
         assert!(Instant::now() < deadline, "run did not succeed: {run}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    // Let the page's reconnects fail a while longer, then check it missed the end.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Once a reconnect of the page's has failed after the run's end, check
+    // it missed the end.
+    let refused = net.refused();
+    let deadline = Instant::now() + WAIT;
+    while net.refused() <= refused {
+        assert!(Instant::now() < deadline, "the page never tried to reconnect");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let missed = b.js("return document.querySelector('#timeline .end') === null;", vec![]).await;
     assert_eq!(missed, true, "the page saw events while its network was cut: the cut did not take");
 
@@ -377,7 +383,9 @@ async fn a_run_of_5000_events_renders_quickly_and_exactly() {
     b.wait_js("the long run's end", WAIT, "return !!document.querySelector('#timeline .end.succeeded');", vec![]).await;
     let elapsed = started.elapsed();
     eprintln!("web view: {TOTAL} events ({steps} steps) rendered in {} ms", elapsed.as_millis());
-    assert!(elapsed < Duration::from_secs(20), "5,000 events took {elapsed:?} to render");
+    // Only a hang is caught: the time is printed, not asserted (speed
+    // belongs in bench/; no benchmark measures this yet).
+    assert!(elapsed < Duration::from_secs(60), "5,000 events took {elapsed:?} to render");
 
     assert_exact_cover(&b.js(RANGES_JS, vec![]).await, TOTAL);
     let page = b

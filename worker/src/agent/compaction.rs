@@ -168,13 +168,15 @@ impl AgentRun<'_> {
             }
             Err(e) => return Err(e),
         };
+        // Spent whether or not the summary is of use: counted before it is
+        // looked at, so the budget check before the next call sees it.
+        let cost = (self.pricing)(&self.model, &assembled.usage);
+        budget.record(&assembled.usage, cost);
         let summary = assembled.message.text();
         if summary.trim().is_empty() {
             tracing::warn!(run_id = %self.run.id, "the model's summary was empty; not compacting");
             return Ok(());
         }
-        let cost = (self.pricing)(&self.model, &assembled.usage);
-        budget.record(&assembled.usage, cost);
         let summary = summary_message(&summary);
         let kept = messages.len() - cut;
         let message_id = uuid::Uuid::now_v7();
