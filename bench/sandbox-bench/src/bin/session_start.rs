@@ -112,7 +112,7 @@ impl Figure {
             Figure::KilnWarm => "Kiln warm pool (take + bind + bash true)",
             Figure::ApiExec => "API: create + start + exec true (baseline)",
             Figure::ApiRun => "API: create(true) + start + wait exit",
-            Figure::CliPlain => "docker run --rm IMAGE true (CLI, teardown in)",
+            Figure::CliPlain => "docker run --rm IMAGE true (CLI, --rm in)",
             Figure::CliHardened => "docker run --rm <Kiln's flags> (CLI)",
         }
     }
