@@ -1,12 +1,15 @@
-//! Shared pieces of Kiln's benchmarks: a fresh database, the API in a child
-//! process (so its memory is its own), and percentile summaries.
+//! Shared pieces of Kiln's benchmarks: a fresh database, `kiln serve` and
+//! baseline servers in processes of their own (so their memory is their
+//! own), and percentile summaries.
 //!
 //! Benchmarks are command-line tools, not library code: failing loudly with
 //! `anyhow` at the first error is what they should do.
 
-use std::path::PathBuf;
+pub mod sse_baseline;
+
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -19,9 +22,6 @@ pub const SECRET: &str = "bench-secret-0123456789abcdef0123456789";
 pub fn token(sub: &str) -> anyhow::Result<String> {
     Ok(kiln_api::auth::mint_hs256(SECRET.as_bytes(), sub, Duration::from_secs(86_400))?)
 }
-
-/// Set in the child process that serves the API for a benchmark.
-const CHILD_DB: &str = "KILN_BENCH_API_DB";
 
 /// Latency summary of a sample.
 #[derive(Debug, Clone, Copy)]
@@ -62,38 +62,93 @@ impl std::fmt::Display for Summary {
     }
 }
 
-/// The API, served by this same binary in a child process.
-pub struct ChildApi {
+/// The `kiln` binary the benchmarks run as users do: `explicit`, else
+/// `target/release/kiln`, else `target/debug/kiln`.
+pub fn kiln_binary(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+    match explicit {
+        Some(path) => Ok(path.to_owned()),
+        None => ["target/release/kiln", "target/debug/kiln"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_file())
+            .context("no kiln binary: cargo build --release -p kiln-cli, or pass --kiln"),
+    }
+}
+
+/// A server in a process of its own (so its memory is its own): `kiln
+/// serve` itself, or a benchmark's baseline server (this same binary run
+/// again).
+pub struct Server {
     pub addr: std::net::SocketAddr,
     child: Child,
 }
 
-impl ChildApi {
-    /// Re-runs the current executable as an API server on `db_url`.
-    pub async fn start(db_url: &str, pool_size: usize) -> anyhow::Result<ChildApi> {
+/// Set in the child process that serves a benchmark's baseline.
+const BASELINE_DB: &str = "KILN_BENCH_BASELINE_DB";
+
+impl Server {
+    /// `kiln serve` on `db_url`, with the settings a deployment has unless
+    /// `env` sets them (the benchmark's JWT secret, a free loopback port
+    /// and `RUST_LOG` default to what they would be).
+    pub async fn kiln_serve(kiln: &Path, db_url: &str, env: &[(&str, String)]) -> anyhow::Result<Server> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+        let child = Command::new(kiln)
+            .arg("serve")
+            .env("DATABASE_URL", db_url)
+            .env("KILN_LISTEN", addr.to_string())
+            .env("KILN_JWT_SECRET", SECRET)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {} serve", kiln.display()))?;
+        let mut server = Server { addr, child };
+        let http = http()?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(r) = http.get(format!("http://{addr}/readyz")).send().await
+                && r.status().is_success()
+            {
+                return Ok(server);
+            }
+            if let Some(status) = server.child.try_wait()? {
+                bail!("kiln serve exited: {status}");
+            }
+            if Instant::now() > deadline {
+                bail!("kiln serve was not ready within 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// This executable again, as the baseline server on `db_url` (see
+    /// [`baseline_child`]).
+    pub async fn baseline(db_url: &str) -> anyhow::Result<Server> {
         let exe: PathBuf = std::env::current_exe()?;
         let mut child = Command::new(exe)
-            .env(CHILD_DB, db_url)
-            .env("KILN_BENCH_API_POOL", pool_size.to_string())
+            .env(BASELINE_DB, db_url)
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .context("starting the API child")?;
+            .context("starting the baseline server")?;
         let stdout = child.stdout.take().context("child stdout")?;
         let mut lines = BufReader::new(stdout).lines();
         let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
             .await
-            .context("the API child did not start in 30 s")??
-            .context("the API child exited")?;
+            .context("the baseline server did not start in 30 s")??
+            .context("the baseline server exited")?;
         let addr = line.strip_prefix("listening ").context("unexpected child output")?.parse()?;
-        Ok(ChildApi { addr, child })
+        Ok(Server { addr, child })
     }
 
     pub fn pid(&self) -> anyhow::Result<u32> {
-        self.child.id().context("the API child has exited")
+        self.child.id().context("the server has exited")
     }
 
-    /// Resident memory of the API process.
+    /// Resident memory of the server process.
     pub fn rss_bytes(&self) -> anyhow::Result<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?))?;
         let Some(line) = status.lines().find(|l| l.starts_with("VmRSS:")) else { bail!("no VmRSS") };
@@ -102,30 +157,36 @@ impl ChildApi {
     }
 }
 
-/// Call first in `main`: in the API child, serves the API and never returns.
-pub async fn serve_api_if_child() -> anyhow::Result<()> {
-    let Ok(db) = std::env::var(CHILD_DB) else { return Ok(()) };
-    let pool = std::env::var("KILN_BENCH_API_POOL").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
-    let store = kiln_store::Store::connect(&db, pool)?;
-    let auth = kiln_api::Authenticator::new(
-        &kiln_api::AuthConfig::Hs256 { secret: SECRET.as_bytes().to_vec().into() },
-        None,
-        None,
-    )?;
-    let settings = kiln_api::ApiSettings {
-        quota: kiln_store::Quota { max_active_runs: i64::MAX, max_runs_per_minute: i64::MAX },
-        max_sse_per_subject: usize::MAX,
-        ..Default::default()
-    };
-    // As `kiln serve` wires it (cli/src/app.rs), minus GitHub and the
-    // metrics exporter: Kiln's own accept loop with its connection timeouts.
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let timeouts = settings.connection;
-    let state = kiln_api::AppState::new(store, auth, settings, None, shutdown.clone());
+/// In the baseline server's process (started by [`Server::baseline`]): its
+/// database URL and a loopback listener, already announced to the parent.
+/// `None` in the benchmark itself.
+pub async fn baseline_child() -> anyhow::Result<Option<(String, tokio::net::TcpListener)>> {
+    let Ok(db) = std::env::var(BASELINE_DB) else { return Ok(None) };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     println!("listening {}", listener.local_addr()?);
-    kiln_api::serve(listener, kiln_api::router(state), timeouts, shutdown).await?;
-    std::process::exit(0);
+    Ok(Some((db, listener)))
+}
+
+/// Median and range of `values`, e.g. `1234 (1100..1300)`.
+pub fn median_range(values: &[f64], decimals: usize) -> String {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return "-".into();
+    }
+    let median = if v.len() % 2 == 1 { v[v.len() / 2] } else { (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0 };
+    format!("{median:.decimals$} ({:.decimals$}..{:.decimals$})", v[0], v[v.len() - 1])
+}
+
+/// Median of `values` (NaN when empty).
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// A migrated, empty database on `DATABASE_URL`'s server (default: the

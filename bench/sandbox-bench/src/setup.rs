@@ -1,13 +1,16 @@
 //! Sandboxes configured as the worker configures them, and the options all
 //! the benchmarks share.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use bollard::Docker;
+use bollard::models::{ContainerCreateBody, HostConfig, ResourcesUlimits};
+use bollard::query_parameters::{CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder};
 use kiln_toolbox::protocol::{ExecRequest, Reply, RequestBody};
-use kiln_worker::sandbox::{Owner, Sandbox, SandboxConfig};
+use kiln_worker::sandbox::{LABEL_MANAGED, LABEL_WORKER, Owner, Sandbox, SandboxConfig};
 use uuid::Uuid;
 
 /// Options every benchmark takes.
@@ -93,5 +96,56 @@ pub async fn drop_database(admin: &str, name: &str) {
         if let Err(e) = client.execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"), &[]).await {
             eprintln!("dropping the scratch database {name} failed: {e}");
         }
+    }
+}
+
+/// A container with the worker's settings (see `sandbox::container_body`:
+/// hardening, limits, no network, `/tmp` on tmpfs), running `cmd`, not
+/// started. Its id.
+pub async fn create_like_kiln(d: &Docker, c: &SandboxConfig, worker: &str, cmd: &[&str]) -> anyhow::Result<String> {
+    let name = format!("kiln-bench-{}", Uuid::new_v4().simple());
+    let labels =
+        HashMap::from([(LABEL_MANAGED.to_owned(), "true".to_owned()), (LABEL_WORKER.to_owned(), worker.to_owned())]);
+    let host_config = HostConfig {
+        init: Some(true),
+        cap_drop: Some(vec!["ALL".into()]),
+        // What the toolbox (root, acting for the sandbox user) needs.
+        cap_add: Some(vec!["SETUID".into(), "SETGID".into(), "KILL".into()]),
+        security_opt: Some(vec!["no-new-privileges:true".into()]),
+        pids_limit: Some(c.pids_limit),
+        memory: Some(c.memory_bytes),
+        memory_swap: Some(c.memory_bytes),
+        nano_cpus: Some(c.nano_cpus),
+        network_mode: Some("none".into()),
+        ulimits: Some(vec![ResourcesUlimits {
+            name: Some("nofile".into()),
+            soft: Some(c.nofile),
+            hard: Some(c.nofile),
+        }]),
+        tmpfs: Some(HashMap::from([("/tmp".to_owned(), format!("rw,nosuid,nodev,size={}m,mode=1777", c.tmpfs_mb))])),
+        ..Default::default()
+    };
+    let body = ContainerCreateBody {
+        image: Some(c.image.clone()),
+        // Root, so that the toolbox exec gets the capabilities above.
+        user: Some("0:0".into()),
+        working_dir: Some("/workspace".into()),
+        cmd: Some(cmd.iter().map(|s| (*s).to_owned()).collect()),
+        tty: Some(false),
+        open_stdin: Some(false),
+        labels: Some(labels),
+        network_disabled: Some(true),
+        host_config: Some(host_config),
+        ..Default::default()
+    };
+    let created = d.create_container(Some(CreateContainerOptionsBuilder::new().name(&name).build()), body).await?;
+    Ok(created.id)
+}
+
+/// Removes a benchmark's container, telling (not failing) when it cannot.
+pub async fn remove_container(d: &Docker, id: &str) {
+    let options = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
+    if let Err(e) = d.remove_container(id, Some(options)).await {
+        eprintln!("removing {id}: {e}");
     }
 }

@@ -1,22 +1,36 @@
-//! The event path: latency from the worker's insert to an SSE client's
-//! receipt, with 1, 100 and 1,000 clients on one run; and the API's memory
-//! per idle SSE connection.
+//! The event path: latency from the worker's write to an SSE client's
+//! receipt with 1, 100 and 1,000 clients on one run, and the server's
+//! memory per idle SSE stream, for `kiln serve` and for a plain axum SSE
+//! server reading the same rows (`kiln_bench::sse_baseline`), the two
+//! alternated round by round.
 //!
-//! The API runs in a child process (so its memory is its own); this process
-//! plays the worker (fenced `append_event` through Kiln's store, exactly
-//! what a worker calls) and the clients.
+//! This process plays the worker, through the worker's own code, in two
+//! ways:
+//! - *held* (what a streaming model's text goes through): `EventSink`
+//!   buffers each delta and writes it once it has waited the loop's 50 ms
+//!   (`COALESCE`), merged with the deltas after it, exactly as
+//!   `agent::model_call` does (a `write_soon` per delta, `write_if_stale`
+//!   on a 50 ms tick). Measured from the moment the delta is produced.
+//! - *immediate* (events committed on their own: a step's message and tool
+//!   calls, a run's end): one fenced `append_event` per event. Measured from
+//!   just before the write.
+//!
+//! Both servers get the same writes and the same notifications (Kiln's
+//! store notifies after each commit); only the server differs.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
-use kiln_bench::{ChildApi, Summary, database, http, serve_api_if_child, token};
+use kiln_bench::{Server, Summary, database, http, kiln_binary, median_range, token};
 use kiln_protocol::{CreateRun, EventBody, Trigger};
 use kiln_store::{Lease, NewRun, Store};
+use kiln_worker::agent::events::{COALESCE, EventSink};
 use tokio::sync::Barrier;
 
 #[derive(Parser)]
@@ -24,38 +38,111 @@ struct Args {
     /// Client counts to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,100,1000")]
     clients: Vec<usize>,
-    /// Events written per measurement.
-    #[arg(long, default_value_t = 100)]
+    /// Events (or deltas) written per measurement.
+    #[arg(long, default_value_t = 40)]
     events: u32,
-    /// Pause between two events.
-    #[arg(long, default_value_t = 50)]
+    /// Pause between two events (between two deltas: a model streaming 50
+    /// tokens a second).
+    #[arg(long, default_value_t = 20)]
     interval_ms: u64,
-    /// Idle connections opened for the memory figure.
+    /// Rounds; each measures both servers, in an order that alternates.
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Idle streams opened for the memory figure.
     #[arg(long, default_value_t = 1000)]
     idle: usize,
-    /// The API's connection pool.
-    #[arg(long, default_value_t = 16)]
-    pool: usize,
+    /// The `kiln` binary (default: target/release/kiln, else target/debug/kiln).
+    #[arg(long)]
+    kiln: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Held,
+    Immediate,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    serve_api_if_child().await?;
-    let args = Args::parse();
-    let (url, store) = database().await?;
-    let api = ChildApi::start(&url, args.pool).await?;
-    println!(
-        "event path: {} events {} ms apart per figure, API pool {}, API at {}",
-        args.events, args.interval_ms, args.pool, api.addr
-    );
-    for &n in &args.clients {
-        let s = latency(&store, api.addr, n, &args).await?;
-        println!("{n:>5} clients: insert -> SSE receipt {s}");
+    if let Some((db, listener)) = kiln_bench::baseline_child().await? {
+        return kiln_bench::sse_baseline::serve(db, listener).await;
     }
-    let per_conn = idle_memory(&store, &api, args.idle).await?;
-    println!("idle SSE connections: {:.1} KiB each ({} connections)", per_conn / 1024.0, args.idle);
+    let args = Args::parse();
+    let kiln = kiln_binary(args.kiln.as_deref())?;
+    let (url, store) = database().await?;
+    // `kiln serve` as deployed; the stream limit per subject is lifted so
+    // one subject can hold the benchmark's 1,000 streams.
+    let sse_limit = [("KILN_MAX_SSE_PER_SUBJECT", (args.idle.max(10_000) * 2).to_string())];
+    let kiln_api = Server::kiln_serve(&kiln, &url, &sse_limit).await?;
+    let plain = Server::baseline(&url).await?;
+    println!(
+        "event path: {} events {} ms apart per figure, {} rounds; kiln: {} serve; baseline: plain axum SSE",
+        args.events,
+        args.interval_ms,
+        args.rounds,
+        kiln.display()
+    );
+    let servers = [("kiln", &kiln_api), ("plain", &plain)];
+    let names = [servers[0].0, servers[1].0];
+    for &n in &args.clients {
+        for mode in [Mode::Held, Mode::Immediate] {
+            let mut p50: [Vec<f64>; 2] = Default::default();
+            let mut p99: [Vec<f64>; 2] = Default::default();
+            for round in 0..args.rounds {
+                let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+                for i in order {
+                    let s = latency(&store, servers[i].1.addr, n, mode, &args).await?;
+                    p50[i].push(ms(s.p50));
+                    p99[i].push(ms(s.p99));
+                    println!(
+                        "round {round}  {:<5} {n:>5} clients, {}: {s}",
+                        servers[i].0,
+                        if mode == Mode::Held { "held delta -> receipt" } else { "write -> receipt      " }
+                    );
+                }
+            }
+            let what = if mode == Mode::Held { "held" } else { "immediate" };
+            for i in 0..2 {
+                println!(
+                    "=> {what:<9} {n:>5} clients  {:<5} p50 {} ms   p99 {} ms",
+                    servers[i].0,
+                    median_range(&p50[i], 2),
+                    median_range(&p99[i], 2)
+                );
+            }
+        }
+    }
+    drop((kiln_api, plain));
+    // Memory: a fresh server each time (an allocator keeps what earlier
+    // streams freed, which would hide the growth).
+    let mut per_stream: [Vec<f64>; 2] = Default::default();
+    for round in 0..args.rounds {
+        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let server = if i == 0 {
+                Server::kiln_serve(&kiln, &url, &sse_limit).await?
+            } else {
+                Server::baseline(&url).await?
+            };
+            let bytes = idle_memory(&store, &server, args.idle).await?;
+            println!("round {round}  {:<5} idle SSE streams: {:.1} KiB each", names[i], bytes / 1024.0);
+            per_stream[i].push(bytes / 1024.0);
+        }
+    }
+    for i in 0..2 {
+        println!(
+            "=> idle stream memory  {:<5} {} KiB each ({} streams)",
+            names[i],
+            median_range(&per_stream[i], 1),
+            args.idle
+        );
+    }
     kiln_bench::drop_databases().await?;
     Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
 }
 
 async fn claimed_run(store: &Store) -> anyhow::Result<Lease> {
@@ -66,14 +153,17 @@ async fn claimed_run(store: &Store) -> anyhow::Result<Lease> {
     Ok(lease)
 }
 
-/// One SSE client: the receipt time of every event until the terminal one.
+/// What one client saw: each event's id, data and time of receipt.
+type Seen = Vec<(i64, String, Instant)>;
+
+/// One SSE client: every event until the terminal one.
 async fn client(
     http: reqwest::Client,
     addr: SocketAddr,
     run: uuid::Uuid,
     token: Arc<String>,
     ready: Arc<Barrier>,
-) -> anyhow::Result<Vec<(i64, Instant)>> {
+) -> anyhow::Result<Seen> {
     let response = http
         .get(format!("http://{addr}/v1/runs/{run}/events"))
         .bearer_auth(token.as_str())
@@ -87,15 +177,21 @@ async fn client(
     let mut seen = Vec::new();
     while let Some(ev) = events.next().await {
         let ev = ev?;
-        seen.push((ev.id.parse()?, Instant::now()));
+        let at = Instant::now();
         if kiln_protocol::event::is_terminal_kind(&ev.event) {
             break;
         }
+        seen.push((ev.id.parse()?, ev.data, at));
     }
     Ok(seen)
 }
 
-async fn latency(store: &Store, addr: SocketAddr, n: usize, args: &Args) -> anyhow::Result<Summary> {
+/// The markers `[k]` in a delta's text.
+fn markers(data: &str) -> impl Iterator<Item = u32> + '_ {
+    data.split('[').skip(1).filter_map(|part| part.split_once(']')?.0.parse().ok())
+}
+
+async fn latency(store: &Store, addr: SocketAddr, n: usize, mode: Mode, args: &Args) -> anyhow::Result<Summary> {
     let lease = claimed_run(store).await?;
     let http = http()?;
     let token = Arc::new(token("bench")?);
@@ -105,19 +201,57 @@ async fn latency(store: &Store, addr: SocketAddr, n: usize, args: &Args) -> anyh
     ready.wait().await;
     // Let every stream make its first read and wait for news.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut written: HashMap<i64, Instant> = HashMap::new();
-    for step in 0..args.events {
-        let t = Instant::now();
-        let seq = store.append_event(&lease, &EventBody::StepStarted { step }).await?;
-        written.insert(seq, t);
-        tokio::time::sleep(Duration::from_millis(args.interval_ms)).await;
+    let interval = Duration::from_millis(args.interval_ms);
+    // When each event (by seq) or delta (by marker) was produced.
+    let mut produced: HashMap<i64, Instant> = HashMap::new();
+    match mode {
+        Mode::Immediate => {
+            for step in 0..args.events {
+                let t = Instant::now();
+                let seq = store.append_event(&lease, &EventBody::StepStarted { step }).await?;
+                produced.insert(seq, t);
+                tokio::time::sleep(interval).await;
+            }
+        }
+        Mode::Held => {
+            // `agent::model_call::stream_once`'s loop, the model a timer.
+            let mut sink = EventSink::new(store.clone(), lease.clone());
+            let mut tick = tokio::time::interval(COALESCE);
+            let mut next = tokio::time::interval(interval);
+            let mut k = 0;
+            while k < args.events {
+                tokio::select! {
+                    _ = next.tick() => {
+                        produced.insert(i64::from(k), Instant::now());
+                        sink.write_soon(EventBody::TextDelta { text: format!("[{k}]") }).await?;
+                        k += 1;
+                    }
+                    _ = tick.tick() => sink.write_if_stale().await?,
+                }
+            }
+            // The step's message would follow the stream; its commit takes
+            // the last deltas along.
+            tokio::time::sleep(interval).await;
+            sink.commit().await?;
+        }
     }
     store.finish_run(&lease, &EventBody::RunSucceeded { summary: String::new() }, None).await?;
     let mut sample = Vec::new();
     for c in clients {
-        for (seq, at) in c.await?? {
-            if let Some(t) = written.get(&seq) {
-                sample.push(at.duration_since(*t));
+        // A client that never sees the run's end fails the benchmark
+        // rather than hanging it.
+        let seen = tokio::time::timeout(Duration::from_secs(60), c)
+            .await
+            .map_err(|_| anyhow::anyhow!("an SSE client did not see the run end within 60 s"))???;
+        for (seq, data, at) in seen {
+            let keys: Vec<i64> = match mode {
+                Mode::Immediate => vec![seq],
+                Mode::Held => markers(&data).map(i64::from).collect(),
+            };
+            for key in keys {
+                if let Some(t) = produced.get(&key) {
+                    sample.push(at.duration_since(*t));
+                }
             }
         }
     }
@@ -125,18 +259,18 @@ async fn latency(store: &Store, addr: SocketAddr, n: usize, args: &Args) -> anyh
     Ok(Summary::of(sample))
 }
 
-/// Opens `m` SSE streams on an idle run and returns the API's resident
+/// Opens `m` SSE streams on an idle run and returns the server's resident
 /// memory growth per stream, in bytes.
-async fn idle_memory(store: &Store, api: &ChildApi, m: usize) -> anyhow::Result<f64> {
+async fn idle_memory(store: &Store, server: &Server, m: usize) -> anyhow::Result<f64> {
     let lease = claimed_run(store).await?;
     let token = token("bench")?;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let before = api.rss_bytes()?;
+    let before = server.rss_bytes()?;
     let http = http()?;
     let mut streams = Vec::with_capacity(m);
     for _ in 0..m {
         let r = http
-            .get(format!("http://{}/v1/runs/{}/events", api.addr, lease.run_id))
+            .get(format!("http://{}/v1/runs/{}/events", server.addr, lease.run_id))
             .bearer_auth(&token)
             .header("accept", "text/event-stream")
             .send()
@@ -148,12 +282,8 @@ async fn idle_memory(store: &Store, api: &ChildApi, m: usize) -> anyhow::Result<
         streams.push(body);
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = api.rss_bytes()?;
-    println!(
-        "API RSS: {:.1} MiB before, {:.1} MiB with {m} idle streams",
-        before as f64 / 1048576.0,
-        after as f64 / 1048576.0
-    );
+    let after = server.rss_bytes()?;
     drop(streams);
+    store.finish_run(&lease, &EventBody::RunSucceeded { summary: String::new() }, None).await?;
     Ok(after.saturating_sub(before) as f64 / m as f64)
 }

@@ -1,14 +1,26 @@
 //! One `bash` call of `true`: through the sandbox's toolbox as the `bash`
 //! tool sends it (worker -> Docker attach stream -> toolbox -> bash and its
 //! state capture -> back), against `docker exec <c> true` via the CLI on the
-//! same container. A toolbox `ping` shows what the transport alone costs.
+//! same container, and against the plain way through the Docker API (the
+//! worker's own `Sandbox::exec`: an exec of `timeout … bash -c true` as the
+//! sandbox user, created, started attached, read to its end, inspected for
+//! the exit code). A toolbox `ping` shows what the transport alone costs.
+//!
+//! The toolbox runs a command in a shell it started ahead of it (its
+//! standby, started once the previous command is over). Kiln's first figure
+//! is that best case, and it is the real case after a model call: the call
+//! takes far longer than starting the standby. The worst cases are measured
+//! too: a `bash true` sent the moment the previous one answered (as the
+//! second of two calls in one step; the standby is still starting), and
+//! one the standby cannot take (a request with its own environment: a fresh
+//! `bash -c`, as when the standby failed or was not ready at all).
 
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use kiln_bench_sandbox::setup::{self, Common};
 use kiln_bench_sandbox::{cli, stats};
-use kiln_toolbox::protocol::RequestBody;
+use kiln_toolbox::protocol::{ExecRequest, Reply, RequestBody};
 use kiln_worker::sandbox::Sandbox;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -29,14 +41,20 @@ async fn main() -> anyhow::Result<()> {
     let result = measure(&sandbox, args.common.runs).await;
     let floor = spawn_floor(&sandbox).await;
     sandbox.remove().await;
-    let (kiln, ping, exec) = result?;
+    let s = result?;
     let (bash_us, true_us) = floor?;
 
     println!("one `bash true`, image {}:", args.common.image);
-    let k = stats::report("Kiln bash `true` (toolbox)", &kiln);
-    stats::report("Kiln toolbox ping (transport only)", &ping);
-    let e = stats::report("docker exec <c> true (CLI)", &exec);
-    stats::ratio("Kiln / docker exec", k, e, Some(0.05));
+    let k = stats::report("Kiln bash `true`, standby ready (real case)", &s.kiln);
+    let b = stats::report("Kiln, sent as the previous one answered", &s.back_to_back);
+    let f = stats::report("Kiln, no standby (fresh bash -c)", &s.fresh_shell);
+    stats::report("Kiln toolbox ping (transport only)", &s.ping);
+    let a = stats::report("API exec of bash -c true (baseline)", &s.api_exec);
+    let e = stats::report("docker exec <c> true (CLI)", &s.exec);
+    stats::ratio("Kiln / API exec", k, a, Some(0.05));
+    stats::ratio("Kiln back to back / API exec", b, a, None);
+    stats::ratio("Kiln no standby / API exec", f, a, None);
+    stats::ratio("Kiln / docker exec (CLI, as before)", k, e, None);
     println!(
         "inside the container, mean of {FLOOR_LOOPS}: `bash -c true` {:.2} ms, `/bin/true` {:.2} ms (what starting bash costs)",
         bash_us / 1000.0,
@@ -60,24 +78,77 @@ async fn spawn_floor(sandbox: &Sandbox) -> anyhow::Result<(f64, f64)> {
     Ok((bash.trim().parse()?, proc.trim().parse()?))
 }
 
-async fn measure(sandbox: &Sandbox, runs: usize) -> anyhow::Result<(Vec<Duration>, Vec<Duration>, Vec<Duration>)> {
-    let (mut kiln, mut ping, mut exec) = (vec![], vec![], vec![]);
+/// Each series, in the order [`measure`] fills them.
+struct Series {
+    kiln: Vec<Duration>,
+    back_to_back: Vec<Duration>,
+    fresh_shell: Vec<Duration>,
+    ping: Vec<Duration>,
+    api_exec: Vec<Duration>,
+    exec: Vec<Duration>,
+}
+
+/// Time a model call takes at the very least, waited before the best case
+/// so its standby is ready as it is after any real model call.
+const AFTER_A_MODEL_CALL: Duration = Duration::from_millis(100);
+
+async fn measure(sandbox: &Sandbox, runs: usize) -> anyhow::Result<Series> {
+    let mut s = Series {
+        kiln: vec![],
+        back_to_back: vec![],
+        fresh_shell: vec![],
+        ping: vec![],
+        api_exec: vec![],
+        exec: vec![],
+    };
     let exec_args = cli::exec_args(sandbox.id(), &["true"]);
     for rep in 0..=runs {
+        tokio::time::sleep(AFTER_A_MODEL_CALL).await;
         let started = Instant::now();
         setup::bash(sandbox, "true", TIMEOUT).await?;
         let took = started.elapsed();
+        // Straight after: the standby for this one is still starting.
+        let started = Instant::now();
+        setup::bash(sandbox, "true", TIMEOUT).await?;
+        let took_back_to_back = started.elapsed();
+
+        tokio::time::sleep(AFTER_A_MODEL_CALL).await;
+        let started = Instant::now();
+        fresh_shell_true(sandbox).await?;
+        let took_fresh = started.elapsed();
 
         let started = Instant::now();
         sandbox.toolbox_call(RequestBody::Ping, None).await?;
         let took_ping = started.elapsed();
 
+        let started = Instant::now();
+        let plain = sandbox.exec("true", TIMEOUT, 64 * 1024, |_| {}).await?;
+        let took_api = started.elapsed();
+        anyhow::ensure!(plain.exit_code == Some(0), "exec of true: {plain:?}");
+
         let (took_exec, _) = cli::docker(&exec_args)?;
         if rep > 0 {
-            kiln.push(took);
-            ping.push(took_ping);
-            exec.push(took_exec);
+            s.api_exec.push(took_api);
+            s.kiln.push(took);
+            s.back_to_back.push(took_back_to_back);
+            s.fresh_shell.push(took_fresh);
+            s.ping.push(took_ping);
+            s.exec.push(took_exec);
         }
     }
-    Ok((kiln, ping, exec))
+    Ok(s)
+}
+
+/// `true` with a variable of its own: the standby (started with the
+/// session's environment) cannot take it, so the toolbox starts `bash -c`.
+async fn fresh_shell_true(sandbox: &Sandbox) -> anyhow::Result<()> {
+    let request = ExecRequest {
+        timeout_ms: TIMEOUT.as_millis() as u64,
+        env: vec![("KILN_BENCH".into(), "1".into())],
+        ..ExecRequest::new("true")
+    };
+    match sandbox.toolbox_call(RequestBody::Exec(request), None).await? {
+        Some(Reply::Exec(r)) if r.exit_code == Some(0) => Ok(()),
+        other => anyhow::bail!("true with its own environment: {other:?}"),
+    }
 }

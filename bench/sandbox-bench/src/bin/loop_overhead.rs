@@ -1,20 +1,25 @@
-//! The agent loop's own cost per step (issue 4): a real `AgentRun` (real
-//! Postgres, a real sandbox, the OpenAI provider against the scripted model
-//! server on loopback) whose model asks for a no-op tool every step.
+//! The agent loop's own cost per step (issue 4, made fair in issue 22): the
+//! real loop against the plain way of making the same model calls and the
+//! same tool calls, the two alternating run by run.
 //!
-//! Per step: wall time from one model call's start to the next one's, less
-//! the model time and the tool time, which this harness measures around the
-//! provider and inside the tool:
+//! Kiln: a real `AgentRun` as the worker drives it: real Postgres (a scratch
+//! database, the deployment's pool size), a real sandbox, the real tool set
+//! (`Registry::standard`) and system prompt (`drive` builds it), the OpenAI
+//! provider streaming from the scripted model server on loopback, the
+//! stream consumed by the loop as it arrives (events held and written as in
+//! a real run). Every step the model calls `bash` with `true`, which runs
+//! through the toolbox as any command does.
 //!
-//! - model time: from `stream()` being called until the provider's stream
-//!   has yielded its last event. The harness drains the stream itself before
-//!   handing the events to the loop, so what the loop does per event (event
-//!   rows, tool-call assembly) lands in the overhead, not in the model time.
-//! - tool time: the no-op tool's own call, from entry to return.
+//! Baseline: a plain agent loop doing the same calls with none of Kiln's
+//! bookkeeping: the same provider, request (the system prompt Kiln sent,
+//! the same tool specs, the conversation so far) and stream assembly
+//! (`AssistantBuilder`), the same toolbox exec of each call's command, the
+//! result appended to an in-memory conversation. Nothing stored, no events,
+//! no guards or budgets.
 //!
-//! What remains is the loop: persisting the assistant message, the tool
-//! results and the events, checking the inbox and budgets, the loop guard,
-//! scheduling the tool batch, and building the next request.
+//! Per step: the time from one model call's start to the next one's, in
+//! both; Kiln's overhead is the difference of the medians. Timing only
+//! notes when `stream()` is called: the stream is handed on untouched.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,94 +29,41 @@ use clap::Parser;
 use futures::StreamExt;
 use kiln_bench_sandbox::setup::{self, Common};
 use kiln_bench_sandbox::stats;
-use kiln_protocol::{CreateRun, Limits, Trigger};
+use kiln_protocol::{CreateRun, Limits, Message, Part, Role, Trigger};
 use kiln_scripted_model::{Reply, ScriptedModel};
 use kiln_store::{NewRun, Store};
+use kiln_toolbox::protocol::{ExecRequest, Reply as ToolboxReply, RequestBody};
 use kiln_worker::agent::events::EventSink;
 use kiln_worker::agent::{AgentRun, Outcome};
-use kiln_worker::providers::{ModelProvider, ModelRequest, ModelStream, ProviderError};
+use kiln_worker::providers::assemble::AssistantBuilder;
+use kiln_worker::providers::pricing::PriceTable;
+use kiln_worker::providers::{ModelEvent, ModelProvider, ModelRequest, ModelStream, ProviderError};
 use kiln_worker::sandbox::Sandbox;
-use kiln_worker::tools::{Registry, Tool, ToolContext, ToolFailure, ToolOutcome, schema_of};
+use kiln_worker::tools::Registry;
 use kiln_worker::{ProviderEndpoints, ProviderKind, Providers};
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// Steps measured after these first ones (connection pools, caches).
 const WARM_UP_STEPS: usize = 3;
+/// As `KILN_DB_POOL_SIZE` defaults.
+const POOL: usize = 16;
+/// As the worker's defaults (`KILN_MODEL_MAX_TOKENS`; the scripted model
+/// ignores it) and `KILN_MODEL`, which the built-in price table prices: the
+/// loop computes each step's cost as in a deployment.
+const MAX_TOKENS: u32 = 4096;
+const MODEL: &str = "gpt-4o-mini";
 
 #[derive(Parser)]
-#[command(about = "Agent-loop overhead per step: step wall time - model time - tool time")]
+#[command(about = "Agent-loop overhead per step: the real loop vs a plain loop making the same calls")]
 struct Args {
     #[command(flatten)]
     common: Common,
+    /// Runs of each kind, alternating (Kiln first in even rounds).
+    #[arg(long, default_value_t = 4)]
+    rounds: usize,
     /// Admin URL of the Postgres server; a scratch database is created on it and dropped.
     #[arg(long, env = "DATABASE_URL", default_value = "postgres://kiln:kiln@127.0.0.1:5432/kiln")]
     database_url: String,
-}
-
-/// When each model call started and how long it took; each tool call's time.
-#[derive(Default)]
-struct Clock {
-    model: Mutex<Vec<(Instant, Duration)>>,
-    tool: Mutex<Vec<Duration>>,
-}
-
-fn push<T>(m: &Mutex<Vec<T>>, value: T) {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(value);
-}
-
-/// Times the real provider, draining its stream before the loop sees it.
-struct TimedProvider {
-    inner: Arc<dyn ModelProvider>,
-    clock: Arc<Clock>,
-}
-
-#[async_trait::async_trait]
-impl ModelProvider for TimedProvider {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    async fn stream(&self, request: &ModelRequest) -> Result<ModelStream, ProviderError> {
-        let started = Instant::now();
-        let events: Vec<_> = self.inner.stream(request).await?.collect().await;
-        push(&self.clock.model, (started, started.elapsed()));
-        Ok(futures::stream::iter(events).boxed())
-    }
-}
-
-#[derive(serde::Deserialize, schemars::JsonSchema)]
-struct NoopArgs {
-    /// Which step this is: differing arguments keep the loop guard (which
-    /// stops a model repeating one call) out of the way.
-    #[allow(dead_code)]
-    step: u64,
-}
-
-/// Does nothing and says so; times itself.
-struct Noop {
-    clock: Arc<Clock>,
-}
-
-#[async_trait::async_trait]
-impl Tool for Noop {
-    fn name(&self) -> &'static str {
-        "noop"
-    }
-    fn description(&self) -> &'static str {
-        "Does nothing."
-    }
-    fn schema(&self) -> Value {
-        schema_of::<NoopArgs>()
-    }
-    fn is_mutating(&self) -> bool {
-        false
-    }
-    async fn call(&self, _ctx: &ToolContext<'_>, _args: Value) -> Result<ToolOutcome, ToolFailure> {
-        let started = Instant::now();
-        let outcome = ToolOutcome::ok("ok");
-        push(&self.clock.tool, started.elapsed());
-        Ok(outcome)
-    }
 }
 
 #[tokio::main]
@@ -122,90 +74,128 @@ async fn main() -> anyhow::Result<()> {
     let (db_url, db_name) = setup::scratch_database(&args.database_url, "kiln_loop_bench").await?;
     let docker = setup::docker().await?;
     let sandbox = Sandbox::start(&docker, &config, &setup::owner()).await?;
-    let result = measure(&db_url, &sandbox, steps).await;
+    let result = measure(&db_url, &sandbox, steps, args.rounds).await;
     sandbox.remove().await;
     setup::drop_database(&args.database_url, &db_name).await;
-    let (durable, relaxed, commits) = result?;
+    let m = result?;
 
     println!(
-        "agent loop, {} measured steps (after {WARM_UP_STEPS} warm-up), scripted model + no-op tool:",
+        "agent loop, {} rounds of {} measured steps (after {WARM_UP_STEPS} warm-up), a `bash true` per step:",
+        args.rounds,
         steps - WARM_UP_STEPS
     );
-    let o = durable.report("");
-    let verdict = if o.median_ms <= 2.0 { "met" } else { "NOT met" };
-    println!("loop overhead median {:.2} ms   goal <= 2 ms: {verdict}", o.median_ms);
-    // What the overhead is made of: durable writes, each one commit.
-    let c = stats::report("Postgres: one INSERT committed (same server)", &commits);
+    let k = stats::report("Kiln: step (model call start to next)", &m.kiln);
+    let p = stats::report("plain loop: step (same calls)", &m.plain);
     println!(
-        "per step: {:.1} rows written (events + messages), {:.1} transactions; rows x commit median = {:.2} ms",
-        durable.writes_per_step,
-        durable.xacts_per_step,
-        durable.writes_per_step * c.median_ms
+        "Kiln's overhead per step: {:.2} ms (difference of medians); per round: {}",
+        k.median_ms - p.median_ms,
+        m.per_round.iter().map(|d| format!("{d:.2}")).collect::<Vec<_>>().join(", ")
     );
-    println!("the same loop with synchronous_commit=off (commits do not wait for the WAL flush):");
-    relaxed.report("[no flush wait] ");
+    stats::ratio("Kiln step / plain step", k, p, None);
+    let c = stats::report("Postgres: one INSERT committed (same server)", &m.commits);
+    println!(
+        "Kiln per step: {:.1} rows written (events + messages); rows x commit median = {:.2} ms",
+        m.rows_per_step,
+        m.rows_per_step * c.median_ms
+    );
     Ok(())
 }
 
-/// One pass's per-step figures.
-struct Pass {
-    overhead: Vec<Duration>,
-    wall: Vec<Duration>,
-    model: Vec<Duration>,
-    tool: Vec<Duration>,
-    writes_per_step: f64,
-    /// Transactions the database committed per step (reads included: each
-    /// statement outside a transaction is one).
-    xacts_per_step: f64,
+struct Measured {
+    kiln: Vec<Duration>,
+    plain: Vec<Duration>,
+    /// Kiln's median step less the plain loop's, per round (ms).
+    per_round: Vec<f64>,
+    rows_per_step: f64,
+    commits: Vec<Duration>,
 }
 
-impl Pass {
-    fn report(&self, prefix: &str) -> stats::Summary {
-        stats::report(&format!("{prefix}step wall time"), &self.wall);
-        stats::report(&format!("{prefix}model time (HTTP + SSE parse)"), &self.model);
-        stats::report(&format!("{prefix}tool time (no-op)"), &self.tool);
-        stats::report(&format!("{prefix}loop overhead (wall - model - tool)"), &self.overhead)
-    }
-}
-
-/// The loop as deployed (every commit waits for its WAL flush), then with
-/// `synchronous_commit=off` to separate the loop's own work from the disk's
-/// flush latency; and that latency on its own.
-async fn measure(db_url: &str, sandbox: &Sandbox, steps: usize) -> anyhow::Result<(Pass, Pass, Vec<Duration>)> {
-    let store = Store::connect(db_url, 8)?;
+async fn measure(db_url: &str, sandbox: &Sandbox, steps: usize, rounds: usize) -> anyhow::Result<Measured> {
+    let store = Store::connect(db_url, POOL)?;
     store.migrate().await?;
+    // An unmeasured short run: warms the pool and the sandbox, and shows
+    // which system prompt and tools Kiln sends, for the plain loop to send.
+    let (_, _, first_request) = kiln_pass(&store, sandbox, 2).await?;
+    let system = first_request["messages"][0]["content"].as_str().context("Kiln's system prompt")?.to_owned();
+    let mut m = Measured { kiln: vec![], plain: vec![], per_round: vec![], rows_per_step: 0.0, commits: vec![] };
+    for round in 0..rounds {
+        let mut kiln = Vec::new();
+        let mut plain = Vec::new();
+        for kiln_turn in if round % 2 == 0 { [true, false] } else { [false, true] } {
+            if kiln_turn {
+                let (starts, rows, _) = kiln_pass(&store, sandbox, steps).await?;
+                kiln = step_times(&starts);
+                m.rows_per_step = rows as f64 / (steps + 1) as f64;
+            } else {
+                plain = step_times(&plain_pass(sandbox, steps, &system).await?);
+            }
+        }
+        m.per_round.push(stats::Summary::of(&kiln).median_ms - stats::Summary::of(&plain).median_ms);
+        m.kiln.extend(kiln);
+        m.plain.extend(plain);
+    }
     let (client, conn) = tokio_postgres::connect(db_url, tokio_postgres::NoTls).await?;
     tokio::spawn(conn);
-    let before = committed(&client).await?;
-    let mut durable = agent_pass(&store, sandbox, steps).await?;
-    durable.xacts_per_step = (committed(&client).await? - before) as f64 / (steps + 1) as f64;
-    let sep = if db_url.contains('?') { '&' } else { '?' };
-    let relaxed_store = Store::connect(&format!("{db_url}{sep}options=-c%20synchronous_commit%3Doff"), 8)?;
-    let relaxed = agent_pass(&relaxed_store, sandbox, steps).await?;
-    let commits = commit_latency(&client, steps).await?;
-    Ok((durable, relaxed, commits))
+    m.commits = commit_latency(&client, steps).await?;
+    Ok(m)
 }
 
-/// Drives one run of `steps` no-op steps and a final answer.
-async fn agent_pass(store: &Store, sandbox: &Sandbox, steps: usize) -> anyhow::Result<Pass> {
-    let mut script: Vec<Reply> = (0..steps).map(|i| Reply::tool("noop", json!({ "step": i }))).collect();
+/// Step k: from model call k's start to model call k+1's, past the warm-up.
+fn step_times(starts: &[Instant]) -> Vec<Duration> {
+    starts.windows(2).skip(WARM_UP_STEPS).map(|w| w[1] - w[0]).collect()
+}
+
+/// `steps` calls of `bash true` (each differently commented: the loop guard
+/// stops a model repeating one call) and a final answer.
+fn script(steps: usize) -> Vec<Reply> {
+    let mut script: Vec<Reply> =
+        (0..steps).map(|i| Reply::tool("bash", json!({ "command": format!("true # {i}") }))).collect();
     script.push(Reply::text("done"));
-    let model = ScriptedModel::start(script).await.context("starting the scripted model")?;
-    let providers = Providers::new(ProviderEndpoints {
+    script
+}
+
+fn providers(model: &ScriptedModel) -> anyhow::Result<Providers> {
+    Ok(Providers::new(ProviderEndpoints {
         openai_base_url: Some(model.openai_base_url()),
         openai_api_key: Some("sk-bench".into()),
         anthropic_base_url: None,
         anthropic_api_key: None,
         read_timeout: None,
-    })?;
-    let clock = Arc::new(Clock::default());
-    let provider = Arc::new(TimedProvider { inner: providers.get(ProviderKind::OpenAi), clock: clock.clone() });
-    let tools = Registry::from_tools([Arc::new(Noop { clock: clock.clone() }) as Arc<dyn Tool>]);
+    })?)
+}
 
+/// Notes when each model call starts; the stream itself is passed on.
+struct StartClock {
+    inner: Arc<dyn ModelProvider>,
+    starts: Mutex<Vec<Instant>>,
+}
+
+#[async_trait::async_trait]
+impl ModelProvider for StartClock {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    async fn stream(&self, request: &ModelRequest) -> Result<ModelStream, ProviderError> {
+        self.starts.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(Instant::now());
+        self.inner.stream(request).await
+    }
+}
+
+/// One run of `steps` steps through the real loop: each model call's start,
+/// the rows the run wrote, and the first request the model received.
+async fn kiln_pass(
+    store: &Store,
+    sandbox: &Sandbox,
+    steps: usize,
+) -> anyhow::Result<(Vec<Instant>, i64, serde_json::Value)> {
+    let model = ScriptedModel::start(script(steps)).await.context("starting the scripted model")?;
+    let providers = providers(&model)?;
+    let clock = Arc::new(StartClock { inner: providers.get(ProviderKind::OpenAi), starts: Mutex::default() });
+    let tools = Registry::standard();
+    let prices = PriceTable::from_env()?;
     let spec = CreateRun {
-        prompt: "Call noop until told otherwise.".into(),
-        repo: None,
-        model: None,
+        prompt: "Run `true` with bash until told otherwise.".into(),
         limits: Some(Limits { max_steps: Some(steps as u32 + 1), ..Limits::default() }),
         ..CreateRun::default()
     };
@@ -219,17 +209,17 @@ async fn agent_pass(store: &Store, sandbox: &Sandbox, steps: usize) -> anyhow::R
         lease: &lease,
         run: &run,
         sandbox,
-        provider,
-        model: "scripted".into(),
-        max_tokens: 1024,
-        pricing: &|_, _| None,
+        provider: clock.clone(),
+        model: MODEL.into(),
+        max_tokens: MAX_TOKENS,
+        pricing: &|model, usage| prices.cost(model, usage),
         tools: &tools,
         events: &mut events,
         control: Arc::default(),
         notice: None,
         system: String::new(),
-        // Never due: the bench's conversation stays small.
-        compaction: kiln_worker::agent::compaction::Policy { context_window: 1_000_000, threshold: 1.0 },
+        // The worker's defaults; never due with this small a conversation.
+        compaction: kiln_worker::agent::compaction::Policy { context_window: 128_000, threshold: 0.8 },
         max_tool_calls_per_step: kiln_worker::config::DEFAULT_MAX_TOOL_CALLS_PER_STEP,
         prompt_cache: true,
     };
@@ -238,46 +228,75 @@ async fn agent_pass(store: &Store, sandbox: &Sandbox, steps: usize) -> anyhow::R
         other => bail!("the run did not succeed: {other:?}"),
     }
     events.commit().await?;
-
-    let model_calls = std::mem::take(&mut *clock.model.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
-    let tool_calls = std::mem::take(&mut *clock.tool.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
-    if model_calls.len() != steps + 1 || tool_calls.len() != steps {
-        bail!(
-            "expected {} model calls and {steps} tool calls, saw {} and {}",
-            steps + 1,
-            model_calls.len(),
-            tool_calls.len()
-        );
+    let starts = std::mem::take(&mut *clock.starts.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    if starts.len() != steps + 1 {
+        bail!("expected {} model calls, saw {}", steps + 1, starts.len());
     }
-    let mut pass = Pass {
-        overhead: vec![],
-        wall: vec![],
-        model: vec![],
-        tool: vec![],
-        writes_per_step: rows_written(store, run.id).await? as f64 / (steps + 1) as f64,
-        xacts_per_step: 0.0,
-    };
-    // Step k runs from model call k's start to model call k+1's start.
-    for k in WARM_UP_STEPS..steps {
-        let (start, model) = model_calls[k];
-        let step = model_calls[k + 1].0 - start;
-        let tool = tool_calls[k];
-        pass.overhead.push(step.saturating_sub(model + tool));
-        pass.wall.push(step);
-        pass.model.push(model);
-        pass.tool.push(tool);
-    }
-    Ok(pass)
+    let rows = rows_written(store, run.id).await?;
+    let first = model.requests().first().map(|r| r.body.clone()).context("no model request recorded")?;
+    Ok((starts, rows, first))
 }
 
-/// Transactions committed in this database so far. Backends report their
-/// counts to the statistics system when idle for about a second, so wait.
-async fn committed(client: &tokio_postgres::Client) -> anyhow::Result<i64> {
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    client.batch_execute("SELECT pg_stat_clear_snapshot()").await?;
-    let row =
-        client.query_one("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()", &[]).await?;
-    Ok(row.try_get(0)?)
+/// The same calls made the plain way; each model call's start.
+async fn plain_pass(sandbox: &Sandbox, steps: usize, system: &str) -> anyhow::Result<Vec<Instant>> {
+    let model = ScriptedModel::start(script(steps)).await.context("starting the scripted model")?;
+    let provider = providers(&model)?.get(ProviderKind::OpenAi);
+    let tools = Registry::standard().specs();
+    let cache_key = uuid::Uuid::new_v4().to_string();
+    let mut messages = vec![Message::user("Run `true` with bash until told otherwise.")];
+    let mut starts = Vec::new();
+    for step in 0..=steps as u32 {
+        starts.push(Instant::now());
+        let request = ModelRequest {
+            model: MODEL.into(),
+            system: system.to_owned(),
+            messages: messages.clone(),
+            tools: tools.clone(),
+            max_tokens: MAX_TOKENS,
+            temperature: None,
+            cache_key: Some(cache_key.clone()),
+        };
+        let mut stream = provider.stream(&request).await?;
+        let mut builder = AssistantBuilder::for_step(step);
+        while let Some(event) = stream.next().await {
+            let event = event?;
+            builder.push(&event);
+            if matches!(event, ModelEvent::Finish(_)) {
+                break;
+            }
+        }
+        let answer = builder.finish().message;
+        let calls: Vec<(String, String, Option<String>, String)> = answer
+            .parts
+            .iter()
+            .filter_map(|p| match p {
+                Part::ToolCall { id, name, arguments, provider_id } => Some((
+                    id.clone(),
+                    name.clone(),
+                    provider_id.clone(),
+                    arguments["command"].as_str().unwrap_or_default().to_owned(),
+                )),
+                _ => None,
+            })
+            .collect();
+        messages.push(answer);
+        if calls.is_empty() {
+            break;
+        }
+        let mut results = Vec::new();
+        for (call_id, name, provider_call_id, command) in calls {
+            let output = match sandbox.toolbox_call(RequestBody::Exec(ExecRequest::new(command)), None).await? {
+                Some(ToolboxReply::Exec(r)) if r.exit_code == Some(0) => r.output,
+                other => bail!("bash in the plain loop: {other:?}"),
+            };
+            results.push(Part::ToolResult { call_id, name, output, is_error: false, provider_call_id });
+        }
+        messages.push(Message { role: Role::Tool, parts: results });
+    }
+    if starts.len() != steps + 1 {
+        bail!("expected {} model calls, made {}", steps + 1, starts.len());
+    }
+    Ok(starts)
 }
 
 /// Event and message rows the run wrote.

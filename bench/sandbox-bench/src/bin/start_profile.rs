@@ -2,29 +2,27 @@
 //! taking a warm container, done one by one through the same Docker API
 //! calls (bollard) with the same container settings, each timed.
 //!
+//! A breakdown, not a comparison: it has no baseline and no ratio (the
+//! comparison with the plain way is `session_start`'s).
+//!
 //! Cold: create, start, copy the toolbox in (archive API), start it and wait
 //! for its hello, first `bash true`; also the copy done before the start and
 //! the copy done while the container starts. Warm: the lookup of the
 //! session's own container (a 404 for a new session), the rename that binds
 //! a warm container to the session, and the first `bash true`.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use bollard::Docker;
-use bollard::models::{ContainerCreateBody, HostConfig, ResourcesUlimits};
-use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder, RenameContainerOptionsBuilder,
-    UploadToContainerOptionsBuilder,
-};
+use bollard::query_parameters::{RenameContainerOptionsBuilder, UploadToContainerOptionsBuilder};
 use clap::Parser;
 use kiln_bench_sandbox::setup::{self, Common};
 use kiln_bench_sandbox::stats;
 use kiln_toolbox::protocol::{ExecRequest, Reply, RequestBody};
+use kiln_worker::sandbox::SandboxConfig;
 use kiln_worker::sandbox::toolbox::ToolboxConn;
-use kiln_worker::sandbox::{LABEL_MANAGED, LABEL_WORKER, SandboxConfig};
 use uuid::Uuid;
 
 const TOOLBOX_IN_CONTAINER: &str = "/usr/local/libexec/kiln/kiln-toolbox";
@@ -82,7 +80,7 @@ async fn main() -> anyhow::Result<()> {
 async fn cold(d: &Docker, c: &SandboxConfig, w: &str, tar: &[u8], s: &mut Steps) -> anyhow::Result<()> {
     let total = Instant::now();
     let t = Instant::now();
-    let id = create(d, c, w).await?;
+    let id = setup::create_like_kiln(d, c, w, &["sleep", "infinity"]).await?;
     s.add("cold: create", t.elapsed());
     let t = Instant::now();
     d.start_container(&id, None).await?;
@@ -98,14 +96,14 @@ async fn cold(d: &Docker, c: &SandboxConfig, w: &str, tar: &[u8], s: &mut Steps)
     s.add("cold: first bash true", t.elapsed());
     s.add("cold: total", total.elapsed());
     drop(conn);
-    remove(d, &id).await;
+    setup::remove_container(d, &id).await;
     Ok(())
 }
 
 /// The copy into the created container, before it starts.
 async fn copy_first(d: &Docker, c: &SandboxConfig, w: &str, tar: &[u8], s: &mut Steps) -> anyhow::Result<()> {
     let total = Instant::now();
-    let id = create(d, c, w).await?;
+    let id = setup::create_like_kiln(d, c, w, &["sleep", "infinity"]).await?;
     let t = Instant::now();
     upload(d, &id, tar).await?;
     s.add("copy first: copy into created container", t.elapsed());
@@ -116,14 +114,14 @@ async fn copy_first(d: &Docker, c: &SandboxConfig, w: &str, tar: &[u8], s: &mut 
     bash_true(&conn).await?;
     s.add("copy first: total", total.elapsed());
     drop(conn);
-    remove(d, &id).await;
+    setup::remove_container(d, &id).await;
     Ok(())
 }
 
 /// The copy and the start at once.
 async fn copy_while_starting(d: &Docker, c: &SandboxConfig, w: &str, tar: &[u8], s: &mut Steps) -> anyhow::Result<()> {
     let total = Instant::now();
-    let id = create(d, c, w).await?;
+    let id = setup::create_like_kiln(d, c, w, &["sleep", "infinity"]).await?;
     let t = Instant::now();
     let (started, copied) = tokio::join!(d.start_container(&id, None), upload(d, &id, tar));
     started?;
@@ -133,13 +131,13 @@ async fn copy_while_starting(d: &Docker, c: &SandboxConfig, w: &str, tar: &[u8],
     bash_true(&conn).await?;
     s.add("concurrent: total", total.elapsed());
     drop(conn);
-    remove(d, &id).await;
+    setup::remove_container(d, &id).await;
     Ok(())
 }
 
 /// A ready container (started, toolbox up) taken for a new session.
 async fn warm(d: &Docker, c: &SandboxConfig, w: &str, tar: &[u8], s: &mut Steps) -> anyhow::Result<()> {
-    let id = create(d, c, w).await?;
+    let id = setup::create_like_kiln(d, c, w, &["sleep", "infinity"]).await?;
     d.start_container(&id, None).await?;
     upload(d, &id, tar).await?;
     let conn = ToolboxConn::start(d, &id, TOOLBOX_IN_CONTAINER, &c.user).await?;
@@ -157,7 +155,7 @@ async fn warm(d: &Docker, c: &SandboxConfig, w: &str, tar: &[u8], s: &mut Steps)
     s.add("warm: first bash true", t.elapsed());
     s.add("warm: total", total.elapsed());
     drop(conn);
-    remove(d, &id).await;
+    setup::remove_container(d, &id).await;
     Ok(())
 }
 
@@ -168,57 +166,9 @@ async fn bash_true(conn: &ToolboxConn) -> anyhow::Result<()> {
     }
 }
 
-/// A container with the worker's settings (see `sandbox::container_body`).
-async fn create(d: &Docker, c: &SandboxConfig, worker: &str) -> anyhow::Result<String> {
-    let name = format!("kiln-bench-{}", Uuid::new_v4().simple());
-    let labels =
-        HashMap::from([(LABEL_MANAGED.to_owned(), "true".to_owned()), (LABEL_WORKER.to_owned(), worker.to_owned())]);
-    let host_config = HostConfig {
-        init: Some(true),
-        cap_drop: Some(vec!["ALL".into()]),
-        // What the toolbox (root, acting for the sandbox user) needs.
-        cap_add: Some(vec!["SETUID".into(), "SETGID".into(), "KILL".into()]),
-        security_opt: Some(vec!["no-new-privileges:true".into()]),
-        pids_limit: Some(c.pids_limit),
-        memory: Some(c.memory_bytes),
-        memory_swap: Some(c.memory_bytes),
-        nano_cpus: Some(c.nano_cpus),
-        network_mode: Some("none".into()),
-        ulimits: Some(vec![ResourcesUlimits {
-            name: Some("nofile".into()),
-            soft: Some(c.nofile),
-            hard: Some(c.nofile),
-        }]),
-        tmpfs: Some(HashMap::from([("/tmp".to_owned(), format!("rw,nosuid,nodev,size={}m,mode=1777", c.tmpfs_mb))])),
-        ..Default::default()
-    };
-    let body = ContainerCreateBody {
-        image: Some(c.image.clone()),
-        // Root, so that the toolbox exec gets the capabilities above.
-        user: Some("0:0".into()),
-        working_dir: Some("/workspace".into()),
-        cmd: Some(vec!["sleep".into(), "infinity".into()]),
-        tty: Some(false),
-        open_stdin: Some(false),
-        labels: Some(labels),
-        network_disabled: Some(true),
-        host_config: Some(host_config),
-        ..Default::default()
-    };
-    let created = d.create_container(Some(CreateContainerOptionsBuilder::new().name(&name).build()), body).await?;
-    Ok(created.id)
-}
-
 async fn upload(d: &Docker, id: &str, tar: &[u8]) -> Result<(), bollard::errors::Error> {
     let options = UploadToContainerOptionsBuilder::new().path("/").build();
     d.upload_to_container(id, Some(options), bollard::body_full(tar.to_vec().into())).await
-}
-
-async fn remove(d: &Docker, id: &str) {
-    let options = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
-    if let Err(e) = d.remove_container(id, Some(options)).await {
-        eprintln!("removing {id}: {e}");
-    }
 }
 
 /// The toolbox at its in-container path, with its directories, as a tarball.
