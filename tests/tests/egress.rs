@@ -11,11 +11,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bollard::query_parameters::RemoveImageOptionsBuilder;
 use kiln_protocol::egress::{EgressMode, EgressPolicy, HostRule};
 use kiln_protocol::{CreateRun, EventBody, RunStatus, SandboxSpec};
 use kiln_scripted_model::Reply;
-use kiln_tests::outside::{HTTP_PORT, HTTPS_PORT, Outside};
-use kiln_tests::{Event, Options, TestApp, kinds, outcome, pick, worker_config};
+use kiln_tests::outside::{HTTP_PORT, HTTPS_PORT, INDEX_GREETING, Outside};
+use kiln_tests::{Event, Options, TestApp, kinds, outcome, pick, token, worker_config};
 use kiln_worker::ProviderKind;
 use kiln_worker::egress::resolve::{parse_hosts, parse_ranges};
 use kiln_worker::egress::{AddressRules, EgressSettings};
@@ -351,4 +352,153 @@ print('other: %s' % sorted(r for r in results if r not in ('ok', 'http403')))
 
     drop(app);
     outside.stop().await;
+}
+
+/// The agent phase's view: its interfaces, any proxy settings, the package
+/// setup installed, and its attempts to reach the index. `@IP@`: the
+/// index's address.
+const AGENT_PHASE_PROBE: &str = r#"
+echo "interfaces: $(ls /sys/class/net | tr '\n' ' ')"
+echo "proxy-variables: $(env | grep -ci proxy)"
+python3 - <<'PY'
+import socket, urllib.request
+try:
+    import kilnpkg; print('import: ' + kilnpkg.GREETING)
+except Exception as e:
+    print('import: ERR %s' % e)
+try:
+    urllib.request.urlopen('http://index.test:8080/simple/', timeout=10); print('index: REACHED')
+except Exception as e:
+    print('index: ERR %s' % e)
+try:
+    socket.create_connection(('@IP@', 8080), timeout=5); print('direct: CONNECTED')
+except Exception as e:
+    print('direct: ERR %s' % e)
+PY
+"#;
+
+/// The setup script: installs `kilnpkg` from the index by hand (the
+/// sandbox image has no pip: the page, the wheel, its hash, unpacked into
+/// the user's site-packages, which is what pip does for a pure wheel), then
+/// tries a host its policy does not name.
+const SETUP_INSTALLS_FROM_THE_INDEX: &str = r##"
+python3 - <<'PY'
+import hashlib, io, os, re, site, urllib.request, zipfile
+base = 'http://index.test:8080/simple/kilnpkg/'
+page = urllib.request.urlopen(base, timeout=30).read().decode()
+href = re.search(r'href="([^"#]+)#sha256=([0-9a-f]+)"', page)
+wheel = urllib.request.urlopen(base + href.group(1), timeout=30).read()
+assert hashlib.sha256(wheel).hexdigest() == href.group(2), 'hash mismatch'
+target = site.getusersitepackages()
+os.makedirs(target, exist_ok=True)
+zipfile.ZipFile(io.BytesIO(wheel)).extractall(target)
+print('installed ' + href.group(1))
+try:
+    urllib.request.urlopen('http://blocked.test:8080/', timeout=30); print('blocked: REACHED')
+except urllib.error.HTTPError as e:
+    print('blocked: HTTP %d' % e.code)
+PY
+"##;
+
+#[tokio::test]
+async fn setup_installs_from_the_index_through_its_own_policy_and_the_agent_phase_has_no_network() {
+    let index = Outside::start_index().await;
+    let ip = index.ip;
+    let probe = AGENT_PHASE_PROBE.replace("@IP@", &ip.to_string());
+    let script = vec![
+        Reply::tool("bash", json!({ "command": probe })),
+        Reply::text("first"),
+        Reply::tool("bash", json!({ "command": "true" })),
+        Reply::text("second"),
+    ];
+    let app = TestApp::spawn(Options { worker: false, script, ..Default::default() }).await;
+    let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
+    // The deployment allows both names; the environment's setup only the index.
+    config.sandbox.egress = Arc::new(EgressSettings {
+        deployment: EgressPolicy {
+            mode: EgressMode::Allowlist,
+            allow: Some(vec![
+                HostRule::host("index.test", vec![HTTP_PORT]),
+                HostRule::host("blocked.test", vec![HTTP_PORT]),
+            ]),
+        },
+        addresses: Arc::new(AddressRules {
+            allow_ranges: parse_ranges(&index.subnet).unwrap(),
+            deny_ranges: Vec::new(),
+            hosts: parse_hosts(&format!("index.test={ip},blocked.test={ip}")).unwrap(),
+        }),
+        ..EgressSettings::default()
+    });
+    app.start_worker(config).await;
+    let mut environment = json!({
+        "name": "pyproj",
+        "setup_script": SETUP_INSTALLS_FROM_THE_INDEX,
+        "setup_sandbox": { "egress": { "mode": "allowlist", "allow": [{ "host": "index.test", "ports": [HTTP_PORT] }] } },
+    });
+    let (status, body) = app.post_json("alice", "/v1/environments", environment.clone()).await;
+    assert_eq!(status, 201, "{body}");
+
+    // The run names no egress of its own: the agent phase has none.
+    let submitted = app.submit("alice", CreateRun { environment: Some("pyproj".into()), ..CreateRun::new("x") }).await;
+    let events = app.events("alice", submitted.id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let (key, hit) = pick!(&events, EventBody::EnvironmentStarted { cache_key, hit, .. } => (cache_key.clone(), *hit))
+        .next()
+        .unwrap();
+    assert!(!hit);
+    let setup: String = pick!(&events, EventBody::EnvironmentOutput { text, .. } => text.clone()).collect();
+    assert!(setup.contains("installed kilnpkg-1.0-py3-none-any.whl"), "{setup}");
+    assert!(setup.contains("blocked: HTTP 403"), "{setup}");
+
+    // Setup's traffic went through its proxy, and its decisions are in the
+    // run's stream, within the setup phase: the index allowed, the other
+    // host refused by the environment's rule (the deployment allows it).
+    let position = |kind: &str| events.iter().position(|e| e.kind() == kind).unwrap_or_else(|| panic!("no {kind}"));
+    let (setup_start, setup_end) = (position("environment.started"), position("environment.finished"));
+    let allowed = position("network.allowed");
+    assert!(setup_start < allowed && allowed < setup_end, "{:?}", kinds(&events));
+    let allowed: Vec<_> = pick!(&events, EventBody::NetworkAllowed { host, port } => (host.clone(), *port)).collect();
+    assert_eq!(allowed, [("index.test".to_owned(), HTTP_PORT)]);
+    let denied = denials(&events);
+    assert_eq!(denied.len(), 1, "{denied:?}");
+    assert_eq!((denied[0].0.as_str(), denied[0].3.as_str()), ("blocked.test", "run"), "{denied:?}");
+    assert!(position("network.denied") < setup_end, "{:?}", kinds(&events));
+
+    // The agent phase: loopback only, no proxy settings, the package there,
+    // and the index out of reach (no name, no route), as the tool result shows.
+    let got = results(&events);
+    assert_eq!(result(&got, "interfaces").trim(), "lo", "{got:?}");
+    assert_eq!(result(&got, "proxy-variables"), "0", "{got:?}");
+    assert_eq!(result(&got, "import"), INDEX_GREETING, "{got:?}");
+    assert!(result(&got, "index").starts_with("ERR"), "{got:?}");
+    assert!(result(&got, "direct").starts_with("ERR"), "{got:?}");
+    // Setup's network and proxy settings are gone: no session network is
+    // left, and the prepared image carries no proxy variable.
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let network = kiln_worker::egress::network::name(submitted.session_id);
+    assert!(docker.inspect_network(&network, None).await.is_err(), "{network} is still there");
+    let image = docker.inspect_image(&format!("kiln-env:{key}")).await.unwrap();
+    let env = image.config.and_then(|c| c.env).unwrap_or_default();
+    assert!(!env.iter().any(|v| v.to_ascii_lowercase().contains("proxy")), "{env:?}");
+
+    // Another setup policy is another cache key: the next run sets up again.
+    environment["setup_sandbox"]["egress"]["allow"][0]["methods"] = json!(["GET"]);
+    let r = app.http.put(app.url("/v1/environments/pyproj")).bearer_auth(token("alice")).json(&environment);
+    assert_eq!(r.send().await.unwrap().status(), 200);
+    let second = app.submit("alice", CreateRun { environment: Some("pyproj".into()), ..CreateRun::new("x") }).await;
+    let events = app.events("alice", second.id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let (second_key, hit) =
+        pick!(&events, EventBody::EnvironmentStarted { cache_key, hit, .. } => (cache_key.clone(), *hit))
+            .next()
+            .unwrap();
+    assert!(!hit && second_key != key, "the changed setup policy must miss");
+
+    for key in [key, second_key] {
+        let _ = docker
+            .remove_image(&format!("kiln-env:{key}"), Some(RemoveImageOptionsBuilder::new().force(true).build()), None)
+            .await;
+    }
+    drop(app);
+    index.stop().await;
 }

@@ -111,6 +111,13 @@ impl Drop for SessionProxy {
 }
 
 impl SessionProxy {
+    /// Stops serving and waits until the listener is closed, so that the
+    /// next phase's proxy can listen on the same address at once.
+    pub async fn stop(mut self) {
+        self.task.abort();
+        let _ = (&mut self.task).await;
+    }
+
     /// Listens on `listen` for the sandbox at `client`, judging by `layers`.
     pub async fn start(
         settings: &EgressSettings,
@@ -131,6 +138,40 @@ impl SessionProxy {
         let task = proxy::spawn(listener, Arc::new(ctx));
         Ok(SessionProxy { task, log, addr })
     }
+}
+
+/// The proxy for `container`, a sandbox of the session `session_id`,
+/// judging by `layers`: listening on the session network's gateway and
+/// answering that container alone. `None`: the container is not on the
+/// session's network (it has no egress).
+pub async fn serve_container(
+    docker: &bollard::Docker,
+    settings: &EgressSettings,
+    layers: Layers,
+    session_id: uuid::Uuid,
+    container: &str,
+) -> Result<Option<SessionProxy>, ServeError> {
+    let Some(client) = network::address_of(docker, container, session_id).await? else { return Ok(None) };
+    let Some(net) = network::find(docker, session_id).await? else { return Ok(None) };
+    let listen = SocketAddr::new(net.gateway, settings.port);
+    let mode = layers.mode();
+    let proxy = SessionProxy::start(settings, layers, listen, Some(client))
+        .await
+        .map_err(|error| ServeError::Listen { listen, error })?;
+    tracing::info!(%session_id, container, proxy = %proxy.addr, mode = mode.as_str(), "egress proxy serving");
+    Ok(Some(proxy))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Network(#[from] network::NetworkError),
+    /// Most likely: this worker is not in the engine host's network
+    /// namespace, where the gateway address is.
+    #[error(
+        "listening on {listen}: {error} (the worker must share the Docker host's network; see docs/deployment.md, Egress)"
+    )]
+    Listen { listen: SocketAddr, error: io::Error },
 }
 
 #[cfg(test)]
