@@ -502,3 +502,65 @@ async fn setup_installs_from_the_index_through_its_own_policy_and_the_agent_phas
     drop(app);
     index.stop().await;
 }
+
+/// `kiln-sandbox:latest` without bash, under a tag of its own: a sandbox of
+/// it is created and started, then refused (Kiln runs every command with
+/// bash), after its session's network was made.
+async fn image_without_bash(docker: &bollard::Docker) -> String {
+    use bollard::models::ContainerCreateBody;
+    use bollard::query_parameters::{CommitContainerOptionsBuilder, WaitContainerOptionsBuilder};
+    use futures::StreamExt;
+    let tag = format!("kiln-test-nobash-egress:{}", uuid::Uuid::new_v4().simple());
+    let body = ContainerCreateBody {
+        image: Some("kiln-sandbox:latest".into()),
+        user: Some("0:0".into()),
+        cmd: Some(vec!["rm".into(), "-f".into(), "/bin/bash".into(), "/usr/bin/bash".into()]),
+        network_disabled: Some(true),
+        ..Default::default()
+    };
+    let container =
+        docker.create_container(None::<bollard::query_parameters::CreateContainerOptions>, body).await.unwrap();
+    docker.start_container(&container.id, None).await.unwrap();
+    let waited = docker.wait_container(&container.id, Some(WaitContainerOptionsBuilder::new().build())).next().await;
+    assert!(matches!(waited, Some(Ok(ref r)) if r.status_code == 0), "{waited:?}");
+    let (repo, version) = tag.split_once(':').unwrap();
+    let options = CommitContainerOptionsBuilder::new().container(&container.id).repo(repo).tag(version).build();
+    docker.commit_container(options, bollard::models::ContainerConfig::default()).await.unwrap();
+    let remove = bollard::query_parameters::RemoveContainerOptionsBuilder::new().force(true).build();
+    docker.remove_container(&container.id, Some(remove)).await.unwrap();
+    tag
+}
+
+#[tokio::test]
+async fn a_sandbox_that_fails_to_start_leaves_no_network_behind() {
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let image = image_without_bash(&docker).await;
+    let outside = Outside::start().await;
+    let script = vec![Reply::text("never asked")];
+    let app = TestApp::spawn(Options { worker: false, script, ..Default::default() }).await;
+    let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
+    config.sandbox.egress = Arc::new(settings(&outside, EgressMode::Allowlist));
+    config.sandbox.image = image.clone();
+    // Sessions keep their sandbox between runs, as deployments do: the end
+    // of the run does not sweep the session's network away by itself.
+    config.sandbox_idle = Duration::from_secs(3600);
+    app.start_worker(config).await;
+
+    let spec = egress(EgressPolicy { mode: EgressMode::Allowlist, allow: None });
+    let submitted = app.submit("alice", CreateRun { sandbox: spec, ..CreateRun::new("x") }).await;
+    let events = app.events("alice", submitted.id).await;
+    let network = kiln_worker::egress::network::name(submitted.session_id);
+    let left = docker.inspect_network(&network, None).await.is_ok();
+    // What the test made goes before anything is asserted.
+    drop(app);
+    outside.stop().await;
+    let _ = docker.remove_image(&image, Some(RemoveImageOptionsBuilder::new().force(true).build()), None).await;
+    if left {
+        let _ = docker.remove_network(&network).await;
+    }
+
+    // Refused after its network was made (the container was started).
+    let error = pick!(&events, EventBody::RunFailed { error, .. } => error.clone()).next();
+    assert!(error.as_deref().is_some_and(|e| e.contains("has no bash")), "{error:?}: {:?}", kinds(&events));
+    assert!(!left, "{network} was left behind");
+}
