@@ -564,3 +564,94 @@ async fn a_sandbox_that_fails_to_start_leaves_no_network_behind() {
     assert!(error.as_deref().is_some_and(|e| e.contains("has no bash")), "{error:?}: {:?}", kinds(&events));
     assert!(!left, "{network} was left behind");
 }
+
+/// What a sandbox with egress can reach, read from inside it: a route to
+/// its own session's subnet and no other (no default route), the proxy on
+/// that subnet's gateway, and anything else the host listens on at the
+/// gateway's address, such as the test's own listener here on 0.0.0.0.
+/// That last one is what the worker cannot close without firewall rights
+/// (docs/deployment.md, "What a sandbox can reach on the host"): this test
+/// pins the documented reach, so a change to it (either way) is seen.
+#[tokio::test]
+async fn a_sandbox_reaches_its_gateway_and_nothing_beyond_its_subnet() {
+    let outside = Outside::start().await;
+    let host_service = tokio::net::TcpListener::bind(("0.0.0.0", 0)).await.unwrap();
+    let port = host_service.local_addr().unwrap().port();
+    let accept = tokio::spawn(async move { host_service.accept().await.map(|(_, peer)| peer.ip()) });
+    let probe = r#"
+import os, socket, struct
+proxy = os.environ['HTTP_PROXY'].split('//')[1].split(':')
+routes = []
+for line in open('/proc/net/route').read().splitlines()[1:]:
+    f = line.split()
+    dest, mask = (socket.inet_ntoa(struct.pack('<I', int(x, 16))) for x in (f[1], f[7]))
+    routes.append('%s/%s' % (dest, mask))
+print('routes: ' + ' '.join(routes))
+print('gateway: ' + proxy[0])
+for name, port in [('proxy-port', int(proxy[1])), ('host-service', @PORT@)]:
+    try:
+        socket.create_connection((proxy[0], port), timeout=5).close(); print(name + ': ANSWERED')
+    except Exception as e:
+        print(name + ': ERR ' + type(e).__name__)
+"#
+    .replace("@PORT@", &port.to_string());
+    let script = vec![Reply::tool("bash", bash_python(&probe)), Reply::text("done")];
+    let app = TestApp::spawn(Options { worker: false, script, ..Default::default() }).await;
+    let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
+    config.sandbox.egress = Arc::new(settings(&outside, EgressMode::Allowlist));
+    // The session keeps its sandbox and network after the run, to be looked at.
+    config.sandbox_idle = Duration::from_secs(3600);
+    app.start_worker(config).await;
+    let submitted = app
+        .submit(
+            "alice",
+            CreateRun {
+                sandbox: egress(EgressPolicy { mode: EgressMode::Allowlist, allow: None }),
+                ..CreateRun::new("x")
+            },
+        )
+        .await;
+    let events = app.events("alice", submitted.id).await;
+    let got = results(&events);
+
+    // Its session's subnet, and a default route through the gateway: the
+    // engine (20.10) gives one even on an `internal` network, whose rules
+    // drop what would be forwarded; what is addressed to the host itself
+    // is not forwarded, and is the host's firewall's to judge.
+    let gateway: std::net::Ipv4Addr = result(&got, "gateway").parse().unwrap();
+    let (mut default, mut own_subnet) = (0, 0);
+    for route in result(&got, "routes").split(' ') {
+        let (dest, mask) = route.split_once('/').unwrap();
+        let (dest, mask): (std::net::Ipv4Addr, std::net::Ipv4Addr) = (dest.parse().unwrap(), mask.parse().unwrap());
+        match u32::from(mask) {
+            0 => default += 1,
+            m if u32::from(gateway) & m == u32::from(dest) => own_subnet += 1,
+            _ => panic!("a route beyond the session's subnet: {got:?}"),
+        }
+    }
+    assert_eq!((default, own_subnet), (1, 1), "{got:?}");
+    assert_eq!(result(&got, "proxy-port"), "ANSWERED", "{got:?}");
+    // The host's own listener on 0.0.0.0 answers at the gateway: the
+    // documented reach an operator's rule closes.
+    assert_eq!(result(&got, "host-service"), "ANSWERED", "{got:?}");
+    let peer = tokio::time::timeout(Duration::from_secs(5), accept).await.unwrap().unwrap().unwrap();
+    assert_ne!(peer, std::net::IpAddr::V4(gateway), "the connection came from the sandbox, across its network");
+    // It arrives on the host through the session network's bridge, named so
+    // that the documented rule (`-i kiln+`: the proxy's port only) covers
+    // it; the default route above goes through the same bridge.
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let network = docker.inspect_network(&kiln_worker::egress::network::name(submitted.session_id), None).await;
+    let bridge = network.unwrap().options.unwrap_or_default().get("com.docker.network.bridge.name").cloned();
+    assert_eq!(bridge, Some(kiln_worker::egress::network::bridge_name(submitted.session_id)));
+    let address = std::fs::read_to_string(format!("/sys/class/net/{}/address", bridge.unwrap()));
+    assert!(address.is_ok(), "the bridge is a host interface of that name");
+
+    for container in app.containers_of(submitted.id).await {
+        let options = bollard::query_parameters::RemoveContainerOptionsBuilder::new().force(true).build();
+        docker.remove_container(&container, Some(options)).await.unwrap();
+    }
+    docker.remove_network(&kiln_worker::egress::network::name(submitted.session_id)).await.unwrap();
+
+    drop(app);
+    outside.stop().await;
+}
