@@ -452,7 +452,7 @@ async fn setup_installs_from_the_index_through_its_own_policy_and_the_agent_phas
 
     // Setup's traffic went through its proxy, and its decisions are in the
     // run's stream, within the setup phase: the index allowed, the other
-    // host refused by the environment's rule (the deployment allows it).
+    // host refused by setup's own rule (the deployment allows it).
     let position = |kind: &str| events.iter().position(|e| e.kind() == kind).unwrap_or_else(|| panic!("no {kind}"));
     let (setup_start, setup_end) = (position("environment.started"), position("environment.finished"));
     let allowed = position("network.allowed");
@@ -461,7 +461,7 @@ async fn setup_installs_from_the_index_through_its_own_policy_and_the_agent_phas
     assert_eq!(allowed, [("index.test".to_owned(), HTTP_PORT)]);
     let denied = denials(&events);
     assert_eq!(denied.len(), 1, "{denied:?}");
-    assert_eq!((denied[0].0.as_str(), denied[0].3.as_str()), ("blocked.test", "run"), "{denied:?}");
+    assert_eq!((denied[0].0.as_str(), denied[0].3.as_str()), ("blocked.test", "setup"), "{denied:?}");
     assert!(position("network.denied") < setup_end, "{:?}", kinds(&events));
 
     // The agent phase: loopback only, no proxy settings, the package there,

@@ -301,7 +301,9 @@ async fn start_proxy(
     config: &sandbox::SandboxConfig,
     sandbox: &Sandbox,
 ) -> Result<Option<SessionProxy>, egress::ServeError> {
-    egress::serve_container(&ctx.docker, &config.egress, config.egress_layers(), run.session_id, sandbox.id()).await
+    let layers = config.egress_layers();
+    egress::serve_container(&ctx.docker, &config.egress, layers, egress::Phase::Agent, run.session_id, sandbox.id())
+        .await
 }
 
 async fn prepare_workspace(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox) -> Result<(), SandboxError> {

@@ -242,9 +242,8 @@ impl Plan<'_> {
         let mut gone = RemoveOnDrop { docker: docker.clone(), id: setup.id().to_owned(), network_of };
         let proxy = if self.setup_config.wants_egress() {
             let layers = self.setup_config.egress_layers();
-            match crate::egress::serve_container(docker, &self.setup_config.egress, layers, session_id, setup.id())
-                .await
-            {
+            let (settings, phase) = (&self.setup_config.egress, crate::egress::Phase::Setup);
+            match crate::egress::serve_container(docker, settings, layers, phase, session_id, setup.id()).await {
                 Ok(proxy) => proxy,
                 Err(e) => {
                     return Ok(Err(format!("environment {name:?}: could not start the setup's egress proxy: {e}")));
