@@ -107,8 +107,9 @@ pub enum EventBody {
     ModelRetry { attempt: u32, delay_ms: u64, error: String },
     /// The egress proxy refused a connection or request from the run's
     /// sandbox. `rule`: what refused it (`layer` says whose policy:
-    /// `deployment`, `run`, or `proxy` for the proxy's own checks:
-    /// addresses, SNI, malformed requests). `suppressed`: refusals since the
+    /// `deployment`, `run` (the agent phase's), `setup` (an environment's
+    /// setup phase's), or `proxy` for the proxy's own checks: addresses,
+    /// SNI, malformed requests). `suppressed`: refusals since the
     /// previous event that were not written (the run's stream is bounded).
     #[serde(rename = "network.denied")]
     NetworkDenied {

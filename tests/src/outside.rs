@@ -6,9 +6,10 @@
 //! network's range is allowed (`KILN_EGRESS_ALLOW_RANGES`), as an operator
 //! would allow an internal registry.
 //!
-//! It serves HTTP on 8080 and HTTPS on 8443 (a self-signed certificate for
-//! `allowed.test`): `GET /redirect?to=URL` answers 302 to URL, `GET
-//! /bytes/N` streams N bytes, anything else says who it is and the path.
+//! [`Outside::start`] serves HTTP on 8080 and HTTPS on 8443 (a self-signed
+//! certificate for `allowed.test`): `GET /redirect?to=URL` answers 302 to
+//! URL, `GET /bytes/N` streams N bytes, anything else says who it is and
+//! the path. [`Outside::start_index`] is a package index instead.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -75,6 +76,34 @@ threading.Thread(target=tls.serve_forever, daemon=True).start()
 plain.serve_forever()
 "#;
 
+/// A PEP 503 "simple" index on 8080 holding one wheel it builds at start:
+/// `kilnpkg` 1.0, whose module says [`INDEX_GREETING`]. Served by
+/// `http.server` from a directory, as `python3 -m http.server` would.
+const INDEX: &str = r#"
+import functools, hashlib, http.server, os, zipfile
+root = '/tmp/index'
+os.makedirs(root + '/simple/kilnpkg')
+wheel = 'kilnpkg-1.0-py3-none-any.whl'
+files = {
+    'kilnpkg/__init__.py': 'GREETING = %r\n' % os.environ['GREETING'],
+    'kilnpkg-1.0.dist-info/METADATA': 'Metadata-Version: 2.1\nName: kilnpkg\nVersion: 1.0\n',
+    'kilnpkg-1.0.dist-info/WHEEL': 'Wheel-Version: 1.0\nGenerator: kiln-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n',
+}
+record = ''.join('%s,,\n' % name for name in files) + 'kilnpkg-1.0.dist-info/RECORD,,\n'
+with zipfile.ZipFile(root + '/simple/kilnpkg/' + wheel, 'w') as z:
+    for name, text in files.items():
+        z.writestr(name, text)
+    z.writestr('kilnpkg-1.0.dist-info/RECORD', record)
+digest = hashlib.sha256(open(root + '/simple/kilnpkg/' + wheel, 'rb').read()).hexdigest()
+open(root + '/simple/index.html', 'w').write('<a href="kilnpkg/">kilnpkg</a>\n')
+open(root + '/simple/kilnpkg/index.html', 'w').write('<a href="%s#sha256=%s">%s</a>\n' % (wheel, digest, wheel))
+handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=root)
+http.server.ThreadingHTTPServer(('', 8080), handler).serve_forever()
+"#;
+
+/// What the index's package says when imported.
+pub const INDEX_GREETING: &str = "installed from the test index";
+
 pub struct Outside {
     docker: Docker,
     pub network: String,
@@ -87,6 +116,15 @@ pub struct Outside {
 
 impl Outside {
     pub async fn start() -> Outside {
+        Self::serve(SERVER, vec![format!("CERT={CERT}"), format!("KEY={KEY}")], &[HTTP_PORT, HTTPS_PORT]).await
+    }
+
+    /// A package index (see [`INDEX`]) on [`HTTP_PORT`].
+    pub async fn start_index() -> Outside {
+        Self::serve(INDEX, vec![format!("GREETING={INDEX_GREETING}")], &[HTTP_PORT]).await
+    }
+
+    async fn serve(script: &str, env: Vec<String>, ports: &[u16]) -> Outside {
         let docker = Docker::connect_with_local_defaults().expect("docker");
         let tag = uuid::Uuid::new_v4().simple().to_string();
         let network = format!("kiln-test-outside-{tag}");
@@ -104,8 +142,8 @@ impl Outside {
         let body = ContainerCreateBody {
             image: Some("kiln-sandbox:latest".into()),
             user: Some("1000:1000".into()),
-            cmd: Some(vec!["python3".into(), "-c".into(), SERVER.into()]),
-            env: Some(vec![format!("CERT={CERT}"), format!("KEY={KEY}")]),
+            cmd: Some(vec!["python3".into(), "-c".into(), script.into()]),
+            env: Some(env),
             labels: Some(HashMap::from([("dev.kiln.test".to_owned(), "egress".to_owned())])),
             host_config: Some(HostConfig {
                 network_mode: Some(network.clone()),
@@ -129,7 +167,7 @@ impl Outside {
             .and_then(|ip| ip.parse().ok())
             .expect("the server's address");
         let outside = Outside { docker, network, container, ip, subnet };
-        outside.wait_ready().await;
+        outside.wait_ready(ports).await;
         outside
     }
 
@@ -137,10 +175,10 @@ impl Outside {
         SocketAddr::new(self.ip, HTTP_PORT)
     }
 
-    /// Until both ports answer (python takes a moment to start).
-    async fn wait_ready(&self) {
+    /// Until the ports answer (python takes a moment to start).
+    async fn wait_ready(&self, ports: &[u16]) {
         let deadline = Instant::now() + Duration::from_secs(30);
-        for port in [HTTP_PORT, HTTPS_PORT] {
+        for &port in ports {
             while tokio::net::TcpStream::connect((self.ip, port)).await.is_err() {
                 assert!(Instant::now() < deadline, "the test server never listened on {port}");
                 tokio::time::sleep(Duration::from_millis(50)).await;

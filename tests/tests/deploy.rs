@@ -107,14 +107,20 @@ fn compose_command() -> Option<Vec<&'static str>> {
 }
 
 fn compose_config(compose: &[&str], file: &Path) -> Output {
+    compose_config_of(compose, &[file], &["-q"])
+}
+
+/// `config` of `files` layered in order, with `extra` arguments.
+fn compose_config_of(compose: &[&str], files: &[&Path], extra: &[&str]) -> Output {
     let deploy = root().join("deploy");
-    Command::new(compose[0])
-        .args(&compose[1..])
-        .arg("--project-directory")
-        .arg(&deploy)
-        .arg("-f")
-        .arg(file)
-        .args(["config", "-q"])
+    let mut command = Command::new(compose[0]);
+    command.args(&compose[1..]).arg("--project-directory").arg(&deploy);
+    for file in files {
+        command.arg("-f").arg(file);
+    }
+    command
+        .arg("config")
+        .args(extra)
         // The one variable the file requires.
         .env("KILN_JWT_SECRET", "0123456789abcdef0123456789abcdef")
         .output()
@@ -177,6 +183,37 @@ fn the_compose_file_wires_a_whole_deployment() {
     }
     let worker_env = services["worker"]["environment"].to_string();
     assert!(worker_env.contains("DATABASE_URL=postgres://") && worker_env.contains("KILN_SANDBOX_IMAGE="));
+}
+
+/// The egress override (docs/deployment.md, "Egress: where the proxy
+/// runs") as Compose merges it: the worker in the host's network, Postgres
+/// on the host's loopback where that worker looks for it, the egress
+/// settings passed through, and nothing Kiln does not read.
+#[test]
+fn the_egress_override_puts_the_worker_in_the_hosts_network() {
+    let known = settings();
+    let doc = yaml_docs(&read(&root().join("deploy/compose.egress.yaml"))).remove(0);
+    for entry in doc["services"]["worker"]["environment"].as_array().unwrap() {
+        let name = entry.as_str().unwrap().split('=').next().unwrap();
+        assert!(known.contains(name), "compose.egress.yaml sets {name}, which kiln does not read");
+    }
+    let Some(compose) = compose_command() else {
+        return skip("the_egress_override_puts_the_worker_in_the_hosts_network", "docker compose / docker-compose");
+    };
+    let files = [root().join("deploy/compose.yaml"), root().join("deploy/compose.egress.yaml")];
+    let out = compose_config_of(&compose, &[&files[0], &files[1]], &[]);
+    assert!(out.status.success(), "{compose:?} config refused the override:\n{}", String::from_utf8_lossy(&out.stderr));
+    let merged = yaml_docs(&String::from_utf8_lossy(&out.stdout)).remove(0);
+    let worker = &merged["services"]["worker"];
+    assert_eq!(worker["network_mode"], "host", "{worker}");
+    // Compose prints the environment as a map (v1 and v2 alike).
+    let env = &worker["environment"];
+    let url = env["DATABASE_URL"].as_str().unwrap_or_else(|| panic!("{env}"));
+    assert!(url.contains("@127.0.0.1:5432/"), "{url}");
+    let ports = merged["services"]["postgres"]["ports"].to_string();
+    assert!(ports.contains("127.0.0.1") && ports.contains("5432"), "{ports}");
+    // The rest of the worker is the base file's.
+    assert!(worker["volumes"].to_string().contains("/var/run/docker.sock"), "{worker}");
 }
 
 // ---- Kubernetes --------------------------------------------------------------

@@ -11,11 +11,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bollard::query_parameters::RemoveImageOptionsBuilder;
 use kiln_protocol::egress::{EgressMode, EgressPolicy, HostRule};
 use kiln_protocol::{CreateRun, EventBody, RunStatus, SandboxSpec};
 use kiln_scripted_model::Reply;
-use kiln_tests::outside::{HTTP_PORT, HTTPS_PORT, Outside};
-use kiln_tests::{Event, Options, TestApp, kinds, outcome, pick, worker_config};
+use kiln_tests::outside::{HTTP_PORT, HTTPS_PORT, INDEX_GREETING, Outside};
+use kiln_tests::{Event, Options, TestApp, kinds, outcome, pick, token, worker_config};
 use kiln_worker::ProviderKind;
 use kiln_worker::egress::resolve::{parse_hosts, parse_ranges};
 use kiln_worker::egress::{AddressRules, EgressSettings};
@@ -348,6 +349,308 @@ print('other: %s' % sorted(r for r in results if r not in ('ok', 'http403')))
     // generous bound that catches buffering bodies or leaking connections.
     let grown = rss_kib().saturating_sub(before);
     assert!(grown < 256 * 1024, "the worker grew by {grown} KiB");
+
+    drop(app);
+    outside.stop().await;
+}
+
+/// The agent phase's view: its interfaces, any proxy settings, the package
+/// setup installed, and its attempts to reach the index. `@IP@`: the
+/// index's address.
+const AGENT_PHASE_PROBE: &str = r#"
+echo "interfaces: $(ls /sys/class/net | tr '\n' ' ')"
+echo "proxy-variables: $(env | grep -ci proxy)"
+python3 - <<'PY'
+import socket, urllib.request
+try:
+    import kilnpkg; print('import: ' + kilnpkg.GREETING)
+except Exception as e:
+    print('import: ERR %s' % e)
+try:
+    urllib.request.urlopen('http://index.test:8080/simple/', timeout=10); print('index: REACHED')
+except Exception as e:
+    print('index: ERR %s' % e)
+try:
+    socket.create_connection(('@IP@', 8080), timeout=5); print('direct: CONNECTED')
+except Exception as e:
+    print('direct: ERR %s' % e)
+PY
+"#;
+
+/// The setup script: installs `kilnpkg` from the index by hand (the
+/// sandbox image has no pip: the page, the wheel, its hash, unpacked into
+/// the user's site-packages, which is what pip does for a pure wheel), then
+/// tries a host its policy does not name.
+const SETUP_INSTALLS_FROM_THE_INDEX: &str = r##"
+python3 - <<'PY'
+import hashlib, io, os, re, site, urllib.request, zipfile
+base = 'http://index.test:8080/simple/kilnpkg/'
+page = urllib.request.urlopen(base, timeout=30).read().decode()
+href = re.search(r'href="([^"#]+)#sha256=([0-9a-f]+)"', page)
+wheel = urllib.request.urlopen(base + href.group(1), timeout=30).read()
+assert hashlib.sha256(wheel).hexdigest() == href.group(2), 'hash mismatch'
+target = site.getusersitepackages()
+os.makedirs(target, exist_ok=True)
+zipfile.ZipFile(io.BytesIO(wheel)).extractall(target)
+print('installed ' + href.group(1))
+try:
+    urllib.request.urlopen('http://blocked.test:8080/', timeout=30); print('blocked: REACHED')
+except urllib.error.HTTPError as e:
+    print('blocked: HTTP %d' % e.code)
+PY
+"##;
+
+#[tokio::test]
+async fn setup_installs_from_the_index_through_its_own_policy_and_the_agent_phase_has_no_network() {
+    let index = Outside::start_index().await;
+    let ip = index.ip;
+    let probe = AGENT_PHASE_PROBE.replace("@IP@", &ip.to_string());
+    let script = vec![
+        Reply::tool("bash", json!({ "command": probe })),
+        Reply::text("first"),
+        Reply::tool("bash", json!({ "command": "true" })),
+        Reply::text("second"),
+    ];
+    let app = TestApp::spawn(Options { worker: false, script, ..Default::default() }).await;
+    let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
+    // The deployment allows both names; the environment's setup only the index.
+    config.sandbox.egress = Arc::new(EgressSettings {
+        deployment: EgressPolicy {
+            mode: EgressMode::Allowlist,
+            allow: Some(vec![
+                HostRule::host("index.test", vec![HTTP_PORT]),
+                HostRule::host("blocked.test", vec![HTTP_PORT]),
+            ]),
+        },
+        addresses: Arc::new(AddressRules {
+            allow_ranges: parse_ranges(&index.subnet).unwrap(),
+            deny_ranges: Vec::new(),
+            hosts: parse_hosts(&format!("index.test={ip},blocked.test={ip}")).unwrap(),
+        }),
+        ..EgressSettings::default()
+    });
+    app.start_worker(config).await;
+    let mut environment = json!({
+        "name": "pyproj",
+        "setup_script": SETUP_INSTALLS_FROM_THE_INDEX,
+        "setup_sandbox": { "egress": { "mode": "allowlist", "allow": [{ "host": "index.test", "ports": [HTTP_PORT] }] } },
+    });
+    let (status, body) = app.post_json("alice", "/v1/environments", environment.clone()).await;
+    assert_eq!(status, 201, "{body}");
+
+    // The run names no egress of its own: the agent phase has none.
+    let submitted = app.submit("alice", CreateRun { environment: Some("pyproj".into()), ..CreateRun::new("x") }).await;
+    let events = app.events("alice", submitted.id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let (key, hit) = pick!(&events, EventBody::EnvironmentStarted { cache_key, hit, .. } => (cache_key.clone(), *hit))
+        .next()
+        .unwrap();
+    assert!(!hit);
+    let setup: String = pick!(&events, EventBody::EnvironmentOutput { text, .. } => text.clone()).collect();
+    assert!(setup.contains("installed kilnpkg-1.0-py3-none-any.whl"), "{setup}");
+    assert!(setup.contains("blocked: HTTP 403"), "{setup}");
+
+    // Setup's traffic went through its proxy, and its decisions are in the
+    // run's stream, within the setup phase: the index allowed, the other
+    // host refused by setup's own rule (the deployment allows it).
+    let position = |kind: &str| events.iter().position(|e| e.kind() == kind).unwrap_or_else(|| panic!("no {kind}"));
+    let (setup_start, setup_end) = (position("environment.started"), position("environment.finished"));
+    let allowed = position("network.allowed");
+    assert!(setup_start < allowed && allowed < setup_end, "{:?}", kinds(&events));
+    let allowed: Vec<_> = pick!(&events, EventBody::NetworkAllowed { host, port } => (host.clone(), *port)).collect();
+    assert_eq!(allowed, [("index.test".to_owned(), HTTP_PORT)]);
+    let denied = denials(&events);
+    assert_eq!(denied.len(), 1, "{denied:?}");
+    assert_eq!((denied[0].0.as_str(), denied[0].3.as_str()), ("blocked.test", "setup"), "{denied:?}");
+    assert!(position("network.denied") < setup_end, "{:?}", kinds(&events));
+
+    // The agent phase: loopback only, no proxy settings, the package there,
+    // and the index out of reach (no name, no route), as the tool result shows.
+    let got = results(&events);
+    assert_eq!(result(&got, "interfaces").trim(), "lo", "{got:?}");
+    assert_eq!(result(&got, "proxy-variables"), "0", "{got:?}");
+    assert_eq!(result(&got, "import"), INDEX_GREETING, "{got:?}");
+    assert!(result(&got, "index").starts_with("ERR"), "{got:?}");
+    assert!(result(&got, "direct").starts_with("ERR"), "{got:?}");
+    // Setup's network and proxy settings are gone: no session network is
+    // left, and the prepared image carries no proxy variable.
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let network = kiln_worker::egress::network::name(submitted.session_id);
+    assert!(docker.inspect_network(&network, None).await.is_err(), "{network} is still there");
+    let image = docker.inspect_image(&format!("kiln-env:{key}")).await.unwrap();
+    let env = image.config.and_then(|c| c.env).unwrap_or_default();
+    assert!(!env.iter().any(|v| v.to_ascii_lowercase().contains("proxy")), "{env:?}");
+
+    // Another setup policy is another cache key: the next run sets up again.
+    environment["setup_sandbox"]["egress"]["allow"][0]["methods"] = json!(["GET"]);
+    let r = app.http.put(app.url("/v1/environments/pyproj")).bearer_auth(token("alice")).json(&environment);
+    assert_eq!(r.send().await.unwrap().status(), 200);
+    let second = app.submit("alice", CreateRun { environment: Some("pyproj".into()), ..CreateRun::new("x") }).await;
+    let events = app.events("alice", second.id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let (second_key, hit) =
+        pick!(&events, EventBody::EnvironmentStarted { cache_key, hit, .. } => (cache_key.clone(), *hit))
+            .next()
+            .unwrap();
+    assert!(!hit && second_key != key, "the changed setup policy must miss");
+
+    for key in [key, second_key] {
+        let _ = docker
+            .remove_image(&format!("kiln-env:{key}"), Some(RemoveImageOptionsBuilder::new().force(true).build()), None)
+            .await;
+    }
+    drop(app);
+    index.stop().await;
+}
+
+/// `kiln-sandbox:latest` without bash, under a tag of its own: a sandbox of
+/// it is created and started, then refused (Kiln runs every command with
+/// bash), after its session's network was made.
+async fn image_without_bash(docker: &bollard::Docker) -> String {
+    use bollard::models::ContainerCreateBody;
+    use bollard::query_parameters::{CommitContainerOptionsBuilder, WaitContainerOptionsBuilder};
+    use futures::StreamExt;
+    let tag = format!("kiln-test-nobash-egress:{}", uuid::Uuid::new_v4().simple());
+    let body = ContainerCreateBody {
+        image: Some("kiln-sandbox:latest".into()),
+        user: Some("0:0".into()),
+        cmd: Some(vec!["rm".into(), "-f".into(), "/bin/bash".into(), "/usr/bin/bash".into()]),
+        network_disabled: Some(true),
+        ..Default::default()
+    };
+    let container =
+        docker.create_container(None::<bollard::query_parameters::CreateContainerOptions>, body).await.unwrap();
+    docker.start_container(&container.id, None).await.unwrap();
+    let waited = docker.wait_container(&container.id, Some(WaitContainerOptionsBuilder::new().build())).next().await;
+    assert!(matches!(waited, Some(Ok(ref r)) if r.status_code == 0), "{waited:?}");
+    let (repo, version) = tag.split_once(':').unwrap();
+    let options = CommitContainerOptionsBuilder::new().container(&container.id).repo(repo).tag(version).build();
+    docker.commit_container(options, bollard::models::ContainerConfig::default()).await.unwrap();
+    let remove = bollard::query_parameters::RemoveContainerOptionsBuilder::new().force(true).build();
+    docker.remove_container(&container.id, Some(remove)).await.unwrap();
+    tag
+}
+
+#[tokio::test]
+async fn a_sandbox_that_fails_to_start_leaves_no_network_behind() {
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let image = image_without_bash(&docker).await;
+    let outside = Outside::start().await;
+    let script = vec![Reply::text("never asked")];
+    let app = TestApp::spawn(Options { worker: false, script, ..Default::default() }).await;
+    let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
+    config.sandbox.egress = Arc::new(settings(&outside, EgressMode::Allowlist));
+    config.sandbox.image = image.clone();
+    // Sessions keep their sandbox between runs, as deployments do: the end
+    // of the run does not sweep the session's network away by itself.
+    config.sandbox_idle = Duration::from_secs(3600);
+    app.start_worker(config).await;
+
+    let spec = egress(EgressPolicy { mode: EgressMode::Allowlist, allow: None });
+    let submitted = app.submit("alice", CreateRun { sandbox: spec, ..CreateRun::new("x") }).await;
+    let events = app.events("alice", submitted.id).await;
+    let network = kiln_worker::egress::network::name(submitted.session_id);
+    let left = docker.inspect_network(&network, None).await.is_ok();
+    // What the test made goes before anything is asserted.
+    drop(app);
+    outside.stop().await;
+    let _ = docker.remove_image(&image, Some(RemoveImageOptionsBuilder::new().force(true).build()), None).await;
+    if left {
+        let _ = docker.remove_network(&network).await;
+    }
+
+    // Refused after its network was made (the container was started).
+    let error = pick!(&events, EventBody::RunFailed { error, .. } => error.clone()).next();
+    assert!(error.as_deref().is_some_and(|e| e.contains("has no bash")), "{error:?}: {:?}", kinds(&events));
+    assert!(!left, "{network} was left behind");
+}
+
+/// What a sandbox with egress can reach, read from inside it: a route to
+/// its own session's subnet and no other (no default route), the proxy on
+/// that subnet's gateway, and anything else the host listens on at the
+/// gateway's address, such as the test's own listener here on 0.0.0.0.
+/// That last one is what the worker cannot close without firewall rights
+/// (docs/deployment.md, "What a sandbox can reach on the host"): this test
+/// pins the documented reach, so a change to it (either way) is seen.
+#[tokio::test]
+async fn a_sandbox_reaches_its_gateway_and_nothing_beyond_its_subnet() {
+    let outside = Outside::start().await;
+    let host_service = tokio::net::TcpListener::bind(("0.0.0.0", 0)).await.unwrap();
+    let port = host_service.local_addr().unwrap().port();
+    let accept = tokio::spawn(async move { host_service.accept().await.map(|(_, peer)| peer.ip()) });
+    let probe = r#"
+import os, socket, struct
+proxy = os.environ['HTTP_PROXY'].split('//')[1].split(':')
+routes = []
+for line in open('/proc/net/route').read().splitlines()[1:]:
+    f = line.split()
+    dest, mask = (socket.inet_ntoa(struct.pack('<I', int(x, 16))) for x in (f[1], f[7]))
+    routes.append('%s/%s' % (dest, mask))
+print('routes: ' + ' '.join(routes))
+print('gateway: ' + proxy[0])
+for name, port in [('proxy-port', int(proxy[1])), ('host-service', @PORT@)]:
+    try:
+        socket.create_connection((proxy[0], port), timeout=5).close(); print(name + ': ANSWERED')
+    except Exception as e:
+        print(name + ': ERR ' + type(e).__name__)
+"#
+    .replace("@PORT@", &port.to_string());
+    let script = vec![Reply::tool("bash", bash_python(&probe)), Reply::text("done")];
+    let app = TestApp::spawn(Options { worker: false, script, ..Default::default() }).await;
+    let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
+    config.sandbox.egress = Arc::new(settings(&outside, EgressMode::Allowlist));
+    // The session keeps its sandbox and network after the run, to be looked at.
+    config.sandbox_idle = Duration::from_secs(3600);
+    app.start_worker(config).await;
+    let submitted = app
+        .submit(
+            "alice",
+            CreateRun {
+                sandbox: egress(EgressPolicy { mode: EgressMode::Allowlist, allow: None }),
+                ..CreateRun::new("x")
+            },
+        )
+        .await;
+    let events = app.events("alice", submitted.id).await;
+    let got = results(&events);
+
+    // Its session's subnet, and a default route through the gateway: the
+    // engine (20.10) gives one even on an `internal` network, whose rules
+    // drop what would be forwarded; what is addressed to the host itself
+    // is not forwarded, and is the host's firewall's to judge.
+    let gateway: std::net::Ipv4Addr = result(&got, "gateway").parse().unwrap();
+    let (mut default, mut own_subnet) = (0, 0);
+    for route in result(&got, "routes").split(' ') {
+        let (dest, mask) = route.split_once('/').unwrap();
+        let (dest, mask): (std::net::Ipv4Addr, std::net::Ipv4Addr) = (dest.parse().unwrap(), mask.parse().unwrap());
+        match u32::from(mask) {
+            0 => default += 1,
+            m if u32::from(gateway) & m == u32::from(dest) => own_subnet += 1,
+            _ => panic!("a route beyond the session's subnet: {got:?}"),
+        }
+    }
+    assert_eq!((default, own_subnet), (1, 1), "{got:?}");
+    assert_eq!(result(&got, "proxy-port"), "ANSWERED", "{got:?}");
+    // The host's own listener on 0.0.0.0 answers at the gateway: the
+    // documented reach an operator's rule closes.
+    assert_eq!(result(&got, "host-service"), "ANSWERED", "{got:?}");
+    let peer = tokio::time::timeout(Duration::from_secs(5), accept).await.unwrap().unwrap().unwrap();
+    assert_ne!(peer, std::net::IpAddr::V4(gateway), "the connection came from the sandbox, across its network");
+    // It arrives on the host through the session network's bridge, named so
+    // that the documented rule (`-i kiln+`: the proxy's port only) covers
+    // it; the default route above goes through the same bridge.
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let network = docker.inspect_network(&kiln_worker::egress::network::name(submitted.session_id), None).await;
+    let bridge = network.unwrap().options.unwrap_or_default().get("com.docker.network.bridge.name").cloned();
+    assert_eq!(bridge, Some(kiln_worker::egress::network::bridge_name(submitted.session_id)));
+    let address = std::fs::read_to_string(format!("/sys/class/net/{}/address", bridge.unwrap()));
+    assert!(address.is_ok(), "the bridge is a host interface of that name");
+
+    for container in app.containers_of(submitted.id).await {
+        let options = bollard::query_parameters::RemoveContainerOptionsBuilder::new().force(true).build();
+        docker.remove_container(&container, Some(options)).await.unwrap();
+    }
+    docker.remove_network(&kiln_worker::egress::network::name(submitted.session_id)).await.unwrap();
 
     drop(app);
     outside.stop().await;

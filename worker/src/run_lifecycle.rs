@@ -343,21 +343,10 @@ async fn start_proxy(
     run: &Run,
     config: &sandbox::SandboxConfig,
     sandbox: &Sandbox,
-) -> Result<Option<SessionProxy>, SandboxError> {
-    let Some(client) = egress::network::address_of(&ctx.docker, sandbox.id(), run.session_id).await? else {
-        return Ok(None);
-    };
-    let Some(net) = egress::network::find(&ctx.docker, run.session_id).await? else { return Ok(None) };
-    let listen = std::net::SocketAddr::new(net.gateway, config.egress.port);
-    let proxy = SessionProxy::start(&config.egress, config.egress_layers(), listen, Some(client)).await.map_err(|e| {
-        // Most likely: this worker is not in the engine host's network
-        // namespace, where the gateway address is.
-        SandboxError::Workspace(format!(
-            "listening on {listen}: {e} (the worker must share the Docker host's network; see docs/deployment.md, Egress)"
-        ))
-    })?;
-    tracing::info!(run_id = %run.id, proxy = %proxy.addr, mode = config.egress_layers().mode().as_str(), "egress proxy serving");
-    Ok(Some(proxy))
+) -> Result<Option<SessionProxy>, egress::ServeError> {
+    let layers = config.egress_layers();
+    egress::serve_container(&ctx.docker, &config.egress, layers, egress::Phase::Agent, run.session_id, sandbox.id())
+        .await
 }
 
 /// Time left of the run's wall-clock budget, counted from its first start.

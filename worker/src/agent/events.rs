@@ -110,6 +110,16 @@ impl EventSink {
         self.network = Some(log);
     }
 
+    /// Stops taking from the attached log (a phase's proxy is done): what
+    /// it still holds waits for the next commit.
+    pub fn detach_network_log(&mut self) {
+        if let Some(log) = self.network.take() {
+            for body in log.take() {
+                self.buffer(body);
+            }
+        }
+    }
+
     /// Step `step`'s model call has so far reported `usage`.
     pub fn note_usage_so_far(&mut self, step: u32, usage: Usage) {
         self.unfinished = Some(UnfinishedStep { step, usage });

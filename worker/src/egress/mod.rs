@@ -97,6 +97,24 @@ pub fn proxy_env(proxy: SocketAddr) -> Vec<String> {
     env
 }
 
+/// Which phase of a run a proxy serves: an environment's setup, or the
+/// agent's work. Each has its own policy, named so in events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Setup,
+    Agent,
+}
+
+impl Phase {
+    /// The `layer` of a refusal by the phase's own policy.
+    pub fn layer(self) -> &'static str {
+        match self {
+            Phase::Setup => "setup",
+            Phase::Agent => "run",
+        }
+    }
+}
+
 /// A session's proxy, serving while this lives.
 pub struct SessionProxy {
     task: tokio::task::JoinHandle<()>,
@@ -111,10 +129,29 @@ impl Drop for SessionProxy {
 }
 
 impl SessionProxy {
-    /// Listens on `listen` for the sandbox at `client`, judging by `layers`.
+    /// Stops serving and waits until the listener is closed, so that the
+    /// next phase's proxy can listen on the same address at once.
+    pub async fn stop(mut self) {
+        self.task.abort();
+        let _ = (&mut self.task).await;
+    }
+
+    /// Listens on `listen` for the sandbox at `client`, judging by `layers`
+    /// (the agent phase's: refusals by the run's policy say `run`).
     pub async fn start(
         settings: &EgressSettings,
         layers: Layers,
+        listen: SocketAddr,
+        client: Option<IpAddr>,
+    ) -> io::Result<SessionProxy> {
+        Self::start_for(settings, layers, Phase::Agent, listen, client).await
+    }
+
+    /// [`SessionProxy::start`] for `phase`.
+    pub async fn start_for(
+        settings: &EgressSettings,
+        layers: Layers,
+        phase: Phase,
         listen: SocketAddr,
         client: Option<IpAddr>,
     ) -> io::Result<SessionProxy> {
@@ -127,10 +164,46 @@ impl SessionProxy {
             log: log.clone(),
             client,
             permits: Arc::new(Semaphore::new(settings.max_connections)),
+            phase_layer: phase.layer(),
         };
         let task = proxy::spawn(listener, Arc::new(ctx));
         Ok(SessionProxy { task, log, addr })
     }
+}
+
+/// The proxy for `container`, a sandbox of the session `session_id` in
+/// `phase`, judging by `layers`: listening on the session network's gateway and
+/// answering that container alone. `None`: the container is not on the
+/// session's network (it has no egress).
+pub async fn serve_container(
+    docker: &bollard::Docker,
+    settings: &EgressSettings,
+    layers: Layers,
+    phase: Phase,
+    session_id: uuid::Uuid,
+    container: &str,
+) -> Result<Option<SessionProxy>, ServeError> {
+    let Some(client) = network::address_of(docker, container, session_id).await? else { return Ok(None) };
+    let Some(net) = network::find(docker, session_id).await? else { return Ok(None) };
+    let listen = SocketAddr::new(net.gateway, settings.port);
+    let mode = layers.mode();
+    let proxy = SessionProxy::start_for(settings, layers, phase, listen, Some(client))
+        .await
+        .map_err(|error| ServeError::Listen { listen, error })?;
+    tracing::info!(%session_id, container, proxy = %proxy.addr, mode = mode.as_str(), "egress proxy serving");
+    Ok(Some(proxy))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Network(#[from] network::NetworkError),
+    /// Most likely: this worker is not in the engine host's network
+    /// namespace, where the gateway address is.
+    #[error(
+        "listening on {listen}: {error} (the worker must share the Docker host's network; see docs/deployment.md, Egress)"
+    )]
+    Listen { listen: SocketAddr, error: io::Error },
 }
 
 #[cfg(test)]

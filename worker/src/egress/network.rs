@@ -24,6 +24,18 @@ pub fn name(session_id: Uuid) -> String {
     format!("{PREFIX}{}", session_id.simple())
 }
 
+/// What the host's interfaces of session networks start with: one firewall
+/// rule on `kiln+` (docs/deployment.md) covers every session's network.
+pub const BRIDGE_PREFIX: &str = "kiln";
+
+/// The host-side bridge of the session's network: the prefix and the last
+/// 11 hex digits of the id (interface names have at most 15 characters;
+/// the end of a v7 id is its random part, its start a timestamp).
+pub fn bridge_name(session_id: Uuid) -> String {
+    let hex = session_id.simple().to_string();
+    format!("{BRIDGE_PREFIX}{}", &hex[hex.len() - 11..])
+}
+
 /// The session's network and its gateway address (where the proxy listens).
 #[derive(Debug, Clone)]
 pub struct SessionNetwork {
@@ -50,6 +62,7 @@ pub async fn ensure(docker: &Docker, session_id: Uuid) -> Result<SessionNetwork,
         driver: Some("bridge".into()),
         internal: Some(true),
         enable_ipv6: Some(false),
+        options: Some(HashMap::from([("com.docker.network.bridge.name".to_owned(), bridge_name(session_id))])),
         labels: Some(HashMap::from([
             (LABEL_MANAGED.to_owned(), "true".to_owned()),
             (LABEL_SESSION.to_owned(), session_id.to_string()),
@@ -95,5 +108,18 @@ pub async fn remove(docker: &Docker, session_id: Uuid) {
     match docker.remove_network(&name(session_id)).await {
         Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
         Err(e) => tracing::warn!(%session_id, error = %e, "removing the session's egress network failed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bridge_names_fit_an_interface_name_and_differ_for_ids_of_the_same_moment() {
+        let a = Uuid::now_v7();
+        let b = Uuid::now_v7();
+        assert!(bridge_name(a).len() <= 15 && bridge_name(a).starts_with(BRIDGE_PREFIX));
+        assert_ne!(bridge_name(a), bridge_name(b));
     }
 }

@@ -59,6 +59,10 @@ pub struct ProxyContext {
     pub client: Option<IpAddr>,
     /// Connections open at once, at most.
     pub permits: Arc<Semaphore>,
+    /// What events call the layer of the phase's own policy: `run` (the
+    /// agent phase: the run's `sandbox.egress`) or `setup` (an
+    /// environment's `setup_sandbox.egress`).
+    pub phase_layer: &'static str,
 }
 
 /// Serves `listener` until the returned task is aborted (dropping it stops
@@ -146,7 +150,8 @@ impl Target {
         let http = self.method.as_deref().zip(path);
         let req = egress::Request { host: &self.host, port: self.port, http };
         if let Err(denial) = ctx.layers.check(&req) {
-            return Err(self.refuse(ctx, denial.layer, denial.rule));
+            let layer = if denial.layer == "run" { ctx.phase_layer } else { denial.layer };
+            return Err(self.refuse(ctx, layer, denial.rule));
         }
         ctx.addresses.resolve(&self.host, self.port).await.map_err(|e| self.refuse(ctx, "proxy", e.to_string()))
     }

@@ -2,7 +2,9 @@
 //! result depends on. The image by id (a re-pushed tag misses), both
 //! scripts, the variables, the secrets by name and keyed hash (a changed
 //! value misses; the key does not reveal it), the lock files' contents,
-//! the environment's cache generation (reset cache) and who commands run as.
+//! the environment's cache generation (reset cache), who commands run as and
+//! the setup phase's network (its mode and egress policy: what setup could
+//! reach decides what it installed).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -19,7 +21,7 @@ const MAX_WALK: usize = 200_000;
 /// read; the file's size still counts).
 const MAX_LOCK_BYTES: u64 = 256 * 1024 * 1024;
 /// Changes whenever what a key covers changes, so old images miss.
-const KEY_VERSION: &str = "kiln-environment-key-1";
+const KEY_VERSION: &str = "kiln-environment-key-2";
 
 /// What the key is made of.
 pub struct KeyInputs<'a> {
@@ -51,6 +53,9 @@ pub fn cache_key(inputs: &KeyInputs<'_>) -> String {
     field("user", inputs.user);
     field("setup", &env.setup_script);
     field("maintenance", env.maintenance_script.as_deref().unwrap_or("\0none"));
+    // Serialised: the policy's fields and rules in their stated order.
+    let network = serde_json::to_string(&(env.setup_sandbox.network, &env.setup_sandbox.egress)).unwrap_or_default();
+    field("setup network", &network);
     for (k, v) in &env.variables {
         field("variable", k);
         field("value", v);
@@ -193,11 +198,44 @@ mod tests {
             |e: &mut Environment| {
                 e.variables.insert("A".into(), "2".into());
             },
+            |e: &mut Environment| e.setup_sandbox.network = Some(kiln_protocol::NetworkMode::Bridge),
+            |e: &mut Environment| e.setup_sandbox.egress = Some(allowlist(&["pypi.org"])),
         ] {
             let mut changed = environment();
             change(&mut changed);
             assert_ne!(base, key(&changed, "sha256:a", &none, &none));
         }
+    }
+
+    fn allowlist(hosts: &[&str]) -> kiln_protocol::egress::EgressPolicy {
+        kiln_protocol::egress::EgressPolicy {
+            mode: kiln_protocol::egress::EgressMode::Allowlist,
+            allow: Some(hosts.iter().map(|h| kiln_protocol::egress::HostRule::host(h, vec![443])).collect()),
+        }
+    }
+
+    #[test]
+    fn the_setup_phases_network_policy_is_in_the_key() {
+        let none = BTreeMap::new();
+        let key = |env: &Environment| {
+            cache_key(&KeyInputs {
+                environment: env,
+                image_id: "sha256:a",
+                secret_fingerprints: &none,
+                lock_files: &none,
+                user: "1000:1000",
+            })
+        };
+        let mut one = environment();
+        one.setup_sandbox.egress = Some(allowlist(&["pypi.org"]));
+        let mut other = environment();
+        other.setup_sandbox.egress = Some(allowlist(&["pypi.org", "files.pythonhosted.org"]));
+        assert_ne!(key(&one), key(&other), "another allow-list");
+        other.setup_sandbox.egress = Some(allowlist(&["pypi.org"]));
+        assert_eq!(key(&one), key(&other), "the same policy");
+        // Setup's limits (not its network) are left out.
+        other.setup_sandbox.memory_mb = Some(512);
+        assert_eq!(key(&one), key(&other));
     }
 
     #[test]

@@ -129,6 +129,10 @@ pub async fn prepare(
         Err(refusal) => return Ok(failed(format!("environment {name:?}: setup_sandbox: {refusal}"))),
     };
     setup_config.image = image.clone();
+    // The setup phase's network is the environment's to say, not the run's
+    // (whose `sandbox.egress` is the agent phase's): the same environment
+    // sets up alike for every run, and its cache key covers it.
+    setup_config.egress_run = env.setup_sandbox.egress.clone();
     let image_id = match ctx.docker.inspect_image(&image).await {
         Ok(i) => i.id.unwrap_or_default(),
         Err(e) => return Ok(failed(format!("environment {name:?}: its image {image:?} is not usable here: {e}"))),
@@ -236,17 +240,65 @@ impl Plan<'_> {
 
     /// The setup phase: what the prepared image says of itself; `Err`: why
     /// the run fails.
+    ///
+    /// With egress, the setup container sits on the session's internal
+    /// network and its own proxy serves it, judging by the environment's
+    /// setup policy (within the deployment's) and writing its decisions into
+    /// the run's stream. Container, proxy and network all go before the
+    /// agent phase's sandbox is made: that one gets its own policy, its own
+    /// proxy (or no network at all), and nothing of setup's settings (the
+    /// prepared image is committed from a fresh container, see `cache`).
     async fn set_up(&self, events: &mut EventSink) -> Result<Result<cache::Found, String>, StoreError> {
         let docker = &self.ctx.docker;
         let name = self.name();
-        let env = &self.stored.environment;
-        let setup = match Sandbox::start_setup(docker, &self.setup_config, self.owner).await {
+        let session_id = self.owner.session_id;
+        let started = Sandbox::start_setup(docker, &self.setup_config, self.owner).await;
+        let setup = match started {
             Ok(s) => s,
+            // (A container that failed to start took its network with it.)
             Err(e) => return Ok(Err(format!("environment {name:?}: could not start the setup sandbox: {e}"))),
         };
         // Whatever happens from here on (the run cancelled mid-setup too),
-        // the setup container goes.
-        let _gone = RemoveOnDrop { docker: docker.clone(), id: setup.id().to_owned() };
+        // the setup container goes, and the network it was on after it.
+        let network_of = self.setup_config.wants_egress().then_some(session_id);
+        let mut gone = RemoveOnDrop { docker: docker.clone(), id: setup.id().to_owned(), network_of };
+        let proxy = if self.setup_config.wants_egress() {
+            let layers = self.setup_config.egress_layers();
+            let (settings, phase) = (&self.setup_config.egress, crate::egress::Phase::Setup);
+            match crate::egress::serve_container(docker, settings, layers, phase, session_id, setup.id()).await {
+                Ok(proxy) => proxy,
+                Err(e) => {
+                    return Ok(Err(format!("environment {name:?}: could not start the setup's egress proxy: {e}")));
+                }
+            }
+        } else {
+            None
+        };
+        if let Some(proxy) = &proxy {
+            events.attach_network_log(proxy.log.clone());
+        }
+        let result = self.set_up_in(&setup, events).await;
+        // In this order: the proxy's last decisions into the stream, the
+        // proxy off its address, the container off the network, the network.
+        events.detach_network_log();
+        if let Some(proxy) = proxy {
+            proxy.stop().await;
+        }
+        gone.now().await;
+        let result = result?;
+        // What the proxy decided after the last event setup wrote.
+        events.commit().await?;
+        Ok(result)
+    }
+
+    async fn set_up_in(
+        &self,
+        setup: &Sandbox,
+        events: &mut EventSink,
+    ) -> Result<Result<cache::Found, String>, StoreError> {
+        let docker = &self.ctx.docker;
+        let name = self.name();
+        let env = &self.stored.environment;
         if let Some(checkout) = self.checkout
             && let Err(e) = setup.upload_dir(checkout, self.ctx.config.clone_settings().max_bytes).await
         {
@@ -453,17 +505,37 @@ async fn git_head(dir: &Path) -> Option<String> {
     (!sha.is_empty()).then_some(sha)
 }
 
-/// Removes a container when dropped (by a task: `Drop` cannot wait).
+/// Removes a container, then the session network it was on, when dropped
+/// (by a task: `Drop` cannot wait) or at [`RemoveOnDrop::now`].
 struct RemoveOnDrop {
     docker: Docker,
     id: String,
+    network_of: Option<uuid::Uuid>,
+}
+
+impl RemoveOnDrop {
+    async fn now(&mut self) {
+        remove_with_network(&self.docker, &std::mem::take(&mut self.id), self.network_of.take()).await;
+    }
+}
+
+async fn remove_with_network(docker: &Docker, id: &str, network_of: Option<uuid::Uuid>) {
+    if !id.is_empty() {
+        crate::sandbox::remove_by_id(docker, id).await;
+    }
+    if let Some(session_id) = network_of {
+        crate::egress::network::remove(docker, session_id).await;
+    }
 }
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
-        let (docker, id) = (self.docker.clone(), std::mem::take(&mut self.id));
+        if self.id.is_empty() && self.network_of.is_none() {
+            return;
+        }
+        let (docker, id, network_of) = (self.docker.clone(), std::mem::take(&mut self.id), self.network_of.take());
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move { crate::sandbox::remove_by_id(&docker, &id).await });
+            runtime.spawn(async move { remove_with_network(&docker, &id, network_of).await });
         }
     }
 }

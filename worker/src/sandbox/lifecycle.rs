@@ -92,8 +92,12 @@ pub async fn after_run(docker: &Docker, config: &SandboxConfig, session_id: Uuid
     let sandbox = Sandbox { docker: docker.clone(), id: name, config: config.clone(), toolbox: Default::default() };
     match sandbox.kill_user_processes().await {
         Ok(()) => {}
-        // Already removed (a checkout that failed removes it at once).
-        Err(ToolboxError::Docker(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. })) => {}
+        // Already removed (a checkout that failed removes it at once), or
+        // never made (the run ended between making the session's network
+        // and starting its container): the network has no one left.
+        Err(ToolboxError::Docker(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. })) => {
+            crate::egress::network::remove(docker, session_id).await;
+        }
         Err(e) => {
             tracing::warn!(%session_id, error = %e, "stopping the run's processes failed; removing the sandbox");
             sandbox.remove().await;

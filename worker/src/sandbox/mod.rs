@@ -305,18 +305,41 @@ impl Sandbox {
         purpose: Purpose<'_>,
     ) -> Result<Sandbox, SandboxError> {
         let plan = config.disk_plan(docker).await?;
-        let options = CreateContainerOptionsBuilder::new().name(name).build();
         // A session's sandbox with egress sits on the session's network
         // (warm ones never do: runs with egress do not take from the pool).
         let egress = match &purpose {
             Purpose::Session(owner) if config.wants_egress() => {
                 let net = egress_network::ensure(docker, owner.session_id).await?;
                 let proxy = std::net::SocketAddr::new(net.gateway, config.egress.port);
-                Some(Attachment { network: net.name, proxy })
+                Some(Attachment { network: net.name, proxy, session_id: owner.session_id })
             }
             _ => None,
         };
-        let body = || container_body(config, plan, &purpose, egress.as_ref());
+        let made = Self::create_on(docker, config, name, &purpose, plan, egress.as_ref()).await;
+        // A sandbox that never started leaves no network behind: nothing
+        // else would remove it (the reaper goes by containers, and there is
+        // none). The session has no other container on it: one is made only
+        // when the session has none running.
+        // (Unless another took the session's name meanwhile: then the
+        // network is that one's.)
+        if let (Err(e), Some(attachment)) = (&made, &egress)
+            && !is_name_conflict(e)
+        {
+            egress_network::remove(docker, attachment.session_id).await;
+        }
+        made
+    }
+
+    async fn create_on(
+        docker: &Docker,
+        config: &SandboxConfig,
+        name: &str,
+        purpose: &Purpose<'_>,
+        plan: &DiskPlan,
+        egress: Option<&Attachment>,
+    ) -> Result<Sandbox, SandboxError> {
+        let options = CreateContainerOptionsBuilder::new().name(name).build();
+        let body = || container_body(config, plan, purpose, egress);
         let created = match docker.create_container(Some(options.clone()), body()).await {
             Ok(c) => c,
             Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
@@ -362,6 +385,7 @@ struct Attachment {
     network: String,
     /// Where the session's proxy listens.
     proxy: std::net::SocketAddr,
+    session_id: Uuid,
 }
 
 fn container_body(
@@ -433,6 +457,11 @@ fn container_body(
         host_config: Some(host_config),
         ..Default::default()
     }
+}
+
+/// The engine refused a container's name: another container has it.
+fn is_name_conflict(e: &SandboxError) -> bool {
+    matches!(e, SandboxError::Docker(bollard::errors::Error::DockerResponseServerError { status_code: 409, .. }))
 }
 
 async fn remove_container(docker: &Docker, id: &str) {
