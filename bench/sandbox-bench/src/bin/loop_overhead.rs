@@ -232,6 +232,8 @@ async fn agent_pass(store: &Store, sandbox: &Sandbox, steps: usize) -> anyhow::R
         compaction: kiln_worker::agent::compaction::Policy { context_window: 1_000_000, threshold: 1.0 },
         max_tool_calls_per_step: kiln_worker::config::DEFAULT_MAX_TOOL_CALLS_PER_STEP,
         prompt_cache: true,
+        role: None,
+        seat: None,
     };
     match agent.drive().await? {
         Outcome::Succeeded { .. } => {}
