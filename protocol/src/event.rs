@@ -127,6 +127,44 @@ pub enum EventBody {
     /// (`/metrics` counts every connection).
     #[serde(rename = "network.allowed")]
     NetworkAllowed { host: String, port: u16 },
+    /// A `task` call started a sub-agent: its own run (`run_id`, with its
+    /// own stream), in the same session and sandbox. `agent_path` says
+    /// where it sits, e.g. `main/explore[1-1]`; `call_id` is the parent's
+    /// call. `taken_over`: a child an earlier attempt started, continued.
+    #[serde(rename = "subagent.started")]
+    SubagentStarted {
+        call_id: String,
+        run_id: uuid::Uuid,
+        agent_path: String,
+        agent: String,
+        description: String,
+        #[serde(default)]
+        taken_over: bool,
+    },
+    /// One of a sub-agent's events, copied into its parent's stream as it
+    /// happens: only step- and tool-level kinds (`step.started`,
+    /// `step.finished`, `tool_call.ready`, `tool.result` with its output
+    /// cut to 2000 characters, `todo`, `approval.requested`), never
+    /// streamed text or output, so a busy child cannot flood its parent's
+    /// stream. `seq` is the event's seq in the child's own stream.
+    #[serde(rename = "subagent.event")]
+    SubagentEvent { call_id: String, run_id: uuid::Uuid, agent_path: String, seq: i64, event: Value },
+    /// A sub-agent ended. `status` is its run's; `summary` its final answer
+    /// (what the parent's call returns) or why it did not succeed;
+    /// `usage`, `cost_usd` and `steps` what it spent, counted in the
+    /// parent's totals and budget.
+    #[serde(rename = "subagent.finished")]
+    SubagentFinished {
+        call_id: String,
+        run_id: uuid::Uuid,
+        agent_path: String,
+        status: String,
+        summary: String,
+        usage: Usage,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cost_usd: Option<f64>,
+        steps: u32,
+    },
     #[serde(rename = "run.succeeded")]
     RunSucceeded { summary: String },
     #[serde(rename = "run.failed")]

@@ -517,6 +517,13 @@ pub struct Run {
     /// Seq of the newest event; a client that has seen this many events has
     /// seen them all.
     pub last_event_seq: i64,
+    /// For a sub-agent: the run whose `task` call started it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<Uuid>,
+    /// For a sub-agent: where it sits in the tree of agents, e.g.
+    /// `main/explore[1-1]` (its kind and the parent's call id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_path: Option<String>,
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@
 //! production provider code runs unchanged against it.
 //!
 //! Each request, on any endpoint, takes the next [`Reply`] of the
-//! script; once the script is used up every request gets a short final
+//! script (or of a thread's own script, when its first user message names
+//! the thread: [`ScriptedModel::script_thread`], for sub-agents); once the script is used up every request gets a short final
 //! answer ([`EXHAUSTED_TEXT`]) so runs still end. Every request is recorded
 //! for tests to inspect.
 //!
@@ -111,7 +112,24 @@ struct Shared {
     /// With [`ScriptedModel::simulate_prompt_cache`]: the Anthropic
     /// endpoint's cache, which sets its usage instead of the script.
     prompt_cache: Mutex<Option<PromptCache>>,
+    /// Conversations with scripts of their own, by a marker in their first
+    /// user message.
+    threads: Mutex<Vec<Thread>>,
+    /// Replies the threads handed out, for their sequence numbers.
+    thread_replies: Mutex<usize>,
     shutdown: watch::Receiver<bool>,
+}
+
+/// Sequence numbers of thread replies start above this (the main script's
+/// are its positions).
+const THREAD_SEQS: usize = 1_000_000;
+
+/// A conversation's own script.
+struct Thread {
+    marker: String,
+    script: Vec<Reply>,
+    /// Replies handed out so far.
+    replies: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -140,6 +158,8 @@ impl ScriptedModel {
             calls: Mutex::new(0),
             received: watch::channel(0).0,
             prompt_cache: Mutex::new(None),
+            threads: Mutex::new(Vec::new()),
+            thread_replies: Mutex::new(0),
             shutdown: shutdown_rx.clone(),
         });
         let app = Router::new()
@@ -182,6 +202,15 @@ impl ScriptedModel {
     /// [`Reply::with_cached_input`] numbers are then ignored there.
     pub fn simulate_prompt_cache(&self) {
         lock(&self.shared.prompt_cache).get_or_insert_with(PromptCache::default);
+    }
+
+    /// Requests whose first user message contains `marker` take their
+    /// replies from `script` (then the exhausted answer), not from the main
+    /// script: a sub-agent's conversation starts with its prompt, so each
+    /// child can be scripted apart from its parent and its siblings. The
+    /// first thread whose marker matches wins.
+    pub fn script_thread(&self, marker: impl Into<String>, script: Vec<Reply>) {
+        lock(&self.shared.threads).push(Thread { marker: marker.into(), script, replies: 0 });
     }
 
     /// Every request so far, in arrival order.
@@ -242,6 +271,7 @@ fn answer(shared: &Shared, api: Api, path: &str, headers: &HeaderMap, body: &[u8
     let streaming = json.get("stream").and_then(Value::as_bool) == Some(true);
     let include_usage = json.pointer("/stream_options/include_usage").and_then(Value::as_bool) == Some(true);
     let model = json.get("model").and_then(Value::as_str).unwrap_or("scripted").to_owned();
+    let first_user = first_user_message(&json);
     let cache_usage = match api {
         Api::Anthropic => lock(&shared.prompt_cache).as_mut().map(|cache| cache.account(&json)),
         Api::OpenAi | Api::Responses => None,
@@ -256,13 +286,13 @@ fn answer(shared: &Shared, api: Api, path: &str, headers: &HeaderMap, body: &[u8
     if !streaming {
         return error_response(api, 400);
     }
-    let (seq, reply) = shared.next_reply();
+    let (seq, reply) = shared.next_reply(first_user.as_deref());
     tracing::debug!(seq, ?api, ?reply, "scripted model answering");
     if let Some(status) = reply.status {
         return error_response(api, status);
     }
     if let Some(raw) = reply.raw {
-        return event_stream(vec![raw], false, shared.shutdown.clone());
+        return event_stream(vec![raw], false, reply.delay, shared.shutdown.clone());
     }
     let mut plan = Plan::new(seq, model, &reply, body.len(), shared.take_call_numbers(reply.tool_calls.len()));
     if let Some(usage) = cache_usage {
@@ -279,7 +309,7 @@ fn answer(shared: &Shared, api: Api, path: &str, headers: &HeaderMap, body: &[u8
         (Api::Responses, true) => responses::render_hang(&plan),
     };
     let frames = if reply.cut { cut_mid_first_call(frames, &plan) } else { frames };
-    event_stream(frames, plan.hang, shared.shutdown.clone())
+    event_stream(frames, plan.hang, reply.delay, shared.shutdown.clone())
 }
 
 impl Shared {
@@ -294,7 +324,19 @@ impl Shared {
 
     /// The next reply of the script (or the exhausted answer) and its
     /// 1-based sequence number.
-    fn next_reply(&self) -> (usize, Reply) {
+    fn next_reply(&self, first_user: Option<&str>) -> (usize, Reply) {
+        if let Some(text) = first_user {
+            let mut threads = lock(&self.threads);
+            if let Some(thread) = threads.iter_mut().find(|t| text.contains(&t.marker)) {
+                let reply = thread.script.get(thread.replies).cloned().unwrap_or_else(script::exhausted);
+                thread.replies += 1;
+                // Message ids stay unique without moving the main script
+                // on: threads number their replies from THREAD_SEQS up.
+                let mut served = lock(&self.thread_replies);
+                *served += 1;
+                return (THREAD_SEQS + *served, reply);
+            }
+        }
         let mut replies = lock(&self.replies);
         let reply = self.script.get(*replies).cloned().unwrap_or_else(script::exhausted);
         *replies += 1;
@@ -334,8 +376,15 @@ fn cut_mid_first_call(mut frames: Vec<String>, plan: &Plan) -> Vec<String> {
 
 /// Streams `frames` one per chunk; a hanging answer then stays open until
 /// the client goes away or the server stops.
-fn event_stream(frames: Vec<String>, hang: bool, mut shutdown: watch::Receiver<bool>) -> Response {
-    let frames = futures::stream::iter(frames.into_iter().map(|f| Ok::<_, std::convert::Infallible>(Bytes::from(f))));
+fn event_stream(
+    frames: Vec<String>,
+    hang: bool,
+    delay: Option<Duration>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Response {
+    let wait = futures::stream::once(tokio::time::sleep(delay.unwrap_or_default())).filter_map(|()| async { None });
+    let frames = wait
+        .chain(futures::stream::iter(frames.into_iter().map(|f| Ok::<_, std::convert::Infallible>(Bytes::from(f)))));
     let forever = futures::stream::pending();
     let body = if hang { frames.chain(forever).boxed() } else { frames.boxed() };
     let body = body.take_until(async move {
@@ -346,6 +395,15 @@ fn event_stream(frames: Vec<String>, hang: bool, mut shutdown: watch::Receiver<b
         Body::from_stream(body),
     )
         .into_response()
+}
+
+/// The text of the conversation's first user message (any of the three
+/// wire formats), as JSON text: what [`ScriptedModel::script_thread`]
+/// markers are looked for in.
+fn first_user_message(json: &Value) -> Option<String> {
+    let list = json.get("messages").or_else(|| json.get("input"))?.as_array()?;
+    let first = list.iter().find(|m| m.get("role").and_then(Value::as_str) == Some("user"))?;
+    Some(first.get("content").map_or_else(String::new, Value::to_string))
 }
 
 fn error_response(api: Api, status: u16) -> Response {

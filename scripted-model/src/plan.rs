@@ -63,10 +63,10 @@ impl Plan {
             text,
             calls,
             hang: reply.hang,
-            input_tokens: (request_len / 4) as u64,
+            input_tokens: reply.usage.map_or((request_len / 4) as u64, |(input, _)| input),
             cached_tokens: reply.cached_input,
             cache_write_tokens: 0,
-            output_tokens: (output_len / 4 + 1) as u64,
+            output_tokens: reply.usage.map_or((output_len / 4 + 1) as u64, |(_, output)| output),
         }
     }
 

@@ -24,6 +24,11 @@ pub struct Reply {
     /// Send exactly this text as the response body (a recorded stream),
     /// whatever the request; everything else above is ignored.
     pub raw: Option<String>,
+    /// Wait this long before the first byte of the answer: a model that
+    /// takes its time (for tests of overlap and benchmarks of parallelism).
+    pub delay: Option<std::time::Duration>,
+    /// Report exactly these (input, output) tokens instead of the estimate.
+    pub usage: Option<(u64, u64)>,
 }
 
 /// One tool call the model makes.
@@ -88,6 +93,18 @@ impl Reply {
     /// Report `tokens` of the input as served from the prompt cache.
     pub fn with_cached_input(mut self, tokens: u64) -> Self {
         self.cached_input = tokens;
+        self
+    }
+
+    /// The same answer, sent after `delay`.
+    pub fn with_delay(mut self, delay: std::time::Duration) -> Self {
+        self.delay = Some(delay);
+        self
+    }
+
+    /// The same answer, reporting `input` and `output` tokens.
+    pub fn with_usage(mut self, input: u64, output: u64) -> Self {
+        self.usage = Some((input, output));
         self
     }
 

@@ -91,23 +91,19 @@ impl Store {
                  SELECT seq FROM ins UNION ALL SELECT seq FROM earlier",
             )
             .await?;
-        let result = client
-            .query_opt(
-                &statement,
-                &[
-                    &session_id,
-                    &lease.run_id,
-                    &lease.attempt,
-                    &lease.worker,
-                    &message.role.as_str(),
-                    &parts,
-                    &usage,
-                    &model,
-                    &summary_keeps,
-                    &message_id,
-                ],
-            )
-            .await;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
+            &session_id,
+            &lease.run_id,
+            &lease.attempt,
+            &lease.worker,
+            &message.role.as_str(),
+            &parts,
+            &usage,
+            &model,
+            &summary_keeps,
+            &message_id,
+        ];
+        let result = query_taking_seq(&client, &statement, &params).await;
         let row = match result {
             Ok(row) => row,
             // The earlier attempt committed while this one ran: the unique
@@ -128,33 +124,46 @@ impl Store {
     /// or all of it.
     pub async fn load_messages(&self, session_id: Uuid) -> Result<Vec<Message>, StoreError> {
         let client = self.client().await?;
+        // A child run's messages are its own conversation, not the session's.
         let rows = client
-            .query("SELECT role, parts, summary_keeps FROM messages WHERE session_id = $1 ORDER BY seq", &[&session_id])
+            .query(
+                "SELECT m.role, m.parts, m.summary_keeps FROM messages m
+                 WHERE m.session_id = $1
+                   AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = m.run_id AND r.parent_run_id IS NOT NULL)
+                 ORDER BY m.seq",
+                &[&session_id],
+            )
             .await?;
-        let mut keeps = Vec::with_capacity(rows.len());
-        for r in &rows {
-            keeps.push(r.try_get::<_, Option<i32>>(2)?);
-        }
-        let visible = visible_rows(&keeps);
-        visible
-            .into_iter()
-            .map(|i| &rows[i])
-            .map(|r| {
-                let role: String = r.try_get(0)?;
-                let parts: serde_json::Value = r.try_get(1)?;
-                let role = match role.as_str() {
-                    "system" => Role::System,
-                    "user" => Role::User,
-                    "assistant" => Role::Assistant,
-                    "tool" => Role::Tool,
-                    other => return Err(StoreError::Corrupt(format!("message role {other:?}"))),
-                };
-                let parts =
-                    serde_json::from_value(parts).map_err(|e| StoreError::Corrupt(format!("message parts: {e}")))?;
-                Ok(Message { role, parts })
-            })
-            .collect()
+        conversation(&rows)
     }
+}
+
+/// The conversation `rows` (role, parts, summary_keeps; in seq order) make,
+/// from the latest compaction summary on.
+pub(crate) fn conversation(rows: &[tokio_postgres::Row]) -> Result<Vec<Message>, StoreError> {
+    let mut keeps = Vec::with_capacity(rows.len());
+    for r in rows {
+        keeps.push(r.try_get::<_, Option<i32>>(2)?);
+    }
+    let visible = visible_rows(&keeps);
+    visible
+        .into_iter()
+        .map(|i| &rows[i])
+        .map(|r| {
+            let role: String = r.try_get(0)?;
+            let parts: serde_json::Value = r.try_get(1)?;
+            let role = match role.as_str() {
+                "system" => Role::System,
+                "user" => Role::User,
+                "assistant" => Role::Assistant,
+                "tool" => Role::Tool,
+                other => return Err(StoreError::Corrupt(format!("message role {other:?}"))),
+            };
+            let parts =
+                serde_json::from_value(parts).map_err(|e| StoreError::Corrupt(format!("message parts: {e}")))?;
+            Ok(Message { role, parts })
+        })
+        .collect()
 }
 
 impl Store {
@@ -200,6 +209,31 @@ pub(crate) fn message_columns(
     let parts = serde_json::to_value(&message.parts).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let usage = usage.map(serde_json::to_value).transpose().map_err(|e| StoreError::Corrupt(e.to_string()))?;
     Ok((parts, usage))
+}
+
+/// Runs a message insert, again while another writer to the session took
+/// the seq it chose: a parent's children write to one session at once (each
+/// to its own conversation), and the statement picks `max(seq) + 1` from
+/// its snapshot. Nothing was stored by the refused attempt.
+pub(crate) async fn query_taking_seq(
+    client: &tokio_postgres::Client,
+    statement: &tokio_postgres::Statement,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Option<tokio_postgres::Row>, tokio_postgres::Error> {
+    const TRIES: usize = 50;
+    let mut tries = 0;
+    loop {
+        match client.query_opt(statement, params).await {
+            Err(e) if is_seq_taken(&e) && tries < TRIES => tries += 1,
+            other => return other,
+        }
+    }
+}
+
+fn is_seq_taken(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        *db.code() == tokio_postgres::error::SqlState::UNIQUE_VIOLATION && db.constraint() == Some("messages_pkey")
+    })
 }
 
 pub(crate) fn is_duplicate_message_id(e: &tokio_postgres::Error) -> bool {

@@ -14,7 +14,7 @@ use crate::rows::RUN_RETURNING;
 /// waited for.
 fn queued(limit: &str) -> String {
     format!(
-        "SELECT id FROM runs WHERE status = 'queued'
+        "SELECT id FROM runs WHERE status = 'queued' AND parent_run_id IS NULL
          ORDER BY priority, created_at FOR UPDATE SKIP LOCKED LIMIT {limit}"
     )
 }
@@ -147,7 +147,8 @@ mod tests {
         let flat = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
         let claim = "UPDATE runs r SET status = 'running', attempt = attempt + 1, lease_owner = $1, \
              lease_expires_at = now() + $2 * interval '1 millisecond', started_at = COALESCE(started_at, now()) \
-             WHERE id = (SELECT id FROM runs WHERE status = 'queued' ORDER BY priority, created_at \
+             WHERE id = (SELECT id FROM runs WHERE status = 'queued' AND parent_run_id IS NULL \
+             ORDER BY priority, created_at \
              FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING ";
         assert_eq!(flat(&claim_statement()), flat(&format!("{claim}{RUN_RETURNING}")));
         let next = flat(&claim.replace("$1", "$9").replace("$2", "$10"));

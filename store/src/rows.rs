@@ -10,7 +10,7 @@ use crate::StoreError;
 /// reads, in order. Queries use `r` as the alias of `runs`.
 pub(crate) const RUN_COLUMNS: &str = "r.id, r.session_id, r.status, r.prompt, s.repo_url, s.repo_ref, \
      r.model, r.limits, r.trigger, r.attempt, r.cancel_requested, r.created_at, r.started_at, \
-     r.finished_at, r.result, r.error, r.last_event_seq, r.policy, r.callback_url";
+     r.finished_at, r.result, r.error, r.last_event_seq, r.policy, r.callback_url, r.parent_run_id, r.agent_path";
 
 /// The same columns for a `RETURNING` clause, where `sessions` cannot be
 /// joined: the repo comes from a sub-select.
@@ -18,7 +18,7 @@ pub(crate) const RUN_RETURNING: &str = "r.id, r.session_id, r.status, r.prompt, 
      (SELECT repo_url FROM sessions s WHERE s.id = r.session_id), \
      (SELECT repo_ref FROM sessions s WHERE s.id = r.session_id), \
      r.model, r.limits, r.trigger, r.attempt, r.cancel_requested, r.created_at, r.started_at, \
-     r.finished_at, r.result, r.error, r.last_event_seq, r.policy, r.callback_url";
+     r.finished_at, r.result, r.error, r.last_event_seq, r.policy, r.callback_url, r.parent_run_id, r.agent_path";
 
 pub(crate) fn run_from_row(row: &Row) -> Result<Run, StoreError> {
     let status: String = row.try_get(2)?;
@@ -58,5 +58,7 @@ pub(crate) fn run_from_row(row: &Row) -> Result<Run, StoreError> {
         error: row.try_get(15)?,
         last_event_seq: row.try_get(16)?,
         callback_url: row.try_get(18)?,
+        parent_run_id: row.try_get(19)?,
+        agent_path: row.try_get(20)?,
     })
 }

@@ -223,6 +223,14 @@ impl Store {
                     &EventBody::RunCancelled { reason: "cancelled by client before it started".into() },
                 )
                 .await?;
+                // A parent waiting for a takeover may have children waiting
+                // with it; only its next attempt would have driven them.
+                crate::children::end_children_tx(
+                    &tx,
+                    id,
+                    &EventBody::RunCancelled { reason: "the parent run was cancelled".into() },
+                )
+                .await?;
                 Kind::Cancelled
             }
             RunStatus::Running | RunStatus::AwaitingApproval => {

@@ -76,26 +76,22 @@ impl Store {
         let client = self.client().await?;
         // Prepared once per connection: two of these per step of every run.
         let statement = client.prepare_cached(STATEMENT).await?;
-        let result = client
-            .query_opt(
-                &statement,
-                &[
-                    &session_id,
-                    &lease.run_id,
-                    &lease.attempt,
-                    &lease.worker,
-                    &message.role.as_str(),
-                    &parts,
-                    &usage,
-                    &model,
-                    &message_id,
-                    &count,
-                    &kinds,
-                    &payloads,
-                    &ids,
-                ],
-            )
-            .await;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 13] = [
+            &session_id,
+            &lease.run_id,
+            &lease.attempt,
+            &lease.worker,
+            &message.role.as_str(),
+            &parts,
+            &usage,
+            &model,
+            &message_id,
+            &count,
+            &kinds,
+            &payloads,
+            &ids,
+        ];
+        let result = crate::messages::query_taking_seq(&client, &statement, &params).await;
         let row = match result {
             Ok(row) => row,
             // The earlier attempt committed while this one ran: the unique

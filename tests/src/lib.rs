@@ -471,6 +471,7 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         github: None,
         callbacks: None,
         max_tool_calls_per_step: kiln_worker::config::DEFAULT_MAX_TOOL_CALLS_PER_STEP,
+        subagents: Default::default(),
         prompt_cache: true,
         secrets_key: None,
         environment_cache: Default::default(),

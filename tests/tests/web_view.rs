@@ -471,3 +471,63 @@ async fn a_pasted_export_line_signs_in_and_an_unknown_run_says_so() {
         .await;
     assert_eq!(state, json!(["", "ended", true, true]), "status, connection, message box hidden, cancel hidden");
 }
+
+#[tokio::test]
+async fn a_sub_agent_appears_nested_and_live_under_its_call_and_opens() {
+    let Some(b) = Browser::start("web_view::sub_agent", 1100, 1400).await else { return };
+    let task = json!({"description": "find the files", "prompt": "WEBKID: list the workspace", "agent": "explore"});
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::tool("task", task), Reply::text("The parent is done.")],
+        ..Default::default()
+    })
+    .await;
+    // The child's last answer takes a while: long enough to see it live.
+    app.model.script_thread(
+        "WEBKID",
+        vec![
+            Reply::tool("ls", json!({"path": "."})),
+            Reply::text("the kid found nothing").with_delay(Duration::from_secs(8)),
+        ],
+    );
+    let site = format!("http://{}", app.addr);
+    sign_in(&b, &site, "alice").await;
+    let id = app.submit("alice", kiln_protocol::CreateRun::new("delegate")).await.id;
+    b.client.goto(&format!("{site}/#/runs/{id}")).await.unwrap();
+
+    // While the child runs, it sits inside the task call's card, with its
+    // tool call's result, marked running.
+    let child = b
+        .wait_js(
+            "the running sub-agent nested under its call",
+            WAIT,
+            "const k = document.querySelector('#timeline .tool .subagent[data-state=running]');
+             return !!k && [...k.querySelectorAll('.child-line')].some((n) => n.textContent.includes('✓ ls')) && k.dataset.run;",
+            vec![],
+        )
+        .await;
+    let child = child.as_str().unwrap().to_owned();
+    // Then it ends, in place, with its answer.
+    b.wait_js("the parent's end", WAIT, "return !!document.querySelector('#timeline .end.succeeded');", vec![]).await;
+    let end = b
+        .js(
+            "return document.querySelector('#timeline .tool .subagent[data-state=ok] .subagent-end')?.textContent;",
+            vec![],
+        )
+        .await;
+    assert!(end.as_str().unwrap().contains("the kid found nothing"), "{end}");
+    let last = app.run("alice", id).await.last_event_seq;
+    assert_exact_cover(&b.js(RANGES_JS, vec![]).await, last);
+    b.screenshot(&artifact("web_view_sub_agent.png")).await;
+
+    // Its link opens the child's own run, with its own whole stream.
+    b.client.find(Locator::Css(".subagent .open-child")).await.unwrap().click().await.unwrap();
+    b.wait_js(
+        "the child's own page",
+        WAIT,
+        "return location.hash === '#/runs/' + arguments[0] && !!document.querySelector('#timeline .end.succeeded');",
+        vec![json!(child)],
+    )
+    .await;
+    let child_last = app.run("alice", child.parse().unwrap()).await.last_event_seq;
+    assert_exact_cover(&b.js(RANGES_JS, vec![]).await, child_last);
+}

@@ -109,6 +109,8 @@ pub struct WorkerConfig {
     /// Tool calls of one model message that run; the rest are answered
     /// with an error without running (`KILN_MAX_TOOL_CALLS_PER_STEP`).
     pub max_tool_calls_per_step: usize,
+    /// Sub-agents: children at once, depth (`KILN_SUBAGENT_MAX_PARALLEL`, `KILN_SUBAGENT_MAX_DEPTH`).
+    pub subagents: crate::subagent::Settings,
     /// Bytes of events one run may store, over all its attempts; when they
     /// are spent the run fails (`KILN_MAX_EVENT_BYTES_PER_RUN`).
     pub max_event_bytes_per_run: u64,

@@ -21,6 +21,7 @@ mod retry;
 mod run_lifecycle;
 pub mod sandbox;
 mod sandbox_reaper;
+pub mod subagent;
 pub mod tools;
 
 pub use claim_loop::{Worker, WorkerContext};

@@ -26,7 +26,7 @@ use crate::sandbox::pool::WarmPool;
 use crate::sandbox::{self, Owner, Sandbox, SandboxError};
 
 /// Aborts the task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -197,7 +197,7 @@ async fn record_unfinished_step(ctx: &WorkerContext, run: &Run, ending: &Ending,
 
 /// Starts the sandbox, brings in the workspace and runs the loop.
 async fn drive(
-    ctx: &WorkerContext,
+    ctx: &Arc<WorkerContext>,
     pool: Option<&WarmPool>,
     run: &Run,
     lease: &Lease,
@@ -289,6 +289,7 @@ async fn drive(
         (a, b) => a.or(b),
     };
     let kind = run.model.provider.as_deref().and_then(|p| p.parse().ok()).unwrap_or(ctx.config.default_provider);
+    let seat = crate::subagent::Seat::root(ctx.clone());
     let agent = AgentRun {
         store: &ctx.store,
         lease,
@@ -309,6 +310,8 @@ async fn drive(
         },
         max_tool_calls_per_step: ctx.config.max_tool_calls_per_step,
         prompt_cache: ctx.config.prompt_cache,
+        role: None,
+        seat: Some(&seat),
     };
     let outcome = agent.drive().await?;
     // What the loop queued goes out before anything else writes events.
@@ -386,6 +389,15 @@ async fn finish(ctx: &WorkerContext, run: &Run, lease: &Lease, ending: Ending, h
             return false;
         }
     };
+    // Its children end with it: nobody drives them now (a cancelled
+    // parent's task dropped theirs mid-step).
+    let children_end = match &terminal {
+        EventBody::RunCancelled { .. } => EventBody::RunCancelled { reason: "the parent run was cancelled".into() },
+        _ => EventBody::RunFailed { error: "the parent run ended while this sub-agent ran".into() },
+    };
+    if let Err(e) = db_retry::with_retry(|| ctx.store.end_children(run.id, &children_end)).await {
+        tracing::warn!(run_id = %run.id, error = %e, "ending the run's sub-agents failed");
+    }
     // Every arm above made a terminal event.
     let status = terminal.terminal_status().map_or("failed", kiln_protocol::RunStatus::as_str);
     tracing::Span::current().record("outcome", status);
@@ -441,7 +453,12 @@ async fn finish_and_maybe_claim(
 
 /// Keeps the run's lease over the worker's lock connection (`presence`);
 /// reports a cancel request and a lost lease through the tokens.
-async fn heartbeat_loop(ctx: Arc<WorkerContext>, lease: Lease, cancel: CancellationToken, lost: CancellationToken) {
+pub(crate) async fn heartbeat_loop(
+    ctx: Arc<WorkerContext>,
+    lease: Lease,
+    cancel: CancellationToken,
+    lost: CancellationToken,
+) {
     LeaseKeeper::new("run", lease.run_id, ctx.config.lease)
         .reporting_cancel(cancel)
         .keep(|| async {

@@ -23,7 +23,7 @@
     'tool_call.started', 'tool_call.delta', 'tool_call.ready', 'tool.output', 'tool.result',
     'step.finished', 'approval.requested', 'approval.resolved', 'message.queued', 'model.retry',
     'compaction', 'todo', 'delivery.succeeded', 'delivery.failed', 'callback.succeeded', 'callback.failed',
-    'network.denied', 'network.allowed',
+    'network.denied', 'network.allowed', 'subagent.started', 'subagent.event', 'subagent.finished',
     ...TERMINAL,
   ];
   const RENDER_BATCH = 500; // events rendered per frame; the rest wait for the next
@@ -334,6 +334,7 @@
       stopped: false,
       done: false,
       calls: new Map(), // call_id -> tool card
+      children: new Map(), // sub-agent run id -> its box inside the call that started it
       block: null, // the assistant text or reasoning block that text deltas extend
       status: null,
       pendingApprovals: new Set(),
@@ -577,6 +578,38 @@
       return c;
     }
 
+    // A sub-agent, nested in the card of the `task` call that started it:
+    // a header with a link that opens its own run, then a line per step and
+    // tool call as its events arrive, then how it ended.
+    function child(p) {
+      let k = s.children.get(p.run_id);
+      if (k) return k;
+      const c = card(p.call_id, 'task');
+      const open = el('a', { href: '#/runs/' + p.run_id, class: 'open-child' }, 'Open');
+      const head = el('div', { class: 'subagent-head' }, el('strong', null, String(p.agent_path || 'sub-agent')), ' ', open);
+      const lines = el('div', { class: 'subagent-lines' });
+      const root = el('div', { class: 'subagent', data: { run: p.run_id, state: 'running' } }, head, lines);
+      c.root.append(root);
+      k = { root, head, lines };
+      s.children.set(p.run_id, k);
+      return k;
+    }
+
+    function childEvent(k, seq, inner) {
+      const q = inner.payload || {};
+      let text;
+      switch (inner.kind) {
+        case 'step.started': text = `Step ${q.step}`; break;
+        case 'step.finished': text = `Step ${q.step} finished (${q.finish_reason})`; break;
+        case 'tool_call.ready': text = `→ ${q.name} ${JSON.stringify(q.arguments)}`; break;
+        case 'tool.result': text = `${q.is_error ? '✗' : '✓'} ${q.name} · ${ms(Number(q.duration_ms) || 0)}`; break;
+        case 'approval.requested': text = `${q.name} waits for approval (open the sub-agent to decide)`; break;
+        default: text = String(inner.kind);
+      }
+      if (text.length > 300) text = text.slice(0, 300) + '…';
+      return k.lines.append(mark(el('div', { class: 'ev-meta child-line', data: { kind: String(inner.kind) } }, text), seq));
+    }
+
     function showArgs(c, args) {
       c.args.textContent = pretty(args);
       c.args.hidden = false;
@@ -682,6 +715,26 @@
           const cached = (Number(u.cache_read_tokens) || 0) + (Number(u.cache_write_tokens) || 0);
           const input = num(u.input_tokens) + ' in' + (cached ? ' + ' + num(cached) + ' cached' : '');
           return meta(ev.seq, `Step ${p.step} finished (${p.finish_reason}) · ${input} / ${num(u.output_tokens)} out${cost}`);
+        }
+        case 'subagent.started': {
+          const k = child(p);
+          const what = `${p.agent} sub-agent${p.taken_over ? ' (continued after a lost worker)' : ''}: ${p.description}`;
+          return k.head.append(mark(el('div', { class: 'subagent-what' }, what), ev.seq));
+        }
+        case 'subagent.event':
+          return childEvent(child(p), ev.seq, p.event || {});
+        case 'subagent.finished': {
+          const k = child(p);
+          const u = p.usage || {};
+          // A sub-agent's spending is its parent's (its steps are its own).
+          s.totals.input += Number(u.input_tokens) || 0;
+          s.totals.cached += (Number(u.cache_read_tokens) || 0) + (Number(u.cache_write_tokens) || 0);
+          s.totals.output += Number(u.output_tokens) || 0;
+          if (typeof p.cost_usd === 'number') s.totals.usd += p.cost_usd;
+          k.root.dataset.state = p.status === 'succeeded' ? 'ok' : 'error';
+          const tokens = (Number(u.input_tokens) || 0) + (Number(u.output_tokens) || 0);
+          return k.root.append(mark(el('div', { class: 'subagent-end' },
+            `${p.status} after ${p.steps} step${p.steps === 1 ? '' : 's'} · ${num(tokens)} tokens: `, String(p.summary)), ev.seq));
         }
         case 'message.queued':
           return add(mark(el('div', { class: 'msg user' }, String(p.text)), ev.seq));

@@ -212,6 +212,13 @@ impl Render for Live {
                     self.print(&[format!("{} {line}", style("⛔").red())]);
                 }
             }
+            EventBody::SubagentStarted { .. }
+            | EventBody::SubagentEvent { .. }
+            | EventBody::SubagentFinished { .. } => {
+                if let Some(lines) = super::subagent_lines(&body) {
+                    self.print(&lines);
+                }
+            }
             EventBody::ToolCallDelta { .. } | EventBody::NetworkAllowed { .. } => {}
         }
     }

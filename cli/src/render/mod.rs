@@ -84,6 +84,48 @@ pub fn one_line(s: &str, max: usize) -> String {
     if flat.chars().count() > max { format!("{}…", flat.chars().take(max).collect::<String>()) } else { flat }
 }
 
+/// A sub-agent's event in its parent's stream, as the lines printed for it,
+/// indented under the parent's (by its depth in the tree): its start, each
+/// tool call's result, and its end with what it spent. `None` for the
+/// other events of a child (its steps) and for events of no sub-agent.
+pub fn subagent_lines(body: &kiln_protocol::EventBody) -> Option<Vec<String>> {
+    use kiln_protocol::EventBody;
+    let indent = |path: &str| "  ".repeat(path.matches('/').count());
+    match body {
+        EventBody::SubagentStarted { agent_path, agent, description, run_id, taken_over, .. } => {
+            let again = if *taken_over { " (continued after a lost worker)" } else { "" };
+            Some(vec![format!(
+                "{}↳ {agent} sub-agent {}{again}: {} [run {run_id}]",
+                indent(agent_path),
+                agent_path,
+                one_line(description, 100)
+            )])
+        }
+        EventBody::SubagentEvent { agent_path, event, .. } => {
+            let payload = &event["payload"];
+            match event["kind"].as_str()? {
+                "tool.result" => {
+                    let mark = if payload["is_error"].as_bool() == Some(true) { "✗" } else { "✓" };
+                    let name = payload["name"].as_str().unwrap_or("?");
+                    let ms = payload["duration_ms"].as_u64().unwrap_or(0);
+                    let output = one_line(payload["output"].as_str().unwrap_or(""), 100);
+                    Some(vec![format!("{}  {mark} {name} ({ms} ms): {output}", indent(agent_path))])
+                }
+                _ => None,
+            }
+        }
+        EventBody::SubagentFinished { agent_path, status, summary, usage, steps, .. } => {
+            let tokens = usage.input_tokens + usage.output_tokens;
+            Some(vec![format!(
+                "{}↳ {agent_path} {status} after {steps} steps, {tokens} tokens: {}",
+                indent(agent_path),
+                one_line(summary, 120)
+            )])
+        }
+        _ => None,
+    }
+}
+
 /// The commands that decide a waiting call, as printed beside it.
 pub fn approve_hint(run: Uuid, call_id: &str) -> String {
     format!("{} approve {run} {call_id}   (or --deny --reason …)", crate::invocation::kiln())
@@ -101,5 +143,53 @@ mod tests {
         assert_eq!(call_summary("todo", &json!({"items": [{"text": "a"}, {"text": "b"}]})), "2 items");
         assert_eq!(call_summary("mcp_tool", &json!({"q": 1})), r#"{"q":1}"#);
         assert_eq!(one_line(&"a".repeat(5), 3), "aaa…");
+    }
+
+    #[test]
+    fn a_sub_agents_lines_are_indented_under_its_parent() {
+        use kiln_protocol::{EventBody, Usage};
+        let run_id = Uuid::nil();
+        let path = "main/explore[1-1]".to_owned();
+        let started = EventBody::SubagentStarted {
+            call_id: "1-1".into(),
+            run_id,
+            agent_path: path.clone(),
+            agent: "explore".into(),
+            description: "find the parser".into(),
+            taken_over: false,
+        };
+        let line = &subagent_lines(&started).unwrap()[0];
+        assert!(line.starts_with("  ↳ explore sub-agent main/explore[1-1]: find the parser"), "{line}");
+        let result = EventBody::SubagentEvent {
+            call_id: "1-1".into(),
+            run_id,
+            agent_path: path.clone(),
+            seq: 7,
+            event: json!({"kind": "tool.result", "payload": {"name": "grep", "output": "a.rs:1", "is_error": false, "duration_ms": 3}}),
+        };
+        assert_eq!(subagent_lines(&result).unwrap(), ["    ✓ grep (3 ms): a.rs:1"]);
+        let step = EventBody::SubagentEvent {
+            call_id: "1-1".into(),
+            run_id,
+            agent_path: path.clone(),
+            seq: 8,
+            event: json!({"kind": "step.started", "payload": {"step": 2}}),
+        };
+        assert_eq!(subagent_lines(&step), None);
+        let usage = Usage { input_tokens: 10, output_tokens: 2, ..Usage::default() };
+        let done = EventBody::SubagentFinished {
+            call_id: "1-1".into(),
+            run_id,
+            agent_path: path,
+            status: "succeeded".into(),
+            summary: "in src/parse.rs".into(),
+            usage,
+            cost_usd: None,
+            steps: 2,
+        };
+        assert_eq!(
+            subagent_lines(&done).unwrap(),
+            ["  ↳ main/explore[1-1] succeeded after 2 steps, 12 tokens: in src/parse.rs"]
+        );
     }
 }

@@ -76,6 +76,11 @@ impl<W: Write> Printer<W> {
                 format!("● completion callback attempt {attempt} failed: {error}")
             }
             EventBody::NetworkDenied { .. } => crate::render::live::network_denied(body)?,
+            EventBody::SubagentStarted { .. }
+            | EventBody::SubagentEvent { .. }
+            | EventBody::SubagentFinished { .. } => {
+                return crate::render::subagent_lines(body);
+            }
             _ => return None,
         };
         Some(vec![line])

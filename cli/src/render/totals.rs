@@ -71,6 +71,8 @@ impl Totals {
                 self.add_cost(usage, *cost_usd);
             }
             EventBody::Compaction { usage, cost_usd, .. } => self.add_cost(usage, *cost_usd),
+            // A sub-agent's spending is its parent's (its steps are its own).
+            EventBody::SubagentFinished { usage, cost_usd, .. } => self.add_cost(usage, *cost_usd),
             EventBody::ToolResult { .. } => self.tool_calls += 1,
             _ => {
                 if let Some(outcome) = Outcome::of(&body) {

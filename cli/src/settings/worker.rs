@@ -134,6 +134,14 @@ pub struct WorkerArgs {
     /// an error (naming this limit) without running.
     #[arg(long, env = "KILN_MAX_TOOL_CALLS_PER_STEP", default_value_t = kiln_worker::config::DEFAULT_MAX_TOOL_CALLS_PER_STEP)]
     pub max_tool_calls_per_step: usize,
+    /// Sub-agents (`task` calls) of one run that run at once, over its
+    /// whole tree; more wait for a slot.
+    #[arg(long, env = "KILN_SUBAGENT_MAX_PARALLEL", default_value_t = kiln_worker::subagent::DEFAULT_MAX_PARALLEL)]
+    pub subagent_max_parallel: usize,
+    /// How deep sub-agents may nest: 1 lets a run start sub-agents that
+    /// cannot start their own; 0 turns the `task` tool off.
+    #[arg(long, env = "KILN_SUBAGENT_MAX_DEPTH", default_value_t = kiln_worker::subagent::DEFAULT_MAX_DEPTH)]
+    pub subagent_max_depth: u32,
     /// Bytes of events (as JSON) one run may store over all its attempts;
     /// when they are spent, no more are stored and the run fails.
     #[arg(long, env = "KILN_MAX_EVENT_BYTES_PER_RUN", default_value_t = kiln_worker::config::DEFAULT_MAX_EVENT_BYTES_PER_RUN)]
@@ -193,6 +201,12 @@ impl WorkerArgs {
         if self.max_tool_calls_per_step == 0 {
             bail!("KILN_MAX_TOOL_CALLS_PER_STEP must be at least 1");
         }
+        if self.subagent_max_parallel == 0 {
+            bail!("KILN_SUBAGENT_MAX_PARALLEL must be at least 1");
+        }
+        if self.subagent_max_depth > 4 {
+            bail!("KILN_SUBAGENT_MAX_DEPTH must be at most 4");
+        }
         if self.max_event_bytes_per_run < 64 * 1024 {
             bail!("KILN_MAX_EVENT_BYTES_PER_RUN must be at least 65536");
         }
@@ -237,6 +251,10 @@ impl WorkerArgs {
             github: None,
             callbacks: None,
             max_tool_calls_per_step: self.max_tool_calls_per_step,
+            subagents: kiln_worker::subagent::Settings {
+                max_parallel: self.subagent_max_parallel,
+                max_depth: self.subagent_max_depth,
+            },
             prompt_cache: self.prompt_cache,
             // Set from `RepoArgs` by `WorkerOptions::parts`.
             secrets_key: None,

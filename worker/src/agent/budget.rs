@@ -30,6 +30,8 @@ pub enum Exhausted {
 pub struct Budget {
     limits: Limits,
     pub steps: u32,
+    /// Steps the run's sub-agents took: they count against its step budget.
+    pub child_steps: u32,
     pub usage: Usage,
     /// Spend so far; `None` once a step's price was unknown.
     pub cost_usd: Option<f64>,
@@ -37,7 +39,7 @@ pub struct Budget {
 
 impl Budget {
     pub fn new(limits: Limits) -> Self {
-        Budget { limits, steps: 0, usage: Usage::default(), cost_usd: Some(0.0) }
+        Budget { limits, steps: 0, child_steps: 0, usage: Usage::default(), cost_usd: Some(0.0) }
     }
 
     /// Adds one step's usage and cost (`None`: the model has no price).
@@ -49,6 +51,10 @@ impl Budget {
         };
     }
 
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     pub fn tokens(&self) -> u64 {
         self.usage.input_tokens + self.usage.output_tokens
     }
@@ -56,10 +62,10 @@ impl Budget {
     /// Whether another model call may be made after `elapsed` of wall clock.
     pub fn check(&self, elapsed: Duration) -> BudgetCheck {
         let max_steps = self.limits.max_steps();
-        if self.steps >= max_steps {
+        let steps = self.steps + self.child_steps;
+        if steps >= max_steps {
             return BudgetCheck::Exhausted(Exhausted::Budget(format!(
-                "step budget exhausted: {} of {max_steps} steps used before the task was finished",
-                self.steps
+                "step budget exhausted: {steps} of {max_steps} steps used before the task was finished"
             )));
         }
         let timeout = self.limits.timeout_s();
@@ -90,8 +96,8 @@ impl Budget {
             }
         }
         let mut notes = Vec::new();
-        if f64::from(self.steps) >= WARN_AT * f64::from(max_steps) {
-            notes.push(format!("{} of {max_steps} steps left", max_steps - self.steps));
+        if f64::from(steps) >= WARN_AT * f64::from(max_steps) {
+            notes.push(format!("{} of {max_steps} steps left", max_steps - steps));
         }
         if elapsed.as_secs_f64() >= WARN_AT * f64::from(timeout) {
             let left = f64::from(timeout) - elapsed.as_secs_f64();

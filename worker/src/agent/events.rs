@@ -32,6 +32,7 @@ use uuid::Uuid;
 use super::db_retry::with_retry;
 use super::event_budget::EventBudget;
 use crate::egress::NetworkLog;
+use crate::subagent::forward::ParentStream;
 
 /// Longest a delta waits before it is written.
 pub const COALESCE: Duration = Duration::from_millis(50);
@@ -55,6 +56,9 @@ pub struct EventSink {
     /// The egress proxy's decisions for this run, taken in at each commit
     /// (the proxy never waits on the database).
     network: Option<Arc<NetworkLog>>,
+    /// For a sub-agent: its parent's stream, which gets a copy of the
+    /// step- and tool-level events of each commit.
+    parent: Option<ParentStream>,
 }
 
 /// A step whose model call has started but not answered: what the
@@ -102,7 +106,14 @@ impl EventSink {
             budget: EventBudget::unlimited(),
             unfinished: None,
             network: None,
+            parent: None,
         }
+    }
+
+    /// Copies what is committed from now on into a parent's stream (this
+    /// sink is a sub-agent's).
+    pub fn forward_to(&mut self, parent: ParentStream) {
+        self.parent = Some(parent);
     }
 
     /// Takes the egress proxy's decisions into the run's stream from now on.
@@ -219,8 +230,8 @@ impl EventSink {
         // and stay the same on every attempt: a retry after a commit whose
         // answer was lost finds the stored rows instead of storing them again.
         let batch = &self.queued;
-        if let Some(HeldMessage { id, new: m }) = &self.held {
-            with_retry(|| {
+        let last_seq = if let Some(HeldMessage { id, new: m }) = &self.held {
+            let written = with_retry(|| {
                 self.store.append_message_with_events_once(
                     &self.lease,
                     *id,
@@ -233,8 +244,15 @@ impl EventSink {
             })
             .await?;
             self.held = None;
+            written.last_event_seq
         } else if !batch.is_empty() {
-            with_retry(|| self.store.append_events_once(&self.lease, batch)).await?;
+            Some(with_retry(|| self.store.append_events_once(&self.lease, batch)).await?)
+        } else {
+            None
+        };
+        // `None`: an earlier try stored them, and copied them then if it could.
+        if let (Some(parent), Some(last_seq)) = (&self.parent, last_seq) {
+            parent.forward(last_seq, &self.queued).await;
         }
         self.queued.clear();
         self.since = None;

@@ -99,6 +99,11 @@ pub struct AgentRun<'a> {
     pub max_tool_calls_per_step: usize,
     /// Mark the prompt's stable prefix for the provider's cache.
     pub prompt_cache: bool,
+    /// A sub-agent's role, added to the system prompt.
+    pub role: Option<String>,
+    /// The agent's place in its tree of agents, for starting sub-agents
+    /// (`task`); `None`: the agent starts none.
+    pub seat: Option<&'a crate::subagent::Seat>,
 }
 
 /// What the loop carries from one step to the next.
@@ -120,6 +125,9 @@ impl<'a> AgentRun<'a> {
         // Read once per attempt: the model may edit AGENTS.md, and the
         // prompt should not change under it mid-run.
         self.system = prompt::system_prompt(prompt::load_agents_md(self.sandbox).await.as_deref());
+        if let Some(role) = &self.role {
+            self.system = format!("{}\n\n# Your role\n\n{role}", self.system);
+        }
         if let Some(text) = self.notice.take() {
             self.persist(&mut messages, Message::user(text)).await?;
         }
@@ -165,6 +173,11 @@ impl<'a> AgentRun<'a> {
         // Nothing spent costs nothing, even for a model without a price.
         let cost = if earlier == Usage::default() { Some(0.0) } else { (self.pricing)(&self.model, &earlier) };
         budget.record(&earlier, cost);
+        // What its sub-agents spent counts too (they use the run's model).
+        let (children, child_steps) = db_retry::with_retry(|| self.store.children_spend(self.run.id)).await?;
+        let cost = if children == Usage::default() { Some(0.0) } else { (self.pricing)(&self.model, &children) };
+        budget.record(&children, cost);
+        budget.child_steps = child_steps;
         Ok(budget)
     }
 
@@ -293,7 +306,13 @@ impl<'a> AgentRun<'a> {
     ) -> Result<ControlFlow<Outcome>, AgentError> {
         let verdict = progress.guard.observe(calls);
         if !calls.is_empty() {
-            let results = self.tool_runner().run(self.events, calls).await?;
+            let host = self.step_host(&progress.budget, calls);
+            let results = self.tool_runner_with(host.as_ref()).run(self.events, calls).await?;
+            // What the step's sub-agents spent is the run's spending too.
+            if let Some(spent) = host.map(|h| h.take_spent()) {
+                progress.budget.record(&spent.usage, spent.cost_usd);
+                progress.budget.child_steps += spent.steps;
+            }
             self.persist(messages, results).await?;
         }
         if !answer.rejected_calls.is_empty() {
@@ -330,20 +349,55 @@ impl<'a> AgentRun<'a> {
         Gate { store: self.store, lease: self.lease, run: self.run, tools: self.tools, control: self.control.clone() }
     }
 
-    /// What runs this run's tool calls.
-    fn tool_runner(&self) -> ToolRunner<'a> {
+    /// What runs this run's tool calls, with `subagents` for its `task` calls.
+    fn tool_runner_with<'h>(&self, subagents: Option<&'h crate::subagent::StepHost<'h>>) -> ToolRunner<'h>
+    where
+        'a: 'h,
+    {
         ToolRunner {
             gate: self.gate(),
             sandbox: self.sandbox,
             tools: self.tools,
             max_calls: self.max_tool_calls_per_step,
+            subagents,
         }
     }
 
-    /// The tools the model is shown: all, or the run's `allowed_tools`.
+    /// What the `task` calls among `calls` start sub-agents with: each gets
+    /// an even share of what `budget` has left.
+    fn step_host(&self, budget: &Budget, calls: &[ToolCall]) -> Option<crate::subagent::StepHost<'a>> {
+        let seat = self.seat.filter(|seat| seat.may_spawn())?;
+        let tasks = calls.iter().filter(|c| c.name == crate::tools::task::NAME).count();
+        if tasks == 0 {
+            return None;
+        }
+        let spent = crate::subagent::share::Spent {
+            steps: budget.steps + budget.child_steps,
+            tokens: budget.tokens(),
+            cost_usd: budget.cost_usd,
+            elapsed: self.elapsed(),
+        };
+        Some(crate::subagent::StepHost {
+            seat,
+            run: self.run,
+            lease: self.lease,
+            sandbox: self.sandbox,
+            share: crate::subagent::share::share(budget.limits(), &spent, tasks as u32),
+            spent: Default::default(),
+        })
+    }
+
+    /// The tools the model is shown: all, or the run's `allowed_tools`;
+    /// `task` only to an agent that may start sub-agents.
     fn tool_specs(&self) -> Vec<crate::providers::ToolSpec> {
         let gate = self.gate();
-        self.tools.specs().into_iter().filter(|spec| gate.allows(&spec.name)).collect()
+        let may_spawn = self.seat.is_some_and(crate::subagent::Seat::may_spawn);
+        self.tools
+            .specs()
+            .into_iter()
+            .filter(|spec| gate.allows(&spec.name))
+            .filter(|spec| may_spawn || spec.name != crate::tools::task::NAME)
+            .collect()
     }
 
     /// Stores `message` (with the events buffered, e.g. tool results) and

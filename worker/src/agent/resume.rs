@@ -17,7 +17,7 @@ use super::db_retry::with_retry;
 use super::events::NewMessage;
 use super::tool_call::ToolCall;
 use super::{AgentError, AgentRun};
-use crate::tools::ToolOutcome;
+use crate::tools::{ToolOutcome, task};
 
 /// Said to the model for a call whose result was never stored because the
 /// worker running it died: it must not be re-run blindly.
@@ -35,7 +35,11 @@ impl AgentRun<'_> {
     /// The answers go first: a follow-up to a run cancelled mid-call would
     /// otherwise put its prompt between the call and its answer.
     pub(super) async fn resume(&mut self) -> Result<Vec<Message>, AgentError> {
-        let mut messages = with_retry(|| self.store.load_messages(self.run.session_id)).await?;
+        // A sub-agent's conversation is its own, not the session's.
+        let mut messages = match self.run.parent_run_id {
+            Some(_) => with_retry(|| self.store.load_child_messages(self.run.id)).await?,
+            None => with_retry(|| self.store.load_messages(self.run.session_id)).await?,
+        };
         let first_attempt = with_retry(|| self.store.count_run_messages(self.run.id, "user")).await? == 0;
         let unanswered = unanswered_calls(&messages);
         if !unanswered.is_empty() {
@@ -60,10 +64,21 @@ impl AgentRun<'_> {
         unanswered: Vec<ToolCall>,
         first_attempt: bool,
     ) -> Result<(Message, Vec<EventBody>), AgentError> {
-        let rerun = if first_attempt { Vec::new() } else { self.never_let_through(&unanswered).await? };
+        let mut rerun = if first_attempt { Vec::new() } else { self.never_let_through(&unanswered).await? };
+        // A `task` call is continued, not lost: its child's row and
+        // conversation are stored, and running the call again takes the
+        // child over (or returns the answer it already gave).
+        if !first_attempt {
+            let tasks = unanswered.iter().filter(|c| c.name == task::NAME && !rerun.iter().any(|r| r.id == c.id));
+            rerun.extend(tasks.cloned().collect::<Vec<_>>());
+        }
+        let budget = self.budget_so_far().await?;
+        let host = self.step_host(&budget, &rerun);
         let mut ran: HashMap<String, Part> = HashMap::new();
         if !rerun.is_empty() {
-            for part in self.tool_runner().run(self.events, &rerun).await?.parts {
+            // The children's spending is in the store: the budget the loop
+            // reads after this counts it.
+            for part in self.tool_runner_with(host.as_ref()).run(self.events, &rerun).await?.parts {
                 if let Part::ToolResult { call_id, .. } = &part {
                     ran.insert(call_id.clone(), part);
                 }

@@ -25,6 +25,8 @@ pub(super) struct ToolRunner<'a> {
     pub tools: &'a Registry,
     /// Calls of one step that run (`KILN_MAX_TOOL_CALLS_PER_STEP`).
     pub max_calls: usize,
+    /// What `task` calls start sub-agents with.
+    pub subagents: Option<&'a crate::subagent::StepHost<'a>>,
 }
 
 /// What running one call came to, and how long it took.
@@ -79,7 +81,12 @@ impl ToolRunner<'_> {
     ) -> Result<Vec<Ran>, AgentError> {
         let stream = OutputStream::default();
         let work = futures::future::join_all(batch.iter().zip(refusals).map(|(call, refusal)| {
-            let ctx = ToolContext { sandbox: self.sandbox, output: Some(stream.sink(&call.id)) };
+            let ctx = ToolContext {
+                sandbox: self.sandbox,
+                output: Some(stream.sink(&call.id)),
+                call_id: &call.id,
+                subagents: self.subagents,
+            };
             self.execute_one(ctx, call, refusal)
         }));
         Ok(stream.forward(work, events).await?)

@@ -13,6 +13,7 @@ mod glob;
 mod grep;
 mod ls;
 pub mod stream;
+pub mod task;
 pub mod todo;
 mod view;
 mod write;
@@ -66,6 +67,10 @@ pub struct ToolContext<'a> {
     /// Where a running command's output goes as it arrives (`tool.output`
     /// events); `None` when nobody listens.
     pub output: Option<OutputSink>,
+    /// The call's id (Kiln's, `{step}-{n}`).
+    pub call_id: &'a str,
+    /// What a `task` call starts sub-agents with; `None` where none may start.
+    pub subagents: Option<&'a crate::subagent::StepHost<'a>>,
 }
 
 /// Told to the model when the toolbox died under its call.
@@ -159,7 +164,7 @@ pub struct Registry {
 
 impl Registry {
     pub fn standard() -> Self {
-        let tools: [Arc<dyn Tool>; 8] = [
+        let tools: [Arc<dyn Tool>; 9] = [
             Arc::new(bash::Bash),
             Arc::new(view::View),
             Arc::new(write::Write),
@@ -168,6 +173,7 @@ impl Registry {
             Arc::new(glob::Glob),
             Arc::new(grep::Grep),
             Arc::new(todo::Todo),
+            Arc::new(task::Task),
         ];
         Self::from_tools(tools)
     }
@@ -246,5 +252,6 @@ mod tests {
         assert_eq!(props("glob"), ["path", "pattern"]);
         assert_eq!(props("grep"), ["case_insensitive", "context", "include", "literal", "path", "pattern"]);
         assert_eq!(props("todo"), ["items"]);
+        assert_eq!(props("task"), ["agent", "description", "prompt"]);
     }
 }

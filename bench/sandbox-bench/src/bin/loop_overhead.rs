@@ -222,6 +222,8 @@ async fn kiln_pass(
         compaction: kiln_worker::agent::compaction::Policy { context_window: 128_000, threshold: 0.8 },
         max_tool_calls_per_step: kiln_worker::config::DEFAULT_MAX_TOOL_CALLS_PER_STEP,
         prompt_cache: true,
+        role: None,
+        seat: None,
     };
     match agent.drive().await? {
         Outcome::Succeeded { .. } => {}

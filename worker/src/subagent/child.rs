@@ -1,0 +1,294 @@
+//! Running one child: start (or take over) its row, drive its loop in this
+//! task with the parent's sandbox, end it, and tell the parent.
+//!
+//! Why in the parent's task and not claimed as a run of its own: the child
+//! works in the parent's sandbox, a container on this worker's Docker
+//! engine, which another worker may not reach; and the parent waits for
+//! the answer anyway. The child still has its own lease, heartbeat and
+//! stream, so clients see it as a run, a client can cancel it alone, and a
+//! lost worker leaves it to be taken over with its parent: the parent's
+//! next attempt re-runs the unanswered `task` call (see `agent::resume`),
+//! which finds the child's row and continues it from its messages.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_protocol::{EventBody, Policy, Run, RunStatus};
+use kiln_store::{ChildStart, Lease, NewChild, StoreError};
+use tokio_util::sync::CancellationToken;
+
+use super::forward::ParentStream;
+use super::kinds::{self, AgentKind};
+use super::{Seat, Spend, StepHost, TaskArgs};
+use crate::agent::control::Control;
+use crate::agent::db_retry::with_retry;
+use crate::agent::event_budget::EventBudget;
+use crate::agent::events::EventSink;
+use crate::agent::{AgentError, AgentRun, Outcome};
+use crate::claim_loop::WorkerContext;
+use crate::tools::ToolOutcome;
+
+/// Longest a child's final answer returned to the parent, in characters.
+const MAX_ANSWER_CHARS: usize = 30_000;
+
+pub(super) async fn run(host: &StepHost<'_>, call_id: &str, args: TaskArgs) -> ToolOutcome {
+    if !host.seat.may_spawn() {
+        return ToolOutcome::error("the task tool is not available to this agent (the sub-agent depth limit)");
+    }
+    let kind_name = args.agent.as_deref().unwrap_or(kinds::GENERAL.name);
+    let Some(kind) = kinds::find(kind_name) else {
+        let known: Vec<_> = kinds::KINDS.iter().map(|k| k.name).collect();
+        return ToolOutcome::error(format!("unknown agent kind {kind_name:?}; kinds: {}", known.join(", ")));
+    };
+    if args.prompt.trim().is_empty() || args.prompt.contains('\0') {
+        return ToolOutcome::error("the task's prompt must not be empty or contain NUL characters");
+    }
+    let limits = match &host.share {
+        Ok(limits) => *limits,
+        Err(why) => return ToolOutcome::error(why.clone()),
+    };
+    // Waits for a slot: at most `max_parallel` children of the tree at once.
+    let Ok(_slot) = host.seat.slots.clone().acquire_owned().await else {
+        return ToolOutcome::error("sub-agents are shutting down");
+    };
+    let ctx = &host.seat.ctx;
+    let path = format!("{}/{}[{call_id}]", host.seat.path, kind.name);
+    let new = NewChild {
+        call_id: call_id.to_owned(),
+        kind: kind.name.to_owned(),
+        path: path.clone(),
+        prompt: args.prompt.clone(),
+        limits,
+        policy: Policy {
+            approval: host.run.approval,
+            allowed_tools: kind.allowed_tools(host.run.allowed_tools.as_deref()),
+            sandbox: host.run.sandbox.clone(),
+            environment: host.run.environment.clone(),
+        },
+    };
+    let start = match with_retry(|| ctx.store.start_child(host.lease, &new, ctx.config.lease)).await {
+        Ok(start) => start,
+        Err(e) => return ToolOutcome::error(format!("the sub-agent could not be started: {e}")),
+    };
+    let (run, lease, taken_over) = match start {
+        ChildStart::Held { run, lease, taken_over } => (run, lease, taken_over),
+        // It ended under the parent's earlier attempt; its answer stands.
+        ChildStart::Ended(run) => return answer_of(&run),
+    };
+    let parent = ParentStream {
+        store: ctx.store.clone(),
+        lease: host.lease.clone(),
+        call_id: call_id.to_owned(),
+        child: run.id,
+        path: path.clone(),
+    };
+    let started = EventBody::SubagentStarted {
+        call_id: call_id.to_owned(),
+        run_id: run.id,
+        agent_path: path.clone(),
+        agent: kind.name.to_owned(),
+        description: args.description.clone(),
+        taken_over,
+    };
+    if let Err(e) = parent.write(started).await {
+        return ToolOutcome::error(format!("the sub-agent could not be started: {e}"));
+    }
+    let before = spend_of(ctx, &run).await;
+    let seat =
+        Seat { ctx: ctx.clone(), depth: host.seat.depth + 1, path: path.clone(), slots: host.seat.slots.clone() };
+    let ending = drive(&seat, host, kind, &run, &lease, parent.clone()).await;
+    let (terminal, status) = match &ending {
+        Ending::Finished(Outcome::Succeeded { summary }) => {
+            (EventBody::RunSucceeded { summary: summary.clone() }, RunStatus::Succeeded)
+        }
+        Ending::Finished(Outcome::Failed { error }) | Ending::Error(error) => {
+            (EventBody::RunFailed { error: error.clone() }, RunStatus::Failed)
+        }
+        Ending::Finished(Outcome::TimedOut { limit_s }) => {
+            (EventBody::RunTimedOut { limit_s: *limit_s }, RunStatus::TimedOut)
+        }
+        Ending::TimedOut => (EventBody::RunTimedOut { limit_s: run.limits.timeout_s() }, RunStatus::TimedOut),
+        Ending::Cancelled => (EventBody::RunCancelled { reason: "cancelled by client".into() }, RunStatus::Cancelled),
+        Ending::LeaseLost => {
+            return ToolOutcome::error("the sub-agent's run was taken over elsewhere; its answer is lost");
+        }
+    };
+    let result = match &terminal {
+        EventBody::RunSucceeded { summary } => Some(serde_json::json!({ "summary": summary })),
+        _ => None,
+    };
+    if let Err(e) = with_retry(|| ctx.store.finish_run(&lease, &terminal, result.as_ref())).await {
+        tracing::warn!(child = %run.id, error = %e, "recording the sub-agent's end failed");
+    }
+    let after = spend_of(ctx, &run).await;
+    host.record(&minus(&after, &before));
+    let summary = match &terminal {
+        EventBody::RunSucceeded { summary } => summary.clone(),
+        EventBody::RunFailed { error } => error.clone(),
+        EventBody::RunTimedOut { limit_s } => format!("the sub-agent ran out of its {limit_s} s of wall clock"),
+        _ => "cancelled".to_owned(),
+    };
+    let finished = EventBody::SubagentFinished {
+        call_id: call_id.to_owned(),
+        run_id: run.id,
+        agent_path: path.clone(),
+        status: status.as_str().to_owned(),
+        summary: summary.clone(),
+        usage: after.usage,
+        cost_usd: after.cost_usd,
+        steps: after.steps,
+    };
+    if let Err(e) = parent.write(finished).await {
+        tracing::warn!(child = %run.id, error = %e, "announcing the sub-agent's end failed");
+    }
+    match status {
+        RunStatus::Succeeded => ToolOutcome::ok(cut_answer(&summary)),
+        _ => ToolOutcome::error(format!("the sub-agent {path} ended {}: {summary}", status.as_str())),
+    }
+}
+
+/// How a child's loop ended.
+enum Ending {
+    Finished(Outcome),
+    Cancelled,
+    TimedOut,
+    LeaseLost,
+    Error(String),
+}
+
+/// Drives the child's loop until it ends, is cancelled (a client cancelled
+/// the child itself; a cancelled parent drops this future instead), runs
+/// out of time or loses its lease.
+async fn drive(
+    seat: &Seat,
+    host: &StepHost<'_>,
+    kind: &AgentKind,
+    run: &Run,
+    lease: &Lease,
+    parent: ParentStream,
+) -> Ending {
+    let ctx = &seat.ctx;
+    let cancel = CancellationToken::new();
+    let lost = CancellationToken::new();
+    let _heartbeat = crate::run_lifecycle::AbortOnDrop(tokio::spawn(crate::run_lifecycle::heartbeat_loop(
+        ctx.clone(),
+        lease.clone(),
+        cancel.clone(),
+        lost.clone(),
+    )));
+    let mut events = EventSink::new(ctx.store.clone(), lease.clone());
+    events.forward_to(parent);
+    let spent = if lease.attempt > 1 { ctx.store.run_event_bytes(run.id).await.unwrap_or(0) } else { 0 };
+    events.limit(EventBudget::new(ctx.config.max_event_bytes_per_run, spent));
+    let remaining = Duration::from_secs(u64::from(run.limits.timeout_s()))
+        .saturating_sub(run.started_at.and_then(|t| (chrono::Utc::now() - t).to_std().ok()).unwrap_or_default());
+    let work = async {
+        events
+            .write_now(EventBody::RunStarted { worker: ctx.config.worker_id.clone(), attempt: lease.attempt })
+            .await?;
+        let pricing = |model: &str, usage: &kiln_protocol::Usage| ctx.prices.cost(model, usage);
+        let outcome = agent(seat, ctx, host, kind, run, lease, &mut events, &pricing).drive().await?;
+        events.commit().await?;
+        Ok::<_, AgentError>(outcome)
+    };
+    tokio::select! {
+        result = work => match result {
+            Ok(outcome) => Ending::Finished(outcome),
+            Err(AgentError::Store(StoreError::LeaseLost(_))) => Ending::LeaseLost,
+            Err(e) => Ending::Error(e.to_string()),
+        },
+        _ = cancel.cancelled() => Ending::Cancelled,
+        _ = lost.cancelled() => Ending::LeaseLost,
+        _ = tokio::time::sleep(remaining) => Ending::TimedOut,
+    }
+}
+
+/// The child's loop: the parent's sandbox, model and settings; its own
+/// lease, conversation, role and tools.
+#[allow(clippy::too_many_arguments)]
+fn agent<'a>(
+    seat: &'a Seat,
+    ctx: &'a Arc<WorkerContext>,
+    host: &'a StepHost<'_>,
+    kind: &AgentKind,
+    run: &'a Run,
+    lease: &'a Lease,
+    events: &'a mut EventSink,
+    pricing: &'a (dyn Fn(&str, &kiln_protocol::Usage) -> Option<f64> + Send + Sync),
+) -> AgentRun<'a> {
+    let provider_kind =
+        run.model.provider.as_deref().and_then(|p| p.parse().ok()).unwrap_or(ctx.config.default_provider);
+    AgentRun {
+        store: &ctx.store,
+        lease,
+        run,
+        sandbox: host.sandbox,
+        provider: ctx.providers.get(provider_kind),
+        model: run.model.name.clone().unwrap_or_else(|| ctx.config.default_model.clone()),
+        max_tokens: run.model.max_tokens.unwrap_or(ctx.config.default_max_tokens),
+        pricing,
+        tools: &ctx.tools,
+        events,
+        control: Arc::new(Control::default()),
+        notice: None,
+        system: String::new(),
+        role: Some(kind.role.to_owned()),
+        compaction: crate::agent::compaction::Policy {
+            context_window: run.model.context_window.unwrap_or(ctx.config.context_window),
+            threshold: ctx.config.compaction_threshold,
+        },
+        max_tool_calls_per_step: ctx.config.max_tool_calls_per_step,
+        prompt_cache: ctx.config.prompt_cache,
+        seat: Some(seat),
+    }
+}
+
+/// What `run` has spent so far: its stored steps' usage, priced.
+async fn spend_of(ctx: &WorkerContext, run: &Run) -> Spend {
+    let usage = with_retry(|| ctx.store.run_usage(run.id)).await.unwrap_or_default();
+    let steps = with_retry(|| ctx.store.count_run_messages(run.id, "assistant")).await.unwrap_or(0) as u32;
+    let model = run.model.name.clone().unwrap_or_else(|| ctx.config.default_model.clone());
+    let cost_usd = if usage == Default::default() { Some(0.0) } else { ctx.prices.cost(&model, &usage) };
+    Spend { usage, cost_usd, steps }
+}
+
+/// `after` less `before`: what the child spent under this attempt.
+fn minus(after: &Spend, before: &Spend) -> Spend {
+    let u = |a: u64, b: u64| a.saturating_sub(b);
+    Spend {
+        usage: kiln_protocol::Usage {
+            input_tokens: u(after.usage.input_tokens, before.usage.input_tokens),
+            output_tokens: u(after.usage.output_tokens, before.usage.output_tokens),
+            cache_read_tokens: u(after.usage.cache_read_tokens, before.usage.cache_read_tokens),
+            cache_write_tokens: u(after.usage.cache_write_tokens, before.usage.cache_write_tokens),
+        },
+        cost_usd: match (after.cost_usd, before.cost_usd) {
+            (Some(a), Some(b)) => Some((a - b).max(0.0)),
+            _ => None,
+        },
+        steps: after.steps.saturating_sub(before.steps),
+    }
+}
+
+/// The parent's result for a child that had already ended.
+fn answer_of(run: &Run) -> ToolOutcome {
+    let summary = run.result.as_ref().and_then(|r| r.get("summary")).and_then(|s| s.as_str());
+    match (run.status, summary) {
+        (RunStatus::Succeeded, Some(summary)) => ToolOutcome::ok(cut_answer(summary)),
+        (status, _) => ToolOutcome::error(format!(
+            "the sub-agent ended {}: {}",
+            status.as_str(),
+            run.error.as_deref().unwrap_or("no answer")
+        )),
+    }
+}
+
+/// A final answer, cut to what the parent's context should take.
+fn cut_answer(text: &str) -> String {
+    match text.char_indices().nth(MAX_ANSWER_CHARS) {
+        Some((at, _)) => {
+            format!("{}\n[kiln: the sub-agent's answer was cut at {MAX_ANSWER_CHARS} characters]", &text[..at])
+        }
+        None => text.to_owned(),
+    }
+}
