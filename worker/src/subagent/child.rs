@@ -64,6 +64,10 @@ pub(super) async fn run(host: &StepHost<'_>, call_id: &str, args: TaskArgs) -> T
             allowed_tools: kind.allowed_tools(host.run.allowed_tools.as_deref()),
             sandbox: host.run.sandbox.clone(),
             environment: host.run.environment.clone(),
+            // Children get the built-in tools only (see `drive_child`'s
+            // `tools`): their row says so rather than claiming the parent's
+            // MCP servers.
+            mcp: Some(Vec::new()),
         },
     };
     let start = match with_retry(|| ctx.store.start_child(host.lease, &new, ctx.config.lease)).await {

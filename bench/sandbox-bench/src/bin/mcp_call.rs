@@ -95,7 +95,7 @@ async fn measure(sandbox: &Sandbox, mcp: &McpConfig, url: &str, runs: usize) -> 
         bail!("MCP server unavailable: {:?}", session.problems);
     }
     let tools = builtin.with(session.tools.iter().cloned());
-    let ctx = ToolContext { sandbox, output: None };
+    let ctx = ToolContext { sandbox, output: None, call_id: "bench-1", subagents: None };
     let (mut remote, mut view, mut plain) = (vec![], vec![], vec![]);
     for rep in 0..=runs {
         let started = Instant::now();
