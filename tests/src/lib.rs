@@ -149,6 +149,7 @@ pub struct TestApp {
 impl TestApp {
     pub async fn spawn(options: Options) -> TestApp {
         let _ = rustls::crypto::ring::default_provider().install_default();
+        show_logs_if_it_fails();
         let db_url = fresh_database_on(options.postgres.as_deref().unwrap_or(&admin_url())).await;
         let store = open_store(&db_url, 8).await.expect("migrate");
         let model = ScriptedModel::start(options.script).await.expect("scripted model");
@@ -305,11 +306,15 @@ impl TestApp {
         assert!(response.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
         let mut stream = response.bytes_stream().eventsource();
         let mut out = Vec::new();
+        let mut seen: Vec<String> = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(120);
         while out.len() < max {
             let next = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), stream.next())
                 .await
-                .expect("SSE stream stalled");
+                .unwrap_or_else(|_| {
+                    // What came before the stall says where the run stopped.
+                    panic!("SSE stream stalled for 120 s; the events so far: {seen:?}")
+                });
             let Some(item) = next else { break };
             let ev = item.expect("valid SSE");
             let e = Ev {
@@ -318,6 +323,7 @@ impl TestApp {
                 data: serde_json::from_str(&ev.data).expect("JSON data"),
             };
             let terminal = kiln_protocol::event::is_terminal_kind(&e.kind);
+            seen.push(e.kind.clone());
             let item = T::from(e);
             let stopped = terminal || stop(&item);
             out.push(item);
@@ -378,6 +384,17 @@ impl TestApp {
         tokio::spawn(conn);
         client
     }
+}
+
+/// Sends the test process's logs (the API's and workers', at info; `RUST_LOG`
+/// overrides) to the test's captured output, which the runner prints only
+/// when the test fails: a failure in CI then says what the worker was doing.
+/// A test that captures logs itself ([`logs::Logs::capture`]) installs its
+/// subscriber first, and this one stands aside.
+fn show_logs_if_it_fails() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false).with_test_writer().try_init();
 }
 
 impl TestApp {

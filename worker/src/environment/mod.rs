@@ -318,6 +318,7 @@ impl Plan<'_> {
             mask: &mask,
         };
         let ran = script::run(script, events).await?;
+        tracing::info!(run_id = %self.run.id, environment = %name, ok = ran.is_ok(), "setup script ended");
         let end = match ran {
             Ok(end) => end,
             Err(e) => return Ok(Err(format!("environment {name:?}: running setup failed: {e}"))),
@@ -353,10 +354,16 @@ impl Plan<'_> {
             scope: &self.ctx.config.environment_cache.scope,
             variables: env.variables.iter().map(|(k, v)| format!("{k}={v}")).collect(),
         };
-        if let Err(e) = cache::store(docker, &snapshot).await {
+        let storing = std::time::Instant::now();
+        let stored = cache::store(docker, &snapshot).await;
+        tracing::info!(run_id = %self.run.id, key = %self.key, ms = storing.elapsed().as_millis() as u64, ok = stored.is_ok(), "prepared image stored");
+        if let Err(e) = stored {
             return Ok(Err(format!("environment {name:?}: storing the prepared sandbox failed: {e}")));
         }
-        if let Err(e) = cache::evict(docker, &self.ctx.config.environment_cache, &self.key).await {
+        let evicting = std::time::Instant::now();
+        let evicted = cache::evict(docker, &self.ctx.config.environment_cache, &self.key).await;
+        tracing::info!(run_id = %self.run.id, ms = evicting.elapsed().as_millis() as u64, "environment cache bounded");
+        if let Err(e) = evicted {
             tracing::warn!(error = %e, "bounding the environment cache failed");
         }
         events
