@@ -320,7 +320,12 @@ impl Worker {
                 return;
             }
         }
-        let removed = sandbox_reaper::remove_idle_sessions(&self.ctx.docker, &self.ctx.store, &self.ctx.config.sandbox.egress.host_firewall).await;
+        let removed = sandbox_reaper::remove_idle_sessions(
+            &self.ctx.docker,
+            &self.ctx.store,
+            &self.ctx.config.sandbox.egress.host_firewall,
+        )
+        .await;
         if removed > 0 {
             tracing::info!(removed, "removed idle session sandboxes: no other worker uses this engine");
         }

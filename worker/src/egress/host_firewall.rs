@@ -43,7 +43,8 @@ const COMMENT_PREFIX: &str = "kiln:";
 /// The binaries tried, in order: the host's `iptables` (whichever backend
 /// it is), then the nft one by name; absolute paths for a `PATH` without
 /// `/usr/sbin`.
-const BINARIES: &[&str] = &["iptables", "/usr/sbin/iptables", "/sbin/iptables", "iptables-nft", "/usr/sbin/iptables-nft"];
+const BINARIES: &[&str] =
+    &["iptables", "/usr/sbin/iptables", "/sbin/iptables", "iptables-nft", "/usr/sbin/iptables-nft"];
 
 /// How long one call may take, the wait for the xtables lock included.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
