@@ -87,7 +87,8 @@ impl Worker {
         // After the reaper: rules of the networks it removed are gone, and
         // those a dead worker left for bridges that no longer exist too.
         let egress = &self.ctx.config.sandbox.egress;
-        egress.host_firewall.announce(egress.deployment.mode != kiln_protocol::egress::EgressMode::None).await;
+        let any_egress = egress.deployment.mode != kiln_protocol::egress::EgressMode::None;
+        egress.host_firewall.announce(any_egress, egress.port).await;
         let pool_task = self.pool.clone().map(|pool| {
             let stop = shutdown.child_token();
             tokio::spawn(async move { pool.run(stop).await })

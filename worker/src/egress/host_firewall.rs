@@ -190,10 +190,11 @@ impl HostFirewall {
     }
 
     /// Says at the worker's start what protects the host from sandboxes
-    /// with egress (`egress`: the deployment allows any): the rules this
-    /// worker keeps, or, loudly, that nothing does and how to close it.
-    /// Also sweeps rules a worker left for bridges that are gone.
-    pub async fn announce(&self, egress: bool) {
+    /// with egress (`egress`: the deployment allows any; `port`: the
+    /// proxy's): the rules this worker keeps, or, loudly, that nothing does
+    /// and how to close it. Also sweeps rules a worker left for bridges that
+    /// are gone.
+    pub async fn announce(&self, egress: bool, port: u16) {
         let why = match self.binary().await {
             Ok(binary) => {
                 self.sweep().await;
@@ -220,7 +221,7 @@ impl HostFirewall {
                 why,
                 "sandboxes with egress can reach every service this host listens on at 0.0.0.0 or a host address \
                  (Postgres, the API, sshd), and the worker cannot close that itself (it needs the host's network namespace, \
-                 CAP_NET_ADMIN and iptables). Close it with: iptables -I INPUT -i kiln+ -p tcp --dport <KILN_EGRESS_PORT> -j ACCEPT; \
+                 CAP_NET_ADMIN and iptables). Close it with: iptables -I INPUT -i kiln+ -p tcp --dport {port} -j ACCEPT; \
                  iptables -I INPUT 2 -i kiln+ -j DROP (docs/deployment.md, Egress), \
                  or set KILN_EGRESS_HOST_FIREWALL=off to say the host is protected otherwise"
             ),
@@ -445,6 +446,20 @@ mod tests {
             accept,
             "-i kiln0123456789a -s 172.30.0.0/16 -d 172.30.0.1/32 -p tcp --dport 3128 -m comment --comment kiln:kiln-egress-0123 -j ACCEPT"
         );
+    }
+
+    /// A bridge the worker cannot see (here: none of that name) is a run's
+    /// failure with `on` (whether or not this process has firewall rights),
+    /// a warning with `auto`, and never touched with `off`.
+    #[tokio::test]
+    async fn a_bridge_that_cannot_be_closed_fails_only_with_on() {
+        let rules = rules();
+        let on = HostFirewall::new(FirewallSetting::On).protect(&rules).await;
+        assert!(matches!(on, Err(FirewallError::BridgeNotHere(_) | FirewallError::Required(_))), "{on:?}");
+        assert!(HostFirewall::new(FirewallSetting::Auto).protect(&rules).await.is_ok());
+        let off = HostFirewall::new(FirewallSetting::Off);
+        assert!(off.protect(&rules).await.is_ok());
+        assert!(!off.managed().await);
     }
 
     #[test]

@@ -138,9 +138,11 @@ pub async fn address_of(docker: &Docker, container: &str, session_id: Uuid) -> R
 /// keeps its rules (its sandbox must not reach the host meanwhile).
 pub async fn remove(docker: &Docker, firewall: &HostFirewall, session_id: Uuid) {
     match docker.remove_network(&name(session_id)).await {
-        Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
-            firewall.unprotect(&name(session_id)).await;
-        }
+        Ok(()) => firewall.unprotect(&name(session_id)).await,
+        // Never made (most runs have no egress), or removed by another
+        // path, which took its rules along; rules of a network removed by
+        // hand are swept when a worker starts or stops.
+        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
         Err(e) => tracing::warn!(%session_id, error = %e, "removing the session's egress network failed"),
     }
 }
