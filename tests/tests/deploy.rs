@@ -186,7 +186,8 @@ fn the_compose_file_wires_a_whole_deployment() {
 }
 
 /// The egress override (docs/deployment.md, "Egress: where the proxy
-/// runs") as Compose merges it: the worker in the host's network, Postgres
+/// runs") as Compose merges it: the worker in the host's network (with the
+/// rights to keep its host firewall rules), Postgres
 /// on the host's loopback where that worker looks for it, the egress
 /// settings passed through, and nothing Kiln does not read.
 #[test]
@@ -206,6 +207,10 @@ fn the_egress_override_puts_the_worker_in_the_hosts_network() {
     let merged = yaml_docs(&String::from_utf8_lossy(&out.stdout)).remove(0);
     let worker = &merged["services"]["worker"];
     assert_eq!(worker["network_mode"], "host", "{worker}");
+    // Root with NET_ADMIN in the host's network: it keeps the host
+    // firewall rules that close the host to sandboxes itself.
+    assert!(worker["cap_add"].to_string().contains("NET_ADMIN"), "{worker}");
+    assert_eq!(worker["user"], "0:0", "{worker}");
     // Compose prints the environment as a map (v1 and v2 alike).
     let env = &worker["environment"];
     let url = env["DATABASE_URL"].as_str().unwrap_or_else(|| panic!("{env}"));

@@ -13,11 +13,12 @@ use std::time::Duration;
 
 use bollard::query_parameters::RemoveImageOptionsBuilder;
 use kiln_protocol::egress::{EgressMode, EgressPolicy, HostRule};
-use kiln_protocol::{CreateRun, EventBody, RunStatus, SandboxSpec};
+use kiln_protocol::{ApprovalMode, CreateRun, EventBody, RunStatus, SandboxSpec};
 use kiln_scripted_model::Reply;
 use kiln_tests::outside::{HTTP_PORT, HTTPS_PORT, INDEX_GREETING, Outside};
 use kiln_tests::{Event, Options, TestApp, kinds, outcome, pick, token, worker_config};
 use kiln_worker::ProviderKind;
+use kiln_worker::egress::host_firewall::{CHAIN, FirewallSetting, HostFirewall};
 use kiln_worker::egress::resolve::{parse_hosts, parse_ranges};
 use kiln_worker::egress::{AddressRules, EgressSettings};
 use serde_json::json;
@@ -569,9 +570,10 @@ async fn a_sandbox_that_fails_to_start_leaves_no_network_behind() {
 /// its own session's subnet and no other (no default route), the proxy on
 /// that subnet's gateway, and anything else the host listens on at the
 /// gateway's address, such as the test's own listener here on 0.0.0.0.
-/// That last one is what the worker cannot close without firewall rights
-/// (docs/deployment.md, "What a sandbox can reach on the host"): this test
-/// pins the documented reach, so a change to it (either way) is seen.
+/// That last one is what the worker closes when it manages the host's
+/// firewall (the next test); with `KILN_EGRESS_HOST_FIREWALL=off` (or no
+/// rights) it is open (docs/deployment.md, "What the sandbox reaches on the
+/// host"): this test pins that reach, so a change to it (either way) is seen.
 #[tokio::test]
 async fn a_sandbox_reaches_its_gateway_and_nothing_beyond_its_subnet() {
     let outside = Outside::start().await;
@@ -598,7 +600,10 @@ for name, port in [('proxy-port', int(proxy[1])), ('host-service', @PORT@)]:
     let script = vec![Reply::tool("bash", bash_python(&probe)), Reply::text("done")];
     let app = TestApp::spawn(Options { worker: false, script, ..Default::default() }).await;
     let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
-    config.sandbox.egress = Arc::new(settings(&outside, EgressMode::Allowlist));
+    config.sandbox.egress = Arc::new(EgressSettings {
+        host_firewall: Arc::new(HostFirewall::new(FirewallSetting::Off)),
+        ..settings(&outside, EgressMode::Allowlist)
+    });
     // The session keeps its sandbox and network after the run, to be looked at.
     config.sandbox_idle = Duration::from_secs(3600);
     app.start_worker(config).await;
@@ -632,7 +637,7 @@ for name, port in [('proxy-port', int(proxy[1])), ('host-service', @PORT@)]:
     assert_eq!((default, own_subnet), (1, 1), "{got:?}");
     assert_eq!(result(&got, "proxy-port"), "ANSWERED", "{got:?}");
     // The host's own listener on 0.0.0.0 answers at the gateway: the
-    // documented reach an operator's rule closes.
+    // documented reach the worker's (or the operator's) rules close.
     assert_eq!(result(&got, "host-service"), "ANSWERED", "{got:?}");
     let peer = tokio::time::timeout(Duration::from_secs(5), accept).await.unwrap().unwrap().unwrap();
     assert_ne!(peer, std::net::IpAddr::V4(gateway), "the connection came from the sandbox, across its network");
@@ -654,4 +659,143 @@ for name, port in [('proxy-port', int(proxy[1])), ('host-service', @PORT@)]:
 
     drop(app);
     outside.stop().await;
+}
+
+/// Kiln's rules in the host firewall's chain for `bridge`, as `iptables -S` prints them.
+fn host_rules_of(bridge: &str) -> Vec<String> {
+    let out = std::process::Command::new("iptables").args(["-w", "10", "-S", CHAIN]).output().unwrap();
+    // No chain yet: no rules.
+    let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+    listing.lines().filter(|l| l.split_whitespace().any(|w| w == bridge)).map(str::to_owned).collect()
+}
+
+/// Waits (generously) until `done` holds; whether it did.
+async fn wait_until(mut done: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !done() {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    true
+}
+
+/// With the worker managing the host's firewall
+/// (`KILN_EGRESS_HOST_FIREWALL`), what the previous test shows open is
+/// closed: the sandbox reaches the proxy on its gateway and nothing else the
+/// host listens on (the test's listener on 0.0.0.0 here). The rules are its
+/// network's bridge's alone, and go with the network.
+#[tokio::test]
+async fn with_the_host_firewall_managed_a_sandbox_reaches_the_proxy_and_no_other_host_service() {
+    let outside = Outside::start().await;
+    let host_service = tokio::net::TcpListener::bind(("0.0.0.0", 0)).await.unwrap();
+    let port = host_service.local_addr().unwrap().port();
+    let accept = tokio::spawn(async move { host_service.accept().await.map(|(_, peer)| peer) });
+    let probe = r#"
+import os, socket, urllib.request
+gateway = os.environ['HTTP_PROXY'].split('//')[1].split(':')[0]
+try:
+    socket.create_connection((gateway, @PORT@), timeout=5).close(); print('host-service: ANSWERED')
+except Exception as e:
+    print('host-service: ERR ' + type(e).__name__)
+try:
+    with urllib.request.urlopen('http://allowed.test:8080/plain', timeout=20) as r: print('through-proxy: OK ' + r.read().decode())
+except Exception as e:
+    print('through-proxy: ERR ' + type(e).__name__)
+"#
+    .replace("@PORT@", &port.to_string());
+    let script = vec![Reply::tool("bash", bash_python(&probe)), Reply::text("done")];
+    let app = TestApp::spawn(Options { worker: false, script, ..Default::default() }).await;
+    let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
+    // `on`: a worker that could not install the rules fails the run, so
+    // the test cannot pass by the host being closed some other way.
+    config.sandbox.egress = Arc::new(EgressSettings {
+        host_firewall: Arc::new(HostFirewall::new(FirewallSetting::On)),
+        ..settings(&outside, EgressMode::Allowlist)
+    });
+    app.start_worker(config).await;
+    // Every call waits for approval: the session's sandbox and network
+    // exist meanwhile, to be looked at.
+    let spec = CreateRun {
+        sandbox: egress(EgressPolicy { mode: EgressMode::Allowlist, allow: None }),
+        approval: Some(ApprovalMode::Always),
+        ..CreateRun::new("x")
+    };
+    let submitted = app.submit("alice", spec).await;
+    let id = submitted.id;
+    let waiting = app.events_until("alice", id, None, |e| e.kind() == "approval.requested").await;
+    let call = pick!(&waiting, EventBody::ApprovalRequested { call_id, .. } => call_id.clone()).next();
+    let call = call.unwrap_or_else(|| panic!("{:?}", kinds(&waiting)));
+
+    // Two rules for this network's bridge: TCP to the proxy, then a drop of the rest.
+    let bridge = kiln_worker::egress::network::bridge_name(submitted.session_id);
+    let rules = host_rules_of(&bridge);
+    assert_eq!(rules.len(), 2, "{rules:?}");
+    assert!(rules[0].contains("--dport 3128") && rules[0].ends_with("-j ACCEPT"), "{rules:?}");
+    assert!(rules[1].ends_with("-j DROP"), "{rules:?}");
+    let network = kiln_worker::egress::network::name(submitted.session_id);
+    assert!(rules.iter().all(|r| r.contains(&format!("kiln:{network}"))), "{rules:?}");
+
+    let path = format!("/v1/runs/{id}/approvals/{call}");
+    assert_eq!(app.post_json("alice", &path, json!({"decision": "approve"})).await.0, 200);
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let got = results(&events);
+    assert!(result(&got, "host-service").starts_with("ERR"), "{got:?}");
+    assert_eq!(result(&got, "through-proxy"), "OK outside says GET /plain", "{got:?}");
+    assert!(!accept.is_finished(), "the host's listener was reached: {:?}", accept.await);
+
+    // The session's sandbox goes with its run (no idle time): its network,
+    // and then its rules, go too.
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let mut gone = false;
+    for _ in 0..600 {
+        if docker.inspect_network(&network, None).await.is_err() && host_rules_of(&bridge).is_empty() {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(gone, "{network} or its rules are still there: {:?}", host_rules_of(&bridge));
+
+    drop(app);
+    outside.stop().await;
+}
+
+/// A worker that starts removes Kiln's rules of bridges that no longer
+/// exist (a worker that died before removing its own), and no other.
+#[tokio::test]
+async fn a_starting_worker_sweeps_rules_of_bridges_that_are_gone() {
+    let iptables =
+        |args: &[&str]| std::process::Command::new("iptables").arg("-w").arg("10").args(args).status().unwrap();
+    // The chain may be there already (other tests, a worker on this host).
+    let _ = iptables(&["-N", CHAIN]);
+    let stale = format!("kilnt{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+    let comment = format!("kiln:kiln-egress-{stale}");
+    let rule = ["-i", stale.as_str(), "-m", "comment", "--comment", comment.as_str(), "-j", "DROP"];
+    assert!(iptables(&[&["-A", CHAIN][..], &rule[..]].concat()).success());
+    // Not Kiln's (no `kiln:` comment), on the same missing bridge: stays.
+    let foreign = ["-i", stale.as_str(), "-j", "DROP"];
+    assert!(iptables(&[&["-A", CHAIN][..], &foreign[..]].concat()).success());
+    assert_eq!(host_rules_of(&stale).len(), 2);
+
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
+    config.sandbox.egress = Arc::new(EgressSettings {
+        host_firewall: Arc::new(HostFirewall::new(FirewallSetting::Auto)),
+        ..Default::default()
+    });
+    app.start_worker(config).await;
+    let swept = wait_until(|| host_rules_of(&stale).len() == 1).await;
+    let left = host_rules_of(&stale);
+    // The test's own rules go before anything is asserted.
+    let removed_foreign = iptables(&[&["-D", CHAIN][..], &foreign[..]].concat()).success();
+    if !swept {
+        let _ = iptables(&[&["-D", CHAIN][..], &rule[..]].concat());
+    }
+    drop(app);
+    assert!(swept, "the stale rule was not swept: {left:?}");
+    assert!(!left[0].contains("kiln:"), "{left:?}");
+    assert!(removed_foreign, "the rule that is not Kiln's was left alone");
 }

@@ -84,6 +84,11 @@ impl Worker {
         };
         self.announce(engine.as_deref()).await;
         self.reap_sandboxes(true).await;
+        // After the reaper: rules of the networks it removed are gone, and
+        // those a dead worker left for bridges that no longer exist too.
+        let egress = &self.ctx.config.sandbox.egress;
+        let any_egress = egress.deployment.mode != kiln_protocol::egress::EgressMode::None;
+        egress.host_firewall.announce(any_egress, egress.port).await;
         let pool_task = self.pool.clone().map(|pool| {
             let stop = shutdown.child_token();
             tokio::spawn(async move { pool.run(stop).await })
@@ -150,6 +155,10 @@ impl Worker {
         if let Some(engine) = &engine {
             self.leave_engine(engine).await;
         }
+        // Rules of bridges gone meanwhile (networks removed by hand, or
+        // whose removal failed to clean up); live networks keep theirs:
+        // their sandboxes outlive this process.
+        self.ctx.config.sandbox.egress.host_firewall.sweep().await;
         if let Err(e) = self.ctx.store.worker_gone(&self.ctx.config.worker_id).await {
             tracing::warn!(error = %e, "could not sign off; other workers will notice after a while");
         }
@@ -290,6 +299,7 @@ impl Worker {
             idle: self.ctx.config.sandbox_idle,
             // Announced every lease/2: four missed announcements.
             worker_gone_after: self.ctx.config.lease * 2,
+            firewall: &self.ctx.config.sandbox.egress.host_firewall,
         };
         sandbox_reaper::reap(&self.ctx.docker, &self.ctx.store, &policy).await;
     }
@@ -311,7 +321,12 @@ impl Worker {
                 return;
             }
         }
-        let removed = sandbox_reaper::remove_idle_sessions(&self.ctx.docker, &self.ctx.store).await;
+        let removed = sandbox_reaper::remove_idle_sessions(
+            &self.ctx.docker,
+            &self.ctx.store,
+            &self.ctx.config.sandbox.egress.host_firewall,
+        )
+        .await;
         if removed > 0 {
             tracing::info!(removed, "removed idle session sandboxes: no other worker uses this engine");
         }

@@ -10,6 +10,7 @@ use chrono::Utc;
 use kiln_protocol::RunStatus;
 use kiln_store::{Store, WorkerPresence};
 
+use crate::egress::host_firewall::HostFirewall;
 use crate::sandbox::{self, Managed};
 
 /// What the reaper needs to decide.
@@ -22,6 +23,8 @@ pub struct ReapPolicy<'a> {
     pub idle: Duration,
     /// A worker not seen for this long is gone.
     pub worker_gone_after: Duration,
+    /// Whose rules go with a session's network.
+    pub firewall: &'a HostFirewall,
 }
 
 /// One pass over the engine's Kiln containers. Errors are logged: a pass
@@ -40,7 +43,7 @@ pub async fn reap(docker: &bollard::Docker, store: &Store, policy: &ReapPolicy<'
                 tracing::info!(container = %container.id, session = ?container.session, why, "removing sandbox");
                 sandbox::remove_by_id(docker, &container.id).await;
                 if let Some(session) = container.session {
-                    crate::egress::network::remove(docker, session).await;
+                    crate::egress::network::remove(docker, policy.firewall, session).await;
                 }
             }
             Ok(None) => {}
@@ -87,7 +90,7 @@ pub fn interval(idle: Duration) -> Duration {
 
 /// Removes every container on the engine bound to a session of this
 /// database that has no run queued or running; how many went.
-pub async fn remove_idle_sessions(docker: &bollard::Docker, store: &Store) -> usize {
+pub async fn remove_idle_sessions(docker: &bollard::Docker, store: &Store, firewall: &HostFirewall) -> usize {
     let containers = match sandbox::list_managed(docker).await {
         Ok(c) => c,
         Err(e) => {
@@ -105,6 +108,8 @@ pub async fn remove_idle_sessions(docker: &bollard::Docker, store: &Store) -> us
             Ok(Some(_)) => {
                 tracing::info!(container = %container.id, %session, "removing idle session sandbox");
                 sandbox::remove_by_id(docker, &container.id).await;
+                // Its network (and the host's rules for it) with it.
+                crate::egress::network::remove(docker, firewall, session).await;
                 removed += 1;
             }
             Err(e) => tracing::warn!(container = %container.id, error = %e, "checking a sandbox failed"),

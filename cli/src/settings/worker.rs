@@ -8,6 +8,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use kiln_protocol::{EgressMode, EgressPolicy};
 use kiln_worker::WorkerConfig;
+use kiln_worker::egress::host_firewall::{FirewallSetting, HostFirewall};
 use kiln_worker::egress::{AddressRules, EgressSettings, parse_allow};
 use kiln_worker::providers::pricing::PriceTable;
 use kiln_worker::sandbox::SandboxConfig;
@@ -109,6 +110,13 @@ pub struct WorkerArgs {
     /// Connections one session's sandbox may hold open through the proxy at once.
     #[arg(long, env = "KILN_EGRESS_MAX_CONNECTIONS", default_value_t = 256)]
     pub egress_max_connections: usize,
+    /// The host's firewall rules that close the host's own services to
+    /// sandboxes with egress (all but the proxy's port): `auto` installs
+    /// them when the worker can (host network namespace, CAP_NET_ADMIN,
+    /// iptables) and warns at start otherwise; `on` refuses runs with egress
+    /// without them; `off` never touches the firewall.
+    #[arg(long, env = "KILN_EGRESS_HOST_FIREWALL", default_value = "auto")]
+    pub egress_host_firewall: String,
     /// The kiln-toolbox binary copied into sandboxes; found next to `kiln` otherwise.
     #[arg(long, env = "KILN_TOOLBOX_PATH")]
     pub toolbox_path: Option<PathBuf>,
@@ -288,11 +296,14 @@ impl WorkerArgs {
                 .map_err(|e| anyhow::anyhow!("KILN_EGRESS_DENY_RANGES: {e}"))?,
             hosts: parse_hosts(&self.egress_hosts).map_err(|e| anyhow::anyhow!("KILN_EGRESS_HOSTS: {e}"))?,
         };
+        let firewall: FirewallSetting =
+            self.egress_host_firewall.parse().map_err(|e| anyhow::anyhow!("KILN_EGRESS_HOST_FIREWALL: {e}"))?;
         Ok(EgressSettings {
             deployment: EgressPolicy { mode, allow: Some(allow) },
             addresses: Arc::new(addresses),
             port: self.egress_port,
             max_connections: self.egress_max_connections,
+            host_firewall: Arc::new(HostFirewall::new(firewall)),
         })
     }
 }

@@ -10,9 +10,13 @@
 //!   worker runs for the session's current run, bound to that network's
 //!   gateway address, and which judges every request by the policy
 //!   (`kiln_protocol::egress`) and every address by `resolve`;
-//! - decisions go to the run's stream through `log`.
+//! - decisions go to the run's stream through `log`;
+//! - the host's own services, which the sandbox could reach at its
+//!   gateway address, are closed to it by the host's firewall
+//!   (`host_firewall`), where the worker may manage it.
 
 pub mod client_hello;
+pub mod host_firewall;
 pub mod log;
 pub mod network;
 pub mod proxy;
@@ -48,6 +52,9 @@ pub struct EgressSettings {
     pub port: u16,
     /// Connections one session's proxy holds open at once.
     pub max_connections: usize,
+    /// The host's firewall rules closing the host to each session's
+    /// sandbox (`KILN_EGRESS_HOST_FIREWALL`).
+    pub host_firewall: Arc<host_firewall::HostFirewall>,
 }
 
 impl Default for EgressSettings {
@@ -57,6 +64,7 @@ impl Default for EgressSettings {
             addresses: Arc::default(),
             port: 3128,
             max_connections: 256,
+            host_firewall: Arc::default(),
         }
     }
 }
@@ -185,7 +193,7 @@ pub async fn serve_container(
 ) -> Result<Option<SessionProxy>, ServeError> {
     let Some(client) = network::address_of(docker, container, session_id).await? else { return Ok(None) };
     let Some(net) = network::find(docker, session_id).await? else { return Ok(None) };
-    let listen = SocketAddr::new(net.gateway, settings.port);
+    let listen = SocketAddr::new(net.gateway.into(), settings.port);
     let mode = layers.mode();
     let proxy = SessionProxy::start_for(settings, layers, phase, listen, Some(client))
         .await

@@ -9,12 +9,14 @@
 //! pools (`default-address-pools` in daemon.json sets how many there are).
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use bollard::Docker;
 use bollard::models::NetworkCreateRequest;
 use uuid::Uuid;
 
+use super::EgressSettings;
+use super::host_firewall::{BridgeRules, FirewallError, HostFirewall};
 use crate::sandbox::{LABEL_MANAGED, LABEL_SESSION};
 
 const PREFIX: &str = "kiln-egress-";
@@ -40,7 +42,9 @@ pub fn bridge_name(session_id: Uuid) -> String {
 #[derive(Debug, Clone)]
 pub struct SessionNetwork {
     pub name: String,
-    pub gateway: IpAddr,
+    pub gateway: Ipv4Addr,
+    /// The IPv4 subnet its sandbox's address is from.
+    pub subnet: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -49,13 +53,41 @@ pub enum NetworkError {
     Docker(#[from] bollard::errors::Error),
     #[error("the network {0} has no IPv4 gateway")]
     NoGateway(String),
+    #[error("closing the host to the network {network}'s sandbox: {error}")]
+    HostFirewall { network: String, error: FirewallError },
 }
 
-/// The session's network, created if it does not exist yet.
-pub async fn ensure(docker: &Docker, session_id: Uuid) -> Result<SessionNetwork, NetworkError> {
-    if let Some(net) = find(docker, session_id).await? {
-        return Ok(net);
+/// The session's network, created if it does not exist yet, with the
+/// host's firewall rules for it (see `host_firewall`: installed again for
+/// a network that exists already, e.g. after a worker's restart). A network
+/// this call made whose rules `KILN_EGRESS_HOST_FIREWALL=on` requires and
+/// cannot get is removed again.
+pub async fn ensure(
+    docker: &Docker,
+    settings: &EgressSettings,
+    session_id: Uuid,
+) -> Result<SessionNetwork, NetworkError> {
+    let (net, made) = match find(docker, session_id).await? {
+        Some(net) => (net, false),
+        None => (create(docker, session_id).await?, true),
+    };
+    let rules = BridgeRules {
+        network: &net.name,
+        bridge: &bridge_name(session_id),
+        subnet: &net.subnet,
+        gateway: net.gateway,
+        port: settings.port,
+    };
+    if let Err(error) = settings.host_firewall.protect(&rules).await {
+        if made {
+            remove(docker, &settings.host_firewall, session_id).await;
+        }
+        return Err(NetworkError::HostFirewall { network: net.name, error });
     }
+    Ok(net)
+}
+
+async fn create(docker: &Docker, session_id: Uuid) -> Result<SessionNetwork, NetworkError> {
     let name = name(session_id);
     let request = NetworkCreateRequest {
         name: name.clone(),
@@ -83,15 +115,14 @@ pub async fn find(docker: &Docker, session_id: Uuid) -> Result<Option<SessionNet
         Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
-    let gateway = inspected
+    let (gateway, subnet) = inspected
         .ipam
         .and_then(|ipam| ipam.config)
         .unwrap_or_default()
         .iter()
-        .filter_map(|c| c.gateway.as_deref()?.parse::<IpAddr>().ok())
-        .find(IpAddr::is_ipv4)
+        .find_map(|c| Some((c.gateway.as_deref()?.parse::<Ipv4Addr>().ok()?, c.subnet.clone()?)))
         .ok_or_else(|| NetworkError::NoGateway(name.clone()))?;
-    Ok(Some(SessionNetwork { name, gateway }))
+    Ok(Some(SessionNetwork { name, gateway, subnet }))
 }
 
 /// The address `container` has on the session's network, if it is on it.
@@ -101,12 +132,17 @@ pub async fn address_of(docker: &Docker, container: &str, session_id: Uuid) -> R
     Ok(networks.get(&name(session_id)).and_then(|e| e.ip_address.as_deref()?.parse().ok()))
 }
 
-/// Removes the session's network; gone already is fine. The engine
-/// refuses while a container is still attached: the caller removes the
-/// container first.
-pub async fn remove(docker: &Docker, session_id: Uuid) {
+/// Removes the session's network, then its host firewall rules; gone
+/// already is fine. The engine refuses while a container is still
+/// attached: the caller removes the container first. A network that stays
+/// keeps its rules (its sandbox must not reach the host meanwhile).
+pub async fn remove(docker: &Docker, firewall: &HostFirewall, session_id: Uuid) {
     match docker.remove_network(&name(session_id)).await {
-        Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
+        Ok(()) => firewall.unprotect(&name(session_id)).await,
+        // Never made (most runs have no egress), or removed by another
+        // path, which took its rules along; rules of a network removed by
+        // hand are swept when a worker starts or stops.
+        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
         Err(e) => tracing::warn!(%session_id, error = %e, "removing the session's egress network failed"),
     }
 }

@@ -261,7 +261,8 @@ impl Plan<'_> {
         // Whatever happens from here on (the run cancelled mid-setup too),
         // the setup container goes, and the network it was on after it.
         let network_of = self.setup_config.wants_egress().then_some(session_id);
-        let mut gone = RemoveOnDrop { docker: docker.clone(), id: setup.id().to_owned(), network_of };
+        let firewall = self.setup_config.egress.host_firewall.clone();
+        let mut gone = RemoveOnDrop { docker: docker.clone(), id: setup.id().to_owned(), network_of, firewall };
         let proxy = if self.setup_config.wants_egress() {
             let layers = self.setup_config.egress_layers();
             let (settings, phase) = (&self.setup_config.egress, crate::egress::Phase::Setup);
@@ -518,20 +519,27 @@ struct RemoveOnDrop {
     docker: Docker,
     id: String,
     network_of: Option<uuid::Uuid>,
+    /// Whose rules go with the network.
+    firewall: std::sync::Arc<crate::egress::host_firewall::HostFirewall>,
 }
 
 impl RemoveOnDrop {
     async fn now(&mut self) {
-        remove_with_network(&self.docker, &std::mem::take(&mut self.id), self.network_of.take()).await;
+        remove_with_network(&self.docker, &self.firewall, &std::mem::take(&mut self.id), self.network_of.take()).await;
     }
 }
 
-async fn remove_with_network(docker: &Docker, id: &str, network_of: Option<uuid::Uuid>) {
+async fn remove_with_network(
+    docker: &Docker,
+    firewall: &crate::egress::host_firewall::HostFirewall,
+    id: &str,
+    network_of: Option<uuid::Uuid>,
+) {
     if !id.is_empty() {
         crate::sandbox::remove_by_id(docker, id).await;
     }
     if let Some(session_id) = network_of {
-        crate::egress::network::remove(docker, session_id).await;
+        crate::egress::network::remove(docker, firewall, session_id).await;
     }
 }
 
@@ -541,8 +549,9 @@ impl Drop for RemoveOnDrop {
             return;
         }
         let (docker, id, network_of) = (self.docker.clone(), std::mem::take(&mut self.id), self.network_of.take());
+        let firewall = self.firewall.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move { remove_with_network(&docker, &id, network_of).await });
+            runtime.spawn(async move { remove_with_network(&docker, &firewall, &id, network_of).await });
         }
     }
 }

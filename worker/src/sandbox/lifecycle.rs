@@ -86,7 +86,7 @@ pub async fn after_run(docker: &Docker, config: &SandboxConfig, session_id: Uuid
     let name = session_container_name(session_id);
     if !keep {
         remove_container(docker, &name).await;
-        crate::egress::network::remove(docker, session_id).await;
+        crate::egress::network::remove(docker, &config.egress.host_firewall, session_id).await;
         return;
     }
     let sandbox = Sandbox { docker: docker.clone(), id: name, config: config.clone(), toolbox: Default::default() };
@@ -96,7 +96,7 @@ pub async fn after_run(docker: &Docker, config: &SandboxConfig, session_id: Uuid
         // never made (the run ended between making the session's network
         // and starting its container): the network has no one left.
         Err(ToolboxError::Docker(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. })) => {
-            crate::egress::network::remove(docker, session_id).await;
+            crate::egress::network::remove(docker, &config.egress.host_firewall, session_id).await;
         }
         Err(e) => {
             tracing::warn!(%session_id, error = %e, "stopping the run's processes failed; removing the sandbox");

@@ -309,8 +309,8 @@ impl Sandbox {
         // (warm ones never do: runs with egress do not take from the pool).
         let egress = match &purpose {
             Purpose::Session(owner) if config.wants_egress() => {
-                let net = egress_network::ensure(docker, owner.session_id).await?;
-                let proxy = std::net::SocketAddr::new(net.gateway, config.egress.port);
+                let net = egress_network::ensure(docker, &config.egress, owner.session_id).await?;
+                let proxy = std::net::SocketAddr::new(net.gateway.into(), config.egress.port);
                 Some(Attachment { network: net.name, proxy, session_id: owner.session_id })
             }
             _ => None,
@@ -325,7 +325,7 @@ impl Sandbox {
         if let (Err(e), Some(attachment)) = (&made, &egress)
             && !is_name_conflict(e)
         {
-            egress_network::remove(docker, attachment.session_id).await;
+            egress_network::remove(docker, &config.egress.host_firewall, attachment.session_id).await;
         }
         made
     }
