@@ -70,6 +70,12 @@ async fn bounded<T, E: std::fmt::Display>(
 /// The containers of `workers` (any state) and the networks of the sessions
 /// in the database at `db_url`; every call bounded by [`CALL_TIMEOUT`].
 pub async fn find(docker: &Docker, db_url: &str, workers: &[String]) -> Result<Leftovers, LookFailed> {
+    let containers = containers(docker, workers).await?;
+    let networks = networks(docker, db_url).await?;
+    Ok(Leftovers { containers, networks })
+}
+
+async fn containers(docker: &Docker, workers: &[String]) -> Result<Vec<String>, LookFailed> {
     let mut containers = Vec::new();
     for worker in workers {
         let filters = HashMap::from([("label".to_owned(), vec![format!("{LABEL_WORKER}={worker}")])]);
@@ -79,6 +85,10 @@ pub async fn find(docker: &Docker, db_url: &str, workers: &[String]) -> Result<L
             containers.extend(name.or(c.id));
         }
     }
+    Ok(containers)
+}
+
+async fn networks(docker: &Docker, db_url: &str) -> Result<Vec<String>, LookFailed> {
     let sessions = sessions(db_url).await?;
     let mut networks = Vec::new();
     if !sessions.is_empty() {
@@ -91,7 +101,7 @@ pub async fn find(docker: &Docker, db_url: &str, workers: &[String]) -> Result<L
             }
         }
     }
-    Ok(Leftovers { containers, networks })
+    Ok(networks)
 }
 
 /// Removes `leftovers` (containers first: a network in use cannot go);
@@ -114,6 +124,8 @@ pub struct CleanUp {
     /// Why it could not show that nothing is left (`None`: two looks in a
     /// row found nothing).
     pub unfinished: Option<String>,
+    /// Why the sessions' networks could not be looked for.
+    networks_unknown: Option<String>,
 }
 
 /// Stops the workers' `runtime` (every task on it dropped), then finds and
@@ -153,11 +165,25 @@ fn look_and_remove(db_url: &str, workers: &[String]) -> CleanUp {
         let deadline = Instant::now() + LOOK_FOR;
         let mut clean_looks = 0;
         loop {
-            match find(&docker, db_url, workers).await {
+            // A database that is gone (a test's own server, stopped first)
+            // hides its sessions' networks, not the containers: those are
+            // still removed, and the look still counts.
+            let found = match containers(&docker, workers).await {
+                Ok(containers) => match networks(&docker, db_url).await {
+                    Ok(networks) => Ok(Leftovers { containers, networks }),
+                    Err(LookFailed(why)) => {
+                        done.networks_unknown = Some(why);
+                        Ok(Leftovers { containers, networks: Vec::new() })
+                    }
+                },
+                Err(failed) => Err(failed),
+            };
+            match found {
                 Ok(found) if found.is_empty() => {
                     clean_looks += 1;
                     done.unfinished = None;
                     if clean_looks == CLEAN_LOOKS {
+                        done.unfinished = done.networks_unknown.take();
                         return done;
                     }
                 }
