@@ -1,21 +1,50 @@
 #!/usr/bin/env bash
 # Fails if the test suite left Kiln sandboxes or session networks behind on
-# the Docker engine: containers of the tests' workers (ids `test-…` from
-# tests/src/lib.rs's worker_config, `proc-…` from its worker processes) and
-# networks of Kiln sessions. Run after the suite on a machine where nothing
-# else uses Kiln (CI: .ci/run); elsewhere another test run's containers would
-# count too. The harness removes what its workers leave when a test's
-# TestApp drops (tests/src/leftovers.rs); what is found here escaped it (a
-# test process killed, a test that does not drop its app).
+# the Docker engine. Counts only the tests' own:
+# - containers of the tests' workers (ids `test-…` from tests/src/lib.rs's
+#   worker_config, `proc-…` from its worker processes); a `kiln up`'s
+#   (`up-…`), a bench's (`bench-…`) or a deployment's workers are not;
+# - networks of sessions that live in a test database (`kiln_test_…`, from
+#   tests/src/lib.rs's fresh_database): a session network of a `kiln up` or
+#   another deployment on the engine is not.
+# Run after the suite (CI: .ci/run). On a machine where other test runs are
+# going on, their containers count too. The harness removes what its
+# workers leave when a test's TestApp drops (tests/src/leftovers.rs); what
+# is found here escaped it (a test process killed, a test that does not
+# drop its app).
+#
+# Environment: DATABASE_URL, the server the tests made their databases on
+# (default: scripts/ensure-postgres.sh's).
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 leaks=$(docker ps -a --filter label=dev.kiln.managed \
   --format '{{.Names}} {{.Label "dev.kiln.worker"}} {{.Status}}' | awk '$2 ~ /^(test|proc)-/' || true)
-networks=$(docker network ls --filter label=dev.kiln.session --format '{{.Name}}' || true)
+
+# Session networks, then those whose session is in a test database.
+networks=""
+session_networks=$(docker network ls --filter label=dev.kiln.session \
+  --format '{{.Name}} {{.Label "dev.kiln.session"}}' || true)
+if [ -n "$session_networks" ]; then
+  url=${DATABASE_URL:-postgres://kiln:kiln@127.0.0.1:5432/kiln}
+  dbs=$(psql "$url" -Atc "SELECT datname FROM pg_database WHERE datname LIKE 'kiln\_test\_%'")
+  while read -r name session; do
+    # A session id is a UUID; anything else is no session of Kiln's.
+    [[ $session =~ ^[0-9a-f-]{36}$ ]] || continue
+    for db in $dbs; do
+      found=$(psql "${url%/*}/$db" -Atc "SELECT 1 FROM sessions WHERE id = '$session'" 2>/dev/null || true)
+      if [ "$found" = 1 ]; then
+        networks="$networks $name"
+        break
+      fi
+    done
+  done <<<"$session_networks"
+fi
+
 if [ -n "$leaks" ] || [ -n "$networks" ]; then
   echo "the tests left these behind:" >&2
   [ -z "$leaks" ] || echo "$leaks" >&2
-  [ -z "$networks" ] || echo "networks: $networks" >&2
+  [ -z "$networks" ] || echo "networks:$networks" >&2
   exit 1
 fi
 echo "no containers or networks left behind by the tests"

@@ -144,6 +144,14 @@ pub struct TestApp {
     /// Ids of the workers started for this app (in this process or as
     /// processes): what they leave in Docker is removed when it drops.
     workers: std::sync::Mutex<Vec<String>>,
+    /// The runtime this app's in-process workers run on, every task they
+    /// spawn included. A runtime of their own, because when the app drops
+    /// they must stop before the harness looks for what they left: on the
+    /// test's runtime they would go on (another thread of it) or resume
+    /// (the test's thread, once `Drop` returns), refilling a warm pool or
+    /// creating a session's container after the look. Shutting this one
+    /// down drops them all.
+    worker_runtime: std::sync::Mutex<Option<tokio::runtime::Runtime>>,
 }
 
 impl TestApp {
@@ -164,7 +172,16 @@ impl TestApp {
             });
         let addr = Self::start_api_on(&store, options.api.clone(), github, shutdown.clone()).await;
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
-        let app = TestApp { addr, db_url, store, model, http, shutdown, workers: Default::default() };
+        let app = TestApp {
+            addr,
+            db_url,
+            store,
+            model,
+            http,
+            shutdown,
+            workers: Default::default(),
+            worker_runtime: Default::default(),
+        };
         if options.worker {
             app.start_worker(worker_config(options.provider, options.lease)).await;
         }
@@ -205,17 +222,41 @@ impl TestApp {
             CACHE_PRICED_MODEL,
             ModelPrice { input: 3.0, output: 15.0, cache_read: Some(0.3), cache_write: Some(3.75) },
         );
+        let runtime = self.worker_runtime();
         // The app's shutdown also stops this worker.
         let app_shutdown = self.shutdown.clone();
         let token = shutdown.clone();
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             app_shutdown.cancelled().await;
             token.cancel();
         });
         self.owns_worker(&config.worker_id);
         let parts = WorkerParts { config, endpoints, prices };
-        let running = Kiln::new(store).worker(parts).start(shutdown).await.expect("start worker");
+        // Started on the workers' runtime, so that everything it spawns
+        // runs there.
+        let running = runtime
+            .spawn(async move { Kiln::new(store).worker(parts).start(shutdown).await })
+            .await
+            .expect("the worker's start")
+            .expect("start worker");
         running.worker.expect("a worker")
+    }
+
+    /// The runtime of this app's workers (made with the first): two
+    /// threads, as `kiln worker` has at least.
+    fn worker_runtime(&self) -> tokio::runtime::Handle {
+        let mut runtime = self.worker_runtime.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        runtime
+            .get_or_insert_with(|| {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name("test-workers")
+                    .enable_all()
+                    .build()
+                    .expect("a runtime for the test's workers")
+            })
+            .handle()
+            .clone()
     }
 
     async fn start_api_on(
@@ -413,16 +454,20 @@ impl TestApp {
 impl Drop for TestApp {
     /// Stops the app's workers and removes what they left in Docker (see
     /// [`leftovers`]): a test that ends, or fails, mid-run leaves nothing
-    /// running behind it.
+    /// running behind it. Bounded: it never hangs the test.
     fn drop(&mut self) {
         self.shutdown.cancel();
+        let runtime = self.worker_runtime.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).take();
         let workers = self.worker_ids();
-        if workers.is_empty() {
+        if workers.is_empty() && runtime.is_none() {
             return;
         }
-        let removed = leftovers::clean_up(self.db_url.clone(), workers);
-        if !removed.is_empty() {
-            eprintln!("test harness: removed what the test's workers left: {removed:?}");
+        let done = leftovers::clean_up(runtime, self.db_url.clone(), workers);
+        if !done.removed.is_empty() {
+            eprintln!("test harness: removed what the test's workers left: {:?}", done.removed);
+        }
+        if let Some(why) = done.unfinished {
+            eprintln!("test harness: could not show that the test's workers left nothing: {why}");
         }
     }
 }

@@ -108,3 +108,60 @@ async fn a_run_waiting_for_approval_rides_out_a_database_restart() {
     let output = pick!(all, EventBody::ToolResult { output, .. } => output).next().unwrap();
     assert!(output.contains("approved-ran"), "{output:?}");
 }
+
+/// What the attempt that takes a run over answers for a call whose result
+/// the lost attempt never recorded.
+const INTERRUPTED: &str = "interrupted: the worker running this call was lost; it may or may not have completed";
+
+/// A worker whose database is away for longer than its lease cannot keep
+/// the run: it stops driving it (nobody could extend the lease, so another
+/// attempt may begin), and once the database is back the run is taken up
+/// again and finished exactly once: a second attempt, the lost call
+/// answered once (by the takeover, never by the first attempt's command),
+/// one terminal event, the events dense.
+#[tokio::test]
+async fn a_run_whose_database_is_away_for_longer_than_the_lease_is_handed_back_and_finished_once() {
+    let pg = PrivatePostgres::start();
+    let lease = Duration::from_secs(3);
+    let app = TestApp::spawn(Options {
+        postgres: Some(pg.admin_url()),
+        lease,
+        script: vec![
+            // Long enough to outlast the outage: if the first attempt went
+            // on driving the run, its result would be this output.
+            Reply::tool("bash", json!({"command": "sleep 12; echo first-attempt-finished"})),
+            Reply::text("done"),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let id = app.submit("alice", CreateRun::new("outlast")).await.id;
+    let before = app.events_until("alice", id, None, |e| matches!(e.body, EventBody::ToolCallReady { .. })).await;
+
+    // Away for three leases while the command runs.
+    let _pg = tokio::task::spawn_blocking(move || {
+        pg.restart(lease * 3);
+        pg
+    })
+    .await
+    .unwrap();
+
+    let rest = app.events_after("alice", id, Some(before.last().unwrap().seq)).await;
+    let all: Vec<_> = before.into_iter().chain(rest).collect();
+    assert_dense(&all, 1);
+    assert_eq!(outcome(&all), Some(RunStatus::Succeeded), "{:?}", kinds(&all));
+    let attempts: Vec<i32> = pick!(all, EventBody::RunStarted { attempt, .. } => *attempt).collect();
+    assert_eq!(attempts, [1, 2], "handed back and taken up again once: {:?}", kinds(&all));
+    let results: Vec<&str> = pick!(all, EventBody::ToolResult { output, .. } => output.as_str()).collect();
+    assert_eq!(results, [INTERRUPTED], "the lost call answered once, by the takeover");
+    assert_eq!(all.iter().filter(|e| e.body.is_terminal()).count(), 1, "{:?}", kinds(&all));
+    // Each attempt asked the model once; the first, stopped, nothing more.
+    assert_eq!(app.model.requests().len(), 2);
+    let sql = app.sql().await;
+    let row = sql.query_one("SELECT status::text, attempt FROM runs WHERE id = $1", &[&id]).await.unwrap();
+    assert_eq!((row.get::<_, String>(0), row.get::<_, i32>(1)), ("succeeded".to_owned(), 2));
+    // Nothing written after the end, by either attempt (the first one's
+    // command would have ended by now were it still driven).
+    let stored = app.stored_events(id).await;
+    assert_eq!(stored.len(), all.len(), "{:?}", kinds(&stored));
+}
