@@ -40,7 +40,7 @@ pub enum ServerError {
 enum Endpoint {
     Remote(reqwest::Client),
     /// Started in this sandbox.
-    Stdio(Sandbox),
+    Stdio(Box<Sandbox>),
 }
 
 /// A live connection, and the process behind it for a server in the sandbox.
@@ -66,7 +66,7 @@ impl Server {
                 remote::http_client(config.timeout)
                     .map_err(|e| ServerError::Connect { server: name.to_owned(), reason: e.to_string() })?,
             ),
-            Transport::Stdio(_) => Endpoint::Stdio(sandbox.clone()),
+            Transport::Stdio(_) => Endpoint::Stdio(Box::new(sandbox.clone())),
         };
         Ok(Server { name: name.to_owned(), config, endpoint, live: Mutex::new(None) })
     }
