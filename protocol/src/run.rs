@@ -36,8 +36,9 @@ pub struct CreateRun {
     /// `*` (any run of characters): `mcp__github__*`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_tools: Option<Vec<String>>,
-    /// The operator's MCP servers (`KILN_MCP_SERVERS`) whose tools the run
-    /// gets, by name; all of them when absent, none when empty.
+    /// The operator's MCP servers (`KILN_MCP_SERVERS`: remote ones, and
+    /// ones started inside the run's sandbox as its user) whose tools the
+    /// run gets, by name; all of them when absent, none when empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mcp: Option<Vec<String>>,
     /// Narrower sandbox limits, or network access where the deployment

@@ -280,9 +280,10 @@ async fn drive(
             workspace_lost: notice.is_some(),
         })
         .await?;
-    // The run's MCP tools, listed now; a server that is missing is told to
-    // the model, not a failure.
-    let mcp = crate::mcp::open(&ctx.config.mcp, run, &ctx.tools).await;
+    // The run's MCP tools, listed now (servers in the sandbox started now,
+    // and stopped when `mcp` and `tools` go); a server that is missing is
+    // told to the model, not a failure.
+    let mcp = crate::mcp::open(&ctx.config.mcp, run, &ctx.tools, &sandbox).await;
     let tools = ctx.tools.with(mcp.tools.iter().cloned());
     let notice = match (notice, mcp.notice()) {
         (Some(a), Some(b)) => Some(format!("{a}\n\n{b}")),

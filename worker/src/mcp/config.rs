@@ -5,8 +5,15 @@
 //!     "demo": { "url": "https://mcp.example.com/mcp",
 //!               "headers": { "Authorization": "Bearer …" },
 //!               "trust_read_only_hints": true,
-//!               "timeout_s": 60 } } }
+//!               "timeout_s": 60 },
+//!     "repo": { "command": "python3", "args": ["tools/mcp_server.py"],
+//!               "env": { "LOG_LEVEL": "info" }, "cwd": "/workspace" } } }
 //! ```
+//!
+//! A server has either a `url` (remote: the worker is the client) or a
+//! `command` (in-sandbox: started over stdio inside the session's
+//! container, see `stdio`). An in-sandbox server's `env` is visible to
+//! everything in the sandbox, so it holds no secrets.
 //!
 //! A file rather than environment variables: header values are secrets, and
 //! a file can be mounted from a secret store with its own permissions,
@@ -32,6 +39,11 @@ const MAX_TIMEOUT_S: u64 = 3_600;
 const MAX_SERVERS: usize = 64;
 /// Headers per server.
 const MAX_HEADERS: usize = 32;
+/// Arguments and environment variables of an in-sandbox server.
+const MAX_ARGS: usize = 64;
+const MAX_ENV: usize = 64;
+/// Bytes of the command, one argument, one variable's value or the cwd.
+const MAX_ARG_BYTES: usize = 4096;
 
 /// Every server this worker may connect runs to.
 #[derive(Debug, Clone, Default)]
@@ -39,19 +51,46 @@ pub struct McpConfig {
     pub servers: BTreeMap<String, ServerConfig>,
 }
 
-/// One remote server.
+/// One server.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// The streamable HTTP endpoint (`http` or `https`).
-    pub url: url::Url,
-    /// Sent with every request to the server: credentials, usually.
-    pub headers: Vec<(String, SecretString)>,
+    /// How the worker reaches it.
+    pub transport: Transport,
     /// Whether a tool's `readOnlyHint` may make it read-only (parallel,
     /// no approval under `approval: "mutating"`). Off by default: the hint
     /// is the server's word, and a server is not trusted by default.
     pub trust_read_only_hints: bool,
     /// How long a call (and the connection at session start) may take.
     pub timeout: Duration,
+}
+
+/// Where a server runs.
+#[derive(Debug, Clone)]
+pub enum Transport {
+    /// A remote server over streamable HTTP.
+    Remote(RemoteConfig),
+    /// A server started inside the session's sandbox, spoken to over its
+    /// stdin and stdout.
+    Stdio(StdioConfig),
+}
+
+#[derive(Debug, Clone)]
+pub struct RemoteConfig {
+    /// The streamable HTTP endpoint (`http` or `https`).
+    pub url: url::Url,
+    /// Sent with every request to the server: credentials, usually.
+    pub headers: Vec<(String, SecretString)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StdioConfig {
+    /// The program, found on the sandbox's `PATH` or relative to `cwd`.
+    pub command: String,
+    pub args: Vec<String>,
+    /// Added to the sandbox's environment. Not secret: the sandbox sees it.
+    pub env: Vec<(String, String)>,
+    /// Absolute; `/workspace` by default.
+    pub cwd: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,9 +110,18 @@ struct File {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawServer {
-    url: String,
+    #[serde(default)]
+    url: Option<String>,
     #[serde(default)]
     headers: BTreeMap<String, String>,
+    #[serde(default)]
+    command: Option<String>,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    cwd: Option<String>,
     #[serde(default)]
     trust_read_only_hints: bool,
     #[serde(default)]
@@ -117,7 +165,65 @@ impl McpConfig {
 
 impl RawServer {
     fn check(self) -> Result<ServerConfig, String> {
-        let url = url::Url::parse(&self.url).map_err(|e| format!("url: {e}"))?;
+        let timeout_s = self.timeout_s.unwrap_or(DEFAULT_TIMEOUT.as_secs());
+        if !(1..=MAX_TIMEOUT_S).contains(&timeout_s) {
+            return Err(format!("timeout_s must be between 1 and {MAX_TIMEOUT_S}"));
+        }
+        let trust_read_only_hints = self.trust_read_only_hints;
+        let transport = match (self.url.is_some(), self.command.is_some()) {
+            (true, false) => Transport::Remote(self.check_remote()?),
+            (false, true) => Transport::Stdio(self.check_stdio()?),
+            _ => return Err("give either url (a remote server) or command (one in the sandbox)".into()),
+        };
+        Ok(ServerConfig { transport, trust_read_only_hints, timeout: Duration::from_secs(timeout_s) })
+    }
+
+    fn check_stdio(self) -> Result<StdioConfig, String> {
+        if !self.headers.is_empty() {
+            return Err("headers are for remote servers (url); a server in the sandbox has env".into());
+        }
+        let command = self.command.unwrap_or_default();
+        let plain = |what: &str, text: &str| {
+            if text.contains('\0') || text.len() > MAX_ARG_BYTES {
+                Err(format!("{what}: at most {MAX_ARG_BYTES} bytes, no NUL"))
+            } else {
+                Ok(())
+            }
+        };
+        if command.is_empty() {
+            return Err("command must not be empty".into());
+        }
+        plain("command", &command)?;
+        if self.args.len() > MAX_ARGS {
+            return Err(format!("at most {MAX_ARGS} args"));
+        }
+        for arg in &self.args {
+            plain("args", arg)?;
+        }
+        if self.env.len() > MAX_ENV {
+            return Err(format!("at most {MAX_ENV} env variables"));
+        }
+        for (name, value) in &self.env {
+            let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                return Err(format!("env name {name:?}: letters, digits and _, not starting with a digit"));
+            }
+            plain("env", value)?;
+        }
+        let cwd = self.cwd.unwrap_or_else(|| crate::sandbox::WORKSPACE.to_owned());
+        if !cwd.starts_with('/') {
+            return Err("cwd must be an absolute path".into());
+        }
+        plain("cwd", &cwd)?;
+        Ok(StdioConfig { command, args: self.args, env: self.env.into_iter().collect(), cwd })
+    }
+
+    fn check_remote(self) -> Result<RemoteConfig, String> {
+        if self.command.is_some() || !self.args.is_empty() || !self.env.is_empty() || self.cwd.is_some() {
+            return Err("args, env and cwd are for servers in the sandbox (command)".into());
+        }
+        let url = url::Url::parse(self.url.as_deref().unwrap_or_default()).map_err(|e| format!("url: {e}"))?;
         if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
             return Err("url must be an http(s) URL with a host".into());
         }
@@ -137,16 +243,7 @@ impl RawServer {
             }
             headers.push((name, SecretString::from(value)));
         }
-        let timeout_s = self.timeout_s.unwrap_or(DEFAULT_TIMEOUT.as_secs());
-        if !(1..=MAX_TIMEOUT_S).contains(&timeout_s) {
-            return Err(format!("timeout_s must be between 1 and {MAX_TIMEOUT_S}"));
-        }
-        Ok(ServerConfig {
-            url,
-            headers,
-            trust_read_only_hints: self.trust_read_only_hints,
-            timeout: Duration::from_secs(timeout_s),
-        })
+        Ok(RemoteConfig { url, headers })
     }
 }
 
@@ -163,15 +260,43 @@ mod tests {
         )
         .unwrap();
         let demo = &c.servers["demo"];
-        assert_eq!(demo.url.as_str(), "http://127.0.0.1:9/mcp");
-        assert_eq!(demo.headers[0].0, "X-Api-Key");
-        assert_eq!(demo.headers[0].1.expose_secret(), "s3cret");
+        let Transport::Remote(remote) = &demo.transport else { panic!("{demo:?}") };
+        assert_eq!(remote.url.as_str(), "http://127.0.0.1:9/mcp");
+        assert_eq!(remote.headers[0].0, "X-Api-Key");
+        assert_eq!(remote.headers[0].1.expose_secret(), "s3cret");
         assert!(!demo.trust_read_only_hints);
         assert_eq!(demo.timeout, DEFAULT_TIMEOUT);
         assert!(c.servers["other"].trust_read_only_hints);
         assert_eq!(c.servers["other"].timeout, Duration::from_secs(5));
         // Debug never shows a header's value.
         assert!(!format!("{c:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn servers_in_the_sandbox_parse_with_workspace_as_their_cwd() {
+        let c = McpConfig::parse(
+            r#"{"servers":{"repo":{"command":"python3","args":["tools/s.py","-v"],"env":{"LEVEL":"1"}},
+                "other":{"command":"srv","cwd":"/tmp","timeout_s":5}}}"#,
+        )
+        .unwrap();
+        let Transport::Stdio(repo) = &c.servers["repo"].transport else { panic!("{c:?}") };
+        assert_eq!(repo.command, "python3");
+        assert_eq!(repo.args, ["tools/s.py", "-v"]);
+        assert_eq!(repo.env, [("LEVEL".to_owned(), "1".to_owned())]);
+        assert_eq!(repo.cwd, "/workspace");
+        let Transport::Stdio(other) = &c.servers["other"].transport else { panic!("{c:?}") };
+        assert_eq!(other.cwd, "/tmp");
+        for bad in [
+            r#"{"servers":{"a":{}}}"#,
+            r#"{"servers":{"a":{"command":"x","url":"http://h/"}}}"#,
+            r#"{"servers":{"a":{"command":""}}}"#,
+            r#"{"servers":{"a":{"command":"x","cwd":"rel"}}}"#,
+            r#"{"servers":{"a":{"command":"x","env":{"1A":"v"}}}}"#,
+            r#"{"servers":{"a":{"command":"x","headers":{"X":"v"}}}}"#,
+            r#"{"servers":{"a":{"url":"http://h/","args":["x"]}}}"#,
+        ] {
+            assert!(McpConfig::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

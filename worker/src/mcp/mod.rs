@@ -1,5 +1,6 @@
-//! MCP tools: the operator's remote MCP servers (streamable HTTP, through
-//! the official Rust SDK `rmcp`), whose tools a run gets beside the
+//! MCP tools: the operator's MCP servers (through the official Rust SDK
+//! `rmcp`), remote (streamable HTTP, `remote`) or started inside the
+//! session's sandbox (stdio, `stdio`), whose tools a run gets beside the
 //! built-in ones.
 //!
 //! At session start [`open`] connects to the servers the run may use (the
@@ -15,15 +16,19 @@ pub mod config;
 pub mod names;
 mod remote;
 mod result;
+mod server;
+mod stdio;
 mod tool;
 
 use std::sync::Arc;
 
 use kiln_protocol::Run;
 
-pub use config::{ConfigError, McpConfig, ServerConfig};
-use remote::RemoteServer;
+pub use config::{ConfigError, McpConfig, ServerConfig, Transport};
+pub use server::MAX_RESPONSE_BYTES;
+use server::Server;
 
+use crate::sandbox::Sandbox;
 use crate::tools::{Registry, Tool};
 
 /// A run's MCP tools, and what the model should know about the servers
@@ -47,15 +52,22 @@ impl McpSession {
     }
 }
 
-/// Connects to the servers `run` may use and lists their tools, all at
-/// once; `builtin` holds the names MCP tools must not take.
-pub async fn open(config: &McpConfig, run: &Run, builtin: &Registry) -> McpSession {
-    connect(config, run.mcp.as_deref(), builtin).await
+/// Connects to the servers `run` may use (starting those that run in
+/// `sandbox`) and lists their tools, all at once; `builtin` holds the
+/// names MCP tools must not take.
+pub async fn open(config: &McpConfig, run: &Run, builtin: &Registry, sandbox: &Sandbox) -> McpSession {
+    connect(config, run.mcp.as_deref(), builtin, sandbox).await
 }
 
 /// Connects to the servers named in `wanted` (all of `config`'s when
-/// `None`) and lists their tools, all at once.
-pub async fn connect(config: &McpConfig, wanted: Option<&[String]>, builtin: &Registry) -> McpSession {
+/// `None`) and lists their tools, all at once. The servers stop (those in
+/// the sandbox are killed) when the session's tools are dropped.
+pub async fn connect(
+    config: &McpConfig,
+    wanted: Option<&[String]>,
+    builtin: &Registry,
+    sandbox: &Sandbox,
+) -> McpSession {
     let mut session = McpSession::default();
     let wanted: Vec<&str> = match wanted {
         Some(names) => names.iter().map(String::as_str).collect(),
@@ -64,7 +76,7 @@ pub async fn connect(config: &McpConfig, wanted: Option<&[String]>, builtin: &Re
     let mut servers = Vec::new();
     for name in wanted {
         match config.servers.get(name) {
-            Some(server) => match RemoteServer::new(name, server.clone()) {
+            Some(server) => match Server::new(name, server.clone(), sandbox) {
                 Ok(server) => servers.push(Arc::new(server)),
                 Err(e) => session.problems.push(format!("- {name}: {e}")),
             },

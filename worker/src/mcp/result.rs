@@ -2,7 +2,7 @@
 //! binary content described instead of dumped, cut to the same byte budget
 //! as `view`'s output and said so when cut. The server's result is hostile
 //! input like any other: its size is bounded twice, on the wire (the
-//! transport refuses bodies over [`super::remote::MAX_RESPONSE_BYTES`]) and
+//! transport refuses bodies over [`super::server::MAX_RESPONSE_BYTES`]) and
 //! here.
 
 use rmcp::model::{CallToolResult, ContentBlock, ResourceContents};

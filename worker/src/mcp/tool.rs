@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::remote::RemoteServer;
 use super::result;
+use super::server::Server;
 use crate::tools::{Tool, ToolContext, ToolFailure, ToolOutcome};
 
 /// Characters of a tool's description the model is shown.
@@ -23,11 +23,11 @@ pub struct McpTool {
     /// Read-only by the server's `readOnlyHint`, when the operator trusts
     /// the server's hints; otherwise it counts as changing things.
     read_only: bool,
-    server: Arc<RemoteServer>,
+    server: Arc<Server>,
 }
 
 impl McpTool {
-    pub fn new(name: String, listed: &rmcp::model::Tool, server: Arc<RemoteServer>) -> Self {
+    pub fn new(name: String, listed: &rmcp::model::Tool, server: Arc<Server>) -> Self {
         let hint = listed.annotations.as_ref().and_then(|a| a.read_only_hint) == Some(true);
         let read_only = hint && server.config().trust_read_only_hints;
         let told = listed.description.as_deref().or(listed.title.as_deref()).unwrap_or("");

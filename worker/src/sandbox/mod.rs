@@ -20,6 +20,7 @@ mod files;
 pub mod lifecycle;
 pub mod pool;
 pub mod repo_clone;
+mod stdio;
 
 pub mod toolbox;
 mod toolbox_binary;
@@ -46,6 +47,7 @@ use uuid::Uuid;
 
 pub use exec::ExecOutput;
 pub use files::{FileError, FilePage};
+pub use stdio::{StdioHandle, StdioProcess};
 // One bounded head-and-tail buffer, shared with the toolbox.
 pub use kiln_toolbox::output::HeadTail;
 pub use toolbox::{OutputSink, ToolboxError};

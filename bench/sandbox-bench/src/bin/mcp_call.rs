@@ -90,7 +90,7 @@ async fn measure(sandbox: &Sandbox, mcp: &McpConfig, url: &str, runs: usize) -> 
     let raw = RawSession::open(url).await?;
     setup::bash(sandbox, "printf 'one\\ntwo\\nthree\\n' > /workspace/small.txt", TIMEOUT).await?;
     let builtin = Registry::standard();
-    let session = kiln_worker::mcp::connect(mcp, None, &builtin).await;
+    let session = kiln_worker::mcp::connect(mcp, None, &builtin, sandbox).await;
     if !session.problems.is_empty() {
         bail!("MCP server unavailable: {:?}", session.problems);
     }
