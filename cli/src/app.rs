@@ -172,7 +172,21 @@ async fn start_worker(store: Store, parts: WorkerParts, shutdown: CancellationTo
         tokio::spawn(kiln_worker::retention::serve(store.clone(), keep, shutdown.clone()));
     }
     let presence = kiln_worker::presence::Presence::new(store.clone(), config.worker_id.clone());
-    let ctx = WorkerContext { store, docker, config, providers, prices, tools: Registry::standard(), presence };
+    let environment_pools = Arc::new(kiln_worker::environment::warm::EnvironmentPools::new(
+        docker.clone(),
+        config.worker_id.clone(),
+        config.environment_warm,
+    ));
+    let ctx = WorkerContext {
+        store,
+        docker,
+        config,
+        providers,
+        prices,
+        tools: Registry::standard(),
+        presence,
+        environment_pools,
+    };
     let worker = Worker::new(ctx, listener);
     Ok(tokio::spawn(worker.run(shutdown)))
 }

@@ -211,7 +211,11 @@ impl Store {
             )
             .await;
         match updated {
-            Ok(Some(row)) => Ok(Ok(from_row(&row)?.environment)),
+            Ok(Some(row)) => {
+                let environment = from_row(&row)?.environment;
+                notify_changed(&client, environment.id).await;
+                Ok(Ok(environment))
+            }
             Ok(None) => Ok(Err(EnvironmentRefusal::NotFound)),
             Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
                 Ok(Err(EnvironmentRefusal::NameTaken))
@@ -223,8 +227,12 @@ impl Store {
     /// Deletes `owner`'s environment `name`; `false` when there was none.
     pub async fn delete_environment(&self, owner: &str, name: &str) -> Result<bool, StoreError> {
         let client = self.client().await?;
-        let n = client.execute("DELETE FROM environments WHERE owner = $1 AND name = $2", &[&owner, &name]).await?;
-        Ok(n > 0)
+        let row = client
+            .query_opt("DELETE FROM environments WHERE owner = $1 AND name = $2 RETURNING id", &[&owner, &name])
+            .await?;
+        let Some(row) = row else { return Ok(false) };
+        notify_changed(&client, row.try_get("id")?).await;
+        Ok(true)
     }
 
     /// Raises the environment's cache generation: every prepared sandbox
@@ -240,6 +248,22 @@ impl Store {
                 &[&owner, &name],
             )
             .await?;
-        row.as_ref().map(|r| from_row(r).map(|s| s.environment)).transpose()
+        let environment = row.as_ref().map(|r| from_row(r).map(|s| s.environment)).transpose()?;
+        if let Some(environment) = &environment {
+            notify_changed(&client, environment.id).await;
+        }
+        Ok(environment)
+    }
+}
+
+/// Tells workers that the environment's prepared sandboxes are stale
+/// (`channels::ENVIRONMENT_CHANGED`), so they drop its warm containers. The
+/// change is stored already; a lost notice leaves those containers until
+/// their pool is the coldest (they are never used: the cache key moved on).
+async fn notify_changed(client: &tokio_postgres::Client, id: Uuid) {
+    let payload = id.to_string();
+    if let Err(e) = client.execute("SELECT pg_notify($1, $2)", &[&crate::channels::ENVIRONMENT_CHANGED, &payload]).await
+    {
+        tracing::warn!(environment = %id, error = %e, "notifying workers of a changed environment failed");
     }
 }

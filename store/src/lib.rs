@@ -69,6 +69,9 @@ pub mod channels {
     /// A run ended owing a completion callback (payload: run id; sent by the
     /// trigger in `migrations/V8__callbacks.sql`). Wakes workers.
     pub const CALLBACKS_OWED: &str = "kiln_callbacks_owed";
+    /// An environment's cache was reset, or it was replaced or deleted
+    /// (payload: environment id). Workers drop its warm containers.
+    pub const ENVIRONMENT_CHANGED: &str = "kiln_environment_changed";
 }
 
 /// Handle to the database. Cheap to clone.

@@ -62,12 +62,13 @@ async fn listen_forever(config: tokio_postgres::Config, sender: broadcast::Sende
                 // The connection must be polled for the LISTEN queries to
                 // complete, so drive both together.
                 let statement = format!(
-                    "LISTEN {}; LISTEN {}; LISTEN {}; LISTEN {}; LISTEN {};",
+                    "LISTEN {}; LISTEN {}; LISTEN {}; LISTEN {}; LISTEN {}; LISTEN {};",
                     channels::RUNS_QUEUED,
                     channels::RUN_EVENTS,
                     channels::RUN_CANCEL,
                     channels::RUN_CONTROL,
-                    channels::CALLBACKS_OWED
+                    channels::CALLBACKS_OWED,
+                    channels::ENVIRONMENT_CHANGED
                 );
                 let listen = client.batch_execute(&statement);
                 tokio::pin!(listen);

@@ -1037,3 +1037,40 @@ async fn a_repository_mapped_to_an_environment_gets_it_on_every_run_and_still_de
     let options = bollard::query_parameters::RemoveImageOptionsBuilder::new().force(true).build();
     let _ = docker.remove_image(&format!("kiln-env:{}", key[0]), Some(options), None).await;
 }
+
+/// Files the environment's setup leaves in the workspace (a dependency
+/// folder the repository does not ignore, a tool's log) are not the run's
+/// changes: the pull request holds only what the agent edited.
+#[tokio::test]
+async fn a_pull_request_from_a_run_with_an_environment_holds_only_the_agents_changes() {
+    let script = vec![
+        Reply::tool("bash", json!({ "command": "ls vendor setup.log && echo 'edited by kiln' > greeting.txt" })),
+        Reply::text("Edited greeting.txt."),
+    ];
+    let gh_token = format!("ghs_secret{}", Uuid::new_v4().simple());
+    let options = Options {
+        script,
+        worker: false,
+        github_secret: Some(WEBHOOK_SECRET.into()),
+        github_environments: format!("{REPO}=leaves-files"),
+        ..Default::default()
+    };
+    let s = setup_with(options, Credentials::Token(gh_token.as_str().into()), gh_token, None).await;
+    let setup = "mkdir -p vendor/pkg && echo dep > vendor/pkg/index.js && echo installed > setup.log";
+    let body = json!({"name": "leaves-files", "setup_script": setup});
+    let created = s.app.http.post(s.app.url("/v1/environments")).bearer_auth(token("github")).json(&body).send().await;
+    assert_eq!(created.unwrap().status(), 201);
+    s.start_worker().await;
+
+    let run = github_run(&s, 44, false, Some(603)).await;
+    let evs = s.app.wait_for_event(run, "delivery.succeeded").await;
+    let out: String = pick!(evs, EventBody::ToolResult { output, .. } => output.clone()).collect();
+    assert!(out.contains("setup.log") && out.contains("pkg"), "setup's files are not in the workspace: {out}");
+    let branch = branch_of(44, run);
+    let changed = s.repo.git(&["diff", "--name-only", "main", &branch]);
+    assert_eq!(changed.trim(), "greeting.txt", "the pull request holds more than the agent's edit");
+    let key: Vec<String> = pick!(evs, EventBody::EnvironmentStarted { cache_key, .. } => cache_key.clone()).collect();
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let options = bollard::query_parameters::RemoveImageOptionsBuilder::new().force(true).build();
+    let _ = docker.remove_image(&format!("kiln-env:{}", key[0]), Some(options), None).await;
+}

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::config::{Providers, WorkerConfig};
+use crate::environment::warm::EnvironmentPools;
 use crate::handoff::{self, Handoff, Successors};
 use crate::presence::Presence;
 use crate::providers::pricing::PriceTable;
@@ -34,6 +35,8 @@ pub struct WorkerContext {
     pub tools: Registry,
     /// This worker's lock: what its heartbeats ride on and its runs wait for.
     pub presence: Arc<Presence>,
+    /// Warm containers of hot environments' prepared images.
+    pub environment_pools: Arc<EnvironmentPools>,
 }
 
 pub struct Worker {
@@ -152,6 +155,7 @@ impl Worker {
             // Cancelled with `shutdown`: it removes its containers and ends.
             let _ = task.await;
         }
+        self.ctx.environment_pools.shutdown().await;
         if let Some(engine) = &engine {
             self.leave_engine(engine).await;
         }
@@ -257,6 +261,15 @@ impl Worker {
                     && let Some(signals) = lock(&self.active).get(&id)
                 {
                     signals.control.signal();
+                }
+                false
+            }
+            // An environment's cache was reset, or it changed or went: its
+            // warm containers are of an image no run of it will use again.
+            Ok(Notice::Notification { channel, payload }) if channel == channels::ENVIRONMENT_CHANGED => {
+                if let Ok(id) = Uuid::parse_str(&payload) {
+                    let pools = self.ctx.environment_pools.clone();
+                    tokio::spawn(async move { pools.forget_environment(id).await });
                 }
                 false
             }

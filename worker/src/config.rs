@@ -123,6 +123,9 @@ pub struct WorkerConfig {
     pub secrets_key: Option<std::sync::Arc<kiln_store::secrets::SecretsKey>>,
     /// Bounds of the prepared-environment images on this worker's engine.
     pub environment_cache: crate::environment::cache::CacheBounds,
+    /// Containers kept started from hot environments' prepared images
+    /// (`KILN_ENVIRONMENT_WARM`, `KILN_ENVIRONMENT_WARM_MAX`).
+    pub environment_warm: crate::environment::warm::WarmSettings,
     /// The MCP servers runs may use (`KILN_MCP_SERVERS`); none by default.
     pub mcp: std::sync::Arc<crate::mcp::McpConfig>,
 }

@@ -26,6 +26,10 @@ struct Args {
     /// Seconds the setup script sleeps (besides its real work).
     #[arg(long, default_value_t = 10)]
     setup_s: u64,
+    /// Warm containers per hot environment (`KILN_ENVIRONMENT_WARM`); 0:
+    /// every hit starts its own container from the prepared image.
+    #[arg(long, default_value_t = 1)]
+    warm: usize,
 }
 
 fn git(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
@@ -98,7 +102,11 @@ async fn main() -> anyhow::Result<()> {
     let runs = args.rounds * 3;
     let script = (0..runs).flat_map(|_| [Reply::tool("bash", json!({"command": "true"})), Reply::text("done")]);
     let app = TestApp::spawn(Options { script: script.collect(), worker: false, ..Default::default() }).await;
-    app.start_worker(worker_config(ProviderKind::OpenAi, Duration::from_secs(30))).await;
+    let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(30));
+    config.environment_warm.per_environment = args.warm;
+    // Stopped before the images go: its warm containers use them.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let worker = app.start_worker_until(config, stop.clone()).await;
     let setup = format!(
         "sleep {}; mkdir -p deps && head -c 20000000 /dev/urandom > deps/blob && mkdir -p ~/.tool && echo ok > ~/.tool/t",
         args.setup_s
@@ -108,8 +116,8 @@ async fn main() -> anyhow::Result<()> {
     anyhow::ensure!(status == 201, "creating the environment: {status}");
     let env_id = env["id"].as_str().unwrap_or_default().to_owned();
     println!(
-        "environments: start to first command, {} rounds, setup = sleep {} s + 20 MB of deps",
-        args.rounds, args.setup_s
+        "environments: start to first command, {} rounds, setup = sleep {} s + 20 MB of deps, {} warm per environment",
+        args.rounds, args.setup_s, args.warm
     );
 
     let (mut miss, mut hit, mut bare) = (Vec::new(), Vec::new(), Vec::new());
@@ -135,6 +143,8 @@ async fn main() -> anyhow::Result<()> {
     println!("median bare image, cold   {:>7.2} s", bare.as_secs_f64());
     println!("hit / miss  {:.3}x  (goal <= 0.05x)", hit.as_secs_f64() / miss.as_secs_f64());
     println!("hit / bare  {:.3}x  (goal <= 1.5x)", hit.as_secs_f64() / bare.as_secs_f64());
+    stop.cancel();
+    worker.await?;
     // The prepared images this benchmark made (by its environment's id).
     let filter = format!("label=dev.kiln.environment={env_id}");
     let listed = Command::new("docker").args(["images", "-q", "--filter", &filter]).output()?;

@@ -172,6 +172,15 @@ pub struct WorkerArgs {
     /// each deployment sharing an engine its own.
     #[arg(long, env = "KILN_ENVIRONMENT_CACHE_SCOPE", default_value = "default")]
     pub environment_cache_scope: String,
+    /// Containers kept started (restore done) from each hot environment's
+    /// prepared image, so a run on it skips the container start; 0 turns
+    /// this off.
+    #[arg(long, env = "KILN_ENVIRONMENT_WARM", default_value_t = 1)]
+    pub environment_warm: usize,
+    /// Those warm containers in all, over every environment (the least
+    /// recently used environment's go first).
+    #[arg(long, env = "KILN_ENVIRONMENT_WARM_MAX", default_value_t = 4)]
+    pub environment_warm_max: usize,
     /// JSON file of the MCP servers runs may use (URLs, headers with their
     /// credentials, timeouts, whether to trust read-only hints); none
     /// without it. See README, "MCP servers".
@@ -270,6 +279,10 @@ impl WorkerArgs {
                 max_images: self.environment_cache_max_images,
                 max_bytes: self.environment_cache_max_mb.saturating_mul(1024 * 1024),
                 scope: self.environment_cache_scope.clone(),
+            },
+            environment_warm: kiln_worker::environment::warm::WarmSettings {
+                per_environment: self.environment_warm,
+                max_containers: self.environment_warm_max,
             },
             max_event_bytes_per_run: self.max_event_bytes_per_run,
             mcp: Arc::new(match &self.mcp_servers {

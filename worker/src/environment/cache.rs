@@ -30,7 +30,8 @@ use bollard::query_parameters::{
 use futures::TryStreamExt;
 use uuid::Uuid;
 
-use crate::sandbox::{LABEL_MANAGED, LABEL_RUN, SandboxError};
+use super::warm::EnvironmentPools;
+use crate::sandbox::{LABEL_MANAGED, LABEL_POOL, LABEL_RUN, SandboxError, WARM_PREFIX};
 
 /// The repository of prepared images.
 pub const REPOSITORY: &str = "kiln-env";
@@ -238,15 +239,24 @@ pub fn to_evict(mut images: Vec<Cached>, bounds: &CacheBounds) -> Vec<String> {
 
 /// Removes prepared images of `bounds.scope` beyond `bounds` (see
 /// [`to_evict`]); the image of `keep` (just made, about to be used) counts
-/// as in use.
-pub async fn evict(docker: &Docker, bounds: &CacheBounds, keep: &str) -> Result<(), SandboxError> {
+/// as in use. Warm containers not yet any session's do not keep an image:
+/// they go with it (this worker's through their pool, which then stops;
+/// other workers' pools stop when they find the image gone).
+pub async fn evict(
+    docker: &Docker,
+    bounds: &CacheBounds,
+    keep: &str,
+    pools: &EnvironmentPools,
+) -> Result<(), SandboxError> {
     let keep = tag_of(keep);
     let labels = vec![format!("{LABEL_CACHE}=true"), format!("{LABEL_SCOPE}={}", bounds.scope)];
     let filters = HashMap::from([("label".to_owned(), labels)]);
     let images = docker.list_images(Some(ListImagesOptionsBuilder::new().filters(&filters).build())).await?;
     let containers = docker.list_containers(Some(ListContainersOptionsBuilder::new().all(true).build())).await?;
-    let used: HashSet<String> = containers.into_iter().filter_map(|c| c.image_id).collect();
+    let (warm, sessions): (Vec<_>, Vec<_>) = containers.into_iter().partition(is_unbound_warm);
+    let used: HashSet<String> = sessions.into_iter().filter_map(|c| c.image_id).collect();
     let mut cached = Vec::new();
+    let mut tags = HashMap::new();
     for image in images {
         let inspected = docker.inspect_image(&image.id).await?;
         let last_used = inspected
@@ -257,12 +267,23 @@ pub async fn evict(docker: &Docker, bounds: &CacheBounds, keep: &str) -> Result<
             .unwrap_or_default();
         cached.push(Cached {
             in_use: used.contains(&image.id) || image.repo_tags.contains(&keep),
-            id: image.id,
+            id: image.id.clone(),
             bytes: u64::try_from(image.size).unwrap_or(0),
             last_used,
         });
+        tags.insert(image.id, image.repo_tags);
     }
     for id in to_evict(cached, bounds) {
+        for tag in tags.get(&id).into_iter().flatten() {
+            if let Some(key) = tag.strip_prefix(REPOSITORY).and_then(|t| t.strip_prefix(':')) {
+                pools.forget_key(key).await;
+            }
+        }
+        for c in warm.iter().filter(|c| c.image_id.as_deref() == Some(id.as_str())) {
+            if let Some(container) = &c.id {
+                crate::sandbox::remove_by_id(docker, container).await;
+            }
+        }
         let options = RemoveImageOptionsBuilder::new().force(false).build();
         match docker.remove_image(&id, Some(options), None).await {
             Ok(_) => tracing::info!(image = %id, "removed a prepared environment image (cache bound)"),
@@ -271,6 +292,13 @@ pub async fn evict(docker: &Docker, bounds: &CacheBounds, keep: &str) -> Result<
         }
     }
     Ok(())
+}
+
+/// A warm container no session has taken yet (taking renames it).
+fn is_unbound_warm(c: &bollard::models::ContainerSummary) -> bool {
+    let pooled = c.labels.as_ref().and_then(|l| l.get(LABEL_POOL)).is_some_and(|v| v == "true");
+    let names = c.names.as_deref().unwrap_or_default();
+    pooled && !names.is_empty() && names.iter().all(|n| n.trim_start_matches('/').starts_with(WARM_PREFIX))
 }
 
 #[cfg(test)]

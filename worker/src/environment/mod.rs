@@ -23,6 +23,7 @@ mod mask;
 mod repo_file;
 mod script;
 mod tail;
+pub mod warm;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -173,7 +174,36 @@ impl Plan<'_> {
         &self.stored.environment.name
     }
 
+    /// The run's sandbox, prepared, with what setup and maintenance left in
+    /// the workspace kept out of the run's changes (see [`exclude_setup_files`]).
     async fn prepare(self, config: &SandboxConfig, events: &mut EventSink) -> Result<Prepared, StoreError> {
+        let prepared = self.prepare_sandbox(config, events).await?;
+        if let Prepared::Ready(sandbox, origin) = &prepared
+            && *origin != Origin::Reused
+            && let Err(why) = exclude_setup_files(sandbox).await
+        {
+            sandbox.remove().await;
+            return Ok(failed(format!("could not record the files setup left in the workspace: {why}")));
+        }
+        Ok(prepared)
+    }
+
+    /// The pool of warm containers of this environment's prepared image,
+    /// for a run whose sandbox is the deployment's own (no narrowed limits,
+    /// no egress network: the warm containers have neither).
+    fn warm_pool(
+        &self,
+        config: &SandboxConfig,
+        agent_config: &SandboxConfig,
+        restore: &str,
+    ) -> Option<std::sync::Arc<crate::sandbox::pool::WarmPool>> {
+        if self.run.sandbox != kiln_protocol::SandboxSpec::default() || config.wants_egress() {
+            return None;
+        }
+        self.ctx.environment_pools.pool_for(&self.key, self.stored.environment.id, agent_config, restore)
+    }
+
+    async fn prepare_sandbox(self, config: &SandboxConfig, events: &mut EventSink) -> Result<Prepared, StoreError> {
         let docker = &self.ctx.docker;
         let cached = match cache::lookup(docker, &self.key).await {
             Ok(c) => c,
@@ -203,23 +233,34 @@ impl Plan<'_> {
             };
             let found = found.unwrap_or(cache::Found { commit: None, home: None });
             let agent_config = SandboxConfig { image: cache::tag_of(&self.key), ..config.clone() };
-            let (sandbox, origin) = match lifecycle::acquire(docker, &agent_config, None, self.owner).await {
+            let restore = cache::restore_command(found.home.as_deref());
+            // On a hit, a warm container of this image (restore done) if
+            // one is ready; after a setup, the pool starts filling for the
+            // next run once this run has its own sandbox.
+            let pool = if hit { self.warm_pool(config, &agent_config, &restore) } else { None };
+            let (sandbox, origin) = match lifecycle::acquire(docker, &agent_config, pool.as_deref(), self.owner).await {
                 Ok(s) => s,
                 Err(e) => return Ok(failed(format!("could not start the sandbox: {e}"))),
             };
+            if !hit {
+                self.warm_pool(config, &agent_config, &restore);
+            }
             if origin == Origin::Reused {
                 return Ok(Prepared::Ready(Box::new(sandbox), origin));
             }
-            let restore = cache::restore_command(found.home.as_deref());
-            match sandbox.exec(&restore, CHECKOUT_TIMEOUT, 16 * 1024, |_| {}).await {
-                Ok(out) if out.exit_code == Some(0) => {}
-                Ok(out) => {
-                    sandbox.remove().await;
-                    return Ok(failed(format!("could not restore the prepared workspace: {}", out.output.trim())));
-                }
-                Err(e) => {
-                    sandbox.remove().await;
-                    return Ok(failed(format!("could not restore the prepared workspace: {e}")));
+            if origin == Origin::Warm {
+                tracing::info!(run_id = %self.run.id, key = %self.key, "a warm container of the prepared environment");
+            } else {
+                match sandbox.exec(&restore, CHECKOUT_TIMEOUT, 16 * 1024, |_| {}).await {
+                    Ok(out) if out.exit_code == Some(0) => {}
+                    Ok(out) => {
+                        sandbox.remove().await;
+                        return Ok(failed(format!("could not restore the prepared workspace: {}", out.output.trim())));
+                    }
+                    Err(e) => {
+                        sandbox.remove().await;
+                        return Ok(failed(format!("could not restore the prepared workspace: {e}")));
+                    }
                 }
             }
             if !hit {
@@ -362,7 +403,8 @@ impl Plan<'_> {
             return Ok(Err(format!("environment {name:?}: storing the prepared sandbox failed: {e}")));
         }
         let evicting = std::time::Instant::now();
-        let evicted = cache::evict(docker, &self.ctx.config.environment_cache, &self.key).await;
+        let evicted =
+            cache::evict(docker, &self.ctx.config.environment_cache, &self.key, &self.ctx.environment_pools).await;
         tracing::info!(run_id = %self.run.id, ms = evicting.elapsed().as_millis() as u64, "environment cache bounded");
         if let Err(e) = evicted {
             tracing::warn!(error = %e, "bounding the environment cache failed");
@@ -440,6 +482,27 @@ impl Plan<'_> {
             )));
         }
         Ok(Prepared::Ready(Box::new(sandbox), origin))
+    }
+}
+
+/// Keeps the untracked files that setup, the restore and maintenance
+/// left in the workspace (a dependency folder the repository does not
+/// ignore, a tool's file) out of the run's changes: they are added to the
+/// workspace's `.git/info/exclude`, so the delivery's `git add -A` passes
+/// them by and its patch holds only what the agent changed. Directories
+/// are listed whole (`--directory`); each path is anchored and its glob
+/// characters escaped. (A path git would quote, one with a newline or a
+/// double quote, stays a change.)
+async fn exclude_setup_files(sandbox: &Sandbox) -> Result<(), String> {
+    let command = r#"cd /workspace && [ -d .git ] || exit 0
+list=$(git -c core.quotePath=false ls-files --others --exclude-standard --directory) || exit 1
+[ -n "$list" ] || exit 0
+mkdir -p .git/info && printf '%s
+' "$list" | sed -e 's/[][*?\]/\&/g' -e 's/ $/\ /' -e 's|^|/|' >> .git/info/exclude"#;
+    let out = sandbox.exec(command, CHECKOUT_TIMEOUT, 16 * 1024, |_| {}).await.map_err(|e| e.to_string())?;
+    match out.exit_code {
+        Some(0) => Ok(()),
+        _ => Err(out.output.trim().to_owned()),
     }
 }
 

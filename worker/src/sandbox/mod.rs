@@ -76,7 +76,7 @@ pub const LABEL_WORKER: &str = "dev.kiln.worker";
 pub const LABEL_POOL: &str = "dev.kiln.pool";
 /// Name prefixes: the session's container, and warm ones.
 const SESSION_PREFIX: &str = "kiln-session-";
-const WARM_PREFIX: &str = "kiln-warm-";
+pub const WARM_PREFIX: &str = "kiln-warm-";
 /// Containers that run an environment's setup for one run (see
 /// `crate::environment`); labelled with the run, so the reaper removes
 /// one whose run is over.
@@ -126,6 +126,10 @@ pub enum SandboxError {
     Disk(#[from] DiskError),
     #[error("egress network: {0}")]
     Network(#[from] NetworkError),
+    /// A warm container's preparation (a prepared environment's restore)
+    /// failed; what it printed.
+    #[error("preparing a warm sandbox failed: {0}")]
+    Prepare(String),
 }
 
 /// Resource limits and image of a sandbox.

@@ -11,11 +11,13 @@ use bollard::Docker;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::{Sandbox, SandboxConfig};
+use super::{Sandbox, SandboxConfig, SandboxError};
 
 /// Wait after a failed start before trying again (a missing image, an
 /// engine at its limits): the pool must not spin.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(5);
+/// Longest a warm container's preparation command may take.
+const PREPARE_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a session waits for a warm container that is being started
 /// when none is ready. That start is already under way, so waiting for it
 /// beats starting another; the bound covers a start that hangs.
@@ -33,6 +35,13 @@ pub struct WarmPool {
     taken: Notify,
     /// Woken when a container is ready (or a start failed).
     filled: Notify,
+    /// Run (as the command user) in each container after it starts, before
+    /// it counts as ready: a prepared environment's restore.
+    prepare: Option<String>,
+    /// The pool of one prepared image, which may be removed (cache bound):
+    /// then the pool stops rather than retrying, and does not report as
+    /// the deployment's warm pool.
+    of_environment: bool,
 }
 
 impl WarmPool {
@@ -46,7 +55,22 @@ impl WarmPool {
             starting: AtomicBool::new(false),
             taken: Notify::new(),
             filled: Notify::new(),
+            prepare: None,
+            of_environment: false,
         }
+    }
+
+    /// A pool of a prepared environment's image: `restore` runs in each
+    /// container before it is ready, and the pool ends when the image is
+    /// gone.
+    pub fn of_environment(
+        docker: Docker,
+        config: SandboxConfig,
+        worker: String,
+        target: usize,
+        restore: String,
+    ) -> Self {
+        WarmPool { prepare: Some(restore), of_environment: true, ..WarmPool::new(docker, config, worker, target) }
     }
 
     /// Warm containers ready now.
@@ -94,7 +118,7 @@ impl WarmPool {
                 let (docker, id) = (sandbox.docker.clone(), sandbox.id.clone());
                 tokio::spawn(async move { super::remove_container(&docker, &id).await });
             }
-            crate::metrics::warm_pool_size(ready.len());
+            self.report_size(ready.len());
             found
         };
         self.taken.notify_one();
@@ -106,16 +130,21 @@ impl WarmPool {
         loop {
             while self.len() < self.target && !shutdown.is_cancelled() {
                 self.starting.store(true, Ordering::SeqCst);
-                let started = Sandbox::start_warm(&self.docker, &self.config, &self.worker).await;
+                let started = self.start_one().await;
                 if let Ok(sandbox) = started.as_ref() {
                     let mut ready = lock(&self.ready);
                     ready.push_back(sandbox.clone());
-                    crate::metrics::warm_pool_size(ready.len());
+                    self.report_size(ready.len());
                 }
                 self.starting.store(false, Ordering::SeqCst);
                 self.filled.notify_waiters();
                 match started {
                     Ok(_) => {}
+                    Err(SandboxError::ImageMissing(image)) if self.of_environment => {
+                        tracing::info!(image, "a prepared environment image is gone; its warm pool ends");
+                        self.drain().await;
+                        return;
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "starting a warm sandbox failed");
                         tokio::select! {
@@ -133,10 +162,33 @@ impl WarmPool {
         self.drain().await;
     }
 
+    /// A started container, prepared if the pool prepares them.
+    async fn start_one(&self) -> Result<Sandbox, SandboxError> {
+        let sandbox = Sandbox::start_warm(&self.docker, &self.config, &self.worker).await?;
+        let Some(command) = &self.prepare else { return Ok(sandbox) };
+        match sandbox.exec(command, PREPARE_TIMEOUT, 16 * 1024, |_| {}).await {
+            Ok(out) if out.exit_code == Some(0) => Ok(sandbox),
+            Ok(out) => {
+                sandbox.remove().await;
+                Err(SandboxError::Prepare(out.output.trim().to_owned()))
+            }
+            Err(e) => {
+                sandbox.remove().await;
+                Err(e)
+            }
+        }
+    }
+
+    fn report_size(&self, n: usize) {
+        if !self.of_environment {
+            crate::metrics::warm_pool_size(n);
+        }
+    }
+
     /// Removes every container the pool holds.
     pub async fn drain(&self) {
         let all: Vec<Sandbox> = lock(&self.ready).drain(..).collect();
-        crate::metrics::warm_pool_size(0);
+        self.report_size(0);
         for sandbox in all {
             sandbox.remove().await;
         }
