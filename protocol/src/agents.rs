@@ -186,7 +186,7 @@ impl AgentKinds {
     /// names (a name this deployment does not know is skipped: the API
     /// that took the run may have read another file).
     pub fn offered(&self, narrowing: Option<&[String]>) -> Vec<&AgentKind> {
-        self.kinds.values().filter(|k| narrowing.is_none_or(|names| names.iter().any(|n| *n == k.name))).collect()
+        self.kinds.values().filter(|k| narrowing.is_none_or(|names| names.contains(&k.name))).collect()
     }
 }
 
