@@ -130,6 +130,9 @@ pub struct ApiSettings {
     /// The deployment's key for environment secrets (`KILN_SECRETS_KEY`).
     /// `None`: environments with secrets are refused (422).
     pub secrets_key: Option<Arc<kiln_store::secrets::SecretsKey>>,
+    /// The sub-agent kinds a run's `agents` may name (`KILN_AGENT_KINDS`,
+    /// which workers read too); the built-in ones by default.
+    pub agent_kinds: Arc<kiln_protocol::agents::AgentKinds>,
 }
 
 /// Default of [`ApiSettings::event_page_bytes`]: 2 MiB.
@@ -153,6 +156,7 @@ impl Default for ApiSettings {
             connection: HttpTimeouts::default(),
             event_page_bytes: DEFAULT_EVENT_PAGE_BYTES,
             secrets_key: None,
+            agent_kinds: Default::default(),
         }
     }
 }

@@ -12,16 +12,17 @@ mod events;
 
 use std::sync::OnceLock;
 
+use axum::extract::State;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::ApiError;
 use crate::routes::{
     callback_key, control, deliver, environments, events as events_route, health, runs, stream_token, webhooks,
 };
+use crate::{ApiError, AppState};
 
 pub use errors::{ErrorBody, ErrorCode};
 
@@ -161,17 +162,27 @@ pub fn document() -> Result<Value, DocumentError> {
     Ok(doc)
 }
 
-/// The document serialized once: it cannot change while the process runs.
-fn cached() -> Result<&'static [u8], ApiError> {
-    static DOCUMENT: OnceLock<Result<Vec<u8>, String>> = OnceLock::new();
+/// The document built once: it cannot change while the process runs.
+fn cached() -> Result<&'static Value, ApiError> {
+    static DOCUMENT: OnceLock<Result<Value, String>> = OnceLock::new();
     DOCUMENT
-        .get_or_init(|| {
-            let doc = document().map_err(|e| e.to_string())?;
-            serde_json::to_vec(&doc).map_err(|e| e.to_string())
-        })
+        .get_or_init(|| document().map_err(|e| e.to_string()))
         .as_ref()
-        .map(Vec::as_slice)
         .map_err(|e| ApiError::Internal(format!("building the OpenAPI document failed: {e}")))
+}
+
+/// The document of this deployment: a run's `agents` may name only its
+/// kinds (`KILN_AGENT_KINDS`), so the document lists them, and a client
+/// that reads it knows which names are refused.
+fn for_deployment(doc: &Value, kinds: &kiln_protocol::agents::AgentKinds) -> Result<Vec<u8>, ApiError> {
+    let mut doc = doc.clone();
+    if let Some(items) =
+        doc.pointer_mut("/components/schemas/CreateRun/properties/agents/items").and_then(Value::as_object_mut)
+    {
+        let names: Vec<Value> = kinds.names().map(|n| Value::String(n.to_owned())).collect();
+        items.insert("enum".into(), Value::Array(names));
+    }
+    serde_json::to_vec(&doc).map_err(|e| ApiError::Internal(format!("serializing the OpenAPI document failed: {e}")))
 }
 
 /// This document.
@@ -187,8 +198,8 @@ fn cached() -> Result<&'static [u8], ApiError> {
         (status = 500, response = errors::Internal),
     )
 )]
-pub async fn serve() -> Result<Response, ApiError> {
-    let body = cached()?;
+pub async fn serve(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let body = for_deployment(cached()?, &state.settings.agent_kinds)?;
     Ok(([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response())
 }
 

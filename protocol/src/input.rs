@@ -41,6 +41,11 @@ pub static MCP_SERVERS: List = List { max_items: 32 };
 /// The name of an MCP server, as the operator's configuration gives it.
 pub static MCP_SERVER_NAME: Text = Text::new(1, 64, r"^[A-Za-z0-9_-]*$");
 
+/// `agents`: at most this many kind names, each an [`AGENT_KIND_NAME`].
+pub static AGENTS: List = List { max_items: 32 };
+/// The name of a sub-agent kind (`explore`, or one the operator defines).
+pub static AGENT_KIND_NAME: Text = Text::new(1, 64, r"^[A-Za-z0-9_-]*$");
+
 /// The providers a run may name; the worker maps each to its wire format.
 pub static MODEL_PROVIDER: OneOf = OneOf(&["openai", "openai-responses", "anthropic"]);
 /// `model.name`: it goes to the provider, into logs and into metrics labels.

@@ -9,6 +9,7 @@
 pub mod rules;
 
 pub mod address;
+pub mod agents;
 pub mod callback;
 pub mod egress;
 pub mod environment;

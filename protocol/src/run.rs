@@ -41,6 +41,12 @@ pub struct CreateRun {
     /// run gets, by name; all of them when absent, none when empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mcp: Option<Vec<String>>,
+    /// The kinds of sub-agent the run's `task` tool offers, by name (the
+    /// built-in `general` and `explore`, and the operator's,
+    /// `KILN_AGENT_KINDS`); all of them when absent, none (no `task` tool)
+    /// when empty. A name the deployment does not know is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agents: Option<Vec<String>>,
     /// Narrower sandbox limits, or network access where the deployment
     /// allows it.
     #[serde(default, deserialize_with = "crate::nested::object", skip_serializing_if = "Option::is_none")]
@@ -108,6 +114,9 @@ pub struct Policy {
     /// The MCP servers the run uses (see [`CreateRun::mcp`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mcp: Option<Vec<String>>,
+    /// The sub-agent kinds the run offers (see [`CreateRun::agents`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agents: Option<Vec<String>>,
     #[serde(default)]
     pub sandbox: SandboxSpec,
     /// The environment's name, as the run named it.
@@ -200,6 +209,12 @@ pub enum SpecError {
         input::MCP_SERVER_NAME.max_chars
     )]
     McpServers,
+    #[error(
+        "agents must be a list of at most {} agent kind names of 1 to {} letters, digits, _ or -",
+        input::AGENTS.max_items,
+        input::AGENT_KIND_NAME.max_chars
+    )]
+    Agents,
     #[error("limits.max_tokens must be between {} and {}", input::RUN_MAX_TOKENS.min, input::RUN_MAX_TOKENS.max)]
     MaxRunTokens,
     #[error("limits.max_cost_usd must be a positive number of dollars, at most {}", input::MAX_COST_USD.max)]
@@ -245,6 +260,7 @@ impl CreateRun {
             approval: self.approval.unwrap_or_default(),
             allowed_tools: self.allowed_tools.clone(),
             mcp: self.mcp.clone(),
+            agents: self.agents.clone(),
             sandbox: self.sandbox.clone().unwrap_or_default(),
             environment: self.environment.clone(),
         }
@@ -270,6 +286,12 @@ impl CreateRun {
             let names_ok = servers.iter().all(|s| input::MCP_SERVER_NAME.accepts(s));
             if servers.len() > input::MCP_SERVERS.max_items || !names_ok {
                 return Err(SpecError::McpServers);
+            }
+        }
+        if let Some(kinds) = &self.agents {
+            let names_ok = kinds.iter().all(|k| input::AGENT_KIND_NAME.accepts(k));
+            if kinds.len() > input::AGENTS.max_items || !names_ok {
+                return Err(SpecError::Agents);
             }
         }
         if let Some(repo) = &self.repo {
@@ -493,6 +515,9 @@ pub struct Run {
     /// The MCP servers the run asked for; all the worker's when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mcp: Option<Vec<String>>,
+    /// The sub-agent kinds the run's `task` tool offers; all when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agents: Option<Vec<String>>,
     /// The sandbox the run asked for (see [`SandboxSpec`]).
     #[serde(default, skip_serializing_if = "is_default_sandbox")]
     pub sandbox: SandboxSpec,
@@ -577,6 +602,17 @@ mod tests {
         let many: Vec<String> = (0..=input::MCP_SERVERS.max_items).map(|i| format!("s{i}")).collect();
         let s = CreateRun { mcp: Some(many), ..CreateRun::new("x") };
         assert_eq!(s.validate(), Err(SpecError::McpServers));
+    }
+
+    #[test]
+    fn agent_kinds_are_names_and_carried_into_the_policy() {
+        let s = spec(r#"{"prompt":"x","agents":["explore","code-reviewer"]}"#).unwrap();
+        assert_eq!(s.validate(), Ok(()));
+        assert_eq!(s.policy().agents, Some(vec!["explore".to_owned(), "code-reviewer".to_owned()]));
+        for bad in [r#"[""]"#, r#"["a b"]"#, r#"["x*"]"#] {
+            let s = spec(&format!(r#"{{"prompt":"x","agents":{bad}}}"#)).unwrap();
+            assert_eq!(s.validate(), Err(SpecError::Agents), "{bad}");
+        }
     }
 
     #[test]

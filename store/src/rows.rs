@@ -43,6 +43,7 @@ pub(crate) fn run_from_row(row: &Row) -> Result<Run, StoreError> {
         approval: policy.approval,
         allowed_tools: policy.allowed_tools,
         mcp: policy.mcp,
+        agents: policy.agents,
         sandbox: policy.sandbox,
         environment: policy.environment,
         trigger: match trigger.as_str() {

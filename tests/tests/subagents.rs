@@ -6,8 +6,10 @@
 //! scripted server, with a script per child (`script_thread`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kiln_protocol::agents::AgentKinds;
 use kiln_protocol::{CreateRun, EventBody, Limits, RunStatus};
 use kiln_scripted_model::{Reply, ScriptedCall};
 use kiln_tests::worker_process::WorkerProcess;
@@ -304,4 +306,175 @@ async fn a_child_survives_its_workers_death_with_its_parent() {
     assert!(
         !conversation.iter().any(|m| m.text().contains("child recovered") && m.role == kiln_protocol::Role::Assistant)
     );
+}
+
+/// The operator's kinds of the tests below: `lister` may call `ls` and
+/// nothing else.
+const KINDS_FILE: &str = r#"
+[kinds.lister]
+description = "lists directories and nothing else"
+prompt = "You are LISTER, a sub-agent that lists directories."
+tools = ["ls"]
+"#;
+
+fn operator_kinds() -> Arc<AgentKinds> {
+    Arc::new(AgentKinds::from_toml(KINDS_FILE).unwrap())
+}
+
+/// An app whose API and worker know the operator's kinds.
+async fn app_with_kinds(script: Vec<Reply>) -> TestApp {
+    let kinds = operator_kinds();
+    let api = kiln_api::ApiSettings { agent_kinds: kinds.clone(), ..Options::default().api };
+    let app = TestApp::spawn(Options { script, api, worker: false, ..Default::default() }).await;
+    app.start_worker(worker_config_with(kinds)).await;
+    app
+}
+
+fn worker_config_with(kinds: Arc<AgentKinds>) -> kiln_worker::WorkerConfig {
+    let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
+    config.subagents.kinds = kinds;
+    config
+}
+
+/// The `task` tool of a model request (OpenAI Chat format), if it has one.
+fn task_tool(body: &Value) -> Option<Value> {
+    body["tools"].as_array()?.iter().find(|t| t["function"]["name"] == "task").map(|t| t["function"].clone())
+}
+
+fn tool_names(body: &Value) -> Vec<String> {
+    body["tools"].as_array().unwrap().iter().map(|t| t["function"]["name"].as_str().unwrap().to_owned()).collect()
+}
+
+#[tokio::test]
+async fn an_operator_kind_gives_its_child_only_its_tools_and_its_prompt() {
+    let script = vec![Reply::tools(vec![task("LIST", "lister")]), Reply::text("parent done")];
+    let app = app_with_kinds(script).await;
+    // The child tries a tool outside its kind's set, then one inside it.
+    app.model.script_thread(
+        "LIST",
+        vec![
+            Reply::tool("view", json!({"path": "README.md"})),
+            Reply::tool("ls", json!({"path": "."})),
+            Reply::text("listed it"),
+        ],
+    );
+    let parent = app.submit("alice", CreateRun::new("list things")).await.id;
+    let events = app.events("alice", parent).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let results: Vec<&str> = pick!(events, EventBody::ToolResult { output, .. } => output.as_str()).collect();
+    assert_eq!(results, ["listed it"]);
+
+    let child = started(&events)[0].1;
+    assert!(app.run("alice", child).await.agent_path.unwrap().starts_with("main/lister["));
+    let own = app.events("alice", child).await;
+    let results: Vec<(&str, bool, &str)> = pick!(own, EventBody::ToolResult { name, is_error, output, .. } =>
+        (name.as_str(), *is_error, output.as_str()))
+    .collect();
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert_eq!((results[0].0, results[0].1), ("view", true), "{results:?}");
+    assert!(results[0].2.contains("not available"), "{results:?}");
+    assert_eq!((results[1].0, results[1].1), ("ls", false), "{results:?}");
+
+    // The model was shown the kind in the parent's `task` tool, and the
+    // child its tools and its prompt.
+    let requests = app.model.requests();
+    let (childs, parents): (Vec<_>, Vec<_>) =
+        requests.iter().partition(|r| r.body["messages"][1]["content"].to_string().contains("LIST: find it"));
+    let task = task_tool(&parents[0].body).expect("the parent has the task tool");
+    assert_eq!(task["parameters"]["properties"]["agent"]["enum"], json!(["explore", "general", "lister"]));
+    assert!(task["description"].as_str().unwrap().contains("`lister`: lists directories and nothing else"));
+    assert_eq!(childs.len(), 3);
+    for request in childs {
+        assert_eq!(tool_names(&request.body), ["ls"]);
+        let system = request.body["messages"][0]["content"].as_str().unwrap();
+        assert!(system.contains("You are LISTER"), "{system}");
+    }
+}
+
+#[tokio::test]
+async fn a_run_narrowed_to_one_kind_offers_only_that_kind() {
+    let script = vec![Reply::tools(vec![task("OTHER", "general")]), Reply::text("parent done")];
+    let app = app_with_kinds(script).await;
+
+    // A kind the deployment does not have is refused, and nothing stored.
+    let (status, body) =
+        app.post_json("alice", "/v1/runs", json!({"prompt": "x", "agents": ["explore", "nope"]})).await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body.to_string().contains("\\\"nope\\\""), "{body}");
+    let sql = app.sql().await;
+    let runs: i64 = sql.query_one("SELECT count(*) FROM runs", &[]).await.unwrap().get(0);
+    assert_eq!(runs, 0);
+
+    let spec = CreateRun { agents: Some(vec!["explore".into()]), ..CreateRun::new("only explore") };
+    let run = app.submit("alice", spec).await;
+    assert_eq!(run.agents, Some(vec!["explore".to_owned()]));
+    let events = app.events("alice", run.id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+
+    // The model saw only `explore`, in the schema and in the description.
+    let first = &app.model.requests()[0].body;
+    let task = task_tool(first).expect("the task tool");
+    assert_eq!(task["parameters"]["properties"]["agent"]["enum"], json!(["explore"]));
+    let description = task["description"].as_str().unwrap();
+    assert!(description.contains("`explore`") && !description.contains("`general`"), "{description}");
+    // Naming another kind anyway is a tool error, and starts nothing.
+    let results: Vec<(&str, bool)> =
+        pick!(events, EventBody::ToolResult { output, is_error, .. } => (output.as_str(), *is_error)).collect();
+    assert_eq!(results.len(), 1);
+    assert!(results[0].1 && results[0].0.contains("not available to this run"), "{results:?}");
+    assert_eq!(child_count(&app, run.id).await, 0);
+
+    // No kind at all: no task tool.
+    let spec = CreateRun { agents: Some(Vec::new()), ..CreateRun::new("no kinds") };
+    app.model.script_thread("no kinds", vec![Reply::text("alone")]);
+    let run = app.submit("alice", spec).await;
+    app.events("alice", run.id).await;
+    let request = app.model.requests().into_iter().find(|r| r.body.to_string().contains("no kinds")).unwrap();
+    assert!(task_tool(&request.body).is_none());
+}
+
+#[tokio::test]
+async fn a_runs_narrowing_survives_a_takeover() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("kinds.toml");
+    std::fs::write(&file, KINDS_FILE).unwrap();
+    let operator = operator_kinds();
+    let api = kiln_api::ApiSettings { agent_kinds: operator.clone(), ..Options::default().api };
+    // The first model call never answers: the worker dies in it.
+    let script = vec![Reply::hang(), Reply::text("recovered")];
+    let app = TestApp::spawn(Options { script, api, worker: false, ..Default::default() }).await;
+    let doomed = WorkerProcess::start(&app, 30, &[("KILN_AGENT_KINDS", file.to_str().unwrap())]).await;
+    let spec = CreateRun { agents: Some(vec!["lister".into()]), ..CreateRun::new("narrow") };
+    let run = app.submit("alice", spec).await.id;
+    app.model.wait_for_requests(1, Duration::from_secs(60)).await.unwrap();
+    app.start_worker(worker_config_with(operator)).await;
+    doomed.kill().await;
+
+    let events = app.events("alice", run).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let attempts: Vec<i32> = pick!(events, EventBody::RunStarted { attempt, .. } => *attempt).collect();
+    assert_eq!(attempts, [1, 2], "taken over");
+    let requests = app.model.requests();
+    assert_eq!(requests.len(), 2);
+    for request in requests {
+        let task = task_tool(&request.body).expect("the task tool");
+        assert_eq!(task["parameters"]["properties"]["agent"]["enum"], json!(["lister"]));
+    }
+}
+
+#[tokio::test]
+async fn an_invalid_kinds_file_stops_the_worker_from_starting() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("kinds.toml");
+    std::fs::write(&file, "[kinds.greedy]\ndescription = \"d\"\nprompt = \"p\"\nbudget_share = 2\n").unwrap();
+    let out = tokio::process::Command::new(kiln_tests::kiln_bin::kiln_bin())
+        .arg("worker")
+        .env_clear()
+        .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+        .env("KILN_AGENT_KINDS", &file)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out).await.unwrap().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("KILN_AGENT_KINDS") && stderr.contains("\"greedy\": budget_share"), "{stderr}");
 }

@@ -29,6 +29,8 @@ static RULES: &[(Target, &dyn Constraint)] = &[
     (Schema("CreateRun", "/properties/allowed_tools/items"), &input::TOOL_NAME),
     (Schema("CreateRun", "/properties/mcp"), &input::MCP_SERVERS),
     (Schema("CreateRun", "/properties/mcp/items"), &input::MCP_SERVER_NAME),
+    (Schema("CreateRun", "/properties/agents"), &input::AGENTS),
+    (Schema("CreateRun", "/properties/agents/items"), &input::AGENT_KIND_NAME),
     (Schema("CreateRun", "/properties/callback_url"), &input::CALLBACK_URL),
     (Schema("Limits", "/properties/max_steps"), &input::MAX_STEPS),
     (Schema("Limits", "/properties/timeout_s"), &input::TIMEOUT_S),

@@ -68,6 +68,11 @@ pub async fn create(
                 .into(),
         ));
     }
+    // The kinds are the deployment's: a name it does not know would leave
+    // the run's `task` tool offering less than was asked for.
+    if let Some(agents) = &spec.agents {
+        state.settings.agent_kinds.check_run(agents).map_err(ApiError::Validation)?;
+    }
     // What can be told without DNS (the protocol, a literal address); the
     // worker checks the resolved addresses again before it connects.
     if let Some(repo) = &spec.repo {

@@ -7,6 +7,7 @@
 //! configured by, and turn it into the checked parts `crate::app::Kiln`
 //! starts, the same way for `serve`, `worker` and `up`.
 
+mod agents;
 mod api;
 mod auth;
 mod callbacks;
@@ -18,6 +19,7 @@ mod worker;
 
 use clap::Args;
 
+pub use agents::AgentArgs;
 pub use api::ApiArgs;
 pub use auth::AuthArgs;
 pub use callbacks::CallbackArgs;
@@ -50,6 +52,7 @@ impl ApiOptions {
                 callback_secret: callbacks.secret()?,
                 repo_rules: repos.rules(),
                 secrets_key: repos.secrets_key()?,
+                agent_kinds: repos.agents.kinds()?,
                 ..self.api.settings()
             },
             github: self.github.webhook_config()?,
@@ -80,6 +83,7 @@ impl WorkerOptions {
             callbacks: callbacks.settings()?,
             repo_rules: repos.rules(),
             secrets_key: repos.secrets_key()?,
+            subagents: kiln_worker::subagent::Settings { kinds: repos.agents.kinds()?, ..config.subagents },
             ..config
         };
         Ok(WorkerParts { config, endpoints: self.model.endpoints()?, prices: self.worker.prices()? })

@@ -27,6 +27,9 @@ pub struct RepoArgs {
     /// worker fails runs whose environment has some.
     #[arg(long, env = "KILN_SECRETS_KEY", hide_env_values = true)]
     pub secrets_key: Option<SecretString>,
+    /// Read by both too (kept here so that `up`, which has both, parses it once).
+    #[command(flatten)]
+    pub agents: super::AgentArgs,
 }
 
 impl RepoArgs {

@@ -271,6 +271,8 @@ impl WorkerArgs {
             subagents: kiln_worker::subagent::Settings {
                 max_parallel: self.subagent_max_parallel,
                 max_depth: self.subagent_max_depth,
+                // Set from `RepoArgs` by `WorkerOptions::parts`.
+                kinds: Default::default(),
             },
             prompt_cache: self.prompt_cache,
             // Set from `RepoArgs` by `WorkerOptions::parts`.

@@ -142,7 +142,7 @@ impl Gate<'_> {
 /// Whether `name` matches `pattern`, where `*` stands for any run of
 /// characters (none included) and everything else for itself. Tool names
 /// are ASCII letters, digits, `_` and `-`, so nothing else needs escaping.
-fn name_matches(pattern: &str, name: &str) -> bool {
+pub(crate) fn name_matches(pattern: &str, name: &str) -> bool {
     let mut parts = pattern.split('*');
     // No `*`: the whole name.
     let Some(first) = parts.next() else { return false };

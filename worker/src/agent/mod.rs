@@ -43,6 +43,7 @@ use crate::providers::{FinishReason, ModelProvider, ModelRequest, ProviderError}
 use crate::sandbox::Sandbox;
 use crate::tools::{Registry, ToolFailure};
 use approval::Gate;
+pub(crate) use approval::name_matches;
 use budget::{Budget, BudgetCheck, Exhausted};
 use events::{EventSink, NewMessage};
 use guard::{LoopGuard, Verdict};
@@ -382,21 +383,30 @@ impl<'a> AgentRun<'a> {
             run: self.run,
             lease: self.lease,
             sandbox: self.sandbox,
-            share: crate::subagent::share::share(budget.limits(), &spent, tasks as u32),
+            budget: crate::subagent::Carving { limits: *budget.limits(), spent, children: tasks as u32 },
             spent: Default::default(),
         })
     }
 
     /// The tools the model is shown: all, or the run's `allowed_tools`;
-    /// `task` only to an agent that may start sub-agents.
+    /// `task` only to an agent that may start sub-agents, offering the
+    /// kinds the run does (none: no `task`).
     fn tool_specs(&self) -> Vec<crate::providers::ToolSpec> {
+        use crate::tools::task;
         let gate = self.gate();
-        let may_spawn = self.seat.is_some_and(crate::subagent::Seat::may_spawn);
+        let offered = match self.seat.filter(|seat| seat.may_spawn()) {
+            Some(seat) => crate::subagent::kinds::offered(&seat.ctx.config.subagents.kinds, self.run),
+            None => Vec::new(),
+        };
         self.tools
             .specs()
             .into_iter()
             .filter(|spec| gate.allows(&spec.name))
-            .filter(|spec| may_spawn || spec.name != crate::tools::task::NAME)
+            .filter_map(|spec| match spec.name == task::NAME {
+                false => Some(spec),
+                true if offered.is_empty() => None,
+                true => Some(task::spec_for(&offered)),
+            })
             .collect()
     }
 

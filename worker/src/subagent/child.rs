@@ -35,17 +35,16 @@ pub(super) async fn run(host: &StepHost<'_>, call_id: &str, args: TaskArgs) -> T
     if !host.seat.may_spawn() {
         return ToolOutcome::error("the task tool is not available to this agent (the sub-agent depth limit)");
     }
-    let kind_name = args.agent.as_deref().unwrap_or(kinds::GENERAL.name);
-    let Some(kind) = kinds::find(kind_name) else {
-        let known: Vec<_> = kinds::KINDS.iter().map(|k| k.name).collect();
-        return ToolOutcome::error(format!("unknown agent kind {kind_name:?}; kinds: {}", known.join(", ")));
+    let kind = match kind_of(host, args.agent.as_deref()) {
+        Ok(kind) => kind,
+        Err(why) => return ToolOutcome::error(why),
     };
     if args.prompt.trim().is_empty() || args.prompt.contains('\0') {
         return ToolOutcome::error("the task's prompt must not be empty or contain NUL characters");
     }
-    let limits = match &host.share {
-        Ok(limits) => *limits,
-        Err(why) => return ToolOutcome::error(why.clone()),
+    let limits = match host.budget.share(kind) {
+        Ok(limits) => limits,
+        Err(why) => return ToolOutcome::error(why),
     };
     // Waits for a slot: at most `max_parallel` children of the tree at once.
     let Ok(_slot) = host.seat.slots.clone().acquire_owned().await else {
@@ -55,19 +54,21 @@ pub(super) async fn run(host: &StepHost<'_>, call_id: &str, args: TaskArgs) -> T
     let path = format!("{}/{}[{call_id}]", host.seat.path, kind.name);
     let new = NewChild {
         call_id: call_id.to_owned(),
-        kind: kind.name.to_owned(),
+        kind: kind.name.clone(),
         path: path.clone(),
         prompt: args.prompt.clone(),
         limits,
         policy: Policy {
             approval: host.run.approval,
-            allowed_tools: kind.allowed_tools(host.run.allowed_tools.as_deref()),
+            allowed_tools: kinds::allowed_tools(kind, host.run.allowed_tools.as_deref(), &ctx.tools),
             sandbox: host.run.sandbox.clone(),
             environment: host.run.environment.clone(),
             // Children get the built-in tools only (see `drive_child`'s
             // `tools`): their row says so rather than claiming the parent's
             // MCP servers.
             mcp: Some(Vec::new()),
+            // Its own children (where the depth allows) get what it got.
+            agents: host.run.agents.clone(),
         },
     };
     let start = match with_retry(|| ctx.store.start_child(host.lease, &new, ctx.config.lease)).await {
@@ -90,7 +91,7 @@ pub(super) async fn run(host: &StepHost<'_>, call_id: &str, args: TaskArgs) -> T
         call_id: call_id.to_owned(),
         run_id: run.id,
         agent_path: path.clone(),
-        agent: kind.name.to_owned(),
+        agent: kind.name.clone(),
         description: args.description.clone(),
         taken_over,
     };
@@ -149,6 +150,24 @@ pub(super) async fn run(host: &StepHost<'_>, call_id: &str, args: TaskArgs) -> T
         RunStatus::Succeeded => ToolOutcome::ok(cut_answer(&summary)),
         _ => ToolOutcome::error(format!("the sub-agent {path} ended {}: {summary}", status.as_str())),
     }
+}
+
+/// The kind a call names (`None`: the default), if the run offers it.
+fn kind_of<'k>(host: &'k StepHost<'_>, name: Option<&str>) -> Result<&'k AgentKind, String> {
+    let all = &host.seat.ctx.config.subagents.kinds;
+    let offered = kinds::offered(all, host.run);
+    let names = || offered.iter().map(|k| k.name.as_str()).collect::<Vec<_>>().join(", ");
+    let found = match name {
+        Some(name) => offered.iter().find(|k| k.name == name).copied(),
+        None => kinds::default_kind(&offered),
+    };
+    found.ok_or_else(|| match name {
+        Some(name) if all.get(name).is_some() => {
+            format!("the agent kind {name:?} is not available to this run; it offers: {}", names())
+        }
+        Some(name) => format!("unknown agent kind {name:?}; this run offers: {}", names()),
+        None => "this run offers no agent kinds".to_owned(),
+    })
 }
 
 /// How a child's loop ended.
@@ -236,7 +255,7 @@ fn agent<'a>(
         control: Arc::new(Control::default()),
         notice: None,
         system: String::new(),
-        role: Some(kind.role.to_owned()),
+        role: Some(kind.prompt.clone()),
         compaction: crate::agent::compaction::Policy {
             context_window: run.model.context_window.unwrap_or(ctx.config.context_window),
             threshold: ctx.config.compaction_threshold,

@@ -26,13 +26,16 @@ use crate::sandbox::Sandbox;
 use crate::tools::ToolOutcome;
 
 /// The deployment's sub-agent settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
     /// Children of one run (its whole tree) that run at once; more wait.
     pub max_parallel: usize,
     /// How deep the tree may go: 1 lets the main run start children, which
     /// cannot start their own.
     pub max_depth: u32,
+    /// The kinds a `task` call may start (`KILN_AGENT_KINDS` and the
+    /// built-in ones); a run's `agents` narrows them.
+    pub kinds: Arc<kinds::AgentKinds>,
 }
 
 /// Default of [`Settings::max_parallel`].
@@ -42,7 +45,7 @@ pub const DEFAULT_MAX_DEPTH: u32 = 1;
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { max_parallel: DEFAULT_MAX_PARALLEL, max_depth: DEFAULT_MAX_DEPTH }
+        Settings { max_parallel: DEFAULT_MAX_PARALLEL, max_depth: DEFAULT_MAX_DEPTH, kinds: Default::default() }
     }
 }
 
@@ -55,8 +58,7 @@ pub struct TaskArgs {
     /// The task for the sub-agent, complete and self-contained: it sees
     /// nothing of this conversation.
     pub prompt: String,
-    /// The kind of sub-agent: `general` (default; every tool you have) or
-    /// `explore` (read-only: view, grep, glob, ls).
+    /// The kind of sub-agent (the tool's description lists them).
     #[serde(default)]
     pub agent: Option<String>,
 }
@@ -93,10 +95,26 @@ pub struct StepHost<'a> {
     pub run: &'a Run,
     pub lease: &'a Lease,
     pub sandbox: &'a Sandbox,
-    /// Each child's budget, or why none can start.
-    pub share: Result<Limits, String>,
+    /// What each child's budget is carved from.
+    pub budget: Carving,
     /// What this step's children spent, for the parent's budget.
     pub spent: Mutex<Spend>,
+}
+
+/// What the parent has left for its children, and how many this step starts.
+#[derive(Debug, Clone, Copy)]
+pub struct Carving {
+    pub limits: Limits,
+    pub spent: share::Spent,
+    /// The step's `task` calls.
+    pub children: u32,
+}
+
+impl Carving {
+    /// The budget of one child of `kind`, or why there is none.
+    pub fn share(&self, kind: &kinds::AgentKind) -> Result<Limits, String> {
+        share::share(&self.limits, &self.spent, self.children, kind.budget_share)
+    }
 }
 
 /// Model spend of children.

@@ -5,11 +5,37 @@
 use serde_json::Value;
 
 use super::{Tool, ToolContext, ToolFailure, ToolOutcome, parse_arguments, schema_of};
+use crate::providers::ToolSpec;
 use crate::subagent::TaskArgs;
+use crate::subagent::kinds::{AgentKind, default_kind};
 
 pub const NAME: &str = "task";
 
 pub struct Task;
+
+/// What the model is told of the tool; [`spec_for`] adds the kinds.
+const DESCRIPTION: &str = "Start a sub-agent for a self-contained task and get back its final answer (only that: \
+     it sees none of this conversation, and you see none of its steps). Several task calls in one message run at \
+     the same time; give each a complete prompt. Its spending counts against your budget.";
+
+/// The tool as a run that offers `kinds` (not empty) shows it: the kinds
+/// listed in the description and the only values `agent` takes.
+pub fn spec_for(kinds: &[&AgentKind]) -> ToolSpec {
+    let default = default_kind(kinds).map(|k| k.name.as_str()).unwrap_or_default();
+    let mut description = format!("{DESCRIPTION}\n\nKinds of sub-agent (`agent`; default `{default}`):");
+    for kind in kinds {
+        description.push_str(&format!("\n- `{}`: {}", kind.name, kind.description));
+    }
+    let mut schema = schema_of::<TaskArgs>();
+    if let Some(agent) = schema.pointer_mut("/properties/agent").and_then(Value::as_object_mut) {
+        // `Option<String>` is `type: ["string", "null"]`; the enum says which strings.
+        let names: Vec<Value> = kinds.iter().map(|k| Value::String(k.name.clone())).collect();
+        agent.insert("type".into(), Value::String("string".into()));
+        agent.insert("enum".into(), Value::Array(names));
+        agent.insert("description".into(), Value::String(format!("The kind of sub-agent; default `{default}`.")));
+    }
+    ToolSpec { name: NAME.into(), description, input_schema: schema }
+}
 
 #[async_trait::async_trait]
 impl Tool for Task {
@@ -18,10 +44,7 @@ impl Tool for Task {
     }
 
     fn description(&self) -> &'static str {
-        "Start a sub-agent for a self-contained task and get back its final answer (only that: it sees none of \
-         this conversation, and you see none of its steps). Kinds: `general` (default; the tools you have) and \
-         `explore` (read-only: view, grep, glob, ls). Several task calls in one message run at the same time; \
-         give each a complete prompt. Its spending counts against your budget."
+        DESCRIPTION
     }
 
     fn schema(&self) -> Value {
@@ -43,5 +66,24 @@ impl Tool for Task {
             Some(host) => Ok(host.run_task(ctx.call_id, args).await),
             None => Ok(ToolOutcome::error("the task tool is not available to this agent")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_protocol::agents::AgentKinds;
+
+    #[test]
+    fn the_spec_lists_only_the_offered_kinds() {
+        let kinds = AgentKinds::builtin();
+        let only = ["explore".to_owned()];
+        let spec = spec_for(&kinds.offered(Some(&only)));
+        assert_eq!(spec.input_schema["properties"]["agent"]["enum"], serde_json::json!(["explore"]));
+        assert!(spec.description.contains("`explore`: read-only"), "{}", spec.description);
+        assert!(!spec.description.contains("`general`"), "{}", spec.description);
+        let all = spec_for(&kinds.offered(None));
+        assert_eq!(all.input_schema["properties"]["agent"]["enum"], serde_json::json!(["explore", "general"]));
+        assert!(all.description.contains("default `general`"));
     }
 }
