@@ -75,6 +75,11 @@ pub async fn run(client: &KilnClient, spec: &CreateRun, follow: bool, json: bool
     } else {
         println!("{header}");
     }
+    if spec.repo.is_none() {
+        // Said, not guessed at: an agent asked about "the code" and given
+        // an empty /workspace otherwise fails in ways that look unrelated.
+        eprintln!("no --repo: the run starts in an empty workspace (--repo DIR or --repo URL gives it a repository)");
+    }
     if !follow {
         if !json {
             let kiln = crate::invocation::kiln();

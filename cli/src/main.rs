@@ -84,6 +84,7 @@ enum Command {
         prompt: String,
         /// Repository to clone into the sandbox: a URL, or a directory on
         /// this machine (sent as file://, for a Kiln on the same machine such as `kiln up`).
+        /// Without it the run starts in an empty workspace.
         #[arg(long)]
         repo: Option<String>,
         /// Branch, tag or commit of the repository.

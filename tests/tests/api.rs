@@ -491,6 +491,21 @@ async fn an_unknown_field_is_422_naming_it() {
     .await;
 }
 
+/// A field of the wrong JSON type is named with what to send in JSON's
+/// words (`an object`, `a non-negative whole number`), not serde's Rust
+/// ones (`struct RepoSpec`, `u32`), which a client has never seen.
+#[tokio::test]
+async fn a_field_of_the_wrong_type_is_422_in_json_terms() {
+    let body = json!({"prompt": "x", "repo": "https://example.invalid/r.git"});
+    let m = assert_create_refused(|r| r.json(&body), 422, "invalid_request", "repo").await;
+    assert!(m.contains("expected a JSON object") || m.contains("expected an object"), "{m}");
+    assert!(!m.contains("struct") && !m.contains("RepoSpec"), "{m}");
+    let body = json!({"prompt": "x", "limits": {"max_steps": "3"}});
+    let m = assert_create_refused(|r| r.json(&body), 422, "invalid_request", "limits.max_steps").await;
+    assert!(m.contains("expected a non-negative whole number"), "{m}");
+    assert!(!m.contains("u32"), "{m}");
+}
+
 #[tokio::test]
 async fn a_body_without_json_content_type_is_415() {
     let why = "Content-Type: application/json";

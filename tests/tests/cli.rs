@@ -915,3 +915,101 @@ async fn kiln_up_from_a_source_tree_builds_the_static_toolbox_and_creates_no_mor
     assert!(!created.is_empty() && created.len() <= 3, "containers created for {worker}: {created:?}");
     assert!(containers_of_worker(&worker).await.is_empty(), "none is left after kiln up exits");
 }
+
+/// A run that fails says why once, in the words of the step that failed:
+/// `could not prepare the workspace: could not clone the repository`, not
+/// with a second `workspace:` prefix and not again in the summary.
+#[tokio::test]
+async fn a_failed_run_says_its_error_once_without_a_doubled_prefix() {
+    let app = TestApp::spawn(Options { script: vec![Reply::text("never reached")], ..Default::default() }).await;
+    // A directory, so `--repo` takes it (as file://), but no repository.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("README"), "not a git repository\n").unwrap();
+    let not_a_repo = dir.path().to_str().unwrap();
+    let args = ["run", "--prompt", "read it", "--repo", not_a_repo, "--follow"];
+
+    // Plain lines: the run's end with its reason, then the summary without it.
+    let out = output(kiln(&app.url(""), "alice", &args)).await;
+    let said = format!("{}{}", stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "a failed run exits 1:\n{said}");
+    assert_eq!(said.matches("could not prepare the workspace").count(), 1, "{said}");
+    assert!(!said.contains("workspace: workspace:"), "{said}");
+    let failed = said.lines().find(|l| l.starts_with("● run failed: ")).unwrap_or_else(|| panic!("{said}"));
+    assert!(failed.starts_with("● run failed: could not prepare the workspace: could not clone"), "{failed}");
+    assert!(said.lines().last().unwrap().ends_with(" s · failed"), "{said}");
+
+    // On a terminal: the summary line says it, once.
+    let term = in_terminal(kiln(&app.url(""), "alice", &args)).await;
+    let shown = format!("{}\n{}", term.screen, term.stderr);
+    assert_eq!(term.status.code(), Some(1), "{shown}");
+    assert_eq!(shown.matches("could not prepare the workspace").count(), 1, "{shown}");
+    assert!(!shown.contains("workspace: workspace:"), "{shown}");
+}
+
+/// A run without `--repo` works in an empty /workspace: the user is told
+/// so, once, on stderr (stdout stays the run's, for scripts); with `--repo`
+/// nothing is said.
+#[tokio::test]
+async fn run_without_repo_says_the_workspace_is_empty() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let note = "no --repo: the run starts in an empty workspace";
+    let out = output(kiln(&app.url(""), "alice", &["run", "--prompt", "look around"])).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stderr(&out).lines().filter(|l| l.starts_with(note)).count(), 1, "{}", stderr(&out));
+    assert!(!stdout(&out).contains(note), "{}", stdout(&out));
+    // Under --json the run line comes first on stderr, as scripts read it.
+    let out = output(kiln(&app.url(""), "alice", &["run", "--prompt", "look around", "--json"])).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains(note), "{}", stderr(&out));
+
+    let dir = tempfile::tempdir().unwrap();
+    let out =
+        output(kiln(&app.url(""), "alice", &["run", "--prompt", "look", "--repo", dir.path().to_str().unwrap()])).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("no --repo"), "{}", stderr(&out));
+}
+
+/// A second `kiln up` for a state directory whose `kiln up` still runs
+/// refuses before starting anything, naming the running one's pid and how
+/// to stop it; the first goes on.
+#[tokio::test]
+async fn a_second_kiln_up_for_a_running_state_says_so_with_its_pid() {
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().join("state");
+    std::fs::create_dir(&state_dir).unwrap();
+    let pg_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+
+    let mut first = kiln_up(&state_dir, pg_port, &[]).spawn().unwrap();
+    let mut lines = BufReader::new(first.stderr.take().unwrap()).lines();
+    let mut banner = String::new();
+    while let Some(line) = tokio::time::timeout(Duration::from_secs(120), lines.next_line()).await.unwrap().unwrap() {
+        banner.push_str(&line);
+        banner.push('\n');
+        if line.contains("Ctrl-C stops Kiln") {
+            break;
+        }
+    }
+    assert!(banner.contains("Ctrl-C stops Kiln"), "the first kiln up never got ready:\n{banner}");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let pid = first.id().unwrap();
+
+    // Another address, so only the running `kiln up` stands in the way.
+    let second = tokio::time::timeout(Duration::from_secs(30), kiln_up(&state_dir, pg_port, &[]).output())
+        .await
+        .expect("the second kiln up refused at once")
+        .unwrap();
+    let err = stderr(&second);
+    assert!(!second.status.success(), "{err}");
+    assert!(err.contains("already running") && err.contains(&format!("(pid {pid})")), "{err}");
+    assert!(err.contains("kiln down"), "{err}");
+    assert!(!err.contains("Postgres") && !err.contains("API at"), "nothing was started first: {err}");
+    assert!(first.try_wait().unwrap().is_none(), "the first kiln up goes on");
+    assert_eq!(std::fs::read_to_string(state_dir.join("up.pid")).unwrap().trim(), pid.to_string());
+
+    let mut down = bare_kiln(&["down"]);
+    down.env("KILN_STATE_DIR", &state_dir);
+    let out = output(down).await;
+    assert!(out.status.success(), "kiln down failed:\n{}", stderr(&out));
+    let status = tokio::time::timeout(Duration::from_secs(30), first.wait()).await.expect("kiln up exited").unwrap();
+    assert!(status.success(), "{status}");
+}

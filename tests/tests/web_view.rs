@@ -440,6 +440,14 @@ async fn a_pasted_export_line_signs_in_and_an_unknown_run_says_so() {
         vec![],
     )
     .await;
+    // It had no repository, and the page says what that means.
+    b.wait_js(
+        "the run's repository line",
+        WAIT,
+        "return document.getElementById('run-repo').textContent.includes('empty workspace');",
+        vec![],
+    )
+    .await;
     // The totals count its cached input (the step's 1,974 tokens).
     b.wait_js(
         "1,974 cached input tokens in the totals",
@@ -470,6 +478,8 @@ async fn a_pasted_export_line_signs_in_and_an_unknown_run_says_so() {
         )
         .await;
     assert_eq!(state, json!(["", "ended", true, true]), "status, connection, message box hidden, cancel hidden");
+    let repo = b.js("return document.getElementById('run-repo').textContent;", vec![]).await;
+    assert_eq!(repo, json!(""), "nothing of the previous run's repository line stays");
 }
 
 #[tokio::test]

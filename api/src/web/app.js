@@ -312,6 +312,7 @@
     $('diff').hidden = true;
     $('diff-body').replaceChildren();
     $('run-prompt').textContent = '';
+    $('run-repo').textContent = '';
     // Nothing of the previous run's view stays: its status, its controls.
     const badge = $('run-status');
     badge.textContent = '';
@@ -359,6 +360,11 @@
     api('GET', '/v1/runs/' + id).then((run) => {
       if (s.stopped) return;
       $('run-prompt').textContent = run.prompt;
+      // Without a repository the agent works in an empty /workspace (or
+      // what earlier runs of its session left): say so, not leave it implied.
+      $('run-repo').textContent = run.repo
+        ? 'Repository: ' + run.repo.url + (run.repo.ref ? ' @ ' + run.repo.ref : '')
+        : 'No repository: a new session starts in an empty workspace';
       if (!s.status || TERMINAL.includes('run.' + run.status)) setStatus(run.status);
       if (run.result && typeof run.result.diff === 'string') showDiff(run.result.diff);
     }).catch((e) => {
