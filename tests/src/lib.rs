@@ -25,6 +25,7 @@ pub use kiln_scripted_model;
 
 pub mod browser;
 pub mod fake_github;
+pub mod git_repo;
 pub mod kiln_bin;
 pub mod leftovers;
 pub mod logs;

@@ -4,6 +4,7 @@
 
 use kiln_protocol::{CreateRun, EventBody, Limits, ModelSpec, RepoSpec, RunStatus, TodoItem, TodoStatus};
 use kiln_scripted_model::{Reply, ScriptedCall};
+use kiln_tests::git_repo::repo_with;
 use kiln_tests::{Event, Options, TestApp, assert_dense, kinds, outcome, pick, worker_config};
 use kiln_worker::config::{ProviderKind, WorkerConfig};
 use serde_json::json;
@@ -208,29 +209,6 @@ async fn a_tool_call_cut_off_mid_stream_is_never_run() {
     assert_eq!(ran, ["echo second"]);
     // Nowhere in any event, as the API serves it.
     assert!(!events.iter().any(|e| serde_json::to_string(&e.body).unwrap().contains("SHOULD-NOT-RUN\\n")));
-}
-
-/// A git repository holding `files`, as a `file://` URL (the test workers
-/// allow those).
-fn repo_with(files: &[(&str, &str)]) -> (tempfile::TempDir, String) {
-    let dir = tempfile::tempdir().unwrap();
-    for (path, content) in files {
-        std::fs::write(dir.path().join(path), content).unwrap();
-    }
-    let git = |args: &[&str]| {
-        let out = std::process::Command::new("git")
-            .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
-            .args(args)
-            .current_dir(dir.path())
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    git(&["init", "-q", "-b", "main"]);
-    git(&["add", "."]);
-    git(&["commit", "-q", "-m", "init"]);
-    let url = format!("file://{}", dir.path().display());
-    (dir, url)
 }
 
 #[tokio::test]

@@ -8,13 +8,12 @@
 //! is scripted.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveImageOptionsBuilder};
 use kiln_protocol::{CreateRun, EventBody, RepoSpec, RunStatus};
 use kiln_scripted_model::Reply;
+use kiln_tests::git_repo::git;
 use kiln_tests::{Event, Options, TestApp, kinds, outcome, pick, worker_config};
 use kiln_worker::environment::warm::WarmSettings;
 use kiln_worker::{ProviderKind, WorkerConfig};
@@ -22,19 +21,6 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
-
-fn git(dir: &Path, args: &[&str]) {
-    let out = Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@example.com")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@example.com")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
 
 fn repo() -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();

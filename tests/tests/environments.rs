@@ -6,33 +6,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kiln_protocol::{CreateRun, EventBody, RepoSpec, RunStatus};
 use kiln_scripted_model::Reply;
 use kiln_store::secrets::SecretsKey;
+use kiln_tests::git_repo::git;
 use kiln_tests::{Event, Options, TestApp, kinds, outcome, pick, token, worker_config};
 use kiln_worker::ProviderKind;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 const KEY_HEX: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@example.com")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@example.com")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
 
 /// A repository that ignores `deps/` and has a lock file.
 fn repo() -> (tempfile::TempDir, String) {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use kiln_protocol::{CreateRun, EventBody, RepoSpec, RunStatus};
 use kiln_scripted_model::Reply;
+use kiln_tests::git_repo::repo_with;
 use kiln_tests::{Event, Options, TestApp, docker_exec, kinds, outcome, pick, worker_config};
 use kiln_worker::ProviderKind;
 use kiln_worker::mcp::{MAX_RESPONSE_BYTES, McpConfig};
@@ -18,29 +19,6 @@ use serde_json::{Value, json};
 const SERVER: &str = include_str!("../mcp/stdio_server.py");
 /// Where the repository has it, and so the workspace.
 const SERVER_FILE: &str = "mcp_server.py";
-
-/// A git repository holding `files`, as a `file://` URL (the test workers
-/// allow those).
-fn repo_with(files: &[(&str, &str)]) -> (tempfile::TempDir, String) {
-    let dir = tempfile::tempdir().unwrap();
-    for (path, content) in files {
-        std::fs::write(dir.path().join(path), content).unwrap();
-    }
-    let git = |args: &[&str]| {
-        let out = std::process::Command::new("git")
-            .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
-            .args(args)
-            .current_dir(dir.path())
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    git(&["init", "-q", "-b", "main"]);
-    git(&["add", "."]);
-    git(&["commit", "-q", "-m", "init"]);
-    let url = format!("file://{}", dir.path().display());
-    (dir, url)
-}
 
 /// An app whose worker has the MCP servers `servers` (a JSON object). The
 /// session's container outlives a run (as it does in a deployment), so

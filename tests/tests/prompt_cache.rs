@@ -25,20 +25,7 @@ async fn run_to_end(app: &TestApp, spec: CreateRun) -> (Uuid, Vec<Event>) {
 
 /// A git repository with an `AGENTS.md`, as a `file://` URL.
 fn repo() -> (tempfile::TempDir, String) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("AGENTS.md"), "Run `make check` before you finish.\n").unwrap();
-    std::fs::write(dir.path().join("a.txt"), "x\n").unwrap();
-    for args in [&["init", "-q", "-b", "main"][..], &["add", "."], &["commit", "-q", "-m", "init"]] {
-        let out = std::process::Command::new("git")
-            .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
-            .args(args)
-            .current_dir(dir.path())
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let url = format!("file://{}", dir.path().display());
-    (dir, url)
+    kiln_tests::git_repo::repo_with(&[("AGENTS.md", "Run `make check` before you finish.\n"), ("a.txt", "x\n")])
 }
 
 /// The top-level fields of a compact JSON object, each value as the exact
