@@ -32,7 +32,7 @@ use uuid::Uuid;
 use super::db_retry::with_retry;
 use super::event_budget::EventBudget;
 use crate::egress::NetworkLog;
-use crate::subagent::forward::{Forwarder, ParentStream};
+use crate::subagent::forward::ParentStream;
 
 /// Longest a delta waits before it is written.
 pub const COALESCE: Duration = Duration::from_millis(50);
@@ -58,7 +58,7 @@ pub struct EventSink {
     network: Option<Arc<NetworkLog>>,
     /// For a sub-agent: its parent's stream, which gets a copy of the
     /// step- and tool-level events of each commit.
-    parent: Option<Forwarder>,
+    parent: Option<ParentStream>,
 }
 
 /// A step whose model call has started but not answered: what the
@@ -113,15 +113,7 @@ impl EventSink {
     /// Copies what is committed from now on into a parent's stream (this
     /// sink is a sub-agent's).
     pub fn forward_to(&mut self, parent: ParentStream) {
-        self.parent = Some(Forwarder::start(parent));
-    }
-
-    /// Waits until the copies for the parent's stream are written, and
-    /// copies nothing more.
-    pub async fn finish_forwarding(&mut self) {
-        if let Some(forwarder) = self.parent.take() {
-            forwarder.finish().await;
-        }
+        self.parent = Some(parent);
     }
 
     /// Takes the egress proxy's decisions into the run's stream from now on.

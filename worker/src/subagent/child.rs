@@ -214,7 +214,7 @@ async fn drive(
         events.commit().await?;
         Ok::<_, AgentError>(outcome)
     };
-    let ending = tokio::select! {
+    tokio::select! {
         result = work => match result {
             Ok(outcome) => Ending::Finished(outcome),
             Err(AgentError::Store(StoreError::LeaseLost(_))) => Ending::LeaseLost,
@@ -223,10 +223,7 @@ async fn drive(
         _ = cancel.cancelled() => Ending::Cancelled,
         _ = lost.cancelled() => Ending::LeaseLost,
         _ = tokio::time::sleep(remaining) => Ending::TimedOut,
-    };
-    // The child's copies are in the parent's stream before its end is.
-    events.finish_forwarding().await;
-    ending
+    }
 }
 
 /// The child's loop: the parent's sandbox, model and settings; its own

@@ -8,26 +8,12 @@
 //! parent's stream grows by a few events per child step. The copy is written
 //! under the parent's lease, with the parent's other events, so the
 //! parent's seqs stay dense.
-//!
-//! The copies are written off the child's path ([`Forwarder`]): a commit of
-//! the child hands them to a task of its own, which writes them in order.
-//! Written inline, each child commit waited for a second one, on the
-//! parent's row, which the parent's other children wrote too (bench
-//! `subagents`).
 
 use kiln_protocol::EventBody;
 use kiln_store::{Lease, Store, StoreError};
-use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use crate::agent::db_retry::with_retry;
-use crate::run_lifecycle::AbortOnDrop;
-
-/// Commits' worth of copies waiting to be written; past this a child's
-/// commit waits for the writer (memory stays bounded).
-const QUEUED_COMMITS: usize = 32;
-/// Most copies the writer puts in one statement when it has fallen behind.
-const MAX_WRITE: usize = 256;
 
 /// Longest tool output copied into the parent's stream, in characters (the
 /// whole of it is in the child's).
@@ -51,17 +37,23 @@ impl ParentStream {
         with_retry(|| self.store.append_events_once(&self.lease, &batch)).await.map(|_| ())
     }
 
-    /// The copies, for the parent's stream, of what the child just
-    /// committed (`committed`, whose last event took seq `last_seq` in the
-    /// child's stream), each with the id it keeps across retries.
-    fn copies(&self, last_seq: i64, committed: &[(Uuid, EventBody)]) -> Vec<(Uuid, EventBody)> {
+    /// Copies what the child just committed (`committed`, whose last event
+    /// took seq `last_seq` in the child's stream) into the parent's stream.
+    /// A failure is logged, not returned: the child's own stream has it all.
+    pub async fn forward(&self, last_seq: i64, committed: &[(Uuid, EventBody)]) {
         let first = last_seq - committed.len() as i64 + 1;
-        committed
+        let batch: Vec<(Uuid, EventBody)> = committed
             .iter()
             .zip(first..)
             .filter_map(|((_, body), seq)| self.wrap(seq, body))
             .map(|body| (Uuid::now_v7(), body))
-            .collect()
+            .collect();
+        if batch.is_empty() {
+            return;
+        }
+        if let Err(e) = with_retry(|| self.store.append_events_once(&self.lease, &batch)).await {
+            tracing::warn!(child = %self.child, error = %e, "copying a sub-agent's events to its parent failed");
+        }
     }
 
     /// `body` (seq `seq` of the child's stream) as the parent sees it, or
@@ -94,62 +86,6 @@ impl ParentStream {
             seq,
             event: serde_json::json!({ "kind": kind, "payload": payload }),
         })
-    }
-}
-
-/// One child's copies on their way to the parent's stream: handed over by
-/// the child's commits, written in that order by a task of their own.
-/// Dropped, the task stops (the parent dropped the child).
-pub struct Forwarder {
-    stream: ParentStream,
-    queue: Option<mpsc::Sender<Vec<(Uuid, EventBody)>>>,
-    writer: AbortOnDrop,
-}
-
-impl Forwarder {
-    pub fn start(stream: ParentStream) -> Self {
-        let (queue, queued) = mpsc::channel(QUEUED_COMMITS);
-        let writer = AbortOnDrop(tokio::spawn(write_in_order(stream.clone(), queued)));
-        Forwarder { stream, queue: Some(queue), writer }
-    }
-
-    /// Hands over the copies of what the child just committed (see
-    /// [`ParentStream::copies`]); waits only while the queue is full.
-    pub async fn forward(&self, last_seq: i64, committed: &[(Uuid, EventBody)]) {
-        let batch = self.stream.copies(last_seq, committed);
-        if batch.is_empty() {
-            return;
-        }
-        if let Some(queue) = &self.queue
-            && queue.send(batch).await.is_err()
-        {
-            tracing::warn!(child = %self.stream.child, "the writer of a sub-agent's copies stopped; copies dropped");
-        }
-    }
-
-    /// Waits until every copy handed over is written (or given up on):
-    /// before the parent's stream says the child ended.
-    pub async fn finish(mut self) {
-        self.queue = None;
-        if let Err(e) = (&mut self.writer.0).await {
-            tracing::warn!(child = %self.stream.child, error = %e, "the writer of a sub-agent's copies failed");
-        }
-    }
-}
-
-/// Writes the copies in the order they came; what queued while a write was
-/// under way goes in the next one together. A failure is logged, not
-/// returned: the child's own stream has it all.
-async fn write_in_order(stream: ParentStream, mut queued: mpsc::Receiver<Vec<(Uuid, EventBody)>>) {
-    while let Some(mut batch) = queued.recv().await {
-        while batch.len() < MAX_WRITE
-            && let Ok(more) = queued.try_recv()
-        {
-            batch.extend(more);
-        }
-        if let Err(e) = with_retry(|| stream.store.append_events_once(&stream.lease, &batch)).await {
-            tracing::warn!(child = %stream.child, error = %e, "copying a sub-agent's events to its parent failed");
-        }
     }
 }
 
