@@ -478,3 +478,55 @@ async fn an_invalid_kinds_file_stops_the_worker_from_starting() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("KILN_AGENT_KINDS") && stderr.contains("\"greedy\": budget_share"), "{stderr}");
 }
+
+/// A git repository holding `files`, as a `file://` URL (the test workers
+/// allow those).
+fn repo_with(files: &[(&str, &str)]) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    for (path, content) in files {
+        std::fs::write(dir.path().join(path), content).unwrap();
+    }
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    git(&["init", "-q", "-b", "main"]);
+    git(&["add", "."]);
+    git(&["commit", "-q", "-m", "init"]);
+    let url = format!("file://{}", dir.path().display());
+    (dir, url)
+}
+
+/// A child's system prompt has its parent's `AGENTS.md`, as the parent read
+/// it at its start (children started together do not each read it again):
+/// an edit the parent made meanwhile is in neither prompt.
+#[tokio::test]
+async fn a_child_gets_the_agents_md_its_parent_read() {
+    let (_repo, url) = repo_with(&[("AGENTS.md", "Always ORIGINAL-RULE.\n")]);
+    let script = vec![
+        Reply::tool("bash", json!({"command": "echo 'Always EDITED-RULE.' > AGENTS.md"})),
+        Reply::tools(vec![task("GAMMA", "explore")]),
+        Reply::text("parent done"),
+    ];
+    let app = TestApp::spawn(Options { script, ..Default::default() }).await;
+    app.model.script_thread("GAMMA", vec![Reply::text("answer from GAMMA")]);
+    let spec = CreateRun {
+        repo: Some(kiln_protocol::RepoSpec { url, git_ref: None }),
+        ..CreateRun::new("edit the rules, then ask")
+    };
+    let parent = app.submit("alice", spec).await.id;
+    let events = app.events("alice", parent).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    assert_eq!(started(&events).len(), 1, "{:?}", kinds(&events));
+    let requests = app.model.requests();
+    let child =
+        requests.iter().find(|r| r.body["messages"][1]["content"] == "GAMMA: find it").expect("the child's call");
+    let system = child.body["messages"][0]["content"].to_string();
+    assert!(system.contains("Always ORIGINAL-RULE."), "{system}");
+    assert!(!system.contains("EDITED-RULE"), "{system}");
+}

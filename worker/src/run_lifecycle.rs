@@ -305,6 +305,7 @@ async fn drive(
         control,
         notice,
         system: String::new(),
+        agents_md: None,
         compaction: crate::agent::compaction::Policy {
             context_window: run.model.context_window.unwrap_or(ctx.config.context_window),
             threshold: ctx.config.compaction_threshold,

@@ -94,6 +94,9 @@ pub struct AgentRun<'a> {
     pub notice: Option<String>,
     /// The system prompt, with the repository's `AGENTS.md`; set by `drive`.
     pub system: String,
+    /// The repository's `AGENTS.md` as already read (a sub-agent gets its
+    /// parent's); `None`: `drive` reads it from the sandbox.
+    pub agents_md: Option<Option<String>>,
     /// When to summarise the older conversation.
     pub compaction: compaction::Policy,
     /// Tool calls of one step that run; the rest are answered unrun.
@@ -125,7 +128,13 @@ impl<'a> AgentRun<'a> {
         let mut messages = self.resume().await?;
         // Read once per attempt: the model may edit AGENTS.md, and the
         // prompt should not change under it mid-run.
-        self.system = prompt::system_prompt(prompt::load_agents_md(self.sandbox).await.as_deref());
+        // A sub-agent takes its parent's: the same prompt, and no read of
+        // the sandbox on its start, which children started together would
+        // otherwise queue for (one `docker exec` each).
+        if self.agents_md.is_none() {
+            self.agents_md = Some(prompt::load_agents_md(self.sandbox).await);
+        }
+        self.system = prompt::system_prompt(self.agents_md.clone().flatten().as_deref());
         if let Some(role) = &self.role {
             self.system = format!("{}\n\n# Your role\n\n{role}", self.system);
         }
@@ -383,6 +392,7 @@ impl<'a> AgentRun<'a> {
             run: self.run,
             lease: self.lease,
             sandbox: self.sandbox,
+            agents_md: self.agents_md.clone(),
             budget: crate::subagent::Carving { limits: *budget.limits(), spent, children: tasks as u32 },
             spent: Default::default(),
         })

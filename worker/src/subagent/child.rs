@@ -255,6 +255,7 @@ fn agent<'a>(
         control: Arc::new(Control::default()),
         notice: None,
         system: String::new(),
+        agents_md: host.agents_md.clone(),
         role: Some(kind.prompt.clone()),
         compaction: crate::agent::compaction::Policy {
             context_window: run.model.context_window.unwrap_or(ctx.config.context_window),

@@ -95,6 +95,10 @@ pub struct StepHost<'a> {
     pub run: &'a Run,
     pub lease: &'a Lease,
     pub sandbox: &'a Sandbox,
+    /// The parent's `AGENTS.md`, which its children's prompts take too
+    /// (`None`: not read yet, e.g. while a takeover re-runs `task` calls,
+    /// and each child reads it).
+    pub agents_md: Option<Option<String>>,
     /// What each child's budget is carved from.
     pub budget: Carving,
     /// What this step's children spent, for the parent's budget.

@@ -218,6 +218,7 @@ async fn kiln_pass(
         control: Arc::default(),
         notice: None,
         system: String::new(),
+        agents_md: None,
         // The worker's defaults; never due with this small a conversation.
         compaction: kiln_worker::agent::compaction::Policy { context_window: 128_000, threshold: 0.8 },
         max_tool_calls_per_step: kiln_worker::config::DEFAULT_MAX_TOOL_CALLS_PER_STEP,
