@@ -383,7 +383,10 @@ impl WarmUp {
         let endpoints = ProviderEndpoints { openai_base_url: Some(format!("{base_url}/v1")), ..Default::default() };
         let provider = Providers::new(endpoints)?.get(ProviderKind::OpenAi);
         // One output token: the work is reading the prompt.
-        let request = first_step_request(model, &Registry::standard(), WARM_UP_PROMPT, 1);
+        // The built-in agent kinds: with an operator's `KILN_AGENT_KINDS` the
+        // `task` tool reads differently, and the warm prefix ends before it.
+        let kinds = kiln_protocol::agents::AgentKinds::builtin();
+        let request = first_step_request(model, &Registry::standard(), &kinds, WARM_UP_PROMPT, 1);
         Ok(WarmUp { provider, request })
     }
 

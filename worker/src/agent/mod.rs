@@ -402,22 +402,12 @@ impl<'a> AgentRun<'a> {
     /// `task` only to an agent that may start sub-agents, offering the
     /// kinds the run does (none: no `task`).
     fn tool_specs(&self) -> Vec<crate::providers::ToolSpec> {
-        use crate::tools::task;
         let gate = self.gate();
         let offered = match self.seat.filter(|seat| seat.may_spawn()) {
             Some(seat) => crate::subagent::kinds::offered(&seat.ctx.config.subagents.kinds, self.run),
             None => Vec::new(),
         };
-        self.tools
-            .specs()
-            .into_iter()
-            .filter(|spec| gate.allows(&spec.name))
-            .filter_map(|spec| match spec.name == task::NAME {
-                false => Some(spec),
-                true if offered.is_empty() => None,
-                true => Some(task::spec_for(&offered)),
-            })
-            .collect()
+        shown_tools(self.tools, |name| gate.allows(name), &offered)
     }
 
     /// Stores `message` (with the events buffered, e.g. tool results) and
@@ -433,16 +423,46 @@ impl<'a> AgentRun<'a> {
 /// has no `AGENTS.md` and every tool of `tools` is allowed: the same system
 /// prompt and tool definitions, byte for byte, then `prompt`. A local model
 /// server given it ahead of the first run holds that prefix in its cache.
-pub fn first_step_request(model: &str, tools: &Registry, prompt: &str, max_tokens: u32) -> ModelRequest {
+/// `kinds` are the deployment's agent kinds (a top-level run offers them all
+/// in its `task` tool unless it narrows them).
+pub fn first_step_request(
+    model: &str,
+    tools: &Registry,
+    kinds: &kiln_protocol::agents::AgentKinds,
+    prompt: &str,
+    max_tokens: u32,
+) -> ModelRequest {
     ModelRequest {
         model: model.to_owned(),
         system: prompt::system_prompt(None),
         messages: vec![Message::user(prompt)],
-        tools: tools.specs(),
+        tools: shown_tools(tools, |_| true, &kinds.offered(None)),
         max_tokens,
         temperature: None,
         cache_key: None,
     }
+}
+
+/// The tool definitions a model is shown, in the registry's fixed order:
+/// those `allows` lets through, with `task` described for the `offered`
+/// kinds (none offered: no `task`). One function for the loop and the
+/// local model's warm-up, so both send the same bytes.
+fn shown_tools(
+    tools: &Registry,
+    allows: impl Fn(&str) -> bool,
+    offered: &[&kiln_protocol::agents::AgentKind],
+) -> Vec<crate::providers::ToolSpec> {
+    use crate::tools::task;
+    tools
+        .specs()
+        .into_iter()
+        .filter(|spec| allows(&spec.name))
+        .filter_map(|spec| match spec.name == task::NAME {
+            false => Some(spec),
+            true if offered.is_empty() => None,
+            true => Some(task::spec_for(offered)),
+        })
+        .collect()
 }
 
 /// How the model said it stopped; a stream without a reason ended its turn.
