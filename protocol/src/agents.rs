@@ -205,8 +205,7 @@ impl RawKind {
             return Err(format!("prompt must be 1 to {} characters, not blank", KIND_PROMPT.max_chars));
         }
         if let Some(tools) = &self.tools {
-            let names_ok = tools.iter().all(|t| input::TOOL_NAME.accepts(t));
-            if tools.len() > input::ALLOWED_TOOLS.max_items || !names_ok {
+            if !input::ALLOWED_TOOLS.accepts(tools, &input::TOOL_NAME) {
                 return Err(format!(
                     "tools must be a list of at most {} tool names or patterns (letters, digits, _, - and *)",
                     input::ALLOWED_TOOLS.max_items
