@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use futures::StreamExt;
+use kiln_protocol::agents::AgentKinds;
 use kiln_worker::agent::first_step_request;
 use kiln_worker::providers::{ModelProvider, ModelRequest};
 use kiln_worker::tools::Registry;
@@ -82,6 +83,10 @@ pub struct Options {
     /// definitions) into the server's prompt cache once it is up, and again
     /// after each restart, so no run pays for it.
     pub warm: bool,
+    /// The sub-agent kinds the deployment's workers offer (`KILN_AGENT_KINDS`
+    /// and the built-in ones): the warm-up's `task` tool describes them as a
+    /// run's first step does, or the warm prefix ends before `task`.
+    pub kinds: Arc<AgentKinds>,
 }
 
 impl Options {
@@ -94,6 +99,7 @@ impl Options {
             port: None,
             log: None,
             warm: true,
+            kinds: Arc::new(AgentKinds::builtin()),
         }
     }
 
@@ -218,7 +224,8 @@ impl LocalModel {
         // installed (a no-op when the binary already did).
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder().no_proxy().build()?;
-        let warm_up = options.warm.then(|| WarmUp::new(&base_url, &options.model_name())).transpose()?;
+        let warm_up =
+            options.warm.then(|| WarmUp::new(&base_url, &options.model_name(), &options.kinds)).transpose()?;
         let spawner = Spawner { options: options.clone(), port, log: log.clone(), warm_up };
         let mut child = spawner.spawn()?;
         wait_healthy(&http, &base_url, &mut child, &log).await?;
@@ -379,14 +386,11 @@ struct WarmUp {
 const WARM_UP_PROMPT: &str = "Reply with OK.";
 
 impl WarmUp {
-    fn new(base_url: &str, model: &str) -> anyhow::Result<WarmUp> {
+    fn new(base_url: &str, model: &str, kinds: &AgentKinds) -> anyhow::Result<WarmUp> {
         let endpoints = ProviderEndpoints { openai_base_url: Some(format!("{base_url}/v1")), ..Default::default() };
         let provider = Providers::new(endpoints)?.get(ProviderKind::OpenAi);
         // One output token: the work is reading the prompt.
-        // The built-in agent kinds: with an operator's `KILN_AGENT_KINDS` the
-        // `task` tool reads differently, and the warm prefix ends before it.
-        let kinds = kiln_protocol::agents::AgentKinds::builtin();
-        let request = first_step_request(model, &Registry::standard(), &kinds, WARM_UP_PROMPT, 1);
+        let request = first_step_request(model, &Registry::standard(), kinds, WARM_UP_PROMPT, 1);
         Ok(WarmUp { provider, request })
     }
 

@@ -204,14 +204,13 @@ impl RawKind {
         if !KIND_PROMPT.accepts(&self.prompt) {
             return Err(format!("prompt must be 1 to {} characters, not blank", KIND_PROMPT.max_chars));
         }
-        if let Some(tools) = &self.tools {
-            let names_ok = tools.iter().all(|t| input::TOOL_NAME.accepts(t));
-            if tools.len() > input::ALLOWED_TOOLS.max_items || !names_ok {
-                return Err(format!(
-                    "tools must be a list of at most {} tool names or patterns (letters, digits, _, - and *)",
-                    input::ALLOWED_TOOLS.max_items
-                ));
-            }
+        if let Some(tools) = &self.tools
+            && !input::ALLOWED_TOOLS.accepts(tools, &input::TOOL_NAME)
+        {
+            return Err(format!(
+                "tools must be a list of at most {} tool names or patterns (letters, digits, _, - and *)",
+                input::ALLOWED_TOOLS.max_items
+            ));
         }
         let budget_share = self.budget_share.unwrap_or(1.0);
         if !(budget_share > 0.0 && budget_share <= 1.0) {

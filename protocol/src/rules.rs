@@ -148,6 +148,13 @@ pub struct List {
     pub max_items: usize,
 }
 
+impl List {
+    /// True when `items` are few enough and each one passes `item`.
+    pub fn accepts(&self, items: &[String], item: &Text) -> bool {
+        items.len() <= self.max_items && items.iter().all(|i| item.accepts(i))
+    }
+}
+
 impl Constraint for List {
     fn keywords(&self) -> Map<String, Value> {
         let mut k = Map::new();

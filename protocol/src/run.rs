@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use crate::egress::{EgressMode, EgressPolicy};
 use crate::input;
+use crate::rules::{List, Text};
 
 pub use crate::input::MAX_PROMPT_CHARS;
 /// A prompt Kiln builds itself (from a GitHub issue) is cut to this many
@@ -276,23 +277,17 @@ impl CreateRun {
         if let Some(limits) = &self.limits {
             limits.validate()?;
         }
-        if let Some(tools) = &self.allowed_tools {
-            let names_ok = tools.iter().all(|t| input::TOOL_NAME.accepts(t));
-            if tools.len() > input::ALLOWED_TOOLS.max_items || !names_ok {
-                return Err(SpecError::AllowedTools);
-            }
+        let names_ok = |names: &Option<Vec<String>>, list: &List, name: &Text| {
+            names.as_deref().is_none_or(|names| list.accepts(names, name))
+        };
+        if !names_ok(&self.allowed_tools, &input::ALLOWED_TOOLS, &input::TOOL_NAME) {
+            return Err(SpecError::AllowedTools);
         }
-        if let Some(servers) = &self.mcp {
-            let names_ok = servers.iter().all(|s| input::MCP_SERVER_NAME.accepts(s));
-            if servers.len() > input::MCP_SERVERS.max_items || !names_ok {
-                return Err(SpecError::McpServers);
-            }
+        if !names_ok(&self.mcp, &input::MCP_SERVERS, &input::MCP_SERVER_NAME) {
+            return Err(SpecError::McpServers);
         }
-        if let Some(kinds) = &self.agents {
-            let names_ok = kinds.iter().all(|k| input::AGENT_KIND_NAME.accepts(k));
-            if kinds.len() > input::AGENTS.max_items || !names_ok {
-                return Err(SpecError::Agents);
-            }
+        if !names_ok(&self.agents, &input::AGENTS, &input::AGENT_KIND_NAME) {
+            return Err(SpecError::Agents);
         }
         if let Some(repo) = &self.repo {
             // Credentials first: the other refusal quotes the URL.
@@ -554,6 +549,8 @@ pub struct Run {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn spec(json: &str) -> Result<CreateRun, serde_json::Error> {
@@ -592,27 +589,28 @@ mod tests {
 
     #[test]
     fn mcp_servers_are_names_and_carried_into_the_policy() {
-        let s = spec(r#"{"prompt":"x","mcp":["demo","git-hub_2"]}"#).unwrap();
-        assert_eq!(s.validate(), Ok(()));
-        assert_eq!(s.policy().mcp, Some(vec!["demo".to_owned(), "git-hub_2".to_owned()]));
-        for bad in [r#"[""]"#, r#"["a b"]"#, r#"["mcp*"]"#] {
-            let s = spec(&format!(r#"{{"prompt":"x","mcp":{bad}}}"#)).unwrap();
-            assert_eq!(s.validate(), Err(SpecError::McpServers), "{bad}");
-        }
-        let many: Vec<String> = (0..=input::MCP_SERVERS.max_items).map(|i| format!("s{i}")).collect();
-        let s = CreateRun { mcp: Some(many), ..CreateRun::new("x") };
-        assert_eq!(s.validate(), Err(SpecError::McpServers));
+        let policy = names_are_checked("mcp", &["demo", "git-hub_2"], &input::MCP_SERVERS, SpecError::McpServers);
+        assert_eq!(policy.mcp, Some(vec!["demo".to_owned(), "git-hub_2".to_owned()]));
     }
 
     #[test]
     fn agent_kinds_are_names_and_carried_into_the_policy() {
-        let s = spec(r#"{"prompt":"x","agents":["explore","code-reviewer"]}"#).unwrap();
+        let policy = names_are_checked("agents", &["explore", "code-reviewer"], &input::AGENTS, SpecError::Agents);
+        assert_eq!(policy.agents, Some(vec!["explore".to_owned(), "code-reviewer".to_owned()]));
+    }
+
+    /// A spec whose list `field` holds `good` validates (its policy is
+    /// returned); one with a bad name, or more names than `list` allows,
+    /// fails with `error`.
+    fn names_are_checked(field: &str, good: &[&str], list: &List, error: SpecError) -> Policy {
+        let s = spec(&json!({"prompt": "x", field: good}).to_string()).unwrap();
         assert_eq!(s.validate(), Ok(()));
-        assert_eq!(s.policy().agents, Some(vec!["explore".to_owned(), "code-reviewer".to_owned()]));
-        for bad in [r#"[""]"#, r#"["a b"]"#, r#"["x*"]"#] {
-            let s = spec(&format!(r#"{{"prompt":"x","agents":{bad}}}"#)).unwrap();
-            assert_eq!(s.validate(), Err(SpecError::Agents), "{bad}");
+        let many: Vec<String> = (0..=list.max_items).map(|i| format!("s{i}")).collect();
+        for bad in [json!([""]), json!(["a b"]), json!(["x*"]), json!(many)] {
+            let s = spec(&json!({"prompt": "x", field: bad}).to_string()).unwrap();
+            assert_eq!(s.validate(), Err(error.clone()), "{field}: {bad}");
         }
+        s.policy()
     }
 
     #[test]

@@ -36,7 +36,12 @@ impl Leftovers {
 /// A Docker or database call that did not answer in time (or failed): a
 /// look that cannot say "nothing is left".
 #[derive(Debug)]
-pub struct LookFailed(pub String);
+pub struct LookFailed {
+    pub why: String,
+    /// No answer within [`CALL_TIMEOUT`] (not an error): asking again
+    /// would most likely wait as long.
+    pub unanswered: bool,
+}
 
 /// How long one Docker or database call of the clean-up may take. A busy
 /// engine answers a list or a forced removal well within it; a call that
@@ -62,8 +67,8 @@ async fn bounded<T, E: std::fmt::Display>(
 ) -> Result<T, LookFailed> {
     match tokio::time::timeout(CALL_TIMEOUT, call).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(LookFailed(format!("{what}: {e}"))),
-        Err(_) => Err(LookFailed(format!("{what}: no answer within {CALL_TIMEOUT:?}"))),
+        Ok(Err(e)) => Err(LookFailed { why: format!("{what}: {e}"), unanswered: false }),
+        Err(_) => Err(LookFailed { why: format!("{what}: no answer within {CALL_TIMEOUT:?}"), unanswered: true }),
     }
 }
 
@@ -164,15 +169,26 @@ fn look_and_remove(db_url: &str, workers: &[String]) -> CleanUp {
         let mut done = CleanUp::default();
         let deadline = Instant::now() + LOOK_FOR;
         let mut clean_looks = 0;
+        // Set once the sessions' networks cannot be looked for any more.
+        let mut networks_given_up = false;
         loop {
             // A database that is gone (a test's own server, stopped first)
             // hides its sessions' networks, not the containers: those are
-            // still removed, and the look still counts.
+            // still removed, and the look still counts. One that refuses is
+            // asked again at the next look (it costs nothing); one that did
+            // not answer is not: each look would wait CALL_TIMEOUT on it.
             let found = match containers(&docker, workers).await {
+                Ok(containers) if networks_given_up => Ok(Leftovers { containers, networks: Vec::new() }),
                 Ok(containers) => match networks(&docker, db_url).await {
-                    Ok(networks) => Ok(Leftovers { containers, networks }),
-                    Err(LookFailed(why)) => {
-                        done.networks_unknown = Some(why);
+                    Ok(networks) => {
+                        done.networks_unknown = None;
+                        Ok(Leftovers { containers, networks })
+                    }
+                    Err(LookFailed { why, unanswered }) => {
+                        networks_given_up = unanswered;
+                        let again = if unanswered { "not asked again" } else { "asked again at each look" };
+                        done.networks_unknown =
+                            Some(format!("the sessions' networks were not looked for ({why}; {again})"));
                         Ok(Leftovers { containers, networks: Vec::new() })
                     }
                 },
@@ -194,7 +210,7 @@ fn look_and_remove(db_url: &str, workers: &[String]) -> CleanUp {
                     done.removed.containers.extend(found.containers);
                     done.removed.networks.extend(found.networks);
                 }
-                Err(LookFailed(why)) => {
+                Err(LookFailed { why, .. }) => {
                     clean_looks = 0;
                     done.unfinished = Some(why);
                 }

@@ -10,6 +10,11 @@ use kiln_worker::config::{ProviderKind, WorkerConfig};
 use serde_json::json;
 use uuid::Uuid;
 
+/// An app with the harness's worker, its model playing `script`.
+async fn scripted(script: Vec<Reply>) -> TestApp {
+    TestApp::spawn(Options { script, ..Default::default() }).await
+}
+
 async fn run_to_end(app: &TestApp, spec: CreateRun) -> (Uuid, Vec<Event>) {
     let id = app.submit("alice", spec).await.id;
     let events = app.events("alice", id).await;
@@ -35,7 +40,7 @@ fn echo(n: u32) -> Reply {
 
 #[tokio::test]
 async fn the_step_budget_stops_the_run_before_the_next_model_call() {
-    let app = TestApp::spawn(Options { script: (1..=6).map(echo).collect(), ..Default::default() }).await;
+    let app = scripted((1..=6).map(echo).collect()).await;
     let (id, events) = run_to_end(&app, limited("loop", Limits { max_steps: Some(2), ..Default::default() })).await;
     let error = failure(&events);
     assert!(error.contains("step budget exhausted: 2 of 2"), "{error}");
@@ -46,7 +51,7 @@ async fn the_step_budget_stops_the_run_before_the_next_model_call() {
 
 #[tokio::test]
 async fn the_token_budget_stops_the_run_and_names_itself() {
-    let app = TestApp::spawn(Options { script: (1..=6).map(echo).collect(), ..Default::default() }).await;
+    let app = scripted((1..=6).map(echo).collect()).await;
     // The scripted model reports ~1 input token per 4 request bytes: one
     // request with the system prompt and tool schemas is well over 100.
     let (_, events) = run_to_end(&app, limited("loop", Limits { max_tokens: Some(100), ..Default::default() })).await;
@@ -57,7 +62,7 @@ async fn the_token_budget_stops_the_run_and_names_itself() {
 
 #[tokio::test]
 async fn at_eighty_percent_of_a_budget_the_model_is_told() {
-    let app = TestApp::spawn(Options { script: (1..=6).map(echo).collect(), ..Default::default() }).await;
+    let app = scripted((1..=6).map(echo).collect()).await;
     let (_, events) = run_to_end(&app, limited("loop", Limits { max_steps: Some(5), ..Default::default() })).await;
     assert_eq!(outcome(&events), Some(RunStatus::Failed));
     let requests = app.model.requests();
@@ -85,7 +90,7 @@ async fn the_wall_clock_limit_ends_the_run_timed_out() {
 #[tokio::test]
 async fn the_loop_guard_nudges_then_stops_a_repeating_model() {
     let same = || Reply::tool("bash", json!({"command": "ls"}));
-    let app = TestApp::spawn(Options { script: (0..8).map(|_| same()).collect(), ..Default::default() }).await;
+    let app = scripted((0..8).map(|_| same()).collect()).await;
     let (_, events) = run_to_end(&app, CreateRun::new("loop")).await;
     let error = failure(&events);
     assert!(error.contains("loop guard"), "{error}");
@@ -97,8 +102,7 @@ async fn the_loop_guard_nudges_then_stops_a_repeating_model() {
 
 #[tokio::test]
 async fn an_overloaded_provider_is_retried_and_the_retry_is_an_event() {
-    let app =
-        TestApp::spawn(Options { script: vec![Reply::error(529), Reply::text("fine")], ..Default::default() }).await;
+    let app = scripted(vec![Reply::error(529), Reply::text("fine")]).await;
     let (_, events) = run_to_end(&app, CreateRun::new("hi")).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
     let retry = pick!(events, EventBody::ModelRetry { attempt, error, .. } => (*attempt, error)).next();
@@ -110,7 +114,7 @@ async fn an_overloaded_provider_is_retried_and_the_retry_is_an_event() {
 
 #[tokio::test]
 async fn a_permanent_provider_error_fails_the_run_clearly() {
-    let app = TestApp::spawn(Options { script: vec![Reply::error(400)], ..Default::default() }).await;
+    let app = scripted(vec![Reply::error(400)]).await;
     let (_, events) = run_to_end(&app, CreateRun::new("hi")).await;
     let error = failure(&events);
     assert!(error.contains("400"), "{error}");
@@ -119,19 +123,16 @@ async fn a_permanent_provider_error_fails_the_run_clearly() {
 
 #[tokio::test]
 async fn read_only_calls_run_together_and_results_keep_the_models_order() {
-    let app = TestApp::spawn(Options {
-        script: vec![
-            Reply::tool("write", json!({"path": "a.txt", "content": "alpha\n"})),
-            Reply::tools(vec![
-                ScriptedCall::new("view", json!({"path": "a.txt"})),
-                ScriptedCall::new("view", json!({"path": "missing.txt"})),
-                ScriptedCall::new("bash", json!({"command": "echo after"})),
-                ScriptedCall::new("view", json!({"file_path": "a.txt"})),
-            ]),
-            Reply::text("done"),
-        ],
-        ..Default::default()
-    })
+    let app = scripted(vec![
+        Reply::tool("write", json!({"path": "a.txt", "content": "alpha\n"})),
+        Reply::tools(vec![
+            ScriptedCall::new("view", json!({"path": "a.txt"})),
+            ScriptedCall::new("view", json!({"path": "missing.txt"})),
+            ScriptedCall::new("bash", json!({"command": "echo after"})),
+            ScriptedCall::new("view", json!({"file_path": "a.txt"})),
+        ]),
+        Reply::text("done"),
+    ])
     .await;
     let (_, events) = run_to_end(&app, CreateRun::new("read")).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded));
@@ -174,7 +175,7 @@ async fn read_only_calls_run_together_and_results_keep_the_models_order() {
 
 #[tokio::test]
 async fn the_cost_budget_stops_the_run_and_each_step_reports_its_cost() {
-    let app = TestApp::spawn(Options { script: (1..=20).map(echo).collect(), ..Default::default() }).await;
+    let app = scripted((1..=20).map(echo).collect()).await;
     // The harness prices the scripted model at $1 per million tokens.
     let spec = limited("loop", Limits { max_cost_usd: Some(0.001), ..Default::default() });
     let (_, events) = run_to_end(&app, spec).await;
@@ -191,14 +192,11 @@ async fn the_cost_budget_stops_the_run_and_each_step_reports_its_cost() {
 
 #[tokio::test]
 async fn a_tool_call_cut_off_mid_stream_is_never_run() {
-    let app = TestApp::spawn(Options {
-        script: vec![
-            Reply::cut_mid_tool("bash", json!({"command": "echo SHOULD-NOT-RUN"})),
-            Reply::tool("bash", json!({"command": "echo second"})),
-            Reply::text("done"),
-        ],
-        ..Default::default()
-    })
+    let app = scripted(vec![
+        Reply::cut_mid_tool("bash", json!({"command": "echo SHOULD-NOT-RUN"})),
+        Reply::tool("bash", json!({"command": "echo second"})),
+        Reply::text("done"),
+    ])
     .await;
     let (_, events) = run_to_end(&app, CreateRun::new("go")).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
@@ -219,9 +217,7 @@ async fn the_repositorys_agents_md_joins_the_system_prompt_and_the_plan_is_an_ev
         {"content": "fix the bug", "status": "in_progress"},
         {"text": "run make lint"},
     ]});
-    let app =
-        TestApp::spawn(Options { script: vec![Reply::tool("todo", plan), Reply::text("done")], ..Default::default() })
-            .await;
+    let app = scripted(vec![Reply::tool("todo", plan), Reply::text("done")]).await;
     let spec = CreateRun { repo: Some(RepoSpec { url, git_ref: None }), ..CreateRun::new("fix it") };
     let (_, events) = run_to_end(&app, spec).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
@@ -256,28 +252,40 @@ fn compacting_script() -> Vec<Reply> {
     ]
 }
 
+/// The run of [`compacting_script`]: 3,000 tokens of context window at 0.8,
+/// so the second step's input (the seq output) is over and compacts.
+fn compacting_run(limits: Option<Limits>) -> CreateRun {
+    let model = ModelSpec { context_window: Some(3000), ..Default::default() };
+    CreateRun { model: Some(model), limits, ..CreateRun::new("count, then mark") }
+}
+
+/// What the compacting run spends without a budget: each step's tokens
+/// (input and output) and the compaction's.
+async fn compacting_spend() -> (Vec<u64>, u64) {
+    let app = scripted(compacting_script()).await;
+    let (_, events) = run_to_end(&app, compacting_run(None)).await;
+    let steps: Vec<u64> =
+        pick!(events, EventBody::StepFinished { usage, .. } => usage.input_tokens + usage.output_tokens).collect();
+    let compacted: u64 =
+        pick!(events, EventBody::Compaction { usage, .. } => usage.input_tokens + usage.output_tokens).sum();
+    (steps, compacted)
+}
+
 /// Compacting is a model call that spends tokens: the budget is checked
 /// after it, so the step after a compaction that spent the budget is not
 /// taken (at most that one call's overshoot).
 #[tokio::test]
 async fn a_compaction_that_spends_the_budget_stops_the_run_before_the_next_step() {
-    let model = ModelSpec { context_window: Some(3000), ..Default::default() };
-    let spec =
-        |limits: Option<Limits>| CreateRun { model: Some(model.clone()), limits, ..CreateRun::new("count, then mark") };
     // Measured first without a budget: what two steps and the compaction spend.
-    let app = TestApp::spawn(Options { script: compacting_script(), ..Default::default() }).await;
-    let (_, events) = run_to_end(&app, spec(None)).await;
-    let steps: Vec<u64> =
-        pick!(events, EventBody::StepFinished { usage, .. } => usage.input_tokens + usage.output_tokens).collect();
-    let compacted: u64 =
-        pick!(events, EventBody::Compaction { usage, .. } => usage.input_tokens + usage.output_tokens).sum();
+    let (steps, compacted) = compacting_spend().await;
     assert!(steps.len() == 3 && compacted > 100, "{steps:?} {compacted}");
     let two_steps = steps[0] + steps[1];
 
     // A budget the two steps stay under and the compaction goes over.
     let budget = two_steps + compacted / 2;
-    let app = TestApp::spawn(Options { script: compacting_script(), ..Default::default() }).await;
-    let (_, events) = run_to_end(&app, spec(Some(Limits { max_tokens: Some(budget), ..Default::default() }))).await;
+    let app = scripted(compacting_script()).await;
+    let limits = Limits { max_tokens: Some(budget), ..Default::default() };
+    let (_, events) = run_to_end(&app, compacting_run(Some(limits))).await;
     let error = failure(&events);
     assert!(error.contains("token budget exhausted"), "{error}");
     assert_eq!(pick!(events, EventBody::Compaction { .. } => ()).count(), 1, "{:?}", kinds(&events));
@@ -290,23 +298,17 @@ async fn a_compaction_that_spends_the_budget_stops_the_run_before_the_next_step(
 /// spent the budget (it was once counted only for a summary that was used).
 #[tokio::test]
 async fn a_compaction_with_an_empty_summary_still_counts_against_the_budget() {
-    let model = ModelSpec { context_window: Some(3000), ..Default::default() };
-    let spec =
-        |limits: Option<Limits>| CreateRun { model: Some(model.clone()), limits, ..CreateRun::new("count, then mark") };
     // What the two steps spend, measured as in the test above.
-    let app = TestApp::spawn(Options { script: compacting_script(), ..Default::default() }).await;
-    let (_, events) = run_to_end(&app, spec(None)).await;
-    let steps: Vec<u64> =
-        pick!(events, EventBody::StepFinished { usage, .. } => usage.input_tokens + usage.output_tokens).collect();
+    let (steps, _) = compacting_spend().await;
     let two_steps = steps[0] + steps[1];
 
     // The same run, its summary empty, with a budget the two steps stay
     // under and any summarising call goes over.
     let mut script = compacting_script();
     script[2] = Reply::text("");
-    let app = TestApp::spawn(Options { script, ..Default::default() }).await;
-    let (_, events) =
-        run_to_end(&app, spec(Some(Limits { max_tokens: Some(two_steps + 1), ..Default::default() }))).await;
+    let app = scripted(script).await;
+    let limits = Limits { max_tokens: Some(two_steps + 1), ..Default::default() };
+    let (_, events) = run_to_end(&app, compacting_run(Some(limits))).await;
     let error = failure(&events);
     assert!(error.contains("token budget exhausted"), "{error}");
     assert_eq!(pick!(events, EventBody::Compaction { .. } => ()).count(), 0, "nothing was compacted");
@@ -316,19 +318,8 @@ async fn a_compaction_with_an_empty_summary_still_counts_against_the_budget() {
 
 #[tokio::test]
 async fn a_step_near_the_context_window_compacts_the_older_conversation_into_a_summary() {
-    let app = TestApp::spawn(Options {
-        script: vec![
-            Reply::tool("bash", json!({"command": "seq 1 3000"})),
-            Reply::tool("bash", json!({"command": "echo after-the-big-output"})),
-            Reply::text("SUMMARY: printed 1..3000, then echoed a marker."),
-            Reply::text("done"),
-        ],
-        ..Default::default()
-    })
-    .await;
-    // 3,000 tokens at 0.8: the second step's input (the seq output) is over.
-    let model = ModelSpec { context_window: Some(3000), ..Default::default() };
-    let (id, events) = run_to_end(&app, CreateRun { model: Some(model), ..CreateRun::new("count, then mark") }).await;
+    let app = scripted(compacting_script()).await;
+    let (id, events) = run_to_end(&app, compacting_run(None)).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
     let compactions: Vec<(u32, u32, u64)> = pick!(events,
         EventBody::Compaction { summarized_messages, kept_messages, input_tokens, .. } =>
@@ -391,7 +382,7 @@ async fn writers(app: &TestApp, run: Uuid) -> (Vec<(String, i64)>, Vec<(String, 
 
 #[tokio::test]
 async fn a_step_with_a_tool_call_commits_twice_its_message_with_its_events() {
-    let app = TestApp::spawn(Options { script: vec![echo(1), Reply::text("done")], ..Default::default() }).await;
+    let app = scripted(vec![echo(1), Reply::text("done")]).await;
     let (id, events) = run_to_end(&app, CreateRun::new("one tool call")).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
     let (messages, rows) = writers(&app, id).await;

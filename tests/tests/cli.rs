@@ -698,6 +698,24 @@ fn kiln_up(state: &Path, pg_port: u16, args: &[&str]) -> tokio::process::Command
     cmd
 }
 
+/// A long-running `kiln up` (as [`kiln_up`], no demo) and its log up to the
+/// line that says it is ready (or to its end, if it exits first). The rest
+/// of its log is read and dropped, so it never blocks on a full pipe.
+async fn start_kiln_up(state: &Path, pg_port: u16) -> (tokio::process::Child, String) {
+    let mut up = kiln_up(state, pg_port, &[]).spawn().unwrap();
+    let mut lines = BufReader::new(up.stderr.take().unwrap()).lines();
+    let mut banner = String::new();
+    while let Some(line) = tokio::time::timeout(Duration::from_secs(120), lines.next_line()).await.unwrap().unwrap() {
+        banner.push_str(&line);
+        banner.push('\n');
+        if line.contains("Ctrl-C stops Kiln") {
+            break;
+        }
+    }
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (up, banner)
+}
+
 #[tokio::test]
 async fn kiln_up_leaves_nothing_running_and_kiln_down_stops_and_resets_everything() {
     let state = tempfile::tempdir().unwrap();
@@ -722,18 +740,7 @@ async fn kiln_up_leaves_nothing_running_and_kiln_down_stops_and_resets_everythin
     assert!(containers_of_worker(&worker).await.is_empty(), "the demo's containers are gone");
 
     // A long-running `kiln up`, stopped by `kiln down` from another shell.
-    let mut up = kiln_up(&state_dir, pg_port, &[]).spawn().unwrap();
-    let mut lines = BufReader::new(up.stderr.take().unwrap()).lines();
-    let mut banner = String::new();
-    while let Some(line) = tokio::time::timeout(Duration::from_secs(120), lines.next_line()).await.unwrap().unwrap() {
-        banner.push_str(&line);
-        banner.push('\n');
-        if line.contains("Ctrl-C stops Kiln") {
-            break;
-        }
-    }
-    // The rest of its log is read (and dropped) so it never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let (mut up, banner) = start_kiln_up(&state_dir, pg_port).await;
     assert!(banner.contains("the web view is at http://127.0.0.1:"), "{banner}");
     assert!(banner.contains("kiln down --reset"), "{banner}");
     assert!(!port_is_free(pg_port), "kiln up runs its cluster");
@@ -979,18 +986,8 @@ async fn a_second_kiln_up_for_a_running_state_says_so_with_its_pid() {
     std::fs::create_dir(&state_dir).unwrap();
     let pg_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
 
-    let mut first = kiln_up(&state_dir, pg_port, &[]).spawn().unwrap();
-    let mut lines = BufReader::new(first.stderr.take().unwrap()).lines();
-    let mut banner = String::new();
-    while let Some(line) = tokio::time::timeout(Duration::from_secs(120), lines.next_line()).await.unwrap().unwrap() {
-        banner.push_str(&line);
-        banner.push('\n');
-        if line.contains("Ctrl-C stops Kiln") {
-            break;
-        }
-    }
+    let (mut first, banner) = start_kiln_up(&state_dir, pg_port).await;
     assert!(banner.contains("Ctrl-C stops Kiln"), "the first kiln up never got ready:\n{banner}");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     let pid = first.id().unwrap();
 
     // Another address, so only the running `kiln up` stands in the way.

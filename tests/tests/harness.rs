@@ -9,7 +9,7 @@ use std::time::Duration;
 use bollard::Docker;
 use kiln_protocol::{CreateRun, EventBody, RunStatus};
 use kiln_scripted_model::Reply;
-use kiln_tests::leftovers::{Leftovers, find, remove};
+use kiln_tests::leftovers::{CALL_TIMEOUT, Leftovers, clean_up, find, remove};
 use kiln_tests::{Options, TestApp, outcome, worker_config};
 use kiln_worker::{ProviderKind, WorkerConfig};
 use serde_json::json;
@@ -89,4 +89,45 @@ fn a_test_that_ends_mid_run_leaves_no_containers_of_its_workers_behind() {
 #[test]
 fn a_test_on_several_threads_that_ends_mid_run_leaves_nothing_behind() {
     ends_mid_run_on(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap());
+}
+
+/// A database that takes connections and never answers (a test's own
+/// server, frozen or gone behind something that still listens): the
+/// clean-up waits for it once, not at every look, and still removes a
+/// container the test's worker left, and says what it could not look for.
+#[test]
+fn a_clean_up_waits_once_for_a_database_that_does_not_answer_and_still_removes_a_leftover() {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    // Loopback: accepts, holds every connection, never says a word.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let db_url = format!("postgres://kiln@{}/silent", silent.local_addr().unwrap());
+    let held = std::thread::spawn(move || silent.incoming().take(8).map(Result::unwrap).collect::<Vec<_>>());
+
+    // A container of the test's worker, as one it left behind.
+    let worker = format!("test-{}", uuid::Uuid::new_v4().simple());
+    let docker = Docker::connect_with_local_defaults().unwrap();
+    let image = std::env::var("KILN_SANDBOX_IMAGE").unwrap_or_else(|_| "kiln-sandbox:latest".into());
+    let body = bollard::models::ContainerCreateBody {
+        image: Some(image),
+        cmd: Some(vec!["true".into()]),
+        labels: Some(std::collections::HashMap::from([
+            (kiln_worker::sandbox::LABEL_MANAGED.to_owned(), "true".to_owned()),
+            (kiln_worker::sandbox::LABEL_WORKER.to_owned(), worker.clone()),
+        ])),
+        network_disabled: Some(true),
+        ..Default::default()
+    };
+    let left = runtime.block_on(docker.create_container(None, body)).unwrap().id;
+
+    let started = std::time::Instant::now();
+    let done = clean_up(None, db_url, vec![worker.clone()]);
+    let took = started.elapsed();
+    let gone = runtime.block_on(docker.inspect_container(&left, None)).is_err();
+    drop(held);
+    assert!(gone, "the leftover container {left} was removed");
+    assert_eq!(done.removed.containers.len(), 1, "{:?} (created {left})", done.removed);
+    // One wait for the database (the first look), not one a look.
+    assert!(took < CALL_TIMEOUT + CALL_TIMEOUT / 2, "the clean-up took {took:?}");
+    let why = done.unfinished.unwrap_or_default();
+    assert!(why.contains("networks were not looked for") && why.contains("no answer"), "{why}");
 }

@@ -15,9 +15,11 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kiln_cli::local_model::{self, LocalModel};
+use kiln_protocol::agents::AgentKinds;
 use kiln_protocol::{CreateRun, EventBody, Limits, ModelSpec, RepoSpec, RunStatus};
 use kiln_tests::{Event, Options, TestApp, assert_dense, kinds, outcome, worker_config};
 use kiln_worker::providers::pricing::PriceTable;
@@ -41,6 +43,12 @@ fn install_dir() -> PathBuf {
 /// Starts a local model server of its own for this test, or `None` (with a
 /// message) when the model is not installed and not required.
 async fn local_model(test: &str) -> Option<(Turn, LocalModel)> {
+    local_model_for(test, Arc::new(AgentKinds::builtin())).await
+}
+
+/// As [`local_model`], for a deployment whose sub-agent kinds are `kinds`
+/// (the warm-up's `task` tool offers them).
+async fn local_model_for(test: &str, kinds: Arc<AgentKinds>) -> Option<(Turn, LocalModel)> {
     let dir = install_dir();
     let required = std::env::var_os("KILN_REQUIRE_REAL_MODEL").is_some_and(|v| !v.is_empty() && v != "0");
     if !local_model::is_installed(&dir) {
@@ -56,7 +64,7 @@ async fn local_model(test: &str) -> Option<(Turn, LocalModel)> {
     }
     let turn = take_turn();
     let log = std::env::temp_dir().join(format!("kiln-real-model-{test}-{}.log", std::process::id()));
-    let options = local_model::Options { log: Some(log), ..local_model::Options::new(dir.parent().unwrap()) };
+    let options = local_model::Options { log: Some(log), kinds, ..local_model::Options::new(dir.parent().unwrap()) };
     let started = Instant::now();
     let server = LocalModel::start_installed(options).await.expect("start the local model server");
     eprintln!("{test}: local model server up in {:?} (log {})", started.elapsed(), server.log_path().display());
@@ -110,8 +118,19 @@ async fn app_for(server: &LocalModel, provider: ProviderKind) -> TestApp {
 }
 
 async fn app_with_endpoints(server: &LocalModel, provider: ProviderKind, endpoints: ProviderEndpoints) -> TestApp {
+    app_with(server, provider, endpoints, Arc::new(AgentKinds::builtin())).await
+}
+
+/// As [`app_with_endpoints`], for a deployment whose sub-agent kinds are `kinds`.
+async fn app_with(
+    server: &LocalModel,
+    provider: ProviderKind,
+    endpoints: ProviderEndpoints,
+    kinds: Arc<AgentKinds>,
+) -> TestApp {
     let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
     let mut config = worker_config(provider, Duration::from_secs(10));
+    config.subagents.kinds = kinds;
     config.default_model = server.model_name().to_owned();
     config.default_max_tokens = local_model::DEFAULT_MAX_TOKENS;
     let parts = kiln_cli::app::WorkerParts { config, endpoints, prices: PriceTable::empty() };
@@ -269,10 +288,31 @@ async fn prompt_tokens_processed(server: &LocalModel) -> f64 {
 /// costs it fewer than 300 prompt tokens, not the whole prompt.
 #[tokio::test]
 async fn a_warm_server_reads_only_the_new_part_of_a_runs_first_step() {
-    let Some((_turn, server)) = local_model("warm").await else { return };
+    warm_first_step("warm", Arc::new(AgentKinds::builtin())).await;
+}
+
+/// The same with an operator's kinds (`KILN_AGENT_KINDS`): they change the
+/// `task` tool's description, which the warm-up must send as runs do, or the
+/// warm prefix ends before `task` and the first step reads the rest again.
+#[tokio::test]
+async fn a_warm_server_reads_only_the_new_part_of_a_runs_first_step_with_operator_kinds() {
+    let kinds = AgentKinds::from_toml(
+        "[kinds.reviewer]\n\
+         description = \"reviews the change it is given and reports problems; never edits\"\n\
+         prompt = \"You are a code reviewer started by another agent.\"\n\
+         read_only = true\n",
+    )
+    .unwrap();
+    warm_first_step("warm-kinds", Arc::new(kinds)).await;
+}
+
+/// Starts a warmed server for a deployment of `kinds`, runs one step, and
+/// checks the step read only what follows the warm prefix.
+async fn warm_first_step(test: &str, agent_kinds: Arc<AgentKinds>) {
+    let Some((_turn, server)) = local_model_for(test, agent_kinds.clone()).await else { return };
     let warmed = prompt_tokens_processed(&server).await;
     assert!(warmed > 1000.0, "the warm-up read the system prompt and tools: {warmed} tokens");
-    let app = app_for(&server, ProviderKind::OpenAi).await;
+    let app = app_with(&server, ProviderKind::OpenAi, server.endpoints(), agent_kinds).await;
     let (repo_dir, repo_url) = demo_repo().await;
     let spec = CreateRun {
         repo: Some(RepoSpec { url: repo_url, git_ref: None }),
@@ -285,7 +325,7 @@ async fn a_warm_server_reads_only_the_new_part_of_a_runs_first_step() {
     let steps = events.iter().filter(|e| matches!(e.body, EventBody::StepFinished { .. })).count();
     assert_eq!(steps, 1, "{:?}", kinds(&events));
     let first_step = prompt_tokens_processed(&server).await - warmed;
-    eprintln!("warm: the warm-up processed {warmed} prompt tokens; the run's first step {first_step}");
+    eprintln!("{test}: the warm-up processed {warmed} prompt tokens; the run's first step {first_step}");
     assert!(first_step < 300.0, "the first step processed {first_step} prompt tokens");
     server.stop().await;
     let _ = std::fs::remove_dir_all(repo_dir);

@@ -3,7 +3,7 @@
 //! with a bearer token from `kiln token`.
 
 use std::net::TcpListener;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -11,6 +11,20 @@ use anyhow::{Context, bail};
 use kiln_protocol::StoredEvent;
 use serde_json::Value;
 use tokio::process::{Child, Command};
+
+/// The options of a benchmark that runs Kiln as deployed (flatten them into
+/// its own with `#[command(flatten)]`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct KilnArgs {
+    /// The `kiln` binary (the toolbox is found next to it).
+    #[arg(long, default_value = "target/debug/kiln")]
+    pub kiln: PathBuf,
+    /// Admin URL of the Postgres server; a scratch database is created per run and dropped.
+    #[arg(long, env = "DATABASE_URL", default_value = "postgres://kiln:kiln@127.0.0.1:5432/kiln")]
+    pub database_url: String,
+    #[arg(long, env = "KILN_SANDBOX_IMAGE", default_value = "kiln-sandbox:latest")]
+    pub image: String,
+}
 
 /// Signs the benchmark's bearer token.
 const JWT_SECRET: &str = "kiln-bench-secret-0123456789abcdef0123";

@@ -118,7 +118,8 @@ async fn serve(args: &mut UpArgs, store: Store, shutdown: CancellationToken) -> 
     let api = args.api.parts(&args.callbacks, &args.repos)?;
     local::ensure_sandbox_image(&args.worker.worker.sandbox_image).await?;
     find_or_build_toolbox(args).await;
-    let served = ServedModel::start(&mut args.worker.model, &args.state_dir).await?;
+    // The worker reads the same KILN_AGENT_KINDS file as the API.
+    let served = ServedModel::start(&mut args.worker.model, &args.state_dir, api.settings.agent_kinds.clone()).await?;
     // `up` is the single-machine mode: local repositories are fair game.
     args.worker.worker.allow_file_repos = true;
     // A new session should not wait for a container on one machine either.

@@ -3,8 +3,10 @@
 //! scripted demo model (a deterministic replay, not an LLM).
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
+use kiln_protocol::agents::AgentKinds;
 use kiln_scripted_model::ScriptedModel;
 use kiln_worker::ProviderKind;
 
@@ -20,13 +22,20 @@ pub enum ServedModel {
 impl ServedModel {
     /// Starts the model `up` serves, if it serves one, and points `model` at
     /// it (as an OpenAI-compatible server). A model of the user's own is
-    /// left as it is.
-    pub async fn start(model: &mut ModelArgs, state_dir: &Path) -> anyhow::Result<Option<ServedModel>> {
+    /// left as it is. `kinds`: the sub-agent kinds the worker offers (a
+    /// local model's warm-up sends the `task` tool runs are shown).
+    pub async fn start(
+        model: &mut ModelArgs,
+        state_dir: &Path,
+        kinds: Arc<AgentKinds>,
+    ) -> anyhow::Result<Option<ServedModel>> {
         let served = match model.model_provider {
             ModelSource::Scripted => ServedModel::Scripted(start_scripted(model).await?),
-            ModelSource::Local => ServedModel::Local(start_local(model, state_dir, "KILN_MODEL_PROVIDER=local").await?),
+            ModelSource::Local => {
+                ServedModel::Local(start_local(model, state_dir, kinds, "KILN_MODEL_PROVIDER=local").await?)
+            }
             ModelSource::Server(_) if !model.is_configured() => {
-                ServedModel::Local(start_local(model, state_dir, "no model configured").await?)
+                ServedModel::Local(start_local(model, state_dir, kinds, "no model configured").await?)
             }
             ModelSource::Server(_) => return Ok(None),
         };
@@ -55,8 +64,13 @@ async fn start_scripted(model: &mut ModelArgs) -> anyhow::Result<ScriptedModel> 
 }
 
 /// `why`: what made `up` serve it, for the message.
-async fn start_local(model: &mut ModelArgs, state_dir: &Path, why: &str) -> anyhow::Result<LocalModel> {
-    let options = model.local_model_options(state_dir);
+async fn start_local(
+    model: &mut ModelArgs,
+    state_dir: &Path,
+    kinds: Arc<AgentKinds>,
+    why: &str,
+) -> anyhow::Result<LocalModel> {
+    let options = local_model::Options { kinds, ..model.local_model_options(state_dir) };
     let (what, caveat) = match &options.model {
         None => (
             "SmolLM2-135M-Instruct, a tiny demo model (135M parameters)".to_owned(),

@@ -23,7 +23,41 @@ pub struct ExecOutput {
     pub timed_out: bool,
 }
 
+/// How an exec made by [`Sandbox::create_exec_as`] is wired.
+#[derive(Default)]
+pub(super) struct ExecSetup<'a> {
+    /// stdin, stdout and stderr attached; else none (the exec is started
+    /// detached).
+    pub attached: bool,
+    /// `KEY=value` pairs added to the container's environment.
+    pub env: Option<Vec<&'a str>>,
+    /// Working directory; `None`: the image's.
+    pub cwd: Option<&'a str>,
+}
+
 impl Sandbox {
+    /// Creates (does not start) an exec of `cmd` as `user` in the
+    /// container: its id. Never a TTY, which would mangle the streams.
+    pub(super) async fn create_exec_as(
+        &self,
+        cmd: Vec<&str>,
+        user: &str,
+        setup: ExecSetup<'_>,
+    ) -> Result<String, bollard::errors::Error> {
+        let options = CreateExecOptions {
+            cmd: Some(cmd),
+            user: Some(user),
+            env: setup.env,
+            working_dir: setup.cwd,
+            attach_stdin: Some(setup.attached),
+            attach_stdout: Some(setup.attached),
+            attach_stderr: Some(setup.attached),
+            tty: Some(false),
+            ..Default::default()
+        };
+        Ok(self.docker.create_exec(&self.id, options).await?.id)
+    }
+
     /// Creates an attached exec of `argv` as the command user in
     /// `/workspace`, under GNU `timeout` (which kills the command's whole
     /// process group), stdout and stderr attached, stdin if asked.

@@ -19,11 +19,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bollard::container::LogOutput;
-use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::exec::{StartExecOptions, StartExecResults};
 use futures::StreamExt;
 use tokio::io::{AsyncWrite, AsyncWriteExt, DuplexStream};
 use tokio::sync::watch;
 
+use super::exec::ExecSetup;
 use super::{HeadTail, Sandbox, SandboxError};
 
 /// Bytes of stderr kept for error messages.
@@ -72,24 +73,9 @@ impl Sandbox {
         let mut cmd = vec!["bash", "-c", WRAPPER, "kiln-stdio"];
         cmd.extend(argv.iter().map(String::as_str));
         let env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let exec = self
-            .docker
-            .create_exec(
-                &self.id,
-                CreateExecOptions {
-                    cmd: Some(cmd),
-                    env: Some(env.iter().map(String::as_str).collect()),
-                    attach_stdin: Some(true),
-                    attach_stdout: Some(true),
-                    attach_stderr: Some(true),
-                    tty: Some(false),
-                    working_dir: Some(cwd),
-                    user: Some(self.config.user.as_str()),
-                    ..Default::default()
-                },
-            )
-            .await?;
-        let started = self.docker.start_exec(&exec.id, Some(StartExecOptions::default())).await?;
+        let setup = ExecSetup { attached: true, env: Some(env.iter().map(String::as_str).collect()), cwd: Some(cwd) };
+        let exec = self.create_exec_as(cmd, &self.config.user, setup).await?;
+        let started = self.docker.start_exec(&exec, Some(StartExecOptions::default())).await?;
         let StartExecResults::Attached { output, input } = started else {
             return Err(SandboxError::Workspace("the engine did not attach to the process".into()));
         };
@@ -99,7 +85,7 @@ impl Sandbox {
             stderr: Mutex::new(HeadTail::new(STDERR_CAP)),
             ended: watch::channel(None).0,
         });
-        let pump = tokio::spawn(pump(self.clone(), exec.id, output, writer, state.clone(), line_cap));
+        let pump = tokio::spawn(pump(self.clone(), exec, output, writer, state.clone(), line_cap));
         Ok(StdioProcess { stdout: reader, stdin: input, handle: StdioHandle { sandbox: self.clone(), state, pump } })
     }
 }
@@ -196,20 +182,11 @@ async fn exit_code(sandbox: &Sandbox, exec_id: &str) -> Option<i64> {
 async fn kill_group(sandbox: &Sandbox, state: &State) {
     let Some(pid) = state.pid.get().copied().filter(|&p| p > 1) else { return };
     let group = format!("-{pid}");
-    let exec = sandbox
-        .docker
-        .create_exec(
-            &sandbox.id,
-            CreateExecOptions {
-                cmd: Some(vec!["kill", "-9", "--", group.as_str()]),
-                user: Some(sandbox.config.user.as_str()),
-                ..Default::default()
-            },
-        )
-        .await;
+    let cmd = vec!["kill", "-9", "--", group.as_str()];
+    let exec = sandbox.create_exec_as(cmd, &sandbox.config.user, ExecSetup::default()).await;
     let started = match exec {
         Ok(exec) => {
-            sandbox.docker.start_exec(&exec.id, Some(StartExecOptions { detach: true, ..Default::default() })).await
+            sandbox.docker.start_exec(&exec, Some(StartExecOptions { detach: true, ..Default::default() })).await
         }
         Err(e) => Err(e),
     };

@@ -6,9 +6,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bollard::exec::{CreateExecOptions, StartExecOptions};
+use bollard::exec::StartExecOptions;
 use kiln_toolbox::protocol::{ErrorKind, FileVersion, Reply, RequestBody};
 
+use super::exec::ExecSetup;
 use super::toolbox::{OutputSink, TOOLBOX_EXEC_USER, ToolboxConn, ToolboxError};
 use super::toolbox_binary::{self, CONTAINER_PATH, IMAGE_COMMAND};
 use super::{Sandbox, SandboxError, WORKSPACE};
@@ -254,22 +255,10 @@ impl Sandbox {
     /// Runs `cmd` as `user` without attaching; its exit code, `None` when
     /// it did not finish within a second.
     async fn run_detached(&self, cmd: Vec<&str>, user: &str) -> Result<Option<i64>, ToolboxError> {
-        let exec = self
-            .docker
-            .create_exec(
-                &self.id,
-                CreateExecOptions {
-                    cmd: Some(cmd),
-                    user: Some(user),
-                    attach_stdout: Some(false),
-                    attach_stderr: Some(false),
-                    ..Default::default()
-                },
-            )
-            .await?;
-        self.docker.start_exec(&exec.id, Some(StartExecOptions { detach: true, ..Default::default() })).await?;
+        let exec = self.create_exec_as(cmd, user, ExecSetup::default()).await?;
+        self.docker.start_exec(&exec, Some(StartExecOptions { detach: true, ..Default::default() })).await?;
         for _ in 0..40 {
-            let state = self.docker.inspect_exec(&exec.id).await?;
+            let state = self.docker.inspect_exec(&exec).await?;
             if state.running == Some(false) {
                 return Ok(state.exit_code);
             }

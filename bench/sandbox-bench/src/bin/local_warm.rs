@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use kiln_bench_sandbox::kiln::Kiln;
+use kiln_bench_sandbox::kiln::{Kiln, KilnArgs};
 use kiln_bench_sandbox::setup;
 use kiln_cli::local_model::{self, LocalModel};
 use serde_json::json;
@@ -28,20 +28,14 @@ const PROMPT: &str = "Run `cat README.md` with bash, then reply with one sentenc
 #[derive(Parser)]
 #[command(about = "Demo run on the local model: first step and prompt tokens per step, warm vs cold server")]
 struct Args {
-    /// The `kiln` binary (the toolbox is found next to it).
-    #[arg(long, default_value = "target/debug/kiln")]
-    kiln: PathBuf,
+    #[command(flatten)]
+    kiln: KilnArgs,
     /// Kiln's state directory holding `local-model/`.
     #[arg(long, default_value = ".kiln")]
     state_dir: PathBuf,
     /// Rounds; each starts a warm and a cold server, in alternating order.
     #[arg(long, default_value_t = 2)]
     rounds: usize,
-    /// Admin URL of the Postgres server; a scratch database is created per run and dropped.
-    #[arg(long, env = "DATABASE_URL", default_value = "postgres://kiln:kiln@127.0.0.1:5432/kiln")]
-    database_url: String,
-    #[arg(long, env = "KILN_SANDBOX_IMAGE", default_value = "kiln-sandbox:latest")]
-    image: String,
 }
 
 /// One demo run's figures.
@@ -116,9 +110,9 @@ async fn one_run(args: &Args, repo_url: &str, warm: bool) -> anyhow::Result<Figu
     let log = std::env::temp_dir().join(format!("kiln-local-warm-{}.log", std::process::id()));
     let options = local_model::Options { warm, log: Some(log.clone()), ..local_model::Options::new(&args.state_dir) };
     let server = LocalModel::start_installed(options).await?;
-    let (db_url, db_name) = setup::scratch_database(&args.database_url, "kiln_local_warm_bench").await?;
+    let (db_url, db_name) = setup::scratch_database(&args.kiln.database_url, "kiln_local_warm_bench").await?;
     let result = demo_run(args, &db_url, &server, repo_url).await;
-    setup::drop_database(&args.database_url, &db_name).await;
+    setup::drop_database(&args.kiln.database_url, &db_name).await;
     server.stop().await;
     let _ = std::fs::remove_file(log);
     result
@@ -142,10 +136,10 @@ async fn demo_run(args: &Args, db_url: &str, server: &LocalModel, repo_url: &str
         ("KILN_MODEL", server.model_name().to_owned()),
         ("KILN_MODEL_MAX_TOKENS", local_model::DEFAULT_MAX_TOKENS.to_string()),
         ("KILN_ALLOW_FILE_REPOS", "true".to_owned()),
-        ("KILN_SANDBOX_IMAGE", args.image.clone()),
+        ("KILN_SANDBOX_IMAGE", args.kiln.image.clone()),
         ("KILN_SANDBOX_WARM", "0".to_owned()),
     ];
-    let mut kiln = Kiln::start(&args.kiln, db_url, &env).await?;
+    let mut kiln = Kiln::start(&args.kiln.kiln, db_url, &env).await?;
     let body = json!({
         "prompt": PROMPT,
         "repo": {"url": repo_url},

@@ -11,12 +11,11 @@
 //! Claude Sonnet's prices (cache reads 0.1x, writes 1.25x the input price)
 //! against the baseline's.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use kiln_bench_sandbox::kiln::Kiln;
+use kiln_bench_sandbox::kiln::{Kiln, KilnArgs};
 use kiln_bench_sandbox::setup;
 use kiln_protocol::{EventBody, Usage};
 use kiln_scripted_model::{Reply, ScriptedModel};
@@ -28,21 +27,16 @@ const MODEL: &str = "claude-sonnet-4-5";
 #[derive(Parser)]
 #[command(about = "Prompt caching: cache-read share and cost of a 20-step Anthropic run, caching on vs off")]
 struct Args {
-    /// The `kiln` binary (the toolbox is found next to it). The figures are
-    /// token counts and prices, the same for a debug or a release build.
-    #[arg(long, default_value = "target/debug/kiln")]
-    kiln: PathBuf,
+    // The figures are token counts and prices, the same for a debug or a
+    // release build of `kiln`.
+    #[command(flatten)]
+    kiln: KilnArgs,
     /// Model calls in the run (tool calls, then a final answer).
     #[arg(long, default_value_t = 20)]
     steps: usize,
     /// Rounds; each runs caching on and off, in alternating order.
     #[arg(long, default_value_t = 2)]
     rounds: usize,
-    /// Admin URL of the Postgres server; a scratch database is created per run and dropped.
-    #[arg(long, env = "DATABASE_URL", default_value = "postgres://kiln:kiln@127.0.0.1:5432/kiln")]
-    database_url: String,
-    #[arg(long, env = "KILN_SANDBOX_IMAGE", default_value = "kiln-sandbox:latest")]
-    image: String,
 }
 
 /// One run's figures.
@@ -121,9 +115,9 @@ async fn main() -> anyhow::Result<()> {
 
 /// One run on a scratch database, with its own model, API and worker.
 async fn one_run(args: &Args, cache: bool) -> anyhow::Result<Figures> {
-    let (db_url, db_name) = setup::scratch_database(&args.database_url, "kiln_cache_bench").await?;
+    let (db_url, db_name) = setup::scratch_database(&args.kiln.database_url, "kiln_cache_bench").await?;
     let result = run_on(args, &db_url, cache).await;
-    setup::drop_database(&args.database_url, &db_name).await;
+    setup::drop_database(&args.kiln.database_url, &db_name).await;
     result
 }
 
@@ -139,10 +133,10 @@ async fn run_on(args: &Args, db_url: &str, cache: bool) -> anyhow::Result<Figure
         ("ANTHROPIC_API_KEY", "sk-ant-bench".to_owned()),
         ("KILN_MODEL", MODEL.to_owned()),
         ("KILN_PROMPT_CACHE", cache.to_string()),
-        ("KILN_SANDBOX_IMAGE", args.image.clone()),
+        ("KILN_SANDBOX_IMAGE", args.kiln.image.clone()),
         ("KILN_SANDBOX_WARM", "0".to_owned()),
     ];
-    let mut kiln = Kiln::start(&args.kiln, db_url, &env).await?;
+    let mut kiln = Kiln::start(&args.kiln.kiln, db_url, &env).await?;
     let started = Instant::now();
     let body = json!({"prompt": "Echo each step.", "limits": {"max_steps": args.steps + 2, "timeout_s": 600}});
     let result = async {
