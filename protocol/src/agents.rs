@@ -137,6 +137,11 @@ impl AgentKinds {
         AgentKinds { kinds: [general(), explore()].into_iter().map(|k| (k.name.clone(), k)).collect() }
     }
 
+    /// No kinds: what a deployment without sub-agents offers (no `task` tool).
+    pub fn none() -> Self {
+        AgentKinds { kinds: BTreeMap::new() }
+    }
+
     /// The built-in kinds with a TOML file's merged in (a kind of the same
     /// name replaces the built-in one).
     pub fn from_toml(text: &str) -> Result<Self, KindsError> {

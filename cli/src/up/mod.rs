@@ -118,8 +118,14 @@ async fn serve(args: &mut UpArgs, store: Store, shutdown: CancellationToken) -> 
     let api = args.api.parts(&args.callbacks, &args.repos)?;
     local::ensure_sandbox_image(&args.worker.worker.sandbox_image).await?;
     find_or_build_toolbox(args).await;
-    // The worker reads the same KILN_AGENT_KINDS file as the API.
-    let served = ServedModel::start(&mut args.worker.model, &args.state_dir, api.settings.agent_kinds.clone()).await?;
+    // The worker reads the same KILN_AGENT_KINDS file as the API; with
+    // sub-agents off (KILN_SUBAGENT_MAX_DEPTH=0) its runs show no `task`
+    // tool, and the warm-up must not either, or the warm prefix ends there.
+    let warm_kinds = match args.worker.worker.subagent_max_depth {
+        0 => std::sync::Arc::new(kiln_protocol::agents::AgentKinds::none()),
+        _ => api.settings.agent_kinds.clone(),
+    };
+    let served = ServedModel::start(&mut args.worker.model, &args.state_dir, warm_kinds).await?;
     // `up` is the single-machine mode: local repositories are fair game.
     args.worker.worker.allow_file_repos = true;
     // A new session should not wait for a container on one machine either.
