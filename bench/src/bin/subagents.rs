@@ -9,6 +9,13 @@
 //! one call starting the four children and one reading their answers; the
 //! sequential run makes every task's calls in turn, each task's answer said
 //! with the next task's first call, and one final answer.
+//!
+//! Beside the measured ratio it prints what Kiln does not control and what
+//! it does: the ratio of pure model time (model calls on each case's
+//! critical path times the delay: `calls + 3` against `4 * calls + 1`), and
+//! Kiln's overhead per model call of each case, (measured - model time) /
+//! calls, which includes each run's share of the sandbox's start and the
+//! run's end (both cases pay those once).
 
 use std::time::{Duration, Instant};
 
@@ -95,6 +102,27 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
+/// Model calls on each case's critical path: the parallel parent's two,
+/// plus one child's `calls` tool calls and its answer; the sequential run's
+/// `TASKS * calls` (each task's answer rides on the next task's first call)
+/// and its final answer.
+fn critical_calls(calls: usize) -> (usize, usize) {
+    (calls + 3, TASKS * calls + 1)
+}
+
+/// Kiln's time per model call: what the run took beyond its model time.
+fn overhead_per_call(took: Duration, calls: usize, delay: Duration) -> f64 {
+    let model = delay.as_secs_f64() * calls as f64;
+    (took.as_secs_f64() - model) / calls as f64
+}
+
+/// `min-max` of the rounds, in seconds.
+fn range(v: &[Duration]) -> String {
+    let min = v.iter().min().map_or(0.0, Duration::as_secs_f64);
+    let max = v.iter().max().map_or(0.0, Duration::as_secs_f64);
+    format!("{min:.2}-{max:.2} s")
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -120,9 +148,21 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
+    let (par_range, seq_range) = (range(&par), range(&seq));
     let (par, seq) = (median(par), median(seq));
-    println!("median parallel children  {:>7.2} s", par.as_secs_f64());
-    println!("median sequential run     {:>7.2} s", seq.as_secs_f64());
+    let (par_calls, seq_calls) = critical_calls(args.calls);
+    println!("median parallel children  {:>7.2} s  (rounds {par_range})", par.as_secs_f64());
+    println!("median sequential run     {:>7.2} s  (rounds {seq_range})", seq.as_secs_f64());
     println!("parallel / sequential  {:.3}x  (goal <= 0.35x)", par.as_secs_f64() / seq.as_secs_f64());
+    println!(
+        "pure model time: {par_calls} vs {seq_calls} calls of {} ms = {:.3}x (Kiln at zero cost, no sandbox start)",
+        args.delay_ms,
+        par_calls as f64 / seq_calls as f64
+    );
+    println!(
+        "Kiln per model call (median - model time) / calls: parallel {:.1} ms, sequential {:.1} ms",
+        1000.0 * overhead_per_call(par, par_calls, delay),
+        1000.0 * overhead_per_call(seq, seq_calls, delay)
+    );
     Ok(())
 }

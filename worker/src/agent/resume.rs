@@ -36,11 +36,17 @@ impl AgentRun<'_> {
     /// otherwise put its prompt between the call and its answer.
     pub(super) async fn resume(&mut self) -> Result<Vec<Message>, AgentError> {
         // A sub-agent's conversation is its own, not the session's.
+        // A run's first attempt has stored nothing of its own yet (attempts
+        // only count up): a new sub-agent's conversation is empty, and no
+        // count is needed to know it is the first. Saves a new child two
+        // queries before its first model call.
+        let fresh = self.lease.attempt == 1;
         let mut messages = match self.run.parent_run_id {
+            Some(_) if fresh => Vec::new(),
             Some(_) => with_retry(|| self.store.load_child_messages(self.run.id)).await?,
             None => with_retry(|| self.store.load_messages(self.run.session_id)).await?,
         };
-        let first_attempt = with_retry(|| self.store.count_run_messages(self.run.id, "user")).await? == 0;
+        let first_attempt = fresh || with_retry(|| self.store.count_run_messages(self.run.id, "user")).await? == 0;
         let unanswered = unanswered_calls(&messages);
         if !unanswered.is_empty() {
             let (answers, events) = self.answer(unanswered, first_attempt).await?;

@@ -61,12 +61,19 @@ impl ToolRunner<'_> {
     /// Announces each call of `batch` (`tool_call.ready`, written before it
     /// runs) and takes it through the gate. For each call, the result it
     /// gets instead of running if it was refused.
+    ///
+    /// The batch's `tool_call.ready` events share one commit, made before
+    /// any of its calls runs (the gate commits what is buffered before it
+    /// asks a person about a call, so the order stays the same): a step
+    /// starting four sub-agents made four commits in turn under the run's
+    /// row before the first child could start.
     async fn clear(&self, events: &mut EventSink, batch: &[ToolCall]) -> Result<Vec<Option<ToolOutcome>>, AgentError> {
         let mut clearances = Vec::with_capacity(batch.len());
         for call in batch {
-            events.write_now(call.ready_event()).await?;
+            events.write_soon(call.ready_event()).await?;
             clearances.push(self.gate.clear(events, call).await?);
         }
+        events.commit().await?;
         self.gate.release(batch, &clearances).await?;
         Ok(clearances.into_iter().map(Clearance::refusal).collect())
     }

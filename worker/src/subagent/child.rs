@@ -98,7 +98,8 @@ pub(super) async fn run(host: &StepHost<'_>, call_id: &str, args: TaskArgs) -> T
     if let Err(e) = parent.write(started).await {
         return ToolOutcome::error(format!("the sub-agent could not be started: {e}"));
     }
-    let before = spend_of(ctx, &run).await;
+    // A child on its first attempt has spent nothing yet: no queries for it.
+    let before = if lease.attempt == 1 { Spend::default() } else { spend_of(ctx, &run).await };
     let seat =
         Seat { ctx: ctx.clone(), depth: host.seat.depth + 1, path: path.clone(), slots: host.seat.slots.clone() };
     let ending = drive(&seat, host, kind, &run, &lease, parent.clone()).await;
