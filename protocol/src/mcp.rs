@@ -12,8 +12,10 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
 
 use crate::input;
+use crate::rules::{Constraint, NO_NUL, Range, Text};
 
 /// Default per-call timeout, in seconds.
 pub const DEFAULT_TIMEOUT_S: u64 = 60;
@@ -26,11 +28,37 @@ pub const MAX_HEADERS: usize = 32;
 /// Arguments and environment variables of a server in the sandbox.
 pub const MAX_ARGS: usize = 64;
 pub const MAX_ENV: usize = 64;
-/// Bytes of the command, one argument, one variable's value, the cwd, the
-/// url, or one header's value.
-pub const MAX_ARG_BYTES: usize = 4096;
+/// Characters of the command, one argument, one variable's value, the
+/// cwd, or one header's value.
+pub const MAX_ARG_CHARS: usize = 4096;
 /// Where a server in the sandbox starts when no `cwd` is given.
 pub const DEFAULT_CWD: &str = "/workspace";
+
+/// A remote server's URL: `http(s)://host[:port][/path…]`, the host a DNS
+/// name (whose last label starts with a letter) or a dotted IPv4 address,
+/// no credentials. Narrower than what URL parsers take, so that what the
+/// pattern accepts always parses, and the document and the server agree.
+pub static URL: Text = Text::new(
+    1,
+    2048,
+    concat!(
+        r"^https?://(",
+        r"(([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?[.])*[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)",
+        r"|(((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])[.]){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9]))",
+        r")(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?([/?#][A-Za-z0-9._~!$&'()*+,;=:@%/?#-]*)?$"
+    ),
+);
+/// An HTTP header name: token characters (RFC 9110 §5.6.2).
+pub static HEADER_NAME: Text = Text::new(1, 256, r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$");
+/// An HTTP header value: no control characters but tab (what
+/// `http::HeaderValue` takes).
+pub static HEADER_VALUE: Text = Text::new(0, MAX_ARG_CHARS, r"^[^\u0000-\u0008\u000A-\u001F\u007F]*$");
+/// A server in the sandbox: its command, arguments and variables' values.
+pub static COMMAND: Text = Text::new(1, MAX_ARG_CHARS, NO_NUL);
+pub static ARG: Text = Text::new(0, MAX_ARG_CHARS, NO_NUL);
+/// Absolute.
+pub static CWD: Text = Text::new(1, MAX_ARG_CHARS, r"^/[^\u0000]*$");
+pub static TIMEOUT_S: Range<u64> = Range::new(1, MAX_TIMEOUT_S);
 
 /// One MCP server of an environment: `url` (and `headers`) for a remote
 /// one, `command` (and `args`, `env`, `cwd`) for one in the sandbox.
@@ -91,8 +119,7 @@ impl McpServerSpec {
     /// Checks the server. Messages name fields and headers, never a
     /// header's value.
     pub fn validate(&self) -> Result<(), String> {
-        let timeout_s = self.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S);
-        if !(1..=MAX_TIMEOUT_S).contains(&timeout_s) {
+        if !TIMEOUT_S.contains(self.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S)) {
             return Err(format!("timeout_s must be between 1 and {MAX_TIMEOUT_S}"));
         }
         match (&self.url, &self.command) {
@@ -127,32 +154,31 @@ impl McpServerSpec {
         if self.headers.as_ref().is_some_and(|h| !h.is_empty()) {
             return Err("headers are for remote servers (url); a server in the sandbox has env".into());
         }
-        if command.is_empty() {
-            return Err("command must not be empty".into());
+        if !COMMAND.accepts(command) {
+            return Err(format!("command: 1 to {MAX_ARG_CHARS} characters, no NUL"));
         }
-        plain("command", command)?;
         if self.args.len() > MAX_ARGS {
             return Err(format!("at most {MAX_ARGS} args"));
         }
-        for arg in &self.args {
-            plain("args", arg)?;
+        if !self.args.iter().all(|a| ARG.accepts(a)) {
+            return Err(format!("args: at most {MAX_ARG_CHARS} characters each, no NUL"));
         }
         if self.env.len() > MAX_ENV {
             return Err(format!("at most {MAX_ENV} env variables"));
         }
         for (name, value) in &self.env {
-            let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-            if !valid {
-                return Err(format!("env name {name:?}: letters, digits and _, not starting with a digit"));
+            if !input::ENV_VAR_NAME.accepts(name) {
+                return Err(format!(
+                    "env name {name:?}: letters, digits and _, not starting with a digit, at most {} characters",
+                    input::ENV_VAR_NAME.max_chars
+                ));
             }
-            plain("env", value)?;
+            if !ARG.accepts(value) {
+                return Err(format!("env: at most {MAX_ARG_CHARS} characters each, no NUL"));
+            }
         }
-        if let Some(cwd) = &self.cwd {
-            if !cwd.starts_with('/') {
-                return Err("cwd must be an absolute path".into());
-            }
-            plain("cwd", cwd)?;
+        if self.cwd.as_deref().is_some_and(|cwd| !CWD.accepts(cwd)) {
+            return Err(format!("cwd must be an absolute path of at most {MAX_ARG_CHARS} characters, no NUL"));
         }
         Ok(())
     }
@@ -161,30 +187,133 @@ impl McpServerSpec {
         if self.command.is_some() || !self.args.is_empty() || !self.env.is_empty() || self.cwd.is_some() {
             return Err("args, env and cwd are for servers in the sandbox (command)".into());
         }
-        if url.len() > MAX_ARG_BYTES {
-            return Err(format!("url: at most {MAX_ARG_BYTES} bytes"));
-        }
-        // url's messages describe the fault, not the input.
-        let parsed = url::Url::parse(url).map_err(|e| format!("url: {e}"))?;
-        if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
-            return Err("url must be an http(s) URL with a host".into());
-        }
-        if !parsed.username().is_empty() || parsed.password().is_some() {
-            return Err("url must not hold credentials; put them in headers".into());
+        // The pattern leaves no room for credentials (no '@' before the
+        // path); the parser's answer is checked too, in case.
+        let parsed = url::Url::parse(url).ok().filter(|u| u.username().is_empty() && u.password().is_none());
+        if !URL.accepts(url) || parsed.is_none() {
+            if url.split(['/', '?', '#']).nth(2).is_some_and(|authority| authority.contains('@')) {
+                return Err("url must not hold credentials; put them in headers".into());
+            }
+            return Err(format!(
+                "url must be an http(s) URL of at most {} characters with a DNS name or IPv4 address as its host \
+                 and no credentials",
+                URL.max_chars
+            ));
         }
         let headers = self.headers.as_ref().map(BTreeMap::len).unwrap_or(0);
         if headers > MAX_HEADERS {
             return Err(format!("at most {MAX_HEADERS} headers"));
         }
         for (name, value) in self.headers.iter().flatten() {
-            if !header_name(name) {
+            if !HEADER_NAME.accepts(name) {
                 return Err(format!("header name {name:?} is not a valid HTTP header name"));
             }
-            if !header_value(value) {
+            if !HEADER_VALUE.accepts(value) {
                 return Err(format!("the value of header {name:?} is not a valid HTTP header value"));
             }
         }
         Ok(())
+    }
+}
+
+/// The JSON Schema of [`McpServerSpec`] as the server checks it: one of a
+/// remote server or one in the sandbox, each with its own fields' rules
+/// (a field of the other kind may be given only empty or null, as serde
+/// reads it).
+pub fn server_schema() -> Value {
+    let rule = |c: &dyn Constraint, kind: &str| {
+        let mut k = c.keywords();
+        k.insert("type".into(), json!(kind));
+        Value::Object(k)
+    };
+    let nullable = |mut v: Value| {
+        if let Some(t) = v.get("type").cloned() {
+            v["type"] = json!([t, "null"]);
+        }
+        v
+    };
+    let timeout = nullable(rule(&TIMEOUT_S, "integer"));
+    let string_map = |names: &dyn Constraint, values: &dyn Constraint, max: usize| {
+        let mut k = Map::new();
+        k.insert("type".into(), json!("object"));
+        k.insert("maxProperties".into(), json!(max));
+        k.insert("propertyNames".into(), Value::Object(names.keywords()));
+        k.insert("additionalProperties".into(), rule(values, "string"));
+        Value::Object(k)
+    };
+    let empty_list = json!({"type": "array", "maxItems": 0});
+    let empty_map = json!({"type": "object", "maxProperties": 0});
+    let only_null = json!({"type": "null"});
+    let mut headers = string_map(&HEADER_NAME, &HEADER_VALUE, MAX_HEADERS);
+    headers = nullable(headers);
+    headers["description"] = json!(
+        "Write-only: sent by the worker with every request (credentials, usually); stored encrypted, answered by \
+         name only (`header_names`), never shown to the sandbox or the model. On `PUT`, absent keeps the ones \
+         stored for a remote server of this name."
+    );
+    let mut url = rule(&URL, "string");
+    url["description"] = json!(
+        "The streamable HTTP endpoint. The worker connects to it from outside the sandbox: its host must resolve \
+         to public addresses unless the deployment sets KILN_MCP_ALLOW_PRIVATE."
+    );
+    let remote = json!({
+        "title": "Remote MCP server",
+        "type": "object",
+        "required": ["url"],
+        "additionalProperties": false,
+        "properties": {
+            "url": url,
+            "headers": headers,
+            "timeout_s": timeout,
+            "command": only_null,
+            "args": empty_list,
+            "env": empty_map,
+            "cwd": only_null,
+        }
+    });
+    let mut args = json!({"type": "array", "maxItems": MAX_ARGS, "items": rule(&ARG, "string")});
+    args["description"] = json!("Its arguments.");
+    let mut env = string_map(&input::ENV_VAR_NAME, &ARG, MAX_ENV);
+    env["description"] = json!("Added to its environment in the sandbox: not secret.");
+    let mut cwd = nullable(rule(&CWD, "string"));
+    cwd["description"] = json!("Absolute; /workspace when absent.");
+    let mut command = rule(&COMMAND, "string");
+    command["description"] = json!(
+        "The program, on the sandbox's PATH or relative to cwd; it runs as the agent's commands do (same limits \
+         and network policy)."
+    );
+    let sandboxed = json!({
+        "title": "MCP server in the sandbox",
+        "type": "object",
+        "required": ["command"],
+        "additionalProperties": false,
+        "properties": {
+            "command": command,
+            "args": args,
+            "env": env,
+            "cwd": cwd,
+            "timeout_s": timeout,
+            "url": only_null,
+            "headers": nullable(empty_map.clone()),
+        }
+    });
+    json!({
+        "description": "One MCP server: `url` (and `headers`) for a remote one, `command` (and `args`, `env`, \
+            `cwd`) for one started inside the run's sandbox. `timeout_s` (1 to 3600, 60 when absent) bounds a \
+            call and connecting. Never trusted for its tools' `readOnlyHint`: that trust is the operator's.",
+        "oneOf": [remote, sandboxed]
+    })
+}
+
+/// The keywords of an environment's `mcp_servers` map: its size and names.
+pub struct ServersMap;
+
+impl Constraint for ServersMap {
+    fn keywords(&self) -> Map<String, Value> {
+        let mut k = Map::new();
+        k.insert("maxProperties".into(), json!(MAX_SERVERS));
+        k.insert("propertyNames".into(), Value::Object(input::MCP_SERVER_NAME.keywords()));
+        k
     }
 }
 
@@ -203,27 +332,6 @@ pub fn validate_servers(servers: &BTreeMap<String, McpServerSpec>) -> Result<(),
         server.validate().map_err(|e| format!("server {name:?}: {e}"))?;
     }
     Ok(())
-}
-
-fn plain(what: &str, text: &str) -> Result<(), String> {
-    if text.contains('\0') || text.len() > MAX_ARG_BYTES {
-        Err(format!("{what}: at most {MAX_ARG_BYTES} bytes, no NUL"))
-    } else {
-        Ok(())
-    }
-}
-
-/// An HTTP header name: one or more token characters (RFC 9110 §5.6.2).
-fn header_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 256
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
-}
-
-/// An HTTP header value: visible characters, spaces and tabs, no line
-/// breaks (what `http::HeaderValue::from_str` takes), bounded.
-fn header_value(value: &str) -> bool {
-    value.len() <= MAX_ARG_BYTES && value.bytes().all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
 }
 
 #[cfg(test)]
@@ -259,6 +367,16 @@ mod tests {
             let e = servers(bad).unwrap_err();
             assert!(!e.contains("s3cret"), "{bad}: {e}");
         }
+        // Every pattern compiles (one that does not matches nothing).
+        for url in ["http://127.0.0.1:65535/mcp", "https://a-b.example.com/x?y=1#z", "http://localhost"] {
+            assert!(URL.accepts(url), "{url}");
+            assert!(url::Url::parse(url).is_ok(), "{url}");
+        }
+        for url in ["http://1.2.3.999/", "http://h:65536/", "http://u@h/", "http://h /", "http://[::1]/"] {
+            assert!(!URL.accepts(url), "{url}");
+        }
+        assert!(HEADER_NAME.accepts("X-Api-Key") && HEADER_VALUE.accepts("Bearer a\tb") && CWD.accepts("/w"));
+        assert!(COMMAND.accepts("x") && ARG.accepts(""));
         let many: BTreeMap<String, McpServerSpec> = (0..=MAX_SERVERS)
             .map(|i| (format!("s{i}"), McpServerSpec { command: Some("x".into()), ..Default::default() }))
             .collect();
