@@ -419,7 +419,10 @@ memory_mb = 512
         assert!(remote.to_string().contains("sandbox"), "{remote}");
         let headers = parse("[mcp_servers.demo]\ncommand = \"x\"\nheaders = { A = \"b\" }\n");
         assert_eq!(headers, EnvironmentFileError::RemoteMcpServer("demo".into()));
-        assert!(matches!(parse("[mcp_servers.demo]\ncommand = \"x\"\ncwd = \"rel\"\n"), EnvironmentFileError::Invalid(_)));
+        assert!(matches!(
+            parse("[mcp_servers.demo]\ncommand = \"x\"\ncwd = \"rel\"\n"),
+            EnvironmentFileError::Invalid(_)
+        ));
         let big = format!("setup_script = \"{}\"\n", "x".repeat(MAX_REPOSITORY_FILE_BYTES as usize));
         assert!(matches!(parse(&big), EnvironmentFileError::TooLarge(_)));
     }

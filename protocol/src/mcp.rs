@@ -142,10 +142,7 @@ impl McpServerSpec {
             command: self.command.clone(),
             args: self.args.clone(),
             env: self.env.clone(),
-            cwd: match &self.command {
-                Some(_) => Some(self.cwd.clone().unwrap_or_else(|| DEFAULT_CWD.to_owned())),
-                None => None,
-            },
+            cwd: self.command.as_ref().map(|_| self.cwd.clone().unwrap_or_else(|| DEFAULT_CWD.to_owned())),
             timeout_s: self.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S),
         }
     }

@@ -84,8 +84,7 @@ impl SecretsKey {
     fn seal_with(&self, aad: &[u8], values: &BTreeMap<String, String>) -> Result<Vec<u8>, SecretsError> {
         let plain = Zeroizing::new(serde_json::to_vec(values).map_err(|_| SecretsError::Seal)?);
         let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
-        let sealed =
-            self.cipher().encrypt(&nonce, Payload { msg: &plain, aad }).map_err(|_| SecretsError::Seal)?;
+        let sealed = self.cipher().encrypt(&nonce, Payload { msg: &plain, aad }).map_err(|_| SecretsError::Seal)?;
         let mut out = nonce.to_vec();
         out.extend_from_slice(&sealed);
         Ok(out)

@@ -276,8 +276,7 @@ async fn a_repository_file_gives_a_server_in_the_sandbox_and_a_url_in_it_fails_t
 async fn bad_mcp_servers_are_refused_with_a_message_and_headers_need_the_key() {
     let app = TestApp::spawn(Options { script: vec![], worker: false, ..Default::default() }).await;
     let server = |s: Value| json!({"name": "e", "mcp_servers": s});
-    let many: serde_json::Map<String, Value> =
-        (0..65).map(|i| (format!("s{i}"), json!({"command": "srv"}))).collect();
+    let many: serde_json::Map<String, Value> = (0..65).map(|i| (format!("s{i}"), json!({"command": "srv"}))).collect();
     for (body, expect) in [
         (server(json!({"a b": {"command": "x"}})), "server name"),
         (server(json!({"a": {"url": "http://user:pw@mcp.example/"}})), "credentials"),

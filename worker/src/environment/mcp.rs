@@ -7,8 +7,8 @@
 
 use std::collections::BTreeMap;
 
-use kiln_protocol::mcp::{McpServerSpec, McpServerView};
 use kiln_protocol::Run;
+use kiln_protocol::mcp::{McpServerSpec, McpServerView};
 use kiln_store::StoreError;
 
 use super::Source;

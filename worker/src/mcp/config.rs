@@ -29,7 +29,6 @@ use std::time::Duration;
 use secrecy::SecretString;
 use serde::Deserialize;
 
-
 use kiln_protocol::mcp::{self as rules, McpServerSpec};
 
 /// Default of [`ServerConfig::timeout`].

@@ -28,8 +28,8 @@ use kiln_protocol::Run;
 
 pub use config::{ConfigError, McpConfig, ServerConfig, Transport};
 pub use server::MAX_RESPONSE_BYTES;
-pub use tenant::EnvironmentServers;
 use server::Server;
+pub use tenant::EnvironmentServers;
 
 use crate::sandbox::Sandbox;
 use crate::tools::{Registry, Tool};

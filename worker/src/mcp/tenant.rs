@@ -63,10 +63,7 @@ mod tests {
     #[test]
     fn the_operators_server_shadows_the_environments_and_the_model_is_told() {
         let operator = McpConfig::parse(r#"{"servers":{"demo":{"url":"http://127.0.0.1:9/mcp"}}}"#).unwrap();
-        let env = McpConfig::parse(
-            r#"{"servers":{"demo":{"command":"x"},"extra":{"command":"y"}}}"#,
-        )
-        .unwrap();
+        let env = McpConfig::parse(r#"{"servers":{"demo":{"command":"x"},"extra":{"command":"y"}}}"#).unwrap();
         let tenant = EnvironmentServers {
             servers: env.servers,
             unusable: BTreeMap::from([("sealed".to_owned(), "its headers do not open".to_owned())]),
