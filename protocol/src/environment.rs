@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::input;
+use crate::mcp::{McpServerSpec, McpServerView};
 use crate::run::SandboxSpec;
 
 /// Lock files that key the cache when an environment names none: what the
@@ -70,6 +71,14 @@ pub struct EnvironmentSpec {
     /// deployment with `KILN_SANDBOX_ALLOW_NETWORK`).
     #[serde(default, deserialize_with = "crate::nested::object", skip_serializing_if = "Option::is_none")]
     pub setup_sandbox: Option<SandboxSpec>,
+    /// MCP servers the environment's runs get besides the operator's
+    /// (a run's `mcp` narrows them all; a name the operator also uses is
+    /// the operator's server). Header values are write-only, stored
+    /// encrypted (`KILN_SECRETS_KEY`). Never trusted for `readOnlyHint`
+    /// (that trust is the operator's to give): their tools are mutating.
+    /// Not part of the cache key: changing them keeps prepared sandboxes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mcp_servers: BTreeMap<String, McpServerSpec>,
 }
 
 /// An environment as the API shows it: no secret values.
@@ -92,6 +101,9 @@ pub struct Environment {
     /// Raised by `POST /v1/environments/{name}/reset-cache`: part of the
     /// cache key, so every prepared sandbox made before it misses.
     pub cache_generation: i64,
+    /// The environment's MCP servers: header names only.
+    #[serde(default)]
+    pub mcp_servers: BTreeMap<String, McpServerView>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -135,6 +147,8 @@ pub enum EnvironmentError {
     LockFiles,
     #[error("setup_sandbox.{0}")]
     Sandbox(String),
+    #[error("mcp_servers: {0}")]
+    McpServers(String),
 }
 
 /// Variables a script's environment must keep as Kiln sets them.
@@ -172,6 +186,7 @@ impl EnvironmentSpec {
         if let Some(sandbox) = &self.setup_sandbox {
             sandbox.validate().map_err(|e| EnvironmentError::Sandbox(e.to_string()))?;
         }
+        crate::mcp::validate_servers(&self.mcp_servers).map_err(EnvironmentError::McpServers)?;
         Ok(())
     }
 
@@ -192,7 +207,10 @@ pub const MAX_REPOSITORY_FILE_BYTES: u64 = 512 * 1024;
 /// `.kiln/environment.toml`: an environment kept in the repository, used
 /// by a run that names no environment. The same fields as the API's, in
 /// TOML, except `name` (it is the repository's) and `secrets` (refused:
-/// whoever reads the repository would read them).
+/// whoever reads the repository would read them); its `mcp_servers` run in
+/// the sandbox only (a `url` is refused: the repository would make the
+/// worker, outside the sandbox and its network policy, a client of an
+/// address it chose).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EnvironmentFile {
@@ -208,6 +226,24 @@ pub struct EnvironmentFile {
     pub lock_files: Option<Vec<String>>,
     #[serde(default)]
     pub setup_sandbox: Option<SandboxSpec>,
+    #[serde(default)]
+    pub mcp_servers: BTreeMap<String, RepositoryMcpServer>,
+}
+
+/// `[mcp_servers.<name>]` of `.kiln/environment.toml`: a server in the
+/// sandbox, nothing else.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepositoryMcpServer {
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub timeout_s: Option<u64>,
 }
 
 /// Why `.kiln/environment.toml` is not acceptable. Messages are shown to
@@ -225,6 +261,13 @@ pub enum EnvironmentFileError {
          in an environment through the API (POST /v1/environments) and name it in the run"
     )]
     Secrets,
+    #[error(
+        "{REPOSITORY_FILE}: the MCP server {0:?} has a url or headers; a repository may declare only servers that \
+         run in the sandbox (command, args, env, cwd, timeout_s): a remote server would make the worker, outside \
+         the sandbox and its network policy, a client of an address the repository chose. Define remote servers \
+         in an environment through the API (POST /v1/environments) and name it in the run"
+    )]
+    RemoteMcpServer(String),
     #[error("{REPOSITORY_FILE}: {0}")]
     Invalid(EnvironmentError),
 }
@@ -241,6 +284,16 @@ impl EnvironmentFile {
         if table.contains_key("secrets") {
             return Err(EnvironmentFileError::Secrets);
         }
+        // Likewise a remote MCP server, before its other fields are judged.
+        if let Some(toml::Value::Table(servers)) = table.get("mcp_servers") {
+            for (name, server) in servers {
+                if let toml::Value::Table(server) = server
+                    && (server.contains_key("url") || server.contains_key("headers"))
+                {
+                    return Err(EnvironmentFileError::RemoteMcpServer(name.clone()));
+                }
+            }
+        }
         let file: EnvironmentFile = toml::from_str(text).map_err(|e| parse_error(&e))?;
         let spec = EnvironmentSpec {
             name: name.to_owned(),
@@ -251,6 +304,21 @@ impl EnvironmentFile {
             secrets: None,
             lock_files: file.lock_files,
             setup_sandbox: file.setup_sandbox,
+            mcp_servers: file
+                .mcp_servers
+                .into_iter()
+                .map(|(name, s)| {
+                    let server = McpServerSpec {
+                        command: Some(s.command),
+                        args: s.args,
+                        env: s.env,
+                        cwd: s.cwd,
+                        timeout_s: s.timeout_s,
+                        ..Default::default()
+                    };
+                    (name, server)
+                })
+                .collect(),
         };
         spec.validate().map_err(EnvironmentFileError::Invalid)?;
         Ok(spec)
@@ -330,6 +398,11 @@ memory_mb = 512
         let sandbox = spec.setup_sandbox.unwrap();
         assert_eq!((sandbox.network, sandbox.memory_mb), (Some(crate::run::NetworkMode::Bridge), Some(512)));
         assert_eq!(EnvironmentFile::parse("", "repo").unwrap().lock_files(), DEFAULT_LOCK_FILES);
+        let with_mcp = "[mcp_servers.tools]\ncommand = \"python3\"\nargs = [\"s.py\"]\ntimeout_s = 5\n";
+        let spec = EnvironmentFile::parse(with_mcp, "repo").unwrap();
+        let tools = &spec.mcp_servers["tools"];
+        assert_eq!((tools.command.as_deref(), tools.args.as_slice()), (Some("python3"), &["s.py".to_owned()][..]));
+        assert_eq!((tools.url.as_ref(), tools.timeout_s), (None, Some(5)));
     }
 
     #[test]
@@ -341,6 +414,15 @@ memory_mb = 512
         assert!(unknown.contains("unknown field `setup`"), "{unknown}");
         assert!(matches!(parse("setup_script = \"unterminated\n"), EnvironmentFileError::Parse(_)));
         assert!(matches!(parse("[variables]\nPATH = \"/x\"\n"), EnvironmentFileError::Invalid(_)));
+        let remote = parse("[mcp_servers.demo]\nurl = \"http://127.0.0.1:9/mcp\"\n");
+        assert_eq!(remote, EnvironmentFileError::RemoteMcpServer("demo".into()));
+        assert!(remote.to_string().contains("sandbox"), "{remote}");
+        let headers = parse("[mcp_servers.demo]\ncommand = \"x\"\nheaders = { A = \"b\" }\n");
+        assert_eq!(headers, EnvironmentFileError::RemoteMcpServer("demo".into()));
+        assert!(matches!(
+            parse("[mcp_servers.demo]\ncommand = \"x\"\ncwd = \"rel\"\n"),
+            EnvironmentFileError::Invalid(_)
+        ));
         let big = format!("setup_script = \"{}\"\n", "x".repeat(MAX_REPOSITORY_FILE_BYTES as usize));
         assert!(matches!(parse(&big), EnvironmentFileError::TooLarge(_)));
     }

@@ -15,6 +15,7 @@ pub mod egress;
 pub mod environment;
 pub mod event;
 pub mod input;
+pub mod mcp;
 pub mod message;
 mod nested;
 pub mod repo_url;

@@ -2,6 +2,9 @@
 //! changes or names another's. Secrets arrive here already sealed
 //! ([`crate::secrets`]); the store never sees their plaintext.
 
+use std::collections::BTreeMap;
+
+use kiln_protocol::mcp::McpServerView;
 use kiln_protocol::{Environment, EnvironmentSpec, SandboxSpec};
 use tokio_postgres::Row;
 use uuid::Uuid;
@@ -19,6 +22,15 @@ pub enum SecretsWrite {
     Set { names: Vec<String>, sealed: Option<Vec<u8>> },
 }
 
+/// An environment's MCP servers as stored: what the API shows of each, and
+/// the sealed headers of those that have some (by server name). Sealed
+/// before the store sees them, like secrets.
+#[derive(Debug, Clone, Default)]
+pub struct McpServersWrite {
+    pub servers: BTreeMap<String, McpServerView>,
+    pub headers_sealed: BTreeMap<String, Vec<u8>>,
+}
+
 /// Why a write did not happen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EnvironmentRefusal {
@@ -32,16 +44,27 @@ pub enum EnvironmentRefusal {
 pub struct StoredEnvironment {
     pub environment: Environment,
     pub secrets_sealed: Option<Vec<u8>>,
+    /// Server name → its headers, sealed ([`crate::SecretsKey::seal_mcp_headers`]).
+    pub mcp_headers_sealed: BTreeMap<String, Vec<u8>>,
 }
 
 const COLUMNS: &str = "id, name, image, setup_script, maintenance_script, variables, secret_names, lock_files, \
-     setup_sandbox, cache_generation, created_at, updated_at, secrets_sealed";
+     setup_sandbox, cache_generation, created_at, updated_at, secrets_sealed, mcp_servers, mcp_headers_sealed";
 
 fn from_row(row: &Row) -> Result<StoredEnvironment, StoreError> {
     let corrupt = |what: &str, e: serde_json::Error| StoreError::Corrupt(format!("environments.{what}: {e}"));
     let variables: serde_json::Value = row.try_get(5)?;
     let lock_files: serde_json::Value = row.try_get(7)?;
     let setup_sandbox: serde_json::Value = row.try_get(8)?;
+    let mcp_servers: serde_json::Value = row.try_get(13)?;
+    let mcp_headers: serde_json::Value = row.try_get(14)?;
+    let mcp_headers: BTreeMap<String, String> =
+        serde_json::from_value(mcp_headers).map_err(|e| corrupt("mcp_headers_sealed", e))?;
+    let mcp_headers_sealed = mcp_headers
+        .into_iter()
+        .map(|(server, sealed)| hex::decode(sealed).map(|bytes| (server, bytes)))
+        .collect::<Result<_, _>>()
+        .map_err(|e| StoreError::Corrupt(format!("environments.mcp_headers_sealed: {e}")))?;
     Ok(StoredEnvironment {
         environment: Environment {
             id: row.try_get(0)?,
@@ -55,10 +78,12 @@ fn from_row(row: &Row) -> Result<StoredEnvironment, StoreError> {
             setup_sandbox: serde_json::from_value::<SandboxSpec>(setup_sandbox)
                 .map_err(|e| corrupt("setup_sandbox", e))?,
             cache_generation: row.try_get(9)?,
+            mcp_servers: serde_json::from_value(mcp_servers).map_err(|e| corrupt("mcp_servers", e))?,
             created_at: row.try_get(10)?,
             updated_at: row.try_get(11)?,
         },
         secrets_sealed: row.try_get(12)?,
+        mcp_headers_sealed,
     })
 }
 
@@ -72,6 +97,13 @@ fn json_columns(spec: &EnvironmentSpec) -> Result<[serde_json::Value; 3], StoreE
     ])
 }
 
+/// The two MCP columns of a write.
+fn mcp_columns(mcp: &McpServersWrite) -> Result<[serde_json::Value; 2], StoreError> {
+    let sealed: BTreeMap<&String, String> = mcp.headers_sealed.iter().map(|(k, v)| (k, hex::encode(v))).collect();
+    let json = |v: Result<serde_json::Value, serde_json::Error>| v.map_err(|e| StoreError::Corrupt(e.to_string()));
+    Ok([json(serde_json::to_value(&mcp.servers))?, json(serde_json::to_value(sealed))?])
+}
+
 impl Store {
     /// Creates `owner`'s environment `spec.name`.
     pub async fn create_environment(
@@ -79,7 +111,9 @@ impl Store {
         owner: &str,
         spec: &EnvironmentSpec,
         secrets: SecretsWrite,
+        mcp: &McpServersWrite,
     ) -> Result<Result<Environment, EnvironmentRefusal>, StoreError> {
+        let [mcp_servers, mcp_headers] = mcp_columns(mcp)?;
         let (names, sealed) = match secrets {
             SecretsWrite::Set { names, sealed } => (names, sealed),
             SecretsWrite::Keep => (Vec::new(), None),
@@ -92,8 +126,9 @@ impl Store {
             .query_opt(
                 &format!(
                     "INSERT INTO environments (id, owner, name, image, setup_script, maintenance_script, variables,
-                                               secret_names, secrets_sealed, lock_files, setup_sandbox)
-                     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11
+                                               secret_names, secrets_sealed, lock_files, setup_sandbox,
+                                               mcp_servers, mcp_headers_sealed)
+                     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $13, $14
                      WHERE (SELECT count(*) FROM environments WHERE owner = $2) < $12
                      ON CONFLICT (owner, name) DO NOTHING
                      RETURNING {COLUMNS}"
@@ -111,6 +146,8 @@ impl Store {
                     &lock_files,
                     &setup_sandbox,
                     &MAX_ENVIRONMENTS_PER_OWNER,
+                    &mcp_servers,
+                    &mcp_headers,
                 ],
             )
             .await?;
@@ -176,7 +213,9 @@ impl Store {
         name: &str,
         spec: &EnvironmentSpec,
         secrets: SecretsWrite,
+        mcp: &McpServersWrite,
     ) -> Result<Result<Environment, EnvironmentRefusal>, StoreError> {
+        let [mcp_servers, mcp_headers] = mcp_columns(mcp)?;
         let (keep, names, sealed) = match secrets {
             SecretsWrite::Keep => (true, Vec::new(), None),
             SecretsWrite::Set { names, sealed } => (false, names, sealed),
@@ -190,6 +229,7 @@ impl Store {
                          variables = $7, lock_files = $8, setup_sandbox = $9,
                          secret_names = CASE WHEN $10 THEN secret_names ELSE $11 END,
                          secrets_sealed = CASE WHEN $10 THEN secrets_sealed ELSE $12 END,
+                         mcp_servers = $13, mcp_headers_sealed = $14,
                          updated_at = now()
                      WHERE owner = $1 AND name = $2
                      RETURNING {COLUMNS}"
@@ -207,6 +247,8 @@ impl Store {
                     &keep,
                     &names,
                     &sealed,
+                    &mcp_servers,
+                    &mcp_headers,
                 ],
             )
             .await;

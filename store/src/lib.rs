@@ -42,7 +42,9 @@ pub use callbacks::{CallbackAttempt, CallbackJob};
 pub use children::{ChildStart, ChildSummary, NewChild};
 pub use control::{Approval, DecideOutcome, Decision, InboxMessage, MessageOutcome};
 pub use delivery::{DeliveryJob, DeliveryRequest};
-pub use environments::{EnvironmentRefusal, MAX_ENVIRONMENTS_PER_OWNER, SecretsWrite, StoredEnvironment};
+pub use environments::{
+    EnvironmentRefusal, MAX_ENVIRONMENTS_PER_OWNER, McpServersWrite, SecretsWrite, StoredEnvironment,
+};
 pub use error::StoreError;
 pub use events::EventBatch;
 pub use listen::{Listener, Notice};

@@ -51,26 +51,53 @@ impl SecretsKey {
 
     /// `secrets` as stored: nonce, then ciphertext of their JSON.
     pub fn seal(&self, owner: &str, secrets: &BTreeMap<String, String>) -> Result<Vec<u8>, SecretsError> {
-        let plain = Zeroizing::new(serde_json::to_vec(secrets).map_err(|_| SecretsError::Seal)?);
+        self.seal_with(owner.as_bytes(), secrets)
+    }
+
+    /// What [`SecretsKey::seal`] sealed for `owner`.
+    pub fn open(&self, owner: &str, stored: &[u8]) -> Result<BTreeMap<String, String>, SecretsError> {
+        self.open_with(owner.as_bytes(), stored)
+    }
+
+    /// The headers of `owner`'s MCP server `server`, as stored. The
+    /// associated data names the server too: sealed headers moved to
+    /// another server (or into the secrets column) do not open.
+    pub fn seal_mcp_headers(
+        &self,
+        owner: &str,
+        server: &str,
+        headers: &BTreeMap<String, String>,
+    ) -> Result<Vec<u8>, SecretsError> {
+        self.seal_with(&mcp_aad(owner, server), headers)
+    }
+
+    /// What [`SecretsKey::seal_mcp_headers`] sealed.
+    pub fn open_mcp_headers(
+        &self,
+        owner: &str,
+        server: &str,
+        stored: &[u8],
+    ) -> Result<BTreeMap<String, String>, SecretsError> {
+        self.open_with(&mcp_aad(owner, server), stored)
+    }
+
+    fn seal_with(&self, aad: &[u8], values: &BTreeMap<String, String>) -> Result<Vec<u8>, SecretsError> {
+        let plain = Zeroizing::new(serde_json::to_vec(values).map_err(|_| SecretsError::Seal)?);
         let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
-        let sealed = self
-            .cipher()
-            .encrypt(&nonce, Payload { msg: &plain, aad: owner.as_bytes() })
-            .map_err(|_| SecretsError::Seal)?;
+        let sealed = self.cipher().encrypt(&nonce, Payload { msg: &plain, aad }).map_err(|_| SecretsError::Seal)?;
         let mut out = nonce.to_vec();
         out.extend_from_slice(&sealed);
         Ok(out)
     }
 
-    /// What [`SecretsKey::seal`] sealed for `owner`.
-    pub fn open(&self, owner: &str, stored: &[u8]) -> Result<BTreeMap<String, String>, SecretsError> {
+    fn open_with(&self, aad: &[u8], stored: &[u8]) -> Result<BTreeMap<String, String>, SecretsError> {
         if stored.len() < NONCE_BYTES {
             return Err(SecretsError::Open);
         }
         let (nonce, sealed) = stored.split_at(NONCE_BYTES);
         let plain = self
             .cipher()
-            .decrypt(XNonce::from_slice(nonce), Payload { msg: sealed, aad: owner.as_bytes() })
+            .decrypt(XNonce::from_slice(nonce), Payload { msg: sealed, aad })
             .map_err(|_| SecretsError::Open)?;
         let plain = Zeroizing::new(plain);
         serde_json::from_slice(&plain).map_err(|_| SecretsError::Open)
@@ -93,6 +120,16 @@ impl SecretsKey {
     }
 }
 
+/// The associated data of an MCP server's headers: a prefix no owner's
+/// name (the secrets' associated data) can equal, NUL-separated parts.
+fn mcp_aad(owner: &str, server: &str) -> Vec<u8> {
+    let mut aad = b"\0kiln-mcp-headers\0".to_vec();
+    aad.extend_from_slice(owner.as_bytes());
+    aad.push(0);
+    aad.extend_from_slice(server.as_bytes());
+    aad
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,6 +149,17 @@ mod tests {
         assert!(other.open("alice", &sealed).is_err());
         // Two sealings of the same map differ (fresh nonce).
         assert_ne!(sealed, key().seal("alice", &secrets).unwrap());
+    }
+
+    #[test]
+    fn mcp_headers_open_for_their_owner_and_server_only() {
+        let headers = BTreeMap::from([("Authorization".to_owned(), "Bearer hunter2".to_owned())]);
+        let sealed = key().seal_mcp_headers("alice", "demo", &headers).unwrap();
+        assert!(!sealed.windows(7).any(|w| w == b"hunter2"));
+        assert_eq!(key().open_mcp_headers("alice", "demo", &sealed).unwrap(), headers);
+        assert!(key().open_mcp_headers("alice", "other", &sealed).is_err());
+        assert!(key().open_mcp_headers("mallory", "demo", &sealed).is_err());
+        assert!(key().open("alice", &sealed).is_err());
     }
 
     #[test]

@@ -239,6 +239,8 @@ async fn drive(
         false => None,
     };
     let with_environment = source.is_some();
+    // Read before `source` goes to `prepare`; opened only at connection.
+    let environment_mcp = crate::environment::mcp::servers_of(ctx, run, source.as_ref()).await?;
     let (sandbox, origin) = match source {
         Some(source) => {
             match crate::environment::prepare(ctx, run, source, checkout_path, &config, &owner, events).await? {
@@ -283,7 +285,7 @@ async fn drive(
     // The run's MCP tools, listed now (servers in the sandbox started now,
     // and stopped when `mcp` and `tools` go); a server that is missing is
     // told to the model, not a failure.
-    let mcp = crate::mcp::open(&ctx.config.mcp, run, &ctx.tools, &sandbox).await;
+    let mcp = crate::mcp::open(&ctx.config.mcp, environment_mcp, run, &ctx.tools, &sandbox).await;
     let tools = ctx.tools.with(mcp.tools.iter().cloned());
     let notice = match (notice, mcp.notice()) {
         (Some(a), Some(b)) => Some(format!("{a}\n\n{b}")),

@@ -13,6 +13,9 @@ use crate::routes::{events, runs, webhooks};
 /// `variables` and `secrets` of an environment: their names and values.
 static ENV_MAP: input::EnvMap = input::EnvMap;
 
+/// `mcp_servers` of an environment: how many, and their names.
+static MCP_SERVERS_MAP: kiln_protocol::mcp::ServersMap = kiln_protocol::mcp::ServersMap;
+
 /// Where a rule goes.
 enum Target {
     /// `components.schemas.<schema>`, then a JSON pointer below it.
@@ -59,6 +62,7 @@ static RULES: &[(Target, &dyn Constraint)] = &[
     (Schema("EnvironmentSpec", "/properties/secrets"), &ENV_MAP),
     (Schema("EnvironmentSpec", "/properties/lock_files"), &input::LOCK_FILES),
     (Schema("EnvironmentSpec", "/properties/lock_files/items"), &input::LOCK_GLOB),
+    (Schema("EnvironmentSpec", "/properties/mcp_servers"), &MCP_SERVERS_MAP),
     (Parameter("/v1/environments/{name}", "get", "name"), &input::ENVIRONMENT_NAME),
     (Parameter("/v1/environments/{name}", "put", "name"), &input::ENVIRONMENT_NAME),
     (Parameter("/v1/environments/{name}", "delete", "name"), &input::ENVIRONMENT_NAME),
@@ -81,6 +85,12 @@ static RULES: &[(Target, &dyn Constraint)] = &[
 pub struct MissingTarget(String);
 
 pub fn apply(doc: &mut Value) -> Result<(), MissingTarget> {
+    // An MCP server is one of two shapes with rules of their own, which a
+    // derive cannot say: the protocol states its schema whole.
+    let server = doc
+        .pointer_mut("/components/schemas/McpServerSpec")
+        .ok_or_else(|| MissingTarget("schema McpServerSpec".into()))?;
+    *server = kiln_protocol::mcp::server_schema();
     for (target, rule) in RULES {
         let schema = match target {
             Schema(name, pointer) => doc.pointer_mut(&format!("/components/schemas/{name}{pointer}")),

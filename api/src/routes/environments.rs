@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::http::request::Parts;
 use kiln_protocol::environment::EnvironmentError;
 use kiln_protocol::{Environment, EnvironmentSpec, input};
-use kiln_store::{EnvironmentRefusal, MAX_ENVIRONMENTS_PER_OWNER, SecretsWrite};
+use kiln_store::{EnvironmentRefusal, MAX_ENVIRONMENTS_PER_OWNER, McpServersWrite, SecretsWrite};
 use serde::Serialize;
 
 use crate::auth::Subject;
@@ -72,9 +72,55 @@ fn checked(state: &AppState, owner: &str, spec: &EnvironmentSpec) -> Result<Secr
     Ok(SecretsWrite::Set { names: secrets.keys().cloned().collect(), sealed: Some(sealed) })
 }
 
+/// The MCP servers of `spec` as stored, their headers sealed. A remote
+/// server without `headers` keeps what `stored` (the environment before
+/// this write, on `PUT`) holds for a remote server of the same name.
+fn mcp_servers(
+    state: &AppState,
+    owner: &str,
+    spec: &EnvironmentSpec,
+    stored: Option<&kiln_store::StoredEnvironment>,
+) -> Result<McpServersWrite, ApiError> {
+    let mut write = McpServersWrite::default();
+    for (name, server) in &spec.mcp_servers {
+        let mut header_names = Vec::new();
+        match &server.headers {
+            Some(headers) if server.is_remote() && !headers.is_empty() => {
+                // As secrets: refused rather than kept in clear.
+                let key = state.settings.secrets_key.as_ref().ok_or_else(|| {
+                    ApiError::Validation(format!(
+                        "mcp_servers: the headers of server {name:?} cannot be stored here: this deployment has no \
+                         KILN_SECRETS_KEY to encrypt them with"
+                    ))
+                })?;
+                let sealed =
+                    key.seal_mcp_headers(owner, name, headers).map_err(|e| ApiError::Internal(e.to_string()))?;
+                write.headers_sealed.insert(name.clone(), sealed);
+                header_names = headers.keys().cloned().collect();
+            }
+            Some(_) => {}
+            None if server.is_remote() => {
+                let kept = stored.and_then(|s| {
+                    let view = s.environment.mcp_servers.get(name).filter(|v| v.url.is_some())?;
+                    Some((view.header_names.clone(), s.mcp_headers_sealed.get(name)?.clone()))
+                });
+                if let Some((names, sealed)) = kept {
+                    write.headers_sealed.insert(name.clone(), sealed);
+                    header_names = names;
+                }
+            }
+            None => {}
+        }
+        write.servers.insert(name.clone(), server.view(header_names));
+    }
+    Ok(write)
+}
+
 /// Create an environment
 ///
-/// Secrets are write-only: stored encrypted, answered by name only.
+/// Secrets and MCP servers' header values are write-only: stored
+/// encrypted, answered by name only. MCP servers defined here are never
+/// trusted for their tools' `readOnlyHint` (that trust is the operator's).
 #[utoipa::path(
     post,
     path = "/v1/environments",
@@ -99,7 +145,8 @@ pub async fn create(
     ApiJson(spec): ApiJson<EnvironmentSpec>,
 ) -> Result<(StatusCode, Json<Environment>), ApiError> {
     let secrets = checked(&state, &owner, &spec)?;
-    match state.store.create_environment(&owner, &spec, secrets).await? {
+    let mcp = mcp_servers(&state, &owner, &spec, None)?;
+    match state.store.create_environment(&owner, &spec, secrets, &mcp).await? {
         Ok(environment) => Ok((StatusCode::CREATED, Json(environment))),
         Err(refusal) => Err(refused(refusal, &spec.name)),
     }
@@ -159,7 +206,9 @@ pub async fn get(
 ///
 /// The body replaces the environment whole (its `name` may rename it),
 /// except that leaving out `secrets` keeps the stored ones (`{}` removes
-/// them). A changed definition misses the cache on the next run.
+/// them), and a remote MCP server without `headers` keeps the headers
+/// stored for a remote server of its name. A changed definition misses the
+/// cache on the next run; changed `mcp_servers` do not.
 #[utoipa::path(
     put,
     path = "/v1/environments/{name}",
@@ -187,7 +236,12 @@ pub async fn update(
     ApiJson(spec): ApiJson<EnvironmentSpec>,
 ) -> Result<Json<Environment>, ApiError> {
     let secrets = checked(&state, &owner, &spec)?;
-    match state.store.update_environment(&owner, &name, &spec, secrets).await? {
+    // The stored headers a server without `headers` keeps. Read before the
+    // write, not in it: two concurrent PUTs of one environment end as one
+    // of them whole, as they do for everything else.
+    let stored = state.store.environment(&owner, &name).await?.ok_or_else(not_found)?;
+    let mcp = mcp_servers(&state, &owner, &spec, Some(&stored))?;
+    match state.store.update_environment(&owner, &name, &spec, secrets, &mcp).await? {
         Ok(environment) => Ok(Json(environment)),
         Err(refusal) => Err(refused(refusal, &spec.name)),
     }

@@ -186,6 +186,13 @@ pub struct WorkerArgs {
     /// without it. See README, "MCP servers".
     #[arg(long, env = "KILN_MCP_SERVERS")]
     pub mcp_servers: Option<PathBuf>,
+    /// Let an environment's remote MCP servers (defined by tenants through
+    /// the API) be at loopback, private or link-local addresses. Off: such
+    /// a server is refused (the model is told), so a tenant cannot make
+    /// the worker a client of the internal network. The operator's own
+    /// servers (KILN_MCP_SERVERS) are never vetted.
+    #[arg(long, env = "KILN_MCP_ALLOW_PRIVATE", default_value_t = false)]
+    pub mcp_allow_private: bool,
 }
 
 impl WorkerArgs {
@@ -287,9 +294,12 @@ impl WorkerArgs {
                 max_containers: self.environment_warm_max,
             },
             max_event_bytes_per_run: self.max_event_bytes_per_run,
-            mcp: Arc::new(match &self.mcp_servers {
-                Some(path) => kiln_worker::mcp::McpConfig::load(path)?,
-                None => Default::default(),
+            mcp: Arc::new(kiln_worker::mcp::McpConfig {
+                allow_private: self.mcp_allow_private,
+                ..match &self.mcp_servers {
+                    Some(path) => kiln_worker::mcp::McpConfig::load(path)?,
+                    None => Default::default(),
+                }
             }),
         })
     }

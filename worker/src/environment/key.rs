@@ -4,7 +4,8 @@
 //! value misses; the key does not reveal it), the lock files' contents,
 //! the environment's cache generation (reset cache), who commands run as and
 //! the setup phase's network (its mode and egress policy: what setup could
-//! reach decides what it installed).
+//! reach decides what it installed). Not the environment's MCP servers:
+//! they are the agent's, not setup's, so changing them keeps the cache.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -165,6 +166,7 @@ mod tests {
             lock_files: vec![],
             setup_sandbox: Default::default(),
             cache_generation: 0,
+            mcp_servers: BTreeMap::new(),
             created_at: chrono::Utc::now(),
             updated_at: chrono::Utc::now(),
         }
@@ -235,6 +237,11 @@ mod tests {
         assert_eq!(key(&one), key(&other), "the same policy");
         // Setup's limits (not its network) are left out.
         other.setup_sandbox.memory_mb = Some(512);
+        assert_eq!(key(&one), key(&other));
+        // So are the MCP servers: the agent's, not setup's; changing them
+        // keeps the prepared sandboxes.
+        let server = kiln_protocol::mcp::McpServerSpec { command: Some("srv".into()), ..Default::default() };
+        other.mcp_servers.insert("tools".into(), server.view(Vec::new()));
         assert_eq!(key(&one), key(&other));
     }
 

@@ -20,6 +20,7 @@
 pub mod cache;
 pub mod key;
 mod mask;
+pub mod mcp;
 mod repo_file;
 mod script;
 mod tail;
@@ -115,7 +116,11 @@ pub async fn prepare(
         Source::Repository(spec) => {
             let subject = db_retry::with_retry(|| ctx.store.run_owner(run.id)).await?.unwrap_or_default();
             let url = run.repo.as_ref().map(|r| r.url.as_str()).unwrap_or_default();
-            StoredEnvironment { environment: from_repository(*spec, &subject, url), secrets_sealed: None }
+            StoredEnvironment {
+                environment: from_repository(*spec, &subject, url),
+                secrets_sealed: None,
+                mcp_headers_sealed: BTreeMap::new(),
+            }
         }
     };
     let name = stored.environment.name.clone();
@@ -548,6 +553,7 @@ fn from_repository(spec: EnvironmentSpec, subject: &str, url: &str) -> Environme
         lock_files,
         setup_sandbox: spec.setup_sandbox.unwrap_or_default(),
         cache_generation: 0,
+        mcp_servers: spec.mcp_servers.iter().map(|(n, s)| (n.clone(), s.view(Vec::new()))).collect(),
         created_at: now,
         updated_at: now,
     }

@@ -29,26 +29,19 @@ use std::time::Duration;
 use secrecy::SecretString;
 use serde::Deserialize;
 
-use kiln_protocol::input;
+use kiln_protocol::mcp::{self as rules, McpServerSpec};
 
 /// Default of [`ServerConfig::timeout`].
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
-/// Longest per-call timeout an operator may set.
-const MAX_TIMEOUT_S: u64 = 3_600;
-/// Servers one deployment may name.
-const MAX_SERVERS: usize = 64;
-/// Headers per server.
-const MAX_HEADERS: usize = 32;
-/// Arguments and environment variables of an in-sandbox server.
-const MAX_ARGS: usize = 64;
-const MAX_ENV: usize = 64;
-/// Bytes of the command, one argument, one variable's value or the cwd.
-const MAX_ARG_BYTES: usize = 4096;
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(rules::DEFAULT_TIMEOUT_S);
 
 /// Every server this worker may connect runs to.
 #[derive(Debug, Clone, Default)]
 pub struct McpConfig {
     pub servers: BTreeMap<String, ServerConfig>,
+    /// Whether a tenant's remote server (an environment's) may be at a
+    /// loopback, private or link-local address (`KILN_MCP_ALLOW_PRIVATE`).
+    /// The operator's own servers are trusted and not vetted.
+    pub allow_private: bool,
 }
 
 /// One server.
@@ -80,6 +73,10 @@ pub struct RemoteConfig {
     pub url: url::Url,
     /// Sent with every request to the server: credentials, usually.
     pub headers: Vec<(String, SecretString)>,
+    /// A tenant's server: its host is resolved, vetted and pinned before
+    /// every connection (see `crate::net_guard`); `Some(allow_private)`.
+    /// `None`: the operator's, connected to as configured.
+    pub vet: Option<bool>,
 }
 
 #[derive(Debug, Clone)]
@@ -145,105 +142,69 @@ impl McpConfig {
         let file: File = serde_json::from_str(text).map_err(|e| {
             ConfigError::Invalid(format!("not a valid servers file (line {}, column {})", e.line(), e.column()))
         })?;
-        if file.servers.len() > MAX_SERVERS {
-            return Err(ConfigError::Invalid(format!("at most {MAX_SERVERS} servers")));
-        }
+        let specs: BTreeMap<String, (McpServerSpec, bool)> =
+            file.servers.into_iter().map(|(name, raw)| (name, raw.into_spec())).collect();
+        let plain: BTreeMap<String, McpServerSpec> =
+            specs.iter().map(|(name, (spec, _))| (name.clone(), spec.clone())).collect();
+        rules::validate_servers(&plain).map_err(ConfigError::Invalid)?;
         let mut servers = BTreeMap::new();
-        for (name, raw) in file.servers {
-            if !input::MCP_SERVER_NAME.accepts(&name) {
-                return Err(ConfigError::Invalid(format!(
-                    "server name {name:?}: 1 to {} letters, digits, _ or -",
-                    input::MCP_SERVER_NAME.max_chars
-                )));
-            }
-            let server = raw.check().map_err(|e| ConfigError::Invalid(format!("server {name:?}: {e}")))?;
+        for (name, (spec, trust)) in specs {
+            let server = ServerConfig::from_spec(spec, trust, None)
+                .map_err(|e| ConfigError::Invalid(format!("server {name:?}: {e}")))?;
             servers.insert(name, server);
         }
-        Ok(McpConfig { servers })
+        Ok(McpConfig { servers, allow_private: false })
     }
 }
 
 impl RawServer {
-    fn check(self) -> Result<ServerConfig, String> {
-        let timeout_s = self.timeout_s.unwrap_or(DEFAULT_TIMEOUT.as_secs());
-        if !(1..=MAX_TIMEOUT_S).contains(&timeout_s) {
-            return Err(format!("timeout_s must be between 1 and {MAX_TIMEOUT_S}"));
-        }
-        let trust_read_only_hints = self.trust_read_only_hints;
-        let transport = match (self.url.is_some(), self.command.is_some()) {
-            (true, false) => Transport::Remote(self.check_remote()?),
-            (false, true) => Transport::Stdio(self.check_stdio()?),
+    /// The server as the shared rules see it, and whether to trust its hints.
+    fn into_spec(self) -> (McpServerSpec, bool) {
+        let spec = McpServerSpec {
+            url: self.url,
+            headers: (!self.headers.is_empty()).then_some(self.headers),
+            command: self.command,
+            args: self.args,
+            env: self.env,
+            cwd: self.cwd,
+            timeout_s: self.timeout_s,
+        };
+        (spec, self.trust_read_only_hints)
+    }
+}
+
+impl ServerConfig {
+    /// A server of a tenant's environment: `spec` (checked when it was
+    /// stored or read) with `headers`, the values opened from their seal.
+    /// Never trusted for read-only hints, and a remote one is vetted.
+    pub fn tenant(spec: McpServerSpec, headers: BTreeMap<String, String>, allow_private: bool) -> Result<Self, String> {
+        let spec = McpServerSpec { headers: spec.url.is_some().then_some(headers), ..spec };
+        spec.validate()?;
+        Self::from_spec(spec, false, Some(allow_private))
+    }
+
+    /// `spec`, which passed [`McpServerSpec::validate`].
+    fn from_spec(spec: McpServerSpec, trust_read_only_hints: bool, vet: Option<bool>) -> Result<Self, String> {
+        let timeout = Duration::from_secs(spec.timeout_s.unwrap_or(rules::DEFAULT_TIMEOUT_S));
+        let transport = match (spec.url, spec.command) {
+            (Some(url), None) => {
+                let url = url::Url::parse(&url).map_err(|e| format!("url: {e}"))?;
+                let headers = spec.headers.unwrap_or_default();
+                Transport::Remote(RemoteConfig {
+                    url,
+                    headers: headers.into_iter().map(|(n, v)| (n, SecretString::from(v))).collect(),
+                    vet,
+                })
+            }
+            (None, Some(command)) => Transport::Stdio(StdioConfig {
+                command,
+                args: spec.args,
+                env: spec.env.into_iter().collect(),
+                cwd: spec.cwd.unwrap_or_else(|| crate::sandbox::WORKSPACE.to_owned()),
+            }),
             _ => return Err("give either url (a remote server) or command (one in the sandbox)".into()),
         };
-        Ok(ServerConfig { transport, trust_read_only_hints, timeout: Duration::from_secs(timeout_s) })
-    }
-
-    fn check_stdio(self) -> Result<StdioConfig, String> {
-        if !self.headers.is_empty() {
-            return Err("headers are for remote servers (url); a server in the sandbox has env".into());
-        }
-        let command = self.command.unwrap_or_default();
-        let plain = |what: &str, text: &str| {
-            if text.contains('\0') || text.len() > MAX_ARG_BYTES {
-                Err(format!("{what}: at most {MAX_ARG_BYTES} bytes, no NUL"))
-            } else {
-                Ok(())
-            }
-        };
-        if command.is_empty() {
-            return Err("command must not be empty".into());
-        }
-        plain("command", &command)?;
-        if self.args.len() > MAX_ARGS {
-            return Err(format!("at most {MAX_ARGS} args"));
-        }
-        for arg in &self.args {
-            plain("args", arg)?;
-        }
-        if self.env.len() > MAX_ENV {
-            return Err(format!("at most {MAX_ENV} env variables"));
-        }
-        for (name, value) in &self.env {
-            let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-            if !valid {
-                return Err(format!("env name {name:?}: letters, digits and _, not starting with a digit"));
-            }
-            plain("env", value)?;
-        }
-        let cwd = self.cwd.unwrap_or_else(|| crate::sandbox::WORKSPACE.to_owned());
-        if !cwd.starts_with('/') {
-            return Err("cwd must be an absolute path".into());
-        }
-        plain("cwd", &cwd)?;
-        Ok(StdioConfig { command, args: self.args, env: self.env.into_iter().collect(), cwd })
-    }
-
-    fn check_remote(self) -> Result<RemoteConfig, String> {
-        if self.command.is_some() || !self.args.is_empty() || !self.env.is_empty() || self.cwd.is_some() {
-            return Err("args, env and cwd are for servers in the sandbox (command)".into());
-        }
-        let url = url::Url::parse(self.url.as_deref().unwrap_or_default()).map_err(|e| format!("url: {e}"))?;
-        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-            return Err("url must be an http(s) URL with a host".into());
-        }
-        if !url.username().is_empty() || url.password().is_some() {
-            return Err("url must not hold credentials; put them in headers".into());
-        }
-        if self.headers.len() > MAX_HEADERS {
-            return Err(format!("at most {MAX_HEADERS} headers"));
-        }
-        let mut headers = Vec::with_capacity(self.headers.len());
-        for (name, value) in self.headers {
-            if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                return Err(format!("header name {name:?} is not a valid HTTP header name"));
-            }
-            if reqwest::header::HeaderValue::from_str(&value).is_err() {
-                return Err(format!("the value of header {name:?} is not a valid HTTP header value"));
-            }
-            headers.push((name, SecretString::from(value)));
-        }
-        Ok(RemoteConfig { url, headers })
+        Ok(ServerConfig { transport, trust_read_only_hints, timeout })
     }
 }
 

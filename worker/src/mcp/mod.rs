@@ -4,7 +4,8 @@
 //! built-in ones.
 //!
 //! At session start [`open`] connects to the servers the run may use (the
-//! operator's `KILN_MCP_SERVERS`, narrowed by the run's `mcp`), lists their
+//! operator's `KILN_MCP_SERVERS` and its environment's (`tenant`), narrowed
+//! by the run's `mcp`), lists their
 //! tools and names them `mcp__<server>__<tool>` (`names`). Each becomes a
 //! [`Tool`] (`tool`) in the run's registry, so `allowed_tools`, the
 //! approval gate, batching, budgets, output caps and events treat it as
@@ -18,6 +19,7 @@ mod remote;
 mod result;
 mod server;
 mod stdio;
+mod tenant;
 mod tool;
 
 use std::sync::Arc;
@@ -27,6 +29,7 @@ use kiln_protocol::Run;
 pub use config::{ConfigError, McpConfig, ServerConfig, Transport};
 pub use server::MAX_RESPONSE_BYTES;
 use server::Server;
+pub use tenant::EnvironmentServers;
 
 use crate::sandbox::Sandbox;
 use crate::tools::{Registry, Tool};
@@ -52,11 +55,21 @@ impl McpSession {
     }
 }
 
-/// Connects to the servers `run` may use (starting those that run in
-/// `sandbox`) and lists their tools, all at once; `builtin` holds the
-/// names MCP tools must not take.
-pub async fn open(config: &McpConfig, run: &Run, builtin: &Registry, sandbox: &Sandbox) -> McpSession {
-    connect(config, run.mcp.as_deref(), builtin, sandbox).await
+/// Connects to the servers `run` may use (the operator's `config` and its
+/// `environment`'s; starting those that run in `sandbox`) and lists their
+/// tools, all at once; `builtin` holds the names MCP tools must not take.
+pub async fn open(
+    config: &McpConfig,
+    environment: EnvironmentServers,
+    run: &Run,
+    builtin: &Registry,
+    sandbox: &Sandbox,
+) -> McpSession {
+    let (config, mut problems, wanted) = environment.joined(config, run.mcp.as_deref());
+    let mut session = connect(&config, wanted.as_deref(), builtin, sandbox).await;
+    problems.append(&mut session.problems);
+    session.problems = problems;
+    session
 }
 
 /// Connects to the servers named in `wanted` (all of `config`'s when
