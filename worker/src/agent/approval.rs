@@ -22,7 +22,8 @@ pub(super) struct Gate<'a> {
     pub store: &'a Store,
     pub lease: &'a Lease,
     pub run: &'a Run,
-    pub tools: &'a Registry,
+    /// The agent's tools as they are this step.
+    pub tools: Arc<Registry>,
     /// Woken when a decision is stored.
     pub control: Arc<Control>,
 }
