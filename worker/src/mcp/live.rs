@@ -112,33 +112,62 @@ impl McpTools {
     /// keeps its name; a new one gets one no other tool has.
     fn replace(&self, served: &Served, listed: &[rmcp::model::Tool]) {
         let mut tools = served.tools.lock().unwrap_or_else(PoisonError::into_inner);
-        let kept: HashMap<String, String> =
+        let had: HashMap<String, String> =
             tools.iter().map(|t| (t.remote_name().to_owned(), t.name().to_owned())).collect();
-        // Taken: the built-in names, the other servers' tools', and the
-        // names this server's tools keep.
         let others: Vec<String> = self
             .servers
             .iter()
             .filter(|s| !Arc::ptr_eq(&s.server, &served.server))
             .flat_map(|s| {
-                s.tools
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .iter()
-                    .map(|t| t.name().to_owned())
-                    .collect::<Vec<_>>()
+                let tools = s.tools.lock().unwrap_or_else(PoisonError::into_inner);
+                tools.iter().map(|t| t.name().to_owned()).collect::<Vec<_>>()
             })
             .collect();
-        let still: Vec<&String> = listed.iter().filter_map(|l| kept.get(l.name.as_ref())).collect();
-        let mut namer =
-            Namer::reserving(self.reserved.iter().chain(&others).chain(still.iter().copied()).map(String::as_str));
-        *tools = listed
-            .iter()
-            .map(|l| {
-                let name =
-                    kept.get(l.name.as_ref()).cloned().unwrap_or_else(|| namer.name(served.server.name(), &l.name));
-                Arc::new(McpTool::new(name, l, served.server.clone()))
-            })
-            .collect();
+        let remote: Vec<&str> = listed.iter().map(|l| l.name.as_ref()).collect();
+        let taken = self.reserved.iter().chain(&others).map(String::as_str);
+        let names = names_again(served.server.name(), &remote, &had, taken);
+        *tools =
+            listed.iter().zip(names).map(|(l, name)| Arc::new(McpTool::new(name, l, served.server.clone()))).collect();
+    }
+}
+
+/// The names of `server`'s tools `listed` again: those it `had` (remote
+/// name to name) keep theirs; a new one is named by the usual rules
+/// without taking one of `taken` (the built-in tools' and the other
+/// servers') or of the names kept.
+fn names_again<'a>(
+    server: &str,
+    listed: &[&str],
+    had: &'a HashMap<String, String>,
+    taken: impl Iterator<Item = &'a str>,
+) -> Vec<String> {
+    let kept = listed.iter().filter_map(|remote| had.get(*remote)).map(String::as_str);
+    let mut namer = Namer::reserving(taken.chain(kept));
+    listed.iter().map(|remote| had.get(*remote).cloned().unwrap_or_else(|| namer.name(server, remote))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tools_listed_again_keep_their_names_and_new_ones_take_none_in_use() {
+        let mut first = Namer::reserving(["bash"]);
+        let listed = ["a.b", "a/b", "c"];
+        let names: Vec<String> = listed.iter().map(|t| first.name("s", t)).collect();
+        assert_eq!(names[0], "mcp__s__a_b");
+        let had: HashMap<String, String> = listed.iter().map(|t| (*t).to_owned()).zip(names.iter().cloned()).collect();
+
+        // `a.b` went, `a/b` stayed (with its hashed name), `a_b` came: it
+        // may take the freed plain name, never a kept one.
+        let again = names_again("s", &["a/b", "a_b", "c"], &had, ["bash", "mcp__other__x"].into_iter());
+        assert_eq!(again[0], names[1]);
+        assert_eq!(again[1], "mcp__s__a_b");
+        assert_eq!(again[2], "mcp__s__c");
+        // The same list again: the same names.
+        assert_eq!(names_again("s", &listed, &had, ["bash"].into_iter()), names);
+        // A new tool whose plain name another server's tool has is cut.
+        let clash = names_again("s", &["d"], &HashMap::new(), ["mcp__s__d"].into_iter());
+        assert!(clash[0].starts_with("mcp__s__d_") && clash[0].len() == "mcp__s__d_".len() + 8, "{clash:?}");
     }
 }
