@@ -367,6 +367,44 @@ async fn a_changed_tool_list_is_offered_from_the_next_step_and_an_unchanged_one_
 }
 
 #[tokio::test]
+async fn allowed_tools_and_the_approval_gate_apply_to_a_tool_that_appears_later() {
+    let Some(python) = sdk_python() else { return };
+    let server = DemoServer::start(&python).await;
+    let script = vec![
+        Reply::tool("mcp__demo__grow", json!({})),
+        Reply::tool("mcp__demo__double", json!({"x": 4})),
+        Reply::text("done"),
+    ];
+    let app = app_with(script, json!({"demo": server.entry(json!({}))})).await;
+    // A pattern that leaves `double` out, though it did not exist yet.
+    let spec = CreateRun {
+        allowed_tools: Some(vec!["mcp__demo__g*".into()]),
+        approval: Some(ApprovalMode::Mutating),
+        ..CreateRun::new("grow")
+    };
+    let id = app.submit("alice", spec).await.id;
+    let seen = app
+        .events_until("alice", id, None, |e| e.kind() == "approval.requested" || e.body.terminal_status().is_some())
+        .await;
+    // `grow` changes things (no trusted hint): it waits for a person.
+    let EventBody::ApprovalRequested { call_id, name, .. } = &seen.last().unwrap().body else {
+        panic!("no approval asked: {:?}", kinds(&seen))
+    };
+    assert_eq!(name, "mcp__demo__grow");
+    let (status, body) =
+        app.post_json("alice", &format!("/v1/runs/{id}/approvals/{call_id}"), json!({"decision": "approve"})).await;
+    assert!(status < 300, "{status} {body}");
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    assert_eq!(results(&events, "mcp__demo__grow"), [("grown".to_owned(), false)]);
+    // The new tool is not offered, and calling it is refused.
+    let requests = app.model.requests();
+    assert_eq!(offered(&requests[1].body), ["mcp__demo__grow"]);
+    let refused = results(&events, "mcp__demo__double");
+    assert!(refused.len() == 1 && refused[0].1 && refused[0].0.contains("not available"), "{refused:?}");
+}
+
+#[tokio::test]
 async fn sub_agents_use_the_parents_mcp_tools_and_connections_and_explore_gets_only_read_only_ones() {
     let Some(python) = sdk_python() else { return };
     let server = DemoServer::start(&python).await;
