@@ -313,6 +313,7 @@ async fn drive(
         max_tool_calls_per_step: ctx.config.max_tool_calls_per_step,
         prompt_cache: ctx.config.prompt_cache,
         role: None,
+        read_only: false,
         seat: Some(&seat),
     };
     let outcome = agent.drive().await?;

@@ -107,6 +107,9 @@ pub struct AgentRun<'a> {
     pub prompt_cache: bool,
     /// A sub-agent's role, added to the system prompt.
     pub role: Option<String>,
+    /// Only tools that change nothing (a read-only sub-agent): also those
+    /// whose MCP server re-lists them as changing things after it started.
+    pub read_only: bool,
     /// The agent's place in its tree of agents, for starting sub-agents
     /// (`task`); `None`: the agent starts none.
     pub seat: Option<&'a crate::subagent::Seat>,
@@ -366,7 +369,14 @@ impl<'a> AgentRun<'a> {
 
     /// The approval gate, for this run and `tools`.
     fn gate_over(&self, tools: Arc<Registry>) -> Gate<'a> {
-        Gate { store: self.store, lease: self.lease, run: self.run, tools, control: self.control.clone() }
+        Gate {
+            store: self.store,
+            lease: self.lease,
+            run: self.run,
+            tools,
+            read_only: self.read_only,
+            control: self.control.clone(),
+        }
     }
 
     /// What runs this run's tool calls, with `subagents` for its `task` calls.

@@ -257,6 +257,7 @@ fn agent<'a>(
         system: String::new(),
         agents_md: host.agents_md.clone(),
         role: Some(kind.prompt.clone()),
+        read_only: kind.read_only,
         compaction: crate::agent::compaction::Policy {
             context_window: run.model.context_window.unwrap_or(ctx.config.context_window),
             threshold: ctx.config.compaction_threshold,

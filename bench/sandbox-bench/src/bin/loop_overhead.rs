@@ -224,6 +224,7 @@ async fn kiln_pass(
         max_tool_calls_per_step: kiln_worker::config::DEFAULT_MAX_TOOL_CALLS_PER_STEP,
         prompt_cache: true,
         role: None,
+        read_only: false,
         seat: None,
     };
     match agent.drive().await? {
