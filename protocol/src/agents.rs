@@ -62,7 +62,9 @@ pub fn explore() -> AgentKind {
                  commands. Find what you were asked to find, then answer with a concise, self-contained report: the \
                  agent that started you sees only your final answer."
             .into(),
-        tools: Some(["view", "grep", "glob", "ls"].map(String::from).to_vec()),
+        // Its MCP tools too, of which being read-only lets through only
+        // those a server the operator trusts marks read-only.
+        tools: Some(["view", "grep", "glob", "ls", "mcp__*"].map(String::from).to_vec()),
         read_only: true,
         budget_share: 1.0,
     }

@@ -6,7 +6,12 @@ Python SDK (`mcp` on PyPI, pinned in tests/tools/mcp.txt).
 Serves streamable HTTP on 127.0.0.1 at a free port, prints `LISTENING <port>`
 once it accepts connections, refuses (401) any request whose `X-Api-Key` is
 not REQUIRED_KEY, and appends the `X-Api-Key` of every request to HEADER_LOG
-(so the test can see what Kiln's worker sent).
+(so the test can see what Kiln's worker sent) and, for every POST, its
+`Mcp-Session-Id` to HEADER_LOG.sessions (an empty line: an `initialize`, a
+connection made).
+
+The tool `grow` adds a tool (`double`) and tells the client its tool list
+changed (`notifications/tools/list_changed`).
 """
 
 import asyncio
@@ -14,8 +19,8 @@ import socket
 import sys
 
 import uvicorn
-from mcp.server.mcpserver import MCPServer
-from mcp.types import ToolAnnotations
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import ToolAnnotations, ToolListChangedNotification
 
 LONG_TOOL = "a_tool_whose_name_is_long_enough_to_need_cutting"
 
@@ -53,6 +58,20 @@ def boom() -> str:
     raise ValueError("boom went the tool")
 
 
+def double(x: int) -> int:
+    return 2 * x
+
+
+@server.tool(description="Adds the tool `double` and says the tool list changed.")
+async def grow(ctx: Context) -> str:
+    if "double" not in [tool.name for tool in server._tool_manager.list_tools()]:
+        server.add_tool(double, description="Doubles an integer.")
+    # On the call's own stream, ahead of its result: the client has it
+    # before the call returns.
+    await ctx.session.send_notification(ToolListChangedNotification(), related_request_id=ctx.request_id)
+    return "grown"
+
+
 def guarded(app, log_path, key):
     """The SDK's app behind a check of the X-Api-Key header."""
 
@@ -62,6 +81,9 @@ def guarded(app, log_path, key):
             seen = headers.get(b"x-api-key", b"").decode("latin-1")
             with open(log_path, "a") as log:
                 log.write(seen + "\n")
+            if scope["method"] == "POST":
+                with open(log_path + ".sessions", "a") as log:
+                    log.write(headers.get(b"mcp-session-id", b"").decode("latin-1") + "\n")
             if seen != key:
                 await send({"type": "http.response.start", "status": 401, "headers": []})
                 await send({"type": "http.response.body", "body": b"bad key"})

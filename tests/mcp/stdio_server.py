@@ -3,7 +3,9 @@ sandbox image has python3 and nothing else). One JSON-RPC message per line.
 
 Tools: `add` (a + b), `whoami` (uid and pid), `sleep` (writes
 /tmp/mcp-sleeping, then sleeps: a call to kill it in), `flood` (writes one
-line of `size` bytes: a message over the client's cap).
+line of `size` bytes: a message over the client's cap), and one `echo`-like
+tool for each name in the file `mcp-extra-tools` of its working directory,
+read when it starts (a server whose tools differ after a restart).
 """
 import json
 import os
@@ -21,6 +23,13 @@ TOOLS = [
     {"name": "flood", "description": "Answers with one huge line.",
      "inputSchema": {"type": "object", "properties": {"size": {"type": "integer"}}}},
 ]
+
+EXTRA = []
+if os.path.exists("mcp-extra-tools"):
+    with open("mcp-extra-tools") as f:
+        EXTRA = [name for name in f.read().split() if name]
+TOOLS += [{"name": name, "description": "Echoes its text.",
+           "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}}} for name in EXTRA]
 
 
 def send(message):
@@ -42,6 +51,8 @@ def call(name, args):
             f.write(str(os.getpid()))
         time.sleep(float(args.get("seconds", 60)))
         return text("slept")
+    if name in EXTRA:
+        return text(args.get("text", ""))
     if name == "flood":
         sys.stdout.write("x" * int(args["size"]))
         sys.stdout.flush()

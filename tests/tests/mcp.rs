@@ -88,6 +88,13 @@ impl DemoServer {
         std::fs::read_to_string(&self.header_log).unwrap_or_default().lines().map(str::to_owned).collect()
     }
 
+    /// Connections made to the server: its `initialize` requests (the
+    /// POSTs without a session id).
+    fn initializations(&self) -> usize {
+        let log = self.header_log.with_extension("log.sessions");
+        std::fs::read_to_string(log).unwrap_or_default().lines().filter(|l| l.is_empty()).count()
+    }
+
     /// A server entry of the worker's configuration for this server.
     fn entry(&self, extra: Value) -> Value {
         let mut entry = json!({"url": self.url, "headers": {"X-Api-Key": SECRET}});
@@ -296,4 +303,178 @@ async fn server_failures_are_tool_errors_and_huge_results_are_capped() {
     assert!(slow.len() == 1 && slow[0].1 && slow[0].0.contains("did not answer within 2 s"), "{slow:?}");
     // After the timeout the next call connects again and works.
     assert_eq!(results(&events, "mcp__demo__add"), [("2".to_owned(), false)]);
+}
+
+/// The `tools` array of a request exactly as its bytes went out.
+fn tools_bytes(request: &kiln_scripted_model::RecordedRequest) -> String {
+    let text = String::from_utf8_lossy(&request.bytes).into_owned();
+    let start = text.find("\"tools\":[").expect("a tools array") + "\"tools\":".len();
+    // To the bracket that closes it (brackets inside strings do not count).
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for (i, c) in text[start..].char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if in_string => escaped = true,
+            '"' => in_string = !in_string,
+            '[' | '{' if !in_string => depth += 1,
+            ']' | '}' if !in_string => {
+                depth -= 1;
+                if depth == 0 {
+                    return text[start..=start + i].to_owned();
+                }
+            }
+            _ => {}
+        }
+    }
+    panic!("the tools array does not end")
+}
+
+#[tokio::test]
+async fn a_changed_tool_list_is_offered_from_the_next_step_and_an_unchanged_one_keeps_its_bytes() {
+    let Some(python) = sdk_python() else { return };
+    let server = DemoServer::start(&python).await;
+    let script = vec![
+        Reply::tool("mcp__demo__add", json!({"a": 1, "b": 2})),
+        // Adds `double` and sends `notifications/tools/list_changed`.
+        Reply::tool("mcp__demo__grow", json!({})),
+        Reply::tool("mcp__demo__double", json!({"x": 21})),
+        Reply::text("done"),
+    ];
+    let app = app_with(script, json!({"demo": server.entry(json!({}))})).await;
+    let id = app.submit("alice", CreateRun::new("grow")).await.id;
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let requests = app.model.requests();
+    assert_eq!(requests.len(), 4);
+
+    // Nothing changed between the first two steps: the same bytes.
+    assert_eq!(tools_bytes(&requests[0]), tools_bytes(&requests[1]));
+    let before = offered(&requests[1].body);
+    assert!(!before.contains(&"mcp__demo__double".to_owned()), "{before:?}");
+    // The step after `grow` offers the new tool, and every other tool as
+    // it was (the same names).
+    let after = offered(&requests[2].body);
+    let mut want = before.clone();
+    want.push("mcp__demo__double".to_owned());
+    want.sort();
+    assert_eq!(after, want);
+    assert_eq!(results(&events, "mcp__demo__grow"), [("grown".to_owned(), false)]);
+    assert_eq!(results(&events, "mcp__demo__double"), [("42".to_owned(), false)]);
+    // No change since: the same bytes again.
+    assert_eq!(tools_bytes(&requests[2]), tools_bytes(&requests[3]));
+    // One connection all along: the list was asked for again on it.
+    assert_eq!(server.initializations(), 1);
+}
+
+#[tokio::test]
+async fn allowed_tools_and_the_approval_gate_apply_to_a_tool_that_appears_later() {
+    let Some(python) = sdk_python() else { return };
+    let server = DemoServer::start(&python).await;
+    let script = vec![
+        Reply::tool("mcp__demo__grow", json!({})),
+        Reply::tool("mcp__demo__double", json!({"x": 4})),
+        Reply::text("done"),
+    ];
+    let app = app_with(script, json!({"demo": server.entry(json!({}))})).await;
+    // A pattern that leaves `double` out, though it did not exist yet.
+    let spec = CreateRun {
+        allowed_tools: Some(vec!["mcp__demo__g*".into()]),
+        approval: Some(ApprovalMode::Mutating),
+        ..CreateRun::new("grow")
+    };
+    let id = app.submit("alice", spec).await.id;
+    let seen = app
+        .events_until("alice", id, None, |e| e.kind() == "approval.requested" || e.body.terminal_status().is_some())
+        .await;
+    // `grow` changes things (no trusted hint): it waits for a person.
+    let EventBody::ApprovalRequested { call_id, name, .. } = &seen.last().unwrap().body else {
+        panic!("no approval asked: {:?}", kinds(&seen))
+    };
+    assert_eq!(name, "mcp__demo__grow");
+    let (status, body) =
+        app.post_json("alice", &format!("/v1/runs/{id}/approvals/{call_id}"), json!({"decision": "approve"})).await;
+    assert!(status < 300, "{status} {body}");
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    assert_eq!(results(&events, "mcp__demo__grow"), [("grown".to_owned(), false)]);
+    // The new tool is not offered, and calling it is refused.
+    let requests = app.model.requests();
+    assert_eq!(offered(&requests[1].body), ["mcp__demo__grow"]);
+    let refused = results(&events, "mcp__demo__double");
+    assert!(refused.len() == 1 && refused[0].1 && refused[0].0.contains("not available"), "{refused:?}");
+}
+
+#[tokio::test]
+async fn sub_agents_use_the_parents_mcp_tools_and_connections_and_explore_gets_only_read_only_ones() {
+    let Some(python) = sdk_python() else { return };
+    let server = DemoServer::start(&python).await;
+    let task = |marker: &str, agent: &str| {
+        ScriptedCall::new("task", json!({"description": marker, "prompt": format!("{marker}: do it"), "agent": agent}))
+    };
+    let script = vec![Reply::tools(vec![task("GEN", "general"), task("EXP", "explore")]), Reply::text("parent done")];
+    let app = app_with(script, json!({"demo": server.entry(json!({"trust_read_only_hints": true}))})).await;
+    app.model.script_thread(
+        "GEN",
+        vec![Reply::tool("mcp__demo__add", json!({"a": 20, "b": 22})), Reply::text("GEN says 42")],
+    );
+    app.model.script_thread(
+        "EXP",
+        vec![Reply::tool("mcp__demo__shout", json!({"text": "hi"})), Reply::text("EXP heard HI")],
+    );
+    let id = app.submit("alice", CreateRun::new("delegate")).await.id;
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+
+    // The children's answers are the parent's results.
+    let answers: Vec<String> = results(&events, "task").into_iter().map(|(output, _)| output).collect();
+    assert!(
+        answers.iter().any(|a| a.contains("GEN says 42")) && answers.iter().any(|a| a.contains("EXP heard HI")),
+        "{answers:?}"
+    );
+
+    let requests = app.model.requests();
+    let of = |marker: &str| -> Vec<&kiln_scripted_model::RecordedRequest> {
+        // A child's conversation starts with its prompt (the parent's
+        // later requests hold it too, as the `task` call's arguments).
+        let first_user = |r: &&kiln_scripted_model::RecordedRequest| {
+            r.body["messages"].as_array().unwrap().iter().find(|m| m["role"] == "user").cloned().unwrap_or_default()
+        };
+        requests.iter().filter(|r| first_user(r)["content"].to_string().contains(&format!("{marker}: do it"))).collect()
+    };
+    let (general, explore) = (of("GEN"), of("EXP"));
+    assert_eq!((general.len(), explore.len()), (2, 2));
+    // The general child has every MCP tool; its call worked.
+    let tools = offered(&general[0].body);
+    assert!(
+        tools.contains(&"mcp__demo__add".to_owned()) && tools.contains(&"mcp__demo__shout".to_owned()),
+        "{tools:?}"
+    );
+    let answer = general[1].body["messages"].as_array().unwrap().iter().find(|m| m["role"] == "tool").unwrap();
+    assert_eq!(answer["content"], "42");
+    // The explore child: the tool the trusted server marks read-only, not
+    // the ones that may change things.
+    let tools = offered(&explore[0].body);
+    assert!(tools.contains(&"mcp__demo__shout".to_owned()), "{tools:?}");
+    assert!(!tools.contains(&"mcp__demo__add".to_owned()) && !tools.contains(&"bash".to_owned()), "{tools:?}");
+    let answer = explore[1].body["messages"].as_array().unwrap().iter().find(|m| m["role"] == "tool").unwrap();
+    assert_eq!(answer["content"], "HI");
+
+    // Their rows say what they got.
+    for (call_id, run_id) in
+        pick!(events, EventBody::SubagentStarted { call_id, run_id, .. } => (call_id.clone(), *run_id))
+    {
+        let child = app.run("alice", run_id).await;
+        let allowed = child.allowed_tools.clone();
+        match child.agent_path.as_deref().is_some_and(|p| p.contains("/explore[")) {
+            true => {
+                let allowed = allowed.unwrap();
+                assert!(allowed.contains(&"mcp__demo__shout".to_owned()), "{call_id}: {allowed:?}");
+                assert!(!allowed.contains(&"mcp__demo__add".to_owned()), "{call_id}: {allowed:?}");
+            }
+            _ => assert_eq!(allowed, None, "{call_id}"),
+        }
+    }
+    // One connection to the server for the parent and both children.
+    let sessions = std::fs::read_to_string(server.header_log.with_extension("log.sessions")).unwrap_or_default();
+    assert_eq!(server.initializations(), 1, "{sessions}");
 }

@@ -177,3 +177,49 @@ async fn a_missing_command_is_told_to_the_model_and_an_oversize_message_is_a_too
     // And the next call starts it again.
     assert_eq!(results(&events, "mcp__local__add"), [("2".to_owned(), false)]);
 }
+
+#[tokio::test]
+async fn a_server_restarted_with_other_tools_is_listed_again_before_the_next_step() {
+    let (_repo, url) = repo_with(&[(SERVER_FILE, SERVER)]);
+    let script = vec![
+        // The agent changes what the server lists when it starts...
+        Reply::tool("bash", json!({"command": "echo echo > mcp-extra-tools"})),
+        // ...and the server dies under a call (the test kills it).
+        Reply::tool("mcp__local__sleep", json!({"seconds": 600})),
+        // This call starts it again: it now lists `echo` too.
+        Reply::tool("mcp__local__add", json!({"a": 4, "b": 5})),
+        Reply::tool("mcp__local__echo", json!({"text": "hello"})),
+        Reply::text("done"),
+    ];
+    let app = app_with(script, json!({"local": local_server()})).await;
+    let spec = CreateRun { repo: Some(RepoSpec { url, git_ref: None }), ..CreateRun::new("restart the server") };
+    let id = app.submit("alice", spec).await.id;
+    let seen = app
+        .events_until("alice", id, None, |e| {
+            matches!(&e.body, EventBody::ToolCallReady { name, .. } if name == "mcp__local__sleep")
+                || e.body.terminal_status().is_some()
+        })
+        .await;
+    assert_eq!(seen.last().unwrap().kind(), "tool_call.ready", "{:?}", kinds(&seen));
+    let container = app.containers_of(id).await.remove(0);
+    let sleeping: u32 = eventually("the server to sleep", || async {
+        let (code, out) = docker_exec(&container, &["cat", "/tmp/mcp-sleeping"]).await;
+        (code == 0).then(|| out.trim().parse().ok()).flatten()
+    })
+    .await;
+    let (code, out) = docker_exec(&container, &["kill", "-9", &sleeping.to_string()]).await;
+    assert_eq!(code, 0, "{out}");
+
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    assert_eq!(results(&events, "mcp__local__add"), [("9".to_owned(), false)]);
+    assert_eq!(results(&events, "mcp__local__echo"), [("hello".to_owned(), false)]);
+    // Offered from the step after the restart on, not before.
+    let offers_echo: Vec<bool> = app
+        .model
+        .requests()
+        .iter()
+        .map(|r| r.body["tools"].as_array().unwrap().iter().any(|t| t["function"]["name"] == "mcp__local__echo"))
+        .collect();
+    assert_eq!(offers_echo, [false, false, false, true, true]);
+}

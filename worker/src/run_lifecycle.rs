@@ -286,11 +286,11 @@ async fn drive(
     // and stopped when `mcp` and `tools` go); a server that is missing is
     // told to the model, not a failure.
     let mcp = crate::mcp::open(&ctx.config.mcp, environment_mcp, run, &ctx.tools, &sandbox).await;
-    let tools = ctx.tools.with(mcp.tools.iter().cloned());
     let notice = match (notice, mcp.notice()) {
         (Some(a), Some(b)) => Some(format!("{a}\n\n{b}")),
         (a, b) => a.or(b),
     };
+    let tools = crate::tools::Toolset::with_mcp(ctx.tools.clone(), mcp.tools);
     let kind = run.model.provider.as_deref().and_then(|p| p.parse().ok()).unwrap_or(ctx.config.default_provider);
     let seat = crate::subagent::Seat::root(ctx.clone());
     let agent = AgentRun {
@@ -315,6 +315,7 @@ async fn drive(
         max_tool_calls_per_step: ctx.config.max_tool_calls_per_step,
         prompt_cache: ctx.config.prompt_cache,
         role: None,
+        read_only: false,
         seat: Some(&seat),
     };
     let outcome = agent.drive().await?;

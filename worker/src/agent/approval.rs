@@ -22,7 +22,10 @@ pub(super) struct Gate<'a> {
     pub store: &'a Store,
     pub lease: &'a Lease,
     pub run: &'a Run,
-    pub tools: &'a Registry,
+    /// The agent's tools as they are this step.
+    pub tools: Arc<Registry>,
+    /// Only tools that change nothing are allowed.
+    pub read_only: bool,
     /// Woken when a decision is stored.
     pub control: Arc<Control>,
 }
@@ -54,9 +57,12 @@ impl Clearance {
 
 impl Gate<'_> {
     /// Whether the run may call `name` at all (its `allowed_tools`, whose
-    /// entries may be patterns such as `mcp__github__*`).
+    /// entries may be patterns such as `mcp__github__*`; for a read-only
+    /// agent, only a tool that changes nothing as it is listed now).
     pub fn allows(&self, name: &str) -> bool {
-        self.run.allowed_tools.as_ref().is_none_or(|allowed| allowed.iter().any(|t| name_matches(t, name)))
+        let listed =
+            self.run.allowed_tools.as_ref().is_none_or(|allowed| allowed.iter().any(|t| name_matches(t, name)));
+        listed && (!self.read_only || self.tools.get(name).is_some_and(|t| !t.is_mutating()))
     }
 
     /// Whether the run's approval mode makes a call of `name` wait for a person.

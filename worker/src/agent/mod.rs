@@ -41,7 +41,7 @@ use tracing::Instrument;
 use crate::providers::assemble::Assembled;
 use crate::providers::{FinishReason, ModelProvider, ModelRequest, ProviderError};
 use crate::sandbox::Sandbox;
-use crate::tools::{Registry, ToolFailure};
+use crate::tools::{Registry, ToolFailure, Toolset};
 use approval::Gate;
 pub(crate) use approval::name_matches;
 use budget::{Budget, BudgetCheck, Exhausted};
@@ -85,7 +85,9 @@ pub struct AgentRun<'a> {
     pub max_tokens: u32,
     /// Price of one step's usage for `model`; `None` when unknown.
     pub pricing: &'a (dyn Fn(&str, &Usage) -> Option<f64> + Send + Sync),
-    pub tools: &'a Registry,
+    /// The built-in tools and the run's MCP tools (shared with its
+    /// sub-agents), read once per step: an MCP server may change its list.
+    pub tools: &'a Toolset,
     pub events: &'a mut EventSink,
     /// Woken when a client sends the run a message or an approval decision.
     pub control: Arc<control::Control>,
@@ -105,6 +107,9 @@ pub struct AgentRun<'a> {
     pub prompt_cache: bool,
     /// A sub-agent's role, added to the system prompt.
     pub role: Option<String>,
+    /// Only tools that change nothing (a read-only sub-agent): also those
+    /// whose MCP server re-lists them as changing things after it started.
+    pub read_only: bool,
     /// The agent's place in its tree of agents, for starting sub-agents
     /// (`task`); `None`: the agent starts none.
     pub seat: Option<&'a crate::subagent::Seat>,
@@ -234,6 +239,9 @@ impl<'a> AgentRun<'a> {
     ) -> Result<ControlFlow<Outcome>, AgentError> {
         // Goes out with the model's first output (or within 50 ms).
         self.events.write_soon(EventBody::StepStarted { step }).await?;
+        // An MCP server that changed its tools since the last step: the
+        // model is offered the new list from this step on.
+        self.tools.refresh().await;
         let answer = match self.call_model(step, messages, note).await {
             Ok(answer) => answer,
             Err(AgentError::Provider(e)) => {
@@ -361,9 +369,21 @@ impl<'a> AgentRun<'a> {
         self.run.started_at.and_then(|t| (chrono::Utc::now() - t).to_std().ok()).unwrap_or_default()
     }
 
-    /// The approval gate, for this run.
+    /// The approval gate, for this run and its tools as they are now.
     fn gate(&self) -> Gate<'a> {
-        Gate { store: self.store, lease: self.lease, run: self.run, tools: self.tools, control: self.control.clone() }
+        self.gate_over(self.tools.current())
+    }
+
+    /// The approval gate, for this run and `tools`.
+    fn gate_over(&self, tools: Arc<Registry>) -> Gate<'a> {
+        Gate {
+            store: self.store,
+            lease: self.lease,
+            run: self.run,
+            tools,
+            read_only: self.read_only,
+            control: self.control.clone(),
+        }
     }
 
     /// What runs this run's tool calls, with `subagents` for its `task` calls.
@@ -371,10 +391,12 @@ impl<'a> AgentRun<'a> {
     where
         'a: 'h,
     {
+        // One registry for the gate and the calls: the step's.
+        let tools = self.tools.current();
         ToolRunner {
-            gate: self.gate(),
+            gate: self.gate_over(tools.clone()),
             sandbox: self.sandbox,
-            tools: self.tools,
+            tools,
             max_calls: self.max_tool_calls_per_step,
             subagents,
         }
@@ -399,6 +421,7 @@ impl<'a> AgentRun<'a> {
             run: self.run,
             lease: self.lease,
             sandbox: self.sandbox,
+            tools: self.tools,
             agents_md: self.agents_md.clone(),
             budget: crate::subagent::Carving { limits: *budget.limits(), spent, children: tasks as u32 },
             spent: Default::default(),
@@ -414,7 +437,7 @@ impl<'a> AgentRun<'a> {
             Some(seat) => crate::subagent::kinds::offered(&seat.ctx.config.subagents.kinds, self.run),
             None => Vec::new(),
         };
-        shown_tools(self.tools, |name| gate.allows(name), &offered)
+        shown_tools(&gate.tools, |name| gate.allows(name), &offered)
     }
 
     /// Stores `message` (with the events buffered, e.g. tool results) and

@@ -22,7 +22,8 @@ use crate::tools::{OutputStream, Registry, ToolContext, ToolFailure, ToolOutcome
 pub(super) struct ToolRunner<'a> {
     pub gate: Gate<'a>,
     pub sandbox: &'a Sandbox,
-    pub tools: &'a Registry,
+    /// The step's tools (the same as the gate's).
+    pub tools: std::sync::Arc<Registry>,
     /// Calls of one step that run (`KILN_MAX_TOOL_CALLS_PER_STEP`).
     pub max_calls: usize,
     /// What `task` calls start sub-agents with.

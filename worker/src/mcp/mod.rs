@@ -11,9 +11,11 @@
 //! approval gate, batching, budgets, output caps and events treat it as
 //! any other tool. A server that cannot be reached is not a failed run:
 //! the model is told which servers are missing and why, and a call that
-//! fails later is a tool error it sees.
+//! fails later is a tool error it sees. A server's tools are listed again
+//! when it says they changed or was connected again (`live`).
 
 pub mod config;
+mod live;
 pub mod names;
 mod remote;
 mod result;
@@ -27,18 +29,19 @@ use std::sync::Arc;
 use kiln_protocol::Run;
 
 pub use config::{ConfigError, McpConfig, ServerConfig, Transport};
+pub use live::McpTools;
 pub use server::MAX_RESPONSE_BYTES;
 use server::Server;
 pub use tenant::EnvironmentServers;
 
 use crate::sandbox::Sandbox;
-use crate::tools::{Registry, Tool};
+use crate::tools::Registry;
 
 /// A run's MCP tools, and what the model should know about the servers
 /// that are missing.
 #[derive(Default)]
 pub struct McpSession {
-    pub tools: Vec<Arc<dyn Tool>>,
+    pub tools: McpTools,
     /// One line per server the run asked for but does not get.
     pub problems: Vec<String>,
 }
@@ -96,16 +99,15 @@ pub async fn connect(
             None => session.problems.push(format!("- {name}: no MCP server of that name is configured")),
         }
     }
-    let listed = futures::future::join_all(servers.iter().map(|s| s.list_tools())).await;
-    let mut namer = names::Namer::reserving(builtin.names());
-    for (server, tools) in servers.into_iter().zip(listed) {
+    // Each server's change count before it is listed: a change during the
+    // listing is listed again before the first step that follows it.
+    let listed = futures::future::join_all(servers.iter().map(|s| async { (s.changes(), s.list_tools().await) })).await;
+    let mut named = Vec::new();
+    for (server, (seen, tools)) in servers.into_iter().zip(listed) {
         match tools {
             Ok(tools) => {
                 tracing::info!(server = %server.name(), tools = tools.len(), "MCP server connected");
-                for listed in &tools {
-                    let name = namer.name(server.name(), &listed.name);
-                    session.tools.push(Arc::new(tool::McpTool::new(name, listed, server.clone())));
-                }
+                named.push((server, seen, tools));
             }
             Err(e) => {
                 tracing::warn!(server = %server.name(), error = %e, "MCP server unavailable");
@@ -113,5 +115,6 @@ pub async fn connect(
             }
         }
     }
+    session.tools = McpTools::new(builtin, named);
     session
 }

@@ -19,7 +19,7 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use secrecy::ExposeSecret;
 
 use super::config::RemoteConfig;
-use super::server::{Live, MAX_RESPONSE_BYTES, ServerError};
+use super::server::{Handler, Live, MAX_RESPONSE_BYTES, ServerError};
 
 /// The HTTP client a remote server's connections use.
 pub(super) fn http_client(timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
@@ -36,6 +36,7 @@ pub(super) async fn connect(
     name: &str,
     config: &RemoteConfig,
     http: &reqwest::Client,
+    handler: Handler,
     timeout: Duration,
 ) -> Result<Live, ServerError> {
     let connect_error = |reason: String| ServerError::Connect { server: name.to_owned(), reason };
@@ -58,7 +59,7 @@ pub(super) async fn connect(
         None => http.clone(),
     };
     let transport = StreamableHttpClientTransport::with_client(http, transport_config);
-    match tokio::time::timeout(timeout, ().serve(transport)).await {
+    match tokio::time::timeout(timeout, handler.serve(transport)).await {
         Ok(Ok(client)) => Ok(Live { client, process: None }),
         Ok(Err(e)) => Err(connect_error(e.to_string())),
         Err(_) => Err(ServerError::Timeout { server: name.to_owned(), timeout }),

@@ -3,13 +3,20 @@
 //! made again on the next call after it broke (for a server in the
 //! sandbox: started again). Every answer is awaited within the server's
 //! timeout, and every failure is an error the model can read.
+//!
+//! It also counts the changes to its tool list a run should pick up
+//! ([`Server::changes`]): a `notifications/tools/list_changed` from the
+//! server, and every connection made again after the first (a server
+//! restarted in the sandbox may list other tools). `live` re-lists a server
+//! whose count moved.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use rmcp::ServiceError;
 use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, Tool};
-use rmcp::service::{RoleClient, RunningService};
+use rmcp::service::{NotificationContext, RoleClient, RunningService};
+use rmcp::{ClientHandler, ServiceError};
 use tokio::sync::Mutex;
 
 use super::config::{ServerConfig, Transport};
@@ -22,7 +29,23 @@ pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 /// Tools taken from one server; the rest are left out (and logged).
 pub const MAX_TOOLS: usize = 128;
 
-pub(super) type Client = RunningService<RoleClient, ()>;
+pub(super) type Client = RunningService<RoleClient, Handler>;
+
+/// What the worker does with a server's requests and notifications: the
+/// defaults (it offers the server nothing), except that a changed tool
+/// list is counted, for the run to list the tools again before its next
+/// step. A count, not a queue: a server that sends it in a loop costs one
+/// atomic add each, and at most one re-listing per step.
+#[derive(Clone)]
+pub(super) struct Handler {
+    changes: Arc<AtomicU64>,
+}
+
+impl ClientHandler for Handler {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.changes.fetch_add(1, Ordering::Relaxed);
+    }
+}
 
 /// Why a server could not be used. Messages go to the model: they name the
 /// server and what went wrong, never a remote server's headers.
@@ -56,6 +79,10 @@ pub struct Server {
     endpoint: Endpoint,
     /// `None` until connected, and again after the connection broke.
     live: Mutex<Option<Arc<Live>>>,
+    /// Changes to the tool list seen so far (see the module's comment).
+    changes: Arc<AtomicU64>,
+    /// Whether a connection was ever made (the next one is a change).
+    connected: AtomicBool,
 }
 
 impl Server {
@@ -68,7 +95,14 @@ impl Server {
             ),
             Transport::Stdio(_) => Endpoint::Stdio(Box::new(sandbox.clone())),
         };
-        Ok(Server { name: name.to_owned(), config, endpoint, live: Mutex::new(None) })
+        Ok(Server {
+            name: name.to_owned(),
+            config,
+            endpoint,
+            live: Mutex::new(None),
+            changes: Arc::default(),
+            connected: AtomicBool::new(false),
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -77,6 +111,12 @@ impl Server {
 
     pub fn config(&self) -> &ServerConfig {
         &self.config
+    }
+
+    /// How many changes to its tool list were seen: a run that listed its
+    /// tools at one count lists them again once it moved.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Relaxed)
     }
 
     /// Every tool the server lists (at most [`MAX_TOOLS`]).
@@ -105,16 +145,22 @@ impl Server {
         if let Some(live) = slot.as_ref() {
             return Ok(live.clone());
         }
+        let handler = Handler { changes: self.changes.clone() };
         let made = match (&self.endpoint, &self.config.transport) {
             (Endpoint::Remote(http), Transport::Remote(remote)) => {
-                remote::connect(&self.name, remote, http, self.config.timeout).await
+                remote::connect(&self.name, remote, http, handler, self.config.timeout).await
             }
             (Endpoint::Stdio(sandbox), Transport::Stdio(stdio)) => {
-                stdio::start(&self.name, stdio, sandbox, self.config.timeout).await
+                stdio::start(&self.name, stdio, sandbox, handler, self.config.timeout).await
             }
             _ => Err(ServerError::Connect { server: self.name.clone(), reason: "misconfigured".into() }),
         };
         let live = Arc::new(made?);
+        // A server connected again (restarted, for one in the sandbox) may
+        // list other tools than it did.
+        if self.connected.swap(true, Ordering::Relaxed) {
+            self.changes.fetch_add(1, Ordering::Relaxed);
+        }
         *slot = Some(live.clone());
         Ok(live)
     }

@@ -10,7 +10,7 @@ use rmcp::ServiceExt;
 use rmcp::transport::async_rw::AsyncRwTransport;
 
 use super::config::StdioConfig;
-use super::server::{Live, MAX_RESPONSE_BYTES, ServerError};
+use super::server::{Handler, Live, MAX_RESPONSE_BYTES, ServerError};
 use crate::sandbox::Sandbox;
 
 /// Starts the server and initialises the session with it, within `timeout`.
@@ -18,6 +18,7 @@ pub(super) async fn start(
     name: &str,
     config: &StdioConfig,
     sandbox: &Sandbox,
+    handler: Handler,
     timeout: Duration,
 ) -> Result<Live, ServerError> {
     let connect_error = |reason: String| ServerError::Connect { server: name.to_owned(), reason };
@@ -29,7 +30,7 @@ pub(super) async fn start(
     let transport =
         AsyncRwTransport::new_client(process.stdout, process.stdin).with_max_line_length(MAX_RESPONSE_BYTES + 1);
     let handle = process.handle;
-    match tokio::time::timeout(timeout, ().serve(transport)).await {
+    match tokio::time::timeout(timeout, handler.serve(transport)).await {
         Ok(Ok(client)) => {
             tracing::debug!(server = name, pid = ?handle.pid(), "MCP server started in the sandbox");
             Ok(Live { client, process: Some(handle) })

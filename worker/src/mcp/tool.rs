@@ -46,6 +46,11 @@ impl McpTool {
             server,
         }
     }
+
+    /// What the server calls it.
+    pub fn remote_name(&self) -> &str {
+        &self.remote_name
+    }
 }
 
 #[async_trait::async_trait]

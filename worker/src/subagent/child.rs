@@ -60,13 +60,13 @@ pub(super) async fn run(host: &StepHost<'_>, call_id: &str, args: TaskArgs) -> T
         limits,
         policy: Policy {
             approval: host.run.approval,
-            allowed_tools: kinds::allowed_tools(kind, host.run.allowed_tools.as_deref(), &ctx.tools),
+            // Over the parent's tools as they are now (built-in and MCP).
+            allowed_tools: kinds::allowed_tools(kind, host.run.allowed_tools.as_deref(), &host.tools.current()),
             sandbox: host.run.sandbox.clone(),
             environment: host.run.environment.clone(),
-            // Children get the built-in tools only (see `drive_child`'s
-            // `tools`): their row says so rather than claiming the parent's
-            // MCP servers.
-            mcp: Some(Vec::new()),
+            // The parent's MCP servers: the child uses its connections (see
+            // `agent`'s `tools`).
+            mcp: host.run.mcp.clone(),
             // Its own children (where the depth allows) get what it got.
             agents: host.run.agents.clone(),
         },
@@ -251,13 +251,14 @@ fn agent<'a>(
         model: run.model.name.clone().unwrap_or_else(|| ctx.config.default_model.clone()),
         max_tokens: run.model.max_tokens.unwrap_or(ctx.config.default_max_tokens),
         pricing,
-        tools: &ctx.tools,
+        tools: host.tools,
         events,
         control: Arc::new(Control::default()),
         notice: None,
         system: String::new(),
         agents_md: host.agents_md.clone(),
         role: Some(kind.prompt.clone()),
+        read_only: kind.read_only,
         compaction: crate::agent::compaction::Policy {
             context_window: run.model.context_window.unwrap_or(ctx.config.context_window),
             threshold: ctx.config.compaction_threshold,

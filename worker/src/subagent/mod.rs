@@ -95,6 +95,9 @@ pub struct StepHost<'a> {
     pub run: &'a Run,
     pub lease: &'a Lease,
     pub sandbox: &'a Sandbox,
+    /// The parent's tools: a child's are narrowed from these, and it shares
+    /// the parent's MCP servers (started and connected once per run).
+    pub tools: &'a crate::tools::Toolset,
     /// The parent's `AGENTS.md`, which its children's prompts take too
     /// (`None`: not read yet, e.g. while a takeover re-runs `task` calls,
     /// and each child reads it).

@@ -12,6 +12,7 @@ mod edit;
 mod glob;
 mod grep;
 mod ls;
+mod set;
 pub mod stream;
 pub mod task;
 pub mod todo;
@@ -30,6 +31,7 @@ use kiln_toolbox::protocol::{Reply, RequestBody, ToolError};
 use crate::providers::ToolSpec;
 use crate::sandbox::{FileError, OutputSink, Sandbox, SandboxError, ToolboxError};
 
+pub use set::Toolset;
 pub use stream::OutputStream;
 
 /// What a tool call returns to the model.

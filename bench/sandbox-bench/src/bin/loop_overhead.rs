@@ -192,7 +192,7 @@ async fn kiln_pass(
     let model = ScriptedModel::start(script(steps)).await.context("starting the scripted model")?;
     let providers = providers(&model)?;
     let clock = Arc::new(StartClock { inner: providers.get(ProviderKind::OpenAi), starts: Mutex::default() });
-    let tools = Registry::standard();
+    let tools = kiln_worker::tools::Toolset::fixed(Registry::standard());
     let prices = PriceTable::from_env()?;
     let spec = CreateRun {
         prompt: "Run `true` with bash until told otherwise.".into(),
@@ -224,6 +224,7 @@ async fn kiln_pass(
         max_tool_calls_per_step: kiln_worker::config::DEFAULT_MAX_TOOL_CALLS_PER_STEP,
         prompt_cache: true,
         role: None,
+        read_only: false,
         seat: None,
     };
     match agent.drive().await? {

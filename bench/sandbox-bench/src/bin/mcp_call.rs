@@ -94,7 +94,7 @@ async fn measure(sandbox: &Sandbox, mcp: &McpConfig, url: &str, runs: usize) -> 
     if !session.problems.is_empty() {
         bail!("MCP server unavailable: {:?}", session.problems);
     }
-    let tools = builtin.with(session.tools.iter().cloned());
+    let tools = builtin.with(session.tools.tools());
     let ctx = ToolContext { sandbox, output: None, call_id: "bench-1", subagents: None };
     let (mut remote, mut view, mut plain) = (vec![], vec![], vec![]);
     for rep in 0..=runs {
