@@ -29,6 +29,7 @@ pub mod git_repo;
 pub mod kiln_bin;
 pub mod leftovers;
 pub mod logs;
+pub mod mcp_demo;
 pub mod netcut;
 pub mod outside;
 pub mod pg;

@@ -5,20 +5,18 @@
 //! unless `KILN_REQUIRE_MCP_TOOLS` is set (`.ci/run` sets it).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kiln_protocol::{ApprovalMode, CreateRun, EventBody, RunStatus};
 use kiln_scripted_model::{Reply, ScriptedCall};
 use kiln_tests::logs::Logs;
+use kiln_tests::mcp_demo::{DemoServer, sdk_python};
 use kiln_tests::{Event, Options, TestApp, kinds, outcome, pick, worker_config};
 use kiln_worker::ProviderKind;
 use kiln_worker::mcp::McpConfig;
 use kiln_worker::mcp::names::{MAX_NAME_CHARS, Namer};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// The key the server requires in `X-Api-Key`; it must reach the server and
 /// nothing else.
@@ -29,78 +27,11 @@ const LONG_SERVER: &str = "a_server_with_a_name_long_enough_for_the_cut";
 /// `LONG_TOOL` of demo_server.py.
 const LONG_TOOL: &str = "a_tool_whose_name_is_long_enough_to_need_cutting";
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().unwrap()
-}
-
-/// The venv's Python with the SDK, or `None` (then the test is skipped,
-/// unless the SDK is required).
-fn sdk_python() -> Option<PathBuf> {
-    let state = std::env::var_os("KILN_STATE_DIR").map(PathBuf::from).unwrap_or_else(|| root().join(".kiln"));
-    let python = state.join("tools/mcp/bin/python");
-    if python.is_file() {
-        return Some(python);
-    }
-    let required = std::env::var_os("KILN_REQUIRE_MCP_TOOLS").is_some_and(|v| !v.is_empty() && v != "0");
-    assert!(!required, "KILN_REQUIRE_MCP_TOOLS is set but the MCP SDK venv is missing: scripts/test installs it");
-    eprintln!("skipped: the MCP Python SDK is not installed (scripts/ensure-pip-tool.sh mcp tests/tools/mcp.txt)");
-    None
-}
-
-/// The demo server, running until dropped.
-struct DemoServer {
-    url: String,
-    header_log: PathBuf,
-    _child: tokio::process::Child,
-    _dir: tempfile::TempDir,
-}
-
-impl DemoServer {
-    async fn start(python: &PathBuf) -> DemoServer {
-        let dir = tempfile::tempdir().unwrap();
-        let header_log = dir.path().join("headers.log");
-        let mut child = tokio::process::Command::new(python)
-            .arg(root().join("tests/mcp/demo_server.py"))
-            .arg(&header_log)
-            .arg(SECRET)
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let port = tokio::time::timeout(Duration::from_secs(60), async {
-            while let Some(line) = lines.next_line().await.unwrap() {
-                if let Some(port) = line.strip_prefix("LISTENING ") {
-                    return port.trim().parse::<u16>().unwrap();
-                }
-            }
-            panic!("the MCP server exited before listening")
-        })
-        .await
-        .expect("the MCP server did not start");
-        // Keep reading its output so it never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        DemoServer { url: format!("http://127.0.0.1:{port}/mcp"), header_log, _child: child, _dir: dir }
-    }
-
-    /// The `X-Api-Key` of every request the server got.
-    fn keys_seen(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.header_log).unwrap_or_default().lines().map(str::to_owned).collect()
-    }
-
-    /// Connections made to the server: its `initialize` requests (the
-    /// POSTs without a session id).
-    fn initializations(&self) -> usize {
-        let log = self.header_log.with_extension("log.sessions");
-        std::fs::read_to_string(log).unwrap_or_default().lines().filter(|l| l.is_empty()).count()
-    }
-
-    /// A server entry of the worker's configuration for this server.
-    fn entry(&self, extra: Value) -> Value {
-        let mut entry = json!({"url": self.url, "headers": {"X-Api-Key": SECRET}});
-        entry.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-        entry
-    }
+/// A server entry of the worker's configuration for `server`.
+fn entry(server: &DemoServer, extra: Value) -> Value {
+    let mut entry = json!({"url": server.url, "headers": {"X-Api-Key": SECRET}});
+    entry.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    entry
 }
 
 /// An app whose worker has the MCP servers `servers` (a JSON object).
@@ -132,13 +63,13 @@ fn results(events: &[Event], name: &str) -> Vec<(String, bool)> {
 async fn a_remote_tool_works_and_its_secret_header_reaches_only_the_server() {
     let Some(python) = sdk_python() else { return };
     let logs = Logs::capture(tracing_subscriber::filter::LevelFilter::TRACE);
-    let server = DemoServer::start(&python).await;
+    let server = DemoServer::start(&python, SECRET).await;
     let script = vec![
         Reply::tool("mcp__demo__add", json!({"a": 2, "b": 3})),
         Reply::tool("bash", json!({"command": "env"})),
         Reply::text("done"),
     ];
-    let app = app_with(script, json!({"demo": server.entry(json!({}))})).await;
+    let app = app_with(script, json!({"demo": entry(&server, json!({}))})).await;
     let id = app.submit("alice", CreateRun::new("add two and three")).await.id;
     let events = app.events("alice", id).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
@@ -178,7 +109,7 @@ async fn a_remote_tool_works_and_its_secret_header_reaches_only_the_server() {
 #[tokio::test]
 async fn long_names_are_cut_and_callable_and_allowed_tools_patterns_pick_mcp_tools() {
     let Some(python) = sdk_python() else { return };
-    let server = DemoServer::start(&python).await;
+    let server = DemoServer::start(&python, SECRET).await;
     // What the worker calls the long tool: cut to 64 with a hash suffix.
     let cut = Namer::default().name(LONG_SERVER, LONG_TOOL);
     let (head, hash) = cut.rsplit_once('_').unwrap();
@@ -192,7 +123,7 @@ async fn long_names_are_cut_and_callable_and_allowed_tools_patterns_pick_mcp_too
         ]),
         Reply::text("done"),
     ];
-    let servers = json!({"demo": server.entry(json!({})), LONG_SERVER: server.entry(json!({}))});
+    let servers = json!({"demo": entry(&server, json!({})), LONG_SERVER: entry(&server, json!({}))});
     let app = app_with(script, servers).await;
     let spec = CreateRun {
         allowed_tools: Some(vec!["view".into(), "mcp__demo__ad*".into(), "mcp__a_server_*__a*".into()]),
@@ -213,7 +144,7 @@ async fn long_names_are_cut_and_callable_and_allowed_tools_patterns_pick_mcp_too
 #[tokio::test]
 async fn mcp_tools_wait_for_approval_unless_a_trusted_server_marks_them_read_only() {
     let Some(python) = sdk_python() else { return };
-    let server = DemoServer::start(&python).await;
+    let server = DemoServer::start(&python, SECRET).await;
     let script = vec![
         Reply::tool("mcp__demo__shout", json!({"text": "hi"})),
         Reply::tool("mcp__demo__add", json!({"a": 1, "b": 2})),
@@ -221,9 +152,9 @@ async fn mcp_tools_wait_for_approval_unless_a_trusted_server_marks_them_read_onl
         Reply::text("done"),
     ];
     let servers = json!({
-        "demo": server.entry(json!({"trust_read_only_hints": true})),
-        "untrusted": server.entry(json!({})),
-        "other": server.entry(json!({})),
+        "demo": entry(&server, json!({"trust_read_only_hints": true})),
+        "untrusted": entry(&server, json!({})),
+        "other": entry(&server, json!({})),
     });
     let app = app_with(script, servers).await;
     let spec = CreateRun {
@@ -268,7 +199,7 @@ async fn mcp_tools_wait_for_approval_unless_a_trusted_server_marks_them_read_onl
 #[tokio::test]
 async fn server_failures_are_tool_errors_and_huge_results_are_capped() {
     let Some(python) = sdk_python() else { return };
-    let server = DemoServer::start(&python).await;
+    let server = DemoServer::start(&python, SECRET).await;
     // A port nothing listens on: the server that is down.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let script = vec![
@@ -279,7 +210,7 @@ async fn server_failures_are_tool_errors_and_huge_results_are_capped() {
         Reply::text("done"),
     ];
     let servers = json!({
-        "demo": server.entry(json!({"timeout_s": 2})),
+        "demo": entry(&server, json!({"timeout_s": 2})),
         "gone": {"url": format!("http://127.0.0.1:{closed}/mcp"), "timeout_s": 2},
     });
     let app = app_with(script, servers).await;
@@ -332,7 +263,7 @@ fn tools_bytes(request: &kiln_scripted_model::RecordedRequest) -> String {
 #[tokio::test]
 async fn a_changed_tool_list_is_offered_from_the_next_step_and_an_unchanged_one_keeps_its_bytes() {
     let Some(python) = sdk_python() else { return };
-    let server = DemoServer::start(&python).await;
+    let server = DemoServer::start(&python, SECRET).await;
     let script = vec![
         Reply::tool("mcp__demo__add", json!({"a": 1, "b": 2})),
         // Adds `double` and sends `notifications/tools/list_changed`.
@@ -340,7 +271,7 @@ async fn a_changed_tool_list_is_offered_from_the_next_step_and_an_unchanged_one_
         Reply::tool("mcp__demo__double", json!({"x": 21})),
         Reply::text("done"),
     ];
-    let app = app_with(script, json!({"demo": server.entry(json!({}))})).await;
+    let app = app_with(script, json!({"demo": entry(&server, json!({}))})).await;
     let id = app.submit("alice", CreateRun::new("grow")).await.id;
     let events = app.events("alice", id).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
@@ -369,13 +300,13 @@ async fn a_changed_tool_list_is_offered_from_the_next_step_and_an_unchanged_one_
 #[tokio::test]
 async fn allowed_tools_and_the_approval_gate_apply_to_a_tool_that_appears_later() {
     let Some(python) = sdk_python() else { return };
-    let server = DemoServer::start(&python).await;
+    let server = DemoServer::start(&python, SECRET).await;
     let script = vec![
         Reply::tool("mcp__demo__grow", json!({})),
         Reply::tool("mcp__demo__double", json!({"x": 4})),
         Reply::text("done"),
     ];
-    let app = app_with(script, json!({"demo": server.entry(json!({}))})).await;
+    let app = app_with(script, json!({"demo": entry(&server, json!({}))})).await;
     // A pattern that leaves `double` out, though it did not exist yet.
     let spec = CreateRun {
         allowed_tools: Some(vec!["mcp__demo__g*".into()]),
@@ -407,12 +338,12 @@ async fn allowed_tools_and_the_approval_gate_apply_to_a_tool_that_appears_later(
 #[tokio::test]
 async fn sub_agents_use_the_parents_mcp_tools_and_connections_and_explore_gets_only_read_only_ones() {
     let Some(python) = sdk_python() else { return };
-    let server = DemoServer::start(&python).await;
+    let server = DemoServer::start(&python, SECRET).await;
     let task = |marker: &str, agent: &str| {
         ScriptedCall::new("task", json!({"description": marker, "prompt": format!("{marker}: do it"), "agent": agent}))
     };
     let script = vec![Reply::tools(vec![task("GEN", "general"), task("EXP", "explore")]), Reply::text("parent done")];
-    let app = app_with(script, json!({"demo": server.entry(json!({"trust_read_only_hints": true}))})).await;
+    let app = app_with(script, json!({"demo": entry(&server, json!({"trust_read_only_hints": true}))})).await;
     app.model.script_thread(
         "GEN",
         vec![Reply::tool("mcp__demo__add", json!({"a": 20, "b": 22})), Reply::text("GEN says 42")],
@@ -475,6 +406,6 @@ async fn sub_agents_use_the_parents_mcp_tools_and_connections_and_explore_gets_o
         }
     }
     // One connection to the server for the parent and both children.
-    let sessions = std::fs::read_to_string(server.header_log.with_extension("log.sessions")).unwrap_or_default();
+    let sessions = server.sessions_seen();
     assert_eq!(server.initializations(), 1, "{sessions}");
 }

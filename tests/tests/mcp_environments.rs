@@ -7,8 +7,6 @@
 //! remote tests say so and pass, unless `KILN_REQUIRE_MCP_TOOLS` is set.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,10 +15,10 @@ use kiln_scripted_model::Reply;
 use kiln_store::secrets::SecretsKey;
 use kiln_tests::git_repo::repo_with;
 use kiln_tests::logs::Logs;
+use kiln_tests::mcp_demo::{DemoServer, sdk_python};
 use kiln_tests::{Event, Options, TestApp, kinds, outcome, pick, token, worker_config};
 use kiln_worker::ProviderKind;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 use uuid::Uuid;
 
 const KEY_HEX: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
@@ -28,65 +26,6 @@ const KEY_HEX: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c
 /// server and nothing else.
 const SECRET: &str = "kiln-env-mcp-secret-51c0ffee";
 const STDIO_SERVER: &str = include_str!("../mcp/stdio_server.py");
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().unwrap()
-}
-
-/// The venv's Python with the SDK, or `None` (then the test is skipped,
-/// unless the SDK is required).
-fn sdk_python() -> Option<PathBuf> {
-    let state = std::env::var_os("KILN_STATE_DIR").map(PathBuf::from).unwrap_or_else(|| root().join(".kiln"));
-    let python = state.join("tools/mcp/bin/python");
-    if python.is_file() {
-        return Some(python);
-    }
-    let required = std::env::var_os("KILN_REQUIRE_MCP_TOOLS").is_some_and(|v| !v.is_empty() && v != "0");
-    assert!(!required, "KILN_REQUIRE_MCP_TOOLS is set but the MCP SDK venv is missing: scripts/test installs it");
-    eprintln!("skipped: the MCP Python SDK is not installed (scripts/ensure-pip-tool.sh mcp tests/tools/mcp.txt)");
-    None
-}
-
-/// The demo server, running until dropped.
-struct DemoServer {
-    url: String,
-    header_log: PathBuf,
-    _child: tokio::process::Child,
-    _dir: tempfile::TempDir,
-}
-
-impl DemoServer {
-    async fn start(python: &PathBuf) -> DemoServer {
-        let dir = tempfile::tempdir().unwrap();
-        let header_log = dir.path().join("headers.log");
-        let mut child = tokio::process::Command::new(python)
-            .arg(root().join("tests/mcp/demo_server.py"))
-            .arg(&header_log)
-            .arg(SECRET)
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let port = tokio::time::timeout(Duration::from_secs(60), async {
-            while let Some(line) = lines.next_line().await.unwrap() {
-                if let Some(port) = line.strip_prefix("LISTENING ") {
-                    return port.trim().parse::<u16>().unwrap();
-                }
-            }
-            panic!("the MCP server exited before listening")
-        })
-        .await
-        .expect("the MCP server did not start");
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        DemoServer { url: format!("http://127.0.0.1:{port}/mcp"), header_log, _child: child, _dir: dir }
-    }
-
-    /// The `X-Api-Key` of every request the server got.
-    fn keys_seen(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.header_log).unwrap_or_default().lines().map(str::to_owned).collect()
-    }
-}
 
 /// An app whose API and worker share the secrets key; the worker lets
 /// tenants' servers be private when `allow_private`.
@@ -155,7 +94,7 @@ async fn remove_images(events: &[&[Event]]) {
 async fn an_environments_remote_server_works_its_header_stays_sealed_and_put_without_headers_keeps_it() {
     let Some(python) = sdk_python() else { return };
     let logs = Logs::capture(tracing_subscriber::filter::LevelFilter::TRACE);
-    let server = DemoServer::start(&python).await;
+    let server = DemoServer::start(&python, SECRET).await;
     let (_repo, url) = repo_with(&[("README", "hello\n")]);
     let script = vec![
         Reply::tool("mcp__demo__add", json!({"a": 2, "b": 3})),
@@ -233,7 +172,7 @@ async fn an_environments_remote_server_works_its_header_stays_sealed_and_put_wit
 #[tokio::test]
 async fn a_tenants_loopback_server_is_refused_without_allow_private_and_the_model_is_told() {
     let Some(python) = sdk_python() else { return };
-    let server = DemoServer::start(&python).await;
+    let server = DemoServer::start(&python, SECRET).await;
     let (_repo, url) = repo_with(&[("README", "hello\n")]);
     let app = app(vec![Reply::text("done")], false).await;
     let body = json!({
