@@ -165,6 +165,11 @@ pub enum EventBody {
         cost_usd: Option<f64>,
         steps: u32,
     },
+    /// The run's change was captured from its workspace (right before the
+    /// terminal event; `GET /v1/runs/{id}/patch` serves it). `too_large`:
+    /// the patch was over `KILN_MAX_PATCH_MB` and only its summary was kept.
+    #[serde(rename = "changes.captured")]
+    ChangesCaptured { files: u64, additions: u64, deletions: u64, too_large: bool },
     #[serde(rename = "run.succeeded")]
     RunSucceeded { summary: String },
     #[serde(rename = "run.failed")]

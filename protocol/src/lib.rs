@@ -11,6 +11,7 @@ pub mod rules;
 pub mod address;
 pub mod agents;
 pub mod callback;
+pub mod changes;
 pub mod egress;
 pub mod environment;
 pub mod event;
