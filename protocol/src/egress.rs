@@ -10,6 +10,8 @@
 //! in every mode; this module only judges names, ports, methods and paths.
 //! Pure: no I/O.
 
+pub mod path;
+
 use serde::{Deserialize, Serialize};
 
 use crate::input;
@@ -102,7 +104,10 @@ pub struct HostRule {
     /// Upper-case HTTP methods, e.g. `["GET", "HEAD"]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub methods: Option<Vec<String>>,
-    /// Paths the request's must start with, each beginning with `/`.
+    /// Paths the request's must start with, each beginning with `/`, in
+    /// normal form. The request's path is normalised before it is matched
+    /// ([`path::normalize`]: dot segments removed, unreserved encodings
+    /// decoded); a path servers could read in more than one way is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path_prefixes: Option<Vec<String>>,
 }
@@ -160,6 +165,13 @@ impl HostRule {
             if !input::EGRESS_PATH_PREFIX.accepts(p) {
                 return Err(format!("{}: path prefix {p:?} must start with /", self.host));
             }
+            // A prefix no normal path starts with would never match.
+            if path::normalize(p).as_deref() != Ok(p.as_str()) {
+                return Err(format!(
+                    "{}: path prefix {p:?} is not in normal form (dot segments, encodings)",
+                    self.host
+                ));
+            }
         }
         Ok(())
     }
@@ -193,12 +205,14 @@ impl HostRule {
                 {
                     return Some(format!("{}: methods {}", self.host, methods.join(",")));
                 }
-                if let Some(prefixes) = &self.path_prefixes
-                    && !prefixes.iter().any(|p| path.starts_with(p.as_str()))
-                {
-                    return Some(format!("{}: paths {}", self.host, prefixes.join(",")));
+                let Some(prefixes) = &self.path_prefixes else { return None };
+                match path::normalize(path) {
+                    Err(why) => Some(format!("{}: path refused: {why}", self.host)),
+                    Ok(normal) if !prefixes.iter().any(|p| normal.starts_with(p.as_str())) => {
+                        Some(format!("{}: paths {}", self.host, prefixes.join(",")))
+                    }
+                    Ok(_) => None,
                 }
-                None
             }
         }
     }
@@ -343,6 +357,30 @@ mod tests {
         assert_eq!(p.check(&req("POST", "/simple/x")).unwrap_err(), "a.test: methods GET,HEAD");
         assert_eq!(p.check(&req("GET", "/upload")).unwrap_err(), "a.test: paths /simple/");
         assert!(p.check(&tunnel("a.test", 443)).is_err());
+    }
+
+    #[test]
+    fn path_rules_judge_the_normalised_path_and_refuse_ambiguous_ones() {
+        let p = allowlist(vec![HostRule { path_prefixes: Some(vec!["/simple/".into()]), ..rule("a.test") }]);
+        let get = |path| p.check(&Request { host: "a.test", port: 80, http: Some(("GET", path)) });
+        assert!(get("/simple/ok").is_ok());
+        assert!(get("/%73imple/ok").is_ok());
+        assert!(get("/x/../simple/ok").is_ok());
+        assert_eq!(get("/simple/../admin").unwrap_err(), "a.test: paths /simple/");
+        assert_eq!(get("/simple/./../admin").unwrap_err(), "a.test: paths /simple/");
+        for ambiguous in ["/simple/%2e%2e/admin", "/simple/..%2fadmin", "/simple/%252e%252e/admin", "/simple/..;/admin"]
+        {
+            assert!(get(ambiguous).unwrap_err().starts_with("a.test: path refused: "), "{ambiguous}");
+        }
+        // Without path rules the path is not judged: an open deployment
+        // passes what servers' own APIs use (GitLab's `%2F` in project ids).
+        let open = allowlist(vec![rule("a.test")]);
+        assert!(open.check(&Request { host: "a.test", port: 80, http: Some(("GET", "/p/a%2Fb")) }).is_ok());
+        // Prefixes must be normal themselves.
+        for bad in ["/simple/../", "/%73imple/", "/a/%2e/"] {
+            let r = HostRule { path_prefixes: Some(vec![bad.into()]), ..rule("a.test") };
+            assert!(r.validate().is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! the `CONNECT` host: a missing or different name (domain fronting) is
 //! refused before the upstream is dialled. Plain HTTP requests are judged
 //! one by one, so a redirect to another host is a new request, judged
-//! again. The proxy dials origins directly: it never relays to another
+//! again; a path rule judges the path normalised (`egress::path`), and the
+//! origin is sent the path in that form. The proxy dials origins directly: it never relays to another
 //! proxy, whatever its own environment says. HTTP parsing is hyper's.
 
 use std::convert::Infallible;
@@ -267,8 +268,7 @@ async fn forward(ctx: &ProxyContext, req: Request<Incoming>) -> Response<Body> {
     });
     let authority = authority.clone();
     let (mut parts, body) = req.into_parts();
-    let origin_form = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
-    parts.uri = match origin_form.parse() {
+    parts.uri = match origin_form(&parts.uri).parse() {
         Ok(uri) => uri,
         Err(_) => return text(StatusCode::BAD_REQUEST, "kiln egress proxy: bad request target\n".into()),
     };
@@ -284,6 +284,19 @@ async fn forward(ctx: &ProxyContext, req: Request<Incoming>) -> Response<Body> {
             Response::from_parts(parts, body.boxed())
         }
         Err(_) => text(StatusCode::BAD_GATEWAY, "kiln egress proxy: upstream failed\n".into()),
+    }
+}
+
+/// The request target sent to the origin: the path as path rules judged
+/// it (normalised: the same resource to any server that follows RFC 3986,
+/// and no server normalises it further into another), and the query as
+/// sent. A path that does not normalise was judged by no path rule (one
+/// would have refused it) and goes as sent.
+fn origin_form(uri: &hyper::Uri) -> String {
+    let path = egress::path::normalize(uri.path()).unwrap_or_else(|_| uri.path().to_owned());
+    match uri.query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path,
     }
 }
 
