@@ -13,11 +13,15 @@
 //! session network, in a chain of Kiln's own ([`CHAIN`], jumped to from
 //! INPUT for `-i kiln+`), a rule accepting TCP from the network's subnet to
 //! the proxy's address and port, and one dropping everything else arriving
-//! from that bridge. Both carry the comment `kiln:<network>`, which is how
-//! they are found again: when the network goes, and when a worker starts or
-//! stops and sweeps away rules of bridges that no longer exist. Nothing
-//! else in any chain is ever touched, so workers (and tests) side by side
-//! never undo one another's rules.
+//! from that bridge. Both carry the comment `kiln:<network id>`, which is
+//! how they are found again: when the network goes, and when a worker
+//! starts or stops and sweeps away rules of bridges that no longer exist.
+//! The id is the engine's, never reused: a session's network has the same
+//! name and bridge each time it is made, so a follow-up's network can
+//! appear between the removal of its predecessor and of the predecessor's
+//! rules, and rules found by name would take the successor's along.
+//! Nothing else in any chain is ever touched, so workers (and tests) side
+//! by side never undo one another's rules.
 //!
 //! The binary is run with fixed arguments (never through a shell). A crate
 //! (`iptables`) would run the same binary, but blocking and with untyped
@@ -117,8 +121,9 @@ pub enum FirewallError {
 /// listens on.
 #[derive(Debug, Clone)]
 pub struct BridgeRules<'a> {
-    /// The Docker network's name (the rules' comment).
-    pub network: &'a str,
+    /// The Docker network's id (the rules' comment): never its name, which
+    /// the session's next network has too.
+    pub network_id: &'a str,
     /// Its host-side bridge interface.
     pub bridge: &'a str,
     /// Its IPv4 subnet (the only addresses a sandbox on it has).
@@ -130,7 +135,7 @@ pub struct BridgeRules<'a> {
 
 impl BridgeRules<'_> {
     fn comment(&self) -> String {
-        format!("{COMMENT_PREFIX}{}", self.network)
+        format!("{COMMENT_PREFIX}{}", self.network_id)
     }
 
     /// The rule letting the sandbox's TCP reach the proxy, and nothing else.
@@ -242,26 +247,42 @@ impl HostFirewall {
             if self.setting == FirewallSetting::On {
                 return Err(error);
             }
-            tracing::warn!(network = rules.network, %error, "the host stays open to this network's sandbox");
+            tracing::warn!(network_id = rules.network_id, %error, "the host stays open to this network's sandbox");
             return Ok(());
         }
         let installed = install(binary, rules).await;
         match installed {
             Err(e) if self.setting == FirewallSetting::Auto => {
-                tracing::warn!(network = rules.network, error = %e, "installing the host's firewall rules failed; the host stays open to this network's sandbox");
+                tracing::warn!(network_id = rules.network_id, error = %e, "installing the host's firewall rules failed; the host stays open to this network's sandbox");
                 Ok(())
             }
             other => other,
         }
     }
 
-    /// Removes the network's rules, wherever they are in [`CHAIN`].
-    /// Failures are logged: a rule left behind is swept at the next start.
-    pub async fn unprotect(&self, network: &str) {
+    /// Removes the rules of the network whose id is `network_id`, wherever
+    /// they are in [`CHAIN`]. Failures are logged: a rule left behind is
+    /// swept at the next start.
+    pub async fn unprotect(&self, network_id: &str) {
         let Ok(binary) = self.binary().await else { return };
-        let comment = format!("{COMMENT_PREFIX}{network}");
+        let comment = format!("{COMMENT_PREFIX}{network_id}");
         if let Err(e) = delete_where(binary, |rule| rule.comment.as_deref() == Some(comment.as_str())).await {
-            tracing::warn!(network, error = %e, "removing the network's host firewall rules failed");
+            tracing::warn!(network_id, error = %e, "removing the network's host firewall rules failed");
+        }
+    }
+
+    /// Removes Kiln's rules on `rules`' bridge that belong to another
+    /// network than `rules`' (a predecessor of the same name whose rules
+    /// were left behind): a bridge is one network's at a time.
+    pub async fn unprotect_others_on(&self, rules: &BridgeRules<'_>) {
+        let Ok(binary) = self.binary().await else { return };
+        let mine = rules.comment();
+        let stale = |rule: &ListedRule| {
+            rule.interface.as_deref() == Some(rules.bridge)
+                && rule.comment.as_deref().is_some_and(|c| c.starts_with(COMMENT_PREFIX) && c != mine)
+        };
+        if let Err(e) = delete_where(binary, stale).await {
+            tracing::warn!(network_id = rules.network_id, error = %e, "removing a predecessor's host firewall rules failed");
         }
     }
 
@@ -414,7 +435,7 @@ mod tests {
 
     fn rules() -> BridgeRules<'static> {
         BridgeRules {
-            network: "kiln-egress-0123",
+            network_id: "0123",
             bridge: "kiln0123456789a",
             subnet: "172.30.0.0/16",
             gateway: std::net::Ipv4Addr::new(172, 30, 0, 1),
@@ -426,15 +447,15 @@ mod tests {
     fn a_listing_gives_back_kilns_rules_as_they_can_be_deleted() {
         let listing = format!(
             "-N {CHAIN}\n\
-             -A {CHAIN} -s 172.30.0.0/16 -d 172.30.0.1/32 -i kiln0123456789a -p tcp -m comment --comment \"kiln:kiln-egress-0123\" -m tcp --dport 3128 -j ACCEPT\n\
-             -A {CHAIN} -i kiln0123456789a -m comment --comment kiln:kiln-egress-0123 -j DROP\n\
+             -A {CHAIN} -s 172.30.0.0/16 -d 172.30.0.1/32 -i kiln0123456789a -p tcp -m comment --comment \"kiln:0123\" -m tcp --dport 3128 -j ACCEPT\n\
+             -A {CHAIN} -i kiln0123456789a -m comment --comment kiln:0123 -j DROP\n\
              -A INPUT -i kiln+ -j {CHAIN}\n"
         );
         let parsed = parse_rules(&listing);
         assert_eq!(parsed.len(), 2);
         for rule in &parsed {
             assert_eq!(rule.interface.as_deref(), Some("kiln0123456789a"));
-            assert_eq!(rule.comment.as_deref(), Some("kiln:kiln-egress-0123"));
+            assert_eq!(rule.comment.as_deref(), Some("kiln:0123"));
         }
         assert_eq!(parsed[1].spec, rules().drop());
     }
@@ -444,7 +465,7 @@ mod tests {
         let accept = rules().accept().join(" ");
         assert_eq!(
             accept,
-            "-i kiln0123456789a -s 172.30.0.0/16 -d 172.30.0.1/32 -p tcp --dport 3128 -m comment --comment kiln:kiln-egress-0123 -j ACCEPT"
+            "-i kiln0123456789a -s 172.30.0.0/16 -d 172.30.0.1/32 -p tcp --dport 3128 -m comment --comment kiln:0123 -j ACCEPT"
         );
     }
 

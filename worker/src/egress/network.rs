@@ -42,6 +42,9 @@ pub fn bridge_name(session_id: Uuid) -> String {
 #[derive(Debug, Clone)]
 pub struct SessionNetwork {
     pub name: String,
+    /// The engine's id of this network: the name is the session's and
+    /// comes back with a follow-up's network; the id never does.
+    pub id: String,
     pub gateway: Ipv4Addr,
     /// The IPv4 subnet its sandbox's address is from.
     pub subnet: String,
@@ -53,6 +56,8 @@ pub enum NetworkError {
     Docker(#[from] bollard::errors::Error),
     #[error("the network {0} has no IPv4 gateway")]
     NoGateway(String),
+    #[error("the engine gave no id for the network {0}")]
+    NoId(String),
     #[error("closing the host to the network {network}'s sandbox: {error}")]
     HostFirewall { network: String, error: FirewallError },
 }
@@ -72,7 +77,7 @@ pub async fn ensure(
         None => (create(docker, session_id).await?, true),
     };
     let rules = BridgeRules {
-        network: &net.name,
+        network_id: firewall_key(&net),
         bridge: &bridge_name(session_id),
         subnet: &net.subnet,
         gateway: net.gateway,
@@ -84,7 +89,24 @@ pub async fn ensure(
         }
         return Err(NetworkError::HostFirewall { network: net.name, error });
     }
+    // Rules a predecessor of the same name left on this bridge (a worker
+    // that died between removing the network and its rules) are not this
+    // network's: they go now, and only they.
+    settings.host_firewall.unprotect_others_on(&rules).await;
     Ok(net)
+}
+
+/// What a network's host firewall rules are found by: its id, which no
+/// other network ever has. Its name would also find the rules of the
+/// network a follow-up of the same session makes after it.
+fn firewall_key(net: &SessionNetwork) -> &str {
+    &net.id
+}
+
+/// Removes the host firewall rules of `net`, that network alone: a
+/// successor of the same name keeps its own.
+pub async fn unprotect(firewall: &HostFirewall, net: &SessionNetwork) {
+    firewall.unprotect(firewall_key(net)).await;
 }
 
 async fn create(docker: &Docker, session_id: Uuid) -> Result<SessionNetwork, NetworkError> {
@@ -115,6 +137,7 @@ pub async fn find(docker: &Docker, session_id: Uuid) -> Result<Option<SessionNet
         Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
+    let id = inspected.id.clone().filter(|id| !id.is_empty()).ok_or_else(|| NetworkError::NoId(name.clone()))?;
     let (gateway, subnet) = inspected
         .ipam
         .and_then(|ipam| ipam.config)
@@ -122,7 +145,7 @@ pub async fn find(docker: &Docker, session_id: Uuid) -> Result<Option<SessionNet
         .iter()
         .find_map(|c| Some((c.gateway.as_deref()?.parse::<Ipv4Addr>().ok()?, c.subnet.clone()?)))
         .ok_or_else(|| NetworkError::NoGateway(name.clone()))?;
-    Ok(Some(SessionNetwork { name, gateway, subnet }))
+    Ok(Some(SessionNetwork { name, id, gateway, subnet }))
 }
 
 /// The address `container` has on the session's network, if it is on it.
@@ -136,12 +159,29 @@ pub async fn address_of(docker: &Docker, container: &str, session_id: Uuid) -> R
 /// already is fine. The engine refuses while a container is still
 /// attached: the caller removes the container first. A network that stays
 /// keeps its rules (its sandbox must not reach the host meanwhile).
+///
+/// The network is removed by its id and its rules by that id too: a
+/// follow-up of the session may make the network again at any moment (the
+/// reaper racing a just-claimed run), and the successor and its rules are
+/// never touched.
 pub async fn remove(docker: &Docker, firewall: &HostFirewall, session_id: Uuid) {
-    match docker.remove_network(&name(session_id)).await {
-        Ok(()) => firewall.unprotect(&name(session_id)).await,
+    let id = match docker.inspect_network(&name(session_id), None).await {
+        Ok(inspected) => inspected.id.unwrap_or_default(),
         // Never made (most runs have no egress), or removed by another
         // path, which took its rules along; rules of a network removed by
         // hand are swept when a worker starts or stops.
+        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => return,
+        Err(e) => {
+            tracing::warn!(%session_id, error = %e, "finding the session's egress network to remove it failed");
+            return;
+        }
+    };
+    if id.is_empty() {
+        tracing::warn!(%session_id, "the engine gave no id for the session's egress network; not removed");
+        return;
+    }
+    match docker.remove_network(&id).await {
+        Ok(()) => firewall.unprotect(&id).await,
         Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
         Err(e) => tracing::warn!(%session_id, error = %e, "removing the session's egress network failed"),
     }
