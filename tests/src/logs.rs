@@ -25,6 +25,21 @@ impl Logs {
         logs
     }
 
+    /// Installs a plain-text subscriber filtered as `kiln` filters its own
+    /// logs ([`kiln_cli::telemetry::log_filter`]) with `default` for
+    /// `RUST_LOG`. Panics if the process already has one.
+    pub fn capture_as_kiln(default: &str) -> Logs {
+        let logs = Logs::default();
+        let writer = logs.clone();
+        tracing_subscriber::fmt()
+            .with_env_filter(kiln_cli::telemetry::log_filter(default))
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .try_init()
+            .expect("no other subscriber in this test process");
+        logs
+    }
+
     /// What was written so far.
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap_or_else(PoisonError::into_inner)).into_owned()

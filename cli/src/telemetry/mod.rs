@@ -141,7 +141,7 @@ static TELEMETRY: Mutex<Option<Telemetry>> = Mutex::new(None);
 /// `KILN_LOG_FORMAT`, `OTEL_EXPORTER_OTLP_*`), logging to stderr. A trace
 /// exporter that cannot be built is reported and left out: logs still work.
 pub fn init(default_filter: &str) {
-    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let filter = || log_filter(default_filter);
     let format = LogFormat::from_env();
     let traces = traces_endpoint_from_env();
     let built = match subscriber(filter(), format, std::io::stderr, traces.as_deref()) {
@@ -157,6 +157,25 @@ pub fn init(default_filter: &str) {
     let (subscriber, telemetry) = built;
     if tracing::subscriber::set_global_default(subscriber).is_ok() {
         *TELEMETRY.lock().unwrap_or_else(|p| p.into_inner()) = Some(telemetry);
+    }
+}
+
+/// The Docker client's lines that are never logged, whatever `RUST_LOG`
+/// says: at `debug` and below bollard prints every request's body, and an
+/// exec's body holds its environment, which for an environment's setup
+/// script holds the environment's secrets.
+const DOCKER_CLIENT_CAP: &str = "bollard=info";
+
+/// `RUST_LOG`, or `default_filter` without it, with bollard capped at
+/// [`DOCKER_CLIENT_CAP`].
+pub fn log_filter(default_filter: &str) -> EnvFilter {
+    capped(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)))
+}
+
+fn capped(filter: EnvFilter) -> EnvFilter {
+    match DOCKER_CLIENT_CAP.parse() {
+        Ok(cap) => filter.add_directive(cap),
+        Err(_) => filter,
     }
 }
 
@@ -226,4 +245,45 @@ pub async fn serve_metrics(listen: SocketAddr, shutdown: CancellationToken) -> a
         }
     });
     Ok(addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// The Docker client's request bodies stay out of the logs even when
+    /// the operator asks for everything, bollard's lines included.
+    #[test]
+    fn the_docker_clients_request_bodies_are_never_logged() {
+        for asked in ["trace", "bollard=trace", "trace,bollard=trace"] {
+            let lines = Arc::new(Mutex::new(Vec::<u8>::new()));
+            let writer = lines.clone();
+            let subscriber = tracing_subscriber::fmt()
+                .with_env_filter(capped(EnvFilter::new(asked)))
+                .with_writer(move || WriterOf(writer.clone()))
+                .finish();
+            tracing::subscriber::with_default(subscriber, || {
+                tracing::debug!(target: "bollard::docker", "Env: TOKEN=s3cret");
+                tracing::info!(target: "bollard::docker", "bollard info");
+                tracing::trace!(target: "kiln_worker::x", "kiln trace");
+            });
+            let text = String::from_utf8_lossy(&lines.lock().unwrap()).into_owned();
+            assert!(!text.contains("s3cret") && text.contains("bollard info"), "{asked}: {text}");
+            assert_eq!(text.contains("kiln trace"), asked.starts_with("trace"), "{asked}: {text}");
+        }
+    }
+
+    struct WriterOf(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for WriterOf {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
 }

@@ -7,9 +7,14 @@
 //! rides on the next one written), and `network.allowed` is written once per
 //! host and port for at most [`MAX_ALLOWED_HOSTS`] of them. Whatever is
 //! stored still counts against the run's event budget.
+//!
+//! A log may hide values (an environment's secrets during its setup
+//! phase: a script that requests `http://$TOKEN.example/` names the token
+//! as a host): then every text of a decision is masked before it is
+//! logged or waits for the stream.
 
 use std::collections::HashSet;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use kiln_protocol::EventBody;
 
@@ -19,9 +24,19 @@ pub const MAX_ALLOWED_HOSTS: usize = 64;
 /// DNS names are at most 253).
 const MAX_HOST_CHARS: usize = 253;
 
-#[derive(Debug, Default)]
+/// Masks what must reach neither events nor logs.
+pub type Redact = Arc<dyn Fn(&str) -> String + Send + Sync>;
+
+#[derive(Default)]
 pub struct NetworkLog {
     state: Mutex<State>,
+    redact: Option<Redact>,
+}
+
+impl std::fmt::Debug for NetworkLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetworkLog").field("redacting", &self.redact.is_some()).finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -43,9 +58,26 @@ pub struct Refusal<'a> {
 }
 
 impl NetworkLog {
+    /// A log whose texts (hosts, methods, rules) pass through `redact`
+    /// before they are logged or stored.
+    pub fn redacting(redact: Redact) -> Self {
+        NetworkLog { state: Mutex::default(), redact: Some(redact) }
+    }
+
+    /// `text` as it may be shown: masked, and bounded (after masking, so
+    /// that the cut never leaves part of a secret unmasked).
+    fn shown(&self, text: &str) -> String {
+        match &self.redact {
+            Some(redact) => bounded(&redact(text)),
+            None => bounded(text),
+        }
+    }
+
     pub fn denied(&self, refusal: Refusal<'_>) {
         crate::metrics::egress_denied(refusal.layer);
-        tracing::info!(host = refusal.host, port = refusal.port, layer = refusal.layer, rule = %refusal.rule, "egress denied");
+        let (host, rule) = (self.shown(refusal.host), self.shown(&refusal.rule));
+        let method = refusal.method.map(|m| self.shown(m));
+        tracing::info!(host = %host, port = refusal.port, layer = refusal.layer, rule = %rule, "egress denied");
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if state.pending.len() >= MAX_PENDING {
             state.suppressed += 1;
@@ -53,11 +85,11 @@ impl NetworkLog {
         }
         let suppressed = std::mem::take(&mut state.suppressed);
         state.pending.push(EventBody::NetworkDenied {
-            host: bounded(refusal.host),
+            host,
             port: refusal.port,
-            method: refusal.method.map(bounded),
+            method,
             layer: refusal.layer.to_owned(),
-            rule: bounded(&refusal.rule),
+            rule,
             suppressed,
         });
     }
@@ -68,8 +100,9 @@ impl NetworkLog {
         if state.allowed_seen.len() >= MAX_ALLOWED_HOSTS || state.pending.len() >= MAX_PENDING {
             return;
         }
-        if state.allowed_seen.insert((host.to_owned(), port)) {
-            state.pending.push(EventBody::NetworkAllowed { host: bounded(host), port });
+        let host = self.shown(host);
+        if state.allowed_seen.insert((host.clone(), port)) {
+            state.pending.push(EventBody::NetworkAllowed { host, port });
         }
     }
 
@@ -105,6 +138,16 @@ mod tests {
         log.denied(refusal("b.test"));
         let next = log.take();
         assert!(matches!(&next[..], [EventBody::NetworkDenied { suppressed: 5, .. }]), "{next:?}");
+    }
+
+    #[test]
+    fn a_redacting_log_masks_every_text_it_keeps() {
+        let log = NetworkLog::redacting(Arc::new(|text: &str| text.replace("tok", "***")));
+        let rule = "allowlist: no rule for tok.example:80".to_owned();
+        log.denied(Refusal { host: "tok.example", port: 80, method: Some("tok"), layer: "setup", rule });
+        log.allowed("tok.test", 443);
+        let shown = format!("{:?}", log.take());
+        assert!(!shown.contains("tok") && shown.matches("***").count() == 4, "{shown}");
     }
 
     #[test]

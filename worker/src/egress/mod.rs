@@ -30,7 +30,7 @@ use kiln_protocol::egress::{EgressMode, EgressPolicy, HostRule, Layers, PRESET_C
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-pub use log::NetworkLog;
+pub use log::{NetworkLog, Redact};
 use proxy::ProxyContext;
 pub use resolve::AddressRules;
 
@@ -152,20 +152,22 @@ impl SessionProxy {
         listen: SocketAddr,
         client: Option<IpAddr>,
     ) -> io::Result<SessionProxy> {
-        Self::start_for(settings, layers, Phase::Agent, listen, client).await
+        Self::start_for(settings, layers, Phase::Agent, listen, client, None).await
     }
 
-    /// [`SessionProxy::start`] for `phase`.
+    /// [`SessionProxy::start`] for `phase`; `redact` masks what its
+    /// decisions show (in events and logs).
     pub async fn start_for(
         settings: &EgressSettings,
         layers: Layers,
         phase: Phase,
         listen: SocketAddr,
         client: Option<IpAddr>,
+        redact: Option<Redact>,
     ) -> io::Result<SessionProxy> {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
-        let log = Arc::new(NetworkLog::default());
+        let log = Arc::new(redact.map_or_else(NetworkLog::default, NetworkLog::redacting));
         let ctx = ProxyContext {
             layers,
             addresses: settings.addresses.clone(),
@@ -191,11 +193,26 @@ pub async fn serve_container(
     session_id: uuid::Uuid,
     container: &str,
 ) -> Result<Option<SessionProxy>, ServeError> {
+    serve_container_redacting(docker, settings, layers, phase, session_id, container, None).await
+}
+
+/// [`serve_container`] whose decisions are masked by `redact` wherever
+/// they are shown: the setup phase's, whose sandbox holds the
+/// environment's secrets.
+pub async fn serve_container_redacting(
+    docker: &bollard::Docker,
+    settings: &EgressSettings,
+    layers: Layers,
+    phase: Phase,
+    session_id: uuid::Uuid,
+    container: &str,
+    redact: Option<Redact>,
+) -> Result<Option<SessionProxy>, ServeError> {
     let Some(client) = network::address_of(docker, container, session_id).await? else { return Ok(None) };
     let Some(net) = network::find(docker, session_id).await? else { return Ok(None) };
     let listen = SocketAddr::new(net.gateway.into(), settings.port);
     let mode = layers.mode();
-    let proxy = SessionProxy::start_for(settings, layers, phase, listen, Some(client))
+    let proxy = SessionProxy::start_for(settings, layers, phase, listen, Some(client), redact)
         .await
         .map_err(|error| ServeError::Listen { listen, error })?;
     tracing::info!(%session_id, container, proxy = %proxy.addr, mode = mode.as_str(), "egress proxy serving");

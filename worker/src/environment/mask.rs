@@ -5,6 +5,13 @@
 //! splits it across many). What is sent is therefore never the last bytes
 //! that could still be the start of a secret: those wait for what follows
 //! (or for the end), and a piece never ends inside a secret.
+//!
+//! Matching ignores ASCII case: what reaches an event is not always what
+//! the script wrote. A host name is lower-cased on its way (the egress
+//! proxy's `network.denied` events and its refusal's text), so a token
+//! requested as `http://$TOKEN.example/` comes back lower-case.
+
+use std::sync::Arc;
 
 /// What is shown instead of a secret.
 pub const MASK: &str = "[secret]";
@@ -63,7 +70,7 @@ impl<'a> Masker<'a> {
             for secret in &self.secrets {
                 // An occurrence starting before the cut and ending after it.
                 let first = (cut + 1).saturating_sub(secret.len());
-                if let Some(start) = (first..cut).find(|&s| bytes[s..].starts_with(secret)) {
+                if let Some(start) = (first..cut).find(|&s| starts_with_secret(&bytes[s..], secret)) {
                     cut = cut.min(start);
                 }
             }
@@ -72,6 +79,13 @@ impl<'a> Masker<'a> {
             }
         }
     }
+}
+
+/// A masking function over `secrets`, for what the setup phase makes
+/// besides the script's output (the egress proxy's events and log lines).
+pub fn redactor(secrets: impl IntoIterator<Item = String>) -> Arc<dyn Fn(&str) -> String + Send + Sync> {
+    let secrets: Vec<String> = secrets.into_iter().collect();
+    Arc::new(move |text| masked(text, &secrets.iter().map(String::as_str).collect::<Vec<_>>()))
 }
 
 /// `text` with every secret replaced by [`MASK`].
@@ -85,7 +99,7 @@ fn masked_bytes(bytes: &[u8], secrets: &[&[u8]]) -> String {
     let mut i = 0;
     'scan: while i < bytes.len() {
         for secret in secrets {
-            if bytes[i..].starts_with(secret) {
+            if starts_with_secret(&bytes[i..], secret) {
                 out.extend_from_slice(MASK.as_bytes());
                 i += secret.len();
                 continue 'scan;
@@ -95,6 +109,10 @@ fn masked_bytes(bytes: &[u8], secrets: &[&[u8]]) -> String {
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+fn starts_with_secret(bytes: &[u8], secret: &[u8]) -> bool {
+    bytes.get(..secret.len()).is_some_and(|head| head.eq_ignore_ascii_case(secret))
 }
 
 #[cfg(test)]
@@ -128,6 +146,16 @@ mod tests {
             let shown = streamed("xxabcdefgh-yy abcd", size, &["abcdefgh", "defg", "abcd"]);
             assert!(!shown.contains("abcd") && !shown.contains("defg"), "{size}: {shown}");
         }
+    }
+
+    #[test]
+    fn a_secret_whose_case_was_changed_on_the_way_is_masked() {
+        let secret = "Kiln-S3cret-Token";
+        for size in 1..20 {
+            let shown = streamed("refused kiln-s3cret-token.example:80 and KILN-S3CRET-TOKEN", size, &[secret]);
+            assert_eq!(shown, "refused [secret].example:80 and [secret]", "{size}");
+        }
+        assert_eq!(redactor([secret.to_owned()])("host kiln-s3cret-token.example"), "host [secret].example");
     }
 
     #[test]

@@ -312,7 +312,18 @@ impl Plan<'_> {
         let proxy = if self.setup_config.wants_egress() {
             let layers = self.setup_config.egress_layers();
             let (settings, phase) = (&self.setup_config.egress, crate::egress::Phase::Setup);
-            match crate::egress::serve_container(docker, settings, layers, phase, session_id, setup.id()).await {
+            // The setup container holds the secrets: what its proxy shows is masked too.
+            let redact = Some(mask::redactor(self.secrets.values().cloned()));
+            let serving = crate::egress::serve_container_redacting(
+                docker,
+                settings,
+                layers,
+                phase,
+                session_id,
+                setup.id(),
+                redact,
+            );
+            match serving.await {
                 Ok(proxy) => proxy,
                 Err(e) => {
                     return Ok(Err(format!("environment {name:?}: could not start the setup's egress proxy: {e}")));
