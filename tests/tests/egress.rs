@@ -224,6 +224,95 @@ async fn an_allowlist_lets_through_what_it_names_and_nothing_else() {
     outside.stop().await;
 }
 
+/// Request targets sent to the proxy byte for byte (no client library
+/// tidies them first), one line of result each: `name: status body`.
+const PATH_PROBE: &str = r#"
+import os, socket
+proxy = os.environ['HTTP_PROXY'].split('//')[1].split(':')
+def send(target):
+    s = socket.create_connection((proxy[0], int(proxy[1])), timeout=20)
+    s.sendall(('GET %s HTTP/1.1\r\nHost: readonly.test:8080\r\nConnection: close\r\n\r\n' % target).encode())
+    answer = b''
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        answer += chunk
+    head, _, body = answer.partition(b'\r\n\r\n')
+    return head.split(b'\r\n')[0].decode().split(' ')[1] + ' ' + body.decode().strip()
+base = 'http://readonly.test:8080'
+for name, path in [
+    ('ok', '/simple/ok'),
+    ('dot-dot', '/simple/../admin'),
+    ('encoded-dots', '/simple/%2e%2e/admin'),
+    ('encoded-dots-upper', '/simple/%2E%2E/admin'),
+    ('half-encoded', '/simple/.%2e/admin'),
+    ('encoded-slash', '/simple/..%2fadmin'),
+    ('double-encoded', '/simple/%252e%252e/admin'),
+    ('backslash', '/simple/..\\admin'),
+    ('parameter', '/simple/..;/admin'),
+    ('nul', '/simple/%00/admin'),
+    ('inside', '/simple/x/../ok'),
+    ('unreserved', '/%73imple/ok'),
+    ('query', '/simple/ok?next=/../admin'),
+    ('fragment', '/simple/ok#/../../admin'),
+]:
+    print('%s: %s' % (name, send(base + path)))
+"#;
+
+/// `path_prefixes` judge the path as origins read it: dot segments
+/// resolved (`/simple/../admin` is `/admin`), and encodings servers read
+/// differently (`%2e`, `%2f`, `%25`, `\`, `..;`, `%00`) refused outright,
+/// each with a `network.denied` event; what passes reaches the origin in
+/// the form it was judged in.
+#[tokio::test]
+async fn path_rules_judge_the_normalised_path_and_refuse_ambiguous_encodings() {
+    let outside = Outside::start().await;
+    let script = vec![Reply::tool("bash", bash_python(PATH_PROBE)), Reply::text("done")];
+    let app = app_with(&outside, EgressMode::Allowlist, script).await;
+    let events = run(&app, egress(EgressPolicy { mode: EgressMode::Allowlist, allow: None })).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let got = results(&events);
+
+    assert_eq!(result(&got, "ok"), "200 outside says GET /simple/ok", "{got:?}");
+    // What passes is sent normalised: the origin sees the path judged.
+    assert_eq!(result(&got, "inside"), "200 outside says GET /simple/ok", "{got:?}");
+    assert_eq!(result(&got, "unreserved"), "200 outside says GET /simple/ok", "{got:?}");
+    // The query is not a path: sent as it came. A fragment never leaves.
+    assert_eq!(result(&got, "query"), "200 outside says GET /simple/ok?next=/../admin", "{got:?}");
+    assert_eq!(result(&got, "fragment"), "200 outside says GET /simple/ok", "{got:?}");
+    let refused = [
+        "dot-dot",
+        "encoded-dots",
+        "encoded-dots-upper",
+        "half-encoded",
+        "encoded-slash",
+        "double-encoded",
+        "backslash",
+        "parameter",
+        "nul",
+    ];
+    for name in refused {
+        assert!(result(&got, name).starts_with("403 kiln egress proxy: refused readonly.test:8080"), "{name}: {got:?}");
+    }
+
+    // One refusal event each, saying why; none quotes the path.
+    let denied: Vec<_> = denials(&events).into_iter().filter(|d| d.0 == "readonly.test").collect();
+    assert_eq!(denied.len(), refused.len(), "{denied:?}");
+    let rules: Vec<&str> = denied.iter().map(|d| d.4.as_str()).collect();
+    assert_eq!(rules[0], "readonly.test: paths /simple/", "{rules:?}");
+    assert_eq!(rules[1], "readonly.test: path refused: an encoded dot (%2E): servers differ on decoding it");
+    assert!(rules.iter().any(|r| r.contains("encoded slash (%2F)")), "{rules:?}");
+    assert!(rules.iter().any(|r| r.contains("double encoding (%25)")), "{rules:?}");
+    assert!(rules.iter().any(|r| r.contains("backslash")), "{rules:?}");
+    assert!(rules.iter().any(|r| r.contains("path parameter")), "{rules:?}");
+    assert!(rules.iter().all(|r| !r.contains("admin")), "{rules:?}");
+    assert!(denied.iter().all(|d| d.2.as_deref() == Some("GET") && d.3 == "deployment"), "{denied:?}");
+
+    drop(app);
+    outside.stop().await;
+}
+
 #[tokio::test]
 async fn open_mode_reaches_public_names_but_never_metadata_and_a_run_only_narrows() {
     let outside = Outside::start().await;
@@ -734,8 +823,11 @@ except Exception as e:
     assert_eq!(rules.len(), 2, "{rules:?}");
     assert!(rules[0].contains("--dport 3128") && rules[0].ends_with("-j ACCEPT"), "{rules:?}");
     assert!(rules[1].ends_with("-j DROP"), "{rules:?}");
+    // Named by the network's own id, which no later network of the session has.
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
     let network = kiln_worker::egress::network::name(submitted.session_id);
-    assert!(rules.iter().all(|r| r.contains(&format!("kiln:{network}"))), "{rules:?}");
+    let network_id = docker.inspect_network(&network, None).await.unwrap().id.unwrap();
+    assert!(rules.iter().all(|r| r.contains(&format!("kiln:{network_id}"))), "{rules:?}");
 
     let path = format!("/v1/runs/{id}/approvals/{call}");
     assert_eq!(app.post_json("alice", &path, json!({"decision": "approve"})).await.0, 200);
@@ -748,7 +840,6 @@ except Exception as e:
 
     // The session's sandbox goes with its run (no idle time): its network,
     // and then its rules, go too.
-    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
     let mut gone = false;
     for _ in 0..600 {
         if docker.inspect_network(&network, None).await.is_err() && host_rules_of(&bridge).is_empty() {
@@ -798,4 +889,40 @@ async fn a_starting_worker_sweeps_rules_of_bridges_that_are_gone() {
     assert!(swept, "the stale rule was not swept: {left:?}");
     assert!(!left[0].contains("kiln:"), "{left:?}");
     assert!(removed_foreign, "the rule that is not Kiln's was left alone");
+}
+
+/// The reaper removes a session's network, then its rules; a follow-up of
+/// the same session, claimed meanwhile, makes the network again (same
+/// name, same bridge) with fresh rules in between. Forced here step by
+/// step: the old network's late rule removal leaves the successor's rules
+/// in place, so its sandbox still reaches only the proxy.
+#[tokio::test]
+async fn removing_a_networks_rules_late_leaves_its_successors_rules_in_place() {
+    use kiln_worker::egress::network;
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    // `on`: rules that cannot be installed fail the test rather than pass it.
+    let settings =
+        EgressSettings { host_firewall: Arc::new(HostFirewall::new(FirewallSetting::On)), ..Default::default() };
+    let session = uuid::Uuid::now_v7();
+    let bridge = network::bridge_name(session);
+    let old = network::ensure(&docker, &settings, session).await.unwrap();
+    assert_eq!(host_rules_of(&bridge).len(), 2);
+
+    // The reaper's first step: the old network goes.
+    docker.remove_network(&old.id).await.unwrap();
+    // The follow-up's network, same name and bridge, and its rules.
+    let successor = network::ensure(&docker, &settings, session).await.unwrap();
+    assert_eq!((successor.name.as_str(), successor.id == old.id), (old.name.as_str(), false));
+    // The reaper's second step, late: the old network's rules.
+    network::unprotect(&settings.host_firewall, &old).await;
+    let left = host_rules_of(&bridge);
+
+    network::remove(&docker, &settings.host_firewall, session).await;
+    let after_removal = host_rules_of(&bridge);
+    assert_eq!(left.len(), 2, "the successor lost its rules: {left:?}");
+    assert!(left.iter().all(|r| r.contains(&format!("kiln:{}", successor.id))), "{left:?}");
+    assert!(left[0].ends_with("-j ACCEPT") && left[1].ends_with("-j DROP"), "{left:?}");
+    // Removing the successor takes its own rules.
+    assert!(after_removal.is_empty(), "{after_removal:?}");
+    assert!(docker.inspect_network(&successor.name, None).await.is_err());
 }
