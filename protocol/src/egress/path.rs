@@ -97,7 +97,7 @@ fn refuse_ambiguous(value: u8) -> Result<(), PathRefusal> {
 
 fn hex_pair(pair: &[u8]) -> Option<u8> {
     let digit = |c: u8| char::from(c).to_digit(16);
-    Some(u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()?)
+    u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()
 }
 
 /// RFC 3986 §2.3 (the dot is not here: its encoding is refused).
