@@ -219,6 +219,8 @@ impl Render for Live {
                     self.print(&lines);
                 }
             }
+            // Said in words by the run's closing lines (the diffstat).
+            EventBody::ChangesCaptured { .. } => {}
             EventBody::ToolCallDelta { .. } | EventBody::NetworkAllowed { .. } => {}
         }
     }
