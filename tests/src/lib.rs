@@ -24,6 +24,7 @@ use uuid::Uuid;
 pub use kiln_scripted_model;
 
 pub mod browser;
+pub mod changes;
 pub mod fake_github;
 pub mod git_repo;
 pub mod kiln_bin;
