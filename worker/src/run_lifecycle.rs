@@ -321,7 +321,7 @@ async fn drive(
     let outcome = agent.drive().await?;
     // What the loop queued goes out before anything else writes events.
     events.commit().await?;
-    crate::github::capture(ctx, run, &sandbox, &outcome).await;
+    crate::github::capture(ctx, run, lease, &sandbox, &outcome).await;
     Ok(outcome)
 }
 

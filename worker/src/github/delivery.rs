@@ -160,7 +160,8 @@ async fn checkout_inner(
 /// files) and stores them. Commits the agent made are included. Whatever
 /// the run left running is stopped first, so no background process can
 /// change the workspace while or after the patch is taken.
-pub async fn capture(store: &Store, run_id: Uuid, sandbox: &Sandbox) -> Result<(), GithubError> {
+pub async fn capture(store: &Store, lease: &kiln_store::Lease, sandbox: &Sandbox) -> Result<(), GithubError> {
+    let run_id = lease.run_id;
     let Some(base) = store.github_base_sha(run_id).await? else {
         // A run checked out before GitHub delivery was configured.
         return Err(GithubError::Delivery("the run's base commit was not recorded".into()));
@@ -185,7 +186,17 @@ pub async fn capture(store: &Store, run_id: Uuid, sandbox: &Sandbox) -> Result<(
         .read_file(PATCH_IN_SANDBOX, MAX_PATCH_BYTES)
         .await
         .map_err(|e| GithubError::Sandbox(format!("reading the patch from the sandbox: {e}")))?;
-    store.set_github_patch(run_id, &patch).await?;
+    let change = kiln_store::CapturedChange {
+        scope: kiln_protocol::changes::ChangeScope::Session,
+        base_commit: Some(base),
+        tree: None,
+        files: Vec::new(),
+        totals: Default::default(),
+        patch_bytes: patch.len() as u64,
+        patch: Some(patch),
+        too_large: false,
+    };
+    store.save_run_changes(lease, &change).await?;
     Ok(())
 }
 

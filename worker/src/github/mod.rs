@@ -172,11 +172,11 @@ pub async fn checkout(ctx: &WorkerContext, run: &Run, dest: &Path) -> Option<Res
 /// Hook for the end of a successful agent loop, while the sandbox lives:
 /// keeps the workspace's changes for delivery. Failures are logged; the
 /// delivery then reports that the changes could not be collected.
-pub async fn capture(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox, outcome: &Outcome) {
+pub async fn capture(ctx: &WorkerContext, run: &Run, lease: &kiln_store::Lease, sandbox: &Sandbox, outcome: &Outcome) {
     if ctx.config.github.is_none() || !from_github(run) || !matches!(outcome, Outcome::Succeeded { .. }) {
         return;
     }
-    if let Err(e) = delivery::capture(&ctx.store, run.id, sandbox).await {
+    if let Err(e) = delivery::capture(&ctx.store, lease, sandbox).await {
         tracing::warn!(run_id = %run.id, error = %e, "capturing the run's changes for GitHub failed");
     }
 }
