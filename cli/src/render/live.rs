@@ -192,8 +192,6 @@ impl Render for Live {
                 self.activity(&format!("model call failed, retrying in {delay_ms} ms: {error}"));
             }
             EventBody::StepFinished { .. } => self.flush_text(),
-            // Shown by the clidiff branch (the diffstat); silent here.
-            EventBody::ChangesCaptured { .. } => {}
             EventBody::DeliverySucceeded { pull_request, comment } => {
                 let link = pull_request.or(comment).unwrap_or_default();
                 self.print(&[format!("● reported on GitHub: {link}")]);
