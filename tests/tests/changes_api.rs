@@ -89,7 +89,8 @@ async fn a_runs_change_is_served_once_it_ended_to_its_owner_only() {
     // No session change was saved: 404 for that scope; a bad scope is 400.
     let (status, _, _) = error(get(&app, "alice", &format!("/v1/runs/{}/changes?scope=session", run.id)).await).await;
     assert_eq!(status, 404);
-    let (status, code, _) = error(get(&app, "alice", &format!("/v1/runs/{}/patch?scope=everything", run.id)).await).await;
+    let (status, code, _) =
+        error(get(&app, "alice", &format!("/v1/runs/{}/patch?scope=everything", run.id)).await).await;
     assert_eq!((status, code.as_str()), (400, "bad_request"));
 
     // Another subject: the same 404 as for a run that does not exist.

@@ -113,10 +113,7 @@ pub async fn changes(
 async fn ended_run(state: &AppState, owner: &str, id: Uuid) -> Result<(), ApiError> {
     let run = state.store.get_run(owner, id).await?.ok_or_else(ApiError::run_not_found)?;
     if !run.status.is_terminal() {
-        return Err(ApiError::NotFound(format!(
-            "the run is {}: its change is captured when it ends",
-            run.status
-        )));
+        return Err(ApiError::NotFound(format!("the run is {}: its change is captured when it ends", run.status)));
     }
     Ok(())
 }

@@ -37,6 +37,12 @@ pub fn three_way(top: &Path, paths: &[&str], patch: &[u8]) -> Result<Trial, Appl
     for path in paths {
         copy_entry(top, &copy, path)?;
     }
+    // The copied index has the checkout's file stats, which the copies do
+    // not share: re-read them, so a copy counts as matching the index
+    // exactly when its content does (as in the checkout). Files the change
+    // does not touch are not copied; they are missing here, and that is
+    // no answer, so the exit status is not one either.
+    git::run(&copy, &["update-index", "-q", "--ignore-missing", "--refresh"], None)?;
     let out = git::run(&copy, &["apply", "--3way", "--whitespace=nowarn"], Some(patch))?;
     if out.status.success() {
         return Ok(Trial::Clean);
