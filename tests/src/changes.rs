@@ -45,37 +45,49 @@ fn git_bytes(dir: &Path, args: &[&str]) -> Vec<u8> {
     out.stdout
 }
 
-/// `git diff --cached --numstat` and `--name-status` of the same change,
-/// joined per file.
+/// `git diff --cached --numstat` and `--name-status` of the same change
+/// (`-z`: paths as they are, unquoted), joined per file.
 fn changed_files(dir: &Path, base: &str) -> Vec<FileChange> {
-    let numstat = git(dir, &["diff", "--cached", "--numstat", "-M", base]);
-    let statuses = git(dir, &["diff", "--cached", "--name-status", "-M", base]);
-    numstat
-        .lines()
-        .zip(statuses.lines())
-        .map(|(counts, status)| {
-            let counts: Vec<&str> = counts.split('\t').collect();
-            let status: Vec<&str> = status.split('\t').collect();
-            let binary = counts[0] == "-";
-            let (path, old_path) =
-                if status.len() == 3 { (status[2], Some(status[1].to_owned())) } else { (status[1], None) };
-            FileChange {
-                path: path.to_owned(),
-                old_path,
-                status: match &status[0][..1] {
-                    "A" => FileStatus::Added,
-                    "D" => FileStatus::Deleted,
-                    "R" => FileStatus::Renamed,
-                    "C" => FileStatus::Copied,
-                    "T" => FileStatus::TypeChanged,
-                    _ => FileStatus::Modified,
-                },
-                additions: counts[0].parse().unwrap_or(0),
-                deletions: counts[1].parse().unwrap_or(0),
-                binary,
-            }
-        })
-        .collect()
+    let numstat = git_bytes(dir, &["diff", "--cached", "--numstat", "-z", "-M", base]);
+    let statuses = git_bytes(dir, &["diff", "--cached", "--name-status", "-z", "-M", base]);
+    let mut counts = Vec::new();
+    let mut tokens = numstat.split(|b| *b == 0).map(|t| String::from_utf8_lossy(t).into_owned());
+    while let Some(token) = tokens.next().filter(|t| !t.is_empty()) {
+        let mut parts = token.splitn(3, '\t');
+        let (added, deleted, path) = (parts.next().unwrap().to_owned(), parts.next().unwrap().to_owned(), parts.next());
+        if path == Some("") {
+            // A rename: the two paths follow.
+            tokens.next();
+            tokens.next();
+        }
+        counts.push((added, deleted));
+    }
+    let mut files = Vec::new();
+    let mut tokens = statuses.split(|b| *b == 0).map(|t| String::from_utf8_lossy(t).into_owned());
+    while let Some(status) = tokens.next().filter(|t| !t.is_empty()) {
+        let first = tokens.next().unwrap();
+        let (path, old_path) = match &status[..1] {
+            "R" | "C" => (tokens.next().unwrap(), Some(first)),
+            _ => (first, None),
+        };
+        let (added, deleted) = &counts[files.len()];
+        files.push(FileChange {
+            path,
+            old_path,
+            status: match &status[..1] {
+                "A" => FileStatus::Added,
+                "D" => FileStatus::Deleted,
+                "R" => FileStatus::Renamed,
+                "C" => FileStatus::Copied,
+                "T" => FileStatus::TypeChanged,
+                _ => FileStatus::Modified,
+            },
+            additions: added.parse().unwrap_or(0),
+            deletions: deleted.parse().unwrap_or(0),
+            binary: added == "-",
+        });
+    }
+    files
 }
 
 impl TestApp {
