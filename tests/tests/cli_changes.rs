@@ -14,6 +14,7 @@ use kiln_protocol::changes::{ChangeScope, RunChanges};
 use kiln_tests::changes::staged_change;
 use kiln_tests::git_repo::{git, repo_with};
 use kiln_tests::kiln_bin::kiln_bin;
+use kiln_tests::kiln_scripted_model::Reply;
 use kiln_tests::{Options, TestApp, token};
 use uuid::Uuid;
 
@@ -204,4 +205,39 @@ async fn a_checkout_without_the_base_is_told_how_to_fetch_it() {
     let out = kiln(&app, &["apply", &run, "--dir", dir]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(git(elsewhere.path(), &["write-tree"]), git(changed.work.path(), &["write-tree"]));
+}
+
+/// A real run (worker, sandbox, the worker's own capture) followed with
+/// `kiln run --follow`: its output ends with what it changed and the
+/// command that applies it, and that command does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followed_run_ends_with_its_diffstat_and_kiln_apply_takes_its_change() {
+    let edit = "printf 'world\\n' >> README.md && printf 'new\\n' > NEW.md && rm old.txt";
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::tool("bash", serde_json::json!({ "command": edit })), Reply::text("Edited.")],
+        ..Default::default()
+    })
+    .await;
+    let (repo, url) = repo_with(&[("README.md", "hello\n"), ("old.txt", "going\n")]);
+    let base = git(repo.path(), &["rev-parse", "HEAD"]);
+
+    let out = kiln(&app, &["run", "--prompt", "edit the files", "--repo", &url, "--follow"]).await;
+    let shown = text(&out.stdout);
+    assert!(out.status.success(), "{shown}{}", text(&out.stderr));
+    let run = shown.split_whitespace().nth(1).unwrap().to_owned();
+    assert!(shown.contains("● changed 3 files, 2 insertions(+), 1 deletion(-)\n"), "{shown}");
+    assert!(
+        shown.ends_with(&format!(
+            " NEW.md    | 1 +\n README.md | 1 +\n old.txt   | 1 -\n 3 files changed, 2 insertions(+), 1 deletion(-)\n\
+             apply it: kiln apply {run}   (see it: kiln diff {run})\n"
+        )),
+        "{shown}"
+    );
+
+    let checkout = clone_at(&url, &base);
+    let out = kiln(&app, &["apply", &run, "--dir", checkout.path().to_str().unwrap()]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read_to_string(checkout.path().join("README.md")).unwrap(), "hello\nworld\n");
+    assert_eq!(std::fs::read_to_string(checkout.path().join("NEW.md")).unwrap(), "new\n");
+    assert!(!checkout.path().join("old.txt").exists());
 }
