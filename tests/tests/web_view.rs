@@ -615,3 +615,50 @@ async fn a_runs_change_is_shown_file_by_file_and_downloads_as_the_apis_patch() {
     assert_eq!(std::fs::read(&saved).unwrap(), patch);
     b.screenshot(&artifact("web-view-changes.png")).await;
 }
+
+/// A real run, watched live: the panel fills when the run ends, from the
+/// worker's own capture, and downloads the API's patch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_runs_change_appears_when_it_ends() {
+    let downloads = tempfile::tempdir().unwrap();
+    let Some(b) = Browser::start_downloading("web_view::real_change", 1100, 1400, downloads.path()).await else {
+        return;
+    };
+    let edit = "printf 'world\\n' >> README.md && printf 'new\\n' > NEW.md";
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::tool("bash", json!({ "command": edit })), Reply::text("Edited.")],
+        ..Default::default()
+    })
+    .await;
+    let (_repo, url) = repo_with(&[("README.md", "hello\n")]);
+    let spec = json!({"prompt": "edit", "repo": {"url": url}, "approval": "mutating"});
+    let id = app.create_run("alice", spec).await["id"].as_str().unwrap().to_owned();
+
+    sign_in(&b, &format!("http://{}", app.addr), "alice").await;
+    b.js("location.hash = '#/runs/' + arguments[0];", vec![json!(id)]).await;
+    b.wait_js("the call awaiting approval", WAIT, "return !!document.querySelector('.approval button');", vec![]).await;
+    assert_eq!(b.js("return document.getElementById('diff').hidden;", vec![]).await, true, "no change before the end");
+    b.client.find(Locator::Css(".approval button[data-decision=approve]")).await.unwrap().click().await.unwrap();
+    b.wait_js("the changes panel", WAIT, "return document.querySelectorAll('#diff .diff-file').length === 2;", vec![])
+        .await;
+    let shown = b
+        .js(
+            "return [...document.querySelectorAll('#diff .diff-file')].map((d) => \
+               [d.dataset.path, d.dataset.status, [...d.querySelectorAll('.add')].map((n) => n.textContent).join('')]);",
+            vec![],
+        )
+        .await;
+    assert_eq!(shown, json!([["NEW.md", "added", "+new\n"], ["README.md", "modified", "+world\n"]]));
+
+    let patch =
+        app.http.get(app.url(&format!("/v1/runs/{id}/patch"))).bearer_auth(token("alice")).send().await.unwrap();
+    let patch = patch.bytes().await.unwrap().to_vec();
+    b.client.find(Locator::Css("#diff-download")).await.unwrap().click().await.unwrap();
+    let saved = downloads.path().join(format!("kiln-run-{id}.patch"));
+    let deadline = Instant::now() + WAIT;
+    while !saved.is_file() {
+        assert!(Instant::now() < deadline, "nothing downloaded");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(std::fs::read(&saved).unwrap(), patch);
+}
