@@ -20,7 +20,7 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder
 use utoipa::{Modify, OpenApi};
 
 use crate::routes::{
-    callback_key, control, deliver, environments, events as events_route, health, runs, stream_token, webhooks,
+    callback_key, changes, control, deliver, environments, events as events_route, health, runs, stream_token, webhooks,
 };
 use crate::{ApiError, AppState};
 
@@ -53,6 +53,8 @@ pub const METRICS_TOKEN: &str = "metrics_token";
         runs::list,
         runs::get,
         runs::cancel,
+        changes::patch,
+        changes::changes,
         environments::create,
         environments::list,
         environments::get,

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
+use kiln_protocol::changes::{ChangeScope, RunChanges};
 use kiln_protocol::event::is_terminal_kind;
 use kiln_protocol::{CreateRun, EventBody, Run, RunStatus};
 use secrecy::{ExposeSecret, SecretString};
@@ -112,6 +113,25 @@ impl KilnClient {
         }
         let list: RunList = parse(self.send(self.http.get(self.url(&path))).await?).await?;
         Ok(list.runs)
+    }
+
+    /// The run's change, summarised (`GET /v1/runs/{id}/changes`).
+    pub async fn changes(&self, id: Uuid, scope: ChangeScope) -> anyhow::Result<RunChanges> {
+        let path = format!("/v1/runs/{id}/changes?scope={}", scope_word(scope));
+        parse(self.send(self.http.get(self.url(&path))).await?).await
+    }
+
+    /// The run's patch, exactly the bytes the API keeps (`GET
+    /// /v1/runs/{id}/patch`): what `git apply` takes.
+    pub async fn patch(&self, id: Uuid, scope: ChangeScope) -> anyhow::Result<Vec<u8>> {
+        let path = format!("/v1/runs/{id}/patch?scope={}", scope_word(scope));
+        let response = self.send(self.http.get(self.url(&path))).await?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = response.text().await.unwrap_or_default();
+            bail!("Kiln answered HTTP {status}: {}", error_message(&body));
+        }
+        Ok(response.bytes().await?.to_vec())
     }
 
     pub async fn cancel_run(&self, id: Uuid) -> anyhow::Result<(Cancelled, Run)> {
@@ -260,6 +280,14 @@ async fn parse<T: serde::de::DeserializeOwned>(response: reqwest::Response) -> a
         bail!("Kiln answered HTTP {status}: {}", error_message(&body));
     }
     serde_json::from_str(&body).with_context(|| format!("unexpected answer from Kiln: {body}"))
+}
+
+/// `scope` as the API's query parameter spells it.
+fn scope_word(scope: ChangeScope) -> &'static str {
+    match scope {
+        ChangeScope::Run => "run",
+        ChangeScope::Session => "session",
+    }
 }
 
 /// The API's `{"error": {"message"}}`, or the body as it is.

@@ -1,17 +1,22 @@
 //! The client commands of `kiln`: `run`, `runs`, `logs`, `cancel`,
-//! `approve`, against a running Kiln at `KILN_URL` with `KILN_TOKEN`.
+//! `approve`, `diff`, `apply`, against a running Kiln at `KILN_URL` with
+//! `KILN_TOKEN`.
 
 use std::borrow::Cow;
+use std::io::{IsTerminal, Write};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use chrono::Utc;
 use futures::StreamExt;
+use kiln_protocol::changes::ChangeScope;
 use kiln_protocol::{CreateRun, Run};
 use secrecy::{ExposeSecret, SecretString};
 use uuid::Uuid;
 
 use crate::client::{Cancelled, Decision, KilnClient, StreamedEvent};
+use crate::render::diffstat::{coloured_patch, diffstat};
 use crate::render::printable::{escape_raw_controls, printable, printable_event};
 use crate::render::{Mode, Outcome, Totals, one_line};
 
@@ -128,7 +133,92 @@ pub async fn watch(client: &KilnClient, id: Uuid, follow: bool, mode: Mode) -> a
         totals.wall = wall_time(&client.get_run(id).await?);
     }
     render.finish(&totals);
+    if mode != Mode::Json && totals.changes.is_some_and(|c| c.files > 0) {
+        changed_files(client, id, mode == Mode::Live).await;
+    }
     Ok(exit_code(totals.outcome.as_ref()))
+}
+
+/// After a run that changed files: its diffstat and the commands that get
+/// the change. A failure to read it is said, not fatal: the run is over.
+async fn changed_files(client: &KilnClient, id: Uuid, colour: bool) {
+    let kiln = crate::invocation::kiln();
+    match client.changes(id, ChangeScope::Run).await {
+        Ok(changes) => {
+            for line in diffstat(&changes, colour) {
+                println!("{line}");
+            }
+            if changes.too_large {
+                println!("the patch was too large to keep; the list above is what the run changed");
+            } else {
+                println!("apply it: {kiln} apply {id}   (see it: {kiln} diff {id})");
+            }
+        }
+        Err(e) => eprintln!("kiln: the run's change could not be read: {}", printable(&format!("{e:#}"))),
+    }
+}
+
+/// What `kiln diff` shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiffView {
+    /// The patch: coloured on a terminal, its exact bytes otherwise.
+    Patch,
+    Stat,
+    Json,
+}
+
+/// `kiln diff`.
+pub async fn diff(client: &KilnClient, id: Uuid, view: DiffView, scope: ChangeScope) -> anyhow::Result<ExitCode> {
+    let terminal = std::io::stdout().is_terminal();
+    match view {
+        DiffView::Json => {
+            let changes = client.changes(id, scope).await?;
+            println!("{}", escape_raw_controls(&serde_json::to_string(&changes)?));
+        }
+        DiffView::Stat => {
+            let changes = client.changes(id, scope).await?;
+            for line in diffstat(&changes, terminal) {
+                println!("{line}");
+            }
+        }
+        DiffView::Patch => {
+            let patch = client.patch(id, scope).await?;
+            let mut out = std::io::stdout().lock();
+            if terminal {
+                out.write_all(coloured_patch(&patch).as_bytes())?;
+            } else {
+                // Piped: exactly what `git apply` takes.
+                out.write_all(&patch)?;
+            }
+            out.flush()?;
+            if patch.is_empty() && terminal {
+                eprintln!("run {id} changed no files");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `kiln apply`.
+pub async fn apply(client: &KilnClient, id: Uuid, dir: &Path, scope: ChangeScope) -> anyhow::Result<ExitCode> {
+    let run = client.get_run(id).await?;
+    let changes = client.changes(id, scope).await?;
+    if changes.too_large {
+        let kiln = crate::invocation::kiln();
+        anyhow::bail!(
+            "run {id}'s change was larger than this Kiln keeps as a patch; `{kiln} diff --stat {id}` lists its files"
+        );
+    }
+    let patch = if changes.files.is_empty() { Vec::new() } else { client.patch(id, scope).await? };
+    match crate::apply::apply(&run, &changes, &patch, dir)? {
+        crate::apply::Applied::Nothing => println!("run {id} changed no files: nothing to apply"),
+        crate::apply::Applied::Into { top, staged } => {
+            let what = crate::render::diffstat::summary(&changes.totals);
+            let staged = if staged { " (staged: git diff --cached shows it)" } else { "" };
+            println!("applied run {id}'s change to {}: {what}{staged}", printable(&top.display().to_string()));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 pub fn exit_code(outcome: Option<&Outcome>) -> ExitCode {

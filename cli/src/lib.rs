@@ -2,6 +2,7 @@
 //! start Kiln exactly as the binary does.
 
 pub mod app;
+pub mod apply;
 pub mod base_url;
 pub mod client;
 pub mod commands;

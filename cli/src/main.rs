@@ -12,6 +12,7 @@ use kiln_cli::commands::{self, Connection};
 use kiln_cli::render::Mode;
 use kiln_cli::settings::{ApiOptions, CallbackArgs, DbArgs, RepoArgs, WorkerOptions};
 use kiln_cli::up::UpArgs;
+use kiln_protocol::changes::ChangeScope;
 use kiln_protocol::{ApprovalMode, CreateRun, RepoSpec, RunStatus};
 use secrecy::{ExposeSecret, SecretString};
 use tokio_util::sync::CancellationToken;
@@ -140,6 +141,39 @@ enum Command {
         #[command(flatten)]
         connection: Connection,
     },
+    /// Show a run's change: the patch (coloured on a terminal, exactly
+    /// what `git apply` takes when piped), or its diffstat, or as JSON.
+    Diff {
+        /// The run's id, as `kiln run` and `kiln runs` print it.
+        #[arg(value_parser = parse_run_id)]
+        run: Uuid,
+        /// A diffstat: one line per file, then the totals.
+        #[arg(long, conflicts_with = "json")]
+        stat: bool,
+        /// The change's summary as the API's JSON (files, lines, base commit).
+        #[arg(long)]
+        json: bool,
+        /// The session's change so far (from its first run's base), not only this run's.
+        #[arg(long)]
+        session: bool,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Apply a run's change to a local checkout (three-way, staged). The
+    /// checkout is left untouched if any file conflicts.
+    Apply {
+        /// The run's id, as `kiln run` and `kiln runs` print it.
+        #[arg(value_parser = parse_run_id)]
+        run: Uuid,
+        /// The checkout (default: the current directory).
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// The session's change so far (from its first run's base), not only this run's.
+        #[arg(long)]
+        session: bool,
+        #[command(flatten)]
+        connection: Connection,
+    },
     /// Approve (or with --deny, refuse) a tool call waiting for approval.
     Approve {
         /// The run's id, as `kiln run` and `kiln runs` print it.
@@ -169,6 +203,10 @@ fn parse_run_id(s: &str) -> Result<Uuid, String> {
             kiln_cli::invocation::kiln()
         )
     })
+}
+
+fn scope(session: bool) -> ChangeScope {
+    if session { ChangeScope::Session } else { ChangeScope::Run }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -292,6 +330,17 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         Command::Approve { run, call, deny, reason, connection } => {
             let decision = if deny { Decision::Deny } else { Decision::Approve };
             commands::approve(&connection.client()?, run, &call, decision, reason.as_deref()).await
+        }
+        Command::Diff { run, stat, json, session, connection } => {
+            let view = match (stat, json) {
+                (_, true) => commands::DiffView::Json,
+                (true, false) => commands::DiffView::Stat,
+                (false, false) => commands::DiffView::Patch,
+            };
+            commands::diff(&connection.client()?, run, view, scope(session)).await
+        }
+        Command::Apply { run, dir, session, connection } => {
+            commands::apply(&connection.client()?, run, &dir, scope(session)).await
         }
         Command::Up(args) => {
             init_tracing(if args.demo { "warn" } else { "info" });

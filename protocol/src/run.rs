@@ -545,6 +545,11 @@ pub struct Run {
     /// `main/explore[1-1]` (its kind and the parent's call id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_path: Option<String>,
+    /// What the run changed (files, lines added and removed), once its
+    /// change was captured at its end; `GET /v1/runs/{id}/changes` has
+    /// the files, `/patch` the patch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changes: Option<crate::changes::ChangeTotals>,
 }
 
 #[cfg(test)]

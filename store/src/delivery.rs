@@ -2,8 +2,9 @@
 //! delivery keeps in `github_runs` (see `migrations/V3__github_delivery.sql`
 //! and `V7__github_owed_deliveries.sql`).
 //!
-//! Nothing here talks to GitHub. The worker captures the run's patch while the
-//! sandbox is alive, then delivers from these rows, so a retry can happen on
+//! Nothing here talks to GitHub. The worker captures every run's change
+//! while the sandbox is alive (`run_changes`, see `changes.rs`), then
+//! delivers from these rows and that one, so a retry can happen on
 //! any worker long after the container is gone.
 //!
 //! A run that ends owes a delivery (`delivery_requested_at`, set by a
@@ -31,8 +32,11 @@ pub struct DeliveryJob {
     pub holder: Uuid,
     pub base_ref: Option<String>,
     pub base_sha: Option<String>,
-    /// `None`: never captured (the run did not succeed, or capture failed).
+    /// The session's captured change (`run_changes`, scope `session`: what
+    /// applies to `base_sha`); `None`: never captured (capture failed), or
+    /// too large to keep (`patch_too_large`).
     pub patch: Option<Vec<u8>>,
+    pub patch_too_large: bool,
     /// The pull request an earlier attempt opened.
     pub pr_url: Option<String>,
 }
@@ -74,13 +78,6 @@ impl Store {
         Ok(())
     }
 
-    /// Keeps the run's changes (empty: none) for delivery.
-    pub async fn set_github_patch(&self, run_id: Uuid, patch: &[u8]) -> Result<(), StoreError> {
-        let client = self.client().await?;
-        client.execute("UPDATE github_runs SET patch = $2 WHERE run_id = $1", &[&run_id, &patch]).await?;
-        Ok(())
-    }
-
     /// Takes the delivery lease of an owed delivery (a finished GitHub run
     /// not yet delivered, see `migrations/V7__github_owed_deliveries.sql`)
     /// whose lease is free or has run out, and returns what to deliver:
@@ -113,7 +110,11 @@ impl Store {
                      ORDER BY o.delivery_requested_at
                      LIMIT 1
                      FOR UPDATE OF o SKIP LOCKED)
-                 RETURNING g.run_id, g.base_ref, g.base_sha, g.patch, g.pr_url",
+                 RETURNING g.run_id, g.base_ref, g.base_sha,
+                     (SELECT c.patch FROM run_changes c WHERE c.run_id = g.run_id AND c.scope = 'session'),
+                     g.pr_url,
+                     COALESCE((SELECT c.too_large FROM run_changes c WHERE c.run_id = g.run_id AND c.scope = 'session'),
+                              false)",
                 &[&run_id, &holder, &lease.as_secs_f64()],
             )
             .await?;
@@ -132,6 +133,7 @@ impl Store {
             base_ref: row.try_get(1)?,
             base_sha: row.try_get(2)?,
             patch: row.try_get(3)?,
+            patch_too_large: row.try_get(5)?,
             pr_url: row.try_get(4)?,
         }))
     }

@@ -6,6 +6,7 @@
 //! current one, so a worker that lost its run can no longer change it.
 
 mod callbacks;
+mod changes;
 mod children;
 mod control;
 mod delivery;
@@ -39,6 +40,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
 pub use callbacks::{CallbackAttempt, CallbackJob};
+pub use changes::{CapturedChange, PatchRow, PreviousRun, RunBase};
 pub use children::{ChildStart, ChildSummary, NewChild};
 pub use control::{Approval, DecideOutcome, Decision, InboxMessage, MessageOutcome};
 pub use delivery::{DeliveryJob, DeliveryRequest};

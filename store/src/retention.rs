@@ -7,6 +7,9 @@
 //! reports) are kept, so a client that opens the stream of a pruned run still
 //! learns how it ended, and the stream still closes.
 //!
+//! The run's captured change (`run_changes`, patch included) goes with its
+//! events; where it was taken from (`run_change_bases`, a few ids) stays.
+//!
 //! Work goes in small batches, each its own short statement, so pruning never
 //! holds locks that claims, appends or reads would wait on for long.
 
@@ -80,6 +83,9 @@ impl Store {
                      LIMIT $2
                  ), deleted AS (
                      DELETE FROM events e USING doomed d WHERE e.run_id = d.run_id AND e.seq = d.seq RETURNING 1
+                 ), changes AS (
+                     -- A run's captured change goes with its events.
+                     DELETE FROM run_changes c USING old o WHERE c.run_id = o.id
                  )
                  SELECT (SELECT count(*) FROM deleted), ARRAY(SELECT id FROM old)",
                 &[&cutoff, &batch, &terminal, &RUNS_PER_BATCH],

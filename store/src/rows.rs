@@ -61,5 +61,7 @@ pub(crate) fn run_from_row(row: &Row) -> Result<Run, StoreError> {
         callback_url: row.try_get(18)?,
         parent_run_id: row.try_get(19)?,
         agent_path: row.try_get(20)?,
+        // The API adds it (`Store::change_totals`): most reads need no join.
+        changes: None,
     })
 }

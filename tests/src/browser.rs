@@ -38,6 +38,16 @@ impl Browser {
     /// Starts chromedriver and a headless Chromium with a `width`×`height`
     /// window.
     pub async fn start(test: &str, width: u32, height: u32) -> Option<Browser> {
+        Self::start_with(test, width, height, None).await
+    }
+
+    /// [`Browser::start`], saving what the page downloads in `downloads`
+    /// without asking.
+    pub async fn start_downloading(test: &str, width: u32, height: u32, downloads: &Path) -> Option<Browser> {
+        Self::start_with(test, width, height, Some(downloads)).await
+    }
+
+    async fn start_with(test: &str, width: u32, height: u32, downloads: Option<&Path>) -> Option<Browser> {
         let driver_path = on_path(CHROMEDRIVER);
         let chromium = CHROMIUM_CANDIDATES.iter().map(Path::new).find(|p| p.is_file());
         let (Some(driver_path), Some(chromium)) = (driver_path, chromium) else {
@@ -85,6 +95,11 @@ impl Browser {
                 ],
             },
         });
+        let mut capabilities = capabilities;
+        if let Some(dir) = downloads {
+            capabilities["goog:chromeOptions"]["prefs"] =
+                json!({ "download.default_directory": dir, "download.prompt_for_download": false });
+        }
         let Value::Object(capabilities) = capabilities else { unreachable!() };
         let client = ClientBuilder::new(HttpConnector::new())
             .capabilities(capabilities)

@@ -24,6 +24,7 @@ use uuid::Uuid;
 pub use kiln_scripted_model;
 
 pub mod browser;
+pub mod changes;
 pub mod fake_github;
 pub mod git_repo;
 pub mod kiln_bin;
@@ -543,6 +544,7 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         environment_warm: kiln_worker::environment::warm::WarmSettings { per_environment: 0, max_containers: 4 },
         mcp: Default::default(),
         max_event_bytes_per_run: kiln_worker::config::DEFAULT_MAX_EVENT_BYTES_PER_RUN,
+        max_patch_bytes: kiln_worker::config::DEFAULT_MAX_PATCH_MB * 1024 * 1024,
     }
 }
 

@@ -396,6 +396,18 @@ async fn a_real_run_its_events_and_its_errors_match_their_schemas() {
     assert_eq!((status, finished["status"].as_str()), (200, Some("succeeded")));
     let (status, list) = exchange(&app, &doc, ("get", "/v1/runs"), "/v1/runs?limit=10", Some("alice"), None).await;
     assert_eq!((status, list["runs"].as_array().unwrap().len()), (200, 1));
+    // Its change, as the document describes both routes.
+    let changes = ("get", "/v1/runs/{id}/changes");
+    let (status, _) = exchange(&app, &doc, changes, &format!("/v1/runs/{id}/changes"), Some("alice"), None).await;
+    assert_eq!(status, 200);
+    let patch =
+        app.http.get(app.url(&format!("/v1/runs/{id}/patch"))).bearer_auth(token("alice")).send().await.unwrap();
+    assert_eq!(patch.status(), 200);
+    let content_type = patch.headers()["content-type"].to_str().unwrap().to_owned();
+    response_schema(&doc, "get", "/v1/runs/{id}/patch", 200, &content_type);
+    let unknown_patch = format!("/v1/runs/{}/patch", Uuid::new_v4());
+    let patch_route = ("get", "/v1/runs/{id}/patch");
+    assert_eq!(exchange(&app, &doc, patch_route, &unknown_patch, Some("alice"), None).await.0, 404);
     let cancel = ("post", "/v1/runs/{id}/cancel");
     let (status, _) = exchange(&app, &doc, cancel, &format!("/v1/runs/{id}/cancel"), Some("alice"), None).await;
     assert_eq!(status, 409);

@@ -9,7 +9,10 @@
 use std::time::{Duration, Instant};
 
 use fantoccini::Locator;
+use kiln_protocol::changes::ChangeScope;
 use kiln_tests::browser::{Browser, artifact};
+use kiln_tests::changes::staged_change;
+use kiln_tests::git_repo::{git, repo_with};
 use kiln_tests::kiln_scripted_model::Reply;
 use kiln_tests::netcut::CutProxy;
 use kiln_tests::{Options, TestApp, token};
@@ -292,8 +295,8 @@ async fn the_page_serves_with_a_strict_policy_and_the_api_stays_json() {
 }
 
 /// The events of a long run: 5,000 in all, with every kind the page draws,
-/// two kinds it has no listener for (read back from the JSON page), a plan,
-/// hostile text and a final diff.
+/// two kinds it has no listener for (read back from the JSON page), a plan
+/// and hostile text.
 fn long_run_events(total: i64) -> Vec<(String, Value)> {
     let mut events: Vec<(String, Value)> = vec![
         ("run.started".into(), json!({"worker": "w1", "attempt": 1})),
@@ -343,8 +346,7 @@ fn long_run_events(total: i64) -> Vec<(String, Value)> {
         events.push(("text.delta".into(), json!({"text": "closing words. "})));
     }
     events.push(("another.unknown".into(), json!({})));
-    let diff = "--- a/src/lib.rs\n+++ b/src/lib.rs\n@@ -1,2 +1,2 @@\n-fn old() {}\n+fn new() {}\n";
-    events.push(("run.succeeded".into(), json!({"summary": "long run done", "diff": diff})));
+    events.push(("run.succeeded".into(), json!({"summary": "long run done"})));
     events
 }
 
@@ -395,8 +397,7 @@ async fn a_run_of_5000_events_renders_quickly_and_exactly() {
                       tools: document.querySelectorAll('#timeline .tool').length, \
                       plan: document.getElementById('plan').hidden ? null : \
                         [...document.querySelectorAll('#plan-items li')].map((li) => li.dataset.status), \
-                      added: document.querySelectorAll('#diff-body .add').length, \
-                      removed: document.querySelectorAll('#diff-body .del').length, \
+                      changes: !document.getElementById('diff').hidden, \
                       input: document.getElementById('tot-in').textContent, \
                       steps: document.getElementById('tot-steps').textContent };",
             vec![],
@@ -406,7 +407,7 @@ async fn a_run_of_5000_events_renders_quickly_and_exactly() {
     assert_eq!(
         page,
         json!({"pwned": false, "parsed": 0, "tools": steps, "plan": ["done", "in_progress", "pending"],
-               "added": 1, "removed": 1, "input": input, "steps": steps.to_string()})
+               "changes": false, "input": input, "steps": steps.to_string()})
     );
 
     b.screenshot(&artifact("web-view-long-run.png")).await;
@@ -540,4 +541,124 @@ async fn a_sub_agent_appears_nested_and_live_under_its_call_and_opens() {
     .await;
     let child_last = app.run("alice", child.parse().unwrap()).await.last_event_seq;
     assert_exact_cover(&b.js(RANGES_JS, vec![]).await, child_last);
+}
+
+/// A run's change, file by file: names, statuses and counts; added and
+/// removed lines coloured; a binary file named, not dumped; a hostile file
+/// name shown as text; and the download is the API's patch, byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_change_is_shown_file_by_file_and_downloads_as_the_apis_patch() {
+    let downloads = tempfile::tempdir().unwrap();
+    let Some(b) = Browser::start_downloading("web_view::changes", 1100, 1400, downloads.path()).await else {
+        return;
+    };
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let hostile_name = "<img src=x onerror=\"window.__pwned=1\">.md";
+    let (repo, url) = repo_with(&[("README.md", "hello\n"), ("old.txt", "going\n")]);
+    let base = git(repo.path(), &["rev-parse", "HEAD"]);
+    let work = tempfile::tempdir().unwrap();
+    git(work.path(), &["clone", "-q", &url, "."]);
+    std::fs::write(work.path().join("README.md"), "hello\nworld\nagain\n").unwrap();
+    std::fs::write(work.path().join("logo.bin"), [0u8, 159, 146, 150, 0, 1]).unwrap();
+    std::fs::write(work.path().join(hostile_name), "boo\n").unwrap();
+    std::fs::remove_file(work.path().join("old.txt")).unwrap();
+    let change = staged_change(work.path(), &base, ChangeScope::Run);
+    let id = app.run_with_change("alice", &url, &[change]).await;
+    let patch =
+        app.http.get(app.url(&format!("/v1/runs/{id}/patch"))).bearer_auth(token("alice")).send().await.unwrap();
+    let patch = patch.bytes().await.unwrap().to_vec();
+
+    sign_in(&b, &format!("http://{}", app.addr), "alice").await;
+    b.js("location.hash = '#/runs/' + arguments[0];", vec![json!(id)]).await;
+    b.wait_js("the changes panel", WAIT, "return document.querySelectorAll('#diff .diff-file').length === 4;", vec![])
+        .await;
+    let panel = b
+        .js(
+            "const files = [...document.querySelectorAll('#diff .diff-file')].map((d) => ({ \
+               path: d.dataset.path, status: d.dataset.status, summary: d.querySelector('summary').textContent, \
+               added: [...d.querySelectorAll('.add')].map((n) => n.textContent), \
+               removed: [...d.querySelectorAll('.del')].map((n) => n.textContent), \
+               shown: !!d.querySelector('pre') })); \
+             return { files, summary: document.getElementById('diff-summary').textContent, \
+                      pwned: window.__pwned === 1, images: document.querySelectorAll('#diff img').length };",
+            vec![],
+        )
+        .await;
+    assert_eq!(panel["summary"], "4 files, +3 −1");
+    assert_eq!((panel["pwned"].clone(), panel["images"].clone()), (json!(false), json!(0)));
+    let files = panel["files"].as_array().unwrap();
+    let file = |path: &str| files.iter().find(|f| f["path"] == path).unwrap_or_else(|| panic!("{path}: {files:?}"));
+    assert_eq!(file("README.md")["added"], json!(["+world\n", "+again\n"]));
+    assert_eq!(file("README.md")["summary"], "README.mdmodified+2−0");
+    assert_eq!(
+        (file("old.txt")["status"].clone(), file("old.txt")["removed"].clone()),
+        (json!("deleted"), json!(["-going\n"]))
+    );
+    assert_eq!(file("logo.bin")["shown"], false, "a binary file is named, not dumped");
+    assert_eq!(file("logo.bin")["summary"], "logo.binaddedbinary");
+    assert_eq!(file(hostile_name)["added"], json!(["+boo\n"]));
+
+    // The download is the API's patch, byte for byte.
+    let link = b.client.find(Locator::Css("#diff-download")).await.unwrap();
+    assert_eq!(link.attr("download").await.unwrap().unwrap(), format!("kiln-run-{id}.patch"));
+    link.click().await.unwrap();
+    let saved = downloads.path().join(format!("kiln-run-{id}.patch"));
+    let deadline = Instant::now() + WAIT;
+    while !saved.is_file() {
+        assert!(
+            Instant::now() < deadline,
+            "nothing downloaded: {:?}",
+            std::fs::read_dir(downloads.path()).unwrap().collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(std::fs::read(&saved).unwrap(), patch);
+    b.screenshot(&artifact("web-view-changes.png")).await;
+}
+
+/// A real run, watched live: the panel fills when the run ends, from the
+/// worker's own capture, and downloads the API's patch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_runs_change_appears_when_it_ends() {
+    let downloads = tempfile::tempdir().unwrap();
+    let Some(b) = Browser::start_downloading("web_view::real_change", 1100, 1400, downloads.path()).await else {
+        return;
+    };
+    let edit = "printf 'world\\n' >> README.md && printf 'new\\n' > NEW.md";
+    let app = TestApp::spawn(Options {
+        script: vec![Reply::tool("bash", json!({ "command": edit })), Reply::text("Edited.")],
+        ..Default::default()
+    })
+    .await;
+    let (_repo, url) = repo_with(&[("README.md", "hello\n")]);
+    let spec = json!({"prompt": "edit", "repo": {"url": url}, "approval": "mutating"});
+    let id = app.create_run("alice", spec).await["id"].as_str().unwrap().to_owned();
+
+    sign_in(&b, &format!("http://{}", app.addr), "alice").await;
+    b.js("location.hash = '#/runs/' + arguments[0];", vec![json!(id)]).await;
+    b.wait_js("the call awaiting approval", WAIT, "return !!document.querySelector('.approval button');", vec![]).await;
+    assert_eq!(b.js("return document.getElementById('diff').hidden;", vec![]).await, true, "no change before the end");
+    b.client.find(Locator::Css(".approval button[data-decision=approve]")).await.unwrap().click().await.unwrap();
+    b.wait_js("the changes panel", WAIT, "return document.querySelectorAll('#diff .diff-file').length === 2;", vec![])
+        .await;
+    let shown = b
+        .js(
+            "return [...document.querySelectorAll('#diff .diff-file')].map((d) => \
+               [d.dataset.path, d.dataset.status, [...d.querySelectorAll('.add')].map((n) => n.textContent).join('')]);",
+            vec![],
+        )
+        .await;
+    assert_eq!(shown, json!([["NEW.md", "added", "+new\n"], ["README.md", "modified", "+world\n"]]));
+
+    let patch =
+        app.http.get(app.url(&format!("/v1/runs/{id}/patch"))).bearer_auth(token("alice")).send().await.unwrap();
+    let patch = patch.bytes().await.unwrap().to_vec();
+    b.client.find(Locator::Css("#diff-download")).await.unwrap().click().await.unwrap();
+    let saved = downloads.path().join(format!("kiln-run-{id}.patch"));
+    let deadline = Instant::now() + WAIT;
+    while !saved.is_file() {
+        assert!(Instant::now() < deadline, "nothing downloaded");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(std::fs::read(&saved).unwrap(), patch);
 }

@@ -114,6 +114,9 @@ pub struct WorkerConfig {
     /// Bytes of events one run may store, over all its attempts; when they
     /// are spent the run fails (`KILN_MAX_EVENT_BYTES_PER_RUN`).
     pub max_event_bytes_per_run: u64,
+    /// Largest patch of a run's change kept (`KILN_MAX_PATCH_MB`); a larger
+    /// change keeps only its per-file summary, marked `too_large`.
+    pub max_patch_bytes: u64,
     /// Ask providers to cache the prompt's stable prefix (Anthropic
     /// `cache_control` breakpoints, OpenAI `prompt_cache_key`); off for
     /// gateways that reject those fields (`KILN_PROMPT_CACHE`).
@@ -134,6 +137,8 @@ pub struct WorkerConfig {
 pub const DEFAULT_DEAD_WORKER_CHECK: Duration = Duration::from_secs(1);
 /// Default of [`WorkerConfig::max_tool_calls_per_step`].
 pub const DEFAULT_MAX_TOOL_CALLS_PER_STEP: usize = 64;
+/// Default of `KILN_MAX_PATCH_MB` ([`WorkerConfig::max_patch_bytes`]).
+pub const DEFAULT_MAX_PATCH_MB: u64 = 20;
 /// Default of [`WorkerConfig::max_event_bytes_per_run`]: 64 MiB.
 pub const DEFAULT_MAX_EVENT_BYTES_PER_RUN: u64 = 64 * 1024 * 1024;
 impl WorkerConfig {

@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod callbacks;
+pub mod capture;
 pub mod claim_loop;
 pub mod config;
 pub mod egress;

@@ -15,11 +15,17 @@ use crate::sandbox::repo_clone;
 pub struct LocalCheckout {
     _dir: tempfile::TempDir,
     path: PathBuf,
+    commit: Option<String>,
 }
 
 impl LocalCheckout {
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The commit checked out: the base of the run's change.
+    pub fn commit(&self) -> Option<String> {
+        self.commit.clone()
     }
 }
 
@@ -36,5 +42,6 @@ pub async fn make(ctx: &WorkerContext, run: &Run) -> Result<Option<LocalCheckout
             repo_clone::clone_repo(&repo.url, repo.git_ref.as_deref(), &path, &settings).await?;
         }
     }
-    Ok(Some(LocalCheckout { _dir: dir, path }))
+    let commit = crate::capture::base::head_commit(&path);
+    Ok(Some(LocalCheckout { _dir: dir, path, commit }))
 }

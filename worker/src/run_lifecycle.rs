@@ -16,6 +16,7 @@ use crate::agent::db_retry;
 use crate::agent::event_budget::EventBudget;
 use crate::agent::events::EventSink;
 use crate::agent::{AgentError, AgentRun, Outcome};
+use crate::capture::base::Workspace;
 use crate::claim_loop::WorkerContext;
 use crate::egress::{self, SessionProxy};
 use crate::handoff::Handoff;
@@ -145,6 +146,7 @@ async fn execute_in_span(
         Ending::Released | Ending::DatabaseAway(_) | Ending::LeaseLost => ending,
         ending => match ctx.presence.heartbeat(&lease, ctx.config.lease).await {
             Ok(_) => {
+                crate::capture::capture_change(&ctx, &run, &lease, &mut events).await;
                 let keep = !ctx.config.sandbox_idle.is_zero();
                 lifecycle::after_run(&ctx.docker, &ctx.config.sandbox, run.session_id, keep).await;
                 ending
@@ -260,13 +262,20 @@ async fn drive(
         Err(e) => return Ok(Outcome::Failed { error: format!("could not start the egress proxy: {e}") }),
     };
     let mut notice = None;
+    let mut workspace = Workspace::Continued;
     if origin != Origin::Reused {
         // An environment brought the workspace in itself.
-        let prepared = if with_environment { Ok(()) } else { fill_workspace(ctx, run, checkout, &sandbox).await };
-        if let Err(e) = prepared {
-            // A half-filled workspace must not be what a follow-up finds.
-            sandbox.remove().await;
-            return Ok(Outcome::Failed { error: format!("could not prepare the workspace: {e}") });
+        let prepared = match with_environment {
+            true => Ok(checkout.as_ref().and_then(|c| c.commit())),
+            false => fill_workspace(ctx, run, checkout, &sandbox).await,
+        };
+        match prepared {
+            Ok(commit) => workspace = Workspace::Fresh { commit },
+            Err(e) => {
+                // A half-filled workspace must not be what a follow-up finds.
+                sandbox.remove().await;
+                return Ok(Outcome::Failed { error: format!("could not prepare the workspace: {e}") });
+            }
         }
         // A takeover or a follow-up whose container is gone: the
         // conversation talks about files this sandbox does not have.
@@ -274,6 +283,8 @@ async fn drive(
             notice = Some(FRESH_SANDBOX_NOTE.to_owned());
         }
     }
+    // Where the run's change is taken from at its end.
+    crate::capture::base::record(ctx, run, lease, workspace).await?;
     events
         .write_now(EventBody::SandboxReady {
             container: sandbox.id().to_owned(),
@@ -321,25 +332,25 @@ async fn drive(
     let outcome = agent.drive().await?;
     // What the loop queued goes out before anything else writes events.
     events.commit().await?;
-    crate::github::capture(ctx, run, &sandbox, &outcome).await;
     Ok(outcome)
 }
 
 /// Puts the run's repository into a new sandbox: the checkout made before
 /// it, or one made now (the session's container went between the look and
-/// the start).
+/// the start). The commit checked out; `None`: no repository.
 async fn fill_workspace(
     ctx: &WorkerContext,
     run: &Run,
     checkout: Option<crate::local_checkout::LocalCheckout>,
     sandbox: &Sandbox,
-) -> Result<(), SandboxError> {
+) -> Result<Option<String>, SandboxError> {
     let checkout = match checkout {
         Some(c) => Some(c),
         None => crate::local_checkout::make(ctx, run).await?,
     };
-    let Some(checkout) = checkout else { return Ok(()) };
-    sandbox.upload_dir(checkout.path(), ctx.config.clone_settings().max_bytes).await
+    let Some(checkout) = checkout else { return Ok(None) };
+    sandbox.upload_dir(checkout.path(), ctx.config.clone_settings().max_bytes).await?;
+    Ok(checkout.commit())
 }
 
 /// The session's egress proxy, if its sandbox is on the session's network.

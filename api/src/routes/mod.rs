@@ -1,4 +1,5 @@
 pub mod callback_key;
+pub mod changes;
 pub mod control;
 pub mod deliver;
 pub mod environments;
@@ -20,6 +21,8 @@ pub fn v1() -> Router<AppState> {
         .route("/runs/{id}", get(runs::get))
         .route("/runs/{id}/cancel", post(runs::cancel))
         .route("/runs/{id}/deliver", post(deliver::deliver))
+        .route("/runs/{id}/patch", get(changes::patch))
+        .route("/runs/{id}/changes", get(changes::changes))
         .route("/runs/{id}/events", get(events::events))
         .route("/runs/{id}/stream-token", post(stream_token::mint))
         .route("/environments", post(environments::create).get(environments::list))

@@ -133,8 +133,22 @@ pub async fn get(
     Subject(owner): Subject,
     RunIdPath(id): RunIdPath,
 ) -> Result<Json<Run>, ApiError> {
-    let run = state.store.get_run(&owner, id).await?.ok_or_else(ApiError::run_not_found)?;
+    let mut run = state.store.get_run(&owner, id).await?.ok_or_else(ApiError::run_not_found)?;
+    with_change_totals(&state, std::slice::from_mut(&mut run)).await?;
     Ok(Json(run))
+}
+
+/// Adds each ended run's change totals (files, lines) to its object.
+async fn with_change_totals(state: &AppState, runs: &mut [Run]) -> Result<(), ApiError> {
+    let ended: Vec<uuid::Uuid> = runs.iter().filter(|r| r.status.is_terminal()).map(|r| r.id).collect();
+    if ended.is_empty() {
+        return Ok(());
+    }
+    let totals = state.store.change_totals(&ended).await?;
+    for run in runs {
+        run.changes = totals.get(&run.id).copied();
+    }
+    Ok(())
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -201,7 +215,8 @@ pub async fn list(
                 .ok_or_else(|| ApiError::BadRequest("cursor is not one this API issued".into()))
         })
         .transpose()?;
-    let page = state.store.list_runs(&owner, status, limit, cursor.as_ref()).await?;
+    let mut page = state.store.list_runs(&owner, status, limit, cursor.as_ref()).await?;
+    with_change_totals(&state, &mut page.runs).await?;
     Ok(Json(RunList { runs: page.runs, next_cursor: page.next_cursor }))
 }
 

@@ -24,7 +24,7 @@
     'step.finished', 'approval.requested', 'approval.resolved', 'message.queued', 'model.retry',
     'compaction', 'todo', 'delivery.succeeded', 'delivery.failed', 'callback.succeeded', 'callback.failed',
     'network.denied', 'network.allowed', 'subagent.started', 'subagent.event', 'subagent.finished',
-    ...TERMINAL,
+    'changes.captured', ...TERMINAL,
   ];
   const RENDER_BATCH = 500; // events rendered per frame; the rest wait for the next
   const RUNS_POLL_MS = 2000;
@@ -301,6 +301,122 @@
     }
   }
 
+  // ---- a run's change -------------------------------------------------------
+
+  // `3 files, +10 −2`.
+  function changeWords(t) {
+    const files = Number(t.files) || 0;
+    return `${num(files)} file${files === 1 ? '' : 's'}, +${num(t.additions)} −${num(t.deletions)}`;
+  }
+
+  // The patch cut at each `diff --git` line: one piece per file, in order.
+  function splitPatch(text) {
+    const pieces = [];
+    for (const line of text.replace(/\n$/, '').split('\n')) {
+      if (line.startsWith('diff --git ') || !pieces.length) pieces.push([]);
+      pieces[pieces.length - 1].push(line);
+    }
+    return pieces.filter((p) => p.length && p[0].startsWith('diff --git '));
+  }
+
+  // The piece of `pieces` about `file`: the one whose header names its
+  // path (`… b/<path>`), else the one at its place in the list.
+  function pieceFor(pieces, file, index) {
+    const tail = ' b/' + file.path;
+    return pieces.find((p) => p[0].endsWith(tail) || p[0].endsWith(tail + '"')) || pieces[index] || [];
+  }
+
+  function patchLines(lines) {
+    const pre = el('pre', { class: 'diff' });
+    const frag = document.createDocumentFragment();
+    for (const line of lines) {
+      let cls = null;
+      if (line.startsWith('@@')) cls = 'hunk';
+      else if (line.startsWith('+') && !line.startsWith('+++')) cls = 'add';
+      else if (line.startsWith('-') && !line.startsWith('---')) cls = 'del';
+      frag.append(el('span', { class: cls }, line + '\n'));
+    }
+    pre.append(frag);
+    return pre;
+  }
+
+  function fileBox(file, lines) {
+    const name = file.old_path && file.old_path !== file.path ? `${file.old_path} → ${file.path}` : file.path;
+    const counts = file.binary
+      ? [el('span', { class: 'status' }, 'binary')]
+      : [el('span', { class: 'plus' }, '+' + num(file.additions)), el('span', { class: 'minus' }, '−' + num(file.deletions))];
+    const body = file.binary
+      ? el('p', { class: 'muted' }, 'Binary file: in the patch, not shown here.')
+      : patchLines(lines);
+    const small = lines.length <= 400;
+    return el('details', { class: 'diff-file', open: small, data: { path: file.path, status: file.status } },
+      el('summary', null, name, el('span', { class: 'status' }, file.status.replace('_', ' ')), ...counts), body);
+  }
+
+  // The diff panel of run `id`: filled from `/changes` and `/patch` once
+  // the run has ended (its change is captured right before its end).
+  function changesPanel(id) {
+    const p = { loading: false, loaded: false, stopped: false, url: null };
+    $('diff').hidden = true;
+    $('diff-files').replaceChildren();
+    $('diff-summary').textContent = '';
+    $('diff-note').hidden = true;
+    const link = $('diff-download');
+    link.hidden = true;
+    link.removeAttribute('href');
+
+    // The patch's exact bytes (the download), and its text for display.
+    async function fetchPatch() {
+      const res = await fetch(`/v1/runs/${id}/patch`, { headers: { Authorization: 'Bearer ' + token() }, cache: 'no-store' });
+      if (!res.ok) throw new ApiError(res.status, 'http', 'HTTP ' + res.status);
+      return res.arrayBuffer();
+    }
+
+    async function load(attempt) {
+      if (p.loading || p.loaded || p.stopped) return;
+      p.loading = true;
+      try {
+        const changes = await api('GET', `/v1/runs/${id}/changes`);
+        const bytes = changes.too_large || !changes.files.length ? null : await fetchPatch();
+        if (p.stopped) return;
+        show(changes, bytes);
+        p.loaded = true;
+      } catch (e) {
+        // 404: nothing captured (no workspace, or its capture failed), or,
+        // right at the end, the run's status catching up: asked once more.
+        if (e.status === 404 && !attempt) setTimeout(() => load(1), 1000);
+        else if (e.status && e.status !== 404 && e.status !== 401) notice('Could not load the run\'s changes: ' + e.message);
+      } finally {
+        p.loading = false;
+      }
+    }
+
+    function show(changes, bytes) {
+      $('diff-summary').textContent = changes.files.length ? changeWords(changes.totals) : 'No files changed.';
+      if (changes.too_large) {
+        $('diff-note').textContent = `The patch (${num(changes.patch_bytes)} bytes) was larger than this deployment keeps; its files are listed.`;
+        $('diff-note').hidden = false;
+      }
+      const pieces = bytes ? splitPatch(new TextDecoder('utf-8').decode(bytes)) : [];
+      $('diff-files').replaceChildren(...changes.files.map((f, i) => fileBox(f, bytes ? pieceFor(pieces, f, i) : [])));
+      if (bytes) {
+        p.url = URL.createObjectURL(new Blob([bytes], { type: 'text/x-diff' }));
+        link.href = p.url;
+        link.setAttribute('download', `kiln-run-${id}.patch`);
+        link.hidden = false;
+      }
+      $('diff').hidden = false;
+    }
+
+    return {
+      load: () => load(0),
+      stop() {
+        p.stopped = true;
+        if (p.url) URL.revokeObjectURL(p.url);
+      },
+    };
+  }
+
   // ---- one run -------------------------------------------------------------
 
   function runView(id) {
@@ -309,8 +425,7 @@
     timeline.replaceChildren();
     $('plan').hidden = true;
     $('plan-items').replaceChildren();
-    $('diff').hidden = true;
-    $('diff-body').replaceChildren();
+    const changes = changesPanel(id);
     $('run-prompt').textContent = '';
     $('run-repo').textContent = '';
     // Nothing of the previous run's view stays: its status, its controls.
@@ -366,7 +481,7 @@
         ? 'Repository: ' + run.repo.url + (run.repo.ref ? ' @ ' + run.repo.ref : '')
         : 'No repository: a new session starts in an empty workspace';
       if (!s.status || TERMINAL.includes('run.' + run.status)) setStatus(run.status);
-      if (run.result && typeof run.result.diff === 'string') showDiff(run.result.diff);
+      if (TERMINAL.includes('run.' + run.status)) changes.load();
     }).catch((e) => {
       if (e.status === 404) notFound();
       else if (e.status !== 401) notice(e.message);
@@ -767,6 +882,10 @@
           const method = p.method ? p.method + ' ' : '';
           return meta(ev.seq, `Network denied: ${method}${p.host}:${p.port} by the ${p.layer} policy: ${p.rule}${more}`, 'ev-warn');
         }
+        case 'changes.captured': {
+          const what = Number(p.files) ? `${changeWords(p)}${p.too_large ? '; too large to keep as a patch' : ''}` : 'no files changed';
+          return meta(ev.seq, 'Changes captured: ' + what, p.too_large ? 'ev-warn' : null);
+        }
         case 'network.allowed':
           return meta(ev.seq, `Network: ${p.host}:${p.port} reached`);
         case 'run.succeeded':
@@ -776,7 +895,7 @@
           const status = ev.kind.slice(4);
           setStatus(status);
           const detail = { succeeded: p.summary, failed: p.error, cancelled: p.reason, timed_out: `after ${p.limit_s} s` }[status];
-          if (typeof p.diff === 'string') showDiff(p.diff);
+          changes.load();
           return add(mark(el('div', { class: 'end ' + status }, el('strong', null, status.replace('_', ' ')), detail ? ': ' + detail : ''), ev.seq));
         }
         default: {
@@ -794,20 +913,6 @@
         el('li', { data: { status: String(item.status || 'pending') } }, String(item.text || ''),
           item.status === 'in_progress' ? ' (in progress)' : '')));
       $('plan').hidden = items.length === 0;
-    }
-
-    function showDiff(diff) {
-      const body = $('diff-body');
-      const frag = document.createDocumentFragment();
-      for (const line of diff.replace(/\n$/, '').split('\n')) {
-        let cls = null;
-        if (line.startsWith('@@')) cls = 'hunk';
-        else if (line.startsWith('+') && !line.startsWith('+++')) cls = 'add';
-        else if (line.startsWith('-') && !line.startsWith('---')) cls = 'del';
-        frag.append(el('span', { class: cls }, line + '\n'));
-      }
-      body.replaceChildren(frag);
-      $('diff').hidden = false;
     }
 
     function renderTotals() {
@@ -850,6 +955,7 @@
     return {
       stop() {
         s.stopped = true;
+        changes.stop();
         if (s.es) s.es.close();
         for (const t of [s.flushTimer, s.retryTimer]) if (t) clearTimeout(t);
         $('steer-form').onsubmit = null;

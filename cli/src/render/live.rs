@@ -203,6 +203,11 @@ impl Render for Live {
             EventBody::CallbackFailed { attempt, error, .. } => {
                 self.print(&[format!("● completion callback attempt {attempt} failed: {error}")]);
             }
+            EventBody::ChangesCaptured { files, additions, deletions, too_large } => {
+                let totals = kiln_protocol::changes::ChangeTotals { files, additions, deletions };
+                let mark = if too_large { style("●").yellow() } else { style("●").dim() };
+                self.print(&[format!("{mark} {}", super::diffstat::captured(&totals, too_large))]);
+            }
             EventBody::RunSucceeded { .. }
             | EventBody::RunFailed { .. }
             | EventBody::RunCancelled { .. }

@@ -4,6 +4,7 @@
 
 use std::io::Write;
 
+use kiln_protocol::changes::ChangeTotals;
 use kiln_protocol::{EventBody, TodoItem, TodoStatus};
 use uuid::Uuid;
 
@@ -58,6 +59,10 @@ impl<W: Write> Printer<W> {
                 format!("● compacted: {summarized_messages} older messages summarised")
             }
             EventBody::ModelRetry { error, .. } => format!("● model call failed, retrying: {error}"),
+            EventBody::ChangesCaptured { files, additions, deletions, too_large } => {
+                let totals = ChangeTotals { files: *files, additions: *additions, deletions: *deletions };
+                format!("● {}", super::diffstat::captured(&totals, *too_large))
+            }
             EventBody::RunSucceeded { .. } => "● run succeeded".to_owned(),
             EventBody::RunFailed { error } => format!("● run failed: {error}"),
             EventBody::RunCancelled { reason } => format!("● run cancelled: {reason}"),

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use kiln_protocol::changes::ChangeTotals;
 use kiln_protocol::{EventBody, Usage};
 
 use crate::client::StreamedEvent;
@@ -60,6 +61,8 @@ pub struct Totals {
     pub outcome: Option<Outcome>,
     /// From the run's creation to its end, when known.
     pub wall: Option<Duration>,
+    /// What the run changed, from `changes.captured` (absent: not captured).
+    pub changes: Option<ChangeTotals>,
 }
 
 impl Totals {
@@ -74,6 +77,9 @@ impl Totals {
             // A sub-agent's spending is its parent's (its steps are its own).
             EventBody::SubagentFinished { usage, cost_usd, .. } => self.add_cost(usage, *cost_usd),
             EventBody::ToolResult { .. } => self.tool_calls += 1,
+            EventBody::ChangesCaptured { files, additions, deletions, .. } => {
+                self.changes = Some(ChangeTotals { files: *files, additions: *additions, deletions: *deletions });
+            }
             _ => {
                 if let Some(outcome) = Outcome::of(&body) {
                     self.outcome = Some(outcome);

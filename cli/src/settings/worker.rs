@@ -154,6 +154,10 @@ pub struct WorkerArgs {
     /// when they are spent, no more are stored and the run fails.
     #[arg(long, env = "KILN_MAX_EVENT_BYTES_PER_RUN", default_value_t = kiln_worker::config::DEFAULT_MAX_EVENT_BYTES_PER_RUN)]
     pub max_event_bytes_per_run: u64,
+    /// Largest patch of a run's change kept, in MiB; a larger change keeps
+    /// only its per-file summary (`too_large`), never a truncated patch.
+    #[arg(long, env = "KILN_MAX_PATCH_MB", default_value_t = kiln_worker::config::DEFAULT_MAX_PATCH_MB)]
+    pub max_patch_mb: u64,
     /// Ask the model provider to cache the prompt's stable prefix (Anthropic
     /// `cache_control`, OpenAI `prompt_cache_key`); `false` for gateways that
     /// reject those fields.
@@ -294,6 +298,7 @@ impl WorkerArgs {
                 max_containers: self.environment_warm_max,
             },
             max_event_bytes_per_run: self.max_event_bytes_per_run,
+            max_patch_bytes: self.max_patch_mb.saturating_mul(1024 * 1024),
             mcp: Arc::new(kiln_worker::mcp::McpConfig {
                 allow_private: self.mcp_allow_private,
                 ..match &self.mcp_servers {

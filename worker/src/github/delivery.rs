@@ -1,7 +1,6 @@
 //! The delivery steps: acknowledge, check out, capture, deliver.
 
 use std::path::Path;
-use std::time::Duration;
 
 use kiln_protocol::{Run, RunStatus};
 use kiln_store::{DeliveryJob, GithubOrigin, Store};
@@ -12,15 +11,8 @@ use super::comment::{inline, quote};
 use super::git::{GitAuth, git, push_new_branch};
 use super::policy::{self, check_login};
 use super::{Github, GithubError};
+use crate::sandbox::SandboxError;
 use crate::sandbox::repo_clone::CloneSettings;
-use crate::sandbox::{Sandbox, SandboxError};
-
-/// Where the patch is written inside the sandbox. Under `.git`: git never
-/// lists its own directory in a diff.
-const PATCH_IN_SANDBOX: &str = "/workspace/.git/kiln-delivery.patch";
-/// Largest patch delivered; bigger changes are almost surely build output.
-const MAX_PATCH_BYTES: u64 = 20 * 1024 * 1024;
-const CAPTURE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Acknowledges the trigger once per run, in the background so a slow
 /// GitHub does not hold the run up. Marked first: a run retried after a
@@ -155,40 +147,6 @@ async fn checkout_inner(
     Ok(())
 }
 
-/// Takes `/workspace`'s changes against the checked-out commit out of the
-/// sandbox (execs only: nothing runs on the worker's side with the agent's
-/// files) and stores them. Commits the agent made are included. Whatever
-/// the run left running is stopped first, so no background process can
-/// change the workspace while or after the patch is taken.
-pub async fn capture(store: &Store, run_id: Uuid, sandbox: &Sandbox) -> Result<(), GithubError> {
-    let Some(base) = store.github_base_sha(run_id).await? else {
-        // A run checked out before GitHub delivery was configured.
-        return Err(GithubError::Delivery("the run's base commit was not recorded".into()));
-    };
-    if !(7..=64).contains(&base.len()) || !base.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(GithubError::Delivery(format!("the recorded base {base:?} is not a commit id")));
-    }
-    sandbox
-        .kill_user_processes()
-        .await
-        .map_err(|e| GithubError::Sandbox(format!("stopping the run's processes before taking its changes: {e}")))?;
-    let command =
-        format!("git -C /workspace add -A && git -C /workspace diff --cached --binary {base} > {PATCH_IN_SANDBOX}");
-    let out = sandbox
-        .exec(&command, CAPTURE_TIMEOUT, 4096, |_| {})
-        .await
-        .map_err(|e| GithubError::Sandbox(format!("running git diff in the sandbox: {e}")))?;
-    if out.exit_code != Some(0) {
-        return Err(GithubError::Sandbox(format!("git diff in the sandbox failed: {}", out.output.trim())));
-    }
-    let patch = sandbox
-        .read_file(PATCH_IN_SANDBOX, MAX_PATCH_BYTES)
-        .await
-        .map_err(|e| GithubError::Sandbox(format!("reading the patch from the sandbox: {e}")))?;
-    store.set_github_patch(run_id, &patch).await?;
-    Ok(())
-}
-
 /// Reports the run; returns the pull request and comment URLs.
 pub async fn deliver_job(
     github: &Github,
@@ -204,10 +162,14 @@ pub async fn deliver_job(
     let body = match run.status {
         RunStatus::Succeeded => {
             let patch = job.patch.as_deref().ok_or_else(|| {
-                GithubError::Delivery(
-                    "the run succeeded but its changes were not collected from the sandbox (see the worker's log)"
+                GithubError::Delivery(match job.patch_too_large {
+                    true => "the run's change is larger than this deployment keeps (KILN_MAX_PATCH_MB); it was not \
+                             pushed"
                         .into(),
-                )
+                    false => "the run succeeded but its changes were not collected from the sandbox (see the \
+                              worker's log)"
+                        .into(),
+                })
             })?;
             if patch.is_empty() {
                 format!("Kiln run {link} finished without changing any files. Its answer:\n\n{}", quote(summary(run)))

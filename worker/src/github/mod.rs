@@ -11,9 +11,8 @@
 //!   configured GitHub's URL for it, never a host the payload names) and uploads
 //!   the tree into the sandbox ([`checkout`]); the token never enters the
 //!   container;
-//! - when the run succeeds, captures `/workspace`'s changes as a binary patch
-//!   through the Docker API while the sandbox is still alive ([`capture`]) and
-//!   keeps it in the database;
+//! - delivers the run's change as every run's is captured (`crate::capture`,
+//!   kept in `run_changes`): one capture path for every trigger;
 //! - after the terminal event, delivers ([`deliver_finished`]): a branch, a
 //!   pull request and an issue comment, or a comment with the reason. Its
 //!   outcome is a `delivery.*` event; it never changes the run's result.
@@ -41,9 +40,8 @@ pub use auth::Credentials;
 pub use client::RetryPolicy;
 pub use policy::{DeliveryPolicy, Permission, web_url_for};
 
-use crate::agent::Outcome;
 use crate::claim_loop::WorkerContext;
-use crate::sandbox::{Sandbox, SandboxError};
+use crate::sandbox::SandboxError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GithubError {
@@ -167,18 +165,6 @@ pub async fn checkout(ctx: &WorkerContext, run: &Run, dest: &Path) -> Option<Res
     let limits = ctx.config.clone_settings();
     let result = delivery::checkout(github, &ctx.store, run, &origin, dest, &limits).await;
     Some(result)
-}
-
-/// Hook for the end of a successful agent loop, while the sandbox lives:
-/// keeps the workspace's changes for delivery. Failures are logged; the
-/// delivery then reports that the changes could not be collected.
-pub async fn capture(ctx: &WorkerContext, run: &Run, sandbox: &Sandbox, outcome: &Outcome) {
-    if ctx.config.github.is_none() || !from_github(run) || !matches!(outcome, Outcome::Succeeded { .. }) {
-        return;
-    }
-    if let Err(e) = delivery::capture(&ctx.store, run.id, sandbox).await {
-        tracing::warn!(run_id = %run.id, error = %e, "capturing the run's changes for GitHub failed");
-    }
 }
 
 /// Hook for after the terminal event: reports the run on GitHub. (If this

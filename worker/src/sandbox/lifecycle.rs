@@ -79,6 +79,17 @@ pub async fn has_container(docker: &Docker, session_id: Uuid) -> bool {
     }
 }
 
+/// The session's running container as the run left it (nothing reset, no
+/// toolbox started), for a look inside after the run: the capture.
+pub async fn running(docker: &Docker, config: &SandboxConfig, session_id: Uuid) -> Option<Sandbox> {
+    has_container(docker, session_id).await.then(|| Sandbox {
+        docker: docker.clone(),
+        id: session_container_name(session_id),
+        config: config.clone(),
+        toolbox: Default::default(),
+    })
+}
+
 /// After a run: with `keep`, the container stays for the session's next
 /// run but nothing the run started keeps running in it; otherwise it goes.
 /// Works by name, so it also covers a run dropped halfway through starting.

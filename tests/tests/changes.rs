@@ -1,0 +1,269 @@
+//! A run's change (issue 28): captured in the sandbox when the run ends,
+//! whatever the end, kept with the run (`run_changes`), and exactly what
+//! `git apply` needs to rebuild the sandbox's tree on a fresh clone.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use kiln_protocol::changes::{ChangeScope, FileStatus};
+use kiln_protocol::{CreateRun, EventBody, Limits, RepoSpec, RunStatus};
+use kiln_scripted_model::Reply;
+use kiln_tests::git_repo::{git, repo_with};
+use kiln_tests::{Event, Options, TestApp, docker_exec, kinds, outcome, pick, token, worker_config};
+use kiln_worker::{ProviderKind, WorkerConfig};
+use serde_json::json;
+use uuid::Uuid;
+
+/// Keeps the session's container after the run, to look inside it.
+fn config() -> WorkerConfig {
+    WorkerConfig {
+        sandbox_idle: Duration::from_secs(120),
+        ..worker_config(ProviderKind::OpenAi, Duration::from_secs(10))
+    }
+}
+
+async fn app_with(script: Vec<Reply>, config: WorkerConfig) -> TestApp {
+    let app = TestApp::spawn(Options { worker: false, script, ..Default::default() }).await;
+    app.start_worker(config).await;
+    app
+}
+
+fn on_repo(url: &str, prompt: &str) -> CreateRun {
+    CreateRun { repo: Some(RepoSpec { url: url.to_owned(), git_ref: None }), ..CreateRun::new(prompt) }
+}
+
+fn captured(events: &[Event]) -> Vec<(u64, u64, u64, bool)> {
+    pick!(events, EventBody::ChangesCaptured { files, additions, deletions, too_large } =>
+        (*files, *additions, *deletions, *too_large))
+    .collect()
+}
+
+/// `git ls-files -s` of the session's workspace, everything staged (on a
+/// copy in the container's `/tmp`, after the run: the test's exec may not
+/// write the workspace).
+async fn sandbox_index(app: &TestApp, run: Uuid) -> String {
+    let container = app.containers_of(run).await.pop().expect("the session's container");
+    let (code, out) = docker_exec(
+        &container,
+        &["sh", "-c", "rm -rf /tmp/ws && cp -R --preserve=mode,links /workspace /tmp/ws && cd /tmp/ws && git -c safe.directory='*' add -A \
+          && git -c safe.directory='*' ls-files -s"],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    out.trim().to_owned()
+}
+
+/// `git ls-files -s` of a fresh clone of `url` with `patch` applied.
+fn applied_index(url: &str, patch: &[u8]) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    git(dir.path(), &["clone", "-q", url, "c"]);
+    let clone = dir.path().join("c");
+    let file = dir.path().join("p.patch");
+    std::fs::write(&file, patch).unwrap();
+    git(&clone, &["apply", "--index", file.to_str().unwrap()]);
+    let index = git(&clone, &["ls-files", "-s"]);
+    (dir, index)
+}
+
+const EDITS: &str = "set -e
+printf 'one more line\\n' >> a.txt
+rm gone.txt
+mv old.txt renamed.txt
+chmod +x tool.sh
+printf '\\000\\001\\002\\377binary' > blob.bin
+ln -s a.txt link
+mkdir -p dir && echo new > dir/new.txt";
+
+#[tokio::test]
+async fn a_runs_patch_applied_to_a_fresh_clone_gives_the_sandboxs_tree() {
+    let long: String = (0..40).map(|i| format!("line {i}\n")).collect();
+    let (repo, url) = repo_with(&[("a.txt", "a\n"), ("gone.txt", "bye\n"), ("old.txt", &long), ("tool.sh", "echo\n")]);
+    let app = app_with(vec![Reply::tool("bash", json!({ "command": EDITS })), Reply::text("done")], config()).await;
+    let id = app.submit("alice", on_repo(&url, "edit")).await.id;
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let n = events.len();
+    assert!(
+        matches!(events[n - 2].body, EventBody::ChangesCaptured { .. }),
+        "right before the end: {:?}",
+        kinds(&events)
+    );
+
+    let patch = app.store.run_patch(id, ChangeScope::Run).await.unwrap().expect("a stored patch");
+    assert!(!patch.too_large);
+    let (clone_dir, applied) = applied_index(&url, patch.patch.as_deref().unwrap());
+    assert_eq!(applied, sandbox_index(&app, id).await, "the patch rebuilds the sandbox's tree");
+
+    // The summary is what git says of the same change.
+    let changes = app.store.run_changes(id, ChangeScope::Run).await.unwrap().unwrap();
+    let mut numstat: Vec<String> = {
+        let clone = clone_dir.path().join("c");
+        git(&clone, &["diff", "--cached", "-M", "--numstat"]).lines().map(str::to_owned).collect()
+    };
+    numstat.sort();
+    let mut ours: Vec<String> = changes
+        .files
+        .iter()
+        .map(|f| {
+            let path = match &f.old_path {
+                Some(old) => format!("{old} => {}", f.path),
+                None => f.path.clone(),
+            };
+            match f.binary {
+                true => format!("-\t-\t{path}"),
+                false => format!("{}\t{}\t{path}", f.additions, f.deletions),
+            }
+        })
+        .collect();
+    ours.sort();
+    assert_eq!(ours, numstat);
+    let status = |p: &str| changes.files.iter().find(|f| f.path == p).map(|f| f.status);
+    assert_eq!(status("renamed.txt"), Some(FileStatus::Renamed));
+    assert_eq!(status("gone.txt"), Some(FileStatus::Deleted));
+    assert_eq!(status("link"), Some(FileStatus::Added));
+    assert_eq!(changes.base_commit.as_deref(), Some(git(repo.path(), &["rev-parse", "HEAD"]).as_str()));
+    let [(files, additions, deletions, false)] = captured(&events)[..] else { panic!("{:?}", captured(&events)) };
+    assert_eq!(
+        (files, additions, deletions),
+        (changes.totals.files, changes.totals.additions, changes.totals.deletions)
+    );
+    // A first run's session change is its own.
+    let session = app.store.run_patch(id, ChangeScope::Session).await.unwrap().unwrap();
+    assert_eq!(session.patch, patch.patch);
+}
+
+#[tokio::test]
+async fn a_hostile_repository_configuration_runs_nothing_during_the_capture() {
+    let marker = format!("/tmp/kiln-hostile-{}", Uuid::new_v4().simple());
+    let (_repo, url) = repo_with(&[("a.txt", "a\n"), (".gitattributes", "* filter=evil diff=evil\n")]);
+    // The agent sets the repository's configuration up; the marker would
+    // be created by whichever git reads it (in the sandbox, or on the
+    // worker's side if the capture ran git there).
+    let hostile = format!(
+        "set -e
+git config core.fsmonitor 'touch {marker}-fsmonitor; false'
+mkdir -p .hooks && printf '#!/bin/sh\\ntouch {marker}-hook\\n' > .hooks/post-index-change && chmod +x .hooks/post-index-change
+git config core.hooksPath .hooks
+git config diff.evil.textconv 'touch {marker}-textconv; cat'
+git config diff.evil.command 'touch {marker}-extdiff; true'
+git config filter.evil.clean 'touch {marker}-clean; cat'
+git config filter.evil.required true
+echo changed >> a.txt"
+    );
+    let app = app_with(vec![Reply::tool("bash", json!({ "command": hostile })), Reply::text("done")], config()).await;
+    let id = app.submit("alice", on_repo(&url, "edit")).await.id;
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let container = app.containers_of(id).await.pop().unwrap();
+    let (_, found) = docker_exec(&container, &["sh", "-c", &format!("ls {marker}* 2>/dev/null; true")]).await;
+    assert_eq!(found.trim(), "", "the repository's commands ran in the sandbox during the capture");
+    let here: Vec<_> = std::fs::read_dir("/tmp")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().to_string_lossy().starts_with(&marker))
+        .collect();
+    assert!(here.is_empty(), "the repository's commands ran on the worker's side: {here:?}");
+    let changes = app.store.run_changes(id, ChangeScope::Run).await.unwrap().expect("captured");
+    let paths: Vec<&str> = changes.files.iter().map(|f| f.path.as_str()).collect();
+    assert!(paths.contains(&"a.txt"), "{paths:?}");
+}
+
+#[tokio::test]
+async fn a_change_over_the_bound_keeps_its_summary_and_no_patch() {
+    let (_repo, url) = repo_with(&[("a.txt", "a\n")]);
+    let big = "head -c 300000 /dev/urandom | base64 > big.txt; echo b >> a.txt";
+    let config = WorkerConfig { max_patch_bytes: 64 * 1024, ..config() };
+    let app = app_with(vec![Reply::tool("bash", json!({ "command": big })), Reply::text("done")], config).await;
+    let id = app.submit("alice", on_repo(&url, "edit")).await.id;
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let [(2, _, _, true)] = captured(&events)[..] else { panic!("{:?}", captured(&events)) };
+    let patch = app.store.run_patch(id, ChangeScope::Run).await.unwrap().unwrap();
+    assert!(patch.too_large && patch.patch.is_none());
+    assert!(patch.patch_bytes > 64 * 1024, "{}", patch.patch_bytes);
+    let changes = app.store.run_changes(id, ChangeScope::Run).await.unwrap().unwrap();
+    assert!(changes.too_large);
+    assert!(changes.files.iter().any(|f| f.path == "big.txt" && f.additions > 1000));
+}
+
+async fn wait_for_change_file(app: &TestApp, id: Uuid) {
+    app.events_until(
+        "alice",
+        id,
+        None,
+        |e| matches!(&e.body, EventBody::ToolOutput { text, .. } if text.contains("written")),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn cancelled_and_timed_out_runs_keep_their_change() {
+    let (_repo, url) = repo_with(&[("a.txt", "a\n")]);
+    let slow =
+        |file: &str| Reply::tool("bash", json!({ "command": format!("echo x > {file}; echo written; sleep 600") }));
+    let app = app_with(vec![slow("cancelled.txt"), slow("timed_out.txt")], config()).await;
+
+    let cancelled = app.submit("alice", on_repo(&url, "c")).await.id;
+    wait_for_change_file(&app, cancelled).await;
+    let r = app.http.post(app.url(&format!("/v1/runs/{cancelled}/cancel"))).bearer_auth(token("alice")).send().await;
+    assert!(r.unwrap().status().is_success());
+    let events = app.events("alice", cancelled).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Cancelled), "{:?}", kinds(&events));
+
+    let spec = CreateRun { limits: Some(Limits { timeout_s: Some(4), ..Default::default() }), ..on_repo(&url, "t") };
+    let timed_out = app.submit("alice", spec).await.id;
+    let events = app.events("alice", timed_out).await;
+    assert_eq!(outcome(&events), Some(RunStatus::TimedOut), "{:?}", kinds(&events));
+
+    for (id, file) in [(cancelled, "cancelled.txt"), (timed_out, "timed_out.txt")] {
+        let changes = app.store.run_changes(id, ChangeScope::Run).await.unwrap().expect("captured");
+        let paths: Vec<&str> = changes.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(paths, [file]);
+    }
+}
+
+#[tokio::test]
+async fn a_follow_up_has_its_own_change_and_the_sessions() {
+    let (_repo, url) = repo_with(&[("a.txt", "a\n")]);
+    let script = vec![
+        Reply::tool("bash", json!({ "command": "echo one > one.txt" })),
+        Reply::text("first"),
+        Reply::tool("bash", json!({ "command": "echo two > two.txt; echo more >> one.txt" })),
+        Reply::text("second"),
+    ];
+    let app = app_with(script, config()).await;
+    let first = app.submit("alice", on_repo(&url, "one")).await.id;
+    assert_eq!(outcome(&app.events("alice", first).await), Some(RunStatus::Succeeded));
+    let r = app
+        .http
+        .post(app.url(&format!("/v1/runs/{first}/messages")))
+        .bearer_auth(token("alice"))
+        .json(&json!({ "text": "two" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let body: serde_json::Value = r.json().await.unwrap();
+    let second: Uuid = body["run"]["id"].as_str().unwrap().parse().unwrap();
+    assert_eq!(outcome(&app.events("alice", second).await), Some(RunStatus::Succeeded));
+
+    let files =
+        |c: &kiln_protocol::changes::RunChanges| c.files.iter().map(|f| (f.path.clone(), f.status)).collect::<Vec<_>>();
+    let own = app.store.run_changes(second, ChangeScope::Run).await.unwrap().unwrap();
+    assert_eq!(files(&own), [("one.txt".to_owned(), FileStatus::Modified), ("two.txt".to_owned(), FileStatus::Added)]);
+    let session = app.store.run_changes(second, ChangeScope::Session).await.unwrap().unwrap();
+    assert_eq!(files(&session), [("one.txt".to_owned(), FileStatus::Added), ("two.txt".to_owned(), FileStatus::Added)]);
+    // The session's patch applies to the base; the run's on top of the first run's.
+    let first_patch = app.store.run_patch(first, ChangeScope::Run).await.unwrap().unwrap().patch.unwrap();
+    let own_patch = app.store.run_patch(second, ChangeScope::Run).await.unwrap().unwrap().patch.unwrap();
+    let session_patch = app.store.run_patch(second, ChangeScope::Session).await.unwrap().unwrap().patch.unwrap();
+    let (stepwise_dir, stepwise) = applied_index(&url, &first_patch);
+    let (_at_once_dir, at_once) = applied_index(&url, &session_patch);
+    let dir = stepwise_dir.path().join("c");
+    let file = stepwise_dir.path().join("own.patch");
+    std::fs::write(&file, &own_patch).unwrap();
+    git(&dir, &["apply", "--index", file.to_str().unwrap()]);
+    assert_ne!(stepwise, at_once);
+    assert_eq!(git(&dir, &["ls-files", "-s"]), at_once);
+    assert_eq!(at_once, sandbox_index(&app, second).await);
+}

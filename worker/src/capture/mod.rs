@@ -1,0 +1,102 @@
+//! The capture phase (issue 28): what a run changed in its workspace, taken
+//! inside the sandbox when the run ends, whatever the end (succeeded,
+//! failed, cancelled, timed out; not a run handed back or lost, whose next
+//! attempt captures). Its processes are killed first, so nothing changes
+//! the workspace while or after it is taken. Two changes are kept
+//! (`run_changes`): the run's own, from its base ([`base`]), and the
+//! session's, from the session's first base. The patch is read back within
+//! `KILN_MAX_PATCH_MB`: over it only the per-file summary is kept, marked
+//! `too_large`. A capture that fails is logged and leaves no change; it
+//! never changes how the run ended.
+
+pub mod base;
+mod script;
+mod summary;
+
+use kiln_protocol::changes::{ChangeScope, ChangeTotals};
+use kiln_protocol::{EventBody, Run};
+use kiln_store::{CapturedChange, Lease, RunBase, StoreError};
+
+use crate::agent::events::EventSink;
+use crate::claim_loop::WorkerContext;
+use crate::sandbox::{Sandbox, lifecycle};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error("stopping the run's processes: {0}")]
+    Kill(String),
+    #[error("in the sandbox: {0}")]
+    Sandbox(String),
+    #[error("the capture failed in the sandbox (exit {code:?}): {output}")]
+    Script { code: Option<i64>, output: String },
+    #[error("the sandbox answered garbage: {0}")]
+    Garbage(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Captures and stores the run's change, and queues `changes.captured`
+/// (written with the run's last events, before the terminal one).
+pub async fn capture_change(ctx: &WorkerContext, run: &Run, lease: &Lease, events: &mut EventSink) {
+    match capture(ctx, run, lease).await {
+        Ok(Some((totals, too_large))) => {
+            let body = EventBody::ChangesCaptured {
+                files: totals.files,
+                additions: totals.additions,
+                deletions: totals.deletions,
+                too_large,
+            };
+            if let Err(e) = events.write_soon(body).await {
+                tracing::warn!(run_id = %run.id, error = %e, "recording changes.captured failed");
+            }
+        }
+        Ok(None) => {}
+        Err(e) => tracing::warn!(run_id = %run.id, error = %e, "capturing the run's change failed; it has none"),
+    }
+}
+
+/// The run's own change's totals and whether its patch was too large;
+/// `None` when the run has no workspace (no base, or no container).
+async fn capture(ctx: &WorkerContext, run: &Run, lease: &Lease) -> Result<Option<(ChangeTotals, bool)>, CaptureError> {
+    let Some(base) = ctx.store.run_base(run.id).await? else { return Ok(None) };
+    let Some(sandbox) = lifecycle::running(&ctx.docker, &ctx.config.sandbox, run.session_id).await else {
+        return Ok(None);
+    };
+    sandbox.kill_user_processes().await.map_err(|e| CaptureError::Kill(e.to_string()))?;
+    let taken = script::take(&sandbox, &base.base, &base.session_base).await?;
+    let own = read_change(ctx, &sandbox, &base, &taken, ChangeScope::Run).await?;
+    let session = match taken.session_patch_bytes {
+        Some(_) => read_change(ctx, &sandbox, &base, &taken, ChangeScope::Session).await?,
+        None => CapturedChange { scope: ChangeScope::Session, ..own.clone() },
+    };
+    ctx.store.save_run_changes(lease, &own).await?;
+    ctx.store.save_run_changes(lease, &session).await?;
+    Ok(Some((own.totals, own.too_large)))
+}
+
+async fn read_change(
+    ctx: &WorkerContext,
+    sandbox: &Sandbox,
+    base: &RunBase,
+    taken: &script::Taken,
+    scope: ChangeScope,
+) -> Result<CapturedChange, CaptureError> {
+    let (name, bytes, base_commit) = match scope {
+        ChangeScope::Run => ("run", taken.run_patch_bytes, &base.base_commit),
+        ChangeScope::Session => {
+            ("session", taken.session_patch_bytes.unwrap_or(taken.run_patch_bytes), &base.session_base_commit)
+        }
+    };
+    let read = script::read(sandbox, name, bytes, ctx.config.max_patch_bytes).await?;
+    let (files, totals) = read.summary();
+    Ok(CapturedChange {
+        scope,
+        base_commit: base_commit.clone(),
+        tree: Some(taken.tree.clone()),
+        files,
+        totals,
+        too_large: read.patch.is_none(),
+        patch_bytes: bytes,
+        patch: read.patch,
+    })
+}

@@ -1,0 +1,140 @@
+//! Reading git's `--name-status -z` and `--numstat -z` output, as the
+//! sandbox produced it: hostile input. Both are cut to a number of entries
+//! and a path length; a record cut short at the end is dropped.
+
+use kiln_protocol::changes::{ChangeTotals, FileChange, FileStatus};
+
+/// Most files a summary lists.
+pub const MAX_FILES: usize = 10_000;
+/// Longest path kept (bytes); longer ones are cut, marked with `…`.
+pub const MAX_PATH: usize = 4096;
+
+/// The per-file summary and its totals (over the files listed).
+pub fn summarise(name_status: &[u8], numstat: &[u8]) -> (Vec<FileChange>, ChangeTotals) {
+    let statuses = parse_name_status(name_status);
+    let mut counts = parse_numstat(numstat).into_iter();
+    let mut totals = ChangeTotals::default();
+    let files: Vec<FileChange> = statuses
+        .into_iter()
+        .map(|(status, old_path, path)| {
+            // Both lists come from one diff, in one order; a count whose
+            // path differs is not this file's.
+            let (additions, deletions, binary) =
+                counts.next().filter(|c| c.3 == path).map_or((0, 0, false), |c| (c.0, c.1, c.2));
+            totals.files += 1;
+            totals.additions = totals.additions.saturating_add(additions);
+            totals.deletions = totals.deletions.saturating_add(deletions);
+            FileChange { path, old_path, status, additions, deletions, binary }
+        })
+        .collect();
+    (files, totals)
+}
+
+/// `(status, old path, path)` per file.
+fn parse_name_status(bytes: &[u8]) -> Vec<(FileStatus, Option<String>, String)> {
+    let mut fields = fields(bytes);
+    let mut out = Vec::new();
+    while out.len() < MAX_FILES {
+        let Some(code) = fields.next() else { break };
+        let (status, two_paths) = match code.first() {
+            Some(b'A') => (FileStatus::Added, false),
+            Some(b'D') => (FileStatus::Deleted, false),
+            Some(b'T') => (FileStatus::TypeChanged, false),
+            Some(b'R') => (FileStatus::Renamed, true),
+            Some(b'C') => (FileStatus::Copied, true),
+            Some(b'M' | b'U' | b'X' | b'B') => (FileStatus::Modified, false),
+            _ => break,
+        };
+        let Some(first) = fields.next() else { break };
+        let entry = if two_paths {
+            let Some(second) = fields.next() else { break };
+            (status, Some(path(first)), path(second))
+        } else {
+            (status, None, path(first))
+        };
+        out.push(entry);
+    }
+    out
+}
+
+/// `(additions, deletions, binary, path)` per file; a rename's path is its
+/// new one.
+fn parse_numstat(bytes: &[u8]) -> Vec<(u64, u64, bool, String)> {
+    let mut fields = fields(bytes);
+    let mut out = Vec::new();
+    while out.len() < MAX_FILES {
+        let Some(head) = fields.next() else { break };
+        let mut parts = head.splitn(3, |b| *b == b'\t');
+        let (Some(a), Some(d), Some(rest)) = (parts.next(), parts.next(), parts.next()) else { break };
+        let binary = a == b"-" && d == b"-";
+        let count = |t: &[u8]| std::str::from_utf8(t).ok().and_then(|t| t.parse::<u64>().ok());
+        let (additions, deletions) = match (binary, count(a), count(d)) {
+            (true, _, _) => (0, 0),
+            (false, Some(a), Some(d)) => (a, d),
+            _ => break,
+        };
+        // A rename: an empty path here, then the old and new paths.
+        let file = if rest.is_empty() {
+            let (Some(_old), Some(new)) = (fields.next(), fields.next()) else { break };
+            path(new)
+        } else {
+            path(rest)
+        };
+        out.push((additions, deletions, binary, file));
+    }
+    out
+}
+
+/// The NUL-terminated fields; an unterminated last one (the output was cut)
+/// is left out.
+fn fields(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let complete = bytes.iter().rposition(|b| *b == 0).map_or(&bytes[..0], |end| &bytes[..end]);
+    complete.split(|b| *b == 0).filter(|_| !complete.is_empty())
+}
+
+fn path(bytes: &[u8]) -> String {
+    if bytes.len() <= MAX_PATH {
+        return String::from_utf8_lossy(bytes).into_owned();
+    }
+    let mut cut = String::from_utf8_lossy(&bytes[..MAX_PATH]).into_owned();
+    cut.push('…');
+    cut
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_every_kind_of_entry() {
+        let status = b"M\0a.txt\0R087\0old name\0new name\0A\0img.png\0D\0gone\0T\0link\0";
+        let numstat = b"1\t2\ta.txt\x003\t0\t\0old name\0new name\0-\t-\timg.png\x000\t4\tgone\x001\t1\tlink\0";
+        let (files, totals) = summarise(status, numstat);
+        assert_eq!(files.len(), 5);
+        assert_eq!(files[1].status, FileStatus::Renamed);
+        assert_eq!(files[1].old_path.as_deref(), Some("old name"));
+        assert_eq!(files[1].path, "new name");
+        assert_eq!(files[1].additions, 3);
+        assert!(files[2].binary && files[2].status == FileStatus::Added);
+        assert_eq!(totals, ChangeTotals { files: 5, additions: 5, deletions: 7 });
+    }
+
+    #[test]
+    fn garbage_and_cut_output_never_panic() {
+        for input in [&b""[..], b"\0\0\0", b"Z\0x\0", b"R100\0only-one", b"M\0a", b"\xff\xfe\0\x00"] {
+            let _ = summarise(input, input);
+        }
+        let (files, _) = summarise(b"M\0a\0M\0b", b"x\ty\tz\0");
+        assert_eq!(files.len(), 1, "the cut last record is dropped");
+        assert_eq!((files[0].additions, files[0].deletions), (0, 0), "a malformed count counts nothing");
+        let long = vec![b'a'; MAX_PATH * 2];
+        let input = [b"A\0".as_slice(), &long, b"\0"].concat();
+        assert_eq!(summarise(&input, b"").0[0].path.len(), MAX_PATH + '…'.len_utf8());
+    }
+
+    #[test]
+    fn the_number_of_files_is_capped() {
+        let input: Vec<u8> = (0..MAX_FILES + 5).flat_map(|i| format!("A\0f{i}\0").into_bytes()).collect();
+        assert_eq!(summarise(&input, b"").0.len(), MAX_FILES);
+    }
+}
