@@ -224,8 +224,6 @@ impl Render for Live {
                     self.print(&lines);
                 }
             }
-            // Said in words by the run's closing lines (the diffstat).
-            EventBody::ChangesCaptured { .. } => {}
             EventBody::ToolCallDelta { .. } | EventBody::NetworkAllowed { .. } => {}
         }
     }
