@@ -122,6 +122,7 @@ impl Default for Options {
                 sse_keep_alive: Duration::from_secs(1),
                 // As the workers' `worker_config`: tests clone from loopback.
                 repo_rules: kiln_protocol::repo_url::RepoRules { allow_private: true, allow_git_protocols: false },
+                environment_images: std::sync::Arc::new(sandbox_image_only()),
                 ..Default::default()
             },
             script: Vec::new(),
@@ -505,6 +506,17 @@ pub async fn docker_exec(container: &str, cmd: &[&str]) -> (i64, String) {
     }
 }
 
+/// The test machine's sandbox image (`KILN_SANDBOX_IMAGE`).
+pub fn sandbox_image() -> String {
+    std::env::var("KILN_SANDBOX_IMAGE").unwrap_or_else(|_| "kiln-sandbox:latest".into())
+}
+
+/// `KILN_ENVIRONMENT_IMAGES` as a deployment that sets none has it: the
+/// sandbox image only.
+pub fn sandbox_image_only() -> kiln_protocol::image_name::ImagePatterns {
+    kiln_protocol::image_name::ImagePatterns::parse(&sandbox_image()).expect("KILN_SANDBOX_IMAGE is an image name")
+}
+
 pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
     WorkerConfig {
         worker_id: format!("test-{}", Uuid::new_v4().simple()),
@@ -515,10 +527,7 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         lease,
         dead_worker_check: Some(kiln_worker::config::DEFAULT_DEAD_WORKER_CHECK),
         poll_interval: Duration::from_millis(500),
-        sandbox: SandboxConfig {
-            image: std::env::var("KILN_SANDBOX_IMAGE").unwrap_or_else(|_| "kiln-sandbox:latest".into()),
-            ..SandboxConfig::default()
-        },
+        sandbox: SandboxConfig { image: sandbox_image(), ..SandboxConfig::default() },
         default_provider: provider,
         default_model: "scripted".into(),
         default_max_tokens: 1024,
@@ -543,6 +552,7 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         environment_warm: kiln_worker::environment::warm::WarmSettings { per_environment: 0, max_containers: 4 },
         mcp: Default::default(),
         max_event_bytes_per_run: kiln_worker::config::DEFAULT_MAX_EVENT_BYTES_PER_RUN,
+        environment_images: std::sync::Arc::new(sandbox_image_only()),
     }
 }
 

@@ -294,6 +294,8 @@ impl WorkerArgs {
                 max_containers: self.environment_warm_max,
             },
             max_event_bytes_per_run: self.max_event_bytes_per_run,
+            // Set from `RepoArgs` by `WorkerOptions::parts`.
+            environment_images: Default::default(),
             mcp: Arc::new(kiln_worker::mcp::McpConfig {
                 allow_private: self.mcp_allow_private,
                 ..match &self.mcp_servers {
