@@ -133,6 +133,9 @@ pub struct ApiSettings {
     /// The sub-agent kinds a run's `agents` may name (`KILN_AGENT_KINDS`,
     /// which workers read too); the built-in ones by default.
     pub agent_kinds: Arc<kiln_protocol::agents::AgentKinds>,
+    /// The images an environment may name (`KILN_ENVIRONMENT_IMAGES`,
+    /// which workers read too); the deployment's sandbox image by default.
+    pub environment_images: Arc<kiln_protocol::image_name::ImagePatterns>,
 }
 
 /// Default of [`ApiSettings::event_page_bytes`]: 2 MiB.
@@ -157,6 +160,7 @@ impl Default for ApiSettings {
             event_page_bytes: DEFAULT_EVENT_PAGE_BYTES,
             secrets_key: None,
             agent_kinds: Default::default(),
+            environment_images: Default::default(),
         }
     }
 }

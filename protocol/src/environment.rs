@@ -43,7 +43,10 @@ pub const DEFAULT_LOCK_FILES: &[&str] = &[
 pub struct EnvironmentSpec {
     /// Lower-case letters, digits, `.`, `_` and `-`; unique per subject.
     pub name: String,
-    /// The image setup starts from; the deployment's sandbox image
+    /// The image setup starts from, by name (`repository[:tag]` or
+    /// `repository@digest`), one the deployment allows
+    /// (`KILN_ENVIRONMENT_IMAGES`); never an image id or id prefix, nor a
+    /// prepared `kiln-env` image. The deployment's sandbox image
     /// (`KILN_SANDBOX_IMAGE`) when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,

@@ -205,7 +205,10 @@ pub static DECISION_REASON: Text = Text::new(0, 4096, NO_NUL);
 /// name is one thing whatever the client's case habits.
 pub static ENVIRONMENT_NAME: Text = Text::new(1, 64, r"^[a-z0-9][a-z0-9._-]*$");
 /// `image` of an environment: a Docker image reference (name, tag,
-/// digest); never an option to anything (no leading `-`).
+/// digest); never an option to anything (no leading `-`). Its shape only:
+/// which names are images an environment may use (no ids, no id prefixes,
+/// none of Kiln's own, one the operator allows) is
+/// [`crate::image_name::ImagePatterns::check`]'s to say.
 pub static IMAGE: Text = Text::new(1, 255, r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$");
 /// Longest setup or maintenance script, in characters.
 pub const MAX_SCRIPT_CHARS: usize = 64 * 1024;

@@ -15,6 +15,7 @@ pub mod changes;
 pub mod egress;
 pub mod environment;
 pub mod event;
+pub mod image_name;
 pub mod input;
 pub mod mcp;
 pub mod message;

@@ -123,6 +123,7 @@ impl Default for Options {
                 sse_keep_alive: Duration::from_secs(1),
                 // As the workers' `worker_config`: tests clone from loopback.
                 repo_rules: kiln_protocol::repo_url::RepoRules { allow_private: true, allow_git_protocols: false },
+                environment_images: std::sync::Arc::new(sandbox_image_only()),
                 ..Default::default()
             },
             script: Vec::new(),
@@ -506,6 +507,17 @@ pub async fn docker_exec(container: &str, cmd: &[&str]) -> (i64, String) {
     }
 }
 
+/// The test machine's sandbox image (`KILN_SANDBOX_IMAGE`).
+pub fn sandbox_image() -> String {
+    std::env::var("KILN_SANDBOX_IMAGE").unwrap_or_else(|_| "kiln-sandbox:latest".into())
+}
+
+/// `KILN_ENVIRONMENT_IMAGES` as a deployment that sets none has it: the
+/// sandbox image only.
+pub fn sandbox_image_only() -> kiln_protocol::image_name::ImagePatterns {
+    kiln_protocol::image_name::ImagePatterns::parse(&sandbox_image()).expect("KILN_SANDBOX_IMAGE is an image name")
+}
+
 pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
     WorkerConfig {
         worker_id: format!("test-{}", Uuid::new_v4().simple()),
@@ -516,10 +528,7 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         lease,
         dead_worker_check: Some(kiln_worker::config::DEFAULT_DEAD_WORKER_CHECK),
         poll_interval: Duration::from_millis(500),
-        sandbox: SandboxConfig {
-            image: std::env::var("KILN_SANDBOX_IMAGE").unwrap_or_else(|_| "kiln-sandbox:latest".into()),
-            ..SandboxConfig::default()
-        },
+        sandbox: SandboxConfig { image: sandbox_image(), ..SandboxConfig::default() },
         default_provider: provider,
         default_model: "scripted".into(),
         default_max_tokens: 1024,
@@ -545,6 +554,7 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         mcp: Default::default(),
         max_event_bytes_per_run: kiln_worker::config::DEFAULT_MAX_EVENT_BYTES_PER_RUN,
         max_patch_bytes: kiln_worker::config::DEFAULT_MAX_PATCH_MB * 1024 * 1024,
+        environment_images: std::sync::Arc::new(sandbox_image_only()),
     }
 }
 

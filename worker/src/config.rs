@@ -131,6 +131,10 @@ pub struct WorkerConfig {
     pub environment_warm: crate::environment::warm::WarmSettings,
     /// The MCP servers runs may use (`KILN_MCP_SERVERS`); none by default.
     pub mcp: std::sync::Arc<crate::mcp::McpConfig>,
+    /// The images an environment may start from (`KILN_ENVIRONMENT_IMAGES`;
+    /// the sandbox image by default), checked again here for repository
+    /// files and environments stored before the rule.
+    pub environment_images: std::sync::Arc<kiln_protocol::image_name::ImagePatterns>,
 }
 
 /// Default of [`WorkerConfig::dead_worker_check`].

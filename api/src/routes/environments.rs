@@ -57,6 +57,11 @@ fn checked(state: &AppState, owner: &str, spec: &EnvironmentSpec) -> Result<Secr
         EnvironmentError::BothVariableAndSecret(_) => ApiError::Conflict(e.to_string()),
         e => ApiError::Validation(e.to_string()),
     })?;
+    // Only names the operator allows: never an image id or id prefix, nor
+    // a prepared environment (another tenant's files).
+    if let Some(image) = &spec.image {
+        state.settings.environment_images.check(image).map_err(|e| ApiError::Validation(e.to_string()))?;
+    }
     let Some(secrets) = &spec.secrets else { return Ok(SecretsWrite::Keep) };
     if secrets.is_empty() {
         return Ok(SecretsWrite::Set { names: Vec::new(), sealed: None });

@@ -53,6 +53,7 @@ impl ApiOptions {
                 repo_rules: repos.rules(),
                 secrets_key: repos.secrets_key()?,
                 agent_kinds: repos.agents.kinds()?,
+                environment_images: repos.environment_images(&repos.api_sandbox_image)?,
                 ..self.api.settings()
             },
             github: self.github.webhook_config()?,
@@ -84,6 +85,7 @@ impl WorkerOptions {
             repo_rules: repos.rules(),
             secrets_key: repos.secrets_key()?,
             subagents: kiln_worker::subagent::Settings { kinds: repos.agents.kinds()?, ..config.subagents },
+            environment_images: repos.environment_images(&config.sandbox.image)?,
             ..config
         };
         Ok(WorkerParts { config, endpoints: self.model.endpoints()?, prices: self.worker.prices()? })

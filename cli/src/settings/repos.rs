@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
+use kiln_protocol::image_name::ImagePatterns;
 use kiln_protocol::repo_url::RepoRules;
 use kiln_store::secrets::SecretsKey;
 use secrecy::{ExposeSecret, SecretString};
@@ -27,6 +28,18 @@ pub struct RepoArgs {
     /// worker fails runs whose environment has some.
     #[arg(long, env = "KILN_SECRETS_KEY", hide_env_values = true)]
     pub secrets_key: Option<SecretString>,
+    /// The images an environment (API or a repository's
+    /// `.kiln/environment.toml`) may start from, comma-separated:
+    /// `repository[:tag]` or `repository@digest`, a trailing `*` matching
+    /// any rest (`node:*`, `ghcr.io/acme/*`). Image ids, id prefixes and
+    /// Kiln's own images (`kiln-env:*`) are refused whatever this says.
+    /// Unset: the sandbox image (KILN_SANDBOX_IMAGE) only.
+    #[arg(long, env = "KILN_ENVIRONMENT_IMAGES")]
+    pub environment_images: Option<String>,
+    /// The sandbox image as the API reads it: the default of
+    /// KILN_ENVIRONMENT_IMAGES (a worker uses its own --sandbox-image).
+    #[arg(long = "api-sandbox-image", hide = true, env = "KILN_SANDBOX_IMAGE", default_value = "kiln-sandbox:latest")]
+    pub api_sandbox_image: String,
     /// Read by both too (kept here so that `up`, which has both, parses it once).
     #[command(flatten)]
     pub agents: super::AgentArgs,
@@ -35,6 +48,14 @@ pub struct RepoArgs {
 impl RepoArgs {
     pub fn rules(&self) -> RepoRules {
         RepoRules { allow_private: self.allow_private_repos, allow_git_protocols: self.allow_git_protocols }
+    }
+
+    /// The images environments may start from; `sandbox_image` when
+    /// KILN_ENVIRONMENT_IMAGES is unset.
+    pub fn environment_images(&self, sandbox_image: &str) -> anyhow::Result<Arc<ImagePatterns>> {
+        let list = self.environment_images.as_deref().unwrap_or(sandbox_image);
+        let patterns = ImagePatterns::parse(list).map_err(|e| anyhow::anyhow!("KILN_ENVIRONMENT_IMAGES: {e}"))?;
+        Ok(Arc::new(patterns))
     }
 
     /// The environment secrets' key, checked.

@@ -299,6 +299,8 @@ impl WorkerArgs {
             },
             max_event_bytes_per_run: self.max_event_bytes_per_run,
             max_patch_bytes: self.max_patch_mb.saturating_mul(1024 * 1024),
+            // Set from `RepoArgs` by `WorkerOptions::parts`.
+            environment_images: Default::default(),
             mcp: Arc::new(kiln_worker::mcp::McpConfig {
                 allow_private: self.mcp_allow_private,
                 ..match &self.mcp_servers {

@@ -30,6 +30,7 @@ use bollard::query_parameters::{
 use futures::TryStreamExt;
 use uuid::Uuid;
 
+use super::key::Tenancy;
 use super::warm::EnvironmentPools;
 use crate::sandbox::{LABEL_MANAGED, LABEL_POOL, LABEL_RUN, SandboxError, WARM_PREFIX};
 
@@ -45,6 +46,10 @@ pub const LABEL_ENVIRONMENT: &str = "dev.kiln.environment";
 pub const LABEL_SCOPE: &str = "dev.kiln.env-scope";
 /// The home directory kept in the image, if any.
 pub const LABEL_HOME: &str = "dev.kiln.env-home";
+/// Whose the image is: a hash of the run's owner ([`Tenancy::owner_label`]).
+pub const LABEL_OWNER: &str = "dev.kiln.env-owner";
+/// Of which repository: a hash of its normalised URL.
+pub const LABEL_REPOSITORY: &str = "dev.kiln.env-repository";
 /// Where a prepared image keeps setup's trees: `w/workspace` and `h/<home's name>`.
 pub const PREPARED: &str = "/.kiln-prepared";
 
@@ -82,11 +87,25 @@ pub struct Found {
     pub home: Option<String>,
 }
 
-/// The prepared image of `key`, if it is there.
-pub async fn lookup(docker: &Docker, key: &str) -> Result<Option<Found>, SandboxError> {
+/// The prepared image of `key`, if it is there and `tenancy`'s: the key
+/// covers owner and repository already, the labels say so again, and an
+/// image whose labels do not match (made before they existed, or not by
+/// this code) is a miss.
+pub async fn lookup(docker: &Docker, key: &str, tenancy: &Tenancy) -> Result<Option<Found>, SandboxError> {
     match docker.inspect_image(&tag_of(key)).await {
         Ok(image) => {
             let labels = image.config.and_then(|c| c.labels).unwrap_or_default();
+            let owner = labels.get(LABEL_OWNER).is_some_and(|o| *o == tenancy.owner_label());
+            let repository = labels.get(LABEL_REPOSITORY).is_some_and(|r| *r == tenancy.repository_label());
+            if !(owner && repository) {
+                tracing::warn!(
+                    key,
+                    owner,
+                    repository,
+                    "a prepared image is not the run's owner's and repository's: a miss"
+                );
+                return Ok(None);
+            }
             Ok(Some(Found { commit: labels.get(LABEL_COMMIT).cloned(), home: labels.get(LABEL_HOME).cloned() }))
         }
         Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(None),
@@ -113,6 +132,8 @@ pub struct Snapshot<'a> {
     pub key: &'a str,
     pub run_id: Uuid,
     pub environment_id: Uuid,
+    /// Whose it is (labelled, checked by [`lookup`]).
+    pub tenancy: &'a Tenancy,
     pub commit: Option<&'a str>,
     /// The cache it counts against.
     pub scope: &'a str,
@@ -162,6 +183,8 @@ async fn copy_and_commit(docker: &Docker, snapshot: &Snapshot<'_>, into: &str) -
         (LABEL_CACHE.to_owned(), "true".to_owned()),
         (LABEL_ENVIRONMENT.to_owned(), snapshot.environment_id.to_string()),
         (LABEL_SCOPE.to_owned(), snapshot.scope.to_owned()),
+        (LABEL_OWNER.to_owned(), snapshot.tenancy.owner_label()),
+        (LABEL_REPOSITORY.to_owned(), snapshot.tenancy.repository_label()),
     ]);
     if let Some(commit) = snapshot.commit {
         labels.insert(LABEL_COMMIT.to_owned(), commit.to_owned());

@@ -1,5 +1,8 @@
-//! The cache key of a prepared sandbox: a hash of everything setup's
-//! result depends on. The image by id (a re-pushed tag misses), both
+//! The cache key of a prepared sandbox: a hash of whose it is and of
+//! everything setup's result depends on. Whose: the run's owner (tenant)
+//! and its repository, so no tenant starts from another's prepared files
+//! and no repository's run sees another's `.git` objects or hooks, even
+//! through one named environment mapped to several repositories. The image by id (a re-pushed tag misses), both
 //! scripts, the variables, the secrets by name and keyed hash (a changed
 //! value misses; the key does not reveal it), the lock files' contents,
 //! the environment's cache generation (reset cache), who commands run as and
@@ -22,10 +25,51 @@ const MAX_WALK: usize = 200_000;
 /// read; the file's size still counts).
 const MAX_LOCK_BYTES: u64 = 256 * 1024 * 1024;
 /// Changes whenever what a key covers changes, so old images miss.
-const KEY_VERSION: &str = "kiln-environment-key-2";
+const KEY_VERSION: &str = "kiln-environment-key-3";
+
+/// Whose a prepared sandbox is: the run's owner and its repository.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenancy {
+    /// The run's owner (the subject).
+    pub owner: String,
+    /// The run's repository URL, normalised (empty: a run without one).
+    pub repository: String,
+}
+
+impl Tenancy {
+    /// `repo_url` is normalised, so two spellings of one URL share a cache;
+    /// one that does not parse is taken as it is.
+    pub fn new(owner: &str, repo_url: Option<&str>) -> Tenancy {
+        let repository = match repo_url {
+            Some(url) => kiln_protocol::repo_url::parse_repo_url(url).map(|u| u.normalized).unwrap_or(url.to_owned()),
+            None => String::new(),
+        };
+        Tenancy { owner: owner.to_owned(), repository }
+    }
+
+    /// What the prepared image's owner label holds: a hash, so the engine's
+    /// image list does not spell out subjects.
+    pub fn owner_label(&self) -> String {
+        label_hash("owner", &self.owner)
+    }
+
+    /// What the prepared image's repository label holds.
+    pub fn repository_label(&self) -> String {
+        label_hash("repository", &self.repository)
+    }
+}
+
+fn label_hash(what: &str, value: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(what.as_bytes());
+    h.update((value.len() as u64).to_le_bytes());
+    h.update(value.as_bytes());
+    hex::encode(&h.finalize()[..16])
+}
 
 /// What the key is made of.
 pub struct KeyInputs<'a> {
+    pub tenancy: &'a Tenancy,
     pub environment: &'a Environment,
     /// The image's id (`sha256:…`) on this engine.
     pub image_id: &'a str,
@@ -48,6 +92,8 @@ pub fn cache_key(inputs: &KeyInputs<'_>) -> String {
         h.update(value.as_bytes());
     };
     field("version", KEY_VERSION);
+    field("owner", &inputs.tenancy.owner);
+    field("repository", &inputs.tenancy.repository);
     field("environment", &env.id.to_string());
     field("generation", &env.cache_generation.to_string());
     field("image", inputs.image_id);
@@ -178,6 +224,7 @@ mod tests {
         let none = BTreeMap::new();
         let key = |env: &Environment, image: &str, secrets: &BTreeMap<String, String>, locks| {
             cache_key(&KeyInputs {
+                tenancy: &tenancy(),
                 environment: env,
                 image_id: image,
                 secret_fingerprints: secrets,
@@ -209,6 +256,32 @@ mod tests {
         }
     }
 
+    fn tenancy() -> Tenancy {
+        Tenancy::new("alice", Some("https://example.com/x.git"))
+    }
+
+    #[test]
+    fn the_owner_and_the_repository_are_in_the_key() {
+        let (env, none) = (environment(), BTreeMap::new());
+        let key = |tenancy: &Tenancy| {
+            let inputs = KeyInputs {
+                tenancy,
+                environment: &env,
+                image_id: "sha256:a",
+                secret_fingerprints: &none,
+                lock_files: &none,
+                user: "1000:1000",
+            };
+            cache_key(&inputs)
+        };
+        let base = key(&tenancy());
+        assert_eq!(base, key(&Tenancy::new("alice", Some("HTTPS://EXAMPLE.com/x.git"))), "one URL, two spellings");
+        assert_ne!(base, key(&Tenancy::new("bob", Some("https://example.com/x.git"))), "another tenant");
+        assert_ne!(base, key(&Tenancy::new("alice", Some("https://example.com/y.git"))), "another repository");
+        assert_ne!(base, key(&Tenancy::new("alice", None)), "no repository");
+        assert_ne!(tenancy().owner_label(), Tenancy::new("bob", None).owner_label());
+    }
+
     fn allowlist(hosts: &[&str]) -> kiln_protocol::egress::EgressPolicy {
         kiln_protocol::egress::EgressPolicy {
             mode: kiln_protocol::egress::EgressMode::Allowlist,
@@ -221,6 +294,7 @@ mod tests {
         let none = BTreeMap::new();
         let key = |env: &Environment| {
             cache_key(&KeyInputs {
+                tenancy: &tenancy(),
                 environment: env,
                 image_id: "sha256:a",
                 secret_fingerprints: &none,

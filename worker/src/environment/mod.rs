@@ -13,11 +13,15 @@
 //! 3. The session's sandbox is created from `kiln-env:<key>` with the
 //!    run's own limits and network. On a hit its workspace is at the commit
 //!    setup ran on: the run's commit is brought in as a git bundle and
-//!    checked out in place (ignored files such as dependency folders stay),
-//!    then the maintenance script runs. A checkout that cannot be moved
+//!    checked out in place (ignored files such as dependency folders stay;
+//!    hooks and fsmonitor off), then the maintenance script runs. The key
+//!    and the image's labels hold the run's owner and repository, so a hit
+//!    is always the same tenant's same repository: its `.git` has no other
+//!    repository's objects. A checkout that cannot be moved
 //!    (history the bundle does not connect to) falls back to a fresh setup.
 
 pub mod cache;
+pub mod image;
 pub mod key;
 mod mask;
 pub mod mcp;
@@ -67,6 +71,8 @@ struct Plan<'a> {
     secrets: BTreeMap<String, String>,
     setup_config: SandboxConfig,
     key: String,
+    /// Whose the prepared image is (the key covers it; its labels say it).
+    tenancy: key::Tenancy,
     commit: Option<String>,
     checkout: Option<&'a Path>,
 }
@@ -102,6 +108,8 @@ pub async fn prepare(
     owner: &Owner,
     events: &mut EventSink,
 ) -> Result<Prepared, StoreError> {
+    let subject = db_retry::with_retry(|| ctx.store.run_owner(run.id)).await?.unwrap_or_default();
+    let repo_url = run.repo.as_ref().map(|r| r.url.as_str());
     let stored = match source {
         Source::Named(name) => match db_retry::with_retry(|| ctx.store.environment_of_run(run.id, name)).await? {
             Some(stored) => stored,
@@ -113,36 +121,38 @@ pub async fn prepare(
                 )));
             }
         },
-        Source::Repository(spec) => {
-            let subject = db_retry::with_retry(|| ctx.store.run_owner(run.id)).await?.unwrap_or_default();
-            let url = run.repo.as_ref().map(|r| r.url.as_str()).unwrap_or_default();
-            StoredEnvironment {
-                environment: from_repository(*spec, &subject, url),
-                secrets_sealed: None,
-                mcp_headers_sealed: BTreeMap::new(),
-            }
-        }
+        Source::Repository(spec) => StoredEnvironment {
+            environment: from_repository(*spec, &subject, repo_url.unwrap_or_default()),
+            secrets_sealed: None,
+            mcp_headers_sealed: BTreeMap::new(),
+        },
     };
+    let tenancy = key::Tenancy::new(&subject, repo_url);
     let name = stored.environment.name.clone();
     let secrets = match open_secrets(ctx, run, &stored).await? {
         Ok(secrets) => secrets,
         Err(why) => return Ok(failed(why)),
     };
     let env = &stored.environment;
-    let image = env.image.clone().unwrap_or_else(|| config.image.clone());
+    // Checked again here: a repository's file never passed the API, and a
+    // stored row may predate the rule.
+    let usable = match &env.image {
+        Some(raw) => image::allowed(&ctx.docker, &ctx.config.environment_images, raw).await,
+        None => image::deployment(&ctx.docker, &config.image).await,
+    };
+    let image = match usable {
+        Ok(usable) => usable,
+        Err(why) => return Ok(failed(format!("environment {name:?}: {why}"))),
+    };
     let mut setup_config = match config.narrowed(&env.setup_sandbox) {
         Ok(c) => c,
         Err(refusal) => return Ok(failed(format!("environment {name:?}: setup_sandbox: {refusal}"))),
     };
-    setup_config.image = image.clone();
+    setup_config.image = image.name.clone();
     // The setup phase's network is the environment's to say, not the run's
     // (whose `sandbox.egress` is the agent phase's): the same environment
     // sets up alike for every run, and its cache key covers it.
     setup_config.egress_run = env.setup_sandbox.egress.clone();
-    let image_id = match ctx.docker.inspect_image(&image).await {
-        Ok(i) => i.id.unwrap_or_default(),
-        Err(e) => return Ok(failed(format!("environment {name:?}: its image {image:?} is not usable here: {e}"))),
-    };
     let commit = match checkout {
         Some(dir) => git_head(dir).await,
         None => None,
@@ -164,13 +174,14 @@ pub async fn prepare(
         None => BTreeMap::new(),
     };
     let key = key::cache_key(&key::KeyInputs {
+        tenancy: &tenancy,
         environment: env,
-        image_id: &image_id,
+        image_id: &image.id,
         secret_fingerprints: &fingerprints,
         lock_files: &locks,
         user: &config.user,
     });
-    let plan = Plan { ctx, run, owner, stored, secrets, setup_config, key, commit, checkout };
+    let plan = Plan { ctx, run, owner, stored, secrets, setup_config, key, tenancy, commit, checkout };
     plan.prepare(config, events).await
 }
 
@@ -210,9 +221,12 @@ impl Plan<'_> {
 
     async fn prepare_sandbox(self, config: &SandboxConfig, events: &mut EventSink) -> Result<Prepared, StoreError> {
         let docker = &self.ctx.docker;
-        let cached = match cache::lookup(docker, &self.key).await {
+        let cached = match cache::lookup(docker, &self.key, &self.tenancy).await {
             Ok(c) => c,
-            Err(e) => return Ok(failed(format!("looking up the environment's cache failed: {e}"))),
+            Err(e) => {
+                tracing::warn!(run_id = %self.run.id, error = %e, "looking up a prepared environment image failed");
+                return Ok(failed("looking up the environment's cache failed"));
+            }
         };
         for attempt in 0..2 {
             let hit = attempt == 0 && cached.is_some();
@@ -408,6 +422,7 @@ impl Plan<'_> {
             key: &self.key,
             run_id: self.run.id,
             environment_id: env.id,
+            tenancy: &self.tenancy,
             commit: self.commit.as_deref(),
             scope: &self.ctx.config.environment_cache.scope,
             variables: env.variables.iter().map(|(k, v)| format!("{k}={v}")).collect(),
@@ -449,8 +464,12 @@ impl Plan<'_> {
             return Err("the bundle is larger than KILN_MAX_REPO_MB".into());
         }
         sandbox.write_file(BUNDLE_IN_SANDBOX, &bytes).await.map_err(|e| e.to_string())?;
+        // Nothing the prepared `.git` holds runs here: no hook (setup, or a
+        // package's install script, may have left one) and no fsmonitor
+        // command from its config.
         let command = format!(
-            "git fetch --quiet --no-tags {BUNDLE_IN_SANDBOX} HEAD && git checkout --quiet --force --detach FETCH_HEAD; \
+            "g='git -c core.hooksPath=/dev/null -c core.fsmonitor=false'; \
+             $g fetch --quiet --no-tags {BUNDLE_IN_SANDBOX} HEAD && $g checkout --quiet --force --detach FETCH_HEAD; \
              s=$?; rm -f {BUNDLE_IN_SANDBOX}; exit $s"
         );
         let out = sandbox.exec(&command, CHECKOUT_TIMEOUT, 16 * 1024, |_| {}).await.map_err(|e| e.to_string())?;

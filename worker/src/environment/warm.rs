@@ -12,6 +12,10 @@
 //! environment's cache is reset or the environment changes (a notice from
 //! the API), and when the worker stops.
 //!
+//! A pool is keyed by the cache key, which holds the run's owner and
+//! repository (see `key`): a warm container only ever serves runs of the
+//! tenant and repository its prepared image was made for.
+//!
 //! The containers carry nothing of setup's secrets (the prepared image
 //! never holds them) and have the deployment's limits and no network, as
 //! the agent phase of a run that narrows nothing: only such runs take
@@ -55,7 +59,8 @@ impl WarmSettings {
 }
 
 struct Entry {
-    /// The cache key (the image is `kiln-env:<key>`).
+    /// The cache key (the image is `kiln-env:<key>`): owner and
+    /// repository included.
     key: String,
     environment: Uuid,
     pool: Arc<WarmPool>,
