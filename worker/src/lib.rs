@@ -19,6 +19,7 @@ pub mod presence;
 pub mod providers;
 pub mod retention;
 mod retry;
+mod run;
 mod run_lifecycle;
 pub mod sandbox;
 mod sandbox_reaper;

@@ -1,30 +1,27 @@
-//! The lifecycle of one claimed run: heartbeat, sandbox, workspace, agent
-//! loop, and exactly one ending (succeeded, failed, cancelled, timed out,
-//! released, or lost to another worker). The session's container outlives
+//! The lifecycle of one claimed run: heartbeat, its work (`crate::run`:
+//! sandbox, network, workspace, tools, agent), the capture of its change,
+//! and exactly one ending (succeeded, failed, cancelled, timed out,
+//! released, or lost to another worker), then its delivery. The session's container outlives
 //! the run (for follow-ups and takeovers) unless the deployment keeps none.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use kiln_protocol::{EventBody, Run, SandboxSpec};
+use kiln_protocol::{EventBody, Run};
 use kiln_store::{Lease, StoreError};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::agent::control::Control;
 use crate::agent::db_retry;
-use crate::agent::event_budget::EventBudget;
 use crate::agent::events::EventSink;
-use crate::agent::{AgentError, AgentRun, Outcome};
-use crate::capture::base::Workspace;
+use crate::agent::{AgentError, Outcome};
 use crate::claim_loop::WorkerContext;
-use crate::egress::{self, SessionProxy};
 use crate::handoff::Handoff;
 use crate::lease_keeper::{Beat, LeaseKeeper};
 use crate::retry::{self, Verdict};
-use crate::sandbox::lifecycle::{self, Origin};
+use crate::sandbox::lifecycle;
 use crate::sandbox::pool::WarmPool;
-use crate::sandbox::{self, Owner, Sandbox, SandboxError};
 
 /// Aborts the task when dropped.
 pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
@@ -62,12 +59,6 @@ enum Ending {
     LeaseLost,
     Error(String),
 }
-
-/// Told to the model when a run continues a conversation in a sandbox that
-/// is not the one the conversation happened in.
-const FRESH_SANDBOX_NOTE: &str = "[kiln] The sandbox was recreated (the session's earlier container was gone): files \
-     and processes from earlier in this session are lost, and the workspace is a fresh checkout. Check the state \
-     of any file before relying on earlier work.";
 
 /// Drives one claimed run inside its `run` span: every log line and trace
 /// span of the run carries its ids, and `step` follows the loop.
@@ -110,56 +101,9 @@ async fn execute_in_span(
     ));
     let mut events = EventSink::new(ctx.store.clone(), lease.clone());
 
-    let ending = if run.cancel_requested {
-        Ending::Cancelled
-    } else {
-        let remaining = remaining_time(&run);
-        let work = drive(&ctx, pool.as_deref(), &run, &lease, &mut events, signals.control.clone());
-        // Stands still while the worker's lock connection is down, and is
-        // dropped if others took the run meanwhile (`presence`).
-        let work = ctx.presence.while_held(tenure, work);
-        tokio::select! {
-            result = work => match result {
-                Err(crate::presence::Lost) => Ending::LeaseLost,
-                Ok(Ok(outcome)) => Ending::Finished(outcome),
-                Ok(Err(AgentError::Store(StoreError::LeaseLost(_)))) => Ending::LeaseLost,
-                Ok(Err(AgentError::Store(e))) if e.is_unavailable() => Ending::DatabaseAway(e.to_string()),
-                Ok(Err(e)) => Ending::Error(e.to_string()),
-            },
-            _ = signals.cancel.cancelled() => Ending::Cancelled,
-            _ = signals.release.cancelled() => Ending::Released,
-            _ = lost.cancelled() => Ending::LeaseLost,
-            _ = tokio::time::sleep(remaining) => Ending::TimedOut,
-        }
-    };
+    let ending = work(&ctx, pool.as_deref(), &run, &lease, &signals, tenure, &lost, &mut events).await;
     record_unfinished_step(&ctx, &run, &ending, &mut events).await;
-    // The heartbeat goes on until the end is written: putting the container
-    // to rest, the last events and the terminal write (each with retries)
-    // can together outlast the lease, and a run whose lease expired then
-    // would be taken over although it is done. A beat that comes after the
-    // end matches nothing and stops the loop.
-    //
-    // A run handed to another worker leaves the container as it is: the
-    // next attempt adopts it and resets it itself. That includes a run
-    // whose lease was taken without this task noticing yet.
-    let ending = match ending {
-        Ending::Released | Ending::DatabaseAway(_) | Ending::LeaseLost => ending,
-        ending => match ctx.presence.heartbeat(&lease, ctx.config.lease).await {
-            Ok(_) => {
-                crate::capture::capture_change(&ctx, &run, &lease, &mut events).await;
-                let keep = !ctx.config.sandbox_idle.is_zero();
-                lifecycle::after_run(&ctx.docker, &ctx.config.sandbox, run.session_id, keep).await;
-                ending
-            }
-            Err(StoreError::LeaseLost(_)) => Ending::LeaseLost,
-            Err(e) => {
-                // Not knowing who holds the run, leave its container alone:
-                // the next run of the session resets it, the reaper removes it.
-                tracing::warn!(run_id = %run.id, error = %e, "could not confirm the lease; leaving the sandbox as it is");
-                ending
-            }
-        },
-    };
+    let ending = after_work(&ctx, &run, &lease, ending, &mut events).await;
     if !matches!(ending, Ending::LeaseLost) {
         let _ = events.commit().await;
     }
@@ -167,6 +111,75 @@ async fn execute_in_span(
     drop(heartbeat);
     if recorded {
         crate::github::deliver_finished(&ctx, &run).await;
+    }
+}
+
+/// The run's work, until it ends on its own or is ended from outside (a
+/// cancel, the worker's release, a lost lease, the wall clock).
+#[allow(clippy::too_many_arguments)]
+async fn work(
+    ctx: &Arc<WorkerContext>,
+    pool: Option<&WarmPool>,
+    run: &Run,
+    lease: &Lease,
+    signals: &RunSignals,
+    tenure: u64,
+    lost: &CancellationToken,
+    events: &mut EventSink,
+) -> Ending {
+    if run.cancel_requested {
+        return Ending::Cancelled;
+    }
+    let remaining = remaining_time(run);
+    let work = crate::run::drive(ctx, pool, run, lease, events, signals.control.clone());
+    // Stands still while the worker's lock connection is down, and is
+    // dropped if others took the run meanwhile (`presence`).
+    let work = ctx.presence.while_held(tenure, work);
+    tokio::select! {
+        result = work => match result {
+            Err(crate::presence::Lost) => Ending::LeaseLost,
+            Ok(Ok(outcome)) => Ending::Finished(outcome),
+            Ok(Err(AgentError::Store(StoreError::LeaseLost(_)))) => Ending::LeaseLost,
+            Ok(Err(AgentError::Store(e))) if e.is_unavailable() => Ending::DatabaseAway(e.to_string()),
+            Ok(Err(e)) => Ending::Error(e.to_string()),
+        },
+        _ = signals.cancel.cancelled() => Ending::Cancelled,
+        _ = signals.release.cancelled() => Ending::Released,
+        _ = lost.cancelled() => Ending::LeaseLost,
+        _ = tokio::time::sleep(remaining) => Ending::TimedOut,
+    }
+}
+
+/// After the work, for a run that ends here: capture its change, then put
+/// its container to rest.
+///
+/// The heartbeat goes on until the end is written: putting the container
+/// to rest, the last events and the terminal write (each with retries) can
+/// together outlast the lease, and a run whose lease expired then would be
+/// taken over although it is done. A beat that comes after the end matches
+/// nothing and stops the loop.
+///
+/// A run handed to another worker leaves the container as it is: the next
+/// attempt adopts it, resets it and captures. That includes a run whose
+/// lease was taken without this task noticing yet.
+async fn after_work(ctx: &WorkerContext, run: &Run, lease: &Lease, ending: Ending, events: &mut EventSink) -> Ending {
+    if matches!(ending, Ending::Released | Ending::DatabaseAway(_) | Ending::LeaseLost) {
+        return ending;
+    }
+    match ctx.presence.heartbeat(lease, ctx.config.lease).await {
+        Ok(_) => {
+            crate::capture::capture_change(ctx, run, lease, events).await;
+            let keep = !ctx.config.sandbox_idle.is_zero();
+            lifecycle::after_run(&ctx.docker, &ctx.config.sandbox, run.session_id, keep).await;
+            ending
+        }
+        Err(StoreError::LeaseLost(_)) => Ending::LeaseLost,
+        Err(e) => {
+            // Not knowing who holds the run, leave its container alone:
+            // the next run of the session resets it, the reaper removes it.
+            tracing::warn!(run_id = %run.id, error = %e, "could not confirm the lease; leaving the sandbox as it is");
+            ending
+        }
     }
 }
 
@@ -195,177 +208,6 @@ async fn record_unfinished_step(ctx: &WorkerContext, run: &Run, ending: &Ending,
     if let Err(e) = events.write_soon(body).await {
         tracing::warn!(run_id = %run.id, error = %e, "could not record the interrupted step's usage");
     }
-}
-
-/// Starts the sandbox, brings in the workspace and runs the loop.
-async fn drive(
-    ctx: &Arc<WorkerContext>,
-    pool: Option<&WarmPool>,
-    run: &Run,
-    lease: &Lease,
-    events: &mut EventSink,
-    control: Arc<Control>,
-) -> Result<Outcome, AgentError> {
-    // A run taken over counts what its earlier attempts stored.
-    let spent = if lease.attempt > 1 { db_retry::with_retry(|| ctx.store.run_event_bytes(run.id)).await? } else { 0 };
-    events.limit(EventBudget::new(ctx.config.max_event_bytes_per_run, spent));
-    events.write_now(EventBody::RunStarted { worker: ctx.config.worker_id.clone(), attempt: lease.attempt }).await?;
-    let owner = Owner { run_id: run.id, session_id: run.session_id, worker: ctx.config.worker_id.clone() };
-    let config = match ctx.config.sandbox.narrowed(&run.sandbox) {
-        Ok(config) => config,
-        Err(refusal) => return Ok(Outcome::Failed { error: refusal }),
-    };
-    // Warm containers have the deployment's settings; a run that narrows
-    // them gets its own.
-    let pool = pool.filter(|_| run.sandbox == SandboxSpec::default());
-    // A session that still has its container continues in it. Otherwise
-    // the repository is checked out on the worker's side first: it says
-    // which environment the run gets when the run names none
-    // (`.kiln/environment.toml`), and a run with an environment gets its
-    // sandbox prepared by it (a warm container is of the bare image: no
-    // use there).
-    let fresh = !lifecycle::has_container(&ctx.docker, run.session_id).await;
-    let checkout = match fresh {
-        true => match crate::local_checkout::make(ctx, run).await {
-            Ok(c) => c,
-            Err(e) => return Ok(Outcome::Failed { error: format!("could not prepare the workspace: {e}") }),
-        },
-        false => None,
-    };
-    let checkout_path = checkout.as_ref().map(|c| c.path());
-    let source = match fresh {
-        true => match crate::environment::source_of(run, checkout_path).await {
-            Ok(source) => source,
-            Err(error) => return Ok(Outcome::Failed { error }),
-        },
-        false => None,
-    };
-    let with_environment = source.is_some();
-    // Read before `source` goes to `prepare`; opened only at connection.
-    let environment_mcp = crate::environment::mcp::servers_of(ctx, run, source.as_ref()).await?;
-    let (sandbox, origin) = match source {
-        Some(source) => {
-            match crate::environment::prepare(ctx, run, source, checkout_path, &config, &owner, events).await? {
-                crate::environment::Prepared::Ready(sandbox, origin) => (*sandbox, origin),
-                crate::environment::Prepared::Failed(outcome) => return Ok(outcome),
-            }
-        }
-        None => match lifecycle::acquire(&ctx.docker, &config, pool, &owner).await {
-            Ok(s) => s,
-            Err(e) => return Ok(Outcome::Failed { error: format!("could not start the sandbox: {e}") }),
-        },
-    };
-    let _active = crate::metrics::ActiveSandbox::enter();
-    // Serves the sandbox's network for as long as the run lasts.
-    let _proxy = match start_proxy(ctx, run, &config, &sandbox).await {
-        Ok(proxy) => proxy.inspect(|p| events.attach_network_log(p.log.clone())),
-        Err(e) => return Ok(Outcome::Failed { error: format!("could not start the egress proxy: {e}") }),
-    };
-    let mut notice = None;
-    let mut workspace = Workspace::Continued;
-    if origin != Origin::Reused {
-        // An environment brought the workspace in itself.
-        let prepared = match with_environment {
-            true => Ok(checkout.as_ref().and_then(|c| c.commit())),
-            false => fill_workspace(ctx, run, checkout, &sandbox).await,
-        };
-        match prepared {
-            Ok(commit) => workspace = Workspace::Fresh { commit },
-            Err(e) => {
-                // A half-filled workspace must not be what a follow-up finds.
-                sandbox.remove().await;
-                return Ok(Outcome::Failed { error: format!("could not prepare the workspace: {e}") });
-            }
-        }
-        // A takeover or a follow-up whose container is gone: the
-        // conversation talks about files this sandbox does not have.
-        if ctx.store.count_session_messages(run.session_id).await? > 0 {
-            notice = Some(FRESH_SANDBOX_NOTE.to_owned());
-        }
-    }
-    // Where the run's change is taken from at its end.
-    crate::capture::base::record(ctx, run, lease, workspace).await?;
-    events
-        .write_now(EventBody::SandboxReady {
-            container: sandbox.id().to_owned(),
-            image: sandbox.image().to_owned(),
-            origin: Some(origin.as_str().to_owned()),
-            workspace_lost: notice.is_some(),
-        })
-        .await?;
-    // The run's MCP tools, listed now (servers in the sandbox started now,
-    // and stopped when `mcp` and `tools` go); a server that is missing is
-    // told to the model, not a failure.
-    let mcp = crate::mcp::open(&ctx.config.mcp, environment_mcp, run, &ctx.tools, &sandbox).await;
-    let notice = match (notice, mcp.notice()) {
-        (Some(a), Some(b)) => Some(format!("{a}\n\n{b}")),
-        (a, b) => a.or(b),
-    };
-    let tools = crate::tools::Toolset::with_mcp(ctx.tools.clone(), mcp.tools);
-    let kind = run.model.provider.as_deref().and_then(|p| p.parse().ok()).unwrap_or(ctx.config.default_provider);
-    let seat = crate::subagent::Seat::root(ctx.clone());
-    let agent = AgentRun {
-        store: &ctx.store,
-        lease,
-        run,
-        sandbox: &sandbox,
-        provider: ctx.providers.get(kind),
-        model: run.model.name.clone().unwrap_or_else(|| ctx.config.default_model.clone()),
-        max_tokens: run.model.max_tokens.unwrap_or(ctx.config.default_max_tokens),
-        pricing: &|model, usage| ctx.prices.cost(model, usage),
-        tools: &tools,
-        events,
-        control,
-        notice,
-        system: String::new(),
-        agents_md: None,
-        compaction: crate::agent::compaction::Policy {
-            context_window: run.model.context_window.unwrap_or(ctx.config.context_window),
-            threshold: ctx.config.compaction_threshold,
-        },
-        max_tool_calls_per_step: ctx.config.max_tool_calls_per_step,
-        prompt_cache: ctx.config.prompt_cache,
-        role: None,
-        read_only: false,
-        seat: Some(&seat),
-    };
-    let outcome = agent.drive().await?;
-    // What the loop queued goes out before anything else writes events.
-    events.commit().await?;
-    Ok(outcome)
-}
-
-/// Puts the run's repository into a new sandbox: the checkout made before
-/// it, or one made now (the session's container went between the look and
-/// the start). The commit checked out; `None`: no repository.
-async fn fill_workspace(
-    ctx: &WorkerContext,
-    run: &Run,
-    checkout: Option<crate::local_checkout::LocalCheckout>,
-    sandbox: &Sandbox,
-) -> Result<Option<String>, SandboxError> {
-    let checkout = match checkout {
-        Some(c) => Some(c),
-        None => crate::local_checkout::make(ctx, run).await?,
-    };
-    let Some(checkout) = checkout else { return Ok(None) };
-    sandbox.upload_dir(checkout.path(), ctx.config.clone_settings().max_bytes).await?;
-    Ok(checkout.commit())
-}
-
-/// The session's egress proxy, if its sandbox is on the session's network.
-/// It judges by this run's policy; a sandbox left on the network by an
-/// earlier run gets a proxy too, so that a run without egress sees its
-/// attempts refused (and recorded) rather than unanswered.
-async fn start_proxy(
-    ctx: &WorkerContext,
-    run: &Run,
-    config: &sandbox::SandboxConfig,
-    sandbox: &Sandbox,
-) -> Result<Option<SessionProxy>, egress::ServeError> {
-    let layers = config.egress_layers();
-    egress::serve_container(&ctx.docker, &config.egress, layers, egress::Phase::Agent, run.session_id, sandbox.id())
-        .await
 }
 
 /// Time left of the run's wall-clock budget, counted from its first start.
