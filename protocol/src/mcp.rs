@@ -74,7 +74,8 @@ pub struct McpServerSpec {
     /// Write-only: sent by the worker with every request to a remote
     /// server (credentials, usually); stored encrypted, answered by name
     /// only, never shown to the sandbox or the model. On `PUT`, a server
-    /// without `headers` keeps the ones stored for it.
+    /// without `headers` keeps the ones stored for it if its `url` is the
+    /// same; a changed `url` drops them (send them again).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headers: Option<BTreeMap<String, String>>,
     /// A server in the sandbox: the program, on the sandbox's `PATH` or
@@ -246,7 +247,7 @@ pub fn server_schema() -> Value {
     headers["description"] = json!(
         "Write-only: sent by the worker with every request (credentials, usually); stored encrypted, answered by \
          name only (`header_names`), never shown to the sandbox or the model. On `PUT`, absent keeps the ones \
-         stored for a remote server of this name."
+         stored for a remote server of this name at the same url; a changed url drops them."
     );
     let mut url = rule(&URL, "string");
     url["description"] = json!(

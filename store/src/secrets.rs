@@ -148,7 +148,11 @@ impl SecretsKey {
             hkdf.expand(info, out.as_mut_slice()).map_err(|_| SecretsError::BadKey)?;
             Ok::<_, SecretsError>(SecretBox::new(out))
         };
-        Ok(SecretsKey { sealing: derive(SEALING_INFO)?, fingerprint: derive(FINGERPRINT_INFO)?, legacy: SecretBox::new(key) })
+        Ok(SecretsKey {
+            sealing: derive(SEALING_INFO)?,
+            fingerprint: derive(FINGERPRINT_INFO)?,
+            legacy: SecretBox::new(key),
+        })
     }
 
     /// `values` as stored for `at`: [`FORMAT_V2`], nonce, then the
@@ -157,8 +161,9 @@ impl SecretsKey {
         let plain = Zeroizing::new(serde_json::to_vec(values).map_err(|_| SecretsError::Seal)?);
         let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
         let aad = at.aad();
-        let sealed =
-            cipher(&self.sealing).encrypt(&nonce, Payload { msg: &plain, aad: &aad }).map_err(|_| SecretsError::Seal)?;
+        let sealed = cipher(&self.sealing)
+            .encrypt(&nonce, Payload { msg: &plain, aad: &aad })
+            .map_err(|_| SecretsError::Seal)?;
         let mut out = Vec::with_capacity(1 + NONCE_BYTES + sealed.len());
         out.push(FORMAT_V2);
         out.extend_from_slice(&nonce);

@@ -19,8 +19,9 @@ fn sealed_the_old_way(at: &Sealed<'_>, values: &BTreeMap<String, String>) -> Vec
     let raw = [0xabu8; 32];
     let aad = match at.field {
         Field::Secrets => at.owner.as_bytes().to_vec(),
-        Field::McpHeaders(server) => [b"\0kiln-mcp-headers\0".as_slice(), at.owner.as_bytes(), b"\0", server.as_bytes()]
-            .concat(),
+        Field::McpHeaders(server) => {
+            [b"\0kiln-mcp-headers\0".as_slice(), at.owner.as_bytes(), b"\0", server.as_bytes()].concat()
+        }
     };
     let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
     let plain = serde_json::to_vec(values).unwrap();

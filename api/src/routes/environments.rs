@@ -64,7 +64,7 @@ fn validated(spec: &EnvironmentSpec) -> Result<(), ApiError> {
 
 /// The deployment's key, or a 422 saying `what` cannot be stored without
 /// one (refused rather than kept in clear).
-fn sealing_key<'s>(state: &'s AppState, what: impl FnOnce() -> String) -> Result<&'s SecretsKey, ApiError> {
+fn sealing_key(state: &AppState, what: impl FnOnce() -> String) -> Result<&SecretsKey, ApiError> {
     state.settings.secrets_key.as_deref().ok_or_else(|| {
         ApiError::Validation(format!(
             "{} cannot be stored here: this deployment has no KILN_SECRETS_KEY to encrypt them with",

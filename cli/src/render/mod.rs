@@ -149,7 +149,10 @@ mod tests {
 
     #[test]
     fn an_mcp_tools_server_is_named_apart_from_the_tool() {
-        assert_eq!(mcp_origin(Some("github"), Some("create_issue")), " (tool \"create_issue\" of the MCP server \"github\")");
+        assert_eq!(
+            mcp_origin(Some("github"), Some("create_issue")),
+            " (tool \"create_issue\" of the MCP server \"github\")"
+        );
         assert_eq!(mcp_origin(None, None), "");
     }
 

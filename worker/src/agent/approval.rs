@@ -90,7 +90,8 @@ impl Gate<'_> {
         events.commit().await?;
         let tool = self.tools.get(&call.name).cloned();
         let mcp = tool.as_ref().and_then(|t| t.mcp_origin()).map(|m| McpCall { tool: shown(m.tool), ..m });
-        let decision = match self.store.request_approval(self.lease, &call.id, &call.name, &call.arguments, mcp).await? {
+        let decision = match self.store.request_approval(self.lease, &call.id, &call.name, &call.arguments, mcp).await?
+        {
             Approval::Decided(decision) => decision,
             Approval::Waiting => self.wait_for_decision(call).await?,
             Approval::IdTaken => {
