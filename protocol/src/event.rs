@@ -91,8 +91,20 @@ pub enum EventBody {
         cost_usd: Option<f64>,
     },
     /// A tool call waits for a person (`POST /v1/runs/{id}/approvals/{call_id}`).
+    /// For a tool of an MCP server, `mcp_server` names the server and
+    /// `mcp_tool` the tool as that server calls it (`name` is the model's
+    /// name for it, `mcp__<server>__<tool>`, sanitised and maybe cut);
+    /// absent for built-in tools.
     #[serde(rename = "approval.requested")]
-    ApprovalRequested { call_id: String, name: String, arguments: Value },
+    ApprovalRequested {
+        call_id: String,
+        name: String,
+        arguments: Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mcp_server: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mcp_tool: Option<String>,
+    },
     #[serde(rename = "approval.resolved")]
     ApprovalResolved {
         call_id: String,

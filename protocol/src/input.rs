@@ -38,8 +38,21 @@ pub static TOOL_NAME: Text = Text::new(1, 64, r"^[A-Za-z0-9_*-]*$");
 
 /// `mcp`: at most this many server names, each an [`MCP_SERVER_NAME`].
 pub static MCP_SERVERS: List = List { max_items: 32 };
-/// The name of an MCP server, as the operator's configuration gives it.
-pub static MCP_SERVER_NAME: Text = Text::new(1, 64, r"^[A-Za-z0-9_-]*$");
+/// The name of an MCP server (the operator's file, an environment's
+/// `mcp_servers`, a repository's file, a run's `mcp`): letters, digits,
+/// `-` and single `_`s between them — no `__`, no `_` at either end.
+///
+/// Its tools are named `mcp__<server>__<tool>` (what the providers allow:
+/// no other separator character is free), so the first `__` after `mcp__`
+/// must always be the separator: with `github__x` or `github_` allowed,
+/// `mcp__github__*` would also match their tools. Forbidding `_` outright
+/// would say the same more bluntly but refuse names like `my_server`
+/// that deployments already use; this rule refuses only the names that
+/// were ambiguous.
+pub static MCP_SERVER_NAME: Text = Text::new(1, 64, r"^[A-Za-z0-9-]+(_[A-Za-z0-9-]+)*$");
+/// What a refused [`MCP_SERVER_NAME`] is told.
+pub const MCP_SERVER_NAME_RULE: &str =
+    "letters, digits, - and _, with no \"__\" and no _ at either end (a tool is named mcp__<server>__<tool>)";
 
 /// `agents`: at most this many kind names, each an [`AGENT_KIND_NAME`].
 pub static AGENTS: List = List { max_items: 32 };

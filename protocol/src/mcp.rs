@@ -74,7 +74,8 @@ pub struct McpServerSpec {
     /// Write-only: sent by the worker with every request to a remote
     /// server (credentials, usually); stored encrypted, answered by name
     /// only, never shown to the sandbox or the model. On `PUT`, a server
-    /// without `headers` keeps the ones stored for it.
+    /// without `headers` keeps the ones stored for it if its `url` is the
+    /// same; a changed `url` drops them (send them again).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headers: Option<BTreeMap<String, String>>,
     /// A server in the sandbox: the program, on the sandbox's `PATH` or
@@ -246,7 +247,7 @@ pub fn server_schema() -> Value {
     headers["description"] = json!(
         "Write-only: sent by the worker with every request (credentials, usually); stored encrypted, answered by \
          name only (`header_names`), never shown to the sandbox or the model. On `PUT`, absent keeps the ones \
-         stored for a remote server of this name."
+         stored for a remote server of this name at the same url; a changed url drops them."
     );
     let mut url = rule(&URL, "string");
     url["description"] = json!(
@@ -320,15 +321,24 @@ pub fn validate_servers(servers: &BTreeMap<String, McpServerSpec>) -> Result<(),
         return Err(format!("at most {MAX_SERVERS} servers"));
     }
     for (name, server) in servers {
-        if !input::MCP_SERVER_NAME.accepts(name) {
-            return Err(format!(
-                "server name {name:?}: 1 to {} letters, digits, _ or -",
-                input::MCP_SERVER_NAME.max_chars
-            ));
-        }
+        check_server_name(name)?;
         server.validate().map_err(|e| format!("server {name:?}: {e}"))?;
     }
     Ok(())
+}
+
+/// Checks a server's name ([`input::MCP_SERVER_NAME`]): wherever a server
+/// is declared, and again where a stored one is used (rows stored before
+/// the rule).
+pub fn check_server_name(name: &str) -> Result<(), String> {
+    if input::MCP_SERVER_NAME.accepts(name) {
+        return Ok(());
+    }
+    Err(format!(
+        "server name {name:?}: 1 to {} characters, {}",
+        input::MCP_SERVER_NAME.max_chars,
+        input::MCP_SERVER_NAME_RULE
+    ))
 }
 
 #[cfg(test)]
@@ -338,6 +348,20 @@ mod tests {
     fn servers(json: &str) -> Result<(), String> {
         let servers: BTreeMap<String, McpServerSpec> = serde_json::from_str(json).map_err(|e| e.to_string())?;
         validate_servers(&servers)
+    }
+
+    #[test]
+    fn server_names_leave_the_first_double_underscore_to_the_separator() {
+        for good in ["github", "my_server", "a-b_c-d", "a_b_c", "A1", "-x-", "x"] {
+            check_server_name(good).unwrap();
+        }
+        for bad in ["github__x", "github_", "_github", "a___b", "__", "_", "", "a b", "a.b", &"a".repeat(65)] {
+            let e = check_server_name(bad).unwrap_err();
+            assert!(e.contains("no \"__\""), "{bad}: {e}");
+        }
+        // What the document states is what the server checks.
+        let pattern = regex::Regex::new(input::MCP_SERVER_NAME.pattern.source()).unwrap();
+        assert!(pattern.is_match("my_server") && !pattern.is_match("github__x") && !pattern.is_match("github_"));
     }
 
     #[test]
@@ -360,6 +384,9 @@ mod tests {
             r#"{"a":{"command":"x","env":{"1A":"v"}}}"#,
             r#"{"a":{"command":"x","headers":{"X":"s3cret"}}}"#,
             r#"{"a":{"url":"http://h/","typo":1}}"#,
+            r#"{"github__x":{"command":"x"}}"#,
+            r#"{"github_":{"command":"x"}}"#,
+            r#"{"_github":{"command":"x"}}"#,
         ] {
             let e = servers(bad).unwrap_err();
             assert!(!e.contains("s3cret"), "{bad}: {e}");

@@ -205,9 +205,10 @@ pub enum SpecError {
     )]
     AllowedTools,
     #[error(
-        "mcp must be a list of at most {} server names of 1 to {} letters, digits, _ or -",
+        "mcp must be a list of at most {} server names of 1 to {} characters: {}",
         input::MCP_SERVERS.max_items,
-        input::MCP_SERVER_NAME.max_chars
+        input::MCP_SERVER_NAME.max_chars,
+        input::MCP_SERVER_NAME_RULE
     )]
     McpServers,
     #[error(

@@ -116,6 +116,15 @@ pub struct InboxMessage {
 
 const ACTIVE: &str = "('queued', 'running', 'awaiting_approval')";
 
+/// The MCP server, and the tool as that server names it, behind a call
+/// that asks for approval: what `approval.requested` shows beside the
+/// model's name for the tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct McpCall<'a> {
+    pub server: &'a str,
+    pub tool: &'a str,
+}
+
 impl Store {
     /// Sends `text` to run `id` of `owner`: queued for an active run, or a
     /// follow-up run in the same session for a finished one.
@@ -245,12 +254,15 @@ impl Store {
     /// (started) or a person may be deciding it right now (pending), this
     /// call is refused ([`Approval::IdTaken`]): its record must stand, and
     /// a decision on it must not land on another call.
+    ///
+    /// `mcp`: the MCP server and tool behind the call, for the event.
     pub async fn request_approval(
         &self,
         lease: &Lease,
         call_id: &str,
         name: &str,
         arguments: &serde_json::Value,
+        mcp: Option<McpCall<'_>>,
     ) -> Result<Approval, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
@@ -300,6 +312,8 @@ impl Store {
                 call_id: call_id.to_owned(),
                 name: name.to_owned(),
                 arguments: arguments.clone(),
+                mcp_server: mcp.map(|m| m.server.to_owned()),
+                mcp_tool: mcp.map(|m| m.tool.to_owned()),
             };
             insert_event_tx(&tx, lease.run_id, &body).await?;
         }

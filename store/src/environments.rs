@@ -44,7 +44,7 @@ pub enum EnvironmentRefusal {
 pub struct StoredEnvironment {
     pub environment: Environment,
     pub secrets_sealed: Option<Vec<u8>>,
-    /// Server name → its headers, sealed ([`crate::SecretsKey::seal_mcp_headers`]).
+    /// Server name → its headers, sealed ([`crate::secrets::Sealed::mcp_headers`]).
     pub mcp_headers_sealed: BTreeMap<String, Vec<u8>>,
 }
 
@@ -105,9 +105,12 @@ fn mcp_columns(mcp: &McpServersWrite) -> Result<[serde_json::Value; 2], StoreErr
 }
 
 impl Store {
-    /// Creates `owner`'s environment `spec.name`.
+    /// Creates `owner`'s environment `spec.name` with the id `id` (the
+    /// caller's: its sealed values are bound to it, see
+    /// [`crate::secrets::Sealed`]).
     pub async fn create_environment(
         &self,
+        id: Uuid,
         owner: &str,
         spec: &EnvironmentSpec,
         secrets: SecretsWrite,
@@ -134,7 +137,7 @@ impl Store {
                      RETURNING {COLUMNS}"
                 ),
                 &[
-                    &Uuid::now_v7(),
+                    &id,
                     &owner,
                     &spec.name,
                     &spec.image,
@@ -206,9 +209,13 @@ impl Store {
         rows.iter().map(|r| from_row(r).map(|s| s.environment)).collect()
     }
 
-    /// Replaces `owner`'s environment `name` with `spec` (which may rename it).
+    /// Replaces `owner`'s environment `name` with `spec` (which may rename
+    /// it), if it is still the environment `id` (what the write's values
+    /// were sealed for): one deleted and made again under the same name
+    /// meanwhile is [`EnvironmentRefusal::NotFound`].
     pub async fn update_environment(
         &self,
+        id: Uuid,
         owner: &str,
         name: &str,
         spec: &EnvironmentSpec,
@@ -231,7 +238,7 @@ impl Store {
                          secrets_sealed = CASE WHEN $10 THEN secrets_sealed ELSE $12 END,
                          mcp_servers = $13, mcp_headers_sealed = $14,
                          updated_at = now()
-                     WHERE owner = $1 AND name = $2
+                     WHERE owner = $1 AND name = $2 AND id = $15
                      RETURNING {COLUMNS}"
                 ),
                 &[
@@ -249,6 +256,7 @@ impl Store {
                     &sealed,
                     &mcp_servers,
                     &mcp_headers,
+                    &id,
                 ],
             )
             .await;

@@ -42,7 +42,7 @@ use tokio_postgres::NoTls;
 pub use callbacks::{CallbackAttempt, CallbackJob};
 pub use changes::{CapturedChange, PatchRow, PreviousRun, RunBase};
 pub use children::{ChildStart, ChildSummary, NewChild};
-pub use control::{Approval, DecideOutcome, Decision, InboxMessage, MessageOutcome};
+pub use control::{Approval, DecideOutcome, Decision, InboxMessage, McpCall, MessageOutcome};
 pub use delivery::{DeliveryJob, DeliveryRequest};
 pub use environments::{
     EnvironmentRefusal, MAX_ENVIRONMENTS_PER_OWNER, McpServersWrite, SecretsWrite, StoredEnvironment,

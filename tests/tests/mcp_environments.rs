@@ -61,9 +61,10 @@ async fn run_in(app: &TestApp, sub: &str, url: &str, environment: Option<&str>) 
     (id, app.events(sub, id).await)
 }
 
-/// The names of the tools a model request offered.
+/// The names of the tools a model request offered (none: no `tools`).
 fn offered(body: &Value) -> Vec<String> {
-    body["tools"].as_array().unwrap().iter().map(|t| t["function"]["name"].as_str().unwrap().to_owned()).collect()
+    let tools = body["tools"].as_array().map(Vec::as_slice).unwrap_or_default();
+    tools.iter().map(|t| t["function"]["name"].as_str().unwrap().to_owned()).collect()
 }
 
 /// The results of calls to `name`: (output, is_error).
@@ -167,6 +168,119 @@ async fn an_environments_remote_server_works_its_header_stays_sealed_and_put_wit
     assert!(log.contains("MCP server connected"), "the logs were captured");
     assert!(!log.contains(SECRET), "a log line holds the secret");
     remove_images(&[&first, &second]).await;
+}
+
+/// The stored row's sealed headers, by server name (hex).
+async fn sealed_headers(app: &TestApp, name: &str) -> Value {
+    let row = app
+        .sql()
+        .await
+        .query_one("SELECT mcp_headers_sealed FROM environments WHERE name = $1", &[&name])
+        .await
+        .unwrap();
+    row.get(0)
+}
+
+#[tokio::test]
+async fn a_put_that_changes_a_servers_url_or_kind_drops_its_stored_headers() {
+    let Some(python) = sdk_python() else { return };
+    // The server the headers were given for, and a host the caller points
+    // the stored server at afterwards (it logs whatever key it is sent).
+    let trusted = DemoServer::start(&python, SECRET).await;
+    let elsewhere = DemoServer::start(&python, "not-the-secret").await;
+    let (_repo, url) = repo_with(&[("README", "hello\n")]);
+    let app = app(vec![Reply::tool("mcp__demo__add", json!({"a": 1, "b": 1})), Reply::text("done")], true).await;
+    let put = |body: Value| request(&app, "alice", reqwest::Method::PUT, "/v1/environments/tools", Some(body));
+    let with_url = |url: &str| json!({"name": "tools", "setup_script": "true", "mcp_servers": {"demo": {"url": url}}});
+    let body = json!({
+        "name": "tools",
+        "setup_script": "true",
+        "mcp_servers": {"demo": {"url": trusted.url, "headers": {"X-Api-Key": SECRET}}}
+    });
+    let (status, created) = app.post_json("alice", "/v1/environments", body).await;
+    assert_eq!(status, 201, "{created}");
+    // The control: the same url without headers keeps them.
+    let (status, kept) = put(with_url(&trusted.url)).await;
+    assert_eq!(status, 200, "{kept}");
+    assert_eq!(kept["mcp_servers"]["demo"]["header_names"], json!(["X-Api-Key"]), "{kept}");
+    assert!(sealed_headers(&app, "tools").await.get("demo").is_some());
+
+    // Only the url changes: the headers go.
+    let (status, moved) = put(with_url(&elsewhere.url)).await;
+    assert_eq!(status, 200, "{moved}");
+    assert!(moved["mcp_servers"]["demo"].get("header_names").is_none(), "{moved}");
+    assert_eq!(sealed_headers(&app, "tools").await, json!({}));
+    let (_, events) = run_in(&app, "alice", &url, Some("tools")).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let seen = elsewhere.keys_seen();
+    assert!(!seen.is_empty(), "the run never reached the new url");
+    assert!(seen.iter().all(String::is_empty), "the new url was sent a key: {seen:?}");
+    // Back at the first url, nothing comes back: they were dropped, not hidden.
+    let (status, back) = put(with_url(&trusted.url)).await;
+    assert_eq!(status, 200, "{back}");
+    assert!(back["mcp_servers"]["demo"].get("header_names").is_none(), "{back}");
+
+    // Turned into a server in the sandbox and back: no headers either.
+    let body = json!({
+        "name": "tools",
+        "mcp_servers": {"demo": {"url": trusted.url, "headers": {"X-Api-Key": SECRET}}}
+    });
+    assert_eq!(put(body).await.0, 200);
+    let sandboxed = json!({"name": "tools", "mcp_servers": {"demo": {"command": "python3"}}});
+    assert_eq!(put(sandboxed).await.0, 200);
+    assert_eq!(sealed_headers(&app, "tools").await, json!({}));
+    let (status, back) = put(with_url(&trusted.url)).await;
+    assert_eq!(status, 200, "{back}");
+    assert!(back["mcp_servers"]["demo"].get("header_names").is_none(), "{back}");
+    remove_images(&[&events]).await;
+}
+
+/// A stored row's server renamed behind the API's back, as a row stored
+/// before the rule on server names could hold it.
+async fn rename_stored_server(app: &TestApp, environment: &str, from: &str, to: &str) {
+    let sql = app.sql().await;
+    let updated = sql
+        .execute(
+            "UPDATE environments SET mcp_servers = (mcp_servers - $2::text) || jsonb_build_object($3::text, mcp_servers -> $2::text)
+             WHERE name = $1",
+            &[&environment, &from, &to],
+        )
+        .await
+        .unwrap();
+    assert_eq!(updated, 1);
+}
+
+#[tokio::test]
+async fn a_stored_server_whose_name_holds_a_separator_is_unusable_and_its_tools_never_run() {
+    let (_repo, url) = repo_with(&[("README", "hello\n"), ("mcp_server.py", STDIO_SERVER)]);
+    let script = vec![Reply::tool("mcp__github__x__add", json!({"a": 2, "b": 3})), Reply::text("done")];
+    let app = app(script, false).await;
+    let body = json!({"name": "old", "mcp_servers": {"tools": {"command": "python3", "args": ["mcp_server.py"]}}});
+    let (status, created) = app.post_json("alice", "/v1/environments", body).await;
+    assert_eq!(status, 201, "{created}");
+    // The API refuses the name itself.
+    let body = json!({"name": "new", "mcp_servers": {"github__x": {"command": "python3"}}});
+    let (status, refused) = app.post_json("alice", "/v1/environments", body).await;
+    assert_eq!(status, 422, "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("github__x"), "{refused}");
+    rename_stored_server(&app, "old", "tools", "github__x").await;
+
+    let spec = CreateRun {
+        repo: Some(RepoSpec { url: url.clone(), git_ref: None }),
+        environment: Some("old".into()),
+        allowed_tools: Some(vec!["mcp__github__*".into()]),
+        ..CreateRun::new("use the tools")
+    };
+    let id = app.submit("alice", spec).await.id;
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let first = app.model.requests()[0].body.clone();
+    assert!(!offered(&first).iter().any(|t| t.starts_with("mcp__")), "{:?}", offered(&first));
+    let text = request_text(&first);
+    assert!(text.contains("github__x") && text.contains("no \\\"__\\\""), "{text}");
+    let called = results(&events, "mcp__github__x__add");
+    assert!(called.len() == 1 && called[0].1 && !called[0].0.contains('5'), "{called:?}");
+    remove_images(&[&events]).await;
 }
 
 #[tokio::test]

@@ -223,3 +223,77 @@ async fn a_server_restarted_with_other_tools_is_listed_again_before_the_next_ste
         .collect();
     assert_eq!(offers_echo, [false, false, false, true, true]);
 }
+
+#[tokio::test]
+async fn a_repository_server_whose_name_holds_a_separator_fails_the_run_and_its_tools_never_run() {
+    // `github__x`'s tool `add` would be `mcp__github__x__add`: the
+    // deployment's `github` server's tool `x__add` to `mcp__github__*`.
+    let file = "[mcp_servers.github__x]\ncommand = \"python3\"\nargs = [\"mcp_server.py\"]\n";
+    let (_repo, url) = repo_with(&[(SERVER_FILE, SERVER), (".kiln/environment.toml", file)]);
+    let script = vec![Reply::tool("mcp__github__x__add", json!({"a": 2, "b": 3})), Reply::text("done")];
+    let app = app_with(script, json!({"github": local_server()})).await;
+    let spec = CreateRun {
+        repo: Some(RepoSpec { url, git_ref: None }),
+        allowed_tools: Some(vec!["mcp__github__*".into()]),
+        ..CreateRun::new("use github's tools")
+    };
+    let id = app.submit("alice", spec).await.id;
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Failed), "{:?}", kinds(&events));
+    let error = pick!(events, EventBody::RunFailed { error } => error.clone()).next().unwrap();
+    assert!(error.contains("\"github__x\"") && error.contains("no \"__\""), "{error}");
+    assert!(results(&events, "mcp__github__x__add").is_empty(), "the tool ran");
+}
+
+#[tokio::test]
+async fn an_approval_request_names_the_mcp_server_and_its_tool_apart() {
+    let (_repo, url) = repo_with(&[(SERVER_FILE, SERVER)]);
+    let script = vec![
+        Reply::tool("bash", json!({"command": "true"})),
+        Reply::tool("mcp__my_tools__add", json!({"a": 2, "b": 3})),
+        Reply::text("done"),
+    ];
+    let app = app_with(script, json!({"my_tools": local_server()})).await;
+    let spec = CreateRun {
+        repo: Some(RepoSpec { url, git_ref: None }),
+        approval: Some(kiln_protocol::ApprovalMode::Mutating),
+        allowed_tools: Some(vec!["bash".into(), "mcp__my_tools__*".into()]),
+        ..CreateRun::new("add")
+    };
+    let id = app.submit("alice", spec).await.id;
+    let mut asked = Vec::new();
+    let mut after = None;
+    loop {
+        let seen = app
+            .events_until("alice", id, after, |e| {
+                e.kind() == "approval.requested" || e.body.terminal_status().is_some()
+            })
+            .await;
+        let last = seen.last().unwrap();
+        after = Some(last.seq);
+        let EventBody::ApprovalRequested { call_id, name, mcp_server, mcp_tool, .. } = &last.body else { break };
+        asked.push((name.clone(), mcp_server.clone(), mcp_tool.clone()));
+        let path = format!("/v1/runs/{id}/approvals/{call_id}");
+        let (status, body) = app.post_json("alice", &path, json!({"decision": "approve"})).await;
+        assert!(status < 300, "{status} {body}");
+    }
+    let events = app.events("alice", id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let mcp = |s: &str| Some(s.to_owned());
+    assert_eq!(
+        asked,
+        [("bash".to_owned(), None, None), ("mcp__my_tools__add".to_owned(), mcp("my_tools"), mcp("add"))],
+        "a built-in tool names no server; the MCP tool names its own"
+    );
+    assert_eq!(results(&events, "mcp__my_tools__add"), [("5".to_owned(), false)]);
+    // As stored and served: the JSON has the fields for the MCP tool only.
+    let stored = app.stored_events(id).await;
+    let requested: Vec<Value> = stored
+        .iter()
+        .filter(|e| e.kind() == "approval.requested")
+        .map(|e| serde_json::to_value(&e.body).unwrap()["payload"].clone())
+        .collect();
+    assert!(requested[0].get("mcp_server").is_none(), "{requested:?}");
+    assert_eq!(requested[1]["mcp_server"], "my_tools", "{requested:?}");
+    assert_eq!(requested[1]["mcp_tool"], "add", "{requested:?}");
+}

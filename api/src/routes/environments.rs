@@ -8,9 +8,12 @@ use axum::extract::{FromRequestParts, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use kiln_protocol::environment::EnvironmentError;
+use kiln_protocol::mcp::McpServerSpec;
 use kiln_protocol::{Environment, EnvironmentSpec, input};
-use kiln_store::{EnvironmentRefusal, MAX_ENVIRONMENTS_PER_OWNER, McpServersWrite, SecretsWrite};
+use kiln_store::secrets::{Sealed, SecretsKey};
+use kiln_store::{EnvironmentRefusal, MAX_ENVIRONMENTS_PER_OWNER, McpServersWrite, SecretsWrite, StoredEnvironment};
 use serde::Serialize;
+use uuid::Uuid;
 
 use crate::auth::Subject;
 use crate::extract::ApiJson;
@@ -49,8 +52,8 @@ fn refused(refusal: EnvironmentRefusal, name: &str) -> ApiError {
     }
 }
 
-/// Checks `spec` and seals its secrets with the deployment's key.
-fn checked(state: &AppState, owner: &str, spec: &EnvironmentSpec) -> Result<SecretsWrite, ApiError> {
+/// Checks `spec`: 422, or 409 for parts that contradict each other.
+fn validated(state: &AppState, spec: &EnvironmentSpec) -> Result<(), ApiError> {
     spec.validate().map_err(|e| match e {
         // Two parts of the request that contradict each other, which no
         // schema of either part can state: 409, like other conflicts.
@@ -62,63 +65,110 @@ fn checked(state: &AppState, owner: &str, spec: &EnvironmentSpec) -> Result<Secr
     if let Some(image) = &spec.image {
         state.settings.environment_images.check(image).map_err(|e| ApiError::Validation(e.to_string()))?;
     }
-    let Some(secrets) = &spec.secrets else { return Ok(SecretsWrite::Keep) };
+    Ok(())
+}
+
+/// The deployment's key, or a 422 saying `what` cannot be stored without
+/// one (refused rather than kept in clear).
+fn sealing_key(state: &AppState, what: impl FnOnce() -> String) -> Result<&SecretsKey, ApiError> {
+    state.settings.secrets_key.as_deref().ok_or_else(|| {
+        ApiError::Validation(format!(
+            "{} cannot be stored here: this deployment has no KILN_SECRETS_KEY to encrypt them with",
+            what()
+        ))
+    })
+}
+
+/// What the secrets of environment `id` become: `spec`'s, sealed for it,
+/// or (without `secrets`) what `stored` holds.
+fn secrets_write(
+    state: &AppState,
+    owner: &str,
+    id: Uuid,
+    spec: &EnvironmentSpec,
+    stored: Option<&StoredEnvironment>,
+) -> Result<SecretsWrite, ApiError> {
+    let Some(secrets) = &spec.secrets else { return Ok(kept_secrets(state, owner, id, stored)) };
     if secrets.is_empty() {
         return Ok(SecretsWrite::Set { names: Vec::new(), sealed: None });
     }
-    // Refused rather than kept in clear: without a key there is nothing to
-    // seal them with.
-    let key = state.settings.secrets_key.as_ref().ok_or_else(|| {
-        ApiError::Validation(
-            "secrets cannot be stored here: this deployment has no KILN_SECRETS_KEY to encrypt them with".into(),
-        )
-    })?;
-    let sealed = key.seal(owner, secrets).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let key = sealing_key(state, || "secrets".to_owned())?;
+    let sealed = key.seal(&Sealed::secrets(owner, id), secrets).map_err(|e| ApiError::Internal(e.to_string()))?;
     Ok(SecretsWrite::Set { names: secrets.keys().cloned().collect(), sealed: Some(sealed) })
 }
 
-/// The MCP servers of `spec` as stored, their headers sealed. A remote
-/// server without `headers` keeps what `stored` (the environment before
-/// this write, on `PUT`) holds for a remote server of the same name.
+/// The stored secrets, kept: as they are, unless they were sealed the old
+/// way (before the binding named the environment), when they are sealed
+/// again for it (see `kiln_store::secrets`). Ones that do not open are
+/// kept as they are: the worker says so when a run needs them.
+fn kept_secrets(state: &AppState, owner: &str, id: Uuid, stored: Option<&StoredEnvironment>) -> SecretsWrite {
+    let (Some(key), Some(stored)) = (state.settings.secrets_key.as_deref(), stored) else {
+        return SecretsWrite::Keep;
+    };
+    let Some(sealed) = &stored.secrets_sealed else { return SecretsWrite::Keep };
+    match key.reseal_if_old(&Sealed::secrets(owner, id), sealed) {
+        Ok(Some(resealed)) => {
+            SecretsWrite::Set { names: stored.environment.secret_names.clone(), sealed: Some(resealed) }
+        }
+        Ok(None) | Err(_) => SecretsWrite::Keep,
+    }
+}
+
+/// The MCP servers of `spec` as stored for environment `id`, their headers
+/// sealed. A remote server without `headers` keeps what `stored` (the
+/// environment before this write, on `PUT`) holds for it, see
+/// [`kept_headers`].
 fn mcp_servers(
     state: &AppState,
     owner: &str,
+    id: Uuid,
     spec: &EnvironmentSpec,
-    stored: Option<&kiln_store::StoredEnvironment>,
+    stored: Option<&StoredEnvironment>,
 ) -> Result<McpServersWrite, ApiError> {
     let mut write = McpServersWrite::default();
     for (name, server) in &spec.mcp_servers {
-        let mut header_names = Vec::new();
-        match &server.headers {
+        let at = Sealed::mcp_headers(owner, id, name);
+        let headers = match &server.headers {
             Some(headers) if server.is_remote() && !headers.is_empty() => {
-                // As secrets: refused rather than kept in clear.
-                let key = state.settings.secrets_key.as_ref().ok_or_else(|| {
-                    ApiError::Validation(format!(
-                        "mcp_servers: the headers of server {name:?} cannot be stored here: this deployment has no \
-                         KILN_SECRETS_KEY to encrypt them with"
-                    ))
-                })?;
-                let sealed =
-                    key.seal_mcp_headers(owner, name, headers).map_err(|e| ApiError::Internal(e.to_string()))?;
+                let key = sealing_key(state, || format!("mcp_servers: the headers of server {name:?}"))?;
+                let sealed = key.seal(&at, headers).map_err(|e| ApiError::Internal(e.to_string()))?;
+                Some((headers.keys().cloned().collect(), sealed))
+            }
+            Some(_) => None,
+            None => kept_headers(state, &at, name, server, stored),
+        };
+        let header_names = match headers {
+            Some((names, sealed)) => {
                 write.headers_sealed.insert(name.clone(), sealed);
-                header_names = headers.keys().cloned().collect();
+                names
             }
-            Some(_) => {}
-            None if server.is_remote() => {
-                let kept = stored.and_then(|s| {
-                    let view = s.environment.mcp_servers.get(name).filter(|v| v.url.is_some())?;
-                    Some((view.header_names.clone(), s.mcp_headers_sealed.get(name)?.clone()))
-                });
-                if let Some((names, sealed)) = kept {
-                    write.headers_sealed.insert(name.clone(), sealed);
-                    header_names = names;
-                }
-            }
-            None => {}
-        }
+            None => Vec::new(),
+        };
         write.servers.insert(name.clone(), server.view(header_names));
     }
     Ok(write)
+}
+
+/// The stored headers (names and sealed values) that server `name`, sent
+/// without `headers`, keeps: those of the stored server of that name if it
+/// was remote at the very same `url`. Headers are credentials for the host
+/// they were given for: a changed `url` (or a server that was of the other
+/// kind) keeps none, or whoever holds the tenant's token could send the
+/// stored `Authorization` to a host of their choosing. Sealed again when
+/// they were sealed the old way.
+fn kept_headers(
+    state: &AppState,
+    at: &Sealed<'_>,
+    name: &str,
+    server: &McpServerSpec,
+    stored: Option<&StoredEnvironment>,
+) -> Option<(Vec<String>, Vec<u8>)> {
+    let url = server.url.as_ref()?;
+    let stored = stored?;
+    let view = stored.environment.mcp_servers.get(name).filter(|v| v.url.as_ref() == Some(url))?;
+    let sealed = stored.mcp_headers_sealed.get(name)?;
+    let resealed = state.settings.secrets_key.as_deref().and_then(|key| key.reseal_if_old(at, sealed).ok().flatten());
+    Some((view.header_names.clone(), resealed.unwrap_or_else(|| sealed.clone())))
 }
 
 /// Create an environment
@@ -149,9 +199,12 @@ pub async fn create(
     Subject(owner): Subject,
     ApiJson(spec): ApiJson<EnvironmentSpec>,
 ) -> Result<(StatusCode, Json<Environment>), ApiError> {
-    let secrets = checked(&state, &owner, &spec)?;
-    let mcp = mcp_servers(&state, &owner, &spec, None)?;
-    match state.store.create_environment(&owner, &spec, secrets, &mcp).await? {
+    validated(&state, &spec)?;
+    // The id is chosen here: the sealed values are bound to it.
+    let id = Uuid::now_v7();
+    let secrets = secrets_write(&state, &owner, id, &spec, None)?;
+    let mcp = mcp_servers(&state, &owner, id, &spec, None)?;
+    match state.store.create_environment(id, &owner, &spec, secrets, &mcp).await? {
         Ok(environment) => Ok((StatusCode::CREATED, Json(environment))),
         Err(refusal) => Err(refused(refusal, &spec.name)),
     }
@@ -212,7 +265,8 @@ pub async fn get(
 /// The body replaces the environment whole (its `name` may rename it),
 /// except that leaving out `secrets` keeps the stored ones (`{}` removes
 /// them), and a remote MCP server without `headers` keeps the headers
-/// stored for a remote server of its name. A changed definition misses the
+/// stored for a remote server of its name at the same `url` (a changed
+/// `url` drops them: send them again). A changed definition misses the
 /// cache on the next run; changed `mcp_servers` do not.
 #[utoipa::path(
     put,
@@ -240,13 +294,17 @@ pub async fn update(
     NamePath(name): NamePath,
     ApiJson(spec): ApiJson<EnvironmentSpec>,
 ) -> Result<Json<Environment>, ApiError> {
-    let secrets = checked(&state, &owner, &spec)?;
-    // The stored headers a server without `headers` keeps. Read before the
-    // write, not in it: two concurrent PUTs of one environment end as one
-    // of them whole, as they do for everything else.
+    validated(&state, &spec)?;
+    // The stored headers a server without `headers` keeps, and the id the
+    // values are sealed for. Read before the write, not in it: two
+    // concurrent PUTs of one environment end as one of them whole, as they
+    // do for everything else (and one deleted and made again meanwhile is
+    // a 404: the write names the id).
     let stored = state.store.environment(&owner, &name).await?.ok_or_else(not_found)?;
-    let mcp = mcp_servers(&state, &owner, &spec, Some(&stored))?;
-    match state.store.update_environment(&owner, &name, &spec, secrets, &mcp).await? {
+    let id = stored.environment.id;
+    let secrets = secrets_write(&state, &owner, id, &spec, Some(&stored))?;
+    let mcp = mcp_servers(&state, &owner, id, &spec, Some(&stored))?;
+    match state.store.update_environment(id, &owner, &name, &spec, secrets, &mcp).await? {
         Ok(environment) => Ok(Json(environment)),
         Err(refusal) => Err(refused(refusal, &spec.name)),
     }

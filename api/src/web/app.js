@@ -716,6 +716,14 @@
       return k;
     }
 
+    // Whose tool an MCP call waiting for approval is: the model's name
+    // for it is flattened (mcp__<server>__<tool>, maybe cut).
+    function mcpOrigin(p) {
+      if (!p.mcp_server) return '';
+      const tool = p.mcp_tool ? `tool "${String(p.mcp_tool).slice(0, 80)}" of ` : '';
+      return ` (${tool}the MCP server "${p.mcp_server}")`;
+    }
+
     function childEvent(k, seq, inner) {
       const q = inner.payload || {};
       let text;
@@ -724,7 +732,7 @@
         case 'step.finished': text = `Step ${q.step} finished (${q.finish_reason})`; break;
         case 'tool_call.ready': text = `→ ${q.name} ${JSON.stringify(q.arguments)}`; break;
         case 'tool.result': text = `${q.is_error ? '✗' : '✓'} ${q.name} · ${ms(Number(q.duration_ms) || 0)}`; break;
-        case 'approval.requested': text = `${q.name} waits for approval (open the sub-agent to decide)`; break;
+        case 'approval.requested': text = `${q.name}${mcpOrigin(q)} waits for approval (open the sub-agent to decide)`; break;
         default: text = String(inner.kind);
       }
       if (text.length > 300) text = text.slice(0, 300) + '…';
@@ -791,7 +799,8 @@
           c.root.dataset.state = 'awaiting';
           s.pendingApprovals.add(p.call_id);
           setStatus('awaiting_approval');
-          c.approval = mark(el('div', { class: 'approval' }, el('div', null, 'Waiting for your approval'), approve, deny), ev.seq);
+          const asking = 'Waiting for your approval' + mcpOrigin(p);
+          c.approval = mark(el('div', { class: 'approval' }, el('div', null, asking), approve, deny), ev.seq);
           return c.root.append(c.approval);
         }
         case 'approval.resolved': {

@@ -15,7 +15,7 @@ use kiln_protocol::EventBody;
 use uuid::Uuid;
 
 use super::plain::plan;
-use super::{Outcome, Render, Totals, approve_hint, call_summary, one_line};
+use super::{Outcome, Render, Totals, approve_hint, call_summary, mcp_origin, one_line};
 use crate::client::StreamedEvent;
 
 const TICK: Duration = Duration::from_millis(100);
@@ -167,10 +167,11 @@ impl Render for Live {
                 self.print(&[line]);
                 self.activity("thinking…");
             }
-            EventBody::ApprovalRequested { call_id, name, arguments } => {
+            EventBody::ApprovalRequested { call_id, name, arguments, mcp_server, mcp_tool } => {
                 let what = call_summary(&name, &arguments);
+                let origin = mcp_origin(mcp_server.as_deref(), mcp_tool.as_deref());
                 self.print(&[
-                    format!("{} {} {what} waits for approval", style("⏸").yellow(), style(&name).bold()),
+                    format!("{} {}{origin} {what} waits for approval", style("⏸").yellow(), style(&name).bold()),
                     format!("  {}", style(approve_hint(self.run, &call_id)).cyan()),
                 ]);
                 self.activity("waiting for approval");

@@ -127,6 +127,17 @@ pub fn subagent_lines(body: &kiln_protocol::EventBody) -> Option<Vec<String>> {
     }
 }
 
+/// Whose tool a call waiting for approval is, for an MCP tool: ` (tool
+/// "create_issue" of the MCP server "github")`; empty for built-in tools
+/// (and events from servers before these fields).
+pub fn mcp_origin(server: Option<&str>, tool: Option<&str>) -> String {
+    match (server, tool) {
+        (Some(server), Some(tool)) => format!(" (tool {:?} of the MCP server {server:?})", one_line(tool, 80)),
+        (Some(server), None) => format!(" (of the MCP server {server:?})"),
+        _ => String::new(),
+    }
+}
+
 /// The commands that decide a waiting call, as printed beside it.
 pub fn approve_hint(run: Uuid, call_id: &str) -> String {
     format!("{} approve {run} {call_id}   (or --deny --reason …)", crate::invocation::kiln())
@@ -136,6 +147,15 @@ pub fn approve_hint(run: Uuid, call_id: &str) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_mcp_tools_server_is_named_apart_from_the_tool() {
+        assert_eq!(
+            mcp_origin(Some("github"), Some("create_issue")),
+            " (tool \"create_issue\" of the MCP server \"github\")"
+        );
+        assert_eq!(mcp_origin(None, None), "");
+    }
 
     #[test]
     fn calls_are_summarised_by_what_matters_most() {

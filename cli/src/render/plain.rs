@@ -8,7 +8,7 @@ use kiln_protocol::changes::ChangeTotals;
 use kiln_protocol::{EventBody, TodoItem, TodoStatus};
 use uuid::Uuid;
 
-use super::{Render, Totals, approve_hint, one_line};
+use super::{Render, Totals, approve_hint, mcp_origin, one_line};
 use crate::client::StreamedEvent;
 
 pub struct Printer<W: Write> {
@@ -42,9 +42,10 @@ impl<W: Write> Printer<W> {
                 let mark = if *is_error { "✗" } else { "✓" };
                 format!("  {mark} {name} ({duration_ms} ms): {}", one_line(output, 160))
             }
-            EventBody::ApprovalRequested { call_id, name, arguments } => {
+            EventBody::ApprovalRequested { call_id, name, arguments, mcp_server, mcp_tool } => {
+                let origin = mcp_origin(mcp_server.as_deref(), mcp_tool.as_deref());
                 return Some(vec![
-                    format!("⏸ {name} {} waits for approval", one_line(&arguments.to_string(), 120)),
+                    format!("⏸ {name}{origin} {} waits for approval", one_line(&arguments.to_string(), 120)),
                     format!("  {}", approve_hint(self.run, call_id)),
                 ]);
             }

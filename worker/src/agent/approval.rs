@@ -6,12 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kiln_protocol::{ApprovalMode, Run};
-use kiln_store::{Approval, Decision, Lease, Store};
+use kiln_store::{Approval, Decision, Lease, McpCall, Store};
 
 use super::AgentError;
 use super::control::Control;
 use super::events::EventSink;
 use super::tool_call::ToolCall;
+use crate::mcp::names::server_and_tool;
 use crate::tools::{Registry, ToolOutcome};
 
 /// How often a run waiting for approval re-reads the decision.
@@ -87,7 +88,10 @@ impl Gate<'_> {
         }
         // The store writes `approval.requested` itself: what is buffered first.
         events.commit().await?;
-        let decision = match self.store.request_approval(self.lease, &call.id, &call.name, &call.arguments).await? {
+        let tool = self.tools.get(&call.name).cloned();
+        let mcp = tool.as_ref().and_then(|t| t.mcp_origin()).map(|m| McpCall { tool: shown(m.tool), ..m });
+        let decision = match self.store.request_approval(self.lease, &call.id, &call.name, &call.arguments, mcp).await?
+        {
             Approval::Decided(decision) => decision,
             Approval::Waiting => self.wait_for_decision(call).await?,
             Approval::IdTaken => {
@@ -145,10 +149,41 @@ impl Gate<'_> {
     }
 }
 
+/// Characters of an MCP server's own name for a tool that an approval
+/// request shows: the server chose it, and the event is kept.
+const MAX_SHOWN_TOOL_CHARS: usize = 256;
+
+/// `tool` cut to [`MAX_SHOWN_TOOL_CHARS`].
+fn shown(tool: &str) -> &str {
+    match tool.char_indices().nth(MAX_SHOWN_TOOL_CHARS) {
+        Some((at, _)) => &tool[..at],
+        None => tool,
+    }
+}
+
+/// Whether the tool `name` matches `pattern` (an `allowed_tools` entry or
+/// an agent kind's tool pattern).
+///
+/// A pattern that names an MCP server's tools (`mcp__<server>__<tool>`)
+/// is matched part by part at the separator (`crate::mcp::names`): its
+/// server part against the name's server, its tool part against the
+/// name's tool, so a `*` never runs across the separator and
+/// `mcp__github__*` is the tools of `github` and of no other server. Any
+/// other pattern (`view`, `*`, `mcp__*`) is matched against the whole name.
+pub(crate) fn name_matches(pattern: &str, name: &str) -> bool {
+    match server_and_tool(pattern) {
+        Some((server_pattern, Some(tool_pattern))) => match server_and_tool(name) {
+            Some((server, Some(tool))) => glob_matches(server_pattern, server) && glob_matches(tool_pattern, tool),
+            _ => false,
+        },
+        _ => glob_matches(pattern, name),
+    }
+}
+
 /// Whether `name` matches `pattern`, where `*` stands for any run of
 /// characters (none included) and everything else for itself. Tool names
 /// are ASCII letters, digits, `_` and `-`, so nothing else needs escaping.
-pub(crate) fn name_matches(pattern: &str, name: &str) -> bool {
+fn glob_matches(pattern: &str, name: &str) -> bool {
     let mut parts = pattern.split('*');
     // No `*`: the whole name.
     let Some(first) = parts.next() else { return false };
@@ -188,5 +223,30 @@ mod tests {
         // The suffix may not reuse what a middle piece consumed.
         assert!(!name_matches("ab*b", "ab"));
         assert!(name_matches("a**", "a"));
+    }
+
+    #[test]
+    fn a_pattern_naming_a_server_matches_that_servers_tools_only() {
+        // A `*` in the server part stays in the server part: the tool `b__add`
+        // of server `a` is not a tool named `add` (a whole-name match said so).
+        assert!(!name_matches("mcp__*__add", "mcp__a__b__add"));
+        assert!(!name_matches("mcp__*__add", "mcp__a_b__x__add"));
+        assert!(name_matches("mcp__*__add", "mcp__a_b__add"));
+        // The first `__` is the separator: `mcp__github___x` is github's
+        // tool `_x`, and `mcp__github__x__y` its tool `x__y` (no server may
+        // be called `github_` or `github__x`).
+        assert!(name_matches("mcp__github__*", "mcp__github___x"));
+        assert!(name_matches("mcp__github__x__*", "mcp__github__x__y"));
+        assert!(!name_matches("mcp__github__*", "mcp__github_x__y"));
+        assert!(!name_matches("mcp__my__*", "mcp__my_server__add"));
+        assert!(name_matches("mcp__my_server__*", "mcp__my_server__add"));
+        assert!(name_matches("mcp__git*__*", "mcp__github__create"));
+        // A name whose server was cut (no separator) matches no pattern
+        // that names a server; whole-name patterns match it.
+        assert!(!name_matches("mcp__aaaaaaaa__*", "mcp__aaaaaaaa_0123abcd"));
+        assert!(!name_matches("mcp__*__*", "mcp__aaaaaaaa_0123abcd"));
+        assert!(name_matches("mcp__*", "mcp__aaaaaaaa_0123abcd"));
+        assert!(name_matches("*", "mcp__github__x"));
+        assert!(!name_matches("mcp__github__*", "bash"));
     }
 }

@@ -8,8 +8,9 @@
 use std::collections::BTreeMap;
 
 use kiln_protocol::Run;
-use kiln_protocol::mcp::{McpServerSpec, McpServerView};
+use kiln_protocol::mcp::{McpServerSpec, McpServerView, check_server_name};
 use kiln_store::StoreError;
+use kiln_store::secrets::Sealed;
 
 use super::Source;
 use crate::agent::db_retry;
@@ -42,7 +43,7 @@ pub async fn servers_of(
                 (false, None) => Err("its headers are not stored".to_owned()),
                 (false, Some(sealed)) => match &ctx.config.secrets_key {
                     Some(key) => key
-                        .open_mcp_headers(&owner, server, sealed)
+                        .open(&Sealed::mcp_headers(&owner, stored.environment.id, server), sealed)
                         .map_err(|_| "its headers do not open with this worker's KILN_SECRETS_KEY".to_owned()),
                     None => Err("it has headers, and this worker has no KILN_SECRETS_KEY to open them".to_owned()),
                 },
@@ -61,8 +62,11 @@ pub async fn servers_of(
     Ok(out)
 }
 
+/// Adds `server` to the run's servers, or to the unusable ones with why.
+/// Its name is checked again: a row stored before the rule on server names
+/// may hold one whose tools' names would be ambiguous.
 fn add(out: &mut EnvironmentServers, server: &str, made: Result<ServerConfig, String>) {
-    match made {
+    match check_server_name(server).and(made) {
         Ok(config) => {
             out.servers.insert(server.to_owned(), config);
         }

@@ -555,7 +555,8 @@ async fn open_secrets(
         )));
     };
     let owner = db_retry::with_retry(|| ctx.store.run_owner(run.id)).await?.unwrap_or_default();
-    Ok(key.open(&owner, sealed).map_err(|e| e.to_string()))
+    let at = kiln_store::secrets::Sealed::secrets(&owner, stored.environment.id);
+    Ok(key.open(&at, sealed).map_err(|e| e.to_string()))
 }
 
 /// The environment of a repository's file, as if stored: its id is the

@@ -261,6 +261,16 @@ mod tests {
     }
 
     #[test]
+    fn a_server_name_that_would_make_tool_names_ambiguous_is_refused_by_name() {
+        for name in ["github__x", "github_", "_github"] {
+            let file = format!(r#"{{"servers":{{"{name}":{{"url":"http://h/"}}}}}}"#);
+            let e = McpConfig::parse(&file).unwrap_err().to_string();
+            assert!(e.starts_with("KILN_MCP_SERVERS: ") && e.contains(&format!("{name:?}")), "{e}");
+        }
+        McpConfig::parse(r#"{"servers":{"my_server":{"url":"http://h/"}}}"#).unwrap();
+    }
+
+    #[test]
     fn bad_files_are_refused_without_quoting_secrets() {
         let cases = [
             r#"{"servers":{"a b":{"url":"http://h/"}}}"#,

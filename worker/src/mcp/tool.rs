@@ -67,6 +67,9 @@ impl Tool for McpTool {
     fn is_mutating(&self) -> bool {
         !self.read_only
     }
+    fn mcp_origin(&self) -> Option<kiln_store::McpCall<'_>> {
+        Some(kiln_store::McpCall { server: self.server.name(), tool: &self.remote_name })
+    }
     async fn call(&self, _ctx: &ToolContext<'_>, args: Value) -> Result<ToolOutcome, ToolFailure> {
         let arguments = match args {
             Value::Object(map) => map,

@@ -140,6 +140,11 @@ pub trait Tool: Send + Sync {
     fn schema(&self) -> Value;
     /// Whether the tool changes the workspace (runs serially, may need approval).
     fn is_mutating(&self) -> bool;
+    /// For a tool of an MCP server: the server, and the tool as it names
+    /// it (what an approval request shows). `None` for the built-in tools.
+    fn mcp_origin(&self) -> Option<kiln_store::McpCall<'_>> {
+        None
+    }
     async fn call(&self, ctx: &ToolContext<'_>, args: Value) -> Result<ToolOutcome, ToolFailure>;
 }
 
