@@ -121,8 +121,9 @@ pub enum EnvironmentError {
     )]
     Name,
     #[error(
-        "image must be a Docker image reference of at most {} characters (letters, digits and ._-/:@)",
-        input::IMAGE.max_chars
+        "image must be an image name of at most {} characters, `repository[:tag]` or `repository@sha256:<digest>` \
+         (never an image id or id prefix, nor one of Kiln's own images)",
+        input::IMAGE.text.max_chars
     )]
     Image,
     #[error("{0} is {1} characters; the limit is {max} characters, without NUL", max = input::SCRIPT.max_chars)]

@@ -2,7 +2,7 @@
 //! [`crate::CreateRun::validate`] and the API's handlers check, and what
 //! the OpenAPI document states (see [`crate::rules`]).
 
-use crate::rules::{Constraint, List, NO_CONTROL, NO_NUL, NOT_BLANK_NO_NUL, OneOf, Range, Text};
+use crate::rules::{Constraint, List, NO_CONTROL, NO_NUL, NOT_BLANK_NO_NUL, OneOf, Pattern, Range, Text, TextExcept};
 
 /// Longest prompt, in characters. A prompt is sent to the model on every
 /// step, so an unbounded one is a cost and memory hazard.
@@ -217,12 +217,60 @@ pub static DECISION_REASON: Text = Text::new(0, 4096, NO_NUL);
 /// `environment` of a run, and `name` of an environment: lower-case, so a
 /// name is one thing whatever the client's case habits.
 pub static ENVIRONMENT_NAME: Text = Text::new(1, 64, r"^[a-z0-9][a-z0-9._-]*$");
+/// A path component of an image name: lower-case letters and digits in
+/// runs joined by one of `sep`.
+macro_rules! image_component {
+    ($sep:literal) => {
+        concat!("[a-z0-9]+((", $sep, ")[a-z0-9]+)*")
+    };
+}
+
+/// A registry host of an image name as Kiln reads one: labels of letters,
+/// digits and `-`, with a dot or a port (up to five digits) or both.
+macro_rules! image_host {
+    () => {
+        r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+(:[0-9]{1,5})?|[A-Za-z0-9-]+:[0-9]{1,5}"
+    };
+}
+
 /// `image` of an environment: a Docker image reference (name, tag,
 /// digest); never an option to anything (no leading `-`). Its shape only:
 /// which names are images an environment may use (no ids, no id prefixes,
 /// none of Kiln's own, one the operator allows) is
 /// [`crate::image_name::ImagePatterns::check`]'s to say.
-pub static IMAGE: Text = Text::new(1, 255, r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$");
+///
+/// Stated exactly, so that the document and [`ImageName::parse`] agree
+/// (`image_name`'s tests hold them together): Docker's reference grammar
+/// (`[host[:port]/]path[:tag]` or `…@sha256:<64 hex>`, lower-case path
+/// components joined by `.`, `_`, `__` or dashes; the first of several
+/// parts is a host when it holds a `.` or `:` or is `localhost`), except a
+/// name the engine could read as an image id (`sha256:…`, a repository all
+/// hex, also under Docker Hub's `docker.io/[library/]`) and Kiln's own
+/// images (`kiln-env…`, `kiln-snapshot…`, `kiln-probe…`, `kiln-warm…`).
+///
+/// [`ImageName::parse`]: crate::image_name::ImageName::parse
+pub static IMAGE: TextExcept<3> = TextExcept {
+    text: Text::new(
+        1,
+        255,
+        concat!(
+            "^(",
+            image_component!(r"[._]|__|-+"),
+            "|(",
+            image_host!(),
+            "|",
+            image_component!(r"_|__|-+"),
+            ")(/",
+            image_component!(r"[._]|__|-+"),
+            ")+)(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})?$"
+        ),
+    ),
+    except: [
+        Pattern::new(r"^sha(256|384|512):"),
+        Pattern::new(r"^((docker\.io|index\.docker\.io)/(library/)?)?[0-9A-Fa-f]+(:[^/]*|@.*)?$"),
+        Pattern::new(r"^((docker\.io|index\.docker\.io)/(library/)?)?kiln-(env|snapshot|probe|warm)"),
+    ],
+};
 /// Longest setup or maintenance script, in characters.
 pub const MAX_SCRIPT_CHARS: usize = 64 * 1024;
 /// `setup_script` and `maintenance_script`.

@@ -93,6 +93,31 @@ impl Constraint for Text {
     }
 }
 
+/// A string a [`Text`] accepts and none of `except` matches: for a
+/// grammar the common dialect can state only with lookaround (an image
+/// name that is not an id). The document says it as the text's keywords
+/// and `not: {anyOf: [{type: string, pattern}…]}` (the `type` so that
+/// the `not` refuses only strings: a pattern says nothing of a `null`).
+pub struct TextExcept<const N: usize> {
+    pub text: Text,
+    pub except: [Pattern; N],
+}
+
+impl<const N: usize> TextExcept<N> {
+    pub fn accepts(&self, s: &str) -> bool {
+        self.text.accepts(s) && !self.except.iter().any(|p| p.is_match(s))
+    }
+}
+
+impl<const N: usize> Constraint for TextExcept<N> {
+    fn keywords(&self) -> Map<String, Value> {
+        let mut k = self.text.keywords();
+        let any: Vec<Value> = self.except.iter().map(|p| json!({ "type": "string", "pattern": p.source })).collect();
+        k.insert("not".into(), json!({ "anyOf": any }));
+        k
+    }
+}
+
 /// A number between `min` and `max`, both included unless `min_exclusive`.
 pub struct Range<T> {
     pub min: T,

@@ -32,8 +32,9 @@ fn every_pattern_compiles() {
         &input::DECISION_REASON,
         &Text::new(0, 1, PRINTABLE_ASCII),
     ];
-    for text in texts {
-        assert!(Regex::new(text.pattern.source()).is_ok(), "{}", text.pattern.source());
+    let image = [&input::IMAGE.text.pattern].into_iter().chain(&input::IMAGE.except);
+    for pattern in texts.iter().map(|t| &t.pattern).chain(image) {
+        assert!(Regex::new(pattern.source()).is_ok(), "{}", pattern.source());
     }
 }
 

@@ -473,6 +473,12 @@ async fn a_fuzzer_driven_by_the_document_finds_the_server_agreeing_with_it() {
             // deployment refuses (422) is its policy, not the request's
             // shape, and is tested in repo_clone.rs.
             repo_rules: kiln_protocol::repo_url::RepoRules { allow_private: true, allow_git_protocols: true },
+            // And lets environments name any image (that is an image name):
+            // which names a deployment allows (KILN_ENVIRONMENT_IMAGES) is its
+            // policy, tested in environment_tenancy.rs.
+            environment_images: std::sync::Arc::new(
+                kiln_protocol::image_name::ImagePatterns::parse("*").expect("the any-name pattern"),
+            ),
             // A quota's 429 says nothing about the request's shape: high
             // quotas let every request reach the checks.
             quota: kiln_store::Quota { max_active_runs: 1_000_000, max_runs_per_minute: 1_000_000 },
