@@ -131,6 +131,9 @@ pub struct WorkerConfig {
     pub environment_warm: crate::environment::warm::WarmSettings,
     /// The MCP servers runs may use (`KILN_MCP_SERVERS`); none by default.
     pub mcp: std::sync::Arc<crate::mcp::McpConfig>,
+    /// Credentials for `deliver.git` remotes, by host
+    /// (`KILN_GIT_CREDENTIALS`); a host not listed is never pushed to.
+    pub git_credentials: std::sync::Arc<crate::git_delivery::credentials::GitCredentials>,
 }
 
 /// Default of [`WorkerConfig::dead_worker_check`].
