@@ -207,8 +207,8 @@ async fn a_host_missing_from_the_credentials_file_is_refused_before_any_connecti
     let events = until_delivered(&app, id).await;
     assert_eq!(ended(&events), Some(RunStatus::Succeeded), "a failed delivery leaves the run's result");
     let EventBody::DeliveryFailed { error } = &events.last().unwrap().body else { panic!("{:?}", kinds(&events)) };
-    assert!(error.contains("no credentials for 127.0.0.1:"), "{error}");
     assert_eq!(server.requests(), "", "the worker connected to a host it has no credentials for");
+    assert!(error.contains("no credentials for 127.0.0.1:"), "{error}");
     assert!(git(&server.bare, &["branch", "--list", "kiln/x"]).is_empty());
 }
 
