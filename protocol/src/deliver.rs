@@ -6,7 +6,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::repo_url::{RepoHost, RepoScheme, RepoUrl, RepoUrlError, parse_repo_url};
+use std::net::IpAddr;
+
+use url::Host;
+
+use crate::input;
+use crate::repo_url::{RepoHost, RepoScheme, RepoUrl};
 
 /// Longest commit message, in characters.
 pub const MAX_MESSAGE_CHARS: usize = 4000;
@@ -60,42 +65,48 @@ pub enum DeliverError {
 }
 
 impl GitDelivery {
-    /// Checks everything that needs no network or deployment settings.
+    /// Checks everything that needs no network or deployment settings,
+    /// each field with its rule of [`crate::input`] (which the OpenAPI
+    /// document states too).
     pub fn validate(&self) -> Result<RepoUrl, DeliverError> {
         let url = remote_url(&self.url)?;
-        if !valid_branch(&self.branch) {
+        if !input::DELIVER_BRANCH.accepts(&self.branch) {
             return Err(DeliverError::Branch);
         }
         for (field, value) in [("author_name", &self.author_name), ("author_email", &self.author_email)] {
-            if value.as_deref().is_some_and(|v| !valid_author_part(v)) {
+            if value.as_deref().is_some_and(|v| !input::DELIVER_AUTHOR.accepts(v)) {
                 return Err(DeliverError::Author(field));
             }
         }
-        if let Some(m) = &self.message
-            && (m.trim().is_empty() || m.chars().count() > MAX_MESSAGE_CHARS || m.contains('\0'))
-        {
+        if self.message.as_deref().is_some_and(|m| !input::DELIVER_MESSAGE.accepts(m)) {
             return Err(DeliverError::Message);
         }
         Ok(url)
     }
 }
 
-/// The remote as git is to reach it: http(s) only (the credentials are an
-/// HTTP header), never with credentials in it.
+/// The remote as git is to reach it: an http(s) URL of a host
+/// ([`input::CALLBACK_URL`]'s shape; the credentials are an HTTP header),
+/// never with credentials in it.
 pub fn remote_url(raw: &str) -> Result<RepoUrl, DeliverError> {
-    if raw.chars().count() > MAX_URL_CHARS || raw.chars().any(char::is_control) {
-        return Err(DeliverError::Url("must be a URL of at most 2048 characters".into()));
-    }
-    let url = parse_repo_url(raw).map_err(|e| match e {
-        RepoUrlError::Credentials => DeliverError::Url(
-            "must not carry credentials; the worker's operator gives them per host (KILN_GIT_CREDENTIALS)".into(),
-        ),
-        other => DeliverError::Url(other.to_string()),
-    })?;
-    if !matches!(url.scheme, RepoScheme::Https | RepoScheme::Http) || url.host.is_none() {
+    if !input::CALLBACK_URL.accepts(raw) {
         return Err(DeliverError::Url("must be an https:// or http:// URL of a host".into()));
     }
-    Ok(url)
+    let url = url::Url::parse(raw).map_err(|e| DeliverError::Url(format!("is not a URL git can use: {e}")))?;
+    if url.password().is_some() || !url.username().is_empty() {
+        return Err(DeliverError::Url(
+            "must not carry credentials; the worker's operator gives them per host (KILN_GIT_CREDENTIALS)".into(),
+        ));
+    }
+    let scheme = if url.scheme() == "https" { RepoScheme::Https } else { RepoScheme::Http };
+    let host = match url.host() {
+        Some(Host::Ipv4(ip)) => RepoHost::Ip(IpAddr::V4(ip)),
+        Some(Host::Ipv6(ip)) => RepoHost::Ip(IpAddr::V6(ip)),
+        Some(Host::Domain(name)) => RepoHost::Name(name.to_ascii_lowercase()),
+        None => return Err(DeliverError::Url("must name a host".into())),
+    };
+    let port = url.port_or_known_default().unwrap_or(443);
+    Ok(RepoUrl { scheme, host: Some(host), port, normalized: url.to_string() })
 }
 
 /// How the operator's credentials file names the remote's host: `host`
@@ -111,25 +122,10 @@ pub fn credentials_key(url: &RepoUrl) -> String {
     if url.port == default_port { host } else { format!("{host}:{}", url.port) }
 }
 
-/// `git check-ref-format refs/heads/<name>`'s rules, and no leading `-`.
+/// Whether `name` is a branch `deliver.git` may push ([`input::DELIVER_BRANCH`]:
+/// within `git check-ref-format`'s rules, and no leading `-`).
 pub fn valid_branch(name: &str) -> bool {
-    if name.is_empty() || name.len() > MAX_BRANCH_BYTES || name.starts_with(['-', '/']) || name.ends_with(['/', '.']) {
-        return false;
-    }
-    if name == "@" || name.contains("..") || name.contains("@{") || name.contains("//") {
-        return false;
-    }
-    if name.chars().any(|c| c.is_control() || c.is_whitespace() || "~^:?*[\\".contains(c)) {
-        return false;
-    }
-    name.split('/').all(|part| !part.starts_with('.') && !part.ends_with(".lock"))
-}
-
-fn valid_author_part(v: &str) -> bool {
-    let n = v.chars().count();
-    (1..=MAX_AUTHOR_CHARS).contains(&n)
-        && !v.trim().is_empty()
-        && !v.chars().any(|c| c.is_control() || c == '<' || c == '>')
+    input::DELIVER_BRANCH.accepts(name)
 }
 
 /// The commit message when the run names none: the prompt's first line,
@@ -153,7 +149,7 @@ mod tests {
 
     #[test]
     fn branch_names_follow_check_ref_format() {
-        for ok in ["kiln/run-1", "feature", "a.b/c_d", "x@y"] {
+        for ok in ["kiln/run-1", "feature", "a.b/c_d", "v1.2.3", "x.locks", "lock/x.lok"] {
             assert!(valid_branch(ok), "{ok}");
         }
         for bad in [
@@ -192,7 +188,7 @@ mod tests {
         for bad in ["https://u:t@git.example.com/r", "git://example.com/r", "file:///tmp/r", "ssh://git@h/r", "nope"] {
             assert!(matches!(spec(bad, "b").validate(), Err(DeliverError::Url(_))), "{bad}");
         }
-        let e = spec("https://u:secret@h/r", "b").validate().unwrap_err().to_string();
+        let e = spec("https://u:secret@h.example/r", "b").validate().unwrap_err().to_string();
         assert!(!e.contains("secret"), "{e}");
     }
 
