@@ -53,9 +53,9 @@ pub enum DeliverError {
     #[error("deliver.git.url: {0}")]
     Url(String),
     #[error(
-        "deliver.git.branch must be a git branch name (check-ref-format): at most {MAX_BRANCH_BYTES} bytes, not \
-         starting with '-' or '/', no '..', '@{{', '//', control characters, spaces or any of ~^:?*[\\, no \
-         component starting with '.' or ending with '.lock'"
+        "deliver.git.branch must be 1 to {MAX_BRANCH_BYTES} bytes: '/'-separated names of letters, digits, '_' \
+         and '-' with single dots inside (no leading, trailing or double dot, none ending in '.lock'), not \
+         starting with '-'"
     )]
     Branch,
     #[error("deliver.git.{0} must be 1 to {MAX_AUTHOR_CHARS} characters without control characters, '<' or '>'")]
