@@ -200,6 +200,13 @@ pub enum EventBody {
         /// The issue comment posted.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         comment: Option<String>,
+        /// `deliver.git`: the branch pushed, its commit and the remote.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        branch: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        commit: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        remote: Option<String>,
     },
     /// Reporting the result on GitHub failed; the run's own result stands.
     /// `POST /v1/runs/{id}/deliver` tries again.

@@ -214,6 +214,29 @@ pub static CALL_ID: Text = Text::new(1, 256, NO_CONTROL);
 /// `reason` of an approval decision, passed to the model with a denial.
 pub static DECISION_REASON: Text = Text::new(0, 4096, NO_NUL);
 
+/// `deliver.git.branch`: a stricter form of `git check-ref-format
+/// refs/heads/<name>` that a pattern can state: `/`-separated components of
+/// letters, digits, `_` and `-`, with single dots between runs of them (no
+/// leading, trailing or double dot), none ending in `.lock`, the first not
+/// starting with `-`.
+pub static DELIVER_BRANCH: Text = Text::new(
+    1,
+    200,
+    concat!(
+        r"^[A-Za-z0-9_][A-Za-z0-9_-]*",
+        r"(?:(?:\.[A-Za-z0-9_-]+)*\.(?:[A-Za-z0-9_-]{1,3}|[A-Za-z0-9_-]{5,}|[A-Za-km-z0-9_-][A-Za-z0-9_-]{3}",
+        r"|l[A-Za-np-z0-9_-][A-Za-z0-9_-]{2}|lo[A-Zabd-z0-9_-][A-Za-z0-9_-]|loc[A-Za-jl-z0-9_-]))?",
+        r"(?:/[A-Za-z0-9_-]+",
+        r"(?:(?:\.[A-Za-z0-9_-]+)*\.(?:[A-Za-z0-9_-]{1,3}|[A-Za-z0-9_-]{5,}|[A-Za-km-z0-9_-][A-Za-z0-9_-]{3}",
+        r"|l[A-Za-np-z0-9_-][A-Za-z0-9_-]{2}|lo[A-Zabd-z0-9_-][A-Za-z0-9_-]|loc[A-Za-jl-z0-9_-]))?)*$",
+    ),
+);
+/// `deliver.git.author_name` and `author_email`: no control characters and
+/// no `<` or `>` (they would end the identity in the commit header).
+pub static DELIVER_AUTHOR: Text = Text::new(1, 200, r"^[^\x00-\x1f\x7f<>]+$");
+/// `deliver.git.message`.
+pub static DELIVER_MESSAGE: Text = Text::new(1, 4000, NO_NUL);
+
 /// `environment` of a run, and `name` of an environment: lower-case, so a
 /// name is one thing whatever the client's case habits.
 pub static ENVIRONMENT_NAME: Text = Text::new(1, 64, r"^[a-z0-9][a-z0-9._-]*$");

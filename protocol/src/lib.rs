@@ -12,6 +12,7 @@ pub mod address;
 pub mod agents;
 pub mod callback;
 pub mod changes;
+pub mod deliver;
 pub mod egress;
 pub mod environment;
 pub mod event;

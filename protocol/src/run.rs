@@ -60,6 +60,10 @@ pub struct CreateRun {
     /// prepared with; the deployment's bare image when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment: Option<String>,
+    /// Where else the run's change goes when it ends (`deliver.git`: a
+    /// branch on a git remote; see [`crate::deliver`]).
+    #[serde(default, deserialize_with = "crate::nested::object", skip_serializing_if = "Option::is_none")]
+    pub deliver: Option<crate::deliver::Deliver>,
 }
 
 /// A run's sandbox, within what the deployment allows: limits can only be
@@ -123,6 +127,9 @@ pub struct Policy {
     /// The environment's name, as the run named it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment: Option<String>,
+    /// Where else the run's change goes (see [`CreateRun::deliver`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deliver: Option<crate::deliver::Deliver>,
 }
 
 /// A repository to clone into the sandbox's `/workspace`.
@@ -246,6 +253,8 @@ pub enum SpecError {
     Sandbox(String),
     #[error("callback_url {0}")]
     CallbackUrl(String),
+    #[error(transparent)]
+    Deliver(#[from] crate::deliver::DeliverError),
     #[error("environment must be the name of one of your environments (lower-case letters, digits, '.', '_', '-')")]
     EnvironmentName,
 }
@@ -265,6 +274,7 @@ impl CreateRun {
             agents: self.agents.clone(),
             sandbox: self.sandbox.clone().unwrap_or_default(),
             environment: self.environment.clone(),
+            deliver: self.deliver.clone(),
         }
     }
 
@@ -312,6 +322,9 @@ impl CreateRun {
         }
         if let Some(model) = &self.model {
             model.validate()?;
+        }
+        if let Some(git) = self.deliver.as_ref().and_then(|d| d.git.as_ref()) {
+            git.validate()?;
         }
         if self.environment.as_deref().is_some_and(|e| !input::ENVIRONMENT_NAME.accepts(e)) {
             return Err(SpecError::EnvironmentName);
@@ -520,6 +533,9 @@ pub struct Run {
     /// The environment the run's sandbox is prepared with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment: Option<String>,
+    /// Where else the run's change goes when it ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deliver: Option<crate::deliver::Deliver>,
     pub trigger: Trigger,
     pub attempt: i32,
     pub cancel_requested: bool,

@@ -249,3 +249,26 @@ fn is_duplicate_event_id(e: &tokio_postgres::Error) -> bool {
         *db.code() == tokio_postgres::error::SqlState::UNIQUE_VIOLATION && db.constraint() == Some("events_event_id")
     })
 }
+
+impl Store {
+    /// Appends an event to a run that has ended, without a lease: what the
+    /// worker reports after the end (`deliver.git`'s outcome). Nothing is
+    /// written for a run that has not ended.
+    pub async fn append_after_end(&self, run_id: Uuid, body: &EventBody) -> Result<Option<i64>, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let ended = tx
+            .query_opt(
+                "SELECT 1 FROM runs WHERE id = $1 AND status IN ('succeeded', 'failed', 'cancelled', 'timed_out')
+                 FOR UPDATE",
+                &[&run_id],
+            )
+            .await?;
+        if ended.is_none() {
+            return Ok(None);
+        }
+        let seq = insert_event_tx(&tx, run_id, body).await?;
+        tx.commit().await?;
+        Ok(Some(seq))
+    }
+}

@@ -37,12 +37,19 @@ struct Source {
 
 impl Source {
     fn from_row(row: &Row) -> Result<Self, StoreError> {
+        let mut policy: serde_json::Value = row.try_get(4)?;
+        // `deliver.git` pushes the run's branch once: a follow-up's push
+        // would find the branch taken (Kiln never overwrites one), so the
+        // follow-up does not inherit it.
+        if let Some(p) = policy.as_object_mut() {
+            p.remove("deliver");
+        }
         Ok(Source {
             session_id: row.try_get(0)?,
             owner: row.try_get(1)?,
             model: row.try_get(2)?,
             limits: row.try_get(3)?,
-            policy: row.try_get(4)?,
+            policy,
             callback_url: row.try_get(5)?,
         })
     }

@@ -46,6 +46,7 @@ pub(crate) fn run_from_row(row: &Row) -> Result<Run, StoreError> {
         agents: policy.agents,
         sandbox: policy.sandbox,
         environment: policy.environment,
+        deliver: policy.deliver,
         trigger: match trigger.as_str() {
             "github" => Trigger::Github,
             _ => Trigger::Api,

@@ -552,6 +552,7 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         // Like `warm_pool`: tests that want warm containers say so.
         environment_warm: kiln_worker::environment::warm::WarmSettings { per_environment: 0, max_containers: 4 },
         mcp: Default::default(),
+        git_credentials: Default::default(),
         max_event_bytes_per_run: kiln_worker::config::DEFAULT_MAX_EVENT_BYTES_PER_RUN,
         max_patch_bytes: kiln_worker::config::DEFAULT_MAX_PATCH_MB * 1024 * 1024,
         environment_images: std::sync::Arc::new(sandbox_image_only()),

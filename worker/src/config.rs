@@ -135,6 +135,9 @@ pub struct WorkerConfig {
     /// the sandbox image by default), checked again here for repository
     /// files and environments stored before the rule.
     pub environment_images: std::sync::Arc<kiln_protocol::image_name::ImagePatterns>,
+    /// Credentials for `deliver.git` remotes, by host
+    /// (`KILN_GIT_CREDENTIALS`); a host not listed is never pushed to.
+    pub git_credentials: std::sync::Arc<crate::git_delivery::credentials::GitCredentials>,
 }
 
 /// Default of [`WorkerConfig::dead_worker_check`].

@@ -8,6 +8,7 @@ pub mod claim_loop;
 pub mod config;
 pub mod egress;
 pub mod environment;
+pub mod git_delivery;
 pub mod github;
 mod handoff;
 mod lease_keeper;

@@ -111,6 +111,7 @@ async fn execute_in_span(
     drop(heartbeat);
     if recorded {
         crate::github::deliver_finished(&ctx, &run).await;
+        crate::git_delivery::deliver_finished(&ctx, &run).await;
     }
 }
 

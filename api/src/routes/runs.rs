@@ -80,6 +80,15 @@ pub async fn create(
             .and_then(|url| state.settings.repo_rules.check(&url))
             .map_err(|e| ApiError::Validation(e.to_string()))?;
     }
+    // The same for the remote a `deliver.git` pushes to (the worker checks
+    // its credentials file and the resolved addresses before it connects).
+    if let Some(git) = spec.deliver.as_ref().and_then(|d| d.git.as_ref()) {
+        kiln_protocol::deliver::remote_url(&git.url).map_err(|e| ApiError::Validation(e.to_string())).and_then(
+            |url| {
+                state.settings.repo_rules.check(&url).map_err(|e| ApiError::Validation(format!("deliver.git.url: {e}")))
+            },
+        )?;
+    }
     // Named environments are the caller's own: another subject's is as
     // unknown as one that does not exist.
     if let Some(name) = &spec.environment

@@ -193,11 +193,15 @@ impl Render for Live {
                 self.activity(&format!("model call failed, retrying in {delay_ms} ms: {error}"));
             }
             EventBody::StepFinished { .. } => self.flush_text(),
-            EventBody::DeliverySucceeded { pull_request, comment } => {
+            EventBody::DeliverySucceeded { branch: Some(branch), commit, remote, .. } => {
+                let (commit, remote) = (commit.unwrap_or_default(), remote.unwrap_or_default());
+                self.print(&[format!("● pushed {commit} to {branch} of {remote}")]);
+            }
+            EventBody::DeliverySucceeded { pull_request, comment, .. } => {
                 let link = pull_request.or(comment).unwrap_or_default();
                 self.print(&[format!("● reported on GitHub: {link}")]);
             }
-            EventBody::DeliveryFailed { error } => self.print(&[format!("● reporting on GitHub failed: {error}")]),
+            EventBody::DeliveryFailed { error } => self.print(&[format!("● delivery failed: {error}")]),
             EventBody::CallbackSucceeded { attempt, status, .. } => {
                 self.print(&[format!("● completion callback delivered (HTTP {status}, attempt {attempt})")]);
             }

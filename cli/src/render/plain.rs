@@ -68,13 +68,20 @@ impl<W: Write> Printer<W> {
             EventBody::RunFailed { error } => format!("● run failed: {error}"),
             EventBody::RunCancelled { reason } => format!("● run cancelled: {reason}"),
             EventBody::RunTimedOut { limit_s } => format!("● run timed out after {limit_s} s"),
-            EventBody::DeliverySucceeded { pull_request, comment } => {
+            EventBody::DeliverySucceeded { branch: Some(branch), commit, remote, .. } => {
+                format!(
+                    "● pushed {} to {branch} of {}",
+                    commit.as_deref().unwrap_or(""),
+                    remote.as_deref().unwrap_or("")
+                )
+            }
+            EventBody::DeliverySucceeded { pull_request, comment, .. } => {
                 format!(
                     "● reported on GitHub: {}",
                     pull_request.as_ref().or(comment.as_ref()).map_or("", String::as_str)
                 )
             }
-            EventBody::DeliveryFailed { error } => format!("● reporting on GitHub failed: {error}"),
+            EventBody::DeliveryFailed { error } => format!("● delivery failed: {error}"),
             EventBody::CallbackSucceeded { attempt, status, .. } => {
                 format!("● completion callback delivered (HTTP {status}, attempt {attempt})")
             }

@@ -197,6 +197,12 @@ pub struct WorkerArgs {
     /// servers (KILN_MCP_SERVERS) are never vetted.
     #[arg(long, env = "KILN_MCP_ALLOW_PRIVATE", default_value_t = false)]
     pub mcp_allow_private: bool,
+    /// JSON file of credentials for `deliver.git` remotes, by host
+    /// (`{"git.example.com": {"username": "…", "token": "…"}}`; a key is
+    /// `host:port` for a port other than the scheme's). A run asking to
+    /// push to a host not listed is refused. See README, "Delivering to git".
+    #[arg(long, env = "KILN_GIT_CREDENTIALS")]
+    pub git_credentials: Option<PathBuf>,
 }
 
 impl WorkerArgs {
@@ -307,6 +313,10 @@ impl WorkerArgs {
                     Some(path) => kiln_worker::mcp::McpConfig::load(path)?,
                     None => Default::default(),
                 }
+            }),
+            git_credentials: Arc::new(match &self.git_credentials {
+                Some(path) => kiln_worker::git_delivery::credentials::GitCredentials::load(path)?,
+                None => Default::default(),
             }),
         })
     }

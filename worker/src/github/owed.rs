@@ -50,7 +50,7 @@ pub async fn deliver_owed(github: &Github, store: &Store, run_id: Option<Uuid>) 
     let (delivered, event) = match result {
         Ok((pull_request, comment)) => {
             tracing::info!(%run_id, ?pull_request, "delivered to GitHub");
-            (true, EventBody::DeliverySucceeded { pull_request, comment })
+            (true, EventBody::DeliverySucceeded { pull_request, comment, branch: None, commit: None, remote: None })
         }
         Err(e) => {
             let error = github.redact(&e.to_string()).await;

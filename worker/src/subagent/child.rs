@@ -69,6 +69,8 @@ pub(super) async fn run(host: &StepHost<'_>, call_id: &str, args: TaskArgs) -> T
             mcp: host.run.mcp.clone(),
             // Its own children (where the depth allows) get what it got.
             agents: host.run.agents.clone(),
+            // The parent's change is delivered with the parent's.
+            deliver: None,
         },
     };
     let start = match with_retry(|| ctx.store.start_child(host.lease, &new, ctx.config.lease)).await {

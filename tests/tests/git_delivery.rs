@@ -1,0 +1,257 @@
+//! `deliver.git` (issue 28): the worker pushes a run's change, as one
+//! commit on its base, to a branch of a git remote — here a bare
+//! repository served over smart HTTP on loopback by `git http-backend`
+//! behind a small server the test owns, with HTTP basic auth
+//! (`git_http_server.py`). Only hosts in `KILN_GIT_CREDENTIALS` are pushed
+//! to, and the credentials appear in no event, log line or sandbox.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use kiln_protocol::deliver::{Deliver, GitDelivery};
+use kiln_protocol::{CreateRun, EventBody, RepoSpec, RunStatus};
+use kiln_scripted_model::Reply;
+use kiln_tests::git_repo::{git, repo_with};
+use kiln_tests::logs::Logs;
+use kiln_tests::{Event, Options, TestApp, docker_exec, kinds, worker_config};
+use kiln_worker::git_delivery::credentials::GitCredentials;
+use kiln_worker::{ProviderKind, WorkerConfig};
+use serde_json::json;
+use tokio::io::AsyncBufReadExt;
+use uuid::Uuid;
+
+const USER: &str = "pusher";
+const TOKEN: &str = "tok-9f8e7d6c5b4a-secret";
+
+/// The test's git server: a bare repository `remote.git` under its root.
+struct GitServer {
+    _child: tokio::process::Child,
+    _root: tempfile::TempDir,
+    bare: PathBuf,
+    log: PathBuf,
+    port: u16,
+}
+
+impl GitServer {
+    /// Serves a bare clone of `source` (so the remote has the run's base).
+    async fn start(source: &str) -> GitServer {
+        let root = tempfile::tempdir().unwrap();
+        git(root.path(), &["clone", "-q", "--bare", source, "remote.git"]);
+        let bare = root.path().join("remote.git");
+        let log = root.path().join("requests.log");
+        std::fs::write(&log, "").unwrap();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/git_http_server.py");
+        let mut child = tokio::process::Command::new("python3")
+            .arg(script)
+            .args([root.path().to_str().unwrap(), USER, TOKEN, log.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3 runs");
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let port = lines.next_line().await.unwrap().expect("the server's port").trim().parse().unwrap();
+        GitServer { _child: child, _root: root, bare, log, port }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/remote.git", self.port)
+    }
+
+    fn requests(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap()
+    }
+}
+
+fn config(credentials: &str) -> WorkerConfig {
+    WorkerConfig {
+        // The session's container stays, to look inside it after the run.
+        sandbox_idle: Duration::from_secs(120),
+        git_credentials: std::sync::Arc::new(GitCredentials::parse(credentials).unwrap()),
+        ..worker_config(ProviderKind::OpenAi, Duration::from_secs(10))
+    }
+}
+
+fn credentials_for(host: &str) -> String {
+    json!({ host: { "username": USER, "token": TOKEN } }).to_string()
+}
+
+async fn app_with(script: Vec<Reply>, config: WorkerConfig) -> TestApp {
+    let app = TestApp::spawn(Options { worker: false, script, ..Default::default() }).await;
+    app.start_worker(config).await;
+    app
+}
+
+fn delivering(repo: &str, remote: &str, branch: &str) -> CreateRun {
+    CreateRun {
+        repo: Some(RepoSpec { url: repo.to_owned(), git_ref: None }),
+        deliver: Some(Deliver {
+            git: Some(GitDelivery {
+                url: remote.to_owned(),
+                branch: branch.to_owned(),
+                author_name: Some("Ada Kiln".into()),
+                author_email: Some("ada@example.com".into()),
+                message: None,
+            }),
+        }),
+        ..CreateRun::new("Add the notes\n\nand more detail")
+    }
+}
+
+/// The run's events once its delivery's outcome is recorded.
+async fn until_delivered(app: &TestApp, run: Uuid) -> Vec<Event> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let events = app.stored_events(run).await;
+        let done = events
+            .iter()
+            .any(|e| matches!(e.body, EventBody::DeliverySucceeded { .. } | EventBody::DeliveryFailed { .. }));
+        if done {
+            return events;
+        }
+        assert!(Instant::now() < deadline, "no delivery event; got {:?}", kinds(&events));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// How the run ended (its terminal event; the delivery's comes after it).
+fn ended(events: &[Event]) -> Option<RunStatus> {
+    events.iter().find_map(|e| e.body.terminal_status())
+}
+
+/// The tree the sandbox's workspace is at, as git would write it (on a
+/// copy in the container's `/tmp`).
+async fn sandbox_tree(app: &TestApp, run: Uuid) -> String {
+    let container = app.containers_of(run).await.pop().expect("the session's container");
+    let (code, out) = docker_exec(
+        &container,
+        &[
+            "sh",
+            "-c",
+            "rm -rf /tmp/ws && cp -R --preserve=mode,links /workspace /tmp/ws && cd /tmp/ws \
+          && git -c safe.directory='*' add -A && git -c safe.directory='*' write-tree",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    out.trim().to_owned()
+}
+
+const EDITS: &str = "set -e
+printf 'one more line\\n' >> a.txt
+rm gone.txt
+chmod +x tool.sh
+printf '\\000\\001\\002\\377binary' > blob.bin
+ln -s a.txt link
+mkdir -p dir && echo new > dir/NOTES.md";
+
+#[tokio::test]
+async fn the_branch_lands_as_one_commit_on_the_base_and_the_token_leaks_nowhere() {
+    let logs = Logs::capture(tracing_subscriber::filter::LevelFilter::TRACE);
+    let (_repo, url) = repo_with(&[("a.txt", "a\n"), ("gone.txt", "bye\n"), ("tool.sh", "echo\n")]);
+    let base = git(Path::new(url.trim_start_matches("file://")), &["rev-parse", "HEAD"]);
+    let server = GitServer::start(&url).await;
+    let script = vec![
+        Reply::tool("bash", json!({ "command": EDITS })),
+        // What the sandbox can see of its own processes' environments.
+        Reply::tool("bash", json!({ "command": "env; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'" })),
+        Reply::text("done"),
+    ];
+    let app = app_with(script, config(&credentials_for(&format!("127.0.0.1:{}", server.port)))).await;
+    let id = app.submit("alice", delivering(&url, &server.url(), "kiln/notes")).await.id;
+    let events = until_delivered(&app, id).await;
+    assert_eq!(ended(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+
+    let last = events.last().unwrap();
+    let EventBody::DeliverySucceeded { branch, commit, remote, .. } = &last.body else {
+        panic!("the delivery failed: {:?}", last.body)
+    };
+    assert_eq!(branch.as_deref(), Some("kiln/notes"));
+    assert_eq!(remote.as_deref(), Some(server.url().as_str()));
+    let commit = commit.clone().unwrap();
+    // One commit whose parent is the base, holding exactly the sandbox's tree.
+    let bare = &server.bare;
+    assert_eq!(git(bare, &["rev-parse", "refs/heads/kiln/notes"]), commit);
+    assert_eq!(git(bare, &["rev-parse", &format!("{commit}^@")]), base, "the parent is the base");
+    assert_eq!(git(bare, &["rev-parse", &format!("{commit}^{{tree}}")]), sandbox_tree(&app, id).await);
+    assert_eq!(git(bare, &["log", "-1", "--format=%an <%ae>|%s", &commit]), "Ada Kiln <ada@example.com>|Add the notes");
+    assert!(server.requests().lines().all(|l| l.ends_with("authorized=true")), "{}", server.requests());
+
+    // The token is in no event (the sandbox's environment is among them),
+    // no log line, and nowhere in the sandbox.
+    let all_events: String = events.iter().map(|e| serde_json::to_string(&e.body).unwrap()).collect();
+    assert!(all_events.contains("PATH="), "the sandbox's environment was printed");
+    let encoded = base64::Engine::encode(&base64::prelude::BASE64_STANDARD, format!("{USER}:{TOKEN}"));
+    for secret in [TOKEN, encoded.as_str()] {
+        assert!(!all_events.contains(secret), "an event holds the credential");
+        assert!(!logs.text().contains(secret), "a log line holds the credential");
+    }
+    let container = app.containers_of(id).await.pop().unwrap();
+    let (_, found) = docker_exec(
+        &container,
+        &["sh", "-c", &format!("grep -rlsF '{TOKEN}' / --exclude-dir=proc --exclude-dir=sys; env")],
+    )
+    .await;
+    assert!(!found.contains(TOKEN), "the sandbox holds the token: {found}");
+}
+
+#[tokio::test]
+async fn a_host_missing_from_the_credentials_file_is_refused_before_any_connection() {
+    let (_repo, url) = repo_with(&[("a.txt", "a\n")]);
+    let server = GitServer::start(&url).await;
+    let script = vec![Reply::tool("bash", json!({ "command": "echo x > b.txt" })), Reply::text("done")];
+    // Credentials for another port of the same address: not this remote.
+    let app = app_with(script, config(&credentials_for(&format!("127.0.0.1:{}", server.port + 1)))).await;
+    let id = app.submit("alice", delivering(&url, &server.url(), "kiln/x")).await.id;
+    let events = until_delivered(&app, id).await;
+    assert_eq!(ended(&events), Some(RunStatus::Succeeded), "a failed delivery leaves the run's result");
+    let EventBody::DeliveryFailed { error } = &events.last().unwrap().body else { panic!("{:?}", kinds(&events)) };
+    assert_eq!(server.requests(), "", "the worker connected to a host it has no credentials for");
+    assert!(error.contains("no credentials for 127.0.0.1:"), "{error}");
+    assert!(git(&server.bare, &["branch", "--list", "kiln/x"]).is_empty());
+}
+
+#[tokio::test]
+async fn a_run_without_a_change_pushes_nothing_and_an_existing_branch_is_never_overwritten() {
+    let (_repo, url) = repo_with(&[("a.txt", "a\n")]);
+    let server = GitServer::start(&url).await;
+    git(&server.bare, &["branch", "taken", "main"]);
+    let script = vec![
+        Reply::text("nothing to do"),
+        Reply::tool("bash", json!({ "command": "echo x > b.txt" })),
+        Reply::text("done"),
+    ];
+    let app = app_with(script, config(&credentials_for(&format!("127.0.0.1:{}", server.port)))).await;
+    let id = app.submit("alice", delivering(&url, &server.url(), "kiln/empty")).await.id;
+    let events = until_delivered(&app, id).await;
+    let EventBody::DeliveryFailed { error } = &events.last().unwrap().body else { panic!("{:?}", kinds(&events)) };
+    assert!(error.contains("the run changed no files"), "{error}");
+    assert_eq!(server.requests(), "");
+
+    let before = git(&server.bare, &["rev-parse", "taken"]);
+    let id = app.submit("alice", delivering(&url, &server.url(), "taken")).await.id;
+    let events = until_delivered(&app, id).await;
+    assert_eq!(ended(&events), Some(RunStatus::Succeeded));
+    let EventBody::DeliveryFailed { error } = &events.last().unwrap().body else { panic!("{:?}", kinds(&events)) };
+    assert!(error.contains("already exists"), "{error}");
+    assert_eq!(git(&server.bare, &["rev-parse", "taken"]), before, "the branch is untouched");
+}
+
+#[tokio::test]
+async fn bad_deliveries_are_refused_at_the_api() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let remote =
+        |url: &str, branch: &str| json!({ "prompt": "x", "deliver": { "git": { "url": url, "branch": branch } } });
+    for (body, says) in [
+        (remote("https://git.example.com/r.git", "-evil"), "deliver.git.branch"),
+        (remote("https://git.example.com/r.git", "a..b"), "deliver.git.branch"),
+        (remote("https://user:pw@git.example.com/r.git", "b"), "deliver.git.url"),
+        (remote("file:///tmp/r", "b"), "deliver.git.url"),
+    ] {
+        let (status, answer) = app.post_json("alice", "/v1/runs", body).await;
+        assert_eq!(status, 422, "{answer}");
+        assert!(answer.to_string().contains(says), "{answer}");
+        assert!(!answer.to_string().contains("pw@"), "{answer}");
+    }
+}
