@@ -145,9 +145,9 @@ async fn tenant_b_cannot_start_from_tenant_as_prepared_image_by_name_id_prefix_o
     let (status, listed) = request(&app, "b", reqwest::Method::GET, "/v1/environments", None).await;
     assert_eq!((status, &listed["environments"]), (200, &json!([])), "a refused environment was stored");
 
-    // B names it from its repository's file: the run fails, saying only
-    // that the image is not available (the engine's answer would let B
-    // walk id prefixes).
+    // B names it from its repository's file: the run fails before any
+    // engine is asked (whose answer would let B walk id prefixes): the
+    // file's image is no image name by the rule the API states.
     let (b_dir, b_url) = repo("b");
     for image in [prepared.as_str(), prefix.as_str()] {
         let file = format!("image = \"{image}\"\nsetup_script = \"{steal}\"\n");
@@ -155,7 +155,7 @@ async fn tenant_b_cannot_start_from_tenant_as_prepared_image_by_name_id_prefix_o
         let events = run(&app, "b", &b_url, None).await;
         assert_eq!(outcome(&events), Some(RunStatus::Failed), "{image}: {:?}", kinds(&events));
         let error = failure(&events);
-        assert!(error.contains(&format!("the image {image:?} is not available to this deployment")), "{error}");
+        assert!(error.contains(".kiln/environment.toml: image must be an image name"), "{error}");
         let seen = format!("{events:?}");
         assert!(!seen.contains(PRIVATE) && !seen.contains("private.txt"), "B saw A's files: {seen}");
     }
