@@ -75,10 +75,12 @@ impl Store {
         let owner: Option<String> = row.try_get(4)?;
         let owner =
             owner.ok_or_else(|| StoreError::Corrupt(format!("run {run_id} vanished while its callback was owed")))?;
-        let run = self
+        let mut run = self
             .get_run_unscoped(run_id)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("run {run_id} vanished while its callback was owed")))?;
+        // The run as the API shows it: with its change's totals.
+        run.changes = self.change_totals(&[run_id]).await?.get(&run_id).copied();
         Ok(Some(CallbackJob {
             run,
             owner,
