@@ -6,6 +6,7 @@
 //! the web view (`/`, `/web/*`), which is a page for people, not an API;
 //! `tests/tests/openapi.rs` checks both directions against the router.
 
+pub(crate) mod bodies;
 mod constraints;
 pub(crate) mod errors;
 mod events;
@@ -203,64 +204,4 @@ fn for_deployment(doc: &Value, kinds: &kiln_protocol::agents::AgentKinds) -> Res
 pub async fn serve(State(state): State<AppState>) -> Result<Response, ApiError> {
     let body = for_deployment(cached()?, &state.settings.agent_kinds)?;
     Ok(([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response())
-}
-
-/// One Server-Sent Event of `GET /v1/runs/{id}/events`, as its fields.
-/// (Placeholder: [`events::refine`] replaces it with one schema per kind.)
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
-pub struct SseEvent {
-    id: String,
-    event: String,
-    data: String,
-}
-
-/// `GET /healthz` and `GET /readyz`.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
-pub struct Health {
-    /// `ok` (healthz) or `ready` (readyz).
-    status: String,
-}
-
-/// `POST /v1/runs/{id}/deliver`.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
-pub struct DeliveryRequested {
-    #[schema(pattern = "^requested$")]
-    delivery: String,
-}
-
-/// `POST /v1/runs/{id}/approvals/{call_id}`.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
-pub struct Decided {
-    call_id: String,
-    approved: bool,
-}
-
-/// A GitHub delivery queued a run.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
-pub struct WebhookRun {
-    run_id: uuid::Uuid,
-}
-
-/// A GitHub delivery was recorded and ignored.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
-pub struct WebhookIgnored {
-    /// Why, e.g. `the event is not one Kiln acts on`.
-    ignored: String,
-}
-
-/// A ping (`{"ok": true}`), or a delivery seen before
-/// (`{"duplicate": true, "run_id": …}`, the run it created or null).
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
-#[derive(serde::Serialize)]
-#[serde(untagged)]
-pub enum WebhookAnswered {
-    Ping { ok: bool },
-    Duplicate { duplicate: bool, run_id: Option<uuid::Uuid> },
 }

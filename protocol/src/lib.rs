@@ -11,6 +11,7 @@ pub mod rules;
 pub mod address;
 pub mod agents;
 pub mod callback;
+pub mod callback_url;
 pub mod changes;
 pub mod deliver;
 pub mod egress;

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::events::EventColumns;
 use crate::messages::message_columns;
-use crate::queue::Lease;
+use crate::lease::Lease;
 use crate::{Store, StoreError};
 
 /// What [`Store::append_message_with_events_once`] stored.
