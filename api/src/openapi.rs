@@ -8,6 +8,7 @@
 
 pub(crate) mod bodies;
 mod constraints;
+mod deployment;
 pub(crate) mod errors;
 mod events;
 
@@ -174,20 +175,6 @@ fn cached() -> Result<&'static Value, ApiError> {
         .map_err(|e| ApiError::Internal(format!("building the OpenAPI document failed: {e}")))
 }
 
-/// The document of this deployment: a run's `agents` may name only its
-/// kinds (`KILN_AGENT_KINDS`), so the document lists them, and a client
-/// that reads it knows which names are refused.
-fn for_deployment(doc: &Value, kinds: &kiln_protocol::agents::AgentKinds) -> Result<Vec<u8>, ApiError> {
-    let mut doc = doc.clone();
-    if let Some(items) =
-        doc.pointer_mut("/components/schemas/CreateRun/properties/agents/items").and_then(Value::as_object_mut)
-    {
-        let names: Vec<Value> = kinds.names().map(|n| Value::String(n.to_owned())).collect();
-        items.insert("enum".into(), Value::Array(names));
-    }
-    serde_json::to_vec(&doc).map_err(|e| ApiError::Internal(format!("serializing the OpenAPI document failed: {e}")))
-}
-
 /// This document.
 #[utoipa::path(
     get,
@@ -202,6 +189,9 @@ fn for_deployment(doc: &Value, kinds: &kiln_protocol::agents::AgentKinds) -> Res
     )
 )]
 pub async fn serve(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let body = for_deployment(cached()?, &state.settings.agent_kinds)?;
+    let mut doc = cached()?.clone();
+    deployment::Deployment::of(&state).tailor(&mut doc);
+    let body = serde_json::to_vec(&doc)
+        .map_err(|e| ApiError::Internal(format!("serializing the OpenAPI document failed: {e}")))?;
     Ok(([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response())
 }

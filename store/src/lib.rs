@@ -50,12 +50,12 @@ pub use environments::{
 };
 pub use error::StoreError;
 pub use events::EventBatch;
+pub use lease::{HeartbeatOutcome, Lease, ReapedRun};
 pub use listen::{Listener, Notice};
 pub use presence::{DeadWorkers, LOCK_CLASS, PresenceSession, Registered};
-pub use lease::{HeartbeatOutcome, Lease, ReapedRun};
 pub use queue_sql::{claim_statement, finish_and_claim_statement, finish_statement};
-pub use retention::Pruned;
 pub use queued::NewRun;
+pub use retention::Pruned;
 pub use runs::{CancelOutcome, Cursor, Quota, QuotaRefusal, RunPage};
 pub use stats::RunStats;
 pub use step_writes::StepWrite;
