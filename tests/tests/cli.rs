@@ -345,7 +345,9 @@ async fn the_approve_command_a_waiting_call_prints_is_the_one_that_decides_it() 
     assert!(status.success(), "{seen:?}");
     assert_eq!(decided, 2, "{seen:?}");
     let text = seen.join("\n");
-    assert!(text.contains("⏸ bash {\"command\":\"echo approved-ran\"} waits for approval"), "{text}");
+    // The call is printed once (`→`), then that it waits, then how to decide it.
+    assert_eq!(text.matches("echo approved-ran\"}").count(), 1, "{text}");
+    assert!(text.contains("→ bash {\"command\":\"echo approved-ran\"}\n⏸ bash waits for approval\n"), "{text}");
     assert!(text.contains("  approved\n  ✓ bash ("), "{text}");
     assert!(text.contains("approved-ran"), "{text}");
     assert!(text.contains("  denied: too risky\n  ✗ bash ("), "{text}");
