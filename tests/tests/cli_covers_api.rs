@@ -272,3 +272,62 @@ async fn kiln_env_manages_environments_with_secrets_from_stdin_never_shown() {
     let out = output(kiln(&url, "alice", &["env", "list"])).await;
     assert!(text(&out).contains("(no environments"), "{}", text(&out));
 }
+
+/// A repository with a lock file, for an environment's cache key.
+fn repo() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    kiln_tests::git_repo::git(d, &["init", "-q", "-b", "main"]);
+    std::fs::write(d.join("Cargo.lock"), "version = 1\n").unwrap();
+    kiln_tests::git_repo::git(d, &["add", "."]);
+    kiln_tests::git_repo::git(d, &["commit", "-q", "-m", "first"]);
+    let url = format!("file://{}", d.display());
+    (dir, url)
+}
+
+#[tokio::test]
+async fn plain_output_shows_setup_and_maintenance_lines_under_their_phase_and_says_what_was_stored() {
+    let app = TestApp::spawn(Options { script: vec![Reply::text("Done.")], ..Default::default() }).await;
+    app.model.replay_per_conversation();
+    let url = app.url("");
+    let (status, env) = app
+        .post_json(
+            "alice",
+            "/v1/environments",
+            json!({"name": "lines", "setup_script": "echo installing one\nprintf 'two\\nthree-without-newline'",
+                   "maintenance_script": "echo maintaining"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{env}");
+    let (_dir, repo_url) = repo();
+    let args = ["run", "--prompt", "go", "--repo", &repo_url, "--environment", "lines", "--follow"];
+    let first = output(kiln(&url, "alice", &args)).await;
+    let said = String::from_utf8_lossy(&first.stdout).to_string();
+    assert!(first.status.success(), "{}", text(&first));
+    let setup = "● setup output:\n  │ installing one\n  │ two\n  │ three-without-newline\n● setup exited 0 (";
+    assert!(said.contains(setup), "{said}");
+    assert!(said.contains(" ms); prepared sandbox stored in the cache\n"), "{said}");
+
+    let second = output(kiln(&url, "alice", &[&args[..], &["--json"]].concat())).await;
+    assert!(second.status.success(), "{}", text(&second));
+    let events: Vec<Value> =
+        String::from_utf8_lossy(&second.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let started = events.iter().find(|e| e["kind"] == "environment.started").unwrap();
+    let finished = events.iter().find(|e| e["kind"] == "environment.finished").unwrap();
+    assert_eq!(started["payload"]["hit"], true);
+    assert_eq!(finished["payload"]["phase"], "maintenance");
+    // `stored` says what it means; `cached`, its old name, stays alongside.
+    assert_eq!((&finished["payload"]["stored"], &finished["payload"]["cached"]), (&json!(false), &json!(false)));
+    let plain = output(kiln(&url, "alice", &args[..args.len() - 1])).await;
+    let first_id = run_id(&plain);
+    let logs = output(kiln(&url, "alice", &["logs", &first_id, "--follow"])).await;
+    let said = String::from_utf8_lossy(&logs.stdout).to_string();
+    assert!(said.contains("● maintenance output:\n  │ maintaining\n● maintenance exited 0 ("), "{said}");
+    assert!(!said.contains("stored in the cache"), "a hit stores nothing: {said}");
+
+    // The engine is shared: the prepared image goes.
+    let key = started["payload"]["cache_key"].as_str().unwrap().to_owned();
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let options = bollard::query_parameters::RemoveImageOptionsBuilder::new().force(true).build();
+    let _ = docker.remove_image(&format!("kiln-env:{key}"), Some(options), None).await;
+}
