@@ -196,3 +196,104 @@ async fn the_new_run_form_chooses_a_listed_environment_and_the_network() {
         json!({"mode": "allowlist", "allow": [{"host": "registry.npmjs.org"}, {"host": "*.example.org", "ports": [8443]}]})
     );
 }
+
+/// Sets a form field's value as typing would (clearing it first).
+async fn type_into(b: &Browser, id: &str, text: &str) {
+    let field = b.client.find(Locator::Id(id)).await.unwrap();
+    field.clear().await.unwrap();
+    field.send_keys(text).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_environments_page_creates_edits_and_resets_with_secrets_write_only_and_lists_last_runs() {
+    let Some(b) = Browser::start("web_view_words::environments", 1100, 1200).await else { return };
+    let mut options = Options { worker: false, ..Default::default() };
+    let key = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+    options.api.secrets_key = Some(std::sync::Arc::new(kiln_store::secrets::SecretsKey::from_hex(key).unwrap()));
+    let app = TestApp::spawn(options).await;
+    let secret = "s3cret-never-on-the-page";
+    sign_in(&b, &format!("http://{}", app.addr), "alice").await;
+    b.client.find(Locator::Id("nav-envs")).await.unwrap().click().await.unwrap();
+    b.wait_js("the environments page", WAIT, "return !document.getElementById('view-envs').hidden;", vec![]).await;
+
+    type_into(&b, "env-name", "web").await;
+    type_into(&b, "env-setup", "npm ci").await;
+    type_into(&b, "env-variables", "NODE_ENV=development").await;
+    type_into(&b, "env-secrets", &format!("NPM_TOKEN={secret}")).await;
+    b.client.find(Locator::Id("env-submit")).await.unwrap().click().await.unwrap();
+    b.wait_js("the new row", WAIT, "return !!document.querySelector('#envs-body tr[data-env=web]');", vec![]).await;
+    let (status, env) = kiln_get(&app, "/v1/environments/web").await;
+    assert_eq!(status, 200);
+    assert_eq!((&env["setup_script"], &env["secret_names"]), (&json!("npm ci"), &json!(["NPM_TOKEN"])));
+    assert_eq!(env["variables"], json!({"NODE_ENV": "development"}));
+
+    // A run on it is listed under its last runs.
+    let run = app.create_run("alice", json!({"prompt": "on web", "environment": "web"})).await;
+    b.client.find(Locator::Id("env-new")).await.unwrap().click().await.unwrap();
+    b.js("location.hash = '#/'; location.hash = '#/environments';", vec![]).await;
+    b.wait_js(
+        "the run under the environment",
+        WAIT,
+        "const a = document.querySelector('#envs-body tr[data-env=web] .runs a'); return !!a && a.getAttribute('href');",
+        vec![],
+    )
+    .await;
+    let href = b
+        .js("return document.querySelector('#envs-body tr[data-env=web] .runs a').getAttribute('href');", vec![])
+        .await;
+    assert_eq!(href, json!(format!("#/runs/{}", run["id"].as_str().unwrap())));
+
+    // Editing shows every field but the secrets' values, and keeps them.
+    b.client
+        .find(Locator::Css("#envs-body tr[data-env=web] button[data-action=edit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let form = b
+        .js(
+            "return { setup: document.getElementById('env-setup').value, secrets: document.getElementById('env-secrets').value, \
+                      hint: document.getElementById('env-secrets').placeholder, name: document.getElementById('env-name').readOnly };",
+            vec![],
+        )
+        .await;
+    assert_eq!(form["setup"], "npm ci");
+    assert_eq!(form["secrets"], "", "secrets are write-only");
+    assert!(form["hint"].as_str().unwrap().contains("stored: NPM_TOKEN"), "{form}");
+    assert_eq!(form["name"], true);
+    type_into(&b, "env-setup", "npm install").await;
+    b.client.find(Locator::Id("env-submit")).await.unwrap().click().await.unwrap();
+    b.wait_js("saved", WAIT, "return document.getElementById('env-said').textContent === 'Saved web';", vec![]).await;
+    let (_, env) = kiln_get(&app, "/v1/environments/web").await;
+    assert_eq!((&env["setup_script"], &env["secret_names"]), (&json!("npm install"), &json!(["NPM_TOKEN"])));
+
+    b.client
+        .find(Locator::Css("#envs-body tr[data-env=web] button[data-action=reset]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    b.wait_js(
+        "the reset",
+        WAIT,
+        "const g = document.querySelector('#envs-body tr[data-env=web] .generation'); return !!g && g.textContent === '1';",
+        vec![],
+    )
+    .await;
+    let page = b
+        .js(
+            "return document.body.innerText + [...document.querySelectorAll('input, textarea')].map((n) => n.value).join(' ');",
+            vec![],
+        )
+        .await;
+    assert!(!page.as_str().unwrap().contains(secret), "the secret's value never comes back to the page");
+    b.screenshot(&artifact("web-view-environments.png")).await;
+}
+
+async fn kiln_get(app: &TestApp, path: &str) -> (u16, Value) {
+    let r = app.http.get(app.url(path)).bearer_auth(token("alice")).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}

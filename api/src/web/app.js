@@ -139,12 +139,18 @@
     if (view) view.stop();
     view = null;
     notice('');
-    for (const id of ['view-signin', 'view-runs', 'view-run']) $(id).hidden = true;
+    for (const id of ['view-signin', 'view-runs', 'view-run', 'view-envs']) $(id).hidden = true;
     const t = token();
     $('signout').hidden = !t;
     $('whoami').textContent = t ? String(tokenClaims(t).sub || '') : '';
     if (!t) {
+      $('nav-envs').hidden = true;
       $('view-signin').hidden = false;
+      return;
+    }
+    $('nav-envs').hidden = false;
+    if (location.hash === '#/environments') {
+      view = envsView();
       return;
     }
     const m = /^#\/runs\/([0-9a-fA-F-]{36})$/.exec(location.hash);
@@ -333,6 +339,125 @@
     } finally {
       button.disabled = false;
     }
+  }
+
+  // ---- environments ----------------------------------------------------------
+
+  // `NAME=VALUE` lines (blank lines and `#` comments skipped) as an object.
+  function pairs(text) {
+    const out = {};
+    for (const line of String(text || '').split('\n')) {
+      if (!line.trim() || line.trim().startsWith('#')) continue;
+      const at = line.indexOf('=');
+      if (at < 1) throw new Error(`"${line.slice(0, 40)}" is not NAME=VALUE`);
+      out[line.slice(0, at).trim()] = line.slice(at + 1);
+    }
+    return out;
+  }
+
+  // The environments page: the caller's environments with their last runs,
+  // a form that creates or edits one (secrets write-only: never shown, kept
+  // when left empty), and a cache reset per environment.
+  function envsView() {
+    $('view-envs').hidden = false;
+    const form = $('env-form');
+    let editing = null; // the name being edited, or null to create
+
+    function fill(env) {
+      editing = env ? env.name : null;
+      $('env-name').value = env ? env.name : '';
+      $('env-name').readOnly = Boolean(env);
+      $('env-image').value = (env && env.image) || '';
+      $('env-setup').value = env ? env.setup_script : '';
+      $('env-maintenance').value = (env && env.maintenance_script) || '';
+      $('env-variables').value = env ? Object.entries(env.variables).map(([k, v]) => `${k}=${v}`).join('\n') : '';
+      $('env-secrets').value = '';
+      $('env-secrets').placeholder = env && env.secret_names.length
+        ? `stored: ${env.secret_names.join(', ')} (values never shown; leave empty to keep them)` : 'NAME=VALUE, one a line';
+      $('env-lock-files').value = env ? env.lock_files.join(', ') : '';
+      $('env-form-title').textContent = env ? `Edit ${env.name}` : 'New environment';
+      $('env-submit').textContent = env ? 'Save' : 'Create';
+    }
+
+    function lastRuns(runs, name) {
+      const mine = runs.filter((r) => r.environment === name).slice(0, 3);
+      if (!mine.length) return el('span', { class: 'muted' }, 'no runs yet');
+      return el('span', null, ...mine.flatMap((r, i) => [i ? ', ' : null,
+        el('a', { href: '#/runs/' + r.id, class: 'status', data: { status: r.status } }, r.status.replace('_', ' '))]));
+    }
+
+    async function resetCache(name) {
+      try {
+        const env = await api('POST', `/v1/environments/${encodeURIComponent(name)}/reset-cache`);
+        notice('');
+        $('env-said').textContent = `${env.name}: cache reset (generation ${env.cache_generation}); the next run sets up afresh`;
+        load();
+      } catch (e) {
+        if (e.status !== 401) notice('Could not reset the cache: ' + e.message);
+      }
+    }
+
+    async function load() {
+      try {
+        const [page, runs] = await Promise.all([api('GET', '/v1/environments'), api('GET', '/v1/runs?limit=200')]);
+        $('envs-body').replaceChildren(...page.environments.map((env) => {
+          const edit = el('button', { type: 'button', class: 'secondary', data: { action: 'edit' } }, 'Edit');
+          const reset = el('button', { type: 'button', class: 'secondary', data: { action: 'reset' } }, 'Reset cache');
+          edit.addEventListener('click', () => fill(env));
+          reset.addEventListener('click', () => resetCache(env.name));
+          return el('tr', { data: { env: env.name } },
+            el('td', { class: 'name' }, env.name), el('td', null, env.image || 'default'),
+            el('td', { class: 'secrets' }, env.secret_names.join(', ') || '—'),
+            el('td', { class: 'num generation' }, String(env.cache_generation)),
+            el('td', { class: 'runs' }, lastRuns(runs.runs, env.name)), el('td', null, edit, ' ', reset));
+        }));
+        $('envs-empty').hidden = page.environments.length > 0;
+      } catch (e) {
+        if (e.status !== 401) notice(e.message);
+      }
+    }
+
+    async function save(ev) {
+      ev.preventDefault();
+      let spec;
+      try {
+        spec = { name: $('env-name').value.trim(), setup_script: $('env-setup').value, variables: pairs($('env-variables').value) };
+        const image = $('env-image').value.trim();
+        if (image) spec.image = image;
+        const maintenance = $('env-maintenance').value;
+        if (maintenance.trim()) spec.maintenance_script = maintenance;
+        const locks = $('env-lock-files').value.split(/[\s,]+/).filter(Boolean);
+        if (locks.length) spec.lock_files = locks;
+        // Write-only: sent only when given; on an edit, absent keeps the stored ones.
+        if ($('env-secrets').value.trim()) spec.secrets = pairs($('env-secrets').value);
+      } catch (e) {
+        notice('Could not read the form: ' + e.message);
+        return;
+      }
+      try {
+        const env = editing
+          ? await api('PUT', `/v1/environments/${encodeURIComponent(editing)}`, spec)
+          : await api('POST', '/v1/environments', spec);
+        notice('');
+        $('env-said').textContent = `${editing ? 'Saved' : 'Created'} ${env.name}`;
+        fill(null);
+        load();
+      } catch (e) {
+        if (e.status !== 401) notice('Could not save: ' + e.message);
+      }
+    }
+
+    form.onsubmit = save;
+    $('env-new').onclick = () => fill(null);
+    fill(null);
+    $('env-said').textContent = '';
+    load();
+    return {
+      stop() {
+        form.onsubmit = null;
+        $('env-new').onclick = null;
+      },
+    };
   }
 
   // ---- a run's change -------------------------------------------------------
