@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs and starts what the test suite needs, unless it is already there:
 # Postgres on 127.0.0.1:5432, the kiln-sandbox image and the static test
-# images, headless Chromium, the Python tools under .kiln/tools (the Compose
+# images, gVisor's runsc registered with Docker, headless Chromium, the Python tools under .kiln/tools (the Compose
 # and Kubernetes validators, the OpenAPI validator, schemathesis, the MCP
 # SDK) and the local model of the real-model tier. Every step is idempotent
 # and quick when its work is done, so scripts/test runs this each time and
@@ -14,6 +14,9 @@ cd "$(dirname "$0")/.."
 sandbox-images/build-offline.sh "${KILN_SANDBOX_IMAGE:-kiln-sandbox:latest}"
 # Images without a C library (and one without bash) for tests/tests/any_image.rs.
 sandbox-images/build-static-test-images.sh
+# gVisor (`runsc`), registered with the engine: .ci/run runs the sandbox
+# suites a second time under it (KILN_TEST_SANDBOX_RUNTIME=runsc).
+scripts/ensure-runsc.sh
 # The web view's tests (tests/tests/web_view.rs) drive a headless Chromium.
 scripts/ensure-packages.sh chromium:chromium chromedriver:chromium-driver
 # The deployment files' checks (tests/tests/deploy.rs): a Compose validator

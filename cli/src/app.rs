@@ -148,6 +148,13 @@ async fn start_worker(store: Store, parts: WorkerParts, shutdown: CancellationTo
     let WorkerParts { config, endpoints, prices } = parts;
     let docker = bollard::Docker::connect_with_local_defaults().context("connecting to Docker")?;
     docker.ping().await.context("the Docker engine does not answer")?;
+    // A runtime the engine lacks would fail every run: say so now.
+    kiln_worker::sandbox::runtime::check(&docker, config.sandbox.runtime.as_deref())
+        .await
+        .context("checking the sandbox runtime")?;
+    if let Some(runtime) = &config.sandbox.runtime {
+        tracing::info!(%runtime, "sandboxes run under this OCI runtime");
+    }
     // Refuses an engine that cannot bound a sandbox's disk (unless told to
     // run unbounded). Without the image yet, the first sandbox probes.
     match config.sandbox.disk_plan(&docker).await {

@@ -512,6 +512,16 @@ pub fn sandbox_image() -> String {
     std::env::var("KILN_SANDBOX_IMAGE").unwrap_or_else(|_| "kiln-sandbox:latest".into())
 }
 
+/// The OCI runtime the tests' sandboxes run under: the engine's default,
+/// or `KILN_TEST_SANDBOX_RUNTIME` (`.ci/run` runs the sandbox suites a
+/// second time with `runsc`, gVisor).
+pub fn sandbox_runtime() -> Option<String> {
+    std::env::var(SANDBOX_RUNTIME_ENV).ok().filter(|r| !r.is_empty())
+}
+
+/// The switch [`sandbox_runtime`] reads.
+pub const SANDBOX_RUNTIME_ENV: &str = "KILN_TEST_SANDBOX_RUNTIME";
+
 /// `KILN_ENVIRONMENT_IMAGES` as a deployment that sets none has it: the
 /// sandbox image only.
 pub fn sandbox_image_only() -> kiln_protocol::image_name::ImagePatterns {
@@ -528,7 +538,7 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         lease,
         dead_worker_check: Some(kiln_worker::config::DEFAULT_DEAD_WORKER_CHECK),
         poll_interval: Duration::from_millis(500),
-        sandbox: SandboxConfig { image: sandbox_image(), ..SandboxConfig::default() },
+        sandbox: SandboxConfig { image: sandbox_image(), runtime: sandbox_runtime(), ..SandboxConfig::default() },
         default_provider: provider,
         default_model: "scripted".into(),
         default_max_tokens: 1024,

@@ -123,7 +123,15 @@ pub fn assume(user: Option<RunAs>) -> Result<(), IdentityError> {
     // ids: file access is checked against these, not the euid.
     rustix::thread::set_thread_groups(&[])
         .map_err(|e| IdentityError(format!("cannot drop supplementary groups: {e}")))?;
-    set_fs_ids(user.uid, user.gid)?;
+    match set_fs_ids(user.uid, user.gid) {
+        Ok(()) => {}
+        Err(FsIdsError::Unsupported) => set_effective_ids(user.uid, user.gid)?,
+        Err(FsIdsError::Refused(e)) => return Err(e),
+    }
+    // Changing the euid resets the dumpable flag on some kernels: clear it
+    // again, whichever switch was made.
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(|e| IdentityError(format!("cannot clear the dumpable flag: {e}")))?;
     let home = usable_home(&user);
     let _ = RUN_AS.set(RunAs { home, ..user });
     Ok(())
@@ -153,21 +161,65 @@ fn usable_home(user: &RunAs) -> OsString {
     }
 }
 
+/// Why the fs ids could not be set.
+enum FsIdsError {
+    /// The kernel has no `setfsuid` (gVisor answers ENOSYS).
+    Unsupported,
+    Refused(IdentityError),
+}
+
 /// `setfsgid` then `setfsuid` for the calling thread (threads created
 /// later inherit them). Both calls return the previous id and never fail
 /// loudly, so each is repeated to read back what is now in force.
-fn set_fs_ids(uid: u32, gid: u32) -> Result<(), IdentityError> {
+fn set_fs_ids(uid: u32, gid: u32) -> Result<(), FsIdsError> {
     // SAFETY: plain system calls on integer arguments; no memory is shared.
+    let first = unsafe { libc::setfsgid(gid) };
+    if first == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+        return Err(FsIdsError::Unsupported);
+    }
+    // SAFETY: as above.
     let (gid_now, uid_now) = unsafe {
-        libc::setfsgid(gid);
         let g = libc::setfsgid(gid) as u32;
         libc::setfsuid(uid);
         let u = libc::setfsuid(uid) as u32;
         (g, u)
     };
     if (uid_now, gid_now) != (uid, gid) {
-        return Err(IdentityError(format!("cannot act as {uid}:{gid} on the filesystem (got {uid_now}:{gid_now})")));
+        return Err(FsIdsError::Refused(IdentityError(format!(
+            "cannot act as {uid}:{gid} on the filesystem (got {uid_now}:{gid_now})"
+        ))));
     }
+    Ok(())
+}
+
+/// Where there are no fs ids (gVisor), the effective ids do their job: the
+/// kernel checks file access against the fs ids, which follow the effective
+/// ones. The real and saved ids stay root's, and that is what keeps the
+/// user's commands away from the toolbox: a signal needs the sender's uid to
+/// match the target's real or saved uid, and ptrace and `/proc/<pid>/fd` all
+/// three. Commands are started with every id the user's (see
+/// [`become_user`]), which an unprivileged process may do because each new
+/// id is one of its current ones. For the calling thread only (raw system
+/// calls), before any other thread exists.
+fn set_effective_ids(uid: u32, gid: u32) -> Result<(), IdentityError> {
+    use rustix::thread::{set_thread_res_gid, set_thread_res_uid};
+    let refused = |e| IdentityError(format!("cannot act as {uid}:{gid} (effective ids): {e}"));
+    set_thread_res_gid(None, Gid::from_raw(gid), None).map_err(refused)?;
+    set_thread_res_uid(None, Uid::from_raw(uid), None).map_err(refused)?;
+    Ok(())
+}
+
+/// Makes the calling process `user` through and through (real, effective
+/// and saved ids; the supplementary groups were dropped at start). For a
+/// command's child between fork and exec: raw system calls only. Works both
+/// from root (with `CAP_SETUID`/`CAP_SETGID`) and from the effective-ids
+/// switch of [`set_effective_ids`].
+pub fn become_user(user: &RunAs) -> std::io::Result<()> {
+    use rustix::thread::{set_thread_res_gid, set_thread_res_uid};
+    let gid = Gid::from_raw(user.gid);
+    let uid = Uid::from_raw(user.uid);
+    set_thread_res_gid(gid, gid, gid)?;
+    set_thread_res_uid(uid, uid, uid)?;
     Ok(())
 }
 

@@ -110,8 +110,14 @@ impl Shell {
             .stderr(writer2)
             .process_group(0);
         if let Some(user) = crate::identity::run_as() {
-            // std also drops the supplementary groups when it sets the uid.
-            cmd.uid(user.uid).gid(user.gid);
+            // Not std's `uid`/`gid`: its unprivileged `setgid` cannot leave
+            // the effective-ids switch the toolbox makes under gVisor (see
+            // `identity`). The supplementary groups were dropped at start.
+            // SAFETY: the closure makes raw system calls only (no
+            // allocation, no locks), as a child between fork and exec must.
+            unsafe {
+                cmd.pre_exec(|| crate::identity::become_user(user));
+            }
         }
         match command_file {
             Some(file) => cmd.env(COMMAND_VAR, file).stdin(Stdio::piped()),

@@ -20,6 +20,7 @@ mod files;
 pub mod lifecycle;
 pub mod pool;
 pub mod repo_clone;
+pub mod runtime;
 mod stdio;
 
 pub mod toolbox;
