@@ -18,7 +18,7 @@
 //! cache when one is at hand: the capture's own index from this session's
 //! last capture (kept in `/tmp/kiln-capture/index`), else a copy of the
 //! repository's `.git/index` (timestamps kept, so git's racy-entry check
-//! still holds). `read-tree -m` onto the base then keeps an entry's stat
+//! still holds). `read-tree -i -m` onto the base then keeps an entry's stat
 //! data only where its blob is the base's, so what is tracked is exactly
 //! what an empty index given the base would track. Both files are the
 //! sandbox's (hostile): git reads them only here, inside the sandbox; one
@@ -73,7 +73,7 @@ export GIT_INDEX_FILE="$O/index"
 flagged() { g ls-files -v -z | grep -qzv '^H '; [ $? -ne 1 ]; }
 seed() {
   [ -f "$1" ] && [ ! -L "$1" ] && [ "$(stat -c %s "$1")" -le 67108864 ] || return 1
-  $2 -- "$1" "$GIT_INDEX_FILE" && g read-tree -m "$B" && ! flagged
+  $2 -- "$1" "$GIT_INDEX_FILE" && g read-tree -i -m "$B" && ! flagged
 }
 seed "$K/index" mv || seed /workspace/.git/index 'cp -p' || { rm -f "$GIT_INDEX_FILE"; g read-tree "$B"; } || fail 12
 g add -A || fail 13
