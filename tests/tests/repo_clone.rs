@@ -28,7 +28,7 @@ const MB: u64 = 1024 * 1024;
 async fn app_with_worker_process(script: Vec<Reply>, env: &[(&str, &str)]) -> (TestApp, WorkerProcess) {
     let app = TestApp::spawn(Options { script, worker: false, ..Default::default() }).await;
     let mut env = env.to_vec();
-    env.push(("KILN_ALLOW_FILE_REPOS", "1"));
+    env.push(("KILN_ALLOW_FILE_REPOS", "true"));
     let worker = WorkerProcess::start(&app, 10, &env).await;
     (app, worker)
 }
