@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Fails if the test suite left Kiln sandboxes or session networks behind on
+# Fails if the test suite left Kiln sandboxes, their volumes or session networks behind on
 # the Docker engine. Counts only the tests' own:
 # - containers of the tests' workers (ids `test-…` from tests/src/lib.rs's
 #   worker_config, `proc-…` from its worker processes); a `kiln up`'s
 #   (`up-…`), a bench's (`bench-…`) or a deployment's workers are not;
+# - volumes of the tests' workers (the sandboxes' workspace, home and
+#   toolbox volumes are anonymous; the worker labels them with the
+#   container's labels, so one a removal without `v` left is found by its
+#   `dev.kiln.worker` label, as containers are);
 # - networks of sessions that live in a test database (`kiln_test_…`, from
 #   tests/src/lib.rs's fresh_database): a session network of a `kiln up` or
 #   another deployment on the engine is not.
@@ -20,6 +24,9 @@ cd "$(dirname "$0")/.."
 
 leaks=$(docker ps -a --filter label=dev.kiln.managed \
   --format '{{.Names}} {{.Label "dev.kiln.worker"}} {{.Status}}' | awk '$2 ~ /^(test|proc)-/' || true)
+
+volumes=$(docker volume ls --filter label=dev.kiln.managed \
+  --format '{{.Name}} {{.Label "dev.kiln.worker"}}' | awk '$2 ~ /^(test|proc)-/' || true)
 
 # Session networks, then those whose session is in a test database.
 networks=""
@@ -41,10 +48,11 @@ if [ -n "$session_networks" ]; then
   done <<<"$session_networks"
 fi
 
-if [ -n "$leaks" ] || [ -n "$networks" ]; then
+if [ -n "$leaks" ] || [ -n "$volumes" ] || [ -n "$networks" ]; then
   echo "the tests left these behind:" >&2
   [ -z "$leaks" ] || echo "$leaks" >&2
+  [ -z "$volumes" ] || printf 'volumes:\n%s\n' "$volumes" >&2
   [ -z "$networks" ] || echo "networks:$networks" >&2
   exit 1
 fi
-echo "no containers or networks left behind by the tests"
+echo "no containers, volumes or networks left behind by the tests"

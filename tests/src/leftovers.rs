@@ -113,7 +113,9 @@ async fn networks(docker: &Docker, db_url: &str) -> Result<Vec<String>, LookFail
 /// each call bounded by [`CALL_TIMEOUT`]. What failed is looked for again.
 pub async fn remove(docker: &Docker, leftovers: &Leftovers) {
     for name in &leftovers.containers {
-        let options = RemoveContainerOptions { force: true, ..Default::default() };
+        // `v`: the sandbox's anonymous volumes (workspace, home, toolbox) go
+        // with it; without it each removed sandbox left three behind.
+        let options = RemoveContainerOptions { force: true, v: true, ..Default::default() };
         let _ = bounded("removing a container", docker.remove_container(name, Some(options))).await;
     }
     for name in &leftovers.networks {

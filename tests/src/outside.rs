@@ -193,7 +193,7 @@ impl Outside {
 }
 
 async fn remove(docker: &Docker, container: &str, network: &str) {
-    let options = RemoveContainerOptionsBuilder::new().force(true).build();
+    let options = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
     let _ = docker.remove_container(container, Some(options)).await;
     let _ = docker.remove_network(network).await;
 }

@@ -104,6 +104,15 @@ impl WorkerProcess {
         self.signal(Signal::CONT);
     }
 
+    /// The process's peak resident memory so far (`VmHWM`), in bytes: the
+    /// worker's own, not its children's (git, tar) nor the test's.
+    pub fn peak_rss_bytes(&self) -> u64 {
+        let pid = self.child.id().expect("the worker is running");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the worker's /proc status");
+        let kib = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).expect("VmHWM");
+        kib.trim().trim_end_matches("kB").trim().parse::<u64>().expect("VmHWM in kB") * 1024
+    }
+
     /// SIGTERM, and waits (up to a minute) until it has exited.
     pub async fn stop(mut self) {
         self.signal(Signal::TERM);

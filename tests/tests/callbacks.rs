@@ -331,6 +331,28 @@ async fn bad_callback_urls_and_a_missing_secret_are_refused_at_submission() {
     assert_eq!(n, 0);
 }
 
+/// Waits until the run's callback is settled (delivered, or given up on):
+/// from then on no worker claims it again, so what was sent and recorded
+/// is final. Its attempts and whether it was delivered.
+async fn settled(app: &TestApp, id: Uuid) -> (i32, bool) {
+    let sql = app.sql().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let row = sql
+            .query_opt(
+                "SELECT attempts, delivered FROM run_callbacks WHERE run_id = $1 AND settled_at IS NOT NULL",
+                &[&id],
+            )
+            .await
+            .unwrap();
+        if let Some(row) = row {
+            return (row.get(0), row.get(1));
+        }
+        assert!(Instant::now() < deadline, "the callback was never settled (still owed: a retry is due)");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_loopback_target_is_refused_when_private_targets_are_not_allowed() {
     let app = app(vec![Reply::text("done")]).await;
@@ -348,8 +370,8 @@ async fn a_loopback_target_is_refused_when_private_targets_are_not_allowed() {
     assert!(error.contains("loopback") && error.contains("KILN_CALLBACK_ALLOW_PRIVATE"), "{error}");
     assert!(cb[0].retry_in_ms.is_none(), "{:?}", cb[0]);
     assert!(cb[0].status.is_none(), "no request, so no status: {:?}", cb[0]);
-    // Settled: no later attempt either.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Settled (given up on): no worker makes a later attempt.
+    assert_eq!(settled(&app, id).await, (1, false));
     assert_eq!(callback_events(&app.stored_events(id).await).len(), 1);
     assert!(receiver.received().is_empty(), "a request reached the loopback receiver");
 }
@@ -429,12 +451,11 @@ async fn a_callback_held_by_a_dead_worker_is_taken_over_when_its_lease_runs_out(
     let claimed = Instant::now();
     start_worker(&app, true).await;
 
-    // While the lease holds, the live worker leaves it alone.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(receiver.received().is_empty(), "a callback held by another worker was sent");
+    // While the lease holds, the live worker leaves it alone: its one
+    // request comes after the lease ran out.
     app.wait_for_event(id, "callback.succeeded").await;
-    assert!(claimed.elapsed() >= lease, "taken over before the lease ran out");
     assert_eq!(receiver.received().len(), 1);
+    assert!(receiver.received()[0].at >= claimed + lease, "a callback held by another worker was sent");
     assert_eq!(receiver.received()[0].headers["x-kiln-delivery"], ghost.delivery_id.to_string().as_str());
     // The dead worker's late record is refused: the callback is not its own any more.
     let late = kiln_protocol::EventBody::CallbackFailed {
@@ -458,7 +479,7 @@ async fn a_receiver_answering_a_client_error_is_not_retried() {
     let cb = callback_events(&evs);
     assert_eq!(cb[0].status, Some(404));
     assert!(cb[0].retry_in_ms.is_none(), "{:?}", cb[0]);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(settled(&app, id).await, (1, false));
     assert_eq!(callback_events(&app.stored_events(id).await).len(), 1);
     assert_eq!(receiver.received().len(), 1);
 }
@@ -492,6 +513,6 @@ async fn a_redirect_is_not_followed() {
     assert_eq!(cb[0].status, Some(302));
     assert!(cb[0].error.unwrap().contains("redirects are not followed"), "{:?}", cb[0]);
     assert!(cb[0].retry_in_ms.is_none());
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(settled(&app, id).await, (1, false));
     assert_eq!(receiver.received().len(), 1, "the Location was followed");
 }

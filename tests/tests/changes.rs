@@ -267,3 +267,57 @@ async fn a_follow_up_has_its_own_change_and_the_sessions() {
     assert_eq!(git(&dir, &["ls-files", "-s"]), at_once);
     assert_eq!(at_once, sandbox_index(&app, second).await);
 }
+
+/// The capture starts from a stat cache the sandbox holds (the
+/// repository's `.git/index`, then its own index kept in the sandbox's
+/// `/tmp`): one whose entries say "assume unchanged" or "skip worktree"
+/// would make `git add -A` pass over a changed file. Such an index is
+/// dropped for the slow path, so every change is still captured, in the
+/// first run (the repository's index) and in a follow-up (the kept one,
+/// replaced by the agent).
+#[tokio::test]
+async fn an_index_that_hides_changes_does_not_hide_them_from_the_capture() {
+    let files = [("a.txt", "a\n"), ("b.txt", "b\n"), ("c.txt", "c\n"), ("d.txt", "d\n")];
+    let (_repo, url) = repo_with(&files);
+    let hide = "set -e
+echo changed >> a.txt; echo changed >> b.txt
+git status > /dev/null
+git update-index --assume-unchanged a.txt
+git update-index --skip-worktree b.txt";
+    let hide_again = "set -e
+echo changed >> c.txt; echo changed >> d.txt
+git update-index --assume-unchanged c.txt
+git update-index --skip-worktree d.txt
+cp .git/index /tmp/kiln-capture/index";
+    let script = vec![
+        Reply::tool("bash", json!({ "command": hide })),
+        Reply::text("first"),
+        Reply::tool("bash", json!({ "command": hide_again })),
+        Reply::text("second"),
+    ];
+    let app = app_with(script, config()).await;
+    let first = app.submit("alice", on_repo(&url, "hide")).await.id;
+    let events = app.events("alice", first).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let paths = |c: &kiln_protocol::changes::RunChanges| c.files.iter().map(|f| f.path.clone()).collect::<Vec<_>>();
+    let own = app.store.run_changes(first, ChangeScope::Run).await.unwrap().expect("captured");
+    assert_eq!(paths(&own), ["a.txt", "b.txt"], "the repository's index hid a change");
+
+    let r = app
+        .http
+        .post(app.url(&format!("/v1/runs/{first}/messages")))
+        .bearer_auth(token("alice"))
+        .json(&json!({ "text": "again" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let body: serde_json::Value = r.json().await.unwrap();
+    let second: Uuid = body["run"]["id"].as_str().unwrap().parse().unwrap();
+    let events = app.events("alice", second).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let own = app.store.run_changes(second, ChangeScope::Run).await.unwrap().expect("captured");
+    assert_eq!(paths(&own), ["c.txt", "d.txt"], "the kept index hid a change");
+    let session = app.store.run_changes(second, ChangeScope::Session).await.unwrap().unwrap();
+    assert_eq!(paths(&session), ["a.txt", "b.txt", "c.txt", "d.txt"]);
+}

@@ -12,7 +12,7 @@
 //!
 //! The external validators are installed by `scripts/test`; without them the
 //! schema checks say so and skip, unless `KILN_REQUIRE_DEPLOY_TOOLS` is set
-//! (`.ci/run` sets it). The checks in Rust always run.
+//! (`scripts/test` sets it unless `=0`). The checks in Rust always run.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::collections::BTreeSet;

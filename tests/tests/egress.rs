@@ -623,7 +623,7 @@ async fn image_without_bash(docker: &bollard::Docker) -> String {
     let (repo, version) = tag.split_once(':').unwrap();
     let options = CommitContainerOptionsBuilder::new().container(&container.id).repo(repo).tag(version).build();
     docker.commit_container(options, bollard::models::ContainerConfig::default()).await.unwrap();
-    let remove = bollard::query_parameters::RemoveContainerOptionsBuilder::new().force(true).build();
+    let remove = bollard::query_parameters::RemoveContainerOptionsBuilder::new().force(true).v(true).build();
     docker.remove_container(&container.id, Some(remove)).await.unwrap();
     tag
 }
@@ -755,7 +755,7 @@ for name, port in [('proxy-port', int(proxy[1])), ('host-service', @PORT@)]:
     assert!(address.is_ok(), "the bridge is a host interface of that name");
 
     for container in app.containers_of(submitted.id).await {
-        let options = bollard::query_parameters::RemoveContainerOptionsBuilder::new().force(true).build();
+        let options = bollard::query_parameters::RemoveContainerOptionsBuilder::new().force(true).v(true).build();
         docker.remove_container(&container, Some(options)).await.unwrap();
     }
     docker.remove_network(&kiln_worker::egress::network::name(submitted.session_id)).await.unwrap();

@@ -78,6 +78,12 @@ impl Setup {
     /// Starts a worker with GitHub configured against the fake, and
     /// `adjust` applied to its configuration.
     async fn start_worker_with(&self, adjust: impl FnOnce(&mut WorkerConfig)) {
+        self.app.start_worker(self.worker_config(adjust)).await;
+    }
+
+    /// A worker's configuration with GitHub against the fake, and `adjust`
+    /// applied.
+    fn worker_config(&self, adjust: impl FnOnce(&mut WorkerConfig)) -> WorkerConfig {
         let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
         // GitHub runs reach their repository over http(s) only.
         config.allow_file_repos = false;
@@ -99,7 +105,7 @@ impl Setup {
             .unwrap(),
         );
         adjust(&mut config);
-        self.app.start_worker(config).await;
+        config
     }
 }
 
@@ -419,12 +425,18 @@ async fn deliver_refuses_runs_not_from_github() {
 #[tokio::test]
 async fn an_api_run_on_a_worker_with_github_touches_nothing_of_github() {
     let logs = Logs::capture(LevelFilter::DEBUG);
-    let s = setup(vec![Reply::text("hi")]).await;
+    let s = setup_idle(vec![Reply::text("hi")]).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let worker = s.app.start_worker_until(s.worker_config(|_| {}), stop.clone()).await;
     let id = s.app.submit("alice", CreateRun::new("say hi")).await.id;
-    let evs = s.app.wait_for_event(id, "run.succeeded").await;
-    // The capture hook runs before the terminal event, the delivery hook
-    // after it: give the latter a moment (a few of the worker's polls).
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    s.app.wait_for_event(id, "run.succeeded").await;
+    // The delivery hooks run after the terminal event, in the run's task; a
+    // stopping worker waits for its run tasks (and stops its delivery
+    // loop), so once it has exited nothing more can come of this run.
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(60), worker).await.expect("the worker stops").unwrap();
+    let evs = s.app.stored_events(id).await;
+    assert!(kinds(&evs).contains(&"run.succeeded"), "{:?}", kinds(&evs));
     assert!(!kinds(&evs).iter().any(|k| k.starts_with("delivery.")), "{:?}", kinds(&evs));
     let log = logs.text();
     assert!(log.contains("run finished"), "the worker's log was not captured: {log}");

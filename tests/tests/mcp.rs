@@ -2,7 +2,7 @@
 //! written with the official MCP Python SDK (`tests/mcp/demo_server.py`,
 //! the SDK pinned in `tests/tools/mcp.txt` and installed by `scripts/test`
 //! into `.kiln/tools/mcp`). Without the SDK these tests say so and pass,
-//! unless `KILN_REQUIRE_MCP_TOOLS` is set (`.ci/run` sets it).
+//! unless `KILN_REQUIRE_MCP_TOOLS` is set (`scripts/test` sets it unless `=0`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //! The document is checked by `openapi-spec-validator`, and the server
 //! against it by the fuzzer `schemathesis` (both PyPI, installed by
 //! `scripts/test` into `.kiln/tools`); without them those checks say so and
-//! skip, unless `KILN_REQUIRE_OPENAPI_TOOLS` is set (`.ci/run` sets it).
+//! skip, unless `KILN_REQUIRE_OPENAPI_TOOLS` is set (`scripts/test` sets it unless `=0`).
 //! The checks in Rust always run.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 

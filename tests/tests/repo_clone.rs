@@ -14,6 +14,7 @@ use std::time::Duration;
 use kiln_protocol::repo_url::RepoRules;
 use kiln_protocol::{CreateRun, EventBody, RepoSpec, RunStatus};
 use kiln_scripted_model::Reply;
+use kiln_tests::worker_process::WorkerProcess;
 use kiln_tests::{Event, Options, TestApp, kinds, outcome, pick, worker_config};
 use kiln_worker::ProviderKind;
 use serde_json::json;
@@ -21,12 +22,15 @@ use uuid::Uuid;
 
 const MB: u64 = 1024 * 1024;
 
-/// The process's peak resident memory (`VmHWM`), in bytes. The worker runs
-/// in this process, so what it holds shows here.
-fn peak_rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+/// An app whose worker is `kiln worker`, a process of its own, so that its
+/// peak memory is the worker's alone (the process that runs git and reads
+/// its output, and uploads the checkout), not the test's.
+async fn app_with_worker_process(script: Vec<Reply>, env: &[(&str, &str)]) -> (TestApp, WorkerProcess) {
+    let app = TestApp::spawn(Options { script, worker: false, ..Default::default() }).await;
+    let mut env = env.to_vec();
+    env.push(("KILN_ALLOW_FILE_REPOS", "true"));
+    let worker = WorkerProcess::start(&app, 10, &env).await;
+    (app, worker)
 }
 
 fn git(dir: &Path, args: &[&str]) -> String {
@@ -99,10 +103,11 @@ fn failure(events: &[Event]) -> String {
 #[tokio::test]
 async fn a_zip_bomb_repository_fails_its_run_once_naming_the_limit_in_bounded_memory() {
     let (_repo, url) = zeros_repo(300);
-    let app = app_with(vec![Reply::text("done")], |c| c.max_repo_mb = 64).await;
-    let before = peak_rss();
+    let (app, worker) = app_with_worker_process(vec![Reply::text("done")], &[("KILN_MAX_REPO_MB", "64")]).await;
+    let before = worker.peak_rss_bytes();
     let (id, events) = run_to_end(&app, with_repo(url)).await;
-    let grown = peak_rss().saturating_sub(before);
+    let grown = worker.peak_rss_bytes().saturating_sub(before);
+    worker.stop().await;
 
     assert_eq!(outcome(&events), Some(RunStatus::Failed), "{:?}", kinds(&events));
     let error = failure(&events);
@@ -118,17 +123,15 @@ async fn a_zip_bomb_repository_fails_its_run_once_naming_the_limit_in_bounded_me
 #[tokio::test]
 async fn a_large_checkout_under_the_cap_streams_into_the_sandbox_without_being_held() {
     let (_repo, url) = zeros_repo(160);
-    let app = app_with(
-        vec![
-            Reply::tool("bash", json!({"command": "stat -c %s zeros.bin; git remote get-url origin"})),
-            Reply::text("ok"),
-        ],
-        |_| {},
-    )
-    .await;
-    let before = peak_rss();
+    let script = vec![
+        Reply::tool("bash", json!({"command": "stat -c %s zeros.bin; git remote get-url origin"})),
+        Reply::text("ok"),
+    ];
+    let (app, worker) = app_with_worker_process(script, &[]).await;
+    let before = worker.peak_rss_bytes();
     let (_, events) = run_to_end(&app, with_repo(url.clone())).await;
-    let grown = peak_rss().saturating_sub(before);
+    let grown = worker.peak_rss_bytes().saturating_sub(before);
+    worker.stop().await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
     let output = pick!(events, EventBody::ToolResult { output, .. } => output.clone()).next().unwrap();
     assert!(output.contains(&(160 * MB).to_string()), "{output}");

@@ -69,6 +69,14 @@ async fn two_task_calls_run_two_children_at_once_and_their_answers_come_back() {
         );
     }
     let parent = app.submit("alice", CreateRun::new("split the work")).await.id;
+    // Live: the parent's stream, read as it is written, carries a child's
+    // event while that child is still running (not copied at its end).
+    let first = app.events_until("alice", parent, None, |e| matches!(e.body, EventBody::SubagentEvent { .. })).await;
+    let Some(EventBody::SubagentEvent { run_id: child, .. }) = first.last().map(|e| &e.body) else {
+        panic!("the parent's stream ended with no child event: {:?}", kinds(&first))
+    };
+    let status = app.run("alice", *child).await.status;
+    assert_eq!(status, RunStatus::Running, "the child's event reached its parent's stream only once it had ended");
     let events = app.events("alice", parent).await;
     assert_dense(&events, 1);
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));

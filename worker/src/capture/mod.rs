@@ -63,19 +63,31 @@ async fn capture(ctx: &WorkerContext, run: &Run, lease: &Lease) -> Result<Option
         return Ok(None);
     };
     sandbox.kill_user_processes().await.map_err(|e| CaptureError::Kill(e.to_string()))?;
-    let taken = script::take(&sandbox, &base.base, &base.session_base).await?;
-    let own = read_change(ctx, &sandbox, &base, &taken, ChangeScope::Run).await?;
-    let session = match taken.session_patch_bytes {
-        Some(_) => read_change(ctx, &sandbox, &base, &taken, ChangeScope::Session).await?,
-        None => CapturedChange { scope: ChangeScope::Session, ..own.clone() },
-    };
+    let (own, session) = take(&sandbox, &base, ctx.config.max_patch_bytes).await?;
     ctx.store.save_run_changes(lease, &own).await?;
     ctx.store.save_run_changes(lease, &session).await?;
     Ok(Some((own.totals, own.too_large)))
 }
 
+/// The run's own change and the session's, taken in `sandbox` from `base`
+/// and read back within `max_patch` bytes each: the capture without the
+/// store (the `capture` benchmark times exactly this).
+pub async fn take(
+    sandbox: &Sandbox,
+    base: &RunBase,
+    max_patch: u64,
+) -> Result<(CapturedChange, CapturedChange), CaptureError> {
+    let taken = script::take(sandbox, &base.base, &base.session_base).await?;
+    let own = read_change(max_patch, sandbox, base, &taken, ChangeScope::Run).await?;
+    let session = match taken.session_patch_bytes {
+        Some(_) => read_change(max_patch, sandbox, base, &taken, ChangeScope::Session).await?,
+        None => CapturedChange { scope: ChangeScope::Session, ..own.clone() },
+    };
+    Ok((own, session))
+}
+
 async fn read_change(
-    ctx: &WorkerContext,
+    max_patch: u64,
     sandbox: &Sandbox,
     base: &RunBase,
     taken: &script::Taken,
@@ -87,7 +99,7 @@ async fn read_change(
             ("session", taken.session_patch_bytes.unwrap_or(taken.run_patch_bytes), &base.session_base_commit)
         }
     };
-    let read = script::read(sandbox, name, bytes, ctx.config.max_patch_bytes).await?;
+    let read = script::read(sandbox, name, bytes, max_patch).await?;
     let (files, totals) = read.summary();
     Ok(CapturedChange {
         scope,

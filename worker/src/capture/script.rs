@@ -12,6 +12,19 @@
 //! system or global configuration is read. The blobs and trees it writes
 //! stay in its own store (the session's next run diffs from the tree), not
 //! in the repository.
+//!
+//! Speed: `git add -A` hashes only the files whose stat data differ from
+//! the index it starts from, so the temporary index is seeded with a stat
+//! cache when one is at hand: the capture's own index from this session's
+//! last capture (kept in `/tmp/kiln-capture/index`), else a copy of the
+//! repository's `.git/index` (timestamps kept, so git's racy-entry check
+//! still holds). `read-tree -i -m` onto the base then keeps an entry's stat
+//! data only where its blob is the base's, so what is tracked is exactly
+//! what an empty index given the base would track. Both files are the
+//! sandbox's (hostile): git reads them only here, inside the sandbox; one
+//! that is not a plain file, is over 64 MiB, does not read, or marks any
+//! entry assume-unchanged or skip-worktree (which would hide a change from
+//! `add -A`) is dropped for the empty index given the base, the slow path.
 
 use std::time::Duration;
 
@@ -57,17 +70,26 @@ g() {
 }
 d() { g diff --cached --no-ext-diff --no-textconv --no-color --full-index -M "$@"; }
 export GIT_INDEX_FILE="$O/index"
-g read-tree "$B" || fail 12
+flagged() { g ls-files -v -z | grep -qzv '^H '; [ $? -ne 1 ]; }
+seed() {
+  [ -f "$1" ] && [ ! -L "$1" ] && [ "$(stat -c %s "$1")" -le 67108864 ] || return 1
+  $2 -- "$1" "$GIT_INDEX_FILE" && g read-tree -i -m "$B" && ! flagged
+}
+seed "$K/index" mv || seed /workspace/.git/index 'cp -p' || { rm -f "$GIT_INDEX_FILE"; g read-tree "$B"; } || fail 12
 g add -A || fail 13
-T=$(g write-tree) || fail 14
+g write-tree > "$O/tree" & W=$!
 scope() {
-  d --binary "$1" > "$O/$2.patch" || fail 15
-  d --numstat -z "$1" | head -c "$CAP" > "$O/$2.numstat"
-  d --name-status -z "$1" | head -c "$CAP" > "$O/$2.status"
+  d --binary "$1" > "$O/$2.patch" & P=$!
+  d --numstat -z "$1" | head -c "$CAP" > "$O/$2.numstat" &
+  d --name-status -z "$1" | head -c "$CAP" > "$O/$2.status" &
+  wait "$P" || fail 15
 }
 scope "$B" run
 SP=-
 if [ "$S" != "$B" ]; then scope "$S" session; SP=$(stat -c %s "$O/session.patch"); fi
+wait "$W" && T=$(cat "$O/tree") || fail 14
+wait
+mv -f "$GIT_INDEX_FILE" "$K/index" 2>/dev/null
 printf '\nKILN-CAPTURE %s %s %s\n' "$T" "$(stat -c %s "$O/run.patch")" "$SP"
 "#;
 

@@ -364,6 +364,18 @@ pub(super) fn apply(plan: &DiskPlan, config: &SandboxConfig, host: &mut HostConf
     host.memory_swap = host.memory;
 }
 
+/// Gives the container's volumes its labels (worker, session): anonymous
+/// volumes have no name to tell whose they are, and one outliving its
+/// container (removed without `v`) must still be attributable, as
+/// `scripts/check-test-leaks.sh` does for the tests' workers.
+pub(super) fn label_volumes(host: &mut HostConfig, labels: &HashMap<String, String>) {
+    for mount in host.mounts.iter_mut().flatten() {
+        if let Some(options) = mount.volume_options.as_mut() {
+            options.labels = Some(labels.clone());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -446,6 +446,7 @@ fn container_body(
     };
     // The disk bound, and memory (no swap) that leaves room for every tmpfs.
     disk::apply(plan, config, &mut host_config);
+    disk::label_volumes(&mut host_config, &labels);
     ContainerCreateBody {
         image: Some(config.image.clone()),
         // The container's own process (PID 1 and its `sleep`) does not run
