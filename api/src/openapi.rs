@@ -20,7 +20,7 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder
 use utoipa::{Modify, OpenApi};
 
 use crate::routes::{
-    callback_key, changes, control, deliver, environments, events as events_route, health, runs, stream_token, webhooks,
+    attempts, callback_key, changes, control, deliver, environments, events as events_route, health, runs, stream_token, webhooks,
 };
 use crate::{ApiError, AppState};
 
@@ -53,6 +53,7 @@ pub const METRICS_TOKEN: &str = "metrics_token";
         runs::list,
         runs::get,
         runs::cancel,
+        attempts::select,
         changes::patch,
         changes::changes,
         environments::create,
@@ -176,8 +177,18 @@ fn cached() -> Result<&'static Value, ApiError> {
 /// The document of this deployment: a run's `agents` may name only its
 /// kinds (`KILN_AGENT_KINDS`), so the document lists them, and a client
 /// that reads it knows which names are refused.
-fn for_deployment(doc: &Value, kinds: &kiln_protocol::agents::AgentKinds) -> Result<Vec<u8>, ApiError> {
+fn for_deployment(
+    doc: &Value,
+    kinds: &kiln_protocol::agents::AgentKinds,
+    max_attempts: u32,
+) -> Result<Vec<u8>, ApiError> {
     let mut doc = doc.clone();
+    // And `attempts` as many as it allows (`KILN_MAX_ATTEMPTS`).
+    if let Some(attempts) =
+        doc.pointer_mut("/components/schemas/CreateRun/properties/attempts").and_then(Value::as_object_mut)
+    {
+        attempts.insert("maximum".into(), Value::from(max_attempts));
+    }
     if let Some(items) =
         doc.pointer_mut("/components/schemas/CreateRun/properties/agents/items").and_then(Value::as_object_mut)
     {
@@ -201,7 +212,7 @@ fn for_deployment(doc: &Value, kinds: &kiln_protocol::agents::AgentKinds) -> Res
     )
 )]
 pub async fn serve(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let body = for_deployment(cached()?, &state.settings.agent_kinds)?;
+    let body = for_deployment(cached()?, &state.settings.agent_kinds, state.settings.max_attempts)?;
     Ok(([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response())
 }
 

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::input;
-use crate::run::Limits;
+use crate::run::{CreateRun, Limits, ModelSpec};
 
 /// The group's budget: what its attempts may spend together. Each attempt
 /// gets an equal share of it (with its own `limits` as well), so the sum
@@ -37,72 +37,79 @@ pub struct SelectAttempt {
 pub enum AttemptsError {
     #[error("attempts must be between {} and {}", input::ATTEMPTS.min, input::ATTEMPTS.max)]
     Count,
-    #[error("attempt_models must name one model for each of the {0} attempts")]
-    ModelCount(u32),
     #[error(
         "attempt_models must be model names of {} to {} characters without control characters",
         input::MODEL_NAME.min_chars,
         input::MODEL_NAME.max_chars
     )]
     ModelName,
-    #[error("attempt_models and group_limits need attempts")]
-    WithoutAttempts,
     #[error("group_limits.max_steps must be between {} and {}", input::MAX_STEPS.min, input::MAX_STEPS.max)]
     MaxSteps,
     #[error("group_limits.max_tokens must be between {} and {}", input::RUN_MAX_TOKENS.min, input::RUN_MAX_TOKENS.max)]
     MaxTokens,
     #[error("group_limits.max_cost_usd must be a positive number of dollars, at most {}", input::MAX_COST_USD.max)]
     MaxCost,
-    #[error("group_limits.{0} must leave each of the {1} attempts at least one {2}")]
-    TooSmall(&'static str, u32, &'static str),
+    #[error("attempt_models must be a list of at most {} model names", input::ATTEMPT_MODELS.max_items)]
+    Models,
 }
 
 /// Checks `attempts`, `attempt_models` and `group_limits` of a submission.
+/// None depends on another: a run without `attempts` is its own single
+/// attempt (the first of `attempt_models` is its model, `group_limits`
+/// narrows its budget), and attempt K takes the K-th model, round the list.
 pub fn validate(
     attempts: Option<u32>,
     models: Option<&[String]>,
     group: Option<&GroupLimits>,
 ) -> Result<(), AttemptsError> {
-    let Some(n) = attempts else {
-        return match (models, group) {
-            (None, None) => Ok(()),
-            _ => Err(AttemptsError::WithoutAttempts),
-        };
-    };
-    if !input::ATTEMPTS.contains(n) {
+    if attempts.is_some_and(|n| !input::ATTEMPTS.contains(n)) {
         return Err(AttemptsError::Count);
     }
     if let Some(models) = models {
-        if models.len() != n as usize {
-            return Err(AttemptsError::ModelCount(n));
-        }
-        if !models.iter().all(|m| input::MODEL_NAME.accepts(m)) {
-            return Err(AttemptsError::ModelName);
+        if !input::ATTEMPT_MODELS.accepts(models, &input::MODEL_NAME) {
+            return Err(if models.len() > input::ATTEMPT_MODELS.max_items {
+                AttemptsError::Models
+            } else {
+                AttemptsError::ModelName
+            });
         }
     }
     if let Some(group) = group {
-        group.validate(n)?;
+        group.validate()?;
     }
     Ok(())
 }
 
-impl GroupLimits {
-    fn validate(&self, attempts: u32) -> Result<(), AttemptsError> {
-        if let Some(steps) = self.max_steps {
-            if !input::MAX_STEPS.contains(steps) {
-                return Err(AttemptsError::MaxSteps);
-            }
-            if steps < attempts {
-                return Err(AttemptsError::TooSmall("max_steps", attempts, "step"));
-            }
+/// The model attempt `number` (1 for the first) runs on, from `models`.
+pub fn model_of(models: &[String], number: u32) -> Option<&String> {
+    let index = (number.max(1) - 1) as usize;
+    models.get(index.checked_rem(models.len())?)
+}
+
+impl CreateRun {
+    /// The model and budget of attempt `number` (1 for the first) of
+    /// `attempts`: the run's own, with the attempt's model of
+    /// `attempt_models` and its share of `group_limits`.
+    pub fn attempt_settings(&self, number: u32, attempts: u32) -> (Option<ModelSpec>, Option<Limits>) {
+        let mut model = self.model.clone();
+        if let Some(name) = self.attempt_models.as_deref().and_then(|models| model_of(models, number)) {
+            model.get_or_insert_with(ModelSpec::default).name = Some(name.clone());
         }
-        if let Some(tokens) = self.max_tokens {
-            if !input::RUN_MAX_TOKENS.contains(tokens) {
-                return Err(AttemptsError::MaxTokens);
-            }
-            if tokens < u64::from(attempts) {
-                return Err(AttemptsError::TooSmall("max_tokens", attempts, "token"));
-            }
+        let limits = match &self.group_limits {
+            Some(group) => Some(group.share(&self.limits.unwrap_or_default(), number, attempts)),
+            None => self.limits,
+        };
+        (model, limits)
+    }
+}
+
+impl GroupLimits {
+    fn validate(&self) -> Result<(), AttemptsError> {
+        if self.max_steps.is_some_and(|s| !input::MAX_STEPS.contains(s)) {
+            return Err(AttemptsError::MaxSteps);
+        }
+        if self.max_tokens.is_some_and(|t| !input::RUN_MAX_TOKENS.contains(t)) {
+            return Err(AttemptsError::MaxTokens);
         }
         if self.max_cost_usd.is_some_and(|c| !input::MAX_COST_USD.contains(c)) {
             return Err(AttemptsError::MaxCost);
@@ -110,26 +117,28 @@ impl GroupLimits {
         Ok(())
     }
 
-    /// One attempt's budget out of `attempts`: its own `limits`, narrowed
-    /// to an equal share of the group's.
-    pub fn share(&self, limits: &Limits, attempts: u32) -> Limits {
-        let n = attempts.max(1);
-        let narrow_u32 = |own: Option<u32>, group: Option<u32>| match (own, group.map(|g| g / n)) {
+    /// Attempt `number`'s budget (1 for the first) out of `attempts`: its
+    /// own `limits`, narrowed to its share of the group's. Steps and tokens
+    /// are shared out whole, the first attempts taking the remainder, so the
+    /// shares add up to the group's exactly; an attempt whose share is 0
+    /// (more attempts than steps) ends at once, its budget spent.
+    pub fn share(&self, limits: &Limits, number: u32, attempts: u32) -> Limits {
+        let n = u64::from(attempts.max(1));
+        let k = u64::from(number.clamp(1, attempts.max(1)));
+        let whole = |total: u64| total / n + u64::from(k <= total % n);
+        let narrow = |own: Option<u64>, group: Option<u64>| match (own, group.map(whole)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let narrow_u64 = |own: Option<u64>, group: Option<u64>| match (own, group.map(|g| g / u64::from(n))) {
+        let cost = match (limits.max_cost_usd, self.max_cost_usd.map(|c| c / n as f64)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let cost = match (limits.max_cost_usd, self.max_cost_usd.map(|c| c / f64::from(n))) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let steps = narrow(limits.max_steps.map(u64::from), self.max_steps.map(u64::from));
         Limits {
-            max_steps: narrow_u32(limits.max_steps, self.max_steps),
+            max_steps: steps.map(|s| u32::try_from(s).unwrap_or(u32::MAX)),
             timeout_s: limits.timeout_s,
-            max_tokens: narrow_u64(limits.max_tokens, self.max_tokens),
+            max_tokens: narrow(limits.max_tokens, self.max_tokens),
             max_cost_usd: cost,
         }
     }
@@ -145,27 +154,29 @@ mod tests {
         assert_eq!(validate(Some(0), None, None), Err(AttemptsError::Count));
         assert_eq!(validate(Some(5), None, None), Err(AttemptsError::Count));
         let two = vec!["a".to_owned(), "b".to_owned()];
-        assert_eq!(validate(Some(2), Some(&two), None), Ok(()));
-        assert_eq!(validate(Some(3), Some(&two), None), Err(AttemptsError::ModelCount(3)));
-        assert_eq!(validate(None, Some(&two), None), Err(AttemptsError::WithoutAttempts));
+        assert_eq!(validate(Some(3), Some(&two), None), Ok(()));
+        assert_eq!(validate(None, Some(&two), None), Ok(()));
         let bad = vec!["a".to_owned(), "b\n".to_owned()];
         assert_eq!(validate(Some(2), Some(&bad), None), Err(AttemptsError::ModelName));
-        let group = GroupLimits { max_steps: Some(2), ..Default::default() };
-        assert!(matches!(validate(Some(3), None, Some(&group)), Err(AttemptsError::TooSmall(..))));
-        assert_eq!(validate(Some(2), None, Some(&group)), Ok(()));
+        let many = vec!["a".to_owned(); 5];
+        assert_eq!(validate(Some(2), Some(&many), None), Err(AttemptsError::Models));
+        let group = GroupLimits { max_steps: Some(0), ..Default::default() };
+        assert_eq!(validate(Some(2), None, Some(&group)), Err(AttemptsError::MaxSteps));
+        assert_eq!(model_of(&two, 3).map(String::as_str), Some("a"));
+        assert_eq!(model_of(&[], 1), None);
     }
 
     #[test]
-    fn each_attempt_gets_an_equal_share_within_its_own_limits() {
+    fn each_attempt_gets_its_share_within_its_own_limits_and_the_shares_add_up() {
         let group = GroupLimits { max_steps: Some(7), max_tokens: Some(1000), max_cost_usd: Some(3.0) };
         let own = Limits { max_steps: Some(2), timeout_s: Some(60), ..Default::default() };
-        let share = group.share(&own, 3);
-        assert_eq!(share.max_steps, Some(2));
-        assert_eq!(share.max_tokens, Some(333));
-        assert_eq!(share.max_cost_usd, Some(1.0));
-        assert_eq!(share.timeout_s, Some(60));
-        let roomy = group.share(&Limits::default(), 3);
-        assert_eq!(roomy.max_steps, Some(2));
-        assert!(roomy.max_steps.unwrap() * 3 <= 7);
+        let first = group.share(&own, 1, 3);
+        assert_eq!((first.max_steps, first.max_tokens, first.max_cost_usd), (Some(2), Some(334), Some(1.0)));
+        assert_eq!(first.timeout_s, Some(60));
+        let shares: Vec<Limits> = (1..=3).map(|k| group.share(&Limits::default(), k, 3)).collect();
+        assert_eq!(shares.iter().map(|l| l.max_steps.unwrap()).sum::<u32>(), 7);
+        assert_eq!(shares.iter().map(|l| l.max_tokens.unwrap()).sum::<u64>(), 1000);
+        let thin = GroupLimits { max_steps: Some(2), ..Default::default() };
+        assert_eq!(thin.share(&Limits::default(), 3, 3).max_steps, Some(0));
     }
 }
