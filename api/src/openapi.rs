@@ -20,7 +20,8 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder
 use utoipa::{Modify, OpenApi};
 
 use crate::routes::{
-    attempts, callback_key, changes, control, deliver, environments, events as events_route, health, runs, stream_token, webhooks,
+    attempts, callback_key, changes, control, deliver, environments, events as events_route, health, runs,
+    stream_token, webhooks,
 };
 use crate::{ApiError, AppState};
 

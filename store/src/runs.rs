@@ -283,7 +283,8 @@ impl Store {
         for &attempt in ended {
             self.attempt_ended(attempt).await?;
         }
-        let run = self.get_run(owner, id).await?.ok_or_else(|| StoreError::Corrupt("cancelled group vanished".into()))?;
+        let run =
+            self.get_run(owner, id).await?.ok_or_else(|| StoreError::Corrupt("cancelled group vanished".into()))?;
         Ok(if run.status.is_terminal() { CancelOutcome::Cancelled(run) } else { CancelOutcome::Requested(run) })
     }
 }

@@ -93,7 +93,9 @@ async fn three_attempts_are_three_runs_in_three_sandboxes_with_three_patches_str
     let copies = nested(&events);
     let first_result = events
         .iter()
-        .position(|e| matches!(&e.body, EventBody::AttemptEvent { attempt: 1, event, .. } if event["kind"] == "tool.result"))
+        .position(
+            |e| matches!(&e.body, EventBody::AttemptEvent { attempt: 1, event, .. } if event["kind"] == "tool.result"),
+        )
         .unwrap_or_else(|| panic!("attempt 1's tool result is not in the group's stream: {copies:?}"));
     assert!(first_result < end_of(&events, 2) && first_result < end_of(&events, 3), "{:?}", kinds(&events));
     for attempt in 1..=3 {
@@ -169,12 +171,11 @@ async fn selecting_the_second_makes_the_group_patch_the_seconds_and_choosing_aga
 
     // What cannot be chosen, said clearly.
     let (status, body) = select(&app, submitted.id, 4).await;
-    assert_eq!(status, 422, "{body}");
+    assert_eq!(status, 409, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("3 attempts"), "{body}");
     let (status, body) = select(&app, attempts[0], 1).await;
     assert_eq!(status, 409, "an attempt is not a group: {body}");
-    let (status, _) =
-        app.post_json("bob", &format!("/v1/runs/{}/select", submitted.id), json!({"attempt": 1})).await;
+    let (status, _) = app.post_json("bob", &format!("/v1/runs/{}/select", submitted.id), json!({"attempt": 1})).await;
     assert_eq!(status, 404, "another subject's group");
 }
 
@@ -236,8 +237,8 @@ async fn a_group_budget_bounds_what_the_attempts_spend_together() {
         let own = app.events("alice", id).await;
         assert_eq!(outcome(&own), Some(RunStatus::Failed), "{:?}", kinds(&own));
         steps += pick!(own, EventBody::StepFinished { .. } => ()).count() as u32;
-        tokens += pick!(own, EventBody::StepFinished { usage, .. } => usage.input_tokens + usage.output_tokens)
-            .sum::<u64>();
+        tokens +=
+            pick!(own, EventBody::StepFinished { usage, .. } => usage.input_tokens + usage.output_tokens).sum::<u64>();
     }
     assert!(steps <= 7, "the attempts took {steps} steps together; the group's budget is 7");
     assert!(steps >= 6, "each attempt used its share: {steps}");

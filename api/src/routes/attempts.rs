@@ -52,8 +52,10 @@ pub async fn select(
         SelectOutcome::NotAGroup => {
             Err(ApiError::Conflict("this run is not a group of attempts (it was not created with attempts)".into()))
         }
+        // The group's size is state, not the request's shape: 409, as for
+        // an attempt that has not ended.
         SelectOutcome::NoSuchAttempt(count) => {
-            Err(ApiError::Validation(format!("attempt must be between 1 and {count}: the group has {count} attempts")))
+            Err(ApiError::Conflict(format!("the group has {count} attempts: attempt must be between 1 and {count}")))
         }
         SelectOutcome::NotEnded => Err(ApiError::Conflict(format!(
             "attempt {} has not ended yet; choose it once it has (its change is captured at its end)",

@@ -114,7 +114,9 @@ fn check_attempts(state: &AppState, spec: &CreateRun) -> Result<(), ApiError> {
     let Some(n) = spec.attempts else { return Ok(()) };
     let max = state.settings.max_attempts;
     if n > max {
-        return Err(ApiError::Validation(format!("attempts must be at most {max} on this deployment (KILN_MAX_ATTEMPTS)")));
+        return Err(ApiError::Validation(format!(
+            "attempts must be at most {max} on this deployment (KILN_MAX_ATTEMPTS)"
+        )));
     }
     // A group's change is the chosen attempt's; pushing it to a git remote
     // is not built yet, so it is refused rather than silently never done

@@ -27,9 +27,8 @@ pub fn lines(body: &EventBody) -> Option<Vec<String>> {
         }
         EventBody::AttemptFinished { attempt, status, summary, usage, steps, changes, .. } => {
             let tokens = usage.input_tokens + usage.output_tokens;
-            let changed = changes
-                .map(|c| format!(", {} files +{} -{}", c.files, c.additions, c.deletions))
-                .unwrap_or_default();
+            let changed =
+                changes.map(|c| format!(", {} files +{} -{}", c.files, c.additions, c.deletions)).unwrap_or_default();
             Some(vec![format!(
                 "[{attempt}] {status} after {steps} steps, {tokens} tokens{changed}: {}",
                 one_line(summary, 120)

@@ -122,9 +122,10 @@ async fn finished_event(tx: &Transaction<'_>, run_id: Uuid, ended: &Ended) -> Re
         }
     }
     let changes = tx
-        .query_opt("SELECT file_count, additions, deletions FROM run_changes WHERE run_id = $1 AND scope = 'run'", &[
-            &run_id,
-        ])
+        .query_opt(
+            "SELECT file_count, additions, deletions FROM run_changes WHERE run_id = $1 AND scope = 'run'",
+            &[&run_id],
+        )
         .await?
         .map(|r| -> Result<ChangeTotals, StoreError> {
             let count = |i: usize| r.try_get::<_, i64>(i).map(|n| n.max(0) as u64);
@@ -170,10 +171,8 @@ async fn end_group_if_done(tx: &Transaction<'_>, group: Uuid) -> Result<Option<i
     }
     let totals = group_totals(tx, group).await?;
     let succeeded = attempts.iter().filter(|(_, s, _)| *s == RunStatus::Succeeded).count();
-    let summary = format!(
-        "{succeeded} of {} attempts succeeded; choose one with POST /v1/runs/{group}/select",
-        attempts.len()
-    );
+    let summary =
+        format!("{succeeded} of {} attempts succeeded; choose one with POST /v1/runs/{group}/select", attempts.len());
     let terminal = if cancelled {
         EventBody::RunCancelled { reason: "cancelled by client".into() }
     } else if succeeded > 0 {
@@ -206,10 +205,7 @@ fn ends(attempts: &[(i32, RunStatus, Uuid)]) -> String {
 /// The sum of the group's `attempt.finished` events.
 async fn group_totals(tx: &Transaction<'_>, group: Uuid) -> Result<Spent, StoreError> {
     let rows = tx
-        .query(
-            "SELECT seq, kind, payload, at FROM events WHERE run_id = $1 AND kind = 'attempt.finished'",
-            &[&group],
-        )
+        .query("SELECT seq, kind, payload, at FROM events WHERE run_id = $1 AND kind = 'attempt.finished'", &[&group])
         .await?;
     let mut totals = Spent::default();
     for row in &rows {

@@ -75,24 +75,24 @@ impl ParentStream {
 /// tool-level kinds, a tool's output cut; `None` for what is not copied.
 pub fn copied(body: &EventBody) -> Option<EventBody> {
     let body = match body {
-            EventBody::StepStarted { .. }
-            | EventBody::StepFinished { .. }
-            | EventBody::ToolCallReady { .. }
-            | EventBody::Todo { .. }
-            | EventBody::ApprovalRequested { .. }
-            | EventBody::ApprovalResolved { .. }
-            | EventBody::Compaction { .. }
-            | EventBody::SubagentStarted { .. }
-            | EventBody::SubagentFinished { .. } => body.clone(),
-            EventBody::ToolResult { call_id, name, output, is_error, duration_ms } => EventBody::ToolResult {
-                call_id: call_id.clone(),
-                name: name.clone(),
-                output: cut(output, MAX_FORWARDED_OUTPUT),
-                is_error: *is_error,
-                duration_ms: *duration_ms,
-            },
-            _ => return None,
-        };
+        EventBody::StepStarted { .. }
+        | EventBody::StepFinished { .. }
+        | EventBody::ToolCallReady { .. }
+        | EventBody::Todo { .. }
+        | EventBody::ApprovalRequested { .. }
+        | EventBody::ApprovalResolved { .. }
+        | EventBody::Compaction { .. }
+        | EventBody::SubagentStarted { .. }
+        | EventBody::SubagentFinished { .. } => body.clone(),
+        EventBody::ToolResult { call_id, name, output, is_error, duration_ms } => EventBody::ToolResult {
+            call_id: call_id.clone(),
+            name: name.clone(),
+            output: cut(output, MAX_FORWARDED_OUTPUT),
+            is_error: *is_error,
+            duration_ms: *duration_ms,
+        },
+        _ => return None,
+    };
     Some(body)
 }
 
