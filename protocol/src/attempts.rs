@@ -65,14 +65,14 @@ pub fn validate(
     if attempts.is_some_and(|n| !input::ATTEMPTS.contains(n)) {
         return Err(AttemptsError::Count);
     }
-    if let Some(models) = models {
-        if !input::ATTEMPT_MODELS.accepts(models, &input::MODEL_NAME) {
-            return Err(if models.len() > input::ATTEMPT_MODELS.max_items {
-                AttemptsError::Models
-            } else {
-                AttemptsError::ModelName
-            });
-        }
+    if let Some(models) = models
+        && !input::ATTEMPT_MODELS.accepts(models, &input::MODEL_NAME)
+    {
+        return Err(if models.len() > input::ATTEMPT_MODELS.max_items {
+            AttemptsError::Models
+        } else {
+            AttemptsError::ModelName
+        });
     }
     if let Some(group) = group {
         group.validate()?;
