@@ -18,7 +18,7 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use crate::AppState;
-use crate::routes::events::{BATCH, page_bytes, wait_for_news};
+use crate::event_reads::{BATCH, page_bytes, wait_for_news};
 
 /// A batch of consecutive events, shared by every subscriber.
 pub type Batch = Arc<[StoredEvent]>;

@@ -6,6 +6,7 @@
 pub mod auth;
 mod deadline;
 mod error;
+mod event_reads;
 mod extract;
 pub mod feed;
 pub mod github;
@@ -176,6 +177,8 @@ pub fn router(state: AppState) -> Router {
         .merge(web::routes())
         .merge(metrics::routes())
         .nest("/v1", routes::v1())
+        // Beside the routes, not among them: the document lists every route.
+        .route("/v1/openapi.json", axum::routing::get(openapi::serve))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))

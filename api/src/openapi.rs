@@ -6,7 +6,9 @@
 //! the web view (`/`, `/web/*`), which is a page for people, not an API;
 //! `tests/tests/openapi.rs` checks both directions against the router.
 
+pub(crate) mod bodies;
 mod constraints;
+mod deployment;
 pub(crate) mod errors;
 mod events;
 
@@ -175,30 +177,6 @@ fn cached() -> Result<&'static Value, ApiError> {
         .map_err(|e| ApiError::Internal(format!("building the OpenAPI document failed: {e}")))
 }
 
-/// The document of this deployment: a run's `agents` may name only its
-/// kinds (`KILN_AGENT_KINDS`), so the document lists them, and a client
-/// that reads it knows which names are refused.
-fn for_deployment(
-    doc: &Value,
-    kinds: &kiln_protocol::agents::AgentKinds,
-    max_attempts: u32,
-) -> Result<Vec<u8>, ApiError> {
-    let mut doc = doc.clone();
-    // And `attempts` as many as it allows (`KILN_MAX_ATTEMPTS`).
-    if let Some(attempts) =
-        doc.pointer_mut("/components/schemas/CreateRun/properties/attempts").and_then(Value::as_object_mut)
-    {
-        attempts.insert("maximum".into(), Value::from(max_attempts));
-    }
-    if let Some(items) =
-        doc.pointer_mut("/components/schemas/CreateRun/properties/agents/items").and_then(Value::as_object_mut)
-    {
-        let names: Vec<Value> = kinds.names().map(|n| Value::String(n.to_owned())).collect();
-        items.insert("enum".into(), Value::Array(names));
-    }
-    serde_json::to_vec(&doc).map_err(|e| ApiError::Internal(format!("serializing the OpenAPI document failed: {e}")))
-}
-
 /// This document.
 #[utoipa::path(
     get,
@@ -213,66 +191,9 @@ fn for_deployment(
     )
 )]
 pub async fn serve(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let body = for_deployment(cached()?, &state.settings.agent_kinds, state.settings.max_attempts)?;
+    let mut doc = cached()?.clone();
+    deployment::Deployment::of(&state).tailor(&mut doc);
+    let body = serde_json::to_vec(&doc)
+        .map_err(|e| ApiError::Internal(format!("serializing the OpenAPI document failed: {e}")))?;
     Ok(([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response())
-}
-
-/// One Server-Sent Event of `GET /v1/runs/{id}/events`, as its fields.
-/// (Placeholder: [`events::refine`] replaces it with one schema per kind.)
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
-pub struct SseEvent {
-    id: String,
-    event: String,
-    data: String,
-}
-
-/// `GET /healthz` and `GET /readyz`.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
-pub struct Health {
-    /// `ok` (healthz) or `ready` (readyz).
-    status: String,
-}
-
-/// `POST /v1/runs/{id}/deliver`.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
-pub struct DeliveryRequested {
-    #[schema(pattern = "^requested$")]
-    delivery: String,
-}
-
-/// `POST /v1/runs/{id}/approvals/{call_id}`.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
-pub struct Decided {
-    call_id: String,
-    approved: bool,
-}
-
-/// A GitHub delivery queued a run.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
-pub struct WebhookRun {
-    run_id: uuid::Uuid,
-}
-
-/// A GitHub delivery was recorded and ignored.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
-pub struct WebhookIgnored {
-    /// Why, e.g. `the event is not one Kiln acts on`.
-    ignored: String,
-}
-
-/// A ping (`{"ok": true}`), or a delivery seen before
-/// (`{"duplicate": true, "run_id": …}`, the run it created or null).
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
-#[derive(serde::Serialize)]
-#[serde(untagged)]
-pub enum WebhookAnswered {
-    Ping { ok: bool },
-    Duplicate { duplicate: bool, run_id: Option<uuid::Uuid> },
 }

@@ -279,6 +279,39 @@ impl KilnClient {
     }
 }
 
+impl KilnClient {
+    /// `method` on `/v1/` + `segments` (each kept inside one path segment,
+    /// whatever it holds), with `body` as JSON; the answer's JSON (`null`
+    /// for an empty answer such as `204`).
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        segments: &[&str],
+        body: Option<&Value>,
+    ) -> anyhow::Result<Value> {
+        let mut url =
+            reqwest::Url::parse(&self.url("/v1/")).with_context(|| format!("KILN_URL {:?} is not a URL", self.base))?;
+        url.path_segments_mut()
+            .map_err(|()| anyhow::anyhow!("KILN_URL cannot be a base URL"))?
+            .pop_if_empty()
+            .extend(segments);
+        let mut request = self.http.request(method, url);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = self.send(request).await?;
+        let status = response.status();
+        let text = response.text().await?;
+        if !status.is_success() {
+            bail!("Kiln answered HTTP {status}: {}", error_message(&text));
+        }
+        if text.trim().is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_str(&text).with_context(|| format!("unexpected answer from Kiln: {text}"))
+    }
+}
+
 async fn parse<T: serde::de::DeserializeOwned>(response: reqwest::Response) -> anyhow::Result<T> {
     let status = response.status();
     let body = response.text().await?;

@@ -109,6 +109,14 @@ enum Command {
         /// The model of each attempt, in order (repeat the flag).
         #[arg(long = "attempt-model")]
         attempt_models: Vec<String>,
+        /// Continue the session of this finished run instead of starting a
+        /// new one: the prompt is its follow-up, with the conversation and
+        /// (while its container lives) the workspace kept. The session's
+        /// settings stay; the flags that choose them cannot be given.
+        #[arg(long, value_name = "RUN", value_parser = parse_run_id, conflicts_with_all = ["repo", "git_ref", "approval", "attempts", "attempt_models"])]
+        session: Option<Uuid>,
+        #[command(flatten)]
+        options: kiln_cli::run_options::RunOptions,
         #[command(flatten)]
         connection: Connection,
     },
@@ -124,6 +132,29 @@ enum Command {
         #[command(flatten)]
         connection: Connection,
     },
+    /// Send a message to a run: a working run reads it before its next
+    /// model call (steering); a finished run gets a follow-up run in its
+    /// session.
+    Say {
+        /// The run's id, as `kiln run` and `kiln runs` print it.
+        #[arg(value_parser = parse_run_id)]
+        run: Uuid,
+        /// What to tell the agent, in plain words.
+        text: String,
+        /// Then show the run the message went to until it ends; exit 0 if
+        /// it succeeds, 1 if not.
+        #[arg(long)]
+        follow: bool,
+        /// Print the API's answer (`disposition` and the run) as JSON; with
+        /// --follow, one JSON object per event.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Your environments: how a run's sandbox is prepared (image, setup
+    /// script cached after the first run, variables, secrets).
+    Env(kiln_cli::env_command::EnvArgs),
     /// List your runs, newest first: id, status, age, cost, prompt.
     Runs {
         /// Only runs with this status (queued, running, awaiting_approval, succeeded, …).
@@ -206,6 +237,8 @@ enum Command {
         run: Uuid,
         /// The call's id, as `approval.requested` (and `kiln logs`) shows it.
         call: String,
+        /// Refuse the call instead: it does not run, and the model is told
+        /// it was denied (with --reason, why), so it can try another way.
         #[arg(long)]
         deny: bool,
         /// Why; a denial's reason goes back to the model.
@@ -337,13 +370,37 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             println!("{}", kiln_api::auth::mint_hs256(secret.expose_secret().as_bytes(), &sub, ttl)?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run { prompt, repo, git_ref, approval, follow, json, attempts, attempt_models, connection } => {
+        Command::Run {
+            prompt,
+            repo,
+            git_ref,
+            approval,
+            follow,
+            json,
+            attempts,
+            attempt_models,
+            session,
+            options,
+            connection,
+        } => {
+            if let Some(session_of) = session {
+                if options.any() {
+                    return Err(commands::UsageError(
+                        "--session continues a session with its own settings: --environment, --egress, --allow, \
+                         --mcp, --agents, --max-steps and --max-cost cannot be given with it"
+                            .into(),
+                    )
+                    .into());
+                }
+                return kiln_cli::say::follow_up(&connection.client()?, session_of, &prompt, follow, json).await;
+            }
             let repo = match repo {
                 Some(given) => Some(RepoSpec { url: kiln_cli::repo_arg::repo_url(&given)?, git_ref }),
                 None => None,
             };
             let attempt_models = (!attempt_models.is_empty()).then_some(attempt_models);
-            let spec = CreateRun { prompt, repo, approval, attempts, attempt_models, ..Default::default() };
+            let mut spec = CreateRun { prompt, repo, approval, attempts, attempt_models, ..Default::default() };
+            options.apply(&mut spec).map_err(|e| commands::UsageError(e.0))?;
             let client = connection.client()?;
             let (code, id) = commands::run(&client, &spec, follow, json).await?;
             if attempts.is_some() && follow && !json {
@@ -351,6 +408,10 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             }
             Ok(code)
         }
+        Command::Say { run, text, follow, json, connection } => {
+            kiln_cli::say::say(&connection.client()?, run, &text, follow, json).await
+        }
+        Command::Env(args) => kiln_cli::env_command::env(args).await,
         Command::Runs { status, limit, json, connection } => {
             commands::runs(&connection.client()?, status, limit, json).await
         }
@@ -381,9 +442,43 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             commands::apply(&client, run, &dir, scope(session)).await
         }
         Command::Up(args) => {
-            init_tracing(if args.demo { "warn" } else { "info" });
+            // Quiet: the banner's line to paste stays on screen; RUST_LOG
+            // asks for more (`info` shows every HTTP request).
+            if !args.print_env {
+                init_tracing("warn");
+            }
             kiln_cli::up::up(args, shutdown_signal()).await
         }
         Command::Down(args) => kiln_cli::up::down::down(args).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// The client commands a person types: each of their flags and
+    /// arguments says what it does in `--help`.
+    #[test]
+    fn every_flag_of_the_client_commands_has_help() {
+        let cli = Cli::command();
+        let clients = ["run", "say", "env", "runs", "logs", "cancel", "diff", "apply", "approve"];
+        let mut missing = Vec::new();
+        let mut stack: Vec<(String, &clap::Command)> = cli
+            .get_subcommands()
+            .filter(|c| clients.contains(&c.get_name()))
+            .map(|c| (c.get_name().to_owned(), c))
+            .collect();
+        while let Some((path, command)) = stack.pop() {
+            for arg in command.get_arguments() {
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("kiln {path} {}", arg.get_id()));
+                }
+            }
+            stack.extend(command.get_subcommands().map(|c| (format!("{path} {}", c.get_name()), c)));
+        }
+        assert!(missing.is_empty(), "no help: {missing:?}");
     }
 }

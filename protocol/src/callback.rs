@@ -18,8 +18,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use uuid::Uuid;
 
-use crate::input::{self, MAX_CALLBACK_URL_CHARS};
-use crate::run::{Run, SpecError};
+use crate::run::Run;
 
 /// `sha256=<hex of HMAC-SHA256(owner's callback key, raw body)>`.
 pub const SIGNATURE_HEADER: &str = "x-kiln-signature-256";
@@ -75,86 +74,4 @@ pub struct CallbackBody {
     pub owner: String,
     /// The run as `GET /v1/runs/{id}` shows it when it ended.
     pub run: Run,
-}
-
-/// Checks what can be checked without the network: an http(s) URL with a
-/// host, bounded in length, without credentials (the callback is signed
-/// instead; a password in a URL ends up in logs). Whether the host is one
-/// a worker may reach is decided by the worker, after resolving it.
-///
-/// The rule is [`input::CALLBACK_URL`]; the checks before it only say
-/// better what is wrong.
-pub fn validate_callback_url(raw: &str) -> Result<(), SpecError> {
-    let chars = raw.chars().count();
-    if chars > MAX_CALLBACK_URL_CHARS {
-        return Err(SpecError::CallbackUrl(format!("is {chars} characters; the limit is {MAX_CALLBACK_URL_CHARS}")));
-    }
-    // The URL parser quietly drops surrounding whitespace and tabs; refuse
-    // them so that what is stored is what is called.
-    if raw.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(SpecError::CallbackUrl("must not contain whitespace or control characters".into()));
-    }
-    let url = url::Url::parse(raw).map_err(|e| SpecError::CallbackUrl(format!("is not a URL ({e})")))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(SpecError::CallbackUrl(format!("must be http or https, not {}", url.scheme())));
-    }
-    if url.host().is_none() {
-        return Err(SpecError::CallbackUrl("must name a host".into()));
-    }
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err(SpecError::CallbackUrl(
-            "must not carry credentials (user:password@); callbacks are signed with KILN_CALLBACK_SECRET instead"
-                .into(),
-        ));
-    }
-    if url.fragment().is_some() {
-        return Err(SpecError::CallbackUrl("must not have a #fragment (it is never sent)".into()));
-    }
-    if !input::CALLBACK_URL.accepts(raw) {
-        return Err(SpecError::CallbackUrl(
-            "must name its host as a DNS name (no `--`, the last label starting with a letter) or an IP address, \
-             with a port of at most 65535"
-                .into(),
-        ));
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn http_and_https_urls_pass() {
-        for ok in ["https://hooks.example.com/kiln", "http://127.0.0.1:9000/cb?x=1", "https://[::1]:8443/"] {
-            assert_eq!(validate_callback_url(ok), Ok(()), "{ok}");
-        }
-    }
-
-    #[test]
-    fn other_schemes_credentials_and_oversized_urls_are_refused() {
-        let long = format!("https://example.com/{}", "a".repeat(MAX_CALLBACK_URL_CHARS));
-        for bad in [
-            "ftp://example.com/x",
-            "file:///etc/passwd",
-            "gopher://example.com",
-            "https://user:pw@example.com/",
-            "https://token@example.com/",
-            "not a url",
-            "https://example.com/ x",
-            " https://example.com/",
-            "https://example.com/#frag",
-            long.as_str(),
-        ] {
-            assert!(matches!(validate_callback_url(bad), Err(SpecError::CallbackUrl(_))), "{bad}");
-        }
-    }
-
-    #[test]
-    fn the_reason_names_the_problem() {
-        let e = validate_callback_url("https://u:p@example.com/").unwrap_err().to_string();
-        assert!(e.starts_with("callback_url must not carry credentials"), "{e}");
-        let e = validate_callback_url("ftp://example.com/").unwrap_err().to_string();
-        assert!(e.contains("http or https"), "{e}");
-    }
 }

@@ -42,10 +42,24 @@ pub enum EventBody {
     #[serde(rename = "environment.output")]
     EnvironmentOutput { phase: String, text: String },
     /// A script of the environment ended: `exit_code` 0 on success (a
-    /// failure then ends the run with `run.failed`); `cached` says whether
-    /// a prepared sandbox was stored after setup.
+    /// failure then ends the run with `run.failed`); `stored` says whether
+    /// setup's result was kept in the cache as a prepared sandbox (so the
+    /// next run hits; whether this one hit is `environment.started.hit`).
     #[serde(rename = "environment.finished")]
-    EnvironmentFinished { phase: String, exit_code: i64, duration_ms: u64, cached: bool },
+    EnvironmentFinished {
+        phase: String,
+        exit_code: i64,
+        duration_ms: u64,
+        /// Setup's result was kept in the cache. Absent from events written
+        /// before this field existed (read `cached` there).
+        #[serde(default)]
+        stored: bool,
+        /// Deprecated: the same as `stored`, under its old, misleading name
+        /// (it never meant "this run hit the cache"); still written for one
+        /// release so existing clients keep working, then removed.
+        #[schema(deprecated)]
+        cached: bool,
+    },
     /// The agent's plan (the `todo` tool), the whole list each time.
     #[serde(rename = "todo")]
     Todo { items: Vec<TodoItem> },
@@ -284,6 +298,12 @@ pub fn is_terminal_kind(kind: &str) -> bool {
 pub struct EventShapeError;
 
 impl EventBody {
+    /// `environment.finished`, with `stored` under its old name `cached`
+    /// too, for clients of the last release.
+    pub fn environment_finished(phase: String, exit_code: i64, duration_ms: u64, stored: bool) -> Self {
+        EventBody::EnvironmentFinished { phase, exit_code, duration_ms, stored, cached: stored }
+    }
+
     /// Splits into the `(kind, payload)` pair stored in the events table.
     pub fn into_parts(self) -> Result<(String, Value), EventShapeError> {
         let value = serde_json::to_value(self).map_err(|_| EventShapeError)?;

@@ -168,6 +168,26 @@ pub static REPO_URL: Text = Text::new(
     ),
 );
 
+/// [`REPO_URL`] without `git://` and ssh: what a deployment without
+/// `KILN_ALLOW_GIT_PROTOCOLS` accepts (its document states this one).
+pub static REPO_URL_WEB: Text = Text::new(
+    1,
+    2048,
+    concat!(
+        "^(?:",
+        r"https?://",
+        url_host!(),
+        url_port!(),
+        r"(?:[/?#][^",
+        no_space!(),
+        r"]*)?",
+        r"|file:///[^",
+        no_space!(),
+        r"]*",
+        ")$"
+    ),
+);
+
 /// `repo.ref`: a plain git ref name. Not an option (`-…`), no `..`, none of
 /// `~^:?*[\` (git's own rules) and no white space or controls.
 pub static GIT_REF: Text = Text::new(

@@ -12,6 +12,7 @@ pub mod address;
 pub mod agents;
 pub mod attempts;
 pub mod callback;
+pub mod callback_url;
 pub mod changes;
 pub mod deliver;
 pub mod egress;

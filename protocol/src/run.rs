@@ -337,7 +337,7 @@ impl CreateRun {
             sandbox.validate()?;
         }
         if let Some(url) = &self.callback_url {
-            crate::callback::validate_callback_url(url)?;
+            crate::callback_url::check(url).map_err(SpecError::CallbackUrl)?;
         }
         if let Some(model) = &self.model {
             model.validate()?;

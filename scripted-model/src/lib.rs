@@ -10,7 +10,10 @@
 //! Each request, on any endpoint, takes the next [`Reply`] of the
 //! script (or of a thread's own script, when its first user message names
 //! the thread: [`ScriptedModel::script_thread`], for sub-agents); once the script is used up every request gets a short final
-//! answer ([`EXHAUSTED_TEXT`]) so runs still end. Every request is recorded
+//! answer ([`EXHAUSTED_TEXT`]) so runs still end. With
+//! [`ScriptedModel::replay_per_conversation`] (what `kiln up` serves) every
+//! conversation is instead played the script from its first reply, and one
+//! that outlasts it gets an error that says so. Every request is recorded
 //! for tests to inspect.
 //!
 //! ```no_run
@@ -26,6 +29,7 @@
 //! ```
 
 mod anthropic;
+mod conversation;
 mod openai;
 mod plan;
 mod prompt_cache;
@@ -34,6 +38,7 @@ mod script;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -117,6 +122,9 @@ struct Shared {
     threads: Mutex<Vec<Thread>>,
     /// Replies the threads handed out, for their sequence numbers.
     thread_replies: Mutex<usize>,
+    /// With [`ScriptedModel::replay_per_conversation`]: a request's reply
+    /// is chosen by its conversation's length, not by arrival order.
+    per_conversation: AtomicBool,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -163,6 +171,7 @@ impl ScriptedModel {
             prompt_cache: Mutex::new(None),
             threads: Mutex::new(Vec::new()),
             thread_replies: Mutex::new(0),
+            per_conversation: AtomicBool::new(false),
             shutdown: shutdown_rx.clone(),
         });
         let app = Router::new()
@@ -205,6 +214,18 @@ impl ScriptedModel {
     /// [`Reply::with_cached_input`] numbers are then ignored there.
     pub fn simulate_prompt_cache(&self) {
         lock(&self.shared.prompt_cache).get_or_insert_with(PromptCache::default);
+    }
+
+    /// From now on every conversation is played the script from its first
+    /// reply: a request gets the script's reply at the number of model
+    /// turns its conversation already holds, so each run (each session)
+    /// replays the same script however many ran before it, as a
+    /// deterministic replay should. A conversation that asks for more
+    /// replies than the script has gets an HTTP 400 whose message says the
+    /// script is exhausted, so its run fails saying so instead of ending
+    /// with an empty success. `kiln up` serves its demo model this way.
+    pub fn replay_per_conversation(&self) {
+        self.shared.per_conversation.store(true, Ordering::Relaxed);
     }
 
     /// Requests whose first user message contains `marker` take their
@@ -282,6 +303,8 @@ fn answer(shared: &Shared, api: Api, path: &str, headers: &HeaderMap, body: &[u8
     let include_usage = json.pointer("/stream_options/include_usage").and_then(Value::as_bool) == Some(true);
     let model = json.get("model").and_then(Value::as_str).unwrap_or("scripted").to_owned();
     let first_user = first_user_message(&json);
+    // Counted before the body is recorded (moved): the reply depends on it.
+    let turn = shared.per_conversation.load(Ordering::Relaxed).then(|| conversation::model_turns(&json));
     let cache_usage = match api {
         Api::Anthropic => lock(&shared.prompt_cache).as_mut().map(|cache| cache.account(&json)),
         Api::OpenAi | Api::Responses => None,
@@ -296,7 +319,9 @@ fn answer(shared: &Shared, api: Api, path: &str, headers: &HeaderMap, body: &[u8
     if !streaming {
         return error_response(api, 400);
     }
-    let (seq, reply) = shared.next_reply(first_user.as_deref(), &model);
+    let Some((seq, reply)) = shared.next_reply(first_user.as_deref(), &model, turn) else {
+        return exhausted_response(api, shared.script.len());
+    };
     tracing::debug!(seq, ?api, ?reply, "scripted model answering");
     if let Some(status) = reply.status {
         return error_response(api, status);
@@ -333,8 +358,11 @@ impl Shared {
     }
 
     /// The next reply of the script (or the exhausted answer) and its
-    /// 1-based sequence number.
-    fn next_reply(&self, first_user: Option<&str>, model: &str) -> (usize, Reply) {
+    /// 1-based sequence number. `turn`: in per-conversation replay, the
+    /// number of model turns the conversation already holds; `None` there
+    /// once the script is used up. A thread (by its first user message, or
+    /// by `model`) answers from its own script.
+    fn next_reply(&self, first_user: Option<&str>, model: &str, turn: Option<usize>) -> Option<(usize, Reply)> {
         {
             let mut threads = lock(&self.threads);
             let matches = |t: &Thread| match (t.by_model, first_user) {
@@ -349,13 +377,18 @@ impl Shared {
                 // on: threads number their replies from THREAD_SEQS up.
                 let mut served = lock(&self.thread_replies);
                 *served += 1;
-                return (THREAD_SEQS + *served, reply);
+                return Some((THREAD_SEQS + *served, reply));
             }
         }
         let mut replies = lock(&self.replies);
-        let reply = self.script.get(*replies).cloned().unwrap_or_else(script::exhausted);
+        let reply = match turn {
+            // The sequence number still counts every reply, so message ids
+            // stay unique across conversations.
+            Some(turn) => self.script.get(turn).cloned()?,
+            None => self.script.get(*replies).cloned().unwrap_or_else(script::exhausted),
+        };
         *replies += 1;
-        (*replies, reply)
+        Some((*replies, reply))
     }
 
     /// Reserves `n` call numbers; returns the first.
@@ -419,6 +452,21 @@ fn first_user_message(json: &Value) -> Option<String> {
     let list = json.get("messages").or_else(|| json.get("input"))?.as_array()?;
     let first = list.iter().find(|m| m.get("role").and_then(Value::as_str) == Some("user"))?;
     Some(first.get("content").map_or_else(String::new, Value::to_string))
+}
+
+/// A per-conversation replay asked for more than its script: a request
+/// error (not retryable) whose message the run's failure quotes.
+fn exhausted_response(api: Api, script_len: usize) -> Response {
+    let message =
+        format!("{EXHAUSTED_TEXT}: this conversation has had all {script_len} replies of the scripted model's script");
+    let mut body = match api {
+        Api::Anthropic => anthropic::error_body(400),
+        Api::OpenAi | Api::Responses => openai::error_body(400),
+    };
+    if let Some(slot) = body.pointer_mut("/error/message") {
+        *slot = Value::String(message);
+    }
+    (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
 }
 
 fn error_response(api: Api, status: u16) -> Response {

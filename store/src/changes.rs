@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use kiln_protocol::changes::{ChangeScope, ChangeTotals, FileChange, RunChanges};
 use uuid::Uuid;
 
-use crate::queue::Lease;
+use crate::lease::Lease;
 use crate::{Store, StoreError};
 
 /// Where a run's change is taken from, inside its sandbox.

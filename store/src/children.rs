@@ -11,7 +11,7 @@ use kiln_protocol::{EventBody, Limits, Message, Policy, Run, Usage};
 use uuid::Uuid;
 
 use crate::events::insert_event_tx;
-use crate::queue::{Lease, millis};
+use crate::lease::{Lease, millis};
 use crate::rows::{RUN_COLUMNS, RUN_RETURNING, run_from_row};
 use crate::{Store, StoreError};
 
@@ -220,7 +220,7 @@ pub(crate) async fn end_children_tx(
     parent: Uuid,
     terminal: &EventBody,
 ) -> Result<u64, StoreError> {
-    let (status, error, _, _) = crate::queue::terminal_parts(terminal)?;
+    let (status, error, _, _) = crate::lease::terminal_parts(terminal)?;
     let rows = tx
         .query(
             "WITH RECURSIVE tree AS (

@@ -6,8 +6,8 @@ use uuid::Uuid;
 
 use crate::events::insert_event_tx;
 use crate::follow_ups::{queue_follow_up_tx, take_owed_follow_up_tx};
+use crate::lease::Lease;
 use crate::messages::{is_duplicate_message_id, message_columns};
-use crate::queue::Lease;
 use crate::rows::run_from_row;
 use crate::runs::{Quota, QuotaRefusal, SELECT_RUN, check_quota_tx};
 use crate::{Store, StoreError, channels};

@@ -31,7 +31,7 @@ use kiln_protocol::{EventBody, Run};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use crate::queue::{Lease, millis, terminal_parts};
+use crate::lease::{Lease, millis, terminal_parts};
 use crate::queue_sql::end_together_statement;
 use crate::rows::run_from_row;
 use crate::{Store, StoreError};

@@ -5,7 +5,7 @@ use kiln_protocol::event::TERMINAL_KINDS;
 use kiln_protocol::{EventBody, StoredEvent};
 use uuid::Uuid;
 
-use crate::queue::Lease;
+use crate::lease::Lease;
 use crate::{Store, StoreError, channels};
 
 fn split(body: &EventBody) -> Result<(String, serde_json::Value), StoreError> {

@@ -3,7 +3,7 @@
 use kiln_protocol::{Message, Role, Usage};
 use uuid::Uuid;
 
-use crate::queue::Lease;
+use crate::lease::Lease;
 use crate::{Store, StoreError};
 
 impl Store {

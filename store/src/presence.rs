@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use tokio_postgres::{Client, NoTls, Statement};
 
-use crate::queue::{HeartbeatOutcome, Lease, ReapedRun, millis};
+use crate::lease::{HEARTBEAT, HeartbeatOutcome, Lease, ReapedRun, millis};
 use crate::{Store, StoreError, channels};
 
 /// The first key of every worker lock: "KILN" in ASCII.
@@ -226,9 +226,3 @@ impl Store {
         Ok(DeadWorkers { workers, runs })
     }
 }
-
-/// [`Store::heartbeat`]'s statement.
-pub(crate) const HEARTBEAT: &str = "UPDATE runs SET lease_expires_at = now() + $4 * interval '1 millisecond'
-     WHERE id = $1 AND attempt = $2 AND lease_owner = $3
-       AND status IN ('running', 'awaiting_approval')
-     RETURNING cancel_requested";

@@ -12,36 +12,10 @@ use uuid::Uuid;
 
 use crate::end_batch::End;
 use crate::events::insert_event_tx;
+use crate::lease::{HEARTBEAT, HeartbeatOutcome, Lease, ReapedRun, millis, terminal_parts};
 use crate::queue_sql::{claim_statement, finish_and_claim_statement, finish_statement};
 use crate::rows::run_from_row;
 use crate::{Store, StoreError, channels};
-
-/// Proof that a worker holds a run at a given attempt.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lease {
-    pub run_id: Uuid,
-    pub attempt: i32,
-    pub worker: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HeartbeatOutcome {
-    /// A client asked to cancel the run.
-    pub cancel_requested: bool,
-}
-
-/// A run whose lease had expired.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReapedRun {
-    pub run_id: Uuid,
-    /// `Queued` when it will be retried, `Failed` when out of attempts.
-    pub status: RunStatus,
-    pub attempt: i32,
-}
-
-pub(crate) fn millis(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
 
 /// Built once: the hot paths look them up in the prepared-statement cache.
 static CLAIM: LazyLock<String> = LazyLock::new(claim_statement);
@@ -67,7 +41,7 @@ impl Store {
     pub async fn heartbeat(&self, lease: &Lease, extend: Duration) -> Result<HeartbeatOutcome, StoreError> {
         let client = self.client().await?;
         // Prepared once per connection: every running run beats.
-        let statement = client.prepare_cached(crate::presence::HEARTBEAT).await?;
+        let statement = client.prepare_cached(HEARTBEAT).await?;
         let row =
             client.query_opt(&statement, &[&lease.run_id, &lease.attempt, &lease.worker, &millis(extend)]).await?;
         match row {
@@ -289,22 +263,4 @@ pub(crate) async fn lose_runs(
         reaped.push(ReapedRun { run_id, status, attempt });
     }
     Ok(reaped)
-}
-
-/// The status, error, and event kind and payload a terminal event stands for.
-pub(crate) fn terminal_parts(
-    terminal: &EventBody,
-) -> Result<(RunStatus, Option<String>, String, serde_json::Value), StoreError> {
-    let Some(status) = terminal.terminal_status() else {
-        return Err(StoreError::Corrupt(format!("not a terminal event: {terminal:?}")));
-    };
-    // What `runs.error` says of a run that did not succeed.
-    let error = match terminal {
-        EventBody::RunFailed { error } => Some(error.clone()),
-        EventBody::RunCancelled { reason } => Some(reason.clone()),
-        EventBody::RunTimedOut { limit_s } => Some(format!("the run exceeded its wall-clock limit of {limit_s} s")),
-        _ => None,
-    };
-    let (kind, payload) = terminal.clone().into_parts().map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    Ok((status, error, kind, payload))
 }

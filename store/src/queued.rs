@@ -2,11 +2,19 @@
 //! `run.queued` event, whatever queued it (a client, a GitHub mention, a
 //! message to a finished run or one its end left unread).
 
-use kiln_protocol::{EventBody, RepoSpec, Trigger};
+use kiln_protocol::{CreateRun, EventBody, RepoSpec, Trigger};
 use uuid::Uuid;
 
 use crate::StoreError;
-use crate::runs::NewRun;
+
+/// What the API hands the store to create a run.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    pub owner: String,
+    pub spec: CreateRun,
+    pub trigger: Trigger,
+    pub idempotency_key: Option<String>,
+}
 
 /// A run about to be queued.
 pub(crate) struct QueuedRun<'a> {

@@ -2,22 +2,13 @@
 //! scoped by `owner` so one subject never sees another's runs.
 
 use chrono::{DateTime, Datelike, Utc};
-use kiln_protocol::{CreateRun, EventBody, Run, RunStatus, Trigger};
+use kiln_protocol::{EventBody, Run, RunStatus};
 use uuid::Uuid;
 
 use crate::events::insert_event_tx;
-use crate::queued::{QueuedRun, insert_queued_run_tx};
+use crate::queued::{NewRun, QueuedRun, insert_queued_run_tx};
 use crate::rows::{RUN_COLUMNS, run_from_row};
 use crate::{Store, StoreError, channels};
-
-/// What the API hands the store to create a run.
-#[derive(Debug, Clone)]
-pub struct NewRun {
-    pub owner: String,
-    pub spec: CreateRun,
-    pub trigger: Trigger,
-    pub idempotency_key: Option<String>,
-}
 
 /// Per-subject limits checked when a run is created.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

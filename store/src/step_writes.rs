@@ -10,8 +10,8 @@ use kiln_protocol::{EventBody, Message, Usage};
 use uuid::Uuid;
 
 use crate::events::EventColumns;
+use crate::lease::Lease;
 use crate::messages::message_columns;
-use crate::queue::Lease;
 use crate::{Store, StoreError};
 
 /// What [`Store::append_message_with_events_once`] stored.

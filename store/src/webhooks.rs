@@ -15,8 +15,8 @@ use kiln_protocol::{CreateRun, RepoSpec, Trigger};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use crate::queued::{QueuedRun, insert_queued_run_tx};
-use crate::runs::{NewRun, Quota};
+use crate::queued::{NewRun, QueuedRun, insert_queued_run_tx};
+use crate::runs::Quota;
 use crate::{Store, StoreError};
 
 /// A webhook delivery as GitHub labelled it.

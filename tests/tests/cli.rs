@@ -345,7 +345,9 @@ async fn the_approve_command_a_waiting_call_prints_is_the_one_that_decides_it() 
     assert!(status.success(), "{seen:?}");
     assert_eq!(decided, 2, "{seen:?}");
     let text = seen.join("\n");
-    assert!(text.contains("⏸ bash {\"command\":\"echo approved-ran\"} waits for approval"), "{text}");
+    // The call is printed once (`→`), then that it waits, then how to decide it.
+    assert_eq!(text.matches("echo approved-ran\"}").count(), 1, "{text}");
+    assert!(text.contains("→ bash {\"command\":\"echo approved-ran\"}\n⏸ bash waits for approval\n"), "{text}");
     assert!(text.contains("  approved\n  ✓ bash ("), "{text}");
     assert!(text.contains("approved-ran"), "{text}");
     assert!(text.contains("  denied: too risky\n  ✗ bash ("), "{text}");
@@ -699,21 +701,36 @@ fn kiln_up(state: &Path, pg_port: u16, args: &[&str]) -> tokio::process::Command
 }
 
 /// A long-running `kiln up` (as [`kiln_up`], no demo) and its log up to the
-/// line that says it is ready (or to its end, if it exits first). The rest
-/// of its log is read and dropped, so it never blocks on a full pipe.
+/// banner's last line, the export line to paste (or to its end, if it
+/// exits first). The rest of its log is read on into [`UpLog`], so it never
+/// blocks on a full pipe.
 async fn start_kiln_up(state: &Path, pg_port: u16) -> (tokio::process::Child, String) {
+    let (up, banner, _) = start_kiln_up_logged(state, pg_port).await;
+    (up, banner)
+}
+
+/// What a `kiln up` logged after its banner.
+type UpLog = Arc<Mutex<String>>;
+
+async fn start_kiln_up_logged(state: &Path, pg_port: u16) -> (tokio::process::Child, String, UpLog) {
     let mut up = kiln_up(state, pg_port, &[]).spawn().unwrap();
     let mut lines = BufReader::new(up.stderr.take().unwrap()).lines();
     let mut banner = String::new();
     while let Some(line) = tokio::time::timeout(Duration::from_secs(120), lines.next_line()).await.unwrap().unwrap() {
         banner.push_str(&line);
         banner.push('\n');
-        if line.contains("Ctrl-C stops Kiln") {
+        if line.trim_start().starts_with("export KILN_URL=") {
             break;
         }
     }
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (up, banner)
+    let log = UpLog::default();
+    let rest = log.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            rest.lock().unwrap().push_str(&format!("{line}\n"));
+        }
+    });
+    (up, banner, log)
 }
 
 #[tokio::test]
@@ -1009,4 +1026,83 @@ async fn a_second_kiln_up_for_a_running_state_says_so_with_its_pid() {
     assert!(out.status.success(), "kiln down failed:\n{}", stderr(&out));
     let status = tokio::time::timeout(Duration::from_secs(30), first.wait()).await.expect("kiln up exited").unwrap();
     assert!(status.success(), "{status}");
+}
+
+/// The `kiln up` a new user meets: quiet after its banner, whose last line
+/// is the one to paste (and `kiln up --print-env` prints it again); its
+/// scripted model plays every run the demo's whole script; its prepared
+/// environment images carry its own cache scope, and `kiln down --reset`
+/// removes them.
+#[tokio::test]
+async fn kiln_up_is_quiet_serves_every_run_the_whole_script_and_down_reset_removes_its_prepared_images() {
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().join("state");
+    std::fs::create_dir(&state_dir).unwrap();
+    let pg_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (mut up, banner, log) = start_kiln_up_logged(&state_dir, pg_port).await;
+    let last = banner.lines().last().unwrap().trim().to_owned();
+    assert!(last.starts_with("export KILN_URL=http://127.0.0.1:") && last.contains(" KILN_TOKEN="), "{banner}");
+    let url = last.split_whitespace().nth(1).unwrap().strip_prefix("KILN_URL=").unwrap().to_owned();
+    let mut print_env = bare_kiln(&["up", "--print-env"]);
+    print_env.env("KILN_STATE_DIR", &state_dir);
+    let out = output(print_env).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let again = stdout(&out).trim().to_owned();
+    assert!(again.starts_with(&format!("export KILN_URL={url} KILN_TOKEN=")), "{again}");
+    let token = again.rsplit("KILN_TOKEN=").next().unwrap().to_owned();
+
+    let client = |args: &[&str]| {
+        let mut cmd = bare_kiln(args);
+        cmd.env("KILN_URL", &url).env("KILN_TOKEN", &token);
+        cmd
+    };
+    let repo = tempfile::tempdir().unwrap();
+    std::fs::write(repo.path().join("README.md"), "# demo\n").unwrap();
+    std::fs::write(repo.path().join("Cargo.lock"), "version = 1\n").unwrap();
+    kiln_tests::git_repo::git(repo.path(), &["init", "-q"]);
+    kiln_tests::git_repo::git(repo.path(), &["add", "."]);
+    kiln_tests::git_repo::git(repo.path(), &["commit", "-q", "-m", "one"]);
+    let repo_arg = repo.path().to_str().unwrap();
+    for n in 0..2 {
+        let out = output(client(&["run", "--prompt", "notes", "--repo", repo_arg, "--follow"])).await;
+        let said = format!("{}{}", stdout(&out), stderr(&out));
+        assert!(out.status.success(), "run {n}: {said}");
+        assert!(said.contains("NOTES.md") && !said.contains("script exhausted"), "run {n}: {said}");
+        assert_eq!(said.matches("  ✓ ").count(), 4, "run {n} made the script's calls: {said}");
+    }
+
+    // An environment's prepared image carries this state's cache scope.
+    let out = output(client(&["env", "create", "prepared", "--setup", "echo prepared"])).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out =
+        output(client(&["run", "--prompt", "notes", "--repo", repo_arg, "--environment", "prepared", "--follow"]))
+            .await;
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("  │ prepared\n"), "{}", stdout(&out));
+    let scope = kiln_cli::up::down::up_cache_scope(&state_dir).unwrap();
+    let images = || async {
+        let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+        let labels = vec![format!("dev.kiln.env-scope={scope}")];
+        let filters = std::collections::HashMap::from([("label".to_owned(), labels)]);
+        let options = bollard::query_parameters::ListImagesOptionsBuilder::new().filters(&filters).build();
+        docker.list_images(Some(options)).await.unwrap().len()
+    };
+    assert_eq!(images().await, 1, "one prepared image of scope {scope}");
+
+    // Quiet: nothing was logged after the banner for those requests.
+    let logged = log.lock().unwrap().clone();
+    assert!(!logged.contains("/v1/runs") && !logged.contains("finished processing request"), "{logged}");
+
+    let mut down = bare_kiln(&["down", "--reset"]);
+    down.env("KILN_STATE_DIR", &state_dir);
+    let out = output(down).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("removed 1 prepared environment image(s)"), "{}", stderr(&out));
+    assert_eq!(images().await, 0, "kiln down --reset removed the prepared images");
+    let status = tokio::time::timeout(Duration::from_secs(30), up.wait()).await.expect("kiln up exited").unwrap();
+    assert!(status.success(), "{status}");
+    let mut print_env = bare_kiln(&["up", "--print-env"]);
+    print_env.env("KILN_STATE_DIR", &state_dir);
+    let out = output(print_env).await;
+    assert!(!out.status.success() && stderr(&out).contains("no kiln up is serving"), "{}", stderr(&out));
 }

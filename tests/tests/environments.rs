@@ -146,6 +146,8 @@ async fn a_miss_sets_up_then_a_hit_reuses_home_and_ignored_files_at_the_new_comm
         pick!(first, EventBody::EnvironmentFinished { phase, exit_code, cached, .. } => (phase.clone(), *exit_code, *cached))
             .collect();
     assert_eq!(finished, [("setup".to_owned(), 0, true)]);
+    let stored: Vec<bool> = pick!(first, EventBody::EnvironmentFinished { stored, .. } => *stored).collect();
+    assert_eq!(stored, [true], "a miss stores setup's result, and says so as `stored`");
     let out = tool_output(&first);
     assert!(out.contains("dep-installed") && out.contains("tool-ok") && out.contains("first"), "{out}");
     assert!(out.contains("var=hello-var"), "the variables reach the agent's commands: {out}");
@@ -158,6 +160,9 @@ async fn a_miss_sets_up_then_a_hit_reuses_home_and_ignored_files_at_the_new_comm
     let maintenance = output_of(&second, "maintenance");
     assert!(maintenance.contains("maintenance-ran"), "{maintenance}");
     assert!(maintenance.contains("second"), "maintenance runs after the run's commit is in place: {maintenance}");
+    let stored: Vec<(String, bool)> =
+        pick!(second, EventBody::EnvironmentFinished { phase, stored, .. } => (phase.clone(), *stored)).collect();
+    assert_eq!(stored, [("maintenance".to_owned(), false)], "a hit stores nothing");
     let out = tool_output(&second);
     assert!(out.contains("dep-installed"), "the ignored dependency folder is gone: {out}");
     assert!(out.contains("tool-ok"), "the tool under $HOME is gone: {out}");
@@ -255,6 +260,7 @@ async fn a_failing_setup_fails_the_run_with_its_status_and_tail_and_caches_nothi
     let finished: Vec<_> =
         pick!(events, EventBody::EnvironmentFinished { exit_code, cached, .. } => (*exit_code, *cached)).collect();
     assert_eq!(finished, [(7, false)]);
+    assert!(pick!(events, EventBody::EnvironmentFinished { stored, .. } => *stored).all(|stored| !stored));
     let (key, _) = started(&events);
     assert!(!image_exists(&key).await, "a failed setup was cached");
     assert!(app.model.requests().is_empty(), "the agent ran after a failed setup");

@@ -27,8 +27,30 @@ const WEBHOOK_SECRET: &str = "openapi-test-secret";
 /// Methods probed on every path; HEAD and OPTIONS follow from these in axum.
 const METHODS: [&str; 5] = ["get", "post", "put", "patch", "delete"];
 
+/// A deployment with every feature switched on, so that its document is the
+/// whole document: GitHub webhooks, signed callbacks, environment secrets
+/// and `/metrics` on the API's listener.
+fn every_feature(api: kiln_api::ApiSettings) -> kiln_api::ApiSettings {
+    kiln_api::ApiSettings {
+        callback_secret: Some(b"openapi-callback-secret".to_vec().into()),
+        secrets_key: Some(std::sync::Arc::new(
+            kiln_store::secrets::SecretsKey::from_hex(&"ab".repeat(32)).expect("a key"),
+        )),
+        metrics_token: Some("openapi-metrics-token".to_owned().into()),
+        repo_rules: kiln_protocol::repo_url::RepoRules { allow_git_protocols: true, ..api.repo_rules },
+        ..api
+    }
+}
+
 async fn app(script: Vec<Reply>, worker: bool) -> TestApp {
-    TestApp::spawn(Options { script, worker, github_secret: Some(WEBHOOK_SECRET.into()), ..Default::default() }).await
+    TestApp::spawn(Options {
+        script,
+        worker,
+        github_secret: Some(WEBHOOK_SECRET.into()),
+        api: every_feature(Options::default().api),
+        ..Default::default()
+    })
+    .await
 }
 
 /// The document as served, without credentials.
@@ -450,43 +472,73 @@ fn generated(report: &str) -> Option<u64> {
 /// `tests/tools/schemathesis.toml`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fuzzer_driven_by_the_document_finds_the_server_agreeing_with_it() {
+    let api = kiln_api::ApiSettings {
+        // And one that clones over every protocol from any address (no
+        // worker runs here, so nothing is cloned): which of those a
+        // deployment refuses (422) is its policy, not the request's
+        // shape, and is tested in repo_clone.rs.
+        repo_rules: kiln_protocol::repo_url::RepoRules { allow_private: true, allow_git_protocols: true },
+        // And lets environments name any image (that is an image name):
+        // which names a deployment allows (KILN_ENVIRONMENT_IMAGES) is its
+        // policy, tested in environment_tenancy.rs.
+        environment_images: std::sync::Arc::new(
+            kiln_protocol::image_name::ImagePatterns::parse("*").expect("the any-name pattern"),
+        ),
+        ..fuzzed(every_feature(Options::default().api))
+    };
+    // Every operation but the webhook (its HMAC cannot be generated), many
+    // requests each; the document's three promises only.
+    fuzz(api, Some(WEBHOOK_SECRET), &[], 1, 500).await;
+}
+
+/// The same fuzzer, with every check it has, against a deployment that has
+/// switched off what it can: no environment secrets (`KILN_SECRETS_KEY`),
+/// no callbacks (`KILN_CALLBACK_SECRET`), no metrics token, no GitHub
+/// webhooks. Its document must leave out what it refuses whatever the
+/// request: offered and then refused with 422 (secrets, `callback_url`) or
+/// documented while answering 404 (`/metrics`, the webhook) is what the
+/// fuzzer found here before the document was made per deployment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fuzzer_with_every_check_finds_a_bare_deployment_agreeing_with_its_document() {
+    let api = kiln_api::ApiSettings {
+        // Which image names a deployment allows (KILN_ENVIRONMENT_IMAGES)
+        // is its policy, tested in environment_tenancy.rs; the document
+        // states the name's grammar.
+        environment_images: std::sync::Arc::new(
+            kiln_protocol::image_name::ImagePatterns::parse("*").expect("the any-name pattern"),
+        ),
+        ..fuzzed(Options::default().api)
+    };
+    fuzz(api, None, &["--checks", "all", "--max-examples", "20"], 0, 300).await;
+}
+
+/// What lets every fuzzed request reach the checks of its shape.
+fn fuzzed(api: kiln_api::ApiSettings) -> kiln_api::ApiSettings {
+    kiln_api::ApiSettings {
+        // A quota's 429 says nothing about the request's shape: high
+        // quotas let every request reach the checks.
+        quota: kiln_store::Quota { max_active_runs: 1_000_000, max_runs_per_minute: 1_000_000 },
+        // The stream of a run that never ends (no worker) ends soon, so
+        // every request of the fuzzer does.
+        sse_max_duration: Duration::from_secs(1),
+        ..api
+    }
+}
+
+/// Runs schemathesis against a deployment of `api` (no worker: the runs it
+/// creates stay queued, none starts a sandbox), with `extra` arguments, and
+/// checks it passed having tested every operation but `untested` with at
+/// least `least` requests in all.
+async fn fuzz(api: kiln_api::ApiSettings, github_secret: Option<&str>, extra: &[&str], untested: usize, least: u64) {
     let Some(bin) = tool_bin("schemathesis") else {
         assert!(!tools_required(), "KILN_REQUIRE_OPENAPI_TOOLS is set but schemathesis is missing");
         eprintln!("\n!!!!!!!!\nSKIPPED schemathesis: missing (scripts/test installs it)\n!!!!!!!!\n");
         return;
     };
     let app = TestApp::spawn(Options {
-        // The fuzzer creates hundreds of runs: they stay queued, none starts
-        // a sandbox.
         worker: false,
-        github_secret: Some(WEBHOOK_SECRET.into()),
-        api: kiln_api::ApiSettings {
-            // The document describes a deployment that signs callbacks, where
-            // a run may name a `callback_url`.
-            callback_secret: Some(b"openapi-callback-secret".to_vec().into()),
-            // And keeps environment secrets (without a key they are refused).
-            secrets_key: Some(std::sync::Arc::new(
-                kiln_store::secrets::SecretsKey::from_hex(&"ab".repeat(32)).expect("a key"),
-            )),
-            // And one that clones over every protocol from any address (no
-            // worker runs here, so nothing is cloned): which of those a
-            // deployment refuses (422) is its policy, not the request's
-            // shape, and is tested in repo_clone.rs.
-            repo_rules: kiln_protocol::repo_url::RepoRules { allow_private: true, allow_git_protocols: true },
-            // And lets environments name any image (that is an image name):
-            // which names a deployment allows (KILN_ENVIRONMENT_IMAGES) is its
-            // policy, tested in environment_tenancy.rs.
-            environment_images: std::sync::Arc::new(
-                kiln_protocol::image_name::ImagePatterns::parse("*").expect("the any-name pattern"),
-            ),
-            // A quota's 429 says nothing about the request's shape: high
-            // quotas let every request reach the checks.
-            quota: kiln_store::Quota { max_active_runs: 1_000_000, max_runs_per_minute: 1_000_000 },
-            // The stream of a run that never ends (no worker) ends soon, so
-            // every request of the fuzzer does.
-            sse_max_duration: Duration::from_secs(1),
-            ..Options::default().api
-        },
+        github_secret: github_secret.map(str::to_owned),
+        api,
         ..Default::default()
     })
     .await;
@@ -496,19 +548,40 @@ async fn a_fuzzer_driven_by_the_document_finds_the_server_agreeing_with_it() {
         .arg(root().join("tests/tools/schemathesis.toml"))
         .args(["run", &app.url("/v1/openapi.json"), "--no-color"])
         .args(["-H", &format!("Authorization: Bearer {}", token("fuzzer"))])
+        .args(extra)
         .current_dir(workdir.path())
         .output()
         .await
         .unwrap();
     let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "schemathesis found the server and the document disagreeing:\n{report}");
-    // It did test: every operation but the webhook, many requests each.
     let selected = report.lines().find_map(|l| l.trim().strip_prefix("Selected: ")).unwrap_or_default();
     let (selected, total) = selected.split_once('/').unwrap_or_else(|| panic!("no operation count:\n{report}"));
-    assert_eq!(selected.parse::<usize>().unwrap() + 1, total.parse::<usize>().unwrap(), "{report}");
+    assert_eq!(selected.parse::<usize>().unwrap() + untested, total.parse::<usize>().unwrap(), "{report}");
     assert!(report.contains(&format!("Tested: {selected}")), "{report}");
     let count = generated(&report).unwrap_or_else(|| panic!("no summary in the report:\n{report}"));
-    assert!(count >= 500, "only {count} requests:\n{report}");
+    assert!(count >= least, "only {count} requests:\n{report}");
+}
+
+/// A deployment without a feature serves a document without it; the full
+/// document (every feature on) has each of them.
+#[tokio::test]
+async fn a_deployment_documents_only_the_features_it_has() {
+    let bare = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let full = app(Vec::new(), false).await;
+    let (bare, full) = (served_document(&bare).await, served_document(&full).await);
+    for path in ["/metrics", "/v1/webhooks/github", "/v1/callback-key"] {
+        assert!(full["paths"].get(path).is_some(), "{path} is documented where it is served");
+        assert!(bare["paths"].get(path).is_none(), "{path} is left out where it answers 404");
+    }
+    // Offered only as what the server still takes: null, or nothing.
+    let (bare_run, full_run) =
+        (&bare["components"]["schemas"]["CreateRun"], &full["components"]["schemas"]["CreateRun"]);
+    assert_eq!(bare_run["properties"]["callback_url"]["type"], "null");
+    assert_ne!(full_run["properties"]["callback_url"]["type"], "null");
+    let secrets = |doc: &Value| doc["components"]["schemas"]["EnvironmentSpec"]["properties"]["secrets"].clone();
+    assert_eq!(secrets(&bare)["maxProperties"], 0);
+    assert_ne!(secrets(&full)["maxProperties"], 0);
 }
 
 /// The examples of the issue that asked for one definition of valid input:

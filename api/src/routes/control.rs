@@ -119,7 +119,7 @@ pub struct Decide {
     params(("id" = uuid::Uuid, Path, description = "The run's id."), ("call_id" = String, Path, description = "The `call_id` of the `approval.requested` event: Kiln's id for the call, unique within the run.")),
     request_body = Decide,
     responses(
-        (status = 200, description = "The call was decided.", body = crate::openapi::Decided),
+        (status = 200, description = "The call was decided.", body = crate::openapi::bodies::Decided),
         (status = 400, response = crate::openapi::errors::BadRequest),
         (status = 404, response = crate::openapi::errors::NotFound),
         (status = 409, response = crate::openapi::errors::Conflict),

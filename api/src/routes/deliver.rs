@@ -28,7 +28,7 @@ use crate::{ApiError, AppState};
     tag = "github",
     params(("id" = uuid::Uuid, Path, description = "The run's id.")),
     responses(
-        (status = 202, description = "Delivery was requested.", body = crate::openapi::DeliveryRequested),
+        (status = 202, description = "Delivery was requested.", body = crate::openapi::bodies::DeliveryRequested),
         (status = 400, response = crate::openapi::errors::BadRequest),
         (status = 404, response = crate::openapi::errors::NotFound),
         (status = 409, response = crate::openapi::errors::Conflict),

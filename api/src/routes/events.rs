@@ -25,18 +25,16 @@ use futures::{Stream, StreamExt};
 use kiln_protocol::StoredEvent;
 use kiln_protocol::event::is_terminal_kind;
 use kiln_protocol::rules::Range;
-use kiln_store::{Notice, channels};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 use uuid::Uuid;
 
 use crate::auth::Subject;
+use crate::event_reads::{BATCH, page_bytes};
 use crate::extract::{ApiQuery, RunIdPath};
 use crate::limits::SseSlot;
 use crate::{ApiError, AppState};
 
-/// Events read from the table per query (at most; see `event_page_bytes`).
-pub(crate) const BATCH: i64 = 500;
 /// `limit` of a JSON page.
 pub(crate) static PAGE: Range<i64> = Range::new(1, 1000);
 /// A resume point: `after` and `Last-Event-ID`.
@@ -100,7 +98,7 @@ pub(crate) struct EventPage {
     security(("bearer" = []), ("access_token" = [])),
     responses(
         (status = 200, description = "The run's events.", content(
-            (crate::openapi::SseEvent = "text/event-stream"),
+            (crate::openapi::bodies::SseEvent = "text/event-stream"),
             (EventPage = "application/json"),
         )),
         (status = 204, description = "The run has ended and the client has had its terminal event \
@@ -271,40 +269,6 @@ fn event_stream(
     }
 }
 
-/// The byte bound of one read of the events table.
-pub(crate) fn page_bytes(state: &AppState) -> i64 {
-    i64::try_from(state.settings.event_page_bytes).unwrap_or(i64::MAX)
-}
-
 fn sse_event(ev: &StoredEvent) -> Event {
     Event::default().id(ev.seq.to_string()).event(&ev.kind).data(ev.payload.to_string())
-}
-
-/// Waits until a notification names this run, the listener reconnected or
-/// fell behind (anything may have been missed), or the poll interval passed.
-pub(crate) async fn wait_for_news(
-    notices: &mut tokio::sync::broadcast::Receiver<Notice>,
-    prefix: &str,
-    poll: Duration,
-) {
-    let deadline = tokio::time::sleep(poll);
-    tokio::pin!(deadline);
-    loop {
-        tokio::select! {
-            _ = &mut deadline => return,
-            notice = notices.recv() => match notice {
-                Ok(Notice::Notification { channel, payload }) => {
-                    if channel == channels::RUN_EVENTS && payload.starts_with(prefix) {
-                        return;
-                    }
-                }
-                Ok(Notice::Reconnected) | Err(RecvError::Lagged(_)) => return,
-                Err(RecvError::Closed) => {
-                    // No listener: fall back to polling alone.
-                    deadline.as_mut().await;
-                    return;
-                }
-            }
-        }
-    }
 }

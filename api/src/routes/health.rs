@@ -18,7 +18,7 @@ pub fn routes() -> Router<AppState> {
     operation_id = "healthz",
     tag = "meta",
     security(()),
-    responses((status = 200, description = "Always, while the process serves.", body = crate::openapi::Health,
+    responses((status = 200, description = "Always, while the process serves.", body = crate::openapi::bodies::Health,
         example = json!({"status": "ok"})))
 )]
 pub(crate) async fn healthz() -> impl IntoResponse {
@@ -33,7 +33,7 @@ pub(crate) async fn healthz() -> impl IntoResponse {
     tag = "meta",
     security(()),
     responses(
-        (status = 200, description = "The database answered.", body = crate::openapi::Health,
+        (status = 200, description = "The database answered.", body = crate::openapi::bodies::Health,
             example = json!({"status": "ready"})),
         (status = 503, response = crate::openapi::errors::Unavailable),
     )

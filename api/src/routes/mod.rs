@@ -33,7 +33,6 @@ pub fn v1() -> Router<AppState> {
         .route("/callback-key", get(callback_key::callback_key))
         .route("/runs/{id}/messages", post(control::send_message))
         .route("/runs/{id}/approvals/{call_id}", post(control::decide))
-        .route("/openapi.json", get(crate::openapi::serve))
         .route(
             "/webhooks/github",
             post(webhooks::github).layer(DefaultBodyLimit::max(webhooks::MAX_WEBHOOK_BODY_BYTES)),

@@ -24,7 +24,7 @@
     'step.finished', 'approval.requested', 'approval.resolved', 'message.queued', 'model.retry',
     'compaction', 'todo', 'delivery.succeeded', 'delivery.failed', 'callback.succeeded', 'callback.failed',
     'network.denied', 'network.allowed', 'subagent.started', 'subagent.event', 'subagent.finished',
-    'changes.captured', ...TERMINAL,
+    'changes.captured', 'environment.started', 'environment.output', 'environment.finished', ...TERMINAL,
   ];
   const RENDER_BATCH = 500; // events rendered per frame; the rest wait for the next
   const RUNS_POLL_MS = 2000;
@@ -139,12 +139,18 @@
     if (view) view.stop();
     view = null;
     notice('');
-    for (const id of ['view-signin', 'view-runs', 'view-run']) $(id).hidden = true;
+    for (const id of ['view-signin', 'view-runs', 'view-run', 'view-envs']) $(id).hidden = true;
     const t = token();
     $('signout').hidden = !t;
     $('whoami').textContent = t ? String(tokenClaims(t).sub || '') : '';
     if (!t) {
+      $('nav-envs').hidden = true;
       $('view-signin').hidden = false;
+      return;
+    }
+    $('nav-envs').hidden = false;
+    if (location.hash === '#/environments') {
+      view = envsView();
       return;
     }
     const m = /^#\/runs\/([0-9a-fA-F-]{36})$/.exec(location.hash);
@@ -268,6 +274,7 @@
       if (!stopped) timer = setTimeout(refresh, document.hidden ? RUNS_POLL_MS * 5 : RUNS_POLL_MS);
     }
     refresh();
+    listEnvironments();
 
     return {
       stop() {
@@ -277,11 +284,44 @@
     };
   }
 
+  // The new-run form's environments: the caller's, listed when the form shows.
+  async function listEnvironments() {
+    const select = $('new-environment');
+    try {
+      const page = await api('GET', '/v1/environments');
+      const chosen = select.value;
+      select.replaceChildren(el('option', { value: '' }, 'none (the repository\'s .kiln/environment.toml, or the bare image)'),
+        ...page.environments.map((e) => el('option', { value: e.name }, e.name)));
+      select.value = page.environments.some((e) => e.name === chosen) ? chosen : '';
+    } catch (e) {
+      if (e.status !== 401) notice('Could not list environments: ' + e.message);
+    }
+  }
+
+  // `{mode, allow}` from the form's network choice; null for the default (none).
+  function egressChoice() {
+    const mode = $('new-egress').value;
+    if (mode === 'none') return null;
+    const hosts = $('new-allow').value.split(/[\s,]+/).filter(Boolean);
+    if (mode !== 'allowlist' || !hosts.length) return { mode };
+    return {
+      mode,
+      allow: hosts.map((h) => {
+        const m = /^(.+):(\d+)$/.exec(h);
+        return m ? { host: m[1], ports: [Number(m[2])] } : { host: h };
+      }),
+    };
+  }
+
   async function startRun(ev) {
     ev.preventDefault();
     const prompt = $('new-prompt').value;
     if (!prompt.trim()) return;
     const spec = { prompt, approval: $('new-approval').value };
+    const environment = $('new-environment').value;
+    if (environment) spec.environment = environment;
+    const egress = egressChoice();
+    if (egress) spec.sandbox = { egress };
     const url = $('new-repo').value.trim();
     if (url) {
       spec.repo = { url };
@@ -299,6 +339,125 @@
     } finally {
       button.disabled = false;
     }
+  }
+
+  // ---- environments ----------------------------------------------------------
+
+  // `NAME=VALUE` lines (blank lines and `#` comments skipped) as an object.
+  function pairs(text) {
+    const out = {};
+    for (const line of String(text || '').split('\n')) {
+      if (!line.trim() || line.trim().startsWith('#')) continue;
+      const at = line.indexOf('=');
+      if (at < 1) throw new Error(`"${line.slice(0, 40)}" is not NAME=VALUE`);
+      out[line.slice(0, at).trim()] = line.slice(at + 1);
+    }
+    return out;
+  }
+
+  // The environments page: the caller's environments with their last runs,
+  // a form that creates or edits one (secrets write-only: never shown, kept
+  // when left empty), and a cache reset per environment.
+  function envsView() {
+    $('view-envs').hidden = false;
+    const form = $('env-form');
+    let editing = null; // the name being edited, or null to create
+
+    function fill(env) {
+      editing = env ? env.name : null;
+      $('env-name').value = env ? env.name : '';
+      $('env-name').readOnly = Boolean(env);
+      $('env-image').value = (env && env.image) || '';
+      $('env-setup').value = env ? env.setup_script : '';
+      $('env-maintenance').value = (env && env.maintenance_script) || '';
+      $('env-variables').value = env ? Object.entries(env.variables).map(([k, v]) => `${k}=${v}`).join('\n') : '';
+      $('env-secrets').value = '';
+      $('env-secrets').placeholder = env && env.secret_names.length
+        ? `stored: ${env.secret_names.join(', ')} (values never shown; leave empty to keep them)` : 'NAME=VALUE, one a line';
+      $('env-lock-files').value = env ? env.lock_files.join(', ') : '';
+      $('env-form-title').textContent = env ? `Edit ${env.name}` : 'New environment';
+      $('env-submit').textContent = env ? 'Save' : 'Create';
+    }
+
+    function lastRuns(runs, name) {
+      const mine = runs.filter((r) => r.environment === name).slice(0, 3);
+      if (!mine.length) return el('span', { class: 'muted' }, 'no runs yet');
+      return el('span', null, ...mine.flatMap((r, i) => [i ? ', ' : null,
+        el('a', { href: '#/runs/' + r.id, class: 'status', data: { status: r.status } }, r.status.replace('_', ' '))]));
+    }
+
+    async function resetCache(name) {
+      try {
+        const env = await api('POST', `/v1/environments/${encodeURIComponent(name)}/reset-cache`);
+        notice('');
+        $('env-said').textContent = `${env.name}: cache reset (generation ${env.cache_generation}); the next run sets up afresh`;
+        load();
+      } catch (e) {
+        if (e.status !== 401) notice('Could not reset the cache: ' + e.message);
+      }
+    }
+
+    async function load() {
+      try {
+        const [page, runs] = await Promise.all([api('GET', '/v1/environments'), api('GET', '/v1/runs?limit=200')]);
+        $('envs-body').replaceChildren(...page.environments.map((env) => {
+          const edit = el('button', { type: 'button', class: 'secondary', data: { action: 'edit' } }, 'Edit');
+          const reset = el('button', { type: 'button', class: 'secondary', data: { action: 'reset' } }, 'Reset cache');
+          edit.addEventListener('click', () => fill(env));
+          reset.addEventListener('click', () => resetCache(env.name));
+          return el('tr', { data: { env: env.name } },
+            el('td', { class: 'name' }, env.name), el('td', null, env.image || 'default'),
+            el('td', { class: 'secrets' }, env.secret_names.join(', ') || '—'),
+            el('td', { class: 'num generation' }, String(env.cache_generation)),
+            el('td', { class: 'runs' }, lastRuns(runs.runs, env.name)), el('td', null, edit, ' ', reset));
+        }));
+        $('envs-empty').hidden = page.environments.length > 0;
+      } catch (e) {
+        if (e.status !== 401) notice(e.message);
+      }
+    }
+
+    async function save(ev) {
+      ev.preventDefault();
+      let spec;
+      try {
+        spec = { name: $('env-name').value.trim(), setup_script: $('env-setup').value, variables: pairs($('env-variables').value) };
+        const image = $('env-image').value.trim();
+        if (image) spec.image = image;
+        const maintenance = $('env-maintenance').value;
+        if (maintenance.trim()) spec.maintenance_script = maintenance;
+        const locks = $('env-lock-files').value.split(/[\s,]+/).filter(Boolean);
+        if (locks.length) spec.lock_files = locks;
+        // Write-only: sent only when given; on an edit, absent keeps the stored ones.
+        if ($('env-secrets').value.trim()) spec.secrets = pairs($('env-secrets').value);
+      } catch (e) {
+        notice('Could not read the form: ' + e.message);
+        return;
+      }
+      try {
+        const env = editing
+          ? await api('PUT', `/v1/environments/${encodeURIComponent(editing)}`, spec)
+          : await api('POST', '/v1/environments', spec);
+        notice('');
+        $('env-said').textContent = `${editing ? 'Saved' : 'Created'} ${env.name}`;
+        fill(null);
+        load();
+      } catch (e) {
+        if (e.status !== 401) notice('Could not save: ' + e.message);
+      }
+    }
+
+    form.onsubmit = save;
+    $('env-new').onclick = () => fill(null);
+    fill(null);
+    $('env-said').textContent = '';
+    load();
+    return {
+      stop() {
+        form.onsubmit = null;
+        $('env-new').onclick = null;
+      },
+    };
   }
 
   // ---- a run's change -------------------------------------------------------
@@ -451,6 +610,7 @@
       done: false,
       calls: new Map(), // call_id -> tool card
       children: new Map(), // sub-agent run id -> its box inside the call that started it
+      phases: new Map(), // environment phase (setup, maintenance) -> its log
       block: null, // the assistant text or reasoning block that text deltas extend
       status: null,
       pendingApprovals: new Set(),
@@ -694,7 +854,8 @@
       const out = el('pre', { class: 'output' });
       const outBox = el('details', { class: 'out', hidden: true, open: true }, el('summary', null, 'Output'), out);
       const root = add(el('div', { class: 'tool', data: { call: callId, state: 'running' } }, head, argsStream, args, outBox));
-      c = { root, head, argsStream, args, out, outBox, approval: null, buttons: [], named: Boolean(name) };
+      c = { root, head, argsStream, args, out, outBox, approval: null, buttons: [], named: Boolean(name), name: '' };
+      if (name) nameCard(c, name);
       s.calls.set(callId, c);
       return c;
     }
@@ -739,10 +900,77 @@
       return k.lines.append(mark(el('div', { class: 'ev-meta child-line', data: { kind: String(inner.kind) } }, text), seq));
     }
 
+    // A call's arguments as its tool means them: a `write` as the file's
+    // content, an `edit` as the lines it takes out and puts in, anything
+    // else as formatted JSON.
     function showArgs(c, args) {
-      c.args.textContent = pretty(args);
+      const a = args && typeof args === 'object' ? args : {};
+      if (c.name === 'write' && typeof a.content === 'string') {
+        c.args.replaceChildren(el('span', { class: 'file-path' }, String(a.path || '')), '\n', a.content);
+        c.args.dataset.view = 'file';
+      } else if (c.name === 'edit' && typeof a.old_string === 'string' && typeof a.new_string === 'string') {
+        const lines = (text, sign, cls) => text.split('\n').map((l) => el('span', { class: cls }, sign + l + '\n'));
+        c.args.replaceChildren(el('span', { class: 'file-path' }, String(a.path || '') + (a.replace_all ? ' (every occurrence)' : '')), '\n',
+          ...lines(a.old_string, '-', 'del'), ...lines(a.new_string, '+', 'add'));
+        c.args.dataset.view = 'diff';
+      } else {
+        c.args.textContent = pretty(args);
+      }
       c.args.hidden = false;
       c.argsStream.hidden = true;
+    }
+
+    // `mcp__<server>__<tool>`: the server the model's name for a tool
+    // says it comes from (the name may be cut; the server part is first).
+    function mcpServerOf(name) {
+      const m = /^mcp__(.+?)__(.+)$/.exec(String(name || ''));
+      return m ? { server: m[1], tool: m[2] } : null;
+    }
+
+    function nameCard(c, name) {
+      c.name = name;
+      c.head.textContent = name;
+      const mcp = mcpServerOf(name);
+      if (mcp) c.head.append(el('span', { class: 'mcp-origin' }, ` · tool "${mcp.tool}" of the MCP server "${mcp.server}"`));
+    }
+
+    // An environment's phase (setup, maintenance): a foldable log whose
+    // summary says the phase and, once it ended, its exit code and time.
+    function phaseLog(phase) {
+      let log = s.phases.get(phase);
+      if (log) return log;
+      const summary = el('summary', null, el('span', { class: 'phase-name' }, phase));
+      const out = el('pre', { class: 'output' });
+      const root = add(el('details', { class: 'env-log', data: { phase, state: 'running' } }, summary, out));
+      log = { root, summary, out };
+      s.phases.set(phase, log);
+      return log;
+    }
+
+    function environmentStarted(p, seq) {
+      const how = p.hit ? 'cache hit: a prepared sandbox is reused' : 'cache miss: setting up';
+      return meta(seq, `Environment ${p.environment} (${p.image}): ${how} · key ${String(p.cache_key).slice(0, 12)}`);
+    }
+
+    function environmentFinished(p, seq) {
+      const log = phaseLog(String(p.phase));
+      const ok = Number(p.exit_code) === 0;
+      log.root.dataset.state = ok ? 'ok' : 'error';
+      log.root.dataset.exit = String(p.exit_code);
+      // `stored` (earlier events: `cached`): setup's result kept for the next run.
+      const stored = p.stored === true || (p.stored === undefined && p.cached === true);
+      const words = ` · exit ${p.exit_code} · ${ms(Number(p.duration_ms) || 0)}${stored ? ' · stored in the cache' : ''}`;
+      if (!ok) log.root.open = true;
+      return log.summary.append(mark(el('span', { class: 'phase-end' }, words), seq));
+    }
+
+    // An event kind this page does not know: its fields as one line of words.
+    function readableLine(kind, p) {
+      const fields = Object.entries(p && typeof p === 'object' ? p : { value: p }).map(([k, v]) => {
+        const text = typeof v === 'string' ? v : JSON.stringify(v);
+        return `${k.replace(/_/g, ' ')} ${text.length > 200 ? text.slice(0, 200) + '…' : text}`;
+      });
+      return `${String(kind).replace(/[._]/g, ' ')}: ${fields.join('; ')}`;
     }
 
     function decide(callId, decision, c) {
@@ -782,7 +1010,7 @@
           return stream(card(p.call_id).argsStream, ev.seq, String(p.arguments_delta));
         case 'tool_call.ready': {
           const c = card(p.call_id, p.name);
-          if (!c.named) { c.head.textContent = p.name; c.named = true; }
+          if (!c.named || c.name !== p.name) { nameCard(c, p.name); c.named = true; }
           showArgs(c, p.arguments);
           // The formatted arguments replace the streamed ones on screen;
           // this event is the formatted block.
@@ -896,7 +1124,13 @@
           return meta(ev.seq, 'Changes captured: ' + what, p.too_large ? 'ev-warn' : null);
         }
         case 'network.allowed':
-          return meta(ev.seq, `Network: ${p.host}:${p.port} reached`);
+          return meta(ev.seq, `Network allowed: ${p.host}:${p.port} reached through the egress proxy`);
+        case 'environment.started':
+          return environmentStarted(p, ev.seq);
+        case 'environment.output':
+          return stream(phaseLog(String(p.phase)).out, ev.seq, String(p.text));
+        case 'environment.finished':
+          return environmentFinished(p, ev.seq);
         case 'run.succeeded':
         case 'run.failed':
         case 'run.cancelled':
@@ -907,11 +1141,8 @@
           changes.load();
           return add(mark(el('div', { class: 'end ' + status }, el('strong', null, status.replace('_', ' ')), detail ? ': ' + detail : ''), ev.seq));
         }
-        default: {
-          let text = pretty(p);
-          if (text.length > 2000) text = text.slice(0, 2000) + '…';
-          return meta(ev.seq, `${ev.kind}: ${text}`);
-        }
+        default:
+          return meta(ev.seq, readableLine(ev.kind, p));
       }
     }
 

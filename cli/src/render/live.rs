@@ -14,6 +14,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kiln_protocol::EventBody;
 use uuid::Uuid;
 
+use super::phase_log::{PhaseLog, finished_line};
 use super::plain::plan;
 use super::{Outcome, Render, Totals, approve_hint, call_summary, mcp_origin, one_line};
 use crate::client::StreamedEvent;
@@ -28,6 +29,8 @@ pub struct Live {
     partial: String,
     /// What each pending call is, from `tool_call.ready`, for its result's line.
     calls: HashMap<String, String>,
+    /// Setup and maintenance output, printed above as lines complete.
+    phase_log: PhaseLog,
 }
 
 impl Live {
@@ -40,7 +43,7 @@ impl Live {
         bar.set_prefix("run");
         bar.set_message("connecting…");
         bar.enable_steady_tick(TICK);
-        Live { bar, run, partial: String::new(), calls: HashMap::new() }
+        Live { bar, run, partial: String::new(), calls: HashMap::new(), phase_log: PhaseLog::default() }
     }
 
     /// Room for the spinner line's message, so it never wraps (a wrapped
@@ -133,13 +136,14 @@ impl Render for Live {
                 self.print(&[format!("{} environment {environment}: {how}", style("●").dim())]);
                 self.activity(if hit { "maintenance…" } else { "setup…" });
             }
-            EventBody::EnvironmentOutput { text, .. } => {
-                if let Some(last) = text.lines().rev().find(|l| !l.trim().is_empty()) {
-                    self.activity(&format!("│ {last}"));
-                }
+            EventBody::EnvironmentOutput { phase, text } => {
+                let lines = self.phase_log.output(&phase, &text);
+                self.print(&lines);
             }
-            EventBody::EnvironmentFinished { phase, exit_code, duration_ms, .. } => {
-                self.print(&[format!("{} {phase} exited {exit_code} ({duration_ms} ms)", style("●").dim())]);
+            EventBody::EnvironmentFinished { phase, exit_code, duration_ms, stored, .. } => {
+                let mut lines = self.phase_log.finish();
+                lines.push(format!("{} {}", style("●").dim(), finished_line(&phase, exit_code, duration_ms, stored)));
+                self.print(&lines);
             }
             EventBody::StepStarted { step } => {
                 self.flush_text();

@@ -8,6 +8,7 @@ pub mod attempts;
 pub mod diffstat;
 pub mod json;
 pub mod live;
+pub mod phase_log;
 pub mod plain;
 pub mod printable;
 pub mod totals;

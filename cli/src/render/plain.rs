@@ -8,6 +8,7 @@ use kiln_protocol::changes::ChangeTotals;
 use kiln_protocol::{EventBody, TodoItem, TodoStatus};
 use uuid::Uuid;
 
+use super::phase_log::{PhaseLog, finished_line};
 use super::{Render, Totals, approve_hint, mcp_origin, one_line};
 use crate::client::StreamedEvent;
 
@@ -16,11 +17,13 @@ pub struct Printer<W: Write> {
     run: Uuid,
     /// Whether the cursor sits after streamed text (needs a newline first).
     mid_line: bool,
+    /// Setup and maintenance output, cut into lines.
+    phase_log: PhaseLog,
 }
 
 impl<W: Write> Printer<W> {
     pub fn new(out: W, run: Uuid) -> Self {
-        Printer { out, run, mid_line: false }
+        Printer { out, run, mid_line: false, phase_log: PhaseLog::default() }
     }
 
     fn lines(&mut self, body: &EventBody) -> Option<Vec<String>> {
@@ -32,8 +35,11 @@ impl<W: Write> Printer<W> {
                 let how = if *hit { "hit" } else { "miss: setting up" };
                 format!("● environment {environment} (cache {cache_key}: {how})")
             }
-            EventBody::EnvironmentFinished { phase, exit_code, duration_ms, .. } => {
-                format!("● {phase} exited {exit_code} ({duration_ms} ms)")
+            EventBody::EnvironmentOutput { phase, text } => return Some(self.phase_log.output(phase, text)),
+            EventBody::EnvironmentFinished { phase, exit_code, duration_ms, stored, .. } => {
+                let mut lines = self.phase_log.finish();
+                lines.push(format!("● {}", finished_line(phase, *exit_code, *duration_ms, *stored)));
+                return Some(lines);
             }
             EventBody::ToolCallReady { name, arguments, .. } => {
                 format!("→ {name} {}", one_line(&arguments.to_string(), 120))
@@ -42,10 +48,11 @@ impl<W: Write> Printer<W> {
                 let mark = if *is_error { "✗" } else { "✓" };
                 format!("  {mark} {name} ({duration_ms} ms): {}", one_line(output, 160))
             }
-            EventBody::ApprovalRequested { call_id, name, arguments, mcp_server, mcp_tool } => {
+            EventBody::ApprovalRequested { call_id, name, mcp_server, mcp_tool, .. } => {
                 let origin = mcp_origin(mcp_server.as_deref(), mcp_tool.as_deref());
+                // The call itself is the `→` line just above.
                 return Some(vec![
-                    format!("⏸ {name}{origin} {} waits for approval", one_line(&arguments.to_string(), 120)),
+                    format!("⏸ {name}{origin} waits for approval"),
                     format!("  {}", approve_hint(self.run, call_id)),
                 ]);
             }
@@ -190,7 +197,7 @@ mod tests {
         assert_eq!(
             out,
             format!(
-                "⏸ bash {{\"command\":\"rm x\"}} waits for approval\n  kiln approve {run} call_7   (or --deny --reason …)\n\
+                "⏸ bash waits for approval\n  kiln approve {run} call_7   (or --deny --reason …)\n\
                  ● plan:\n  [x] read\n  [>] fix\n  [ ] test\n"
             )
         );

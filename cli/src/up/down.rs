@@ -1,7 +1,7 @@
 //! `kiln down`: stop what `kiln up` started for a state directory — the
 //! `kiln up` process itself, its sandbox containers and its Postgres
-//! cluster — and with `--reset`, delete the cluster and the local secrets so
-//! the next `kiln up` starts afresh.
+//! cluster — and with `--reset`, delete the cluster, the local secrets and
+//! the prepared environment images so the next `kiln up` starts afresh.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -27,8 +27,10 @@ pub struct DownArgs {
     #[arg(long, env = "KILN_STATE_DIR", default_value = ".kiln")]
     pub state_dir: PathBuf,
     /// Also delete the local Postgres cluster (every run in it), the JWT
-    /// secret (tokens it signed stop working) and the demo repository. The
-    /// local model's download is kept.
+    /// secret (tokens it signed stop working), the demo repository and the
+    /// prepared environment images this state's `kiln up` made (Docker
+    /// images `kiln-env:*` labelled with its cache scope). The local
+    /// model's download is kept.
     #[arg(long)]
     pub reset: bool,
 }
@@ -61,6 +63,12 @@ pub async fn down(args: DownArgs) -> anyhow::Result<ExitCode> {
         eprintln!(
             "kiln: deleted the JWT secret and the demo repository; kept {} (the model download)",
             args.state_dir.join("local-model").display()
+        );
+        let scope = up_cache_scope(&args.state_dir)?;
+        let (images, bytes) = remove_prepared_images(&scope).await?;
+        eprintln!(
+            "kiln: removed {images} prepared environment image(s) (kiln-env:*, cache scope {scope}, {} MB)",
+            bytes / 1_000_000
         );
     } else if cluster.stop().await? {
         eprintln!(
@@ -133,4 +141,40 @@ fn remove_path(path: &Path) -> anyhow::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e).with_context(|| format!("deleting {}", path.display())),
     }
+}
+
+/// The environment cache scope `kiln up` labels its prepared images with
+/// (unless `KILN_ENVIRONMENT_CACHE_SCOPE` names another): its worker id, so
+/// `kiln down --reset` removes this state's images and no one else's.
+pub fn up_cache_scope(state_dir: &Path) -> anyhow::Result<String> {
+    up_worker_id(state_dir)
+}
+
+/// Removes the prepared environment images (`kiln-env:*`) of cache scope
+/// `scope`; returns how many and their bytes.
+pub async fn remove_prepared_images(scope: &str) -> anyhow::Result<(usize, u64)> {
+    use bollard::query_parameters::{ListImagesOptionsBuilder, RemoveImageOptionsBuilder};
+    use kiln_worker::environment::cache::{LABEL_CACHE, LABEL_SCOPE};
+    let docker = bollard::Docker::connect_with_local_defaults().context("connecting to Docker")?;
+    let labels = vec![format!("{LABEL_CACHE}=true"), format!("{LABEL_SCOPE}={scope}")];
+    let filters = HashMap::from([("label".to_owned(), labels)]);
+    let images = docker
+        .list_images(Some(ListImagesOptionsBuilder::new().filters(&filters).build()))
+        .await
+        .context("listing prepared environment images")?;
+    let (mut removed, mut bytes) = (0, 0);
+    for image in images {
+        // Forced: the image has several tags at most, all of them Kiln's;
+        // its containers were removed above.
+        let options = RemoveImageOptionsBuilder::new().force(true).build();
+        match docker.remove_image(&image.id, Some(options), None).await {
+            Ok(_) => {
+                removed += 1;
+                bytes += u64::try_from(image.size).unwrap_or(0);
+            }
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
+            Err(e) => return Err(e).with_context(|| format!("removing prepared image {}", image.id)),
+        }
+    }
+    Ok((removed, bytes))
 }

@@ -2,6 +2,7 @@
 //! sandbox image, a model), then the API and a worker in this process;
 //! with `--demo`, submit a demo run, follow it, and exit with its outcome.
 
+mod banner;
 mod demo;
 pub mod down;
 mod model;
@@ -27,6 +28,11 @@ pub struct UpArgs {
     /// Then submit a demo run, follow it, and exit with its outcome.
     #[arg(long)]
     pub demo: bool,
+    /// Print the `export KILN_URL=… KILN_TOKEN=…` line for the `kiln up`
+    /// already running for this state directory (a fresh token, signed as
+    /// its own are), and exit: `eval "$(kiln up --print-env)"`.
+    #[arg(long, conflicts_with = "demo")]
+    pub print_env: bool,
     /// Where local state lives (Postgres password, JWT secret, demo repo).
     #[arg(long, env = "KILN_STATE_DIR", default_value = ".kiln")]
     pub state_dir: PathBuf,
@@ -49,12 +55,20 @@ pub struct UpArgs {
 /// What it started (its containers, the model server, the Postgres cluster
 /// if this call started it) stops with it.
 pub async fn up(mut args: UpArgs, shutdown: CancellationToken) -> anyhow::Result<ExitCode> {
+    if args.print_env {
+        return banner::print_env(&args.state_dir, args.api.auth.jwt_secret.as_ref());
+    }
     std::fs::create_dir_all(&args.state_dir).with_context(|| format!("creating {}", args.state_dir.display()))?;
     // A stable worker id per state directory: `kiln down` finds this
     // worker's containers by it, and a restarted `kiln up` takes back its
     // runs at once.
     if args.worker.worker.worker_id.is_none() {
         args.worker.worker.worker_id = Some(down::up_worker_id(&args.state_dir)?);
+    }
+    // Prepared environment images carry this state's own cache scope, so
+    // `kiln down --reset` finds them (unless another scope was asked for).
+    if args.worker.worker.environment_cache_scope == "default" {
+        args.worker.worker.environment_cache_scope = down::up_cache_scope(&args.state_dir)?;
     }
     let pid_file = args.state_dir.join(down::PID_FILE);
     refuse_a_second_up(&args, &pid_file)?;
@@ -81,6 +95,7 @@ pub async fn up(mut args: UpArgs, shutdown: CancellationToken) -> anyhow::Result
         }
     }
     let _ = std::fs::remove_file(&pid_file);
+    let _ = std::fs::remove_file(args.state_dir.join(banner::URL_FILE));
     result
 }
 
@@ -134,20 +149,14 @@ async fn serve(args: &mut UpArgs, store: Store, shutdown: CancellationToken) -> 
     let webhooks = api.github.is_some();
     let running = Kiln::new(store).api(api).worker(worker).start(shutdown.clone()).await?;
     let base = format!("http://{}", running.api_addr().context("the API did not start")?);
-    let token =
-        kiln_api::auth::mint_hs256(secret.expose_secret().as_bytes(), "local", Duration::from_secs(7 * 86_400))?;
-    eprintln!("kiln: API at {base}; the web view is at {base}/ (sign in with the token below)");
+    let token = banner::token(&secret)?;
+    banner::remember_url(&args.state_dir, &base)?;
     if webhooks {
         eprintln!("kiln: GitHub webhooks at {base}/v1/webhooks/github");
     }
-    eprintln!("kiln: token for subject \"local\" (7 days):\n  export KILN_URL={base} KILN_TOKEN={token}");
-
     if !args.demo {
-        eprintln!(
-            "kiln: state in {}; Ctrl-C stops Kiln and everything it started; `{} down --reset` deletes the local data",
-            args.state_dir.display(),
-            crate::invocation::kiln()
-        );
+        // Last, so the line to paste is the last thing on the screen.
+        banner::print(&base, &token, &args.state_dir);
         shutdown.cancelled().await;
         let _ = running.stopped().await;
         if let Some(served) = served {
@@ -155,6 +164,7 @@ async fn serve(args: &mut UpArgs, store: Store, shutdown: CancellationToken) -> 
         }
         return Ok(ExitCode::SUCCESS);
     }
+    eprintln!("kiln: API at {base}; the web view is at {base}/");
     let tiny_model = matches!(served, Some(ServedModel::Local(_)));
     let code = demo::run(&base, &token, &args.state_dir, tiny_model).await?;
     shutdown.cancel();

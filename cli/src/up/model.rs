@@ -53,12 +53,14 @@ impl ServedModel {
 
 async fn start_scripted(model: &mut ModelArgs) -> anyhow::Result<ScriptedModel> {
     let scripted = ScriptedModel::start(kiln_scripted_model::demo_script()).await?;
+    // Every run gets the whole script, however many ran before it.
+    scripted.replay_per_conversation();
     model.model_provider = ModelSource::Server(ProviderKind::OpenAi);
     model.model_base_url = Some(scripted.openai_base_url());
     model.model = "kiln-demo-script".into();
     eprintln!(
         "kiln: KILN_MODEL_PROVIDER=scripted: runs use Kiln's scripted demo model, a fixed replay of the\n\
-         demo's script (deterministic, not a real LLM)."
+         demo's script for every run (deterministic, not a real LLM)."
     );
     Ok(scripted)
 }

@@ -3,8 +3,7 @@
 use uuid::Uuid;
 
 use crate::StoreError;
-use crate::queued::{QueuedRun, insert_queued_run_tx};
-use crate::runs::NewRun;
+use crate::queued::{NewRun, QueuedRun, insert_queued_run_tx};
 
 /// A group just inserted: its id and its attempts' ids, first attempt first.
 pub(crate) struct InsertedGroup {

@@ -6,7 +6,7 @@ use kiln_protocol::{EventBody, RunStatus, StoredEvent, Usage};
 use uuid::Uuid;
 
 use crate::events::insert_event_tx;
-use crate::queue::terminal_parts;
+use crate::lease::terminal_parts;
 use crate::{Store, StoreError};
 
 /// What one attempt spent, from its own stream.

@@ -418,14 +418,7 @@ impl Plan<'_> {
         let duration_ms = end.duration.as_millis() as u64;
         if end.exit_code != Some(0) {
             let exit_code = end.exit_code.unwrap_or(-1);
-            events
-                .write_now(EventBody::EnvironmentFinished {
-                    phase: "setup".into(),
-                    exit_code,
-                    duration_ms,
-                    cached: false,
-                })
-                .await?;
+            events.write_now(EventBody::environment_finished("setup".into(), exit_code, duration_ms, false)).await?;
             return Ok(Err(format!(
                 "environment {name:?}: setup failed with exit status {exit_code}; the last lines of its output:\n{}",
                 end.tail
@@ -460,14 +453,7 @@ impl Plan<'_> {
         if let Err(e) = evicted {
             tracing::warn!(error = %e, "bounding the environment cache failed");
         }
-        events
-            .write_now(EventBody::EnvironmentFinished {
-                phase: "setup".into(),
-                exit_code: 0,
-                duration_ms,
-                cached: true,
-            })
-            .await?;
+        events.write_now(EventBody::environment_finished("setup".into(), 0, duration_ms, true)).await?;
         Ok(Ok(cache::Found { commit: self.commit.clone(), home }))
     }
 
@@ -521,14 +507,7 @@ impl Plan<'_> {
             Ok(end) => (end.exit_code.unwrap_or(-1), end.duration.as_millis() as u64, end.tail),
             Err(e) => (-1, 0, e.to_string()),
         };
-        events
-            .write_now(EventBody::EnvironmentFinished {
-                phase: "maintenance".into(),
-                exit_code,
-                duration_ms,
-                cached: false,
-            })
-            .await?;
+        events.write_now(EventBody::environment_finished("maintenance".into(), exit_code, duration_ms, false)).await?;
         if exit_code != 0 {
             sandbox.remove().await;
             return Ok(failed(format!(
