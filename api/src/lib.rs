@@ -137,6 +137,9 @@ pub struct ApiSettings {
     /// The images an environment may name (`KILN_ENVIRONMENT_IMAGES`,
     /// which workers read too); the deployment's sandbox image by default.
     pub environment_images: Arc<kiln_protocol::image_name::ImagePatterns>,
+    /// The most attempts a run may ask for (`KILN_MAX_ATTEMPTS`, at most
+    /// the protocol's 4); 422 beyond.
+    pub max_attempts: u32,
 }
 
 /// Default of [`ApiSettings::event_page_bytes`]: 2 MiB.
@@ -162,6 +165,7 @@ impl Default for ApiSettings {
             secrets_key: None,
             agent_kinds: Default::default(),
             environment_images: Default::default(),
+            max_attempts: kiln_protocol::input::ATTEMPTS.max,
         }
     }
 }

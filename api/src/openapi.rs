@@ -22,7 +22,8 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder
 use utoipa::{Modify, OpenApi};
 
 use crate::routes::{
-    callback_key, changes, control, deliver, environments, events as events_route, health, runs, stream_token, webhooks,
+    attempts, callback_key, changes, control, deliver, environments, events as events_route, health, runs,
+    stream_token, webhooks,
 };
 use crate::{ApiError, AppState};
 
@@ -55,6 +56,7 @@ pub const METRICS_TOKEN: &str = "metrics_token";
         runs::list,
         runs::get,
         runs::cancel,
+        attempts::select,
         changes::patch,
         changes::changes,
         environments::create,

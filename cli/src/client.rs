@@ -134,6 +134,12 @@ impl KilnClient {
         Ok(response.bytes().await?.to_vec())
     }
 
+    /// Makes attempt `attempt` of group `id` its result (`POST /v1/runs/{id}/select`).
+    pub async fn select_attempt(&self, id: Uuid, attempt: u32) -> anyhow::Result<Run> {
+        let body = kiln_protocol::SelectAttempt { attempt };
+        parse(self.send(self.http.post(self.url(&format!("/v1/runs/{id}/select"))).json(&body)).await?).await
+    }
+
     pub async fn cancel_run(&self, id: Uuid) -> anyhow::Result<(Cancelled, Run)> {
         let response = self.send(self.http.post(self.url(&format!("/v1/runs/{id}/cancel")))).await?;
         let how =

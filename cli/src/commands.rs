@@ -69,7 +69,8 @@ const COST_READS_AT_ONCE: usize = 4;
 
 /// Submits `spec`; with `follow`, shows its events to the end and exits
 /// with its outcome.
-pub async fn run(client: &KilnClient, spec: &CreateRun, follow: bool, json: bool) -> anyhow::Result<ExitCode> {
+/// `kiln run`: the exit code, and the run's id.
+pub async fn run(client: &KilnClient, spec: &CreateRun, follow: bool, json: bool) -> anyhow::Result<(ExitCode, Uuid)> {
     let run = client.create_run(spec).await?;
     let header = format!("run {} {}: {}", run.id, run.status, one_line(&printable(&run.prompt), 50));
     if json && !follow {
@@ -90,9 +91,9 @@ pub async fn run(client: &KilnClient, spec: &CreateRun, follow: bool, json: bool
             let kiln = crate::invocation::kiln();
             println!("follow it: {kiln} logs --follow {}   (cancel: {kiln} cancel {})", run.id, run.id);
         }
-        return Ok(ExitCode::SUCCESS);
+        return Ok((ExitCode::SUCCESS, run.id));
     }
-    watch(client, run.id, true, Mode::choose(json)).await
+    Ok((watch(client, run.id, true, Mode::choose(json)).await?, run.id))
 }
 
 /// Shows run `id`'s events from the start: those there are now, or with

@@ -3,6 +3,7 @@
 
 pub mod app;
 pub mod apply;
+pub mod attempts;
 pub mod base_url;
 pub mod client;
 pub mod commands;

@@ -102,14 +102,33 @@ enum Command {
         /// scripts; without --follow, the run as the API returned it.
         #[arg(long)]
         json: bool,
+        /// Run the task as this many attempts at once (1 to 4), each in its
+        /// own sandbox; choose one with `kiln select RUN K`.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4))]
+        attempts: Option<u32>,
+        /// The model of each attempt, in order (repeat the flag).
+        #[arg(long = "attempt-model")]
+        attempt_models: Vec<String>,
         /// Continue the session of this finished run instead of starting a
         /// new one: the prompt is its follow-up, with the conversation and
         /// (while its container lives) the workspace kept. The session's
         /// settings stay; the flags that choose them cannot be given.
-        #[arg(long, value_name = "RUN", value_parser = parse_run_id, conflicts_with_all = ["repo", "git_ref", "approval"])]
+        #[arg(long, value_name = "RUN", value_parser = parse_run_id, conflicts_with_all = ["repo", "git_ref", "approval", "attempts", "attempt_models"])]
         session: Option<Uuid>,
         #[command(flatten)]
         options: kiln_cli::run_options::RunOptions,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Choose attempt K of a group of attempts as its result: the group's
+    /// change (`kiln diff`, `kiln apply`) is attempt K's from then on.
+    Select {
+        /// The group's id, as `kiln run --attempts` printed it.
+        #[arg(value_parser = parse_run_id)]
+        run: Uuid,
+        /// Which attempt, 1 for the first.
+        #[arg(value_parser = clap::value_parser!(u32).range(1..=4))]
+        attempt: u32,
         #[command(flatten)]
         connection: Connection,
     },
@@ -187,6 +206,9 @@ enum Command {
         /// The session's change so far (from its first run's base), not only this run's.
         #[arg(long)]
         session: bool,
+        /// For a group of attempts: attempt K's change (1 for the first).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4))]
+        attempt: Option<u32>,
         #[command(flatten)]
         connection: Connection,
     },
@@ -202,6 +224,9 @@ enum Command {
         /// The session's change so far (from its first run's base), not only this run's.
         #[arg(long)]
         session: bool,
+        /// For a group of attempts: attempt K's change (1 for the first).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4))]
+        attempt: Option<u32>,
         #[command(flatten)]
         connection: Connection,
     },
@@ -345,7 +370,19 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             println!("{}", kiln_api::auth::mint_hs256(secret.expose_secret().as_bytes(), &sub, ttl)?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run { prompt, repo, git_ref, approval, follow, json, session, options, connection } => {
+        Command::Run {
+            prompt,
+            repo,
+            git_ref,
+            approval,
+            follow,
+            json,
+            attempts,
+            attempt_models,
+            session,
+            options,
+            connection,
+        } => {
             if let Some(session_of) = session {
                 if options.any() {
                     return Err(commands::UsageError(
@@ -361,9 +398,15 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 Some(given) => Some(RepoSpec { url: kiln_cli::repo_arg::repo_url(&given)?, git_ref }),
                 None => None,
             };
-            let mut spec = CreateRun { prompt, repo, approval, ..Default::default() };
+            let attempt_models = (!attempt_models.is_empty()).then_some(attempt_models);
+            let mut spec = CreateRun { prompt, repo, approval, attempts, attempt_models, ..Default::default() };
             options.apply(&mut spec).map_err(|e| commands::UsageError(e.0))?;
-            commands::run(&connection.client()?, &spec, follow, json).await
+            let client = connection.client()?;
+            let (code, id) = commands::run(&client, &spec, follow, json).await?;
+            if attempts.is_some() && follow && !json {
+                kiln_cli::attempts::choose_hint(&client, id).await;
+            }
+            Ok(code)
         }
         Command::Say { run, text, follow, json, connection } => {
             kiln_cli::say::say(&connection.client()?, run, &text, follow, json).await
@@ -380,16 +423,23 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             let decision = if deny { Decision::Deny } else { Decision::Approve };
             commands::approve(&connection.client()?, run, &call, decision, reason.as_deref()).await
         }
-        Command::Diff { run, stat, json, session, connection } => {
+        Command::Select { run, attempt, connection } => {
+            kiln_cli::attempts::select(&connection.client()?, run, attempt).await
+        }
+        Command::Diff { run, stat, json, session, attempt, connection } => {
+            let client = connection.client()?;
+            let run = kiln_cli::attempts::resolve(&client, run, attempt).await?;
             let view = match (stat, json) {
                 (_, true) => commands::DiffView::Json,
                 (true, false) => commands::DiffView::Stat,
                 (false, false) => commands::DiffView::Patch,
             };
-            commands::diff(&connection.client()?, run, view, scope(session)).await
+            commands::diff(&client, run, view, scope(session)).await
         }
-        Command::Apply { run, dir, session, connection } => {
-            commands::apply(&connection.client()?, run, &dir, scope(session)).await
+        Command::Apply { run, dir, session, attempt, connection } => {
+            let client = connection.client()?;
+            let run = kiln_cli::attempts::resolve(&client, run, attempt).await?;
+            commands::apply(&client, run, &dir, scope(session)).await
         }
         Command::Up(args) => {
             // Quiet: the banner's line to paste stays on screen; RUST_LOG

@@ -191,6 +191,34 @@ pub enum EventBody {
         cost_usd: Option<f64>,
         steps: u32,
     },
+    /// In a group's stream: one of an attempt's events, copied as it
+    /// happens (the step- and tool-level kinds a sub-agent's are, and the
+    /// attempt's `sandbox.ready` and `changes.captured`), never streamed
+    /// text or output. `attempt` is which attempt (1 for the first),
+    /// `run_id` its run, `seq` the event's seq in the attempt's own stream.
+    #[serde(rename = "attempt.event")]
+    AttemptEvent { attempt: u32, run_id: uuid::Uuid, seq: i64, event: Value },
+    /// In a group's stream: an attempt ended. `status` is its run's;
+    /// `summary` its final answer or why it did not succeed; `usage`,
+    /// `cost_usd` and `steps` what it spent (the group's totals are their
+    /// sum); `changes` what it changed, if its change was captured.
+    #[serde(rename = "attempt.finished")]
+    AttemptFinished {
+        attempt: u32,
+        run_id: uuid::Uuid,
+        status: String,
+        summary: String,
+        usage: Usage,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cost_usd: Option<f64>,
+        steps: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        changes: Option<crate::changes::ChangeTotals>,
+    },
+    /// In a group's stream: attempt `attempt` (run `run_id`) was chosen as
+    /// the group's result; the group's patch is its change from now on.
+    #[serde(rename = "attempt.selected")]
+    AttemptSelected { attempt: u32, run_id: uuid::Uuid },
     /// The run's change was captured from its workspace (right before the
     /// terminal event; `GET /v1/runs/{id}/patch` serves it). `too_large`:
     /// the patch was over `KILN_MAX_PATCH_MB` and only its summary was kept.

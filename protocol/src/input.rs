@@ -59,6 +59,12 @@ pub static AGENTS: List = List { max_items: 32 };
 /// The name of a sub-agent kind (`explore`, or one the operator defines).
 pub static AGENT_KIND_NAME: Text = Text::new(1, 64, r"^[A-Za-z0-9_-]*$");
 
+/// `attempts`: how many attempts a group has (a deployment may allow
+/// fewer, `KILN_MAX_ATTEMPTS`).
+pub static ATTEMPTS: Range<u32> = Range::new(1, 4);
+/// `attempt_models`: one [`MODEL_NAME`] per attempt.
+pub static ATTEMPT_MODELS: List = List { max_items: 4 };
+
 /// The providers a run may name; the worker maps each to its wire format.
 pub static MODEL_PROVIDER: OneOf = OneOf(&["openai", "openai-responses", "anthropic"]);
 /// `model.name`: it goes to the provider, into logs and into metrics labels.

@@ -10,6 +10,7 @@ pub mod rules;
 
 pub mod address;
 pub mod agents;
+pub mod attempts;
 pub mod callback;
 pub mod callback_url;
 pub mod changes;
@@ -26,6 +27,7 @@ pub mod repo_url;
 pub mod run;
 mod schema;
 
+pub use attempts::{GroupLimits, SelectAttempt};
 pub use callback::CallbackBody;
 pub use egress::{EgressMode, EgressPolicy, HostRule};
 pub use environment::{Environment, EnvironmentSpec};

@@ -64,6 +64,19 @@ pub struct CreateRun {
     /// branch on a git remote; see [`crate::deliver`]).
     #[serde(default, deserialize_with = "crate::nested::object", skip_serializing_if = "Option::is_none")]
     pub deliver: Option<crate::deliver::Deliver>,
+    /// Runs the task as a group of this many attempts, each a run of its
+    /// own (its own session and sandbox, the same prompt and repository),
+    /// of which `POST /v1/runs/{id}/select` chooses one. The deployment may
+    /// allow fewer (`KILN_MAX_ATTEMPTS`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+    /// The model of each attempt, in order (one name per attempt); the
+    /// run's `model` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_models: Option<Vec<String>>,
+    /// What the attempts may spend together; `limits` applies to each.
+    #[serde(default, deserialize_with = "crate::nested::object", skip_serializing_if = "Option::is_none")]
+    pub group_limits: Option<crate::attempts::GroupLimits>,
 }
 
 /// A run's sandbox, within what the deployment allows: limits can only be
@@ -130,6 +143,9 @@ pub struct Policy {
     /// Where else the run's change goes (see [`CreateRun::deliver`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deliver: Option<crate::deliver::Deliver>,
+    /// A group's budget for its attempts together (see [`CreateRun::group_limits`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_limits: Option<crate::attempts::GroupLimits>,
 }
 
 /// A repository to clone into the sandbox's `/workspace`.
@@ -257,6 +273,8 @@ pub enum SpecError {
     Deliver(#[from] crate::deliver::DeliverError),
     #[error("environment must be the name of one of your environments (lower-case letters, digits, '.', '_', '-')")]
     EnvironmentName,
+    #[error(transparent)]
+    Attempts(#[from] crate::attempts::AttemptsError),
 }
 
 impl CreateRun {
@@ -275,6 +293,7 @@ impl CreateRun {
             sandbox: self.sandbox.clone().unwrap_or_default(),
             environment: self.environment.clone(),
             deliver: self.deliver.clone(),
+            group_limits: self.group_limits,
         }
     }
 
@@ -329,6 +348,7 @@ impl CreateRun {
         if self.environment.as_deref().is_some_and(|e| !input::ENVIRONMENT_NAME.accepts(e)) {
             return Err(SpecError::EnvironmentName);
         }
+        crate::attempts::validate(self.attempts, self.attempt_models.as_deref(), self.group_limits.as_ref())?;
         Ok(())
     }
 }
@@ -567,6 +587,24 @@ pub struct Run {
     /// the files, `/patch` the patch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub changes: Option<crate::changes::ChangeTotals>,
+    /// For an attempt: the group it is one of (`attempts` on the group
+    /// lists them all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_run_id: Option<Uuid>,
+    /// For an attempt: which of its group's attempts it is (1 for the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_number: Option<u32>,
+    /// For a group: its attempts' run ids, the first attempt's first. The
+    /// group itself runs no agent: it ends when every attempt has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<Vec<Uuid>>,
+    /// For a group: the attempt chosen as its result (its change is the
+    /// group's `patch` and `changes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selected_attempt: Option<u32>,
+    /// For a group: what its attempts may spend together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_limits: Option<crate::attempts::GroupLimits>,
 }
 
 #[cfg(test)]

@@ -135,6 +135,9 @@ const THREAD_SEQS: usize = 1_000_000;
 /// A conversation's own script.
 struct Thread {
     marker: String,
+    /// The marker is the request's model name (exactly), not text of its
+    /// first user message.
+    by_model: bool,
     script: Vec<Reply>,
     /// Replies handed out so far.
     replies: usize,
@@ -231,7 +234,14 @@ impl ScriptedModel {
     /// child can be scripted apart from its parent and its siblings. The
     /// first thread whose marker matches wins.
     pub fn script_thread(&self, marker: impl Into<String>, script: Vec<Reply>) {
-        lock(&self.shared.threads).push(Thread { marker: marker.into(), script, replies: 0 });
+        lock(&self.shared.threads).push(Thread { marker: marker.into(), by_model: false, script, replies: 0 });
+    }
+
+    /// Requests naming the model `model` take their replies from `script`
+    /// (then the exhausted answer): runs of one prompt on different models
+    /// (a group's attempts, `attempt_models`) each get their own answers.
+    pub fn script_model(&self, model: impl Into<String>, script: Vec<Reply>) {
+        lock(&self.shared.threads).push(Thread { marker: model.into(), by_model: true, script, replies: 0 });
     }
 
     /// Every request so far, in arrival order.
@@ -309,7 +319,7 @@ fn answer(shared: &Shared, api: Api, path: &str, headers: &HeaderMap, body: &[u8
     if !streaming {
         return error_response(api, 400);
     }
-    let Some((seq, reply)) = shared.next_reply(first_user.as_deref(), turn) else {
+    let Some((seq, reply)) = shared.next_reply(first_user.as_deref(), &model, turn) else {
         return exhausted_response(api, shared.script.len());
     };
     tracing::debug!(seq, ?api, ?reply, "scripted model answering");
@@ -350,11 +360,17 @@ impl Shared {
     /// The next reply of the script (or the exhausted answer) and its
     /// 1-based sequence number. `turn`: in per-conversation replay, the
     /// number of model turns the conversation already holds; `None` there
-    /// once the script is used up.
-    fn next_reply(&self, first_user: Option<&str>, turn: Option<usize>) -> Option<(usize, Reply)> {
-        if let Some(text) = first_user {
+    /// once the script is used up. A thread (by its first user message, or
+    /// by `model`) answers from its own script.
+    fn next_reply(&self, first_user: Option<&str>, model: &str, turn: Option<usize>) -> Option<(usize, Reply)> {
+        {
             let mut threads = lock(&self.threads);
-            if let Some(thread) = threads.iter_mut().find(|t| text.contains(&t.marker)) {
+            let matches = |t: &Thread| match (t.by_model, first_user) {
+                (true, _) => t.marker == model,
+                (false, Some(text)) => text.contains(&t.marker),
+                (false, None) => false,
+            };
+            if let Some(thread) = threads.iter_mut().find(|t| matches(t)) {
                 let reply = thread.script.get(thread.replies).cloned().unwrap_or_else(script::exhausted);
                 thread.replies += 1;
                 // Message ids stay unique without moving the main script

@@ -244,7 +244,7 @@ pub struct EventBatch {
     pub more: bool,
 }
 
-fn is_duplicate_event_id(e: &tokio_postgres::Error) -> bool {
+pub(crate) fn is_duplicate_event_id(e: &tokio_postgres::Error) -> bool {
     e.as_db_error().is_some_and(|db| {
         *db.code() == tokio_postgres::error::SqlState::UNIQUE_VIOLATION && db.constraint() == Some("events_event_id")
     })

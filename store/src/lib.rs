@@ -5,6 +5,7 @@
 //! [`Lease`] (run id, attempt, worker) and only land while that lease is the
 //! current one, so a worker that lost its run can no longer change it.
 
+mod attempts;
 mod callbacks;
 mod changes;
 mod children;
@@ -29,6 +30,7 @@ mod retention;
 mod rows;
 mod runs;
 pub mod secrets;
+mod setup_lock;
 mod stats;
 mod step_writes;
 mod webhooks;
@@ -40,6 +42,7 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
+pub use attempts::SelectOutcome;
 pub use callbacks::{CallbackAttempt, CallbackJob};
 pub use changes::{CapturedChange, PatchRow, PreviousRun, RunBase};
 pub use children::{ChildStart, ChildSummary, NewChild};
@@ -57,6 +60,7 @@ pub use queue_sql::{claim_statement, finish_and_claim_statement, finish_statemen
 pub use queued::NewRun;
 pub use retention::Pruned;
 pub use runs::{CancelOutcome, Cursor, Quota, QuotaRefusal, RunPage};
+pub use setup_lock::SetupLock;
 pub use stats::RunStats;
 pub use step_writes::StepWrite;
 pub use webhooks::{Delivery, GithubOrigin, NewGithubRun, PastDelivery, Recorded};

@@ -205,6 +205,12 @@ impl Store {
         .await?;
         tx.commit().await?;
         drop(client);
+        // An attempt failed here ends in its group's stream too.
+        for run in reaped.iter().filter(|r| r.status.is_terminal()) {
+            if let Err(e) = self.attempt_ended(run.run_id).await {
+                tracing::warn!(run_id = %run.run_id, error = %e, "recording a lost attempt's end in its group failed");
+            }
+        }
         // The runs failed here may owe a follow-up, and so may runs whose
         // ending process stopped before it queued theirs (`follow_ups`).
         if let Err(e) = self.sweep_owed_follow_ups().await {

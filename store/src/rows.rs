@@ -6,19 +6,35 @@ use tokio_postgres::Row;
 
 use crate::StoreError;
 
+/// An attempt's group and number; a group's choice and its attempts (only
+/// a group looks its attempts up).
+macro_rules! attempt_columns {
+    () => {
+        "r.group_run_id, r.attempt_number, r.selected_attempt, \
+         CASE WHEN r.attempt_count IS NOT NULL THEN \
+         (SELECT array_agg(a.id ORDER BY a.attempt_number) FROM runs a WHERE a.group_run_id = r.id) END"
+    };
+}
+
 /// Columns of `runs` (joined with `sessions` as `s`) that [`run_from_row`]
 /// reads, in order. Queries use `r` as the alias of `runs`.
-pub(crate) const RUN_COLUMNS: &str = "r.id, r.session_id, r.status, r.prompt, s.repo_url, s.repo_ref, \
+pub(crate) const RUN_COLUMNS: &str = concat!(
+    "r.id, r.session_id, r.status, r.prompt, s.repo_url, s.repo_ref, \
      r.model, r.limits, r.trigger, r.attempt, r.cancel_requested, r.created_at, r.started_at, \
-     r.finished_at, r.result, r.error, r.last_event_seq, r.policy, r.callback_url, r.parent_run_id, r.agent_path";
+     r.finished_at, r.result, r.error, r.last_event_seq, r.policy, r.callback_url, r.parent_run_id, r.agent_path, ",
+    attempt_columns!()
+);
 
 /// The same columns for a `RETURNING` clause, where `sessions` cannot be
 /// joined: the repo comes from a sub-select.
-pub(crate) const RUN_RETURNING: &str = "r.id, r.session_id, r.status, r.prompt, \
+pub(crate) const RUN_RETURNING: &str = concat!(
+    "r.id, r.session_id, r.status, r.prompt, \
      (SELECT repo_url FROM sessions s WHERE s.id = r.session_id), \
      (SELECT repo_ref FROM sessions s WHERE s.id = r.session_id), \
      r.model, r.limits, r.trigger, r.attempt, r.cancel_requested, r.created_at, r.started_at, \
-     r.finished_at, r.result, r.error, r.last_event_seq, r.policy, r.callback_url, r.parent_run_id, r.agent_path";
+     r.finished_at, r.result, r.error, r.last_event_seq, r.policy, r.callback_url, r.parent_run_id, r.agent_path, ",
+    attempt_columns!()
+);
 
 pub(crate) fn run_from_row(row: &Row) -> Result<Run, StoreError> {
     let status: String = row.try_get(2)?;
@@ -64,5 +80,10 @@ pub(crate) fn run_from_row(row: &Row) -> Result<Run, StoreError> {
         agent_path: row.try_get(20)?,
         // The API adds it (`Store::change_totals`): most reads need no join.
         changes: None,
+        group_run_id: row.try_get(21)?,
+        attempt_number: row.try_get::<_, Option<i32>>(22)?.map(|n| n.max(0) as u32),
+        selected_attempt: row.try_get::<_, Option<i32>>(23)?.map(|n| n.max(0) as u32),
+        attempts: row.try_get(24)?,
+        group_limits: policy.group_limits,
     })
 }

@@ -81,7 +81,13 @@ impl Store {
         {
             return Ok(Err(refusal));
         }
-        let Some(run_id) = insert_queued_run_tx(&tx, &QueuedRun::first(&new)?).await? else {
+        let inserted = match new.spec.attempts {
+            Some(n) => crate::attempts::insert_group_tx(&tx, &new, n).await?,
+            None => insert_queued_run_tx(&tx, &QueuedRun::first(&single_attempt(&new))?)
+                .await?
+                .map(|group| crate::attempts::InsertedGroup { group, attempts: Vec::new() }),
+        };
+        let Some(crate::attempts::InsertedGroup { group: run_id, attempts }) = inserted else {
             // Lost a race with a concurrent request carrying the same key.
             tx.rollback().await?;
             drop(client);
@@ -99,7 +105,13 @@ impl Store {
         // transaction holds a database-wide lock through its commit, so
         // notifying inside would make concurrent submissions commit one at
         // a time.
-        self.announce_queued(run_id);
+        if attempts.is_empty() {
+            self.announce_queued(run_id);
+        } else {
+            // The group is never claimed; its attempts are.
+            self.announce_event(run_id, 1);
+            attempts.iter().for_each(|&id| self.announce_queued(id));
+        }
         Ok(Ok((run, true)))
     }
 
@@ -189,16 +201,24 @@ impl Store {
     pub async fn cancel_run(&self, owner: &str, id: Uuid) -> Result<CancelOutcome, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        let status: Option<String> = tx
-            .query_opt("SELECT status FROM runs WHERE id = $1 AND owner = $2 FOR UPDATE", &[&id, &owner])
-            .await?
-            .map(|r| r.try_get(0))
-            .transpose()?;
-        let Some(status) = status else {
+        let row = tx
+            .query_opt(
+                "SELECT status, attempt_count IS NOT NULL FROM runs WHERE id = $1 AND owner = $2 FOR UPDATE",
+                &[&id, &owner],
+            )
+            .await?;
+        let Some(row) = row else {
             return Ok(CancelOutcome::NotFound);
         };
+        let status: String = row.try_get(0)?;
         let status: RunStatus =
             status.parse().map_err(|e: kiln_protocol::run::UnknownStatus| StoreError::Corrupt(e.to_string()))?;
+        if row.try_get::<_, bool>(1)? && !status.is_terminal() {
+            let ended = crate::attempts::cancel_group_tx(&tx, id).await?;
+            tx.commit().await?;
+            drop(client);
+            return self.group_cancelled(owner, id, &ended).await;
+        }
         let outcome = match status {
             RunStatus::Queued => {
                 tx.execute(
@@ -233,6 +253,10 @@ impl Store {
         };
         tx.commit().await?;
         drop(client);
+        if matches!(outcome, Kind::Cancelled) {
+            // An attempt cancelled while queued: its group's stream says so.
+            self.attempt_ended(id).await?;
+        }
         let run = self.get_run(owner, id).await?.ok_or_else(|| StoreError::Corrupt("cancelled run vanished".into()))?;
         Ok(match outcome {
             Kind::Cancelled => CancelOutcome::Cancelled(run),
@@ -240,6 +264,31 @@ impl Store {
             Kind::Finished => CancelOutcome::AlreadyFinished(run),
         })
     }
+}
+
+impl Store {
+    /// After a group's cancel: the ends of the attempts cancelled while
+    /// queued go into its stream (the last of them ends the group); the
+    /// group is cancelled now, or once its active attempts' workers stop.
+    async fn group_cancelled(&self, owner: &str, id: Uuid, ended: &[Uuid]) -> Result<CancelOutcome, StoreError> {
+        for &attempt in ended {
+            self.attempt_ended(attempt).await?;
+        }
+        let run =
+            self.get_run(owner, id).await?.ok_or_else(|| StoreError::Corrupt("cancelled group vanished".into()))?;
+        Ok(if run.status.is_terminal() { CancelOutcome::Cancelled(run) } else { CancelOutcome::Requested(run) })
+    }
+}
+
+/// A run without `attempts` is its own single attempt: the first of its
+/// `attempt_models` is its model, and `group_limits` narrows its budget.
+fn single_attempt(new: &NewRun) -> std::borrow::Cow<'_, NewRun> {
+    if new.spec.attempt_models.is_none() && new.spec.group_limits.is_none() {
+        return std::borrow::Cow::Borrowed(new);
+    }
+    let mut single = new.clone();
+    (single.spec.model, single.spec.limits) = new.spec.attempt_settings(1, 1);
+    std::borrow::Cow::Owned(single)
 }
 
 /// Counts `owner`'s active and recent runs under a per-owner lock.

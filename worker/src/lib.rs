@@ -2,6 +2,7 @@
 //! session and drives the agent loop whose tools run inside it.
 
 pub mod agent;
+pub mod attempts;
 pub mod callbacks;
 pub mod capture;
 pub mod claim_loop;

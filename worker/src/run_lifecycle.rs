@@ -100,6 +100,9 @@ async fn execute_in_span(
             .instrument(tracing::Span::current()),
     ));
     let mut events = EventSink::new(ctx.store.clone(), lease.clone());
+    if let Some(group) = crate::attempts::GroupStream::of(&ctx.store, &run) {
+        events.forward_to_group(group);
+    }
 
     let ending = work(&ctx, pool.as_deref(), &run, &lease, &signals, tenure, &lost, &mut events).await;
     record_unfinished_step(&ctx, &run, &ending, &mut events).await;
@@ -110,6 +113,7 @@ async fn execute_in_span(
     let recorded = finish(&ctx, &run, &lease, ending, signals.handoff.as_ref()).await;
     drop(heartbeat);
     if recorded {
+        crate::attempts::ended(&ctx.store, &run).await;
         crate::github::deliver_finished(&ctx, &run).await;
         crate::git_delivery::deliver_finished(&ctx, &run).await;
     }

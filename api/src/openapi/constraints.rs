@@ -35,6 +35,13 @@ static RULES: &[(Target, &dyn Constraint)] = &[
     (Schema("CreateRun", "/properties/agents"), &input::AGENTS),
     (Schema("CreateRun", "/properties/agents/items"), &input::AGENT_KIND_NAME),
     (Schema("CreateRun", "/properties/callback_url"), &input::CALLBACK_URL),
+    (Schema("CreateRun", "/properties/attempts"), &input::ATTEMPTS),
+    (Schema("CreateRun", "/properties/attempt_models"), &input::ATTEMPT_MODELS),
+    (Schema("CreateRun", "/properties/attempt_models/items"), &input::MODEL_NAME),
+    (Schema("GroupLimits", "/properties/max_steps"), &input::MAX_STEPS),
+    (Schema("GroupLimits", "/properties/max_tokens"), &input::RUN_MAX_TOKENS),
+    (Schema("GroupLimits", "/properties/max_cost_usd"), &input::MAX_COST_USD),
+    (Schema("SelectAttempt", "/properties/attempt"), &input::ATTEMPTS),
     (Schema("GitDelivery", "/properties/url"), &input::CALLBACK_URL),
     (Schema("GitDelivery", "/properties/branch"), &input::DELIVER_BRANCH),
     (Schema("GitDelivery", "/properties/author_name"), &input::DELIVER_AUTHOR),
@@ -96,6 +103,23 @@ pub fn apply(doc: &mut Value) -> Result<(), MissingTarget> {
         .pointer_mut("/components/schemas/McpServerSpec")
         .ok_or_else(|| MissingTarget("schema McpServerSpec".into()))?;
     *server = kiln_protocol::mcp::server_schema();
+    // The one rule between fields: a group of attempts has no git delivery
+    // (yet), said as precisely as the server checks it (both present and
+    // not null).
+    let create_run = doc
+        .pointer_mut("/components/schemas/CreateRun")
+        .and_then(Value::as_object_mut)
+        .ok_or_else(|| MissingTarget("schema CreateRun".into()))?;
+    create_run.insert(
+        "not".into(),
+        serde_json::json!({
+            "required": ["attempts", "deliver"],
+            "properties": {
+                "attempts": { "type": "integer" },
+                "deliver": { "type": "object", "required": ["git"], "properties": { "git": { "type": "object" } } },
+            },
+        }),
+    );
     for (target, rule) in RULES {
         let schema = match target {
             Schema(name, pointer) => doc.pointer_mut(&format!("/components/schemas/{name}{pointer}")),

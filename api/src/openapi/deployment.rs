@@ -27,6 +27,8 @@ pub struct Deployment<'a> {
     pub secrets: bool,
     pub git_protocols: bool,
     pub agent_kinds: &'a kiln_protocol::agents::AgentKinds,
+    /// `KILN_MAX_ATTEMPTS`: the most `attempts` a run may ask for.
+    pub max_attempts: u32,
 }
 
 impl<'a> Deployment<'a> {
@@ -39,6 +41,7 @@ impl<'a> Deployment<'a> {
             secrets: settings.secrets_key.is_some(),
             git_protocols: settings.repo_rules.allow_git_protocols,
             agent_kinds: &settings.agent_kinds,
+            max_attempts: settings.max_attempts,
         }
     }
 
@@ -80,6 +83,12 @@ impl<'a> Deployment<'a> {
             let names: Vec<Value> = self.agent_kinds.names().map(|n| Value::String(n.to_owned())).collect();
             items.insert("enum".into(), Value::Array(names));
         }
+        // And as many attempts as it allows (`KILN_MAX_ATTEMPTS`).
+        if let Some(attempts) =
+            doc.pointer_mut("/components/schemas/CreateRun/properties/attempts").and_then(Value::as_object_mut)
+        {
+            attempts.insert("maximum".into(), Value::from(self.max_attempts));
+        }
     }
 }
 
@@ -117,6 +126,7 @@ mod tests {
             secrets: on,
             git_protocols: on,
             agent_kinds: kinds,
+            max_attempts: input::ATTEMPTS.max,
         }
     }
 

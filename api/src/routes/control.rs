@@ -70,6 +70,14 @@ pub async fn send_message(
         }
         return Err(ApiError::Validation(format!("text must be at most {} characters without NUL", PROMPT.max_chars)));
     }
+    // A group runs no conversation of its own: a message to it would wait
+    // for a model call that never comes (or follow up in a session no agent
+    // worked in).
+    if state.store.get_run(&owner, id).await?.is_some_and(|run| run.attempts.is_some()) {
+        return Err(ApiError::Conflict(
+            "this run is a group of attempts, which takes no messages; send it to one of its attempts".into(),
+        ));
+    }
     match state.store.send_message(&owner, id, &text, Some(&state.settings.quota)).await? {
         MessageOutcome::Queued(run) => Ok((StatusCode::ACCEPTED, Json(MessageAccepted { disposition: "queued", run }))),
         MessageOutcome::FollowUp(run) => {

@@ -1,3 +1,4 @@
+pub mod attempts;
 pub mod callback_key;
 pub mod changes;
 pub mod control;
@@ -21,6 +22,7 @@ pub fn v1() -> Router<AppState> {
         .route("/runs/{id}", get(runs::get))
         .route("/runs/{id}/cancel", post(runs::cancel))
         .route("/runs/{id}/deliver", post(deliver::deliver))
+        .route("/runs/{id}/select", post(attempts::select))
         .route("/runs/{id}/patch", get(changes::patch))
         .route("/runs/{id}/changes", get(changes::changes))
         .route("/runs/{id}/events", get(events::events))

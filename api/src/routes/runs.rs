@@ -89,6 +89,7 @@ pub async fn create(
             },
         )?;
     }
+    check_attempts(&state, &spec)?;
     // Named environments are the caller's own: another subject's is as
     // unknown as one that does not exist.
     if let Some(name) = &spec.environment
@@ -106,6 +107,24 @@ pub async fn create(
     };
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(run)))
+}
+
+/// What the deployment allows of a group of attempts.
+fn check_attempts(state: &AppState, spec: &CreateRun) -> Result<(), ApiError> {
+    let Some(n) = spec.attempts else { return Ok(()) };
+    let max = state.settings.max_attempts;
+    if n > max {
+        return Err(ApiError::Validation(format!(
+            "attempts must be at most {max} on this deployment (KILN_MAX_ATTEMPTS)"
+        )));
+    }
+    // A group's change is the chosen attempt's; pushing it to a git remote
+    // is not built yet, so it is refused rather than silently never done
+    // (the document says so: `CreateRun`'s `not`).
+    if spec.deliver.as_ref().is_some_and(|d| d.git.is_some()) {
+        return Err(ApiError::Validation("deliver.git cannot be used with attempts yet".into()));
+    }
+    Ok(())
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {

@@ -233,6 +233,11 @@ impl Render for Live {
                     self.print(&lines);
                 }
             }
+            EventBody::AttemptEvent { .. } | EventBody::AttemptFinished { .. } | EventBody::AttemptSelected { .. } => {
+                if let Some(lines) = super::attempts::lines(&body) {
+                    self.print(&lines);
+                }
+            }
             EventBody::ToolCallDelta { .. } | EventBody::NetworkAllowed { .. } => {}
         }
     }

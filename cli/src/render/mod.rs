@@ -4,6 +4,7 @@
 //! events; [`totals`] adds them up for the closing line. What a person
 //! sees is [`printable`]: no terminal escapes from the server get through.
 
+pub mod attempts;
 pub mod diffstat;
 pub mod json;
 pub mod live;

@@ -101,6 +101,9 @@ impl<W: Write> Printer<W> {
             | EventBody::SubagentFinished { .. } => {
                 return crate::render::subagent_lines(body);
             }
+            EventBody::AttemptEvent { .. } | EventBody::AttemptFinished { .. } | EventBody::AttemptSelected { .. } => {
+                return crate::render::attempts::lines(body);
+            }
             _ => return None,
         };
         Some(vec![line])

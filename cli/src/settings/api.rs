@@ -58,6 +58,10 @@ pub struct ApiArgs {
     /// loads besides the count limit; at least one event always comes.
     #[arg(long, env = "KILN_EVENT_PAGE_BYTES", default_value_t = kiln_api::DEFAULT_EVENT_PAGE_BYTES)]
     pub event_page_bytes: usize,
+    /// The most attempts one run may ask for (`"attempts": N`, each a run
+    /// with its own sandbox), from 1 to 4.
+    #[arg(long, env = "KILN_MAX_ATTEMPTS", default_value_t = kiln_protocol::input::ATTEMPTS.max)]
+    pub max_attempts: u32,
 }
 
 impl ApiArgs {
@@ -74,6 +78,7 @@ impl ApiArgs {
             request_timeout: seconds(self.http_request_timeout_s),
             sse_max_duration: seconds(self.sse_max_s),
             event_page_bytes: self.event_page_bytes.max(1024),
+            max_attempts: self.max_attempts.clamp(1, kiln_protocol::input::ATTEMPTS.max),
             connection: kiln_api::HttpTimeouts {
                 header_read: seconds(self.http_header_timeout_s),
                 write_stall: seconds(self.http_write_stall_s),

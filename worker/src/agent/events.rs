@@ -59,6 +59,9 @@ pub struct EventSink {
     /// For a sub-agent: its parent's stream, which gets a copy of the
     /// step- and tool-level events of each commit.
     parent: Option<ParentStream>,
+    /// For an attempt: its group's stream, which gets a copy of the step-
+    /// and tool-level events of each commit.
+    group: Option<crate::attempts::GroupStream>,
 }
 
 /// A step whose model call has started but not answered: what the
@@ -107,6 +110,7 @@ impl EventSink {
             unfinished: None,
             network: None,
             parent: None,
+            group: None,
         }
     }
 
@@ -114,6 +118,12 @@ impl EventSink {
     /// sink is a sub-agent's).
     pub fn forward_to(&mut self, parent: ParentStream) {
         self.parent = Some(parent);
+    }
+
+    /// Copies what is committed from now on into a group's stream (this
+    /// sink is an attempt's).
+    pub fn forward_to_group(&mut self, group: crate::attempts::GroupStream) {
+        self.group = Some(group);
     }
 
     /// Takes the egress proxy's decisions into the run's stream from now on.
@@ -253,6 +263,9 @@ impl EventSink {
         // `None`: an earlier try stored them, and copied them then if it could.
         if let (Some(parent), Some(last_seq)) = (&self.parent, last_seq) {
             parent.forward(last_seq, &self.queued).await;
+        }
+        if let (Some(group), Some(last_seq)) = (&self.group, last_seq) {
+            group.forward(last_seq, &self.queued).await;
         }
         self.queued.clear();
         self.since = None;

@@ -221,12 +221,8 @@ impl Plan<'_> {
 
     async fn prepare_sandbox(self, config: &SandboxConfig, events: &mut EventSink) -> Result<Prepared, StoreError> {
         let docker = &self.ctx.docker;
-        let cached = match cache::lookup(docker, &self.key, &self.tenancy).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(run_id = %self.run.id, error = %e, "looking up a prepared environment image failed");
-                return Ok(failed("looking up the environment's cache failed"));
-            }
+        let Ok((cached, _setting_up)) = self.lookup_or_lock().await else {
+            return Ok(failed("looking up the environment's cache failed"));
         };
         for attempt in 0..2 {
             let hit = attempt == 0 && cached.is_some();
@@ -296,6 +292,30 @@ impl Plan<'_> {
             return self.maintain(sandbox, origin, events).await;
         }
         Ok(failed("the environment's prepared sandbox could not be used"))
+    }
+
+    /// The prepared image of this key, or, when there is none, the key's
+    /// setup lock: runs that miss at once (a group's attempts) wait for the
+    /// first to set up, then find its image. The lock is held until this
+    /// run's sandbox is prepared. `Err`: the cache could not be looked up.
+    async fn lookup_or_lock(&self) -> Result<(Option<cache::Found>, Option<kiln_store::SetupLock>), ()> {
+        let lookup = || async {
+            cache::lookup(&self.ctx.docker, &self.key, &self.tenancy).await.map_err(|e| {
+                tracing::warn!(run_id = %self.run.id, error = %e, "looking up a prepared environment image failed");
+            })
+        };
+        if let Some(found) = lookup().await? {
+            return Ok((Some(found), None));
+        }
+        let lock = match self.ctx.store.lock_environment_setup(&self.key).await {
+            Ok(lock) => Some(lock),
+            // Setting up twice is wasteful, not wrong: go on without it.
+            Err(e) => {
+                tracing::warn!(run_id = %self.run.id, error = %e, "could not take the environment's setup lock");
+                None
+            }
+        };
+        Ok((lookup().await?, lock))
     }
 
     /// The setup phase: what the prepared image says of itself; `Err`: why

@@ -71,6 +71,7 @@ pub(super) async fn run(host: &StepHost<'_>, call_id: &str, args: TaskArgs) -> T
             agents: host.run.agents.clone(),
             // The parent's change is delivered with the parent's.
             deliver: None,
+            group_limits: None,
         },
     };
     let start = match with_retry(|| ctx.store.start_child(host.lease, &new, ctx.config.lease)).await {

@@ -59,26 +59,7 @@ impl ParentStream {
     /// `body` (seq `seq` of the child's stream) as the parent sees it, or
     /// `None` for what is not copied.
     fn wrap(&self, seq: i64, body: &EventBody) -> Option<EventBody> {
-        let body = match body {
-            EventBody::StepStarted { .. }
-            | EventBody::StepFinished { .. }
-            | EventBody::ToolCallReady { .. }
-            | EventBody::Todo { .. }
-            | EventBody::ApprovalRequested { .. }
-            | EventBody::ApprovalResolved { .. }
-            | EventBody::Compaction { .. }
-            | EventBody::SubagentStarted { .. }
-            | EventBody::SubagentFinished { .. } => body.clone(),
-            EventBody::ToolResult { call_id, name, output, is_error, duration_ms } => EventBody::ToolResult {
-                call_id: call_id.clone(),
-                name: name.clone(),
-                output: cut(output, MAX_FORWARDED_OUTPUT),
-                is_error: *is_error,
-                duration_ms: *duration_ms,
-            },
-            _ => return None,
-        };
-        let (kind, payload) = body.into_parts().ok()?;
+        let (kind, payload) = copied(body)?.into_parts().ok()?;
         Some(EventBody::SubagentEvent {
             call_id: self.call_id.clone(),
             run_id: self.child,
@@ -87,6 +68,32 @@ impl ParentStream {
             event: serde_json::json!({ "kind": kind, "payload": payload }),
         })
     }
+}
+
+/// `body` as a stream that nests another run's events copies it (a
+/// parent's of its sub-agent's, a group's of its attempt's): step- and
+/// tool-level kinds, a tool's output cut; `None` for what is not copied.
+pub fn copied(body: &EventBody) -> Option<EventBody> {
+    let body = match body {
+        EventBody::StepStarted { .. }
+        | EventBody::StepFinished { .. }
+        | EventBody::ToolCallReady { .. }
+        | EventBody::Todo { .. }
+        | EventBody::ApprovalRequested { .. }
+        | EventBody::ApprovalResolved { .. }
+        | EventBody::Compaction { .. }
+        | EventBody::SubagentStarted { .. }
+        | EventBody::SubagentFinished { .. } => body.clone(),
+        EventBody::ToolResult { call_id, name, output, is_error, duration_ms } => EventBody::ToolResult {
+            call_id: call_id.clone(),
+            name: name.clone(),
+            output: cut(output, MAX_FORWARDED_OUTPUT),
+            is_error: *is_error,
+            duration_ms: *duration_ms,
+        },
+        _ => return None,
+    };
+    Some(body)
 }
 
 /// `text` cut to at most `max` characters, with a marker when cut.

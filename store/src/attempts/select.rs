@@ -1,0 +1,87 @@
+//! Choosing one attempt as its group's result.
+
+use kiln_protocol::{EventBody, Run};
+use uuid::Uuid;
+
+use crate::events::insert_event_tx;
+use crate::{Store, StoreError};
+
+/// What selecting an attempt came to.
+#[derive(Debug, Clone)]
+pub enum SelectOutcome {
+    /// The attempt is the group's result now (the group as it is now).
+    Selected(Box<Run>),
+    /// No run with this id for this owner.
+    NotFound,
+    /// The run is not a group of attempts.
+    NotAGroup,
+    /// The group has fewer attempts than the number asked for (it has this many).
+    NoSuchAttempt(i32),
+    /// The attempt has not ended: it has no change to choose yet.
+    NotEnded,
+    /// The group's result was already delivered; the choice stands.
+    Delivered,
+}
+
+impl Store {
+    /// Makes attempt `number` of group `group` its result: the attempt's
+    /// captured change (its own and its session's) becomes the group's,
+    /// replacing an earlier choice, and `attempt.selected` goes into the
+    /// group's stream. Refused once the group's result was delivered.
+    pub async fn select_attempt(&self, owner: &str, group: Uuid, number: u32) -> Result<SelectOutcome, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let row = tx
+            .query_opt(
+                "SELECT r.attempt_count,
+                        EXISTS (SELECT 1 FROM github_runs g WHERE g.run_id = r.id AND g.delivered_at IS NOT NULL)
+                 FROM runs r WHERE r.id = $1 AND r.owner = $2 FOR UPDATE",
+                &[&group, &owner],
+            )
+            .await?;
+        let Some(row) = row else { return Ok(SelectOutcome::NotFound) };
+        let Some(count) = row.try_get::<_, Option<i32>>(0)? else { return Ok(SelectOutcome::NotAGroup) };
+        if row.try_get::<_, bool>(1)? {
+            return Ok(SelectOutcome::Delivered);
+        }
+        let number = match i32::try_from(number) {
+            Ok(n) if (1..=count).contains(&n) => n,
+            _ => return Ok(SelectOutcome::NoSuchAttempt(count)),
+        };
+        let attempt = tx
+            .query_one(
+                "SELECT id, status IN ('succeeded', 'failed', 'cancelled', 'timed_out')
+                 FROM runs WHERE group_run_id = $1 AND attempt_number = $2",
+                &[&group, &number],
+            )
+            .await?;
+        let attempt_id: Uuid = attempt.try_get(0)?;
+        if !attempt.try_get::<_, bool>(1)? {
+            return Ok(SelectOutcome::NotEnded);
+        }
+        take_change_tx(&tx, group, attempt_id).await?;
+        tx.execute("UPDATE runs SET selected_attempt = $2 WHERE id = $1", &[&group, &number]).await?;
+        let selected = EventBody::AttemptSelected { attempt: number as u32, run_id: attempt_id };
+        let seq = insert_event_tx(&tx, group, &selected).await?;
+        tx.commit().await?;
+        drop(client);
+        self.announce_event(group, seq);
+        let run = self.get_run(owner, group).await?.ok_or_else(|| StoreError::Corrupt("group vanished".into()))?;
+        Ok(SelectOutcome::Selected(Box::new(run)))
+    }
+}
+
+/// The group's change becomes the attempt's: both scopes, replacing what
+/// an earlier choice copied.
+async fn take_change_tx(tx: &deadpool_postgres::Transaction<'_>, group: Uuid, attempt: Uuid) -> Result<(), StoreError> {
+    tx.execute("DELETE FROM run_changes WHERE run_id = $1", &[&group]).await?;
+    tx.execute(
+        "INSERT INTO run_changes (run_id, scope, base_commit, tree, files, file_count, additions, deletions,
+                                  patch, patch_bytes, too_large)
+         SELECT $1, scope, base_commit, tree, files, file_count, additions, deletions, patch, patch_bytes, too_large
+         FROM run_changes WHERE run_id = $2",
+        &[&group, &attempt],
+    )
+    .await?;
+    Ok(())
+}
