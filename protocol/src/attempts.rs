@@ -5,7 +5,6 @@
 use serde::{Deserialize, Serialize};
 
 use crate::input;
-use crate::run::{CreateRun, Limits, ModelSpec};
 
 /// The group's budget: what its attempts may spend together. Each attempt
 /// gets an equal share of it (with its own `limits` as well), so the sum
@@ -86,23 +85,6 @@ pub fn model_of(models: &[String], number: u32) -> Option<&String> {
     models.get(index.checked_rem(models.len())?)
 }
 
-impl CreateRun {
-    /// The model and budget of attempt `number` (1 for the first) of
-    /// `attempts`: the run's own, with the attempt's model of
-    /// `attempt_models` and its share of `group_limits`.
-    pub fn attempt_settings(&self, number: u32, attempts: u32) -> (Option<ModelSpec>, Option<Limits>) {
-        let mut model = self.model.clone();
-        if let Some(name) = self.attempt_models.as_deref().and_then(|models| model_of(models, number)) {
-            model.get_or_insert_with(ModelSpec::default).name = Some(name.clone());
-        }
-        let limits = match &self.group_limits {
-            Some(group) => Some(group.share(&self.limits.unwrap_or_default(), number, attempts)),
-            None => self.limits,
-        };
-        (model, limits)
-    }
-}
-
 impl GroupLimits {
     fn validate(&self) -> Result<(), AttemptsError> {
         if self.max_steps.is_some_and(|s| !input::MAX_STEPS.contains(s)) {
@@ -116,37 +98,12 @@ impl GroupLimits {
         }
         Ok(())
     }
-
-    /// Attempt `number`'s budget (1 for the first) out of `attempts`: its
-    /// own `limits`, narrowed to its share of the group's. Steps and tokens
-    /// are shared out whole, the first attempts taking the remainder, so the
-    /// shares add up to the group's exactly; an attempt whose share is 0
-    /// (more attempts than steps) ends at once, its budget spent.
-    pub fn share(&self, limits: &Limits, number: u32, attempts: u32) -> Limits {
-        let n = u64::from(attempts.max(1));
-        let k = u64::from(number.clamp(1, attempts.max(1)));
-        let whole = |total: u64| total / n + u64::from(k <= total % n);
-        let narrow = |own: Option<u64>, group: Option<u64>| match (own, group.map(whole)) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let cost = match (limits.max_cost_usd, self.max_cost_usd.map(|c| c / n as f64)) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let steps = narrow(limits.max_steps.map(u64::from), self.max_steps.map(u64::from));
-        Limits {
-            max_steps: steps.map(|s| u32::try_from(s).unwrap_or(u32::MAX)),
-            timeout_s: limits.timeout_s,
-            max_tokens: narrow(limits.max_tokens, self.max_tokens),
-            max_cost_usd: cost,
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::run::Limits;
 
     #[test]
     fn counts_models_and_group_limits_are_checked() {

@@ -607,6 +607,53 @@ pub struct Run {
     pub group_limits: Option<crate::attempts::GroupLimits>,
 }
 
+/// What a group's settings give each of its attempts (`crate::attempts`).
+impl CreateRun {
+    /// The model and budget of attempt `number` (1 for the first) of
+    /// `attempts`: the run's own, with the attempt's model of
+    /// `attempt_models` and its share of `group_limits`.
+    pub fn attempt_settings(&self, number: u32, attempts: u32) -> (Option<ModelSpec>, Option<Limits>) {
+        let mut model = self.model.clone();
+        if let Some(name) = self.attempt_models.as_deref().and_then(|models| crate::attempts::model_of(models, number))
+        {
+            model.get_or_insert_with(ModelSpec::default).name = Some(name.clone());
+        }
+        let limits = match &self.group_limits {
+            Some(group) => Some(group.share(&self.limits.unwrap_or_default(), number, attempts)),
+            None => self.limits,
+        };
+        (model, limits)
+    }
+}
+
+impl crate::attempts::GroupLimits {
+    /// Attempt `number`'s budget (1 for the first) out of `attempts`: its
+    /// own `limits`, narrowed to its share of the group's. Steps and tokens
+    /// are shared out whole, the first attempts taking the remainder, so the
+    /// shares add up to the group's exactly; an attempt whose share is 0
+    /// (more attempts than steps) ends at once, its budget spent.
+    pub fn share(&self, limits: &Limits, number: u32, attempts: u32) -> Limits {
+        let n = u64::from(attempts.max(1));
+        let k = u64::from(number.clamp(1, attempts.max(1)));
+        let whole = |total: u64| total / n + u64::from(k <= total % n);
+        let narrow = |own: Option<u64>, group: Option<u64>| match (own, group.map(whole)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let cost = match (limits.max_cost_usd, self.max_cost_usd.map(|c| c / n as f64)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let steps = narrow(limits.max_steps.map(u64::from), self.max_steps.map(u64::from));
+        Limits {
+            max_steps: steps.map(|s| u32::try_from(s).unwrap_or(u32::MAX)),
+            timeout_s: limits.timeout_s,
+            max_tokens: narrow(limits.max_tokens, self.max_tokens),
+            max_cost_usd: cost,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
