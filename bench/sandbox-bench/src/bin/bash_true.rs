@@ -19,9 +19,9 @@
 
 use std::time::{Duration, Instant};
 
+use bollard::Docker;
 use clap::Parser;
 use kiln_bench_sandbox::setup::{self, Common};
-use bollard::Docker;
 use kiln_bench_sandbox::{api, cli, stats};
 use kiln_toolbox::protocol::{ExecRequest, Reply, RequestBody};
 use kiln_worker::sandbox::Sandbox;

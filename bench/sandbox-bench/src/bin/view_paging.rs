@@ -17,9 +17,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use bollard::Docker;
 use clap::Parser;
 use kiln_bench_sandbox::setup::{self, Common};
-use bollard::Docker;
 use kiln_bench_sandbox::{api, stats};
 use kiln_toolbox::protocol::{Reply, RequestBody, ViewRequest, ViewResult};
 use kiln_worker::sandbox::Sandbox;
