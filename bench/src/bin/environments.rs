@@ -1,8 +1,13 @@
 //! Environments: start to first command of a run whose environment is
 //! cached (a hit) against the same environment's setup start (a miss, setup
-//! ≥ 10 s) and against a run of the bare image with no environment (a cold
-//! start: no warm pool), alternated over rounds in one process, with real
-//! Docker and Postgres and the scripted model.
+//! ≥ 10 s) and against a run of the bare image with no environment,
+//! alternated over rounds in one process, with real Docker and Postgres and
+//! the scripted model.
+//!
+//! Warm against warm, or cold against cold: `--warm N` keeps N containers
+//! ready both for the hot environment (`KILN_ENVIRONMENT_WARM`) and for the
+//! bare image (`KILN_SANDBOX_WARM`), so a hit and a bare run each take a
+//! started container; `--warm 0` starts every container on the run's path.
 //!
 //! "Start to first command": from `POST /v1/runs` to the `tool.result` of
 //! the run's first command (`true`) as a client sees it over SSE.
@@ -21,13 +26,15 @@ use serde_json::json;
 #[derive(Parser)]
 struct Args {
     /// Rounds of (miss, hit, bare), each order rotated.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     rounds: usize,
     /// Seconds the setup script sleeps (besides its real work).
     #[arg(long, default_value_t = 10)]
     setup_s: u64,
-    /// Warm containers per hot environment (`KILN_ENVIRONMENT_WARM`); 0:
-    /// every hit starts its own container from the prepared image.
+    /// Warm containers per hot environment (`KILN_ENVIRONMENT_WARM`) and of
+    /// the bare image (`KILN_SANDBOX_WARM`), the same for both so that the
+    /// comparison is warm against warm; 0: every hit and every bare run
+    /// starts its own container (cold against cold).
     #[arg(long, default_value_t = 1)]
     warm: usize,
 }
@@ -104,6 +111,7 @@ async fn main() -> anyhow::Result<()> {
     let app = TestApp::spawn(Options { script: script.collect(), worker: false, ..Default::default() }).await;
     let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(30));
     config.environment_warm.per_environment = args.warm;
+    config.warm_pool = args.warm;
     // Stopped before the images go: its warm containers use them.
     let stop = tokio_util::sync::CancellationToken::new();
     let worker = app.start_worker_until(config, stop.clone()).await;
@@ -116,7 +124,7 @@ async fn main() -> anyhow::Result<()> {
     anyhow::ensure!(status == 201, "creating the environment: {status}");
     let env_id = env["id"].as_str().unwrap_or_default().to_owned();
     println!(
-        "environments: start to first command, {} rounds, setup = sleep {} s + 20 MB of deps, {} warm per environment",
+        "environments: start to first command, {} rounds, setup = sleep {} s + 20 MB of deps, {} warm per environment and of the bare image",
         args.rounds, args.setup_s, args.warm
     );
 
@@ -140,7 +148,8 @@ async fn main() -> anyhow::Result<()> {
     let (miss, hit, bare) = (median(miss), median(hit), median(bare));
     println!("median miss (setup)       {:>7.2} s", miss.as_secs_f64());
     println!("median hit (cached)       {:>7.2} s", hit.as_secs_f64());
-    println!("median bare image, cold   {:>7.2} s", bare.as_secs_f64());
+    let start = if args.warm > 0 { "warm" } else { "cold" };
+    println!("median bare image, {start}   {:>7.2} s", bare.as_secs_f64());
     println!("hit / miss  {:.3}x  (goal <= 0.05x)", hit.as_secs_f64() / miss.as_secs_f64());
     println!("hit / bare  {:.3}x  (goal <= 1.5x)", hit.as_secs_f64() / bare.as_secs_f64());
     stop.cancel();

@@ -4,7 +4,9 @@
 //! same container, and against the plain way through the Docker API (the
 //! worker's own `Sandbox::exec`: an exec of `timeout … bash -c true` as the
 //! sandbox user, created, started attached, read to its end, inspected for
-//! the exit code). A toolbox `ping` shows what the transport alone costs.
+//! the exit code), and against the barest API exec of `bash -c true` (no
+//! `timeout` around it: one process fewer than the worker's exec). A
+//! toolbox `ping` shows what the transport alone costs.
 //!
 //! The toolbox runs a command in a shell it started ahead of it (its
 //! standby, started once the previous command is over). Kiln's first figure
@@ -17,9 +19,10 @@
 
 use std::time::{Duration, Instant};
 
+use bollard::Docker;
 use clap::Parser;
 use kiln_bench_sandbox::setup::{self, Common};
-use kiln_bench_sandbox::{cli, stats};
+use kiln_bench_sandbox::{api, cli, stats};
 use kiln_toolbox::protocol::{ExecRequest, Reply, RequestBody};
 use kiln_worker::sandbox::Sandbox;
 
@@ -38,7 +41,7 @@ async fn main() -> anyhow::Result<()> {
     let config = args.common.sandbox_config()?;
     let docker = setup::docker().await?;
     let sandbox = Sandbox::start(&docker, &config, &setup::owner()).await?;
-    let result = measure(&sandbox, args.common.runs).await;
+    let result = measure(&docker, &sandbox, args.common.runs).await;
     let floor = spawn_floor(&sandbox).await;
     sandbox.remove().await;
     let s = result?;
@@ -50,8 +53,10 @@ async fn main() -> anyhow::Result<()> {
     let f = stats::report("Kiln, no standby (fresh bash -c)", &s.fresh_shell);
     stats::report("Kiln toolbox ping (transport only)", &s.ping);
     let a = stats::report("API exec of bash -c true (baseline)", &s.api_exec);
+    let bare = stats::report("API exec of bash -c true, no timeout", &s.api_bare);
     let e = stats::report("docker exec <c> true (CLI)", &s.exec);
     stats::ratio("Kiln / API exec", k, a, Some(0.05));
+    stats::ratio("Kiln / API exec, no timeout", k, bare, Some(0.05));
     stats::ratio("Kiln back to back / API exec", b, a, None);
     stats::ratio("Kiln no standby / API exec", f, a, None);
     stats::ratio("Kiln / docker exec (CLI, as before)", k, e, None);
@@ -85,6 +90,7 @@ struct Series {
     fresh_shell: Vec<Duration>,
     ping: Vec<Duration>,
     api_exec: Vec<Duration>,
+    api_bare: Vec<Duration>,
     exec: Vec<Duration>,
 }
 
@@ -92,13 +98,14 @@ struct Series {
 /// so its standby is ready as it is after any real model call.
 const AFTER_A_MODEL_CALL: Duration = Duration::from_millis(100);
 
-async fn measure(sandbox: &Sandbox, runs: usize) -> anyhow::Result<Series> {
+async fn measure(docker: &Docker, sandbox: &Sandbox, runs: usize) -> anyhow::Result<Series> {
     let mut s = Series {
         kiln: vec![],
         back_to_back: vec![],
         fresh_shell: vec![],
         ping: vec![],
         api_exec: vec![],
+        api_bare: vec![],
         exec: vec![],
     };
     let exec_args = cli::exec_args(sandbox.id(), &["true"]);
@@ -126,9 +133,12 @@ async fn measure(sandbox: &Sandbox, runs: usize) -> anyhow::Result<Series> {
         let took_api = started.elapsed();
         anyhow::ensure!(plain.exit_code == Some(0), "exec of true: {plain:?}");
 
+        let (took_bare, _) = api::exec(docker, sandbox.id(), &["bash", "-c", "true"]).await?;
+
         let (took_exec, _) = cli::docker(&exec_args)?;
         if rep > 0 {
             s.api_exec.push(took_api);
+            s.api_bare.push(took_bare);
             s.kiln.push(took);
             s.back_to_back.push(took_back_to_back);
             s.fresh_shell.push(took_fresh);

@@ -1,6 +1,8 @@
 //! `view` of a 1 GB file in the workspace: 2000 lines at line 5,000,001 with
-//! Kiln's toolbox against `docker exec <c> sed -n '5000001,5002000p;5002000q' f`
-//! (sed stops at the end of the page, as the first view does), then the
+//! Kiln's toolbox against `sed -n '5000001,5002000p;5002000q' f` run by an
+//! exec through the Docker API (sed stops at the end of the page, as the
+//! first view does; the exec is the plain way a program runs a command in
+//! the container, without the Docker CLI's own start-up), then the
 //! next page (Kiln continues from where the page ended; sed has no way to
 //! and reads from the start again), then the first page against
 //! `sed -n '1,2000p;2000q'`.
@@ -15,9 +17,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use bollard::Docker;
 use clap::Parser;
 use kiln_bench_sandbox::setup::{self, Common};
-use kiln_bench_sandbox::{cli, stats};
+use kiln_bench_sandbox::{api, stats};
 use kiln_toolbox::protocol::{Reply, RequestBody, ViewRequest, ViewResult};
 use kiln_worker::sandbox::Sandbox;
 
@@ -57,7 +60,7 @@ async fn main() -> anyhow::Result<()> {
     let config = args.common.sandbox_config()?;
     let docker = setup::docker().await?;
     let sandbox = Sandbox::start(&docker, &config, &setup::owner()).await?;
-    let result = run(&sandbox, args.common.runs).await;
+    let result = run(&docker, &sandbox, args.common.runs).await;
     sandbox.remove().await;
     let s = result?;
 
@@ -72,8 +75,8 @@ async fn main() -> anyhow::Result<()> {
     let at = stats::report("Kiln view offset=5000001 (file not indexed)", &s.at);
     let next = stats::report("Kiln view offset=5002001 (next page)", &s.next);
     let first = stats::report("Kiln view offset=1 (file not indexed)", &s.first);
-    let sed_at = stats::report("docker exec sed -n '5000001,5002000p;5002000q'", &s.sed_at);
-    let sed_first = stats::report("docker exec sed -n '1,2000p;2000q'", &s.sed_first);
+    let sed_at = stats::report("API exec sed -n '5000001,5002000p;5002000q'", &s.sed_at);
+    let sed_first = stats::report("API exec sed -n '1,2000p;2000q'", &s.sed_first);
     stats::report("background count done, after the first view", &s.counted);
     stats::ratio("page at 5,000,001 / sed …q", at, sed_at, Some(1.0));
     stats::ratio("next page / sed …q", next, sed_at, Some(0.1));
@@ -82,7 +85,7 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run(sandbox: &Sandbox, runs: usize) -> anyhow::Result<Series> {
+async fn run(docker: &Docker, sandbox: &Sandbox, runs: usize) -> anyhow::Result<Series> {
     let generate = format!(
         "awk 'BEGIN {{ pad = sprintf(\"%{w}s\", \"\"); gsub(/ /, \"x\", pad); \
          for (i = 1; i <= {LINES}; i++) printf \"%010d %s\\n\", i, pad }}' > {FILE} && stat -c %s {FILE}",
@@ -95,10 +98,9 @@ async fn run(sandbox: &Sandbox, runs: usize) -> anyhow::Result<Series> {
     }
     eprintln!("generated {FILE} in {:.1} s", started.elapsed().as_secs_f64());
 
-    let id = sandbox.id().to_owned();
-    let sed = |last: u64| -> anyhow::Result<(Duration, Vec<u8>)> {
+    let sed = |last: u64| async move {
         let script = format!("{},{last}p;{last}q", last + 1 - PAGE);
-        cli::docker(&cli::exec_args(&id, &["sed", "-n", &script, FILE]))
+        api::exec(docker, sandbox.id(), &["sed", "-n", &script, FILE]).await
     };
     let mut s = Series::default();
     for rep in 0..=runs {
@@ -106,14 +108,14 @@ async fn run(sandbox: &Sandbox, runs: usize) -> anyhow::Result<Series> {
         // The page at 5,000,001 and the next one.
         let mut sed_at = None;
         if sed_first {
-            sed_at = Some(sed(AT + PAGE - 1)?);
+            sed_at = Some(sed(AT + PAGE - 1).await?);
         }
         setup::bash(sandbox, &format!("touch {FILE}"), SHORT).await?;
         let (took_at, page) = view(sandbox, AT).await?;
         let (took_next, next) = view(sandbox, AT + PAGE).await?;
         let counted = wait_for_count(sandbox).await?;
         if !sed_first {
-            sed_at = Some(sed(AT + PAGE - 1)?);
+            sed_at = Some(sed(AT + PAGE - 1).await?);
         }
         let (took_sed, sed_out) = sed_at.context("sed ran")?;
         check_same(&page, &sed_out)?;
@@ -124,13 +126,13 @@ async fn run(sandbox: &Sandbox, runs: usize) -> anyhow::Result<Series> {
         // The first page.
         let mut sed_one = None;
         if sed_first {
-            sed_one = Some(sed(PAGE)?);
+            sed_one = Some(sed(PAGE).await?);
         }
         setup::bash(sandbox, &format!("touch {FILE}"), SHORT).await?;
         let (took_first, first) = view(sandbox, 1).await?;
         wait_for_count(sandbox).await?;
         if !sed_first {
-            sed_one = Some(sed(PAGE)?);
+            sed_one = Some(sed(PAGE).await?);
         }
         let (took_sed_first, sed_first_out) = sed_one.context("sed ran")?;
         check_same(&first, &sed_first_out)?;
