@@ -59,18 +59,37 @@ impl Store {
             .await?
             .map(|r| r.try_get(0))
             .transpose()?;
-        if group_status.as_deref() != Some("running") || already_recorded(&tx, ended.group, run_id).await? {
+        if group_status.as_deref() != Some("running") {
             return Ok(());
         }
-        let finished = finished_event(&tx, run_id, &ended).await?;
-        let mut last = insert_event_tx(&tx, ended.group, &finished).await?;
+        // Every attempt of the group that has ended and is not in its
+        // stream yet, this one among them: another attempt's end may be
+        // committed while its worker has not recorded it yet, and the group
+        // must not end (below) without it, nor sum what it spent without it.
+        let mut last = None;
+        for attempt in attempts_of(&tx, ended.group).await? {
+            let Some(other) = ended_attempt(&tx, attempt).await? else { continue };
+            if already_recorded(&tx, ended.group, attempt).await? {
+                continue;
+            }
+            let finished = finished_event(&tx, attempt, &other).await?;
+            last = Some(insert_event_tx(&tx, ended.group, &finished).await?);
+        }
         if let Some(seq) = end_group_if_done(&tx, ended.group).await? {
-            last = seq;
+            last = Some(seq);
         }
         tx.commit().await?;
-        self.announce_event(ended.group, last);
+        if let Some(last) = last {
+            self.announce_event(ended.group, last);
+        }
         Ok(())
     }
+}
+
+/// The group's attempts, first to last.
+async fn attempts_of(tx: &Transaction<'_>, group: Uuid) -> Result<Vec<Uuid>, StoreError> {
+    let rows = tx.query("SELECT id FROM runs WHERE group_run_id = $1 ORDER BY attempt_number", &[&group]).await?;
+    rows.iter().map(|r| r.try_get(0).map_err(StoreError::from)).collect()
 }
 
 async fn ended_attempt(tx: &Transaction<'_>, run_id: Uuid) -> Result<Option<Ended>, StoreError> {
