@@ -179,7 +179,7 @@ async fn start_worker(store: Store, parts: WorkerParts, shutdown: CancellationTo
         tokio::spawn(kiln_worker::retention::serve(store.clone(), keep, shutdown.clone()));
     }
     let presence = kiln_worker::presence::Presence::new(store.clone(), config.worker_id.clone());
-    let environment_pools = Arc::new(kiln_worker::environment::warm::EnvironmentPools::new(
+    let environment_pools = Arc::new(kiln_worker::sandbox::environment_pools::EnvironmentPools::new(
         docker.clone(),
         config.worker_id.clone(),
         config.environment_warm,

@@ -560,7 +560,10 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         secrets_key: None,
         environment_cache: Default::default(),
         // Like `warm_pool`: tests that want warm containers say so.
-        environment_warm: kiln_worker::environment::warm::WarmSettings { per_environment: 0, max_containers: 4 },
+        environment_warm: kiln_worker::sandbox::environment_pools::WarmSettings {
+            per_environment: 0,
+            max_containers: 4,
+        },
         mcp: Default::default(),
         git_credentials: Default::default(),
         max_event_bytes_per_run: kiln_worker::config::DEFAULT_MAX_EVENT_BYTES_PER_RUN,

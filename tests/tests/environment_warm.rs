@@ -15,7 +15,7 @@ use kiln_protocol::{CreateRun, EventBody, RepoSpec, RunStatus};
 use kiln_scripted_model::Reply;
 use kiln_tests::git_repo::git;
 use kiln_tests::{Event, Options, TestApp, kinds, outcome, pick, worker_config};
-use kiln_worker::environment::warm::WarmSettings;
+use kiln_worker::sandbox::environment_pools::WarmSettings;
 use kiln_worker::{ProviderKind, WorkerConfig};
 use serde_json::json;
 use tokio::task::JoinHandle;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use kiln_protocol::{CreateRun, EventBody, Trigger};
 use kiln_store::{Lease, NewRun, Store};
 use kiln_tests::{Options, TestApp};
-use kiln_worker::agent::events::EventSink;
+use kiln_worker::event_sink::EventSink;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use uuid::Uuid;

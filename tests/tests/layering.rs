@@ -5,7 +5,9 @@
 //!
 //! The pairs still there are listed below with the issue that removes them;
 //! a new pair fails, and so does a listed pair that is gone (so the list
-//! shrinks as they are removed).
+//! shrinks as they are removed). The worker's top-level modules also form
+//! the layers docs/architecture.md draws ("The worker's layers"): an import
+//! up them fails, unless that page says it is deliberate.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -14,14 +16,7 @@ use std::path::{Path, PathBuf};
 /// Pairs of files that import each other today, per crate, to be removed
 /// (issue 32, parts 3 and 4: sub-agents without the cycle, the sandbox
 /// backend seam). Module paths, `a::b` for `src/a/b.rs` or `src/a/b/mod.rs`.
-const KNOWN: &[(&str, &str, &str)] = &[
-    ("worker", "agent", "subagent::kinds"),
-    ("worker", "claim_loop", "run_lifecycle"),
-    ("worker", "egress::network", "sandbox"),
-    ("worker", "subagent", "tools"),
-    ("worker", "subagent::kinds", "tools::task"),
-    ("toolbox", "line_count", "line_index"),
-];
+const KNOWN: &[(&str, &str, &str)] = &[("toolbox", "line_count", "line_index")];
 
 const CRATES: &[&str] = &["protocol", "store", "api", "worker", "cli", "toolbox", "scripted-model"];
 
@@ -139,4 +134,77 @@ fn no_two_files_of_a_crate_import_each_other() {
 fn the_reader_sees_imports_through_braces_and_not_in_comments() {
     let source = "use crate::a::{b, c::D};\nuse crate::{e, f::G as H};\n// crate::hidden\nfn x() { crate::i::j(); }\n#[cfg(test)]\nmod tests { use crate::k; }\n";
     assert_eq!(named(&code(source)), ["a::b", "a::c::D", "e", "f::G", "i::j"]);
+}
+
+/// The worker's layers as docs/architecture.md draws them ("The worker's
+/// layers"): one line per layer, top first, its modules before the first
+/// run of two spaces, comma-separated (`agent/` is the module `agent`).
+fn documented_layers() -> Vec<Vec<String>> {
+    let doc = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let section = &doc[doc.find("### The worker's layers").expect("the section is there")..];
+    let block = &section[section.find("```\n").expect("the list opens") + 4..];
+    let block = &block[..block.find("```").expect("the list closes")];
+    block
+        .lines()
+        .map(|line| {
+            let names = line.split("  ").next().unwrap_or_default();
+            names.split(',').map(|m| m.trim().trim_end_matches('/').to_owned()).filter(|m| !m.is_empty()).collect()
+        })
+        .collect()
+}
+
+/// Imports between the worker's top-level modules that go up (or sideways
+/// to another module of the same line) in `layers`, as (from, to).
+fn upward(layers: &[Vec<String>]) -> BTreeSet<(String, String)> {
+    let rank: BTreeMap<&str, usize> =
+        layers.iter().enumerate().flat_map(|(i, line)| line.iter().map(move |m| (m.as_str(), i))).collect();
+    let files = modules(&root().join("worker/src"));
+    let mut out = BTreeSet::new();
+    for (module, source) in &files {
+        let from = module.split("::").next().unwrap_or_default();
+        if from.is_empty() {
+            continue;
+        }
+        let from_rank = *rank.get(from).unwrap_or_else(|| panic!("worker module `{from}` is on no line of the layers"));
+        for path in named(&code(source)) {
+            let to = path.split("::").next().unwrap_or_default();
+            if to == from || !files.contains_key(to) && !files.keys().any(|k| k.starts_with(&format!("{to}::"))) {
+                continue;
+            }
+            let to_rank = *rank.get(to).unwrap_or_else(|| panic!("worker module `{to}` is on no line of the layers"));
+            if to_rank <= from_rank {
+                out.insert((from.to_owned(), to.to_owned()));
+            }
+        }
+    }
+    out
+}
+
+/// The loop docs/architecture.md says is deliberate: `config` names the
+/// settings of the modules that take the context.
+const DELIBERATE_UPWARD: &[(&str, &str)] =
+    &[("config", "environment"), ("config", "git_delivery"), ("config", "github")];
+
+#[test]
+fn the_workers_modules_form_the_documented_layers() {
+    let layers = documented_layers();
+    assert!(layers.len() > 10, "the list was read: {layers:?}");
+    let found = upward(&layers);
+    let deliberate: BTreeSet<(String, String)> =
+        DELIBERATE_UPWARD.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+    let new: Vec<_> = found.difference(&deliberate).collect();
+    assert!(new.is_empty(), "imports up the worker's layers (docs/architecture.md): {new:?}");
+    let gone: Vec<_> = deliberate.difference(&found).collect();
+    assert!(gone.is_empty(), "no longer there: remove from DELIBERATE_UPWARD and the docs: {gone:?}");
+}
+
+#[test]
+fn the_layer_check_sees_an_import_up_the_layers() {
+    // `agent` below `subagent`: the loop importing the sub-agents is caught.
+    let mut layers = documented_layers();
+    let agent = layers.iter().position(|l| l.iter().any(|m| m == "agent")).unwrap();
+    let subagent = layers.iter().position(|l| l.iter().any(|m| m == "subagent")).unwrap();
+    layers.swap(agent, subagent);
+    let found = upward(&layers);
+    assert!(found.contains(&("subagent".to_owned(), "agent".to_owned())), "{found:?}");
 }

@@ -6,38 +6,18 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bollard::Docker;
 use kiln_protocol::Run;
-use kiln_store::{Lease, Listener, Notice, Store, channels};
+use kiln_store::{Lease, Listener, Notice, channels};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::config::{Providers, WorkerConfig};
-use crate::environment::warm::EnvironmentPools;
+use crate::context::WorkerContext;
 use crate::handoff::{self, Handoff, Successors};
-use crate::presence::Presence;
-use crate::providers::pricing::PriceTable;
 use crate::run_lifecycle::{self, RunSignals};
 use crate::sandbox::pool::WarmPool;
 use crate::sandbox_reaper::{self, ReapPolicy};
-use crate::tools::Registry;
-
-/// Shared by the claim loop and every run task.
-pub struct WorkerContext {
-    pub store: Store,
-    pub docker: Docker,
-    pub config: WorkerConfig,
-    pub providers: Providers,
-    /// Prices per model, for cost budgets and `step.finished` events.
-    pub prices: PriceTable,
-    pub tools: Registry,
-    /// This worker's lock: what its heartbeats ride on and its runs wait for.
-    pub presence: Arc<Presence>,
-    /// Warm containers of hot environments' prepared images.
-    pub environment_pools: Arc<EnvironmentPools>,
-}
 
 pub struct Worker {
     ctx: Arc<WorkerContext>,

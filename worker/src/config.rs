@@ -3,55 +3,12 @@
 
 use std::time::Duration;
 
+pub use crate::providers::kind::{ProviderKind, UnknownProvider};
 use crate::sandbox::SandboxConfig;
 
 // The model endpoints are part of what a worker is configured with; they
 // are defined with the providers that use them.
 pub use crate::providers::{ProviderEndpoints, Providers};
-
-/// The wire format a worker speaks to a model server. Named as a run's
-/// `model.provider` and `KILN_MODEL_PROVIDER` name it ([`ProviderKind::name`],
-/// parsed back with `str::parse`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProviderKind {
-    /// OpenAI Chat Completions (and compatible servers).
-    OpenAi,
-    /// The OpenAI Responses API, at the same base URL and key as `OpenAi`.
-    OpenAiResponses,
-    Anthropic,
-}
-
-impl ProviderKind {
-    pub const ALL: [ProviderKind; 3] = [ProviderKind::OpenAi, ProviderKind::OpenAiResponses, ProviderKind::Anthropic];
-
-    /// The name runs and settings use.
-    pub fn name(self) -> &'static str {
-        match self {
-            ProviderKind::OpenAi => "openai",
-            ProviderKind::OpenAiResponses => "openai-responses",
-            ProviderKind::Anthropic => "anthropic",
-        }
-    }
-}
-
-impl std::fmt::Display for ProviderKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// A provider name that is none of [`ProviderKind::ALL`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown model provider {0:?}: expected openai, openai-responses or anthropic")]
-pub struct UnknownProvider(pub String);
-
-impl std::str::FromStr for ProviderKind {
-    type Err = UnknownProvider;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        ProviderKind::ALL.into_iter().find(|kind| kind.name() == s).ok_or_else(|| UnknownProvider(s.to_owned()))
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -110,7 +67,7 @@ pub struct WorkerConfig {
     /// with an error without running (`KILN_MAX_TOOL_CALLS_PER_STEP`).
     pub max_tool_calls_per_step: usize,
     /// Sub-agents: children at once, depth (`KILN_SUBAGENT_MAX_PARALLEL`, `KILN_SUBAGENT_MAX_DEPTH`).
-    pub subagents: crate::subagent::Settings,
+    pub subagents: SubagentSettings,
     /// Bytes of events one run may store, over all its attempts; when they
     /// are spent the run fails (`KILN_MAX_EVENT_BYTES_PER_RUN`).
     pub max_event_bytes_per_run: u64,
@@ -128,7 +85,7 @@ pub struct WorkerConfig {
     pub environment_cache: crate::environment::cache::CacheBounds,
     /// Containers kept started from hot environments' prepared images
     /// (`KILN_ENVIRONMENT_WARM`, `KILN_ENVIRONMENT_WARM_MAX`).
-    pub environment_warm: crate::environment::warm::WarmSettings,
+    pub environment_warm: crate::sandbox::environment_pools::WarmSettings,
     /// The MCP servers runs may use (`KILN_MCP_SERVERS`); none by default.
     pub mcp: std::sync::Arc<crate::mcp::McpConfig>,
     /// The images an environment may start from (`KILN_ENVIRONMENT_IMAGES`;
@@ -182,5 +139,33 @@ mod tests {
     fn the_api_accepts_exactly_the_providers_the_worker_serves() {
         let served: Vec<&str> = ProviderKind::ALL.iter().map(|k| k.name()).collect();
         assert_eq!(kiln_protocol::input::MODEL_PROVIDER.0, served.as_slice());
+    }
+}
+
+/// The deployment's sub-agent settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubagentSettings {
+    /// Children of one run (its whole tree) that run at once; more wait.
+    pub max_parallel: usize,
+    /// How deep the tree may go: 1 lets the main run start children, which
+    /// cannot start their own.
+    pub max_depth: u32,
+    /// The kinds a `task` call may start (`KILN_AGENT_KINDS` and the
+    /// built-in ones); a run's `agents` narrows them.
+    pub kinds: std::sync::Arc<kiln_protocol::agents::AgentKinds>,
+}
+
+/// Default of [`SubagentSettings::max_parallel`].
+pub const DEFAULT_SUBAGENT_MAX_PARALLEL: usize = 4;
+/// Default of [`SubagentSettings::max_depth`].
+pub const DEFAULT_SUBAGENT_MAX_DEPTH: u32 = 1;
+
+impl Default for SubagentSettings {
+    fn default() -> Self {
+        SubagentSettings {
+            max_parallel: DEFAULT_SUBAGENT_MAX_PARALLEL,
+            max_depth: DEFAULT_SUBAGENT_MAX_DEPTH,
+            kinds: Default::default(),
+        }
     }
 }

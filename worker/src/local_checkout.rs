@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use kiln_protocol::Run;
 
-use crate::claim_loop::WorkerContext;
+use crate::context::WorkerContext;
 use crate::sandbox::SandboxError;
 use crate::sandbox::repo_clone;
 

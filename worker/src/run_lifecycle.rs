@@ -13,24 +13,15 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::agent::control::Control;
-use crate::agent::db_retry;
-use crate::agent::events::EventSink;
 use crate::agent::{AgentError, Outcome};
-use crate::claim_loop::WorkerContext;
+use crate::context::WorkerContext;
+use crate::db_retry;
+use crate::event_sink::EventSink;
 use crate::handoff::Handoff;
-use crate::lease_keeper::{Beat, LeaseKeeper};
 use crate::retry::{self, Verdict};
+use crate::run_heartbeat::RunHeartbeat;
 use crate::sandbox::lifecycle;
 use crate::sandbox::pool::WarmPool;
-
-/// Aborts the task when dropped.
-pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 /// Ways to stop a run from outside its task.
 #[derive(Clone, Default)]
@@ -95,13 +86,10 @@ async fn execute_in_span(
     let lost = CancellationToken::new();
     // Aborted when this task ends *or is dropped*: a run task torn down
     // mid-way must stop extending its lease, or nobody could take the run over.
-    let heartbeat = AbortOnDrop(tokio::spawn(
-        heartbeat_loop(ctx.clone(), lease.clone(), signals.cancel.clone(), lost.clone())
-            .instrument(tracing::Span::current()),
-    ));
+    let heartbeat = RunHeartbeat::start(ctx.clone(), lease.clone(), signals.cancel.clone(), lost.clone());
     let mut events = EventSink::new(ctx.store.clone(), lease.clone());
     if let Some(group) = crate::attempts::GroupStream::of(&ctx.store, &run) {
-        events.forward_to_group(group);
+        events.nest_into(group);
     }
 
     let ending = work(&ctx, pool.as_deref(), &run, &lease, &signals, tenure, &lost, &mut events).await;
@@ -312,26 +300,4 @@ async fn finish_and_maybe_claim(
         }
     }
     Ok(())
-}
-
-/// Keeps the run's lease over the worker's lock connection (`presence`);
-/// reports a cancel request and a lost lease through the tokens.
-pub(crate) async fn heartbeat_loop(
-    ctx: Arc<WorkerContext>,
-    lease: Lease,
-    cancel: CancellationToken,
-    lost: CancellationToken,
-) {
-    LeaseKeeper::new("run", lease.run_id, ctx.config.lease)
-        .reporting_cancel(cancel)
-        .keep(|| async {
-            match ctx.presence.heartbeat(&lease, ctx.config.lease).await {
-                Ok(beat) if beat.cancel_requested => Ok(Beat::CancelRequested),
-                Ok(_) => Ok(Beat::Extended),
-                Err(StoreError::LeaseLost(_)) => Ok(Beat::Lost),
-                Err(e) => Err(e),
-            }
-        })
-        .await;
-    lost.cancel();
 }

@@ -30,7 +30,7 @@ use futures::StreamExt;
 use kiln_bench::{Server, Summary, database, http, kiln_binary, median_range, token};
 use kiln_protocol::{CreateRun, EventBody, Trigger};
 use kiln_store::{Lease, NewRun, Store};
-use kiln_worker::agent::events::{COALESCE, EventSink};
+use kiln_worker::event_sink::{COALESCE, EventSink};
 use tokio::sync::Barrier;
 
 #[derive(Parser)]

@@ -84,7 +84,7 @@ impl WorkerOptions {
             callbacks: callbacks.settings()?,
             repo_rules: repos.rules(),
             secrets_key: repos.secrets_key()?,
-            subagents: kiln_worker::subagent::Settings { kinds: repos.agents.kinds()?, ..config.subagents },
+            subagents: kiln_worker::config::SubagentSettings { kinds: repos.agents.kinds()?, ..config.subagents },
             environment_images: repos.environment_images(&config.sandbox.image)?,
             ..config
         };

@@ -144,11 +144,11 @@ pub struct WorkerArgs {
     pub max_tool_calls_per_step: usize,
     /// Sub-agents (`task` calls) of one run that run at once, over its
     /// whole tree; more wait for a slot.
-    #[arg(long, env = "KILN_SUBAGENT_MAX_PARALLEL", default_value_t = kiln_worker::subagent::DEFAULT_MAX_PARALLEL)]
+    #[arg(long, env = "KILN_SUBAGENT_MAX_PARALLEL", default_value_t = kiln_worker::config::DEFAULT_SUBAGENT_MAX_PARALLEL)]
     pub subagent_max_parallel: usize,
     /// How deep sub-agents may nest: 1 lets a run start sub-agents that
     /// cannot start their own; 0 turns the `task` tool off.
-    #[arg(long, env = "KILN_SUBAGENT_MAX_DEPTH", default_value_t = kiln_worker::subagent::DEFAULT_MAX_DEPTH)]
+    #[arg(long, env = "KILN_SUBAGENT_MAX_DEPTH", default_value_t = kiln_worker::config::DEFAULT_SUBAGENT_MAX_DEPTH)]
     pub subagent_max_depth: u32,
     /// Bytes of events (as JSON) one run may store over all its attempts;
     /// when they are spent, no more are stored and the run fails.
@@ -285,7 +285,7 @@ impl WorkerArgs {
             github: None,
             callbacks: None,
             max_tool_calls_per_step: self.max_tool_calls_per_step,
-            subagents: kiln_worker::subagent::Settings {
+            subagents: kiln_worker::config::SubagentSettings {
                 max_parallel: self.subagent_max_parallel,
                 max_depth: self.subagent_max_depth,
                 // Set from `RepoArgs` by `WorkerOptions::parts`.
@@ -299,7 +299,7 @@ impl WorkerArgs {
                 max_bytes: self.environment_cache_max_mb.saturating_mul(1024 * 1024),
                 scope: self.environment_cache_scope.clone(),
             },
-            environment_warm: kiln_worker::environment::warm::WarmSettings {
+            environment_warm: kiln_worker::sandbox::environment_pools::WarmSettings {
                 per_environment: self.environment_warm,
                 max_containers: self.environment_warm_max,
             },

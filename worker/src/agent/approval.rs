@@ -10,8 +10,8 @@ use kiln_store::{Approval, Decision, Lease, McpCall, Store};
 
 use super::AgentError;
 use super::control::Control;
-use super::events::EventSink;
 use super::tool_call::ToolCall;
+use crate::event_sink::EventSink;
 use crate::mcp::names::server_and_tool;
 use crate::tools::{Registry, ToolOutcome};
 

@@ -10,8 +10,8 @@
 use kiln_protocol::{EventBody, Message, Part, Role, Usage};
 
 use super::budget::Budget;
-use super::db_retry::with_retry;
 use super::{AgentError, AgentRun, model_call};
+use crate::db_retry::with_retry;
 use crate::providers::ModelRequest;
 
 /// Instructions for the summarising call, in their own file for review.

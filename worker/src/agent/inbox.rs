@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use kiln_protocol::Message;
 
-use super::db_retry::with_retry;
 use super::{AgentError, AgentRun, finished};
+use crate::db_retry::with_retry;
 
 /// Longest the loop goes without looking at the inbox when no message was
 /// announced (a missed notification costs at most this much delay).

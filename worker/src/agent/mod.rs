@@ -11,22 +11,23 @@
 //! on, or end). What is not the loop lives beside it: running tool calls in
 //! batches (`tool_batch`), the approval gate (`approval`), picking a run up
 //! (`resume`), steering (`inbox`), compaction ([`compaction`]), the calls a
-//! step may make (`call_limit`) and the bytes of events a run may store
-//! ([`event_budget`]).
+//! step may make (`call_limit`). Below it, and not part of it: the run's
+//! event writer (`crate::event_sink`, with the bytes of events a run may
+//! store), the database retry (`crate::db_retry`), the tools
+//! (`crate::tools`, `crate::toolset`) and the interface its `task` tool
+//! calls to start sub-agents ([`spawn`], implemented by `crate::subagent`).
 
 mod approval;
 mod budget;
 mod call_limit;
 pub mod compaction;
 pub mod control;
-pub(crate) mod db_retry;
-pub mod event_budget;
-pub mod events;
 mod guard;
 mod inbox;
 mod model_call;
 mod prompt;
 mod resume;
+pub mod spawn;
 mod tool_batch;
 mod tool_call;
 
@@ -38,14 +39,17 @@ use kiln_protocol::{EventBody, Message, Role, Run, Usage};
 use kiln_store::{Lease, Store, StoreError};
 use tracing::Instrument;
 
+use crate::db_retry;
+use crate::event_sink::{EventSink, NewMessage};
 use crate::providers::assemble::Assembled;
 use crate::providers::{FinishReason, ModelProvider, ModelRequest, ProviderError};
 use crate::sandbox::Sandbox;
-use crate::tools::{Registry, ToolFailure, Toolset};
+use crate::tools::task::TaskRunner;
+use crate::tools::{Registry, ToolFailure};
+use crate::toolset::Toolset;
 use approval::Gate;
 pub(crate) use approval::name_matches;
 use budget::{Budget, BudgetCheck, Exhausted};
-use events::{EventSink, NewMessage};
 use guard::{LoopGuard, Verdict};
 use inbox::InboxWatch;
 pub use resume::{ENDED_MID_CALL, INTERRUPTED};
@@ -112,7 +116,7 @@ pub struct AgentRun<'a> {
     pub read_only: bool,
     /// The agent's place in its tree of agents, for starting sub-agents
     /// (`task`); `None`: the agent starts none.
-    pub seat: Option<&'a crate::subagent::Seat>,
+    pub seat: Option<&'a dyn spawn::Spawner>,
 }
 
 /// What the loop carries from one step to the next.
@@ -332,7 +336,7 @@ impl<'a> AgentRun<'a> {
         let verdict = progress.guard.observe(calls);
         if !calls.is_empty() {
             let host = self.step_host(&progress.budget, calls);
-            let results = self.tool_runner_with(host.as_ref()).run(self.events, calls).await?;
+            let results = self.tool_runner_with(host.as_deref()).run(self.events, calls).await?;
             // What the step's sub-agents spent is the run's spending too.
             if let Some(spent) = host.map(|h| h.take_spent()) {
                 progress.budget.record(&spent.usage, spent.cost_usd);
@@ -387,7 +391,7 @@ impl<'a> AgentRun<'a> {
     }
 
     /// What runs this run's tool calls, with `subagents` for its `task` calls.
-    fn tool_runner_with<'h>(&self, subagents: Option<&'h crate::subagent::StepHost<'h>>) -> ToolRunner<'h>
+    fn tool_runner_with<'h>(&self, subagents: Option<&'h (dyn spawn::StepTasks + 'a)>) -> ToolRunner<'h>
     where
         'a: 'h,
     {
@@ -398,34 +402,34 @@ impl<'a> AgentRun<'a> {
             sandbox: self.sandbox,
             tools,
             max_calls: self.max_tool_calls_per_step,
-            subagents,
+            subagents: subagents.map(|tasks| tasks as &dyn TaskRunner),
         }
     }
 
     /// What the `task` calls among `calls` start sub-agents with: each gets
     /// an even share of what `budget` has left.
-    fn step_host(&self, budget: &Budget, calls: &[ToolCall]) -> Option<crate::subagent::StepHost<'a>> {
+    fn step_host(&self, budget: &Budget, calls: &[ToolCall]) -> Option<Box<dyn spawn::StepTasks + 'a>> {
         let seat = self.seat.filter(|seat| seat.may_spawn())?;
         let tasks = calls.iter().filter(|c| c.name == crate::tools::task::NAME).count();
         if tasks == 0 {
             return None;
         }
-        let spent = crate::subagent::share::Spent {
+        let spent = spawn::Spent {
             steps: budget.steps + budget.child_steps,
             tokens: budget.tokens(),
             cost_usd: budget.cost_usd,
             elapsed: self.elapsed(),
         };
-        Some(crate::subagent::StepHost {
-            seat,
+        Some(seat.step(spawn::Step {
             run: self.run,
             lease: self.lease,
             sandbox: self.sandbox,
             tools: self.tools,
             agents_md: self.agents_md.clone(),
-            budget: crate::subagent::Carving { limits: *budget.limits(), spent, children: tasks as u32 },
-            spent: Default::default(),
-        })
+            limits: *budget.limits(),
+            spent,
+            children: tasks as u32,
+        }))
     }
 
     /// The tools the model is shown: all, or the run's `allowed_tools`;
@@ -434,7 +438,7 @@ impl<'a> AgentRun<'a> {
     fn tool_specs(&self) -> Vec<crate::providers::ToolSpec> {
         let gate = self.gate();
         let offered = match self.seat.filter(|seat| seat.may_spawn()) {
-            Some(seat) => crate::subagent::kinds::offered(&seat.ctx.config.subagents.kinds, self.run),
+            Some(seat) => seat.offered(self.run),
             None => Vec::new(),
         };
         shown_tools(&gate.tools, |name| gate.allows(name), &offered)

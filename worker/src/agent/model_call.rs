@@ -8,7 +8,7 @@ use kiln_protocol::EventBody;
 use tracing::Instrument;
 
 use super::AgentError;
-use super::events::{COALESCE, EventSink};
+use crate::event_sink::{COALESCE, EventSink};
 use crate::providers::assemble::{Assembled, AssistantBuilder};
 use crate::providers::{ModelEvent, ModelProvider, ModelRequest, ProviderError};
 use crate::retry::Policy;

@@ -13,10 +13,10 @@ use std::collections::{HashMap, HashSet};
 
 use kiln_protocol::{EventBody, Message, Part, Role};
 
-use super::db_retry::with_retry;
-use super::events::NewMessage;
 use super::tool_call::ToolCall;
 use super::{AgentError, AgentRun};
+use crate::db_retry::with_retry;
+use crate::event_sink::NewMessage;
 use crate::tools::{ToolOutcome, task};
 
 /// Said to the model for a call whose result was never stored because the
@@ -84,7 +84,7 @@ impl AgentRun<'_> {
         if !rerun.is_empty() {
             // The children's spending is in the store: the budget the loop
             // reads after this counts it.
-            for part in self.tool_runner_with(host.as_ref()).run(self.events, &rerun).await?.parts {
+            for part in self.tool_runner_with(host.as_deref()).run(self.events, &rerun).await?.parts {
                 if let Part::ToolResult { call_id, .. } = &part {
                     ran.insert(call_id.clone(), part);
                 }

@@ -13,8 +13,8 @@ use tracing::Instrument;
 use super::AgentError;
 use super::approval::{Clearance, Gate};
 use super::call_limit;
-use super::events::EventSink;
 use super::tool_call::ToolCall;
+use crate::event_sink::EventSink;
 use crate::sandbox::Sandbox;
 use crate::tools::{OutputStream, Registry, ToolContext, ToolFailure, ToolOutcome, todo};
 
@@ -27,7 +27,7 @@ pub(super) struct ToolRunner<'a> {
     /// Calls of one step that run (`KILN_MAX_TOOL_CALLS_PER_STEP`).
     pub max_calls: usize,
     /// What `task` calls start sub-agents with.
-    pub subagents: Option<&'a crate::subagent::StepHost<'a>>,
+    pub subagents: Option<&'a dyn crate::tools::task::TaskRunner>,
 }
 
 /// What running one call came to, and how long it took.

@@ -5,11 +5,11 @@
 //! ends the group (the store decides, serialised on the group's row).
 
 use kiln_protocol::{EventBody, Run};
-use kiln_store::Store;
+use kiln_store::{Store, StoreError};
 use uuid::Uuid;
 
-use crate::agent::db_retry::with_retry;
-use crate::subagent::forward::copied;
+use crate::db_retry::with_retry;
+use crate::event_sink::nesting::{NestingStream, copied};
 
 /// The group's stream, as one attempt writes to it.
 #[derive(Debug, Clone)]
@@ -30,26 +30,10 @@ impl GroupStream {
             run_id: run.id,
         })
     }
+}
 
-    /// Copies what the attempt just committed (`committed`, whose last
-    /// event took seq `last_seq` in its own stream) into the group's. A
-    /// failure is logged, not returned: the attempt's own stream has it all.
-    pub async fn forward(&self, last_seq: i64, committed: &[(Uuid, EventBody)]) {
-        let first = last_seq - committed.len() as i64 + 1;
-        let batch: Vec<(Uuid, EventBody)> = committed
-            .iter()
-            .zip(first..)
-            .filter_map(|((_, body), seq)| self.wrap(seq, body))
-            .map(|body| (Uuid::now_v7(), body))
-            .collect();
-        if batch.is_empty() {
-            return;
-        }
-        if let Err(e) = with_retry(|| self.store.append_group_events(self.group, &batch)).await {
-            tracing::warn!(group = %self.group, error = %e, "copying an attempt's events to its group failed");
-        }
-    }
-
+#[async_trait::async_trait]
+impl NestingStream for GroupStream {
     /// `body` (seq `seq` of the attempt's stream) as the group's stream has
     /// it: what a parent gets of a sub-agent, and where the attempt runs and
     /// what it changed.
@@ -65,6 +49,14 @@ impl GroupStream {
             seq,
             event: serde_json::json!({ "kind": kind, "payload": payload }),
         })
+    }
+
+    async fn append(&self, batch: &[(Uuid, EventBody)]) -> Result<(), StoreError> {
+        self.store.append_group_events(self.group, batch).await.map(|_| ())
+    }
+
+    fn describe(&self) -> String {
+        format!("the stream of group {}", self.group)
     }
 }
 

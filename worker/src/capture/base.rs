@@ -6,7 +6,7 @@ use std::path::Path;
 use kiln_protocol::Run;
 use kiln_store::{Lease, RunBase, StoreError};
 
-use crate::claim_loop::WorkerContext;
+use crate::context::WorkerContext;
 
 /// git's empty tree: what a workspace without a repository is diffed from.
 pub const EMPTY_TREE: &str = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";

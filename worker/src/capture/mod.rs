@@ -17,8 +17,8 @@ use kiln_protocol::changes::{ChangeScope, ChangeTotals};
 use kiln_protocol::{EventBody, Run};
 use kiln_store::{CapturedChange, Lease, RunBase, StoreError};
 
-use crate::agent::events::EventSink;
-use crate::claim_loop::WorkerContext;
+use crate::context::WorkerContext;
+use crate::event_sink::EventSink;
 use crate::sandbox::{Sandbox, lifecycle};
 
 #[derive(Debug, thiserror::Error)]

@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use super::EgressSettings;
 use super::host_firewall::{BridgeRules, FirewallError, HostFirewall};
-use crate::sandbox::{LABEL_MANAGED, LABEL_SESSION};
+use crate::labels::{LABEL_MANAGED, LABEL_SESSION};
 
 const PREFIX: &str = "kiln-egress-";
 

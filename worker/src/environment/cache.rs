@@ -31,7 +31,7 @@ use futures::TryStreamExt;
 use uuid::Uuid;
 
 use super::key::Tenancy;
-use super::warm::EnvironmentPools;
+use crate::sandbox::environment_pools::EnvironmentPools;
 use crate::sandbox::{LABEL_MANAGED, LABEL_POOL, LABEL_RUN, SandboxError, WARM_PREFIX};
 
 /// The repository of prepared images.

@@ -13,8 +13,8 @@ use kiln_store::StoreError;
 use kiln_store::secrets::Sealed;
 
 use super::Source;
-use crate::agent::db_retry;
-use crate::claim_loop::WorkerContext;
+use crate::context::WorkerContext;
+use crate::db_retry;
 use crate::mcp::{EnvironmentServers, ServerConfig};
 
 /// The servers of the run's environment: the one it names (whether or not

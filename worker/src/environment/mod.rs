@@ -28,7 +28,6 @@ pub mod mcp;
 mod repo_file;
 mod script;
 mod tail;
-pub mod warm;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -40,9 +39,9 @@ use kiln_protocol::{Environment, EnvironmentSpec, EventBody, Run};
 use kiln_store::{StoreError, StoredEnvironment};
 
 use crate::agent::Outcome;
-use crate::agent::db_retry;
-use crate::agent::events::EventSink;
-use crate::claim_loop::WorkerContext;
+use crate::context::WorkerContext;
+use crate::db_retry;
+use crate::event_sink::EventSink;
 use crate::sandbox::lifecycle::{self, Origin};
 use crate::sandbox::{Owner, Sandbox, SandboxConfig};
 

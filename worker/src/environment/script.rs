@@ -15,7 +15,7 @@ use kiln_store::StoreError;
 
 use super::mask::{Masker, masked};
 use super::tail::Tail;
-use crate::agent::events::EventSink;
+use crate::event_sink::EventSink;
 use crate::sandbox::WORKSPACE;
 
 /// Bytes of a script's output sent as events; past it, the output is kept

@@ -20,7 +20,7 @@ use kiln_protocol::{EventBody, Run};
 
 use self::credentials::Credential;
 use self::git::{Author, RemoteAccess};
-use crate::claim_loop::WorkerContext;
+use crate::context::WorkerContext;
 use crate::net_guard::{HostRef, resolve_vetted};
 
 /// Who the commit is by when the run names nobody.
@@ -75,7 +75,7 @@ pub async fn deliver_finished(ctx: &WorkerContext, run: &Run) {
             EventBody::DeliveryFailed { error }
         }
     };
-    if let Err(e) = crate::agent::db_retry::with_retry(|| ctx.store.append_after_end(run.id, &event)).await {
+    if let Err(e) = crate::db_retry::with_retry(|| ctx.store.append_after_end(run.id, &event)).await {
         tracing::warn!(run_id = %run.id, error = %e, "recording the git delivery's outcome failed");
     }
 }

@@ -40,7 +40,7 @@ pub use auth::Credentials;
 pub use client::RetryPolicy;
 pub use policy::{DeliveryPolicy, Permission, web_url_for};
 
-use crate::claim_loop::WorkerContext;
+use crate::context::WorkerContext;
 use crate::sandbox::SandboxError;
 
 #[derive(Debug, thiserror::Error)]

@@ -14,6 +14,7 @@ pub mod anthropic;
 pub mod assemble;
 mod endpoint;
 pub mod error;
+pub mod kind;
 pub mod openai_chat;
 pub mod openai_responses;
 pub mod pricing;

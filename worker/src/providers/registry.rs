@@ -9,9 +9,9 @@ use secrecy::SecretString;
 use super::ModelProvider;
 use super::anthropic::{self, Anthropic};
 use super::endpoint::Endpoint;
+use super::kind::ProviderKind;
 use super::openai_chat::{self, OpenAiChat};
 use super::openai_responses::OpenAiResponses;
-use crate::config::ProviderKind;
 
 /// The model endpoints a worker can reach, built once.
 #[derive(Clone)]

@@ -8,9 +8,9 @@ use kiln_store::Lease;
 
 use super::connect::Tools;
 use crate::agent::control::Control;
-use crate::agent::events::EventSink;
 use crate::agent::{AgentError, AgentRun, Outcome};
-use crate::claim_loop::WorkerContext;
+use crate::context::WorkerContext;
+use crate::event_sink::EventSink;
 use crate::sandbox::Sandbox;
 
 pub async fn drive(

@@ -6,12 +6,12 @@ use kiln_protocol::Run;
 
 use super::PhaseError;
 use super::sandbox::Acquired;
-use crate::agent::events::EventSink;
-use crate::claim_loop::WorkerContext;
+use crate::context::WorkerContext;
 use crate::egress::{self, SessionProxy};
+use crate::event_sink::EventSink;
 use crate::mcp::EnvironmentServers;
 use crate::sandbox::Sandbox;
-use crate::tools::Toolset;
+use crate::toolset::Toolset;
 
 /// The session's egress proxy, if its sandbox is on the session's network;
 /// it serves for as long as it is kept. It judges by this run's policy; a

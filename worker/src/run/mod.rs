@@ -15,11 +15,11 @@ use kiln_protocol::{EventBody, Run};
 use kiln_store::Lease;
 
 use crate::agent::control::Control;
-use crate::agent::db_retry;
-use crate::agent::event_budget::EventBudget;
-use crate::agent::events::EventSink;
 use crate::agent::{AgentError, Outcome};
-use crate::claim_loop::WorkerContext;
+use crate::context::WorkerContext;
+use crate::db_retry;
+use crate::event_sink::EventSink;
+use crate::event_sink::budget::EventBudget;
 use crate::sandbox::pool::WarmPool;
 
 /// Why a phase ended the run early.

@@ -6,9 +6,9 @@ use kiln_protocol::{EventBody, Run, SandboxSpec};
 use kiln_store::Lease;
 
 use super::PhaseError;
-use crate::agent::events::EventSink;
 use crate::capture::base::Workspace;
-use crate::claim_loop::WorkerContext;
+use crate::context::WorkerContext;
+use crate::event_sink::EventSink;
 use crate::local_checkout::LocalCheckout;
 use crate::mcp::EnvironmentServers;
 use crate::sandbox::lifecycle::{self, Origin};

@@ -15,6 +15,7 @@
 //! remote engine; credentials never enter the container.
 
 pub mod disk;
+pub mod environment_pools;
 mod exec;
 mod files;
 pub mod lifecycle;
@@ -68,13 +69,7 @@ const MAIN_PROCESS_USER: &str = "0:0";
 /// with none (setuid to the user clears them; `no-new-privileges` keeps
 /// anything from regaining them).
 const TOOLBOX_CAPABILITIES: [&str; 3] = ["SETUID", "SETGID", "KILL"];
-/// Label on every container Kiln creates; cleanup finds them by it.
-pub const LABEL_MANAGED: &str = "dev.kiln.managed";
-pub const LABEL_RUN: &str = "dev.kiln.run";
-pub const LABEL_SESSION: &str = "dev.kiln.session";
-pub const LABEL_WORKER: &str = "dev.kiln.worker";
-/// On warm containers not yet given to a session.
-pub const LABEL_POOL: &str = "dev.kiln.pool";
+pub use crate::labels::{LABEL_MANAGED, LABEL_POOL, LABEL_RUN, LABEL_SESSION, LABEL_WORKER};
 /// Name prefixes: the session's container, and warm ones.
 const SESSION_PREFIX: &str = "kiln-session-";
 pub const WARM_PREFIX: &str = "kiln-warm-";

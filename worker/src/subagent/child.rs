@@ -19,14 +19,16 @@ use tokio_util::sync::CancellationToken;
 
 use super::forward::ParentStream;
 use super::kinds::{self, AgentKind};
-use super::{Seat, Spend, StepHost, TaskArgs};
+use super::{Seat, Spend, StepHost};
 use crate::agent::control::Control;
-use crate::agent::db_retry::with_retry;
-use crate::agent::event_budget::EventBudget;
-use crate::agent::events::EventSink;
 use crate::agent::{AgentError, AgentRun, Outcome};
-use crate::claim_loop::WorkerContext;
+use crate::context::WorkerContext;
+use crate::db_retry::with_retry;
+use crate::event_sink::EventSink;
+use crate::event_sink::budget::EventBudget;
+use crate::run_heartbeat::RunHeartbeat;
 use crate::tools::ToolOutcome;
+use crate::tools::task::TaskArgs;
 
 /// Longest a child's final answer returned to the parent, in characters.
 const MAX_ANSWER_CHARS: usize = 30_000;
@@ -197,14 +199,9 @@ async fn drive(
     let ctx = &seat.ctx;
     let cancel = CancellationToken::new();
     let lost = CancellationToken::new();
-    let _heartbeat = crate::run_lifecycle::AbortOnDrop(tokio::spawn(crate::run_lifecycle::heartbeat_loop(
-        ctx.clone(),
-        lease.clone(),
-        cancel.clone(),
-        lost.clone(),
-    )));
+    let _heartbeat = RunHeartbeat::start(ctx.clone(), lease.clone(), cancel.clone(), lost.clone());
     let mut events = EventSink::new(ctx.store.clone(), lease.clone());
-    events.forward_to(parent);
+    events.nest_into(parent);
     let spent = if lease.attempt > 1 { ctx.store.run_event_bytes(run.id).await.unwrap_or(0) } else { 0 };
     events.limit(EventBudget::new(ctx.config.max_event_bytes_per_run, spent));
     let remaining = Duration::from_secs(u64::from(run.limits.timeout_s()))

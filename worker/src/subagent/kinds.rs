@@ -6,18 +6,13 @@ use kiln_protocol::Run;
 pub use kiln_protocol::agents::{AgentKind, AgentKinds, GENERAL};
 
 use crate::agent::name_matches;
+pub use crate::tools::task::default_kind;
 use crate::tools::{Registry, task};
 
 /// The kinds `run`'s `task` tool offers: the deployment's, narrowed by the
 /// run's `agents`.
 pub fn offered<'k>(kinds: &'k AgentKinds, run: &Run) -> Vec<&'k AgentKind> {
     kinds.offered(run.agents.as_deref())
-}
-
-/// The kind a `task` call without `agent` starts: `general` when offered,
-/// else the first offered.
-pub fn default_kind<'k>(offered: &[&'k AgentKind]) -> Option<&'k AgentKind> {
-    offered.iter().find(|k| k.name == GENERAL).or(offered.first()).copied()
 }
 
 /// The child's `allowed_tools`: the kind's tools, narrowed by the parent's

@@ -16,52 +16,17 @@ pub mod share;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use kiln_protocol::{Limits, Run, Usage};
+use kiln_protocol::agents::AgentKind;
+use kiln_protocol::{Limits, Run};
 use kiln_store::Lease;
-use serde::Deserialize;
 use tokio::sync::Semaphore;
 
-use crate::claim_loop::WorkerContext;
+pub use crate::agent::spawn::Spend;
+use crate::agent::spawn::{Spawner, Step, StepTasks};
+use crate::context::WorkerContext;
 use crate::sandbox::Sandbox;
 use crate::tools::ToolOutcome;
-
-/// The deployment's sub-agent settings.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Settings {
-    /// Children of one run (its whole tree) that run at once; more wait.
-    pub max_parallel: usize,
-    /// How deep the tree may go: 1 lets the main run start children, which
-    /// cannot start their own.
-    pub max_depth: u32,
-    /// The kinds a `task` call may start (`KILN_AGENT_KINDS` and the
-    /// built-in ones); a run's `agents` narrows them.
-    pub kinds: Arc<kinds::AgentKinds>,
-}
-
-/// Default of [`Settings::max_parallel`].
-pub const DEFAULT_MAX_PARALLEL: usize = 4;
-/// Default of [`Settings::max_depth`].
-pub const DEFAULT_MAX_DEPTH: u32 = 1;
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings { max_parallel: DEFAULT_MAX_PARALLEL, max_depth: DEFAULT_MAX_DEPTH, kinds: Default::default() }
-    }
-}
-
-/// The arguments of a `task` call.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct TaskArgs {
-    /// A short (3-8 words) description of the task, shown to people watching.
-    pub description: String,
-    /// The task for the sub-agent, complete and self-contained: it sees
-    /// nothing of this conversation.
-    pub prompt: String,
-    /// The kind of sub-agent (the tool's description lists them).
-    #[serde(default)]
-    pub agent: Option<String>,
-}
+use crate::tools::task::{TaskArgs, TaskRunner};
 
 /// An agent's place in its run's tree of agents, and what starting a
 /// child takes.
@@ -89,18 +54,38 @@ impl Seat {
     }
 }
 
+impl Spawner for Seat {
+    fn may_spawn(&self) -> bool {
+        Seat::may_spawn(self)
+    }
+
+    fn offered<'s>(&'s self, run: &Run) -> Vec<&'s AgentKind> {
+        kinds::offered(&self.ctx.config.subagents.kinds, run)
+    }
+
+    fn step<'s>(&'s self, step: Step<'s>) -> Box<dyn StepTasks + 's> {
+        Box::new(StepHost {
+            seat: self,
+            run: step.run,
+            lease: step.lease,
+            sandbox: step.sandbox,
+            tools: step.tools,
+            agents_md: step.agents_md,
+            budget: Carving { limits: step.limits, spent: step.spent, children: step.children },
+            spent: Mutex::default(),
+        })
+    }
+}
+
 /// What the `task` calls of one step of a parent need.
 pub struct StepHost<'a> {
     pub seat: &'a Seat,
     pub run: &'a Run,
     pub lease: &'a Lease,
     pub sandbox: &'a Sandbox,
-    /// The parent's tools: a child's are narrowed from these, and it shares
-    /// the parent's MCP servers (started and connected once per run).
-    pub tools: &'a crate::tools::Toolset,
-    /// The parent's `AGENTS.md`, which its children's prompts take too
-    /// (`None`: not read yet, e.g. while a takeover re-runs `task` calls,
-    /// and each child reads it).
+    /// The parent's tools (see [`Step::tools`]).
+    pub tools: &'a crate::toolset::Toolset,
+    /// The parent's `AGENTS.md` (see [`Step::agents_md`]).
     pub agents_md: Option<Option<String>>,
     /// What each child's budget is carved from.
     pub budget: Carving,
@@ -124,44 +109,22 @@ impl Carving {
     }
 }
 
-/// Model spend of children.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Spend {
-    pub usage: Usage,
-    /// `None` once a step had no price.
-    pub cost_usd: Option<f64>,
-    pub steps: u32,
-}
-
-impl Default for Spend {
-    fn default() -> Self {
-        Spend { usage: Usage::default(), cost_usd: Some(0.0), steps: 0 }
+#[async_trait::async_trait]
+impl TaskRunner for StepHost<'_> {
+    /// Runs the child for the parent's call `call_id`: its final answer, or
+    /// a tool error saying why there is none.
+    async fn run_task(&self, call_id: &str, args: TaskArgs) -> ToolOutcome {
+        child::run(self, call_id, args).await
     }
 }
 
-impl Spend {
-    pub fn add(&mut self, other: &Spend) {
-        self.usage.add(&other.usage);
-        self.cost_usd = match (self.cost_usd, other.cost_usd) {
-            (Some(a), Some(b)) => Some(a + b),
-            _ => None,
-        };
-        self.steps += other.steps;
+impl StepTasks for StepHost<'_> {
+    fn take_spent(&self) -> Spend {
+        std::mem::take(&mut *self.spent.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
 
 impl StepHost<'_> {
-    /// Runs the child for the parent's call `call_id`: its final answer, or
-    /// a tool error saying why there is none.
-    pub async fn run_task(&self, call_id: &str, args: TaskArgs) -> ToolOutcome {
-        child::run(self, call_id, args).await
-    }
-
-    /// What this step's children spent.
-    pub fn take_spent(&self) -> Spend {
-        std::mem::take(&mut *self.spent.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-
     fn record(&self, spend: &Spend) {
         self.spent.lock().unwrap_or_else(PoisonError::into_inner).add(spend);
     }

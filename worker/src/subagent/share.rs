@@ -8,19 +8,9 @@
 //! fit). Time is not split (children run at once); a child gets the
 //! parent's remaining wall clock.
 
-use std::time::Duration;
-
 use kiln_protocol::Limits;
 
-/// What the parent has spent so far (its own steps and its children's).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Spent {
-    pub steps: u32,
-    pub tokens: u64,
-    /// `None` when a step had no price.
-    pub cost_usd: Option<f64>,
-    pub elapsed: Duration,
-}
+pub use crate::agent::spawn::Spent;
 
 /// The limits of each of `n` children, each at most `fraction` (0 to 1) of
 /// what is left, or why there is nothing left to give.
@@ -72,6 +62,7 @@ pub fn share(parent: &Limits, spent: &Spent, n: u32, fraction: f64) -> Result<Li
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn spent(steps: u32, tokens: u64, cost: f64, elapsed_s: u64) -> Spent {
         Spent { steps, tokens, cost_usd: Some(cost), elapsed: Duration::from_secs(elapsed_s) }

@@ -12,7 +12,6 @@ mod edit;
 mod glob;
 mod grep;
 mod ls;
-mod set;
 pub mod stream;
 pub mod task;
 pub mod todo;
@@ -31,7 +30,6 @@ use kiln_toolbox::protocol::{Reply, RequestBody, ToolError};
 use crate::providers::ToolSpec;
 use crate::sandbox::{FileError, OutputSink, Sandbox, SandboxError, ToolboxError};
 
-pub use set::Toolset;
 pub use stream::OutputStream;
 
 /// What a tool call returns to the model.
@@ -72,7 +70,7 @@ pub struct ToolContext<'a> {
     /// The call's id (Kiln's, `{step}-{n}`).
     pub call_id: &'a str,
     /// What a `task` call starts sub-agents with; `None` where none may start.
-    pub subagents: Option<&'a crate::subagent::StepHost<'a>>,
+    pub subagents: Option<&'a dyn task::TaskRunner>,
 }
 
 /// Told to the model when the toolbox died under its call.

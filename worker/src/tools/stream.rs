@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use kiln_protocol::EventBody;
 use kiln_store::StoreError;
 
-use crate::agent::events::EventSink;
+use crate::event_sink::EventSink;
 use crate::sandbox::OutputSink;
 
 /// Chunks of one event at most: merging keeps the event count down when a

@@ -1,17 +1,47 @@
 //! `task`: starts a sub-agent for a self-contained piece of work and
-//! returns its final answer. The work is `subagent`'s; this is the tool's
-//! face (name, description, schema).
+//! returns its final answer. This is the tool's face (name, description,
+//! schema) and the interface it calls ([`TaskRunner`]); the work is
+//! `subagent`'s, which implements it from above.
 
+pub use kiln_protocol::agents::AgentKind;
+use kiln_protocol::agents::GENERAL;
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::{Tool, ToolContext, ToolFailure, ToolOutcome, parse_arguments, schema_of};
 use crate::providers::ToolSpec;
-use crate::subagent::TaskArgs;
-use crate::subagent::kinds::{AgentKind, default_kind};
 
 pub const NAME: &str = "task";
 
 pub struct Task;
+
+/// The arguments of a `task` call.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskArgs {
+    /// A short (3-8 words) description of the task, shown to people watching.
+    pub description: String,
+    /// The task for the sub-agent, complete and self-contained: it sees
+    /// nothing of this conversation.
+    pub prompt: String,
+    /// The kind of sub-agent (the tool's description lists them).
+    #[serde(default)]
+    pub agent: Option<String>,
+}
+
+/// What runs a `task` call of one step (`subagent` implements it).
+#[async_trait::async_trait]
+pub trait TaskRunner: Send + Sync {
+    /// Runs the child for the parent's call `call_id`: its final answer, or
+    /// a tool error saying why there is none.
+    async fn run_task(&self, call_id: &str, args: TaskArgs) -> ToolOutcome;
+}
+
+/// The kind a `task` call without `agent` starts: `general` when offered,
+/// else the first offered.
+pub fn default_kind<'k>(offered: &[&'k AgentKind]) -> Option<&'k AgentKind> {
+    offered.iter().find(|k| k.name == GENERAL).or(offered.first()).copied()
+}
 
 /// What the model is told of the tool; [`spec_for`] adds the kinds.
 const DESCRIPTION: &str = "Start a sub-agent for a self-contained task and get back its final answer (only that: \

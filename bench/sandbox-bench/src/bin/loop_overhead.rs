@@ -33,8 +33,8 @@ use kiln_protocol::{CreateRun, Limits, Message, Part, Role, Trigger};
 use kiln_scripted_model::{Reply, ScriptedModel};
 use kiln_store::{NewRun, Store};
 use kiln_toolbox::protocol::{ExecRequest, Reply as ToolboxReply, RequestBody};
-use kiln_worker::agent::events::EventSink;
 use kiln_worker::agent::{AgentRun, Outcome};
+use kiln_worker::event_sink::EventSink;
 use kiln_worker::providers::assemble::AssistantBuilder;
 use kiln_worker::providers::pricing::PriceTable;
 use kiln_worker::providers::{ModelEvent, ModelProvider, ModelRequest, ModelStream, ProviderError};
@@ -192,7 +192,7 @@ async fn kiln_pass(
     let model = ScriptedModel::start(script(steps)).await.context("starting the scripted model")?;
     let providers = providers(&model)?;
     let clock = Arc::new(StartClock { inner: providers.get(ProviderKind::OpenAi), starts: Mutex::default() });
-    let tools = kiln_worker::tools::Toolset::fixed(Registry::standard());
+    let tools = kiln_worker::toolset::Toolset::fixed(Registry::standard());
     let prices = PriceTable::from_env()?;
     let spec = CreateRun {
         prompt: "Run `true` with bash until told otherwise.".into(),

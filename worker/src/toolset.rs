@@ -7,8 +7,8 @@
 
 use std::sync::{Arc, PoisonError, RwLock};
 
-use super::Registry;
 use crate::mcp::McpTools;
+use crate::tools::Registry;
 
 pub struct Toolset {
     builtin: Registry,

@@ -22,6 +22,9 @@
 //! are dropped (messages are still written, the conversation stays whole)
 //! and [`EventSink::exhausted`] says why the loop must end the run.
 
+pub mod budget;
+pub mod nesting;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,10 +32,10 @@ use kiln_protocol::{EventBody, Message, Usage};
 use kiln_store::{Lease, Store, StoreError};
 use uuid::Uuid;
 
-use super::db_retry::with_retry;
-use super::event_budget::EventBudget;
+use crate::db_retry::with_retry;
 use crate::egress::NetworkLog;
-use crate::subagent::forward::ParentStream;
+use budget::EventBudget;
+use nesting::NestingStream;
 
 /// Longest a delta waits before it is written.
 pub const COALESCE: Duration = Duration::from_millis(50);
@@ -56,12 +59,9 @@ pub struct EventSink {
     /// The egress proxy's decisions for this run, taken in at each commit
     /// (the proxy never waits on the database).
     network: Option<Arc<NetworkLog>>,
-    /// For a sub-agent: its parent's stream, which gets a copy of the
-    /// step- and tool-level events of each commit.
-    parent: Option<ParentStream>,
-    /// For an attempt: its group's stream, which gets a copy of the step-
-    /// and tool-level events of each commit.
-    group: Option<crate::attempts::GroupStream>,
+    /// Streams that get a copy of each commit (a sub-agent's parent's, an
+    /// attempt's group's): see `nesting`.
+    nesting: Vec<Box<dyn NestingStream>>,
 }
 
 /// A step whose model call has started but not answered: what the
@@ -109,21 +109,14 @@ impl EventSink {
             budget: EventBudget::unlimited(),
             unfinished: None,
             network: None,
-            parent: None,
-            group: None,
+            nesting: Vec::new(),
         }
     }
 
-    /// Copies what is committed from now on into a parent's stream (this
-    /// sink is a sub-agent's).
-    pub fn forward_to(&mut self, parent: ParentStream) {
-        self.parent = Some(parent);
-    }
-
-    /// Copies what is committed from now on into a group's stream (this
-    /// sink is an attempt's).
-    pub fn forward_to_group(&mut self, group: crate::attempts::GroupStream) {
-        self.group = Some(group);
+    /// Copies what is committed from now on into `stream` (this sink is a
+    /// sub-agent's or an attempt's).
+    pub fn nest_into(&mut self, stream: impl NestingStream + 'static) {
+        self.nesting.push(Box::new(stream));
     }
 
     /// Takes the egress proxy's decisions into the run's stream from now on.
@@ -261,11 +254,10 @@ impl EventSink {
             None
         };
         // `None`: an earlier try stored them, and copied them then if it could.
-        if let (Some(parent), Some(last_seq)) = (&self.parent, last_seq) {
-            parent.forward(last_seq, &self.queued).await;
-        }
-        if let (Some(group), Some(last_seq)) = (&self.group, last_seq) {
-            group.forward(last_seq, &self.queued).await;
+        if let Some(last_seq) = last_seq {
+            for stream in &self.nesting {
+                nesting::forward(stream.as_ref(), last_seq, &self.queued).await;
+            }
         }
         self.queued.clear();
         self.since = None;

@@ -3,7 +3,7 @@
 //! Everything a run's events hold comes from the model and the sandbox, and
 //! nothing else bounds how much of it a run produces: a run printing
 //! without end would fill the events table (and every client reading it).
-//! The [`EventSink`](super::events::EventSink) counts what it stores
+//! The [`EventSink`](super::EventSink) counts what it stores
 //! against this budget; an event that does not fit is not stored, and
 //! neither is anything after it. The loop then ends the run failed before
 //! its next model call or tool batch; the terminal event is written
