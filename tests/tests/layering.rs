@@ -3,9 +3,9 @@
 //! every `crate::…` path outside comments and the unit tests, resolved to
 //! the file that defines the module it names.
 //!
-//! The pairs still there are listed below with the issue that removes them;
-//! a new pair fails, and so does a listed pair that is gone (so the list
-//! shrinks as they are removed). The worker's top-level modules also form
+//! Pairs still there would be listed below with the issue that removes
+//! them; a new pair fails, and so does a listed pair that is gone (so the
+//! list shrinks as they are removed). The worker's top-level modules also form
 //! the layers docs/architecture.md draws ("The worker's layers"): an import
 //! up them fails, unless that page says it is deliberate.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -14,9 +14,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Pairs of files that import each other today, per crate, to be removed
-/// (issue 32, parts 3 and 4: sub-agents without the cycle, the sandbox
-/// backend seam). Module paths, `a::b` for `src/a/b.rs` or `src/a/b/mod.rs`.
-const KNOWN: &[(&str, &str, &str)] = &[("toolbox", "line_count", "line_index")];
+/// (none left: keep it so). Module paths, `a::b` for `src/a/b.rs` or
+/// `src/a/b/mod.rs`.
+const KNOWN: &[(&str, &str, &str)] = &[];
 
 const CRATES: &[&str] = &["protocol", "store", "api", "worker", "cli", "toolbox", "scripted-model"];
 

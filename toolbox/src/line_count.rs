@@ -10,17 +10,14 @@
 //! itself, and restarts the count after its page); so do a changed file (its
 //! index entry no longer matches) and the end of the toolbox.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
-
-use crate::line_index::{FileKey, LineIndexCache, Shared, scan};
 
 /// Bytes counted between two publications of progress (and checks that the
 /// count is still wanted, besides the one between reads).
-const STEP_BYTES: u64 = 16 * 1024 * 1024;
+pub const STEP_BYTES: u64 = 16 * 1024 * 1024;
 /// The counter's `nice` value: commands the model runs come first.
 const NICENESS: i32 = 10;
 /// The counting thread's name, as `/proc/<pid>/task/<tid>/comm` shows it.
@@ -50,26 +47,43 @@ struct State {
     stopped: bool,
 }
 
-#[derive(Debug)]
+/// One step of a count: counts on from where the index stands (at most
+/// [`STEP_BYTES`]), publishes what it learned, and says whether the count
+/// is over (the end reached, the file changed or the index gone). Given by
+/// the index (`line_index`), which this module knows nothing of.
+pub type Step = Box<dyn FnMut(&dyn Fn() -> bool) -> Done + Send>;
+
+/// Whether a count is over after a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Done {
+    Yes,
+    No,
+}
+
 struct Job {
     path: PathBuf,
-    file: File,
-    key: FileKey,
+    step: Step,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job").field("path", &self.path).finish_non_exhaustive()
+    }
 }
 
 impl Counter {
-    /// Counts `path` next, in place of anything under way.
-    pub(crate) fn start(&self, shared: &Arc<Shared>, path: PathBuf, file: File, key: FileKey) {
+    /// Counts `path` next, a `step` at a time, in place of anything under
+    /// way.
+    pub(crate) fn start(&self, path: PathBuf, step: Step) {
         let mut state = self.inner.lock();
         if state.stopped {
             return;
         }
         self.inner.generation.fetch_add(1, Ordering::SeqCst);
-        state.pending = Some(Job { path, file, key });
+        state.pending = Some(Job { path, step });
         if !state.started {
-            // The thread holds the index weakly: a dropped cache ends it.
-            let (inner, index) = (self.inner.clone(), Arc::downgrade(shared));
-            let spawned = thread::Builder::new().name(THREAD_NAME.into()).spawn(move || run(&inner, &index));
+            let inner = self.inner.clone();
+            let spawned = thread::Builder::new().name(THREAD_NAME.into()).spawn(move || run(&inner));
             // Without a thread (at the pids limit) totals are found by later pages.
             state.started = spawned.is_ok();
         }
@@ -124,41 +138,13 @@ impl Inner {
     }
 }
 
-impl Drop for Shared {
-    fn drop(&mut self) {
-        self.counter.stop();
-    }
-}
-
-impl LineIndexCache {
-    /// Stops the background counter for good.
-    pub fn stop_counting(&self) {
-        self.shared.counter.stop();
-    }
-}
-
-/// The counting thread: takes a job, counts it, repeats; ends when the
-/// counter is stopped or the cache is gone.
-fn run(inner: &Inner, index: &Weak<Shared>) {
+/// The counting thread: takes a job, counts it step by step, repeats; ends
+/// when the counter is stopped (the index stops it when it is dropped).
+fn run(inner: &Inner) {
     lower_priority();
-    while let Some((job, generation)) = inner.next_job() {
-        let Some(shared) = index.upgrade() else { return };
-        let cache = LineIndexCache { shared };
-        count(&cache, &job, &|| inner.generation.load(Ordering::SeqCst) != generation);
-    }
-}
-
-/// Counts from the frontier to the end, a step at a time, publishing each.
-fn count(cache: &LineIndexCache, job: &Job, stop: &dyn Fn() -> bool) {
-    while !stop() {
-        // Each step starts from the frontier as it is now: a page read
-        // meanwhile may have moved it on.
-        let Some(from) = cache.frontier(&job.path, job.key) else { return };
-        let Ok(stretch) = scan(&job.file, job.key.size, from, None, STEP_BYTES, stop) else { return };
-        cache.absorb(&job.path, job.key, &stretch);
-        if stretch.at_end {
-            return;
-        }
+    while let Some((mut job, generation)) = inner.next_job() {
+        let stop = || inner.generation.load(Ordering::SeqCst) != generation;
+        while !stop() && (job.step)(&stop) == Done::No {}
     }
 }
 

@@ -21,7 +21,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::line_count::Counter;
+use crate::line_count::{Counter, Done, STEP_BYTES};
 
 /// Lines between checkpoints. Seeking behind the frontier costs at most
 /// this many lines of scanning; the index costs 8 bytes per `STRIDE` lines
@@ -194,13 +194,19 @@ pub struct Located {
 /// background counter. Cloning shares it.
 #[derive(Debug, Clone, Default)]
 pub struct LineIndexCache {
-    pub(crate) shared: Arc<Shared>,
+    shared: Arc<Shared>,
 }
 
 #[derive(Debug, Default)]
-pub(crate) struct Shared {
+struct Shared {
     files: Mutex<HashMap<PathBuf, LineIndex>>,
-    pub(crate) counter: Counter,
+    counter: Counter,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.counter.stop();
+    }
 }
 
 impl LineIndexCache {
@@ -265,20 +271,41 @@ impl LineIndexCache {
     /// they are not known yet.
     pub fn count_in_background(&self, path: &Path, file: File, key: FileKey) {
         if !self.count(path, key).exact {
-            self.shared.counter.start(&self.shared, path.to_path_buf(), file, key);
+            // The step holds the index weakly: a dropped cache ends the count.
+            let (index, owned) = (Arc::downgrade(&self.shared), path.to_path_buf());
+            let step = move |stop: &dyn Fn() -> bool| match index.upgrade() {
+                Some(shared) => LineIndexCache { shared }.count_step(&owned, &file, key, stop),
+                None => Done::Yes,
+            };
+            self.shared.counter.start(path.to_path_buf(), Box::new(step));
         }
+    }
+
+    /// One step of the background count of `path`: from the frontier as it
+    /// is now (a page read meanwhile may have moved it on), at most
+    /// [`STEP_BYTES`], published at once.
+    fn count_step(&self, path: &Path, file: &File, key: FileKey, stop: &dyn Fn() -> bool) -> Done {
+        let Some(from) = self.frontier(path, key) else { return Done::Yes };
+        let Ok(stretch) = scan(file, key.size, from, None, STEP_BYTES, stop) else { return Done::Yes };
+        self.absorb(path, key, &stretch);
+        if stretch.at_end { Done::Yes } else { Done::No }
+    }
+
+    /// Stops the background counter for good.
+    pub fn stop_counting(&self) {
+        self.shared.counter.stop();
     }
 
     /// The counter's own step: where the frontier of `path` stands, if its
     /// entry is still for `key` and its count is still wanted.
-    pub(crate) fn frontier(&self, path: &Path, key: FileKey) -> Option<Mark> {
+    fn frontier(&self, path: &Path, key: FileKey) -> Option<Mark> {
         let files = self.lock();
         files.get(path).filter(|i| i.key == key && i.total_lines.is_none()).map(|i| i.frontier)
     }
 
     /// Takes in what a stretch learned, if `path`'s entry is still for `key`
     /// (an entry dropped or rebuilt meanwhile keeps nothing of it).
-    pub(crate) fn absorb(&self, path: &Path, key: FileKey, s: &Stretch) {
+    fn absorb(&self, path: &Path, key: FileKey, s: &Stretch) {
         let mut files = self.lock();
         if let Some(idx) = files.get_mut(path).filter(|i| i.key == key) {
             idx.absorb(s);
