@@ -188,8 +188,7 @@ pub async fn probe(docker: &Docker, config: &SandboxConfig) -> Result<DiskPlan, 
     };
     let loop_refused = loop_.as_ref().err().filter(|why| *why != NOT_TRIED).cloned();
     let inspection = inspect_image_tmpfs(docker, config).await?;
-    let support =
-        Support { layer: layer.as_ref().map(|_| ()).map_err(Clone::clone), loop_, tmpfs: inspection.tmpfs };
+    let support = Support { layer: layer.as_ref().map(|_| ()).map_err(Clone::clone), loop_, tmpfs: inspection.tmpfs };
     let mechanism = choose(config.disk_mode, support)?;
     Ok(match (mechanism, layer) {
         // The layer probe's container had no mounts of Kiln's: its volumes

@@ -79,7 +79,12 @@ async fn run(program: &str, args: &[&str]) -> Result<(), LoopError> {
 /// Makes, formats and mounts a disk of `size_mb` under `root`, with an
 /// empty directory for each of `places` (paths in the container), owned by
 /// `uid:gid`. Whatever was made is freed again on failure.
-pub async fn create(root: &Path, size_mb: u64, owner: (u64, u64), places: &[(&str, u32)]) -> Result<LoopDisk, LoopError> {
+pub async fn create(
+    root: &Path,
+    size_mb: u64,
+    owner: (u64, u64),
+    places: &[(&str, u32)],
+) -> Result<LoopDisk, LoopError> {
     let disk = LoopDisk { dir: root.join(format!("{PREFIX}{}", Uuid::new_v4().simple())) };
     match make(&disk, size_mb, owner, places).await {
         Ok(()) => Ok(disk),
@@ -102,11 +107,8 @@ async fn make(disk: &LoopDisk, size_mb: u64, (uid, gid): (u64, u64), places: &[(
     let mount_s = mount.to_string_lossy();
     // No journal (a crash discards the disk anyway), no blocks reserved for
     // root, inode tables zeroed lazily: formatting takes milliseconds.
-    run(
-        "mkfs.ext4",
-        &["-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "lazy_itable_init=1,nodiscard", &image_s],
-    )
-    .await?;
+    run("mkfs.ext4", &["-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "lazy_itable_init=1,nodiscard", &image_s])
+        .await?;
     // `-o loop` sets the loop device up with autoclear: unmounting detaches it.
     run("mount", &["-o", "loop,nosuid,nodev,noatime", &image_s, &mount_s]).await?;
     // Empty places, so the engine copies the image's content in.

@@ -40,9 +40,9 @@ use bollard::query_parameters::{
     CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
 };
 use disk::{DiskError, DiskMode, DiskPlan};
-use loop_disk::{LABEL_DISK, LoopDisk};
 use kiln_protocol::egress::{EgressMode, EgressPolicy, Layers};
 use kiln_protocol::{NetworkMode, SandboxSpec};
+use loop_disk::{LABEL_DISK, LoopDisk};
 
 use crate::egress::network::{self as egress_network, NetworkError};
 use crate::egress::{EgressSettings, SANDBOX_DNS};
