@@ -411,13 +411,17 @@ fn tmpfs_volume(target: &str, size_mb: u64, user: &str, mode: u32) -> Mount {
 }
 
 /// A fresh anonymous `local` volume at `target` that binds `source` (a
-/// directory of a loop disk). A volume rather than a bind mount: the engine
-/// copies the image's content at `target` into it, as for the tmpfs ones.
+/// directory of a loop disk, owned by the command user). A volume rather
+/// than a bind mount so that it carries the sandbox's labels like the
+/// tmpfs ones; `nocopy` so that it starts as a tmpfs one does: empty and
+/// the command user's (the engine would otherwise copy the image's content
+/// and the owner of the image's directory, root's in some images).
 fn bind_volume(target: &str, source: &Path) -> Mount {
     Mount {
         target: Some(target.to_owned()),
         typ: Some(MountType::VOLUME),
         volume_options: Some(MountVolumeOptions {
+            no_copy: Some(true),
             driver_config: Some(MountVolumeOptionsDriverConfig {
                 name: Some("local".into()),
                 options: Some(HashMap::from([

@@ -2,8 +2,8 @@
 //! `loop` disk mechanism, see `disk`): a sparse file of the bound's size,
 //! formatted ext4 and mounted on the host through a loop device. The
 //! workspace, the home and the image's volumes are directories in it, handed
-//! to the container as bind-type `local` volumes (so the engine still copies
-//! the image's content in, and the archive API still writes there). A full
+//! to the container as bind-type `local` volumes (the archive API writes
+//! there as to the tmpfs ones). A full
 //! image fails the writer with ENOSPC; the host loses at most the image's
 //! size; and the files live in the host's page cache, reclaimable, not in
 //! tmpfs pages pinned to the container's memory.
@@ -111,7 +111,7 @@ async fn make(disk: &LoopDisk, size_mb: u64, (uid, gid): (u64, u64), places: &[(
         .await?;
     // `-o loop` sets the loop device up with autoclear: unmounting detaches it.
     run("mount", &["-o", "loop,nosuid,nodev,noatime", &image_s, &mount_s]).await?;
-    // Empty places, so the engine copies the image's content in.
+    // Only the places: nothing else the sandbox could write to.
     let lost = mount.join("lost+found");
     tokio::fs::remove_dir(&lost).await.map_err(io("removing lost+found"))?;
     for (target, mode) in places {
