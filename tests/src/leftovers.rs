@@ -116,7 +116,10 @@ pub async fn remove(docker: &Docker, leftovers: &Leftovers) {
         // As the worker removes one: with its anonymous volumes (workspace,
         // home, toolbox; without them each removed sandbox left three
         // behind) and its loop disk, if it has one.
-        let removing = async { Ok::<_, String>(kiln_worker::sandbox::remove_by_id(docker, name).await) };
+        let removing = async {
+            kiln_worker::sandbox::remove_by_id(docker, name).await;
+            Ok::<_, String>(())
+        };
         let _ = bounded("removing a container", removing).await;
     }
     for name in &leftovers.networks {
