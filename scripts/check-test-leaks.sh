@@ -8,6 +8,10 @@
 #   toolbox volumes are anonymous; the worker labels them with the
 #   container's labels, so one a removal without `v` left is found by its
 #   `dev.kiln.worker` label, as containers are);
+# - loop disks (the `loop` disk mechanism's images, mounts and loop devices)
+#   under the default KILN_SANDBOX_DISK_DIR or a test's own
+#   ($TMPDIR/kiln-disk-test-…) whose container is gone: each one's container
+#   carries the disk's path in its `dev.kiln.disk` label;
 # - networks of sessions that live in a test database (`kiln_test_…`, from
 #   tests/src/lib.rs's fresh_database): a session network of a `kiln up` or
 #   another deployment on the engine is not.
@@ -27,6 +31,13 @@ leaks=$(docker ps -a --filter label=dev.kiln.managed \
 
 volumes=$(docker volume ls --filter label=dev.kiln.managed \
   --format '{{.Name}} {{.Label "dev.kiln.worker"}}' | awk '$2 ~ /^(test|proc)-/' || true)
+
+in_use=$(docker ps -a --filter label=dev.kiln.disk --format '{{.Label "dev.kiln.disk"}}' || true)
+disks=""
+for d in /var/lib/kiln/sandbox-disks/kiln-disk-* "${TMPDIR:-/tmp}"/kiln-disk-test-*/kiln-disk-*; do
+  [ -e "$d" ] || continue
+  grep -qxF "$d" <<<"$in_use" || disks="$disks $d"
+done
 
 # Session networks, then those whose session is in a test database.
 networks=""
@@ -48,11 +59,12 @@ if [ -n "$session_networks" ]; then
   done <<<"$session_networks"
 fi
 
-if [ -n "$leaks" ] || [ -n "$volumes" ] || [ -n "$networks" ]; then
+if [ -n "$leaks" ] || [ -n "$volumes" ] || [ -n "$disks" ] || [ -n "$networks" ]; then
   echo "the tests left these behind:" >&2
   [ -z "$leaks" ] || echo "$leaks" >&2
   [ -z "$volumes" ] || printf 'volumes:\n%s\n' "$volumes" >&2
+  [ -z "$disks" ] || echo "loop disks:$disks" >&2
   [ -z "$networks" ] || echo "networks:$networks" >&2
   exit 1
 fi
-echo "no containers, volumes or networks left behind by the tests"
+echo "no containers, volumes, loop disks or networks left behind by the tests"

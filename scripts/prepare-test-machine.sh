@@ -14,6 +14,9 @@ cd "$(dirname "$0")/.."
 sandbox-images/build-offline.sh "${KILN_SANDBOX_IMAGE:-kiln-sandbox:latest}"
 # Images without a C library (and one without bash) for tests/tests/any_image.rs.
 sandbox-images/build-static-test-images.sh
+# The `loop` disk mechanism (worker/src/sandbox/loop_disk.rs): mkfs.ext4,
+# mount and losetup (tests/tests/sandbox_disk.rs).
+scripts/ensure-packages.sh mkfs.ext4:e2fsprogs mount:mount losetup:mount
 # gVisor (`runsc`), registered with the engine: .ci/run runs the sandbox
 # suites a second time under it (KILN_TEST_SANDBOX_RUNTIME=runsc).
 scripts/ensure-runsc.sh

@@ -17,7 +17,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use bollard::Docker;
-use bollard::query_parameters::{ListContainersOptions, ListNetworksOptions, RemoveContainerOptions};
+use bollard::query_parameters::{ListContainersOptions, ListNetworksOptions};
 use kiln_worker::sandbox::{LABEL_SESSION, LABEL_WORKER};
 
 /// Names of what a test's workers left behind.
@@ -113,10 +113,14 @@ async fn networks(docker: &Docker, db_url: &str) -> Result<Vec<String>, LookFail
 /// each call bounded by [`CALL_TIMEOUT`]. What failed is looked for again.
 pub async fn remove(docker: &Docker, leftovers: &Leftovers) {
     for name in &leftovers.containers {
-        // `v`: the sandbox's anonymous volumes (workspace, home, toolbox) go
-        // with it; without it each removed sandbox left three behind.
-        let options = RemoveContainerOptions { force: true, v: true, ..Default::default() };
-        let _ = bounded("removing a container", docker.remove_container(name, Some(options))).await;
+        // As the worker removes one: with its anonymous volumes (workspace,
+        // home, toolbox; without them each removed sandbox left three
+        // behind) and its loop disk, if it has one.
+        let removing = async {
+            kiln_worker::sandbox::remove_by_id(docker, name).await;
+            Ok::<_, String>(())
+        };
+        let _ = bounded("removing a container", removing).await;
     }
     for name in &leftovers.networks {
         let _ = bounded("removing a network", docker.remove_network(name)).await;

@@ -755,8 +755,8 @@ for name, port in [('proxy-port', int(proxy[1])), ('host-service', @PORT@)]:
     assert!(address.is_ok(), "the bridge is a host interface of that name");
 
     for container in app.containers_of(submitted.id).await {
-        let options = bollard::query_parameters::RemoveContainerOptionsBuilder::new().force(true).v(true).build();
-        docker.remove_container(&container, Some(options)).await.unwrap();
+        // As Kiln removes one: with its volumes and its loop disk.
+        kiln_worker::sandbox::remove_by_id(&docker, &container).await;
     }
     docker.remove_network(&kiln_worker::egress::network::name(submitted.session_id)).await.unwrap();
 

@@ -457,8 +457,8 @@ async fn a_secret_printed_slowly_across_output_pieces_is_masked_in_events_and_in
 async fn remove_containers_of(app: &TestApp, run: Uuid) {
     let docker = bollard::Docker::connect_with_local_defaults().unwrap();
     for id in app.containers_of(run).await {
-        let options = bollard::query_parameters::RemoveContainerOptionsBuilder::new().force(true).v(true).build();
-        docker.remove_container(&id, Some(options)).await.unwrap();
+        // As Kiln removes one: with its volumes and its loop disk.
+        kiln_worker::sandbox::remove_by_id(&docker, &id).await;
     }
 }
 

@@ -984,8 +984,8 @@ async fn a_background_process_cannot_change_the_workspace_after_its_patch_is_tak
             now.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
         }
     }
-    let options = bollard::query_parameters::RemoveContainerOptionsBuilder::new().force(true).v(true).build();
-    docker.remove_container(&containers[0], Some(options)).await.unwrap();
+    // As Kiln removes one: with its volumes and its loop disk.
+    kiln_worker::sandbox::remove_by_id(&docker, &containers[0]).await;
     assert!(pushed.trim().parse::<u64>().unwrap() > 1, "the counter ran: {pushed:?}");
     assert_eq!(now, pushed, "the workspace changed after its patch was taken");
 }

@@ -293,6 +293,7 @@ impl Worker {
             // Announced every lease/2: four missed announcements.
             worker_gone_after: self.ctx.config.lease * 2,
             firewall: &self.ctx.config.sandbox.egress.host_firewall,
+            disk_dir: &self.ctx.config.sandbox.disk_dir,
         };
         sandbox_reaper::reap(&self.ctx.docker, &self.ctx.store, &policy).await;
     }

@@ -1,7 +1,7 @@
 //! Which of Kiln's containers on the engine nobody will use again, and
 //! removing them: sessions idle past `KILN_SANDBOX_IDLE_S`, warm containers
 //! of workers that are gone, and containers of older Kiln versions whose run
-//! is over. Containers this database knows nothing of belong to another
+//! is over, and loop disks whose container is gone. Containers this database knows nothing of belong to another
 //! deployment sharing the engine and are left alone.
 
 use std::time::Duration;
@@ -25,7 +25,13 @@ pub struct ReapPolicy<'a> {
     pub worker_gone_after: Duration,
     /// Whose rules go with a session's network.
     pub firewall: &'a HostFirewall,
+    /// Where this worker's sandboxes' loop disks live.
+    pub disk_dir: &'a std::path::Path,
 }
+
+/// A loop disk younger than this may be one whose container is still
+/// being created (the disk is made first).
+const DISK_GRACE: Duration = Duration::from_secs(120);
 
 /// One pass over the engine's Kiln containers. Errors are logged: a pass
 /// that fails is retried at the next tick.
@@ -50,6 +56,9 @@ pub async fn reap(docker: &bollard::Docker, store: &Store, policy: &ReapPolicy<'
             Err(e) => tracing::warn!(container = %container.id, error = %e, "checking a sandbox failed"),
         }
     }
+    // Disks of containers removed without Kiln (a worker that crashed, or
+    // an operator's `docker rm`).
+    sandbox::loop_disk::sweep(docker, policy.disk_dir, DISK_GRACE).await;
 }
 
 async fn should_remove(

@@ -71,10 +71,16 @@ pub struct WorkerArgs {
     #[arg(long, env = "KILN_SANDBOX_DISK_MB", default_value_t = 1024)]
     pub sandbox_disk_mb: u64,
     /// How the disk bound is enforced: `auto` (the writable layer's size where
-    /// the engine supports it, else a read-only root with tmpfs), `layer`,
-    /// `tmpfs`, or `unbounded` (no bound; needed on engines that support neither).
+    /// the engine supports it, else a loop-mounted disk image per sandbox
+    /// where the worker can make one, else a read-only root with tmpfs),
+    /// `layer`, `loop`, `tmpfs`, or `unbounded` (no bound; needed on engines
+    /// that support none).
     #[arg(long, env = "KILN_SANDBOX_DISK_MODE", default_value = "auto")]
     pub sandbox_disk_mode: DiskMode,
+    /// Where the `loop` disk mechanism keeps sandboxes' disk images (sparse
+    /// files, each at most KILN_SANDBOX_DISK_MB).
+    #[arg(long, env = "KILN_SANDBOX_DISK_DIR", default_value = kiln_worker::sandbox::DEFAULT_DISK_DIR)]
+    pub sandbox_disk_dir: PathBuf,
     /// Open files per sandbox process (`nofile` ulimit).
     #[arg(long, env = "KILN_SANDBOX_NOFILE", default_value_t = 4096)]
     pub sandbox_nofile: i64,
@@ -265,6 +271,7 @@ impl WorkerArgs {
                 toolbox_path: self.toolbox_path.clone(),
                 disk_mb: self.sandbox_disk_mb,
                 disk_mode: self.sandbox_disk_mode,
+                disk_dir: self.sandbox_disk_dir.clone(),
                 egress: Arc::new(self.egress()?),
                 ..SandboxConfig::default()
             },

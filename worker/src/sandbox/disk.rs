@@ -2,14 +2,19 @@
 //! engine's disk (the disk Postgres may share, or the pod's emptyDir whose
 //! overflow gets the whole worker evicted).
 //!
-//! Two mechanisms, chosen by probing the engine once:
+//! Three mechanisms, chosen by probing the engine once:
 //!
 //! - [`DiskMechanism::Layer`]: the engine sizes the container's writable
 //!   layer (`storage_opt size`: overlay2 on xfs with `pquota`, btrfs, zfs,
 //!   devicemapper). `/workspace`, the home directory and everything else
 //!   written outside `/tmp` lives in that layer, on disk.
+//! - [`DiskMechanism::Loop`]: where the worker runs as root next to the
+//!   engine (mount, loop devices, `mkfs.ext4`): the root filesystem is
+//!   read-only and the writable places are directories of a per-sandbox
+//!   ext4 image of the bound's size (see `loop_disk`). On disk, so the
+//!   workspace costs page cache the kernel can reclaim, not RAM.
 //! - [`DiskMechanism::Tmpfs`]: everywhere else (overlay2 on ext4,
-//!   fuse-overlayfs). The root filesystem is read-only, so the layer cannot
+//!   fuse-overlayfs, a worker without root). The root filesystem is read-only, so the layer cannot
 //!   grow at all, and each writable place is a size-bounded tmpfs: a
 //!   `local` volume of type tmpfs, which (unlike a plain tmpfs mount) the
 //!   archive API can write to, so the repository upload and the toolbox copy
@@ -22,6 +27,7 @@
 //! so (`KILN_SANDBOX_DISK_MODE=unbounded`).
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use bollard::Docker;
 use bollard::models::{
@@ -34,6 +40,7 @@ use futures::StreamExt;
 use uuid::Uuid;
 
 use super::files::parse_user;
+use super::loop_disk::{self, LoopDisk};
 use super::toolbox_binary::CONTAINER_DIR as TOOLBOX_DIR;
 use super::{LABEL_MANAGED, MAIN_PROCESS_USER, SandboxConfig, SandboxError, WORKSPACE, remove_container};
 
@@ -50,11 +57,14 @@ const LABEL_PROBE: &str = "dev.kiln.probe";
 /// How the operator wants sandboxes' disk bounded (`KILN_SANDBOX_DISK_MODE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DiskMode {
-    /// The writable layer's size where the engine supports it, tmpfs otherwise.
+    /// The writable layer's size where the engine supports it, else a loop
+    /// disk where the worker can make one, else tmpfs.
     #[default]
     Auto,
     /// Only `storage_opt size`; refuse engines without it.
     Layer,
+    /// Only read-only root plus a loop-mounted disk image per sandbox.
+    Loop,
     /// Only read-only root plus tmpfs, even where the layer could be sized.
     Tmpfs,
     /// No bound: a sandbox can fill the engine's disk.
@@ -67,9 +77,10 @@ impl std::str::FromStr for DiskMode {
         match s {
             "auto" => Ok(DiskMode::Auto),
             "layer" => Ok(DiskMode::Layer),
+            "loop" => Ok(DiskMode::Loop),
             "tmpfs" => Ok(DiskMode::Tmpfs),
             "unbounded" => Ok(DiskMode::Unbounded),
-            other => Err(format!("{other:?} is not one of auto, layer, tmpfs, unbounded")),
+            other => Err(format!("{other:?} is not one of auto, layer, loop, tmpfs, unbounded")),
         }
     }
 }
@@ -78,6 +89,7 @@ impl std::str::FromStr for DiskMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DiskMechanism {
     Layer,
+    Loop,
     Tmpfs,
     Unbounded,
 }
@@ -86,6 +98,7 @@ impl DiskMechanism {
     pub fn as_str(self) -> &'static str {
         match self {
             DiskMechanism::Layer => "layer",
+            DiskMechanism::Loop => "loop",
             DiskMechanism::Tmpfs => "tmpfs",
             DiskMechanism::Unbounded => "unbounded",
         }
@@ -96,44 +109,60 @@ impl DiskMechanism {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DiskPlan {
     pub mechanism: DiskMechanism,
-    /// The command user's home in the image, made a writable tmpfs (with
-    /// the image's content) under [`DiskMechanism::Tmpfs`].
+    /// The command user's home in the image, made a writable place (with
+    /// the image's content) under [`DiskMechanism::Tmpfs`] and [`DiskMechanism::Loop`].
     pub home: Option<String>,
     /// Volumes the image declares: each would be an unbounded directory on
-    /// the engine's disk, so each gets a bounded tmpfs volume instead.
+    /// the engine's disk, so each gets a bounded place instead.
     pub image_volumes: Vec<String>,
+    /// Why the loop mechanism was not taken, when it was tried and failed
+    /// (said in the start-up log line).
+    pub loop_refused: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {
     #[error(
         "this Docker engine can bound a sandbox's disk neither by sizing the writable layer (storage_opt: {layer}) \
-         nor with a read-only root and tmpfs volumes ({tmpfs}); without a bound one session can fill the engine's \
-         disk. Set {MODE_ENV}=unbounded to run anyway"
+         nor with a loop-mounted disk image ({loop_}) nor with a read-only root and tmpfs volumes ({tmpfs}); \
+         without a bound one session can fill the engine's disk. Set {MODE_ENV}=unbounded to run anyway"
     )]
-    NoBound { layer: String, tmpfs: String },
+    NoBound { layer: String, loop_: String, tmpfs: String },
+    #[error("{MODE_ENV}=loop, but this worker cannot give sandboxes a loop-mounted disk image: {0}")]
+    NoLoop(String),
     #[error("{MODE_ENV}=layer, but this Docker engine cannot size a container's writable layer: {0}")]
     NoLayer(String),
+    #[error("making the sandbox's disk image: {0}")]
+    Loop(String),
     #[error(
         "{MODE_ENV}=tmpfs, but this Docker engine cannot run sandboxes with a read-only root and tmpfs volumes: {0}"
     )]
     NoTmpfs(String),
 }
 
-/// The mechanism for `mode`, given which ones the engine supports (`Err`:
-/// why not).
-pub fn choose(
-    mode: DiskMode,
-    layer: Result<(), String>,
-    tmpfs: Result<(), String>,
-) -> Result<DiskMechanism, DiskError> {
-    match (mode, layer, tmpfs) {
-        (DiskMode::Unbounded, _, _) => Ok(DiskMechanism::Unbounded),
-        (DiskMode::Layer, Ok(()), _) | (DiskMode::Auto, Ok(()), _) => Ok(DiskMechanism::Layer),
-        (DiskMode::Layer, Err(e), _) => Err(DiskError::NoLayer(e)),
-        (DiskMode::Tmpfs, _, Ok(())) | (DiskMode::Auto, Err(_), Ok(())) => Ok(DiskMechanism::Tmpfs),
-        (DiskMode::Tmpfs, _, Err(e)) => Err(DiskError::NoTmpfs(e)),
-        (DiskMode::Auto, Err(layer), Err(tmpfs)) => Err(DiskError::NoBound { layer, tmpfs }),
+/// Which mechanisms the engine (and this worker) support: `Err` says why not.
+#[derive(Debug, Clone)]
+pub struct Support {
+    pub layer: Result<(), String>,
+    pub loop_: Result<(), String>,
+    pub tmpfs: Result<(), String>,
+}
+
+/// The mechanism for `mode`, given which ones are supported: `auto` takes
+/// the first of layer, loop, tmpfs; an explicit mode is taken or refused.
+pub fn choose(mode: DiskMode, support: Support) -> Result<DiskMechanism, DiskError> {
+    let Support { layer, loop_, tmpfs } = support;
+    match mode {
+        DiskMode::Unbounded => Ok(DiskMechanism::Unbounded),
+        DiskMode::Layer => layer.map(|()| DiskMechanism::Layer).map_err(DiskError::NoLayer),
+        DiskMode::Loop => loop_.map(|()| DiskMechanism::Loop).map_err(DiskError::NoLoop),
+        DiskMode::Tmpfs => tmpfs.map(|()| DiskMechanism::Tmpfs).map_err(DiskError::NoTmpfs),
+        DiskMode::Auto => match (layer, loop_, tmpfs) {
+            (Ok(()), _, _) => Ok(DiskMechanism::Layer),
+            (_, Ok(()), _) => Ok(DiskMechanism::Loop),
+            (_, _, Ok(())) => Ok(DiskMechanism::Tmpfs),
+            (Err(layer), Err(loop_), Err(tmpfs)) => Err(DiskError::NoBound { layer, loop_, tmpfs }),
+        },
     }
 }
 
@@ -141,19 +170,74 @@ pub fn choose(
 /// plans the sandboxes' disk.
 pub async fn probe(docker: &Docker, config: &SandboxConfig) -> Result<DiskPlan, SandboxError> {
     if config.disk_mode == DiskMode::Unbounded {
-        return Ok(DiskPlan { mechanism: DiskMechanism::Unbounded, home: None, image_volumes: Vec::new() });
+        return Ok(DiskPlan {
+            mechanism: DiskMechanism::Unbounded,
+            home: None,
+            image_volumes: Vec::new(),
+            loop_refused: None,
+        });
     }
+    const NOT_TRIED: &str = "not tried";
     let layer = match config.disk_mode {
-        DiskMode::Tmpfs => Err("not tried".to_owned()),
-        _ => probe_layer(docker, config).await?,
+        DiskMode::Auto | DiskMode::Layer => probe_layer(docker, config).await?,
+        _ => Err(NOT_TRIED.to_owned()),
     };
+    let loop_ = match (config.disk_mode, &layer) {
+        (DiskMode::Loop, _) | (DiskMode::Auto, Err(_)) => probe_loop(docker, config).await?,
+        _ => Err(NOT_TRIED.to_owned()),
+    };
+    let loop_refused = loop_.as_ref().err().filter(|why| *why != NOT_TRIED).cloned();
     let inspection = inspect_image_tmpfs(docker, config).await?;
-    let mechanism = choose(config.disk_mode, layer.as_ref().map(|_| ()).map_err(Clone::clone), inspection.tmpfs)?;
+    let support = Support { layer: layer.as_ref().map(|_| ()).map_err(Clone::clone), loop_, tmpfs: inspection.tmpfs };
+    let mechanism = choose(config.disk_mode, support)?;
     Ok(match (mechanism, layer) {
         // The layer probe's container had no mounts of Kiln's: its volumes
         // are all the image's, `/workspace` included.
-        (DiskMechanism::Layer, Ok(image_volumes)) => DiskPlan { mechanism, home: None, image_volumes },
-        _ => DiskPlan { mechanism, home: inspection.home, image_volumes: inspection.image_volumes },
+        (DiskMechanism::Layer, Ok(image_volumes)) => DiskPlan { mechanism, home: None, image_volumes, loop_refused },
+        _ => DiskPlan { mechanism, home: inspection.home, image_volumes: inspection.image_volumes, loop_refused },
+    })
+}
+
+/// Whether this worker can give sandboxes a loop disk the engine sees: a
+/// small disk with a marker file, bound into a (never started) container of
+/// the image, and the marker read back through the engine. An engine in
+/// another mount namespace would bind the bare directory (or none) instead.
+async fn probe_loop(docker: &Docker, config: &SandboxConfig) -> Result<Result<(), String>, SandboxError> {
+    let disk = match loop_disk::create(&config.disk_dir, 16, (0, 0), &[(WORKSPACE, 0o755)]).await {
+        Ok(disk) => disk,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    let result = probe_loop_on(docker, config, &disk).await;
+    loop_disk::release(&disk.dir).await;
+    result
+}
+
+async fn probe_loop_on(
+    docker: &Docker,
+    config: &SandboxConfig,
+    disk: &LoopDisk,
+) -> Result<Result<(), String>, SandboxError> {
+    let marker = Uuid::new_v4().to_string();
+    let place = disk.place(WORKSPACE);
+    if let Err(e) = tokio::fs::write(place.join(".kiln-probe"), &marker).await {
+        return Ok(Err(format!("writing to the disk image: {e}")));
+    }
+    let host_config = HostConfig {
+        readonly_rootfs: Some(true),
+        mounts: Some(vec![bind_volume(WORKSPACE, &place)]),
+        ..Default::default()
+    };
+    let id = match create_probe(docker, probe_body(config, host_config)).await.map_err(|e| image_missing(e, config))? {
+        Ok(id) => id,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    let read = read_small_file(docker, &id, &format!("{WORKSPACE}/.kiln-probe")).await;
+    remove_container(docker, &id).await;
+    Ok(match read {
+        Some(content) if content == marker.as_bytes() => Ok(()),
+        _ => Err("the engine does not see the worker's mounts (is it on another host, or in another mount \
+                  namespace?)"
+            .to_owned()),
     })
 }
 
@@ -326,9 +410,63 @@ fn tmpfs_volume(target: &str, size_mb: u64, user: &str, mode: u32) -> Mount {
     }
 }
 
+/// A fresh anonymous `local` volume at `target` that binds `source` (a
+/// directory of a loop disk, owned by the command user). A volume rather
+/// than a bind mount so that it carries the sandbox's labels like the
+/// tmpfs ones; `nocopy` so that it starts as a tmpfs one does: empty and
+/// the command user's (the engine would otherwise copy the image's content
+/// and the owner of the image's directory, root's in some images).
+fn bind_volume(target: &str, source: &Path) -> Mount {
+    Mount {
+        target: Some(target.to_owned()),
+        typ: Some(MountType::VOLUME),
+        volume_options: Some(MountVolumeOptions {
+            no_copy: Some(true),
+            driver_config: Some(MountVolumeOptionsDriverConfig {
+                name: Some("local".into()),
+                options: Some(HashMap::from([
+                    ("type".to_owned(), "none".to_owned()),
+                    ("device".to_owned(), source.to_string_lossy().into_owned()),
+                    ("o".to_owned(), "bind".to_owned()),
+                ])),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The places a sandbox writes besides `/tmp` (path in the container, mode
+/// of a fresh one): the workspace, the home, the image's volumes.
+pub(super) fn places(plan: &DiskPlan) -> Vec<(&str, u32)> {
+    let mut places = vec![(WORKSPACE, 0o755)];
+    if let Some(home) = &plan.home {
+        places.push((home.as_str(), 0o755));
+    }
+    for volume in &plan.image_volumes {
+        if !places.iter().any(|(p, _)| p == volume) {
+            places.push((volume.as_str(), 0o1777));
+        }
+    }
+    places
+}
+
+/// Makes the sandbox's loop disk, if the plan uses one.
+pub(super) async fn make_disk(plan: &DiskPlan, config: &SandboxConfig) -> Result<Option<LoopDisk>, SandboxError> {
+    if plan.mechanism != DiskMechanism::Loop {
+        return Ok(None);
+    }
+    let owner = parse_user(&config.user);
+    let disk = loop_disk::create(&config.disk_dir, config.disk_mb, owner, &places(plan))
+        .await
+        .map_err(|e| DiskError::Loop(e.to_string()))?;
+    Ok(Some(disk))
+}
+
 /// What a sandbox container's host config gets from the plan: the bound
-/// itself, and the memory limit that leaves room for every tmpfs.
-pub(super) fn apply(plan: &DiskPlan, config: &SandboxConfig, host: &mut HostConfig) {
+/// itself, and the memory limit that leaves room for every tmpfs. `disk`:
+/// the sandbox's loop disk, under [`DiskMechanism::Loop`].
+pub(super) fn apply(plan: &DiskPlan, config: &SandboxConfig, host: &mut HostConfig, disk: Option<&LoopDisk>) {
     // Not charged to the container: only the engine writes there.
     let mut mounts = vec![tmpfs_volume(TOOLBOX_DIR, TOOLBOX_DIR_MB, "0:0", 0o755)];
     // RAM the sandbox's processes can fill besides their own memory: /tmp
@@ -340,10 +478,18 @@ pub(super) fn apply(plan: &DiskPlan, config: &SandboxConfig, host: &mut HostConf
             ram_mb += size_mb;
         }
     };
-    match plan.mechanism {
-        DiskMechanism::Unbounded => {}
-        DiskMechanism::Layer => host.storage_opt = Some(layer_storage_opt(config)),
-        DiskMechanism::Tmpfs => {
+    match (plan.mechanism, disk) {
+        (DiskMechanism::Loop, Some(disk)) => {
+            // Every place is on the disk: nothing added to the memory limit.
+            host.readonly_rootfs = Some(true);
+            for (target, _) in places(plan) {
+                mounts.push(bind_volume(target, &disk.place(target)));
+            }
+        }
+        (DiskMechanism::Unbounded, _) => {}
+        (DiskMechanism::Layer, _) => host.storage_opt = Some(layer_storage_opt(config)),
+        // (Loop without a disk does not happen: `make_disk` makes one.)
+        (DiskMechanism::Tmpfs | DiskMechanism::Loop, _) => {
             host.readonly_rootfs = Some(true);
             add(&mut mounts, WORKSPACE, config.disk_mb, 0o755);
             if let Some(home) = &plan.home {
@@ -384,23 +530,35 @@ mod tests {
         Err(why.to_owned())
     }
 
+    fn support(layer: Result<(), String>, loop_: Result<(), String>, tmpfs: Result<(), String>) -> Support {
+        Support { layer, loop_, tmpfs }
+    }
+
     #[test]
-    fn auto_prefers_the_sized_layer_then_tmpfs_then_refuses_naming_the_setting() {
-        assert_eq!(choose(DiskMode::Auto, Ok(()), Ok(())).unwrap(), DiskMechanism::Layer);
-        assert_eq!(choose(DiskMode::Auto, no("--storage-opt is not supported"), Ok(())).unwrap(), DiskMechanism::Tmpfs);
-        let refused = choose(DiskMode::Auto, no("no quota"), no("no tmpfs volumes")).unwrap_err().to_string();
+    fn auto_prefers_the_sized_layer_then_loop_then_tmpfs_then_refuses_naming_the_setting() {
+        assert_eq!(choose(DiskMode::Auto, support(Ok(()), Ok(()), Ok(()))).unwrap(), DiskMechanism::Layer);
+        let no_layer = support(no("--storage-opt is not supported"), Ok(()), Ok(()));
+        assert_eq!(choose(DiskMode::Auto, no_layer).unwrap(), DiskMechanism::Loop);
+        let no_loop = support(no("--storage-opt is not supported"), no("not root"), Ok(()));
+        assert_eq!(choose(DiskMode::Auto, no_loop).unwrap(), DiskMechanism::Tmpfs);
+        let refused = choose(DiskMode::Auto, support(no("no quota"), no("no losetup"), no("no tmpfs volumes")))
+            .unwrap_err()
+            .to_string();
         assert!(refused.contains("KILN_SANDBOX_DISK_MODE=unbounded"), "{refused}");
-        assert!(refused.contains("no quota") && refused.contains("no tmpfs volumes"), "{refused}");
+        assert!(refused.contains("no quota") && refused.contains("no losetup") && refused.contains("no tmpfs volumes"));
     }
 
     #[test]
     fn an_explicit_mode_is_taken_or_refused_never_swapped() {
-        assert_eq!(choose(DiskMode::Tmpfs, Ok(()), Ok(())).unwrap(), DiskMechanism::Tmpfs);
-        assert!(matches!(choose(DiskMode::Layer, no("x"), Ok(())), Err(DiskError::NoLayer(_))));
-        assert!(matches!(choose(DiskMode::Tmpfs, Ok(()), no("x")), Err(DiskError::NoTmpfs(_))));
-        assert_eq!(choose(DiskMode::Unbounded, no("x"), no("y")).unwrap(), DiskMechanism::Unbounded);
+        assert_eq!(choose(DiskMode::Tmpfs, support(Ok(()), Ok(()), Ok(()))).unwrap(), DiskMechanism::Tmpfs);
+        assert_eq!(choose(DiskMode::Loop, support(Ok(()), Ok(()), Ok(()))).unwrap(), DiskMechanism::Loop);
+        assert!(matches!(choose(DiskMode::Layer, support(no("x"), Ok(()), Ok(()))), Err(DiskError::NoLayer(_))));
+        assert!(matches!(choose(DiskMode::Loop, support(Ok(()), no("x"), Ok(()))), Err(DiskError::NoLoop(_))));
+        assert!(matches!(choose(DiskMode::Tmpfs, support(Ok(()), Ok(()), no("x"))), Err(DiskError::NoTmpfs(_))));
+        assert_eq!(choose(DiskMode::Unbounded, support(no("x"), no("y"), no("z"))).unwrap(), DiskMechanism::Unbounded);
         assert!("sideways".parse::<DiskMode>().is_err());
         assert_eq!("tmpfs".parse::<DiskMode>().unwrap(), DiskMode::Tmpfs);
+        assert_eq!("loop".parse::<DiskMode>().unwrap(), DiskMode::Loop);
     }
 
     #[test]
@@ -419,9 +577,10 @@ mod tests {
             mechanism: DiskMechanism::Tmpfs,
             home: Some("/home/kiln".into()),
             image_volumes: vec!["/data".into()],
+            loop_refused: None,
         };
         let mut host = HostConfig::default();
-        apply(&plan, &config, &mut host);
+        apply(&plan, &config, &mut host, None);
         assert_eq!(host.readonly_rootfs, Some(true));
         assert_eq!(host.storage_opt, None);
         let targets: Vec<&str> = host.mounts.iter().flatten().filter_map(|m| m.target.as_deref()).collect();
@@ -438,11 +597,41 @@ mod tests {
     #[test]
     fn layer_plans_a_sized_layer_and_leaves_the_root_writable() {
         let config = SandboxConfig { disk_mb: 64, tmpfs_mb: 32, memory_bytes: 512 << 20, ..SandboxConfig::default() };
-        let plan = DiskPlan { mechanism: DiskMechanism::Layer, home: None, image_volumes: Vec::new() };
+        let plan =
+            DiskPlan { mechanism: DiskMechanism::Layer, home: None, image_volumes: Vec::new(), loop_refused: None };
         let mut host = HostConfig::default();
-        apply(&plan, &config, &mut host);
+        apply(&plan, &config, &mut host, None);
         assert_eq!(host.readonly_rootfs, None);
         assert_eq!(host.storage_opt.as_ref().unwrap()["size"], "64m");
+        assert_eq!(host.memory, Some((512 + 32 + 64) << 20));
+    }
+}
+
+#[cfg(test)]
+mod loop_tests {
+    use super::*;
+
+    #[test]
+    fn loop_binds_every_place_from_the_disk_and_adds_no_memory_for_them() {
+        let config = SandboxConfig { disk_mb: 64, tmpfs_mb: 32, memory_bytes: 512 << 20, ..SandboxConfig::default() };
+        let plan = DiskPlan {
+            mechanism: DiskMechanism::Loop,
+            home: Some("/home/kiln".into()),
+            image_volumes: vec!["/data".into()],
+            loop_refused: None,
+        };
+        let disk = LoopDisk { dir: "/var/lib/kiln/sandbox-disks/kiln-disk-1".into() };
+        let mut host = HostConfig::default();
+        apply(&plan, &config, &mut host, Some(&disk));
+        assert_eq!(host.readonly_rootfs, Some(true));
+        let mounts = host.mounts.as_ref().unwrap();
+        let targets: Vec<&str> = mounts.iter().filter_map(|m| m.target.as_deref()).collect();
+        assert_eq!(targets, [TOOLBOX_DIR, WORKSPACE, "/home/kiln", "/data"]);
+        let options = mounts[2].volume_options.as_ref().unwrap().driver_config.as_ref().unwrap().options.as_ref();
+        let options = options.unwrap();
+        assert_eq!(options["device"], "/var/lib/kiln/sandbox-disks/kiln-disk-1/mnt/home_kiln");
+        assert_eq!(options["o"], "bind");
+        // /tmp 32 + shm 64 only: the disk is not RAM.
         assert_eq!(host.memory, Some((512 + 32 + 64) << 20));
     }
 }

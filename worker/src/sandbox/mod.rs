@@ -19,6 +19,7 @@ pub mod environment_pools;
 mod exec;
 mod files;
 pub mod lifecycle;
+pub mod loop_disk;
 pub mod pool;
 pub mod repo_clone;
 pub mod runtime;
@@ -42,6 +43,7 @@ use bollard::query_parameters::{
 use disk::{DiskError, DiskMode, DiskPlan};
 use kiln_protocol::egress::{EgressMode, EgressPolicy, Layers};
 use kiln_protocol::{NetworkMode, SandboxSpec};
+use loop_disk::{LABEL_DISK, LoopDisk};
 
 use crate::egress::network::{self as egress_network, NetworkError};
 use crate::egress::{EgressSettings, SANDBOX_DNS};
@@ -128,6 +130,9 @@ pub enum SandboxError {
     Prepare(String),
 }
 
+/// Where loop disks live unless `KILN_SANDBOX_DISK_DIR` says otherwise.
+pub const DEFAULT_DISK_DIR: &str = "/var/lib/kiln/sandbox-disks";
+
 /// Resource limits and image of a sandbox.
 #[derive(Debug, Clone)]
 pub struct SandboxConfig {
@@ -157,6 +162,9 @@ pub struct SandboxConfig {
     pub disk_mb: u64,
     /// How the disk is bounded (`KILN_SANDBOX_DISK_MODE`).
     pub disk_mode: DiskMode,
+    /// Where the `loop` mechanism keeps sandboxes' disk images
+    /// (`KILN_SANDBOX_DISK_DIR`).
+    pub disk_dir: PathBuf,
     /// The engine probe's plan, made once (at worker start, or by the first
     /// container) and shared by every clone of this config.
     pub disk_plan: Arc<tokio::sync::OnceCell<DiskPlan>>,
@@ -182,6 +190,7 @@ impl Default for SandboxConfig {
             toolbox_path: None,
             disk_mb: 1024,
             disk_mode: DiskMode::Auto,
+            disk_dir: DEFAULT_DISK_DIR.into(),
             disk_plan: Arc::default(),
             egress: Arc::default(),
             egress_run: None,
@@ -203,6 +212,15 @@ impl SandboxConfig {
                     image_volumes = ?plan.image_volumes,
                     "sandbox disk bound"
                 );
+                if plan.mechanism == disk::DiskMechanism::Tmpfs
+                    && let Some(why) = &plan.loop_refused
+                {
+                    tracing::warn!(
+                        reason = %why,
+                        "sandbox workspaces live in RAM (tmpfs): a loop-mounted disk image is not possible here, \
+                         and every sandbox's memory limit is raised by its disk bound"
+                    );
+                }
                 Ok(plan)
             })
             .await
@@ -340,23 +358,19 @@ impl Sandbox {
         plan: &DiskPlan,
         egress: Option<&Attachment>,
     ) -> Result<Sandbox, SandboxError> {
-        let options = CreateContainerOptionsBuilder::new().name(name).build();
-        let body = || container_body(config, plan, purpose, egress);
-        let created = match docker.create_container(Some(options.clone()), body()).await {
-            Ok(c) => c,
-            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
-                return Err(SandboxError::ImageMissing(config.image.clone()));
+        let disk = disk::make_disk(plan, config).await?;
+        let created = match Self::create_container(docker, config, name, purpose, plan, egress, disk.as_ref()).await {
+            Ok(created) => created,
+            Err(e) => {
+                // No container took the disk: nothing else would free it now.
+                if let Some(disk) = &disk {
+                    loop_disk::release(&disk.dir).await;
+                }
+                return Err(e);
             }
-            Err(bollard::errors::Error::DockerResponseServerError { status_code: 409, .. }) => {
-                // A dead container under this name (callers adopt live ones
-                // first): start afresh.
-                remove_container(docker, name).await;
-                docker.create_container(Some(options), body()).await?
-            }
-            Err(e) => return Err(e.into()),
         };
         let mut sandbox =
-            Sandbox { docker: docker.clone(), id: created.id, config: config.clone(), toolbox: Arc::default() };
+            Sandbox { docker: docker.clone(), id: created, config: config.clone(), toolbox: Arc::default() };
         if let Err(e) = docker.start_container(&sandbox.id, None).await {
             sandbox.remove().await;
             return Err(e.into());
@@ -366,6 +380,32 @@ impl Sandbox {
             return Err(e);
         }
         Ok(sandbox)
+    }
+
+    async fn create_container(
+        docker: &Docker,
+        config: &SandboxConfig,
+        name: &str,
+        purpose: &Purpose<'_>,
+        plan: &DiskPlan,
+        egress: Option<&Attachment>,
+        disk: Option<&LoopDisk>,
+    ) -> Result<String, SandboxError> {
+        let options = CreateContainerOptionsBuilder::new().name(name).build();
+        let body = || container_body(config, plan, purpose, egress, disk);
+        match docker.create_container(Some(options.clone()), body()).await {
+            Ok(c) => Ok(c.id),
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
+                Err(SandboxError::ImageMissing(config.image.clone()))
+            }
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 409, .. }) => {
+                // A dead container under this name (callers adopt live ones
+                // first): start afresh.
+                remove_container(docker, name).await;
+                Ok(docker.create_container(Some(options), body()).await?.id)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     pub fn id(&self) -> &str {
@@ -395,8 +435,13 @@ fn container_body(
     plan: &DiskPlan,
     purpose: &Purpose<'_>,
     egress: Option<&Attachment>,
+    disk: Option<&LoopDisk>,
 ) -> ContainerCreateBody {
     let mut labels = HashMap::from([(LABEL_MANAGED.to_owned(), "true".to_owned())]);
+    if let Some(disk) = disk {
+        // Whoever removes the container frees the disk (see `remove_container`).
+        labels.insert(LABEL_DISK.to_owned(), disk.dir.to_string_lossy().into_owned());
+    }
     match purpose {
         Purpose::Session(owner) => {
             // Who created it; the name, not these, binds it to the session.
@@ -440,7 +485,7 @@ fn container_body(
         ..Default::default()
     };
     // The disk bound, and memory (no swap) that leaves room for every tmpfs.
-    disk::apply(plan, config, &mut host_config);
+    disk::apply(plan, config, &mut host_config, disk);
     disk::label_volumes(&mut host_config, &labels);
     ContainerCreateBody {
         image: Some(config.image.clone()),
@@ -467,10 +512,20 @@ fn is_name_conflict(e: &SandboxError) -> bool {
     matches!(e, SandboxError::Docker(bollard::errors::Error::DockerResponseServerError { status_code: 409, .. }))
 }
 
+/// Force-removes a container with its volumes, and frees its loop disk
+/// if it has one.
 async fn remove_container(docker: &Docker, id: &str) {
+    let disk = match docker.inspect_container(id, None).await {
+        Ok(info) => info.config.and_then(|c| c.labels).and_then(|mut l| l.remove(LABEL_DISK)),
+        Err(_) => None,
+    };
     let options = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
     match docker.remove_container(id, Some(options)).await {
-        Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
+        Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
+            if let Some(dir) = disk {
+                loop_disk::release(std::path::Path::new(&dir)).await;
+            }
+        }
         Err(e) => tracing::warn!(container = id, error = %e, "removing sandbox failed"),
     }
 }
