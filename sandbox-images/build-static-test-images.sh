@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Build the two test images that have no C library at all, from Debian's
+# Build the three test images that have no C library at all, from Debian's
 # statically linked `bash-static` and `busybox-static` packages (fetched with
 # `apt-get download`, so from the machine's own apt sources), imported with
 # `docker import`:
 #
 #   kiln-test-static:1   bash (bash-static) and busybox's commands; no glibc,
 #                        no dynamic loader; /etc/passwd knows root only
-#   kiln-test-nobash:1   the same without bash
+#   kiln-test-nobash:1   the same without bash: busybox's POSIX sh only
+#   kiln-test-noshell:1  no shell at all: an empty root filesystem with
+#                        /workspace, /tmp, a root-only /etc/passwd and one
+#                        static `sleep` (busybox's binary under that name
+#                        only, no other applet linked): the container's idle
+#                        process is `sleep infinity`; the toolbox is copied
+#                        in by the worker
 #
 # The sandbox tests (tests/tests/any_image.rs) run the toolbox in these. An
 # image that already exists is left as it is (--rebuild to build anyway).
@@ -17,6 +23,7 @@ set -euo pipefail
 
 STATIC_IMAGE=kiln-test-static:1
 NOBASH_IMAGE=kiln-test-nobash:1
+NOSHELL_IMAGE=kiln-test-noshell:1
 
 log() { printf 'build-static-test-images: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -30,7 +37,7 @@ esac
 
 command -v docker >/dev/null 2>&1 || die "docker CLI not found"
 have() { docker image inspect "$1" >/dev/null 2>&1; }
-if [ "$rebuild" -eq 0 ] && have "$STATIC_IMAGE" && have "$NOBASH_IMAGE"; then
+if [ "$rebuild" -eq 0 ] && have "$STATIC_IMAGE" && have "$NOBASH_IMAGE" && have "$NOSHELL_IMAGE"; then
     exit 0
 fi
 
@@ -76,9 +83,19 @@ import() {
     log "built $image"
 }
 
+# No shell: nothing but the directories and one program, busybox under the
+# name `sleep` (busybox picks the applet by the name it was run as, so it is
+# `sleep` and nothing else here).
+noshell="$work/noshell"
+mkdir -p "$noshell/bin" "$noshell/tmp" "$noshell/workspace" "$noshell/etc"
+chmod 1777 "$noshell/tmp"
+cp "$root/bin/busybox" "$noshell/bin/sleep"
+cp "$root/etc/passwd" "$root/etc/group" "$noshell/etc/"
+
 rm -f "$root/bin/bash"
 cp -a "$root" "$work/nobash"
 rm -f "$work/nobash/bin/bash-static"
 ln -s bash-static "$root/bin/bash"
 import "$STATIC_IMAGE" "$root"
 import "$NOBASH_IMAGE" "$work/nobash"
+import "$NOSHELL_IMAGE" "$noshell"

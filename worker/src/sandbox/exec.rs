@@ -7,6 +7,8 @@ use bollard::exec::{CreateExecOptions, CreateExecResults, StartExecResults};
 use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
 
+use kiln_toolbox::protocol::SessionShell;
+
 use super::{HeadTail, Sandbox, SandboxError, WORKSPACE};
 
 /// Exit status GNU `timeout` uses when it had to kill the command.
@@ -87,9 +89,14 @@ impl Sandbox {
             .await
     }
 
-    /// Runs `command` with bash in `/workspace`, stdin closed. `timeout`
-    /// kills the command's whole process group (GNU `timeout` signals its
-    /// group); `on_output` sees each chunk as it arrives.
+    /// Runs `command` with the sandbox's shell (bash, else sh) in
+    /// `/workspace`, stdin closed. `timeout` kills the command's whole
+    /// process group (GNU `timeout` signals its group); `on_output` sees
+    /// each chunk as it arrives. An image without a shell: `NoShell`.
+    ///
+    /// Where the shell is not known yet (a container adopted by name), bash
+    /// is tried, then sh: a shell that could not be started ran nothing, so
+    /// trying the next one is safe.
     pub async fn exec(
         &self,
         command: &str,
@@ -97,7 +104,31 @@ impl Sandbox {
         output_cap: usize,
         mut on_output: impl FnMut(&[u8]),
     ) -> Result<ExecOutput, SandboxError> {
-        let exec = self.create_user_exec(&["bash", "-c", command], timeout, false).await?;
+        let shells = match self.shell() {
+            Some(known) => vec![known],
+            None => vec![SessionShell::Bash, SessionShell::Sh],
+        };
+        for shell in shells {
+            let Some(program) = shell.program() else { break };
+            let out = self.exec_with(program, command, timeout, output_cap, &mut on_output).await?;
+            if !did_not_start(&out, program) {
+                self.set_shell(shell);
+                return Ok(out);
+            }
+        }
+        self.set_shell(SessionShell::Absent);
+        Err(SandboxError::NoShell { image: self.config.image.clone() })
+    }
+
+    async fn exec_with(
+        &self,
+        program: &str,
+        command: &str,
+        timeout: Duration,
+        output_cap: usize,
+        on_output: &mut impl FnMut(&[u8]),
+    ) -> Result<ExecOutput, SandboxError> {
+        let exec = self.create_user_exec(&[program, "-c", command], timeout, false).await?;
         let mut captured = HeadTail::new(output_cap);
         if let StartExecResults::Attached { mut output, .. } = self.docker.start_exec(&exec.id, None).await? {
             // The timeout inside the container is authoritative; this outer
@@ -123,6 +154,17 @@ impl Sandbox {
         let timed_out = matches!(exit_code, Some(TIMEOUT_EXIT) | Some(KILLED_EXIT));
         Ok(ExecOutput { exit_code, output: captured.render().0, timed_out })
     }
+}
+
+/// Whether `program` could not be started at all: the engine (runc or
+/// runsc) says so with 126 and its own message, or `timeout` (GNU or
+/// busybox) with 126/127 and its name first. A shell that ran and failed
+/// never prints either.
+fn did_not_start(out: &ExecOutput, program: &str) -> bool {
+    let text = out.output.trim_start();
+    matches!(out.exit_code, Some(126 | 127))
+        && (text.starts_with("OCI runtime exec failed") || text.starts_with("timeout:"))
+        && text.lines().next().is_some_and(|l| l.contains(program))
 }
 
 /// A command's raw result: stdout as bytes, stderr as (short) text.
