@@ -247,6 +247,11 @@ impl Sandbox {
     /// everything the run started, background processes included (and the
     /// toolbox, which the next call restarts).
     pub async fn kill_user_processes(&self) -> Result<(), ToolboxError> {
+        // No shell: no command of the user's ever ran (and there is no
+        // `kill` in such an image to run).
+        if self.shell() == Some(SessionShell::Absent) {
+            return Ok(());
+        }
         let mut last = Ok(());
         for _ in 0..KILL_ATTEMPTS {
             match self.kill_all_once().await {
