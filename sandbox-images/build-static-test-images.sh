@@ -8,11 +8,12 @@
 #                        no dynamic loader; /etc/passwd knows root only
 #   kiln-test-nobash:1   the same without bash: busybox's POSIX sh only
 #   kiln-test-noshell:1  no shell at all: an empty root filesystem with
-#                        /workspace, /tmp, a root-only /etc/passwd and one
-#                        static `sleep` (busybox's binary under that name
-#                        only, no other applet linked): the container's idle
-#                        process is `sleep infinity`; the toolbox is copied
-#                        in by the worker
+#                        /workspace, /tmp, a root-only /etc/passwd and the
+#                        two programs the worker runs in any sandbox
+#                        (busybox's binary as `sleep` and `true` only, no
+#                        other applet linked): the container's idle process
+#                        is `sleep infinity`, the disk probe runs `true`;
+#                        the toolbox is copied in by the worker
 #
 # The sandbox tests (tests/tests/any_image.rs) run the toolbox in these. An
 # image that already exists is left as it is (--rebuild to build anyway).
@@ -76,20 +77,25 @@ if find "$root" -name 'ld-linux*' -o -name 'libc.so*' | grep -q .; then
     die "a C library slipped into the image"
 fi
 
+# Only the images missing (or all, with --rebuild): one in use stays as it is.
 import() {
     local image=$1 dir=$2
+    if [ "$rebuild" -eq 0 ] && have "$image"; then
+        return
+    fi
     tar -C "$dir" -c . | docker import \
         -c 'ENV PATH=/usr/local/bin:/usr/bin:/bin' -c 'WORKDIR /workspace' - "$image" >/dev/null
     log "built $image"
 }
 
-# No shell: nothing but the directories and one program, busybox under the
-# name `sleep` (busybox picks the applet by the name it was run as, so it is
-# `sleep` and nothing else here).
+# No shell: nothing but the directories and busybox under the names `sleep`
+# and `true` (busybox picks the applet by the name it was run as, so it is
+# those two and nothing else here).
 noshell="$work/noshell"
 mkdir -p "$noshell/bin" "$noshell/tmp" "$noshell/workspace" "$noshell/etc"
 chmod 1777 "$noshell/tmp"
 cp "$root/bin/busybox" "$noshell/bin/sleep"
+ln "$noshell/bin/sleep" "$noshell/bin/true"
 cp "$root/etc/passwd" "$root/etc/group" "$noshell/etc/"
 
 rm -f "$root/bin/bash"

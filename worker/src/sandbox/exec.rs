@@ -104,19 +104,20 @@ impl Sandbox {
         output_cap: usize,
         mut on_output: impl FnMut(&[u8]),
     ) -> Result<ExecOutput, SandboxError> {
-        let shells = match self.shell() {
-            Some(known) => vec![known],
-            None => vec![SessionShell::Bash, SessionShell::Sh],
-        };
-        for shell in shells {
-            let Some(program) = shell.program() else { break };
+        if let Some(known) = self.shell() {
+            let Some(program) = known.program() else {
+                return Err(SandboxError::NoShell { image: self.config.image.clone() });
+            };
+            return self.exec_with(program, command, timeout, output_cap, &mut on_output).await;
+        }
+        for shell in [SessionShell::Bash, SessionShell::Sh] {
+            let program = shell.program().unwrap_or("sh");
             let out = self.exec_with(program, command, timeout, output_cap, &mut on_output).await?;
             if !did_not_start(&out, program) {
                 self.set_shell(shell);
                 return Ok(out);
             }
         }
-        self.set_shell(SessionShell::Absent);
         Err(SandboxError::NoShell { image: self.config.image.clone() })
     }
 
@@ -234,5 +235,27 @@ impl Sandbox {
         }
         out.exit_code = self.docker.inspect_exec(&exec.id).await?.exit_code;
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ExecOutput, did_not_start};
+
+    fn out(code: i64, text: &str) -> ExecOutput {
+        ExecOutput { exit_code: Some(code), output: text.into(), timed_out: false }
+    }
+
+    #[test]
+    fn only_a_shell_that_never_started_is_taken_for_a_missing_one() {
+        let runc = "OCI runtime exec failed: exec failed: unable to start container process: exec: \"timeout\": \
+                    executable file not found in $PATH: unknown";
+        assert!(!did_not_start(&out(126, runc), "bash"), "timeout is missing, not bash");
+        assert!(did_not_start(&out(126, &runc.replace("timeout", "bash")), "bash"));
+        assert!(did_not_start(&out(127, "timeout: can't execute 'bash': No such file or directory\n"), "bash"));
+        assert!(did_not_start(&out(127, "timeout: failed to run command ‘bash’: No such file or directory"), "bash"));
+        // bash ran, and a command in it was not found.
+        assert!(!did_not_start(&out(127, "bash: line 1: git: command not found\n"), "bash"));
+        assert!(!did_not_start(&out(0, "timeout: bash\n"), "bash"));
     }
 }
