@@ -166,7 +166,8 @@ async fn runs_with_sh(toolbox: Option<PathBuf>) -> Vec<String> {
     images().await;
     let (events, requests) = run_seen(
         vec![
-            bash("echo exe=$(readlink /proc/$$/exe); test -e /bin/bash || echo no-bash; cd /tmp && export KEPT=yes"),
+            // `$0` is the shell running it (`/proc/$$/exe` reads empty under gVisor).
+            bash("echo sh=$(readlink /bin/sh) zero=$0; test -e /bin/bash || echo no-bash; cd /tmp && export KEPT=yes"),
             bash("pwd; echo kept=$KEPT; case x in x) echo posix-case;; esac"),
             Reply::text("done"),
         ],
@@ -177,7 +178,12 @@ async fn runs_with_sh(toolbox: Option<PathBuf>) -> Vec<String> {
     let r = results(&events);
     assert_eq!(r.len(), 2, "{r:?}");
     assert!(r.iter().all(|(_, is_error)| !is_error), "{r:?}");
-    assert!(r[0].0.starts_with("exe=/bin/busybox\nno-bash\n"), "ran by busybox's sh: {:?}", r[0].0);
+    let first = r[0].0.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("sh=busybox zero=") && first.ends_with("sh") && r[0].0.contains("\nno-bash\n"),
+        "ran by busybox's sh: {:?}",
+        r[0].0
+    );
     assert!(r[1].0.ends_with("posix-case\n"), "{:?}", r[1].0);
     let description = bash_description(&requests);
     assert!(

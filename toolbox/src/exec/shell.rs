@@ -98,9 +98,8 @@ impl Shell {
     /// Finds bash, else sh, on the `PATH` of `env` (or in `/bin`) and picks
     /// the state directory.
     pub(super) fn new(env: &[(OsString, OsString)]) -> Self {
-        let find = |name: &str| {
-            find_in_path(env, name).or_else(|| Some(Path::new("/bin").join(name)).filter(|p| p.is_file()))
-        };
+        let find =
+            |name: &str| find_in_path(env, name).or_else(|| Some(Path::new("/bin").join(name)).filter(|p| p.is_file()));
         let (kind, program) = match (find("bash"), find("sh")) {
             (Some(bash), _) => (SessionShell::Bash, Some(bash)),
             (None, Some(sh)) => (SessionShell::Sh, Some(sh)),
@@ -159,10 +158,7 @@ impl Shell {
         } else {
             cmd.arg(format!("{POSIX_PROLOGUE}{script}")).env(POSIX_PREAMBLE_VAR, preamble);
         }
-        cmd
-            .stdout(writer)
-            .stderr(writer2)
-            .process_group(0);
+        cmd.stdout(writer).stderr(writer2).process_group(0);
         if let Some(user) = crate::identity::run_as() {
             // Not std's `uid`/`gid`: its unprivileged `setgid` cannot leave
             // the effective-ids switch the toolbox makes under gVisor (see

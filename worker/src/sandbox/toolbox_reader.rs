@@ -261,7 +261,12 @@ fn dispatch(body: &[u8], pending: &PendingMap, hello: &mut Option<oneshot::Sende
                     .take(MISSING_MAX)
                     .map(|m| m.chars().take(MISSING_NAME_CHARS).collect())
                     .collect();
-                let _ = tx.send(Ok(HelloInfo { protocol_version: h.protocol_version, pid: h.pid, missing, shell: h.shell }));
+                let _ = tx.send(Ok(HelloInfo {
+                    protocol_version: h.protocol_version,
+                    pid: h.pid,
+                    missing,
+                    shell: h.shell,
+                }));
             }
         }
         Ok(ServerMessage::Output(o)) => {

@@ -98,16 +98,15 @@ impl Sandbox {
     async fn check_shell(&self, toolbox: &ToolboxError) -> Result<(), SandboxError> {
         for shell in [SessionShell::Bash, SessionShell::Sh] {
             let program = shell.program().unwrap_or("sh");
-            let started = match self.run_detached(vec![program, "-c", "exit 0"], &self.config.user).await {
-                Ok(code) => !matches!(code, Some(126 | 127)),
-                // The engine refuses to start a program the image lacks.
-                Err(ToolboxError::Docker(bollard::errors::Error::DockerResponseServerError { message, .. }))
-                    if message.contains("OCI runtime exec failed") =>
-                {
-                    false
-                }
-                Err(e) => return Err(e.into()),
-            };
+            let started =
+                match self.run_detached(vec![program, "-c", "exit 0"], &self.config.user).await {
+                    Ok(code) => !matches!(code, Some(126 | 127)),
+                    // The engine refuses to start a program the image lacks.
+                    Err(ToolboxError::Docker(bollard::errors::Error::DockerResponseServerError {
+                        message, ..
+                    })) if message.contains("OCI runtime exec failed") => false,
+                    Err(e) => return Err(e.into()),
+                };
             if started {
                 self.set_shell(shell);
                 return Ok(());
