@@ -16,7 +16,7 @@ use kiln_store::StoreError;
 use super::mask::{Masker, masked};
 use super::tail::Tail;
 use crate::agent::events::EventSink;
-use crate::sandbox::{Sandbox, WORKSPACE};
+use crate::sandbox::WORKSPACE;
 
 /// Bytes of a script's output sent as events; past it, the output is kept
 /// only as the tail an error quotes (a chatty install would otherwise
@@ -54,7 +54,7 @@ pub struct Script<'a> {
 
 /// The shell a script runs with in `sandbox`: its bash (also when not known
 /// yet), else its sh; `None`: the image has no shell.
-pub fn shell_of(sandbox: &Sandbox) -> Option<&'static str> {
+pub fn shell_of(sandbox: &crate::sandbox::Sandbox) -> Option<&'static str> {
     match sandbox.shell() {
         None => Some("bash"),
         Some(shell) => shell.program(),
