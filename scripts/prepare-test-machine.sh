@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 # Another server when DATABASE_URL names one (scripts/test sets it first).
 [ -n "${DATABASE_URL:-}" ] || scripts/ensure-postgres.sh >/dev/null
 sandbox-images/build-offline.sh "${KILN_SANDBOX_IMAGE:-kiln-sandbox:latest}"
-# Images without a C library (and one without bash) for tests/tests/any_image.rs.
+# Images without a C library (one without bash, one with no shell at all)
+# for tests/tests/any_image.rs; skipped when all three exist.
 sandbox-images/build-static-test-images.sh
 # The `loop` disk mechanism (worker/src/sandbox/loop_disk.rs): mkfs.ext4,
 # mount and losetup (tests/tests/sandbox_disk.rs).

@@ -1,8 +1,11 @@
-//! Any image (issue 15, items 4–5): the static toolbox runs where there is no
-//! C library at all; a uid the image does not know still gets a usable
-//! `HOME`; an image without `bash` fails at sandbox start, clearly; and
-//! without any toolbox the warm pool does not churn and the fallback is said
-//! once. Real API, worker, Docker; the model is scripted.
+//! Any image (issue 15, items 4–5; issue 30, part 2): the static toolbox
+//! runs where there is no C library at all; a uid the image does not know
+//! still gets a usable `HOME`; an image with busybox's `sh` but no bash runs
+//! the `bash` tool with sh and tells the model so; an image with no shell at
+//! all gets the file tools and a `bash` tool that says there is no shell,
+//! and is refused only where the toolbox cannot run either; without any
+//! toolbox the warm pool does not churn and the fallback is said once. Real
+//! API, worker, Docker; the model is scripted.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
@@ -12,7 +15,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kiln_protocol::{CreateRun, EventBody, RunStatus};
-use kiln_scripted_model::Reply;
+use kiln_scripted_model::{RecordedRequest, Reply};
 use kiln_tests::logs::Logs;
 use kiln_tests::{Event, Options, TestApp, outcome, pick};
 use kiln_worker::ProviderKind;
@@ -23,10 +26,12 @@ use tracing_subscriber::filter::LevelFilter;
 
 /// No glibc, no loader: bash-static and busybox-static only.
 const STATIC_IMAGE: &str = "kiln-test-static:1";
-/// The same without bash.
+/// The same without bash: busybox's POSIX sh.
 const NOBASH_IMAGE: &str = "kiln-test-nobash:1";
+/// No shell at all: an empty root filesystem and one static `sleep`.
+const NOSHELL_IMAGE: &str = "kiln-test-noshell:1";
 
-/// Builds the two test images unless they exist (the script skips what is done).
+/// Builds the three test images unless they exist (the script skips what is done).
 async fn images() {
     static BUILT: OnceCell<()> = OnceCell::const_new();
     BUILT
@@ -69,10 +74,24 @@ fn results(events: &[Event]) -> Vec<(String, bool)> {
 }
 
 async fn run(script: Vec<Reply>, config: WorkerConfig) -> Vec<Event> {
+    run_seen(script, config).await.0
+}
+
+/// The run's events and the requests the model was sent.
+async fn run_seen(script: Vec<Reply>, config: WorkerConfig) -> (Vec<Event>, Vec<RecordedRequest>) {
     let app = TestApp::spawn(Options { worker: false, script, ..Default::default() }).await;
     app.start_worker(config).await;
     let id = app.submit("alice", CreateRun::new("work")).await.id;
-    app.events("alice", id).await
+    let events = app.events("alice", id).await;
+    (events, app.model.requests())
+}
+
+/// The `bash` tool's description in the first request to the model (the
+/// OpenAI Chat shape).
+fn bash_description(requests: &[RecordedRequest]) -> String {
+    let tools = requests[0].body["tools"].as_array().expect("tools offered");
+    let bash = tools.iter().find(|t| t["function"]["name"] == "bash").expect("a bash tool");
+    bash["function"]["description"].as_str().unwrap().to_owned()
 }
 
 #[tokio::test]
@@ -127,18 +146,99 @@ async fn a_uid_missing_from_the_images_passwd_runs_commands_with_a_writable_home
 }
 
 #[tokio::test]
-async fn an_image_without_bash_fails_at_sandbox_start_naming_bash() {
+async fn an_image_without_bash_runs_the_bash_tool_with_its_sh_through_the_toolbox_and_the_model_is_told() {
+    let r = runs_with_sh(Some(static_toolbox().await)).await;
+    // The session's shell keeps its directory and exports, as bash does.
+    assert!(r[1].starts_with("/tmp\nkept=yes\n"), "{:?}", r[1]);
+}
+
+#[tokio::test]
+async fn an_image_without_bash_runs_the_bash_tool_with_its_sh_without_a_toolbox_too() {
+    // The toolbox path is read once per process: this test has its own.
+    let r = runs_with_sh(Some(PathBuf::from("/nonexistent/kiln-toolbox"))).await;
+    // One docker exec per call: nothing carries over.
+    assert!(r[1].starts_with("/workspace\nkept=\n"), "{:?}", r[1]);
+}
+
+/// Two commands in the busybox image without bash: both run with its sh,
+/// and the model was told it has sh. The outputs.
+async fn runs_with_sh(toolbox: Option<PathBuf>) -> Vec<String> {
     images().await;
-    for toolbox in [Some(static_toolbox().await), Some(PathBuf::from("/nonexistent/kiln-toolbox"))] {
-        let events = run(vec![bash("echo never"), Reply::text("done")], config(NOBASH_IMAGE, toolbox.clone())).await;
-        assert_eq!(outcome(&events), Some(RunStatus::Failed), "toolbox {toolbox:?}: {:?}", events.last());
-        let error = pick!(&events, EventBody::RunFailed { error, .. } => error.clone()).next().unwrap();
-        assert!(
-            error.contains("could not start the sandbox") && error.contains(&format!("{NOBASH_IMAGE:?} has no bash")),
-            "toolbox {toolbox:?}: {error}"
-        );
-        assert!(results(&events).is_empty(), "no tool ran: {events:?}");
-    }
+    let (events, requests) = run_seen(
+        vec![
+            // `$0` is the shell running it (`/proc/$$/exe` reads empty under gVisor).
+            bash("echo sh=$(readlink /bin/sh) zero=$0; test -e /bin/bash || echo no-bash; cd /tmp && export KEPT=yes"),
+            bash("pwd; echo kept=$KEPT; case x in x) echo posix-case;; esac"),
+            Reply::text("done"),
+        ],
+        config(NOBASH_IMAGE, toolbox),
+    )
+    .await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", events.last());
+    let r = results(&events);
+    assert_eq!(r.len(), 2, "{r:?}");
+    assert!(r.iter().all(|(_, is_error)| !is_error), "{r:?}");
+    let first = r[0].0.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("sh=busybox zero=") && first.ends_with("sh") && r[0].0.contains("\nno-bash\n"),
+        "ran by busybox's sh: {:?}",
+        r[0].0
+    );
+    assert!(r[1].0.ends_with("posix-case\n"), "{:?}", r[1].0);
+    let description = bash_description(&requests);
+    assert!(
+        description.contains("with sh") && description.contains("no bash") && description.contains("POSIX"),
+        "the model is told which shell it has: {description}"
+    );
+    r.into_iter().map(|(output, _)| output).collect()
+}
+
+#[tokio::test]
+async fn an_image_with_no_shell_gets_the_file_tools_and_a_bash_tool_that_says_there_is_none() {
+    images().await;
+    let (events, requests) = run_seen(
+        vec![
+            Reply::tool("write", json!({"path": "notes.txt", "content": "alpha\nbeta\n"})),
+            Reply::tool("view", json!({"path": "notes.txt"})),
+            Reply::tool("edit", json!({"path": "notes.txt", "old_string": "beta", "new_string": "gamma"})),
+            Reply::tool("ls", json!({})),
+            Reply::tool("glob", json!({"pattern": "*.txt"})),
+            Reply::tool("grep", json!({"pattern": "gam+a"})),
+            bash("echo never"),
+            Reply::text("done"),
+        ],
+        config(NOSHELL_IMAGE, Some(static_toolbox().await)),
+    )
+    .await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", events.last());
+    let r = results(&events);
+    assert_eq!(r.len(), 7, "{r:?}");
+    assert!(r[..6].iter().all(|(_, is_error)| !is_error), "the file tools work: {r:?}");
+    assert!(r[1].0.contains("beta"), "view: {:?}", r[1]);
+    assert!(r[3].0.contains("notes.txt"), "ls: {:?}", r[3]);
+    assert!(r[4].0.contains("notes.txt"), "glob: {:?}", r[4]);
+    assert!(r[5].0.contains("notes.txt") && r[5].0.contains("gamma"), "grep sees the edit: {:?}", r[5]);
+    let (said, is_error) = &r[6];
+    assert!(*is_error, "{said}");
+    assert!(said.contains("has no shell (neither bash nor sh)"), "said plainly: {said}");
+    let description = bash_description(&requests);
+    assert!(description.contains("no shell"), "the model is told before it tries: {description}");
+}
+
+#[tokio::test]
+async fn an_image_with_no_shell_where_the_toolbox_cannot_run_either_is_refused_at_sandbox_start() {
+    images().await;
+    let toolbox = Some(PathBuf::from("/nonexistent/kiln-toolbox"));
+    let events = run(vec![bash("echo never"), Reply::text("done")], config(NOSHELL_IMAGE, toolbox)).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Failed), "{:?}", events.last());
+    let error = pick!(&events, EventBody::RunFailed { error, .. } => error.clone()).next().unwrap();
+    assert!(
+        error.contains("could not start the sandbox")
+            && error.contains(&format!("{NOSHELL_IMAGE:?} has no shell (neither bash nor sh)"))
+            && error.contains("the Kiln toolbox did not start"),
+        "{error}"
+    );
+    assert!(results(&events).is_empty(), "no tool ran: {events:?}");
 }
 
 /// Ids of the containers Docker creates for `worker` from now on.

@@ -600,10 +600,11 @@ async fn setup_installs_from_the_index_through_its_own_policy_and_the_agent_phas
     index.stop().await;
 }
 
-/// `kiln-sandbox:latest` without bash, under a tag of its own: a sandbox of
-/// it is created and started, then refused (Kiln runs every command with
-/// bash), after its session's network was made.
-async fn image_without_bash(docker: &bollard::Docker) -> String {
+/// `kiln-sandbox:latest` without a shell (no bash, no sh), under a tag of
+/// its own: with no toolbox for the worker either, a sandbox of it is
+/// created and started, then refused (nothing could run in it), after its
+/// session's network was made.
+async fn image_without_a_shell(docker: &bollard::Docker) -> String {
     use bollard::models::ContainerCreateBody;
     use bollard::query_parameters::{CommitContainerOptionsBuilder, WaitContainerOptionsBuilder};
     use futures::StreamExt;
@@ -611,7 +612,11 @@ async fn image_without_bash(docker: &bollard::Docker) -> String {
     let body = ContainerCreateBody {
         image: Some("kiln-sandbox:latest".into()),
         user: Some("0:0".into()),
-        cmd: Some(vec!["rm".into(), "-f".into(), "/bin/bash".into(), "/usr/bin/bash".into()]),
+        cmd: Some(
+            ["rm", "-f", "/usr/bin/bash", "/usr/bin/sh", "/usr/bin/dash", "/bin/bash", "/bin/sh", "/bin/dash"]
+                .map(String::from)
+                .to_vec(),
+        ),
         network_disabled: Some(true),
         ..Default::default()
     };
@@ -631,13 +636,15 @@ async fn image_without_bash(docker: &bollard::Docker) -> String {
 #[tokio::test]
 async fn a_sandbox_that_fails_to_start_leaves_no_network_behind() {
     let docker = bollard::Docker::connect_with_local_defaults().unwrap();
-    let image = image_without_bash(&docker).await;
+    let image = image_without_a_shell(&docker).await;
     let outside = Outside::start().await;
     let script = vec![Reply::text("never asked")];
     let app = TestApp::spawn(Options { worker: false, script, ..Default::default() }).await;
     let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
     config.sandbox.egress = Arc::new(settings(&outside, EgressMode::Allowlist));
     config.sandbox.image = image.clone();
+    // No toolbox: the image's lack of a shell is then final.
+    config.sandbox.toolbox_path = Some("/nonexistent/kiln-toolbox".into());
     // Sessions keep their sandbox between runs, as deployments do: the end
     // of the run does not sweep the session's network away by itself.
     config.sandbox_idle = Duration::from_secs(3600);
@@ -658,7 +665,7 @@ async fn a_sandbox_that_fails_to_start_leaves_no_network_behind() {
 
     // Refused after its network was made (the container was started).
     let error = pick!(&events, EventBody::RunFailed { error, .. } => error.clone()).next();
-    assert!(error.as_deref().is_some_and(|e| e.contains("has no bash")), "{error:?}: {:?}", kinds(&events));
+    assert!(error.as_deref().is_some_and(|e| e.contains("has no shell")), "{error:?}: {:?}", kinds(&events));
     assert!(!left, "{network} was left behind");
 }
 

@@ -11,6 +11,9 @@
 //!
 //! The shell that runs a command is usually started before the command
 //! arrives (see `standby`): starting bash is most of a short command's time.
+//! An image without bash runs commands with its POSIX `sh`, the same way but
+//! without a standby; one with no shell answers every exec with a tool
+//! error (see `shell`).
 //!
 //! Why a file and not an inherited pipe on fd 3: every background child would
 //! inherit the pipe (`sleep 600 &` would hold it open), and the trap must also
@@ -49,7 +52,7 @@ use self::session_state::{SessionState, command_env};
 use self::shell::Shell;
 use self::standby::{BOOTSTRAP, Launched, Standby};
 use self::supervise::{Kill, supervise};
-use crate::protocol::{ErrorKind, ExecRequest, ExecResult, ToolError, defaults};
+use crate::protocol::{ErrorKind, ExecRequest, ExecResult, SessionShell, ToolError, defaults};
 
 /// The shell of one session.
 pub struct ExecSession {
@@ -67,9 +70,15 @@ impl ExecSession {
         ExecSession { state: Mutex::new(SessionState::new(start_dir, env)), active: Mutex::new(HashMap::new()), shell }
     }
 
-    /// What commands need and the image lacks: `bash` itself.
+    /// What an older worker needs and the image lacks: `bash` (such a
+    /// worker refuses the sandbox; a newer one reads [`Self::shell`]).
     pub fn missing_programs(&self) -> Vec<String> {
-        if self.shell.has_bash() { Vec::new() } else { vec!["bash".to_owned()] }
+        if self.shell.kind() == SessionShell::Bash { Vec::new() } else { vec!["bash".to_owned()] }
+    }
+
+    /// Which shell commands run with (none: every exec is a tool error).
+    pub fn shell(&self) -> SessionShell {
+        self.shell.kind()
     }
 
     /// Kills exec `id` (running or still waiting); false if there is none.
@@ -104,6 +113,9 @@ impl ExecSession {
         let Ok(mut state) = self.state.try_lock() else { return };
         for file in std::mem::take(&mut state.leftovers) {
             let _ = std::fs::remove_file(file);
+        }
+        if !self.shell.has_standby() {
+            return;
         }
         if state.standby.as_mut().is_some_and(Standby::is_alive) {
             return;

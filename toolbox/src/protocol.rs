@@ -26,7 +26,8 @@ mod request;
 pub use self::error::{ErrorKind, ToolError};
 pub use self::reply::{
     BinaryInfo, CancelResult, EditResult, ExecResult, FileKind, GlobResult, GrepFile, GrepLine, GrepResult, Hello,
-    LsEntry, LsResult, Output, ProtocolError, Reply, Response, ServerMessage, StatResult, ViewResult, WriteResult,
+    LsEntry, LsResult, Output, ProtocolError, Reply, Response, ServerMessage, SessionShell, StatResult, ViewResult,
+    WriteResult,
 };
 pub use self::request::{
     CancelRequest, EditRequest, ExecRequest, GlobRequest, GrepRequest, LsRequest, Request, RequestBody, StatRequest,

@@ -63,6 +63,7 @@ impl Server {
             toolbox_version: TOOLBOX_VERSION.into(),
             pid: std::process::id(),
             missing: self.tools.exec.missing_programs(),
+            shell: Some(self.tools.exec.shell()),
         };
         let _ = tx.send(ServerMessage::Hello(hello));
 

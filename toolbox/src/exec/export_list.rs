@@ -13,6 +13,10 @@
 //! (ANSI-C quoting, used when the value holds control characters). In POSIX
 //! mode the lines start `export NAME` instead. Arrays (`NAME=(...)`) are
 //! never passed to programs, so they are skipped.
+//!
+//! A POSIX `sh` (busybox, dash: the shell of an image without bash) prints
+//! `export NAME='...'`, a single quote inside the value written as
+//! `'"'"'` or `'\''`: quoted pieces one after the other.
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
@@ -93,6 +97,7 @@ impl Parser<'_> {
                         Some(self.double_quoted()?)
                     }
                     b'$' if self.eat(b"$'") => Some(self.ansi_c()?),
+                    b'\'' => Some(self.posix_quoted()?),
                     b'(' => {
                         self.array()?;
                         None
@@ -128,6 +133,32 @@ impl Parser<'_> {
                     _ => value.push(b'\\'),
                 },
                 _ => value.push(b),
+            }
+        }
+    }
+
+    /// Single-quoted pieces, and the `"'"` or `\'` between them, up to the
+    /// end of the line.
+    fn posix_quoted(&mut self) -> Option<Vec<u8>> {
+        let mut value = Vec::new();
+        loop {
+            match self.peek() {
+                Some(b'\'') => {
+                    self.pos += 1;
+                    let len = self.text[self.pos..].iter().position(|&b| b == b'\'')?;
+                    value.extend_from_slice(&self.text[self.pos..self.pos + len]);
+                    self.pos += len + 1;
+                }
+                Some(b'"') => {
+                    self.pos += 1;
+                    value.extend(self.double_quoted()?);
+                }
+                Some(b'\\') => {
+                    self.pos += 1;
+                    value.push(self.peek()?);
+                    self.pos += 1;
+                }
+                _ => return Some(value),
             }
         }
     }
@@ -256,6 +287,21 @@ mod tests {
                 ("C".into(), String::new()),
                 ("E".into(), "5".into()),
                 ("G".into(), "posix mode".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn reads_what_a_posix_sh_prints() {
+        // busybox ash and dash: single quotes, a quote inside as '"'"' or '\''.
+        let text = "export A='it'\"'\"'s\nsecond'\nexport B=''\nexport C='a$b\"c'\nexport D\nexport E='x'\\''y'\n";
+        assert_eq!(
+            vars(text),
+            vec![
+                ("A".into(), "it's\nsecond".into()),
+                ("B".into(), String::new()),
+                ("C".into(), "a$b\"c".into()),
+                ("E".into(), "x'y".into()),
             ]
         );
     }

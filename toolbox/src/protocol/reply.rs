@@ -30,6 +30,37 @@ pub struct Hello {
     /// every command fail. Absent from toolboxes older than this field.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<String>,
+    /// The shell commands run with. Absent from toolboxes older than this
+    /// field (they run bash, or name it in `missing`); a worker that reads
+    /// it runs any image, a shell or not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shell: Option<SessionShell>,
+}
+
+/// Which shell a session's commands run with: the image's `bash`, else its
+/// POSIX `sh`, else none (commands cannot run; the file tools still work).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionShell {
+    Bash,
+    Sh,
+    /// The image has neither.
+    #[serde(rename = "none")]
+    Absent,
+    /// A value added by a newer toolbox.
+    #[serde(other)]
+    Other,
+}
+
+impl SessionShell {
+    /// The program's name, as the model and the logs read it.
+    pub fn program(self) -> Option<&'static str> {
+        match self {
+            SessionShell::Bash => Some("bash"),
+            SessionShell::Sh => Some("sh"),
+            SessionShell::Absent | SessionShell::Other => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

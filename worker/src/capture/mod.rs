@@ -29,6 +29,9 @@ pub enum CaptureError {
     Sandbox(String),
     #[error("the capture failed in the sandbox (exit {code:?}): {output}")]
     Script { code: Option<i64>, output: String },
+    /// The image lacks what the capture runs.
+    #[error("the change capture needs {0} in the sandbox image")]
+    Needs(&'static str),
     #[error("the sandbox answered garbage: {0}")]
     Garbage(String),
     #[error(transparent)]

@@ -31,7 +31,7 @@ use std::time::Duration;
 use super::CaptureError;
 use super::summary;
 use crate::sandbox::FileError;
-use crate::sandbox::Sandbox;
+use crate::sandbox::{Sandbox, SandboxError};
 
 /// Longest the capture may take in the sandbox.
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -93,6 +93,11 @@ mv -f "$GIT_INDEX_FILE" "$K/index" 2>/dev/null
 printf '\nKILN-CAPTURE %s %s %s\n' "$T" "$(stat -c %s "$O/run.patch")" "$SP"
 "#;
 
+/// The image's git is what the capture runs: an image without one is said
+/// as such, not as a failed script.
+const NEEDS_GIT: &str = "command -v git >/dev/null 2>&1 || { echo KILN-CAPTURE-NEEDS-GIT; exit 3; }\n";
+const NEEDS_GIT_SAID: &str = "KILN-CAPTURE-NEEDS-GIT";
+
 /// What the script reported.
 #[derive(Debug)]
 pub struct Taken {
@@ -116,8 +121,15 @@ pub async fn take(sandbox: &Sandbox, base: &str, session_base: &str) -> Result<T
     if ![base, session_base].iter().all(|id| super::base::is_object_id(id)) {
         return Err(CaptureError::Garbage(format!("recorded bases {base:?}, {session_base:?} are not object ids")));
     }
-    let command = format!("set -- {base} {session_base} {MAX_SUMMARY_BYTES}\n{SCRIPT}");
-    let out = sandbox.exec(&command, TIMEOUT, 8192, |_| {}).await.map_err(|e| CaptureError::Sandbox(e.to_string()))?;
+    let command = format!("{NEEDS_GIT}set -- {base} {session_base} {MAX_SUMMARY_BYTES}\n{SCRIPT}");
+    let out = match sandbox.exec(&command, TIMEOUT, 8192, |_| {}).await {
+        Ok(out) => out,
+        Err(SandboxError::NoShell { .. }) => return Err(CaptureError::Needs("a shell (sh) and git")),
+        Err(e) => return Err(CaptureError::Sandbox(e.to_string())),
+    };
+    if out.output.lines().any(|l| l == NEEDS_GIT_SAID) {
+        return Err(CaptureError::Needs("git"));
+    }
     if out.timed_out {
         return Err(CaptureError::Sandbox(format!("the capture took longer than {} s", TIMEOUT.as_secs())));
     }

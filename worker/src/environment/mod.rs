@@ -43,7 +43,7 @@ use crate::context::WorkerContext;
 use crate::db_retry;
 use crate::event_sink::EventSink;
 use crate::sandbox::lifecycle::{self, Origin};
-use crate::sandbox::{Owner, Sandbox, SandboxConfig};
+use crate::sandbox::{Owner, Sandbox, SandboxConfig, SandboxError};
 
 /// Where a run's bundle is put in the sandbox (the workspace volume: the
 /// archive API cannot write to `/tmp`'s plain tmpfs).
@@ -271,6 +271,13 @@ impl Plan<'_> {
                         sandbox.remove().await;
                         return Ok(failed(format!("could not restore the prepared workspace: {}", out.output.trim())));
                     }
+                    Err(SandboxError::NoShell { image }) => {
+                        sandbox.remove().await;
+                        return Ok(failed(format!(
+                            "could not restore the prepared workspace: that needs sh and cp in the image {image:?}, \
+                             which has no shell"
+                        )));
+                    }
                     Err(e) => {
                         sandbox.remove().await;
                         return Ok(failed(format!("could not restore the prepared workspace: {e}")));
@@ -399,10 +406,17 @@ impl Plan<'_> {
         vars.extend(self.secrets.iter().map(|(k, v)| format!("{k}={v}")));
         let mask: Vec<&str> = self.secrets.values().map(String::as_str).collect();
         let user = &self.setup_config.user;
+        let Some(shell) = script::shell_of(setup) else {
+            return Ok(Err(format!(
+                "environment {name:?}: the setup script needs a shell (bash or sh) in the image {:?}, which has none",
+                self.setup_config.image
+            )));
+        };
         let script = script::Script {
             docker,
             container: setup.id(),
             user,
+            shell,
             text: &env.setup_script,
             env: vars,
             phase: "setup",
@@ -492,10 +506,18 @@ impl Plan<'_> {
         let docker = &self.ctx.docker;
         // The variables are the prepared image's environment already.
         let user = &self.setup_config.user;
+        let Some(shell) = script::shell_of(&sandbox) else {
+            sandbox.remove().await;
+            return Ok(failed(format!(
+                "environment {:?}: the maintenance script needs a shell (bash or sh) in the image, which has none",
+                self.name()
+            )));
+        };
         let script = script::Script {
             docker,
             container: sandbox.id(),
             user,
+            shell,
             text: maintenance,
             env: Vec::new(),
             phase: "maintenance",

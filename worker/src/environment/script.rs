@@ -41,6 +41,8 @@ pub struct Script<'a> {
     pub container: &'a str,
     /// `uid:gid` it runs as.
     pub user: &'a str,
+    /// The shell that runs it: the image's bash, else its sh.
+    pub shell: &'a str,
     pub text: &'a str,
     /// `NAME=value`, added to its environment.
     pub env: Vec<String>,
@@ -50,18 +52,27 @@ pub struct Script<'a> {
     pub mask: &'a [&'a str],
 }
 
-/// Runs the script with bash in `/workspace`, streaming its output.
+/// The shell a script runs with in `sandbox`: its bash (also when not known
+/// yet), else its sh; `None`: the image has no shell.
+pub fn shell_of(sandbox: &crate::sandbox::Sandbox) -> Option<&'static str> {
+    match sandbox.shell() {
+        None => Some("bash"),
+        Some(shell) => shell.program(),
+    }
+}
+
+/// Runs the script with `shell` in `/workspace`, streaming its output.
 pub async fn run(
     script: Script<'_>,
     events: &mut EventSink,
 ) -> Result<Result<ScriptEnd, bollard::errors::Error>, StoreError> {
-    let Script { docker, container, user, text: script, env, phase, mask } = script;
+    let Script { docker, container, user, shell, text: script, env, phase, mask } = script;
     let started = Instant::now();
     let exec = docker
         .create_exec(
             container,
             CreateExecOptions {
-                cmd: Some(vec!["bash".to_owned(), "-c".to_owned(), script.to_owned()]),
+                cmd: Some(vec![shell.to_owned(), "-c".to_owned(), script.to_owned()]),
                 env: Some(env),
                 attach_stdout: Some(true),
                 attach_stderr: Some(true),

@@ -60,5 +60,7 @@ pub async fn tools(
         (Some(a), Some(b)) => Some(format!("{a}\n\n{b}")),
         (a, b) => a.or(b),
     };
-    Tools { tools: Toolset::with_mcp(ctx.tools.clone(), mcp.tools), notice }
+    // The `bash` tool says which shell this sandbox has (Kiln's image: bash).
+    let builtin = ctx.tools.for_shell(sandbox.shell());
+    Tools { tools: Toolset::with_mcp(builtin, mcp.tools), notice }
 }

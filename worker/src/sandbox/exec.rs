@@ -7,6 +7,8 @@ use bollard::exec::{CreateExecOptions, CreateExecResults, StartExecResults};
 use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
 
+use kiln_toolbox::protocol::SessionShell;
+
 use super::{HeadTail, Sandbox, SandboxError, WORKSPACE};
 
 /// Exit status GNU `timeout` uses when it had to kill the command.
@@ -87,9 +89,14 @@ impl Sandbox {
             .await
     }
 
-    /// Runs `command` with bash in `/workspace`, stdin closed. `timeout`
-    /// kills the command's whole process group (GNU `timeout` signals its
-    /// group); `on_output` sees each chunk as it arrives.
+    /// Runs `command` with the sandbox's shell (bash, else sh) in
+    /// `/workspace`, stdin closed. `timeout` kills the command's whole
+    /// process group (GNU `timeout` signals its group); `on_output` sees
+    /// each chunk as it arrives. An image without a shell: `NoShell`.
+    ///
+    /// Where the shell is not known yet (a container adopted by name), bash
+    /// is tried, then sh: a shell that could not be started ran nothing, so
+    /// trying the next one is safe.
     pub async fn exec(
         &self,
         command: &str,
@@ -97,7 +104,32 @@ impl Sandbox {
         output_cap: usize,
         mut on_output: impl FnMut(&[u8]),
     ) -> Result<ExecOutput, SandboxError> {
-        let exec = self.create_user_exec(&["bash", "-c", command], timeout, false).await?;
+        if let Some(known) = self.shell() {
+            let Some(program) = known.program() else {
+                return Err(SandboxError::NoShell { image: self.config.image.clone() });
+            };
+            return self.exec_with(program, command, timeout, output_cap, &mut on_output).await;
+        }
+        for shell in [SessionShell::Bash, SessionShell::Sh] {
+            let program = shell.program().unwrap_or("sh");
+            let out = self.exec_with(program, command, timeout, output_cap, &mut on_output).await?;
+            if !did_not_start(&out, program) {
+                self.set_shell(shell);
+                return Ok(out);
+            }
+        }
+        Err(SandboxError::NoShell { image: self.config.image.clone() })
+    }
+
+    async fn exec_with(
+        &self,
+        program: &str,
+        command: &str,
+        timeout: Duration,
+        output_cap: usize,
+        on_output: &mut impl FnMut(&[u8]),
+    ) -> Result<ExecOutput, SandboxError> {
+        let exec = self.create_user_exec(&[program, "-c", command], timeout, false).await?;
         let mut captured = HeadTail::new(output_cap);
         if let StartExecResults::Attached { mut output, .. } = self.docker.start_exec(&exec.id, None).await? {
             // The timeout inside the container is authoritative; this outer
@@ -123,6 +155,17 @@ impl Sandbox {
         let timed_out = matches!(exit_code, Some(TIMEOUT_EXIT) | Some(KILLED_EXIT));
         Ok(ExecOutput { exit_code, output: captured.render().0, timed_out })
     }
+}
+
+/// Whether `program` could not be started at all: the engine (runc or
+/// runsc) says so with 126 and its own message, or `timeout` (GNU or
+/// busybox) with 126/127 and its name first. A shell that ran and failed
+/// never prints either.
+fn did_not_start(out: &ExecOutput, program: &str) -> bool {
+    let text = out.output.trim_start();
+    matches!(out.exit_code, Some(126 | 127))
+        && (text.starts_with("OCI runtime exec failed") || text.starts_with("timeout:"))
+        && text.lines().next().is_some_and(|l| l.contains(program))
 }
 
 /// A command's raw result: stdout as bytes, stderr as (short) text.
@@ -192,5 +235,27 @@ impl Sandbox {
         }
         out.exit_code = self.docker.inspect_exec(&exec.id).await?.exit_code;
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ExecOutput, did_not_start};
+
+    fn out(code: i64, text: &str) -> ExecOutput {
+        ExecOutput { exit_code: Some(code), output: text.into(), timed_out: false }
+    }
+
+    #[test]
+    fn only_a_shell_that_never_started_is_taken_for_a_missing_one() {
+        let runc = "OCI runtime exec failed: exec failed: unable to start container process: exec: \"timeout\": \
+                    executable file not found in $PATH: unknown";
+        assert!(!did_not_start(&out(126, runc), "bash"), "timeout is missing, not bash");
+        assert!(did_not_start(&out(126, &runc.replace("timeout", "bash")), "bash"));
+        assert!(did_not_start(&out(127, "timeout: can't execute 'bash': No such file or directory\n"), "bash"));
+        assert!(did_not_start(&out(127, "timeout: failed to run command ‘bash’: No such file or directory"), "bash"));
+        // bash ran, and a command in it was not found.
+        assert!(!did_not_start(&out(127, "bash: line 1: git: command not found\n"), "bash"));
+        assert!(!did_not_start(&out(0, "timeout: bash\n"), "bash"));
     }
 }

@@ -120,6 +120,18 @@ pub enum SandboxError {
         "the sandbox image {image:?} has no {missing}, which Kiln runs every command with; use an image that has it"
     )]
     ImageLacks { image: String, missing: String },
+    /// A command Kiln itself runs (a capture, a restore) needs a shell, and
+    /// the image has neither bash nor sh.
+    #[error("the sandbox image {image:?} has no shell (neither bash nor sh), which this needs")]
+    NoShell { image: String },
+    /// The toolbox does not run in the image and it has no shell: no tool
+    /// could work. Final, like `ImageLacks`.
+    #[error(
+        "the sandbox image {image:?} has no shell (neither bash nor sh) and the Kiln toolbox did not start in it \
+         ({why}), so no tool could run; use an image with a shell, or give the worker the static toolbox \
+         (KILN_TOOLBOX_PATH)"
+    )]
+    NothingRuns { image: String, why: String },
     #[error(transparent)]
     Disk(#[from] DiskError),
     #[error("egress network: {0}")]

@@ -13,7 +13,7 @@ use std::time::Duration;
 use bollard::Docker;
 use bollard::exec::{CreateExecOptions, StartExecResults};
 use kiln_toolbox::framing::encode_json;
-use kiln_toolbox::protocol::{PROTOCOL_VERSION, Reply, Request, RequestBody};
+use kiln_toolbox::protocol::{PROTOCOL_VERSION, Reply, Request, RequestBody, SessionShell};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 
@@ -66,6 +66,9 @@ pub struct ToolboxConn {
     pid: u32,
     /// What the image lacks, from its hello.
     missing: Vec<String>,
+    /// The shell its commands run with, from its hello (`None`: a toolbox
+    /// too old to say).
+    shell: Option<SessionShell>,
 }
 
 impl Drop for ToolboxConn {
@@ -111,11 +114,13 @@ impl ToolboxConn {
             reader,
             pid: 0,
             missing: Vec::new(),
+            shell: None,
         };
         match tokio::time::timeout(HELLO_TIMEOUT, hello_rx).await {
             Ok(Ok(Ok(hello))) if hello.protocol_version == PROTOCOL_VERSION => {
                 conn.pid = hello.pid;
                 conn.missing = hello.missing;
+                conn.shell = hello.shell;
                 Ok(conn)
             }
             Ok(Ok(Err(said))) => Err(ToolboxError::Start(format!("{command}: {said}"))),
@@ -136,6 +141,12 @@ impl ToolboxConn {
     /// Programs the image lacks, as the toolbox found at its start.
     pub fn missing(&self) -> &[String] {
         &self.missing
+    }
+
+    /// The shell its commands run with; `None` from a toolbox older than
+    /// that field (it runs bash, or names it in [`Self::missing`]).
+    pub fn shell(&self) -> Option<SessionShell> {
+        self.shell
     }
 
     pub fn is_alive(&self) -> bool {

@@ -145,6 +145,8 @@ pub(super) struct HelloInfo {
     pub pid: u32,
     /// Programs the image lacks (bounded: it is the sandbox talking).
     pub missing: Vec<String>,
+    /// The shell its commands run with (`None`: an older toolbox).
+    pub shell: Option<kiln_toolbox::protocol::SessionShell>,
 }
 
 /// How the start ended: the hello, or what came instead of one (Docker's
@@ -259,7 +261,12 @@ fn dispatch(body: &[u8], pending: &PendingMap, hello: &mut Option<oneshot::Sende
                     .take(MISSING_MAX)
                     .map(|m| m.chars().take(MISSING_NAME_CHARS).collect())
                     .collect();
-                let _ = tx.send(Ok(HelloInfo { protocol_version: h.protocol_version, pid: h.pid, missing }));
+                let _ = tx.send(Ok(HelloInfo {
+                    protocol_version: h.protocol_version,
+                    pid: h.pid,
+                    missing,
+                    shell: h.shell,
+                }));
             }
         }
         Ok(ServerMessage::Output(o)) => {

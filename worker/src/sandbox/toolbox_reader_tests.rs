@@ -22,6 +22,7 @@ fn hello() -> Vec<u8> {
         toolbox_version: "x".into(),
         pid: 42,
         missing: Vec::new(),
+        shell: None,
     }))
 }
 

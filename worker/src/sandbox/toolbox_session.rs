@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bollard::exec::StartExecOptions;
-use kiln_toolbox::protocol::{ErrorKind, FileVersion, Reply, RequestBody};
+use kiln_toolbox::protocol::{ErrorKind, FileVersion, Reply, RequestBody, SessionShell};
 
 use super::exec::ExecSetup;
 use super::toolbox::{OutputSink, TOOLBOX_EXEC_USER, ToolboxConn, ToolboxError};
@@ -35,6 +35,10 @@ pub(super) struct ToolboxState {
     /// Version of each file as the model last saw it (by `view`) or made it
     /// (by `write`/`edit`), keyed by normalized absolute path.
     seen: Mutex<HashMap<String, FileVersion>>,
+    /// The shell commands run with, once known (from the toolbox's hello,
+    /// or found by trying): `None` for a container adopted by name, where
+    /// bash is tried first (see `exec`).
+    shell: Mutex<Option<SessionShell>>,
 }
 
 impl std::fmt::Debug for ToolboxState {
@@ -46,8 +50,11 @@ impl std::fmt::Debug for ToolboxState {
 impl Sandbox {
     /// Installs (when the worker has the binary) and starts the toolbox.
     /// A toolbox that cannot start leaves the sandbox in per-exec mode,
-    /// which still works; an image without what commands need (`bash`) is
-    /// an error, whichever way the tools would run.
+    /// which still works where the image has a shell. Any image the toolbox
+    /// runs in is taken: its commands run with bash, else sh, else not at
+    /// all (the file tools still work). Refused: an image the toolbox does
+    /// not run in and that has no shell (nothing would run), and one whose
+    /// (older) toolbox cannot run commands without bash.
     pub(super) async fn start_toolbox(&mut self) -> Result<(), SandboxError> {
         let local = toolbox_binary::local_binary(self.config.toolbox_path.as_deref());
         let command = match local {
@@ -61,34 +68,60 @@ impl Sandbox {
             None => IMAGE_COMMAND,
         };
         match ToolboxConn::start(&self.docker, &self.id, command, &self.config.user).await {
-            Ok(conn) if !conn.missing().is_empty() => {
+            Ok(conn) if conn.shell().is_none() && !conn.missing().is_empty() => {
                 Err(SandboxError::ImageLacks { image: self.config.image.clone(), missing: conn.missing().join(", ") })
             }
             Ok(conn) => {
+                let shell = conn.shell().unwrap_or(SessionShell::Bash);
+                if shell != SessionShell::Bash {
+                    tracing::debug!(container = %self.id, ?shell, "the image has no bash");
+                }
                 self.toolbox = Arc::new(ToolboxState {
                     command: Some(command.to_owned()),
                     conn: tokio::sync::Mutex::new(Some(Arc::new(conn))),
                     seen: Mutex::default(),
+                    shell: Mutex::new(Some(shell)),
                 });
                 Ok(())
             }
             Err(e) => {
                 warn_fallback_once(&self.config.image, local.is_some(), &e);
                 tracing::debug!(container = %self.id, error = %e, "no toolbox in this sandbox; using one exec per call");
-                self.check_shell().await
+                self.check_shell(&e).await
             }
         }
     }
 
-    /// Without a toolbox to say so: whether `bash` runs in the container,
-    /// as the command user (126/127: it could not be started).
-    async fn check_shell(&self) -> Result<(), SandboxError> {
-        match self.run_detached(vec!["bash", "-c", "exit 0"], &self.config.user).await? {
-            Some(126) | Some(127) => {
-                Err(SandboxError::ImageLacks { image: self.config.image.clone(), missing: "bash".into() })
+    /// Without a toolbox to say so: which shell runs in the container, as
+    /// the command user (126/127: it could not be started). With neither
+    /// bash nor sh nothing would run: refused.
+    async fn check_shell(&self, toolbox: &ToolboxError) -> Result<(), SandboxError> {
+        for shell in [SessionShell::Bash, SessionShell::Sh] {
+            let program = shell.program().unwrap_or("sh");
+            let started =
+                match self.run_detached(vec![program, "-c", "exit 0"], &self.config.user).await {
+                    Ok(code) => !matches!(code, Some(126 | 127)),
+                    // The engine refuses to start a program the image lacks.
+                    Err(ToolboxError::Docker(bollard::errors::Error::DockerResponseServerError {
+                        message, ..
+                    })) if message.contains("OCI runtime exec failed") => false,
+                    Err(e) => return Err(e.into()),
+                };
+            if started {
+                self.set_shell(shell);
+                return Ok(());
             }
-            _ => Ok(()),
         }
+        Err(SandboxError::NothingRuns { image: self.config.image.clone(), why: toolbox.to_string() })
+    }
+
+    /// The shell commands run with, if known (see [`ToolboxState::shell`]).
+    pub fn shell(&self) -> Option<SessionShell> {
+        *self.toolbox.shell.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(super) fn set_shell(&self, shell: SessionShell) {
+        *self.toolbox.shell.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(shell);
     }
 
     /// Whether the sandbox is as good as when it started: a warm container
@@ -223,6 +256,11 @@ impl Sandbox {
     /// everything the run started, background processes included (and the
     /// toolbox, which the next call restarts).
     pub async fn kill_user_processes(&self) -> Result<(), ToolboxError> {
+        // No shell: no command of the user's ever ran (and there is no
+        // `kill` in such an image to run).
+        if self.shell() == Some(SessionShell::Absent) {
+            return Ok(());
+        }
         let mut last = Ok(());
         for _ in 0..KILL_ATTEMPTS {
             match self.kill_all_once().await {

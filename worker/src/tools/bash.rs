@@ -1,11 +1,12 @@
 use std::time::Duration;
 
-use kiln_toolbox::protocol::{ExecRequest, ExecResult, Reply, RequestBody};
+use kiln_toolbox::protocol::{ExecRequest, ExecResult, Reply, RequestBody, SessionShell};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::{Answer, Tool, ToolContext, ToolFailure, ToolOutcome, ask_toolbox, parse_arguments, schema_of, unexpected};
+use crate::sandbox::SandboxError;
 
 const DEFAULT_TIMEOUT_S: u64 = 120;
 const MAX_TIMEOUT_S: u64 = 600;
@@ -26,7 +27,26 @@ pub struct BashArgs {
     pub timeout_s: Option<u64>,
 }
 
-pub struct Bash;
+/// The `bash` tool. The model knows it by that name whatever the image's
+/// shell; its description says which shell the session has, so the model
+/// writes for it.
+pub struct Bash {
+    shell: SessionShell,
+}
+
+impl Bash {
+    /// The tool for sandboxes with bash (Kiln's own image).
+    pub const BASH: Bash = Bash { shell: SessionShell::Bash };
+
+    /// The tool for a sandbox whose commands run with `shell`.
+    pub fn for_shell(shell: SessionShell) -> Self {
+        Bash { shell }
+    }
+}
+
+/// What a call gets in a sandbox without a shell.
+const NO_SHELL: &str = "this sandbox's image has no shell (neither bash nor sh), so commands cannot run here; use \
+     the file tools instead (view, ls, glob, grep, edit, write)";
 
 #[async_trait::async_trait]
 impl Tool for Bash {
@@ -34,9 +54,24 @@ impl Tool for Bash {
         "bash"
     }
     fn description(&self) -> &'static str {
-        "Run a bash command in the workspace (/workspace). `cd` and exported variables persist between \
-         calls. Stdin is closed. Output (stdout and stderr) is returned with the exit code; long output keeps \
-         its start and end. A timeout kills the command and everything it started."
+        match self.shell {
+            SessionShell::Sh => {
+                "Run a command with sh in the workspace (/workspace). This sandbox's image has no bash: commands \
+                 run with its POSIX sh, so write POSIX shell (no [[ ]], arrays, `source`, `<(...)` or other \
+                 bash-only syntax). `cd` and exported variables persist between calls. Stdin is closed. Output \
+                 (stdout and stderr) is returned with the exit code; long output keeps its start and end. A \
+                 timeout kills the command and everything it started."
+            }
+            SessionShell::Absent | SessionShell::Other => {
+                "Unavailable here: this sandbox's image has no shell (neither bash nor sh), so commands cannot \
+                 run and every call fails. Use view, ls, glob, grep, edit and write for files."
+            }
+            SessionShell::Bash => {
+                "Run a bash command in the workspace (/workspace). `cd` and exported variables persist between \
+                 calls. Stdin is closed. Output (stdout and stderr) is returned with the exit code; long output \
+                 keeps its start and end. A timeout kills the command and everything it started."
+            }
+        }
     }
     fn schema(&self) -> Value {
         schema_of::<BashArgs>()
@@ -53,6 +88,9 @@ impl Tool for Bash {
         if args.command.trim().is_empty() {
             return Ok(ToolOutcome::error("command must not be empty"));
         }
+        if ctx.sandbox.shell().is_some_and(|s| s.program().is_none()) {
+            return Ok(ToolOutcome::error(NO_SHELL));
+        }
         let timeout = Duration::from_secs(args.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S).clamp(1, MAX_TIMEOUT_S));
         let request = ExecRequest {
             timeout_ms: timeout.as_millis() as u64,
@@ -67,7 +105,11 @@ impl Tool for Bash {
             Answer::NoToolbox => {}
         }
         // No toolbox: one `docker exec` per call (no persistent cwd).
-        let out = ctx.sandbox.exec(&args.command, timeout, OUTPUT_CAP, |_| {}).await?;
+        let out = match ctx.sandbox.exec(&args.command, timeout, OUTPUT_CAP, |_| {}).await {
+            Ok(out) => out,
+            Err(SandboxError::NoShell { .. }) => return Ok(ToolOutcome::error(NO_SHELL)),
+            Err(e) => return Err(e.into()),
+        };
         let mut text = out.output;
         if out.timed_out {
             text.push_str(&format!("\n[command timed out after {} s and was killed]", timeout.as_secs()));

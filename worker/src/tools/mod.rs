@@ -170,7 +170,7 @@ pub struct Registry {
 impl Registry {
     pub fn standard() -> Self {
         let tools: [Arc<dyn Tool>; 9] = [
-            Arc::new(bash::Bash),
+            Arc::new(bash::Bash::BASH),
             Arc::new(view::View),
             Arc::new(write::Write),
             Arc::new(edit::Edit),
@@ -195,6 +195,21 @@ impl Registry {
         let mut tools = self.tools.clone();
         for tool in extra {
             tools.entry(tool.name().to_owned()).or_insert(tool);
+        }
+        Registry { tools }
+    }
+
+    /// These tools for a sandbox whose commands run with `shell`: a
+    /// built-in `bash` is replaced by one whose description names that
+    /// shell (or says there is none). With bash, or without a `bash` tool,
+    /// the registry is unchanged.
+    pub fn for_shell(&self, shell: Option<kiln_toolbox::protocol::SessionShell>) -> Self {
+        let mut tools = self.tools.clone();
+        match shell {
+            Some(shell) if shell != kiln_toolbox::protocol::SessionShell::Bash && tools.contains_key("bash") => {
+                tools.insert("bash".to_owned(), Arc::new(bash::Bash::for_shell(shell)));
+            }
+            _ => {}
         }
         Registry { tools }
     }
