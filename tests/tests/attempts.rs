@@ -357,7 +357,8 @@ async fn attempts_start_from_one_base_commit_when_the_branch_moves_between_check
     let events = app.events("alice", submitted.id).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
     for (k, id) in attempts.iter().enumerate() {
-        let r = app.http.get(app.url(&format!("/v1/runs/{id}/changes"))).bearer_auth(token("alice")).send().await.unwrap();
+        let r =
+            app.http.get(app.url(&format!("/v1/runs/{id}/changes"))).bearer_auth(token("alice")).send().await.unwrap();
         assert_eq!(r.status(), 200);
         let changes: Value = r.json().await.unwrap();
         assert_eq!(changes["base_commit"], json!(base), "attempt {} started elsewhere", k + 1);

@@ -290,7 +290,9 @@ async fn a_group_pushes_the_chosen_attempts_change_and_the_choice_then_stands() 
     for run in std::iter::once(&group.id).chain(&attempts) {
         let events = app.stored_events(*run).await;
         assert!(
-            !events.iter().any(|e| matches!(e.body, EventBody::DeliverySucceeded { .. } | EventBody::DeliveryFailed { .. })),
+            !events
+                .iter()
+                .any(|e| matches!(e.body, EventBody::DeliverySucceeded { .. } | EventBody::DeliveryFailed { .. })),
             "{run}: {:?}",
             kinds(&events)
         );

@@ -101,9 +101,10 @@ async fn a_groups_attempts_show_side_by_side_with_their_diffs_and_select_makes_t
     // The cost as the page says it: what each attempt's end recorded.
     let events = app.events("alice", submitted.id).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded));
-    let costs: Vec<(u32, String)> = kiln_tests::pick!(events, kiln_protocol::EventBody::AttemptFinished { attempt, cost_usd, .. } =>
+    let costs: Vec<(u32, String)> =
+        kiln_tests::pick!(events, kiln_protocol::EventBody::AttemptFinished { attempt, cost_usd, .. } =>
         (*attempt, cost_usd.map_or_else(|| "n/a".to_owned(), |c| format!("${c:.4}"))))
-    .collect();
+        .collect();
     let cost = |k: usize| costs.iter().find(|(a, _)| *a as usize == k + 1).map(|(_, c)| c.clone()).unwrap();
     for (k, card) in cards.as_array().unwrap().iter().enumerate() {
         let steps = if k == 2 { "3" } else { "2" };

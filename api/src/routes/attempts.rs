@@ -63,10 +63,8 @@ pub async fn select(
             "attempt {} has not ended yet; choose it once it has (its change is captured at its end)",
             body.attempt
         ))),
-        SelectOutcome::Delivered => {
-            Err(ApiError::Conflict(
-                "the group's result was already delivered (or is being pushed); the choice can no longer change".into(),
-            ))
-        }
+        SelectOutcome::Delivered => Err(ApiError::Conflict(
+            "the group's result was already delivered (or is being pushed); the choice can no longer change".into(),
+        )),
     }
 }

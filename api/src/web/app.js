@@ -241,10 +241,17 @@
           while (c.after < run.last_event_seq && !stopped) {
             const page = await api('GET', `/v1/runs/${run.id}/events?after=${c.after}&limit=1000`);
             for (const ev of page.events) {
-              if (ev.kind !== 'step.finished') continue;
-              c.steps += 1;
-              if (typeof ev.payload.cost_usd === 'number') c.usd += ev.payload.cost_usd;
-              else c.unpriced = true;
+              if (ev.kind === 'step.finished') {
+                c.steps += 1;
+                if (typeof ev.payload.cost_usd === 'number') c.usd += ev.payload.cost_usd;
+                else c.unpriced = true;
+              } else if (ev.kind === 'attempt.finished') {
+                // A group spends nothing itself: its attempts' sum.
+                const steps = Number(ev.payload.steps) || 0;
+                c.steps += steps;
+                if (typeof ev.payload.cost_usd === 'number') c.usd += ev.payload.cost_usd;
+                else if (steps) c.unpriced = true;
+              }
             }
             if (!page.events.length) break;
             c.after = page.next_after;
