@@ -44,9 +44,9 @@ async fn deliver_one(ctx: &WorkerContext) -> bool {
     let group = claim.run.id;
     // The group was owed a push because it asked for one; should its spec
     // say otherwise now, the claim still ends, saying so.
-    let event = super::outcome(ctx, &claim.run).await.unwrap_or_else(|| EventBody::DeliveryFailed {
-        error: "the group asked for no git delivery".into(),
-    });
+    let event = super::outcome(ctx, &claim.run)
+        .await
+        .unwrap_or_else(|| EventBody::DeliveryFailed { error: "the group asked for no git delivery".into() });
     let delivered = matches!(event, EventBody::DeliverySucceeded { .. });
     match crate::agent::db_retry::with_retry(|| ctx.store.end_group_git_delivery(&claim, delivered, &event)).await {
         Ok(true) => {}
