@@ -42,7 +42,7 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
-pub use attempts::SelectOutcome;
+pub use attempts::{GroupDelivery, SelectOutcome};
 pub use callbacks::{CallbackAttempt, CallbackJob};
 pub use changes::{CapturedChange, PatchRow, PreviousRun, RunBase};
 pub use children::{ChildStart, ChildSummary, NewChild};

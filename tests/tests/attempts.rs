@@ -309,9 +309,11 @@ async fn bad_attempts_are_refused_with_a_reason() {
         (json!({"prompt": "x", "attempts": 3}), "at most 2 on this deployment"),
         (json!({"prompt": "x", "attempts": 2, "attempt_models": ["a", "b\u{7}"]}), "attempt_models"),
         (json!({"prompt": "x", "attempts": 2, "group_limits": {"max_steps": 0}}), "group_limits.max_steps"),
+        // A group may push its chosen attempt's change: the delivery's own
+        // rules apply to a group as to a run.
         (
-            json!({"prompt": "x", "attempts": 2, "deliver": {"git": {"url": "https://example.com/r.git", "branch": "b"}}}),
-            "deliver.git",
+            json!({"prompt": "x", "attempts": 2, "deliver": {"git": {"url": "https://example.com/r.git", "branch": "a..b"}}}),
+            "deliver.git.branch",
         ),
     ] {
         let (status, answer) = app.post_json("alice", "/v1/runs", body.clone()).await;
@@ -321,4 +323,46 @@ async fn bad_attempts_are_refused_with_a_reason() {
     }
     let (status, _) = app.post_json("alice", "/v1/runs", json!({"prompt": "x", "attempts": 2})).await;
     assert_eq!(status, 201);
+}
+
+/// Every attempt starts from the same base commit, even when the branch
+/// moves between their checkouts: one slot, so the second attempt checks
+/// out only after the branch moved under the first.
+#[tokio::test]
+async fn attempts_start_from_one_base_commit_when_the_branch_moves_between_checkouts() {
+    let (repo, url) = repo_with(&[("README", "hello\n")]);
+    let base = kiln_tests::git_repo::git(repo.path(), &["rev-parse", "HEAD"]);
+    let app = app(1).await;
+    for model in &MODELS[..2] {
+        app.model.script_model(*model, writer(model, Duration::from_secs(2)));
+    }
+    let submitted = app.submit("alice", group(&url, "write attempt.txt", &MODELS[..2])).await;
+    let attempts = submitted.attempts.clone().unwrap();
+    // Once one attempt has its sandbox (its checkout done), the branch moves.
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let events = app.stored_events(submitted.id).await;
+        if nested(&events).iter().any(|(_, kind)| kind == "sandbox.ready") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no attempt started: {:?}", kinds(&events));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    std::fs::write(repo.path().join("moved.txt"), "the branch moved\n").unwrap();
+    kiln_tests::git_repo::git(repo.path(), &["add", "moved.txt"]);
+    kiln_tests::git_repo::git(repo.path(), &["commit", "-q", "-m", "move the branch"]);
+    let moved = kiln_tests::git_repo::git(repo.path(), &["rev-parse", "HEAD"]);
+    assert_ne!(moved, base);
+
+    let events = app.events("alice", submitted.id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    for (k, id) in attempts.iter().enumerate() {
+        let r =
+            app.http.get(app.url(&format!("/v1/runs/{id}/changes"))).bearer_auth(token("alice")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let changes: Value = r.json().await.unwrap();
+        assert_eq!(changes["base_commit"], json!(base), "attempt {} started elsewhere", k + 1);
+        let (_, text) = patch(&app, *id).await;
+        assert!(!text.contains("moved.txt"), "{text}");
+    }
 }

@@ -255,3 +255,71 @@ async fn bad_deliveries_are_refused_at_the_api() {
         assert!(!answer.to_string().contains("pw@"), "{answer}");
     }
 }
+
+async fn select(app: &TestApp, group: Uuid, attempt: u32) -> (u16, serde_json::Value) {
+    app.post_json("alice", &format!("/v1/runs/{group}/select"), json!({ "attempt": attempt })).await
+}
+
+/// A group of attempts with `deliver.git` (issue 29): nothing is pushed
+/// until one is chosen; choosing the second pushes the second's change
+/// only (one commit on the base); once pushed, the choice stands (409).
+#[tokio::test]
+async fn a_group_pushes_the_chosen_attempts_change_and_the_choice_then_stands() {
+    let (_repo, url) = repo_with(&[("a.txt", "a\n")]);
+    let base = git(Path::new(url.trim_start_matches("file://")), &["rev-parse", "HEAD"]);
+    let server = GitServer::start(&url).await;
+    let mut config = config(&credentials_for(&format!("127.0.0.1:{}", server.port)));
+    config.concurrency = 3;
+    let app = app_with(Vec::new(), config).await;
+    let models = ["model-one", "model-two", "model-three"];
+    for model in models {
+        let edit = format!("echo from {model} > attempt.txt && echo {model} >> a.txt");
+        app.model.script_model(model, vec![Reply::tool("bash", json!({ "command": edit })), Reply::text("done")]);
+    }
+    let spec = CreateRun {
+        attempts: Some(3),
+        attempt_models: Some(models.iter().map(|m| (*m).to_owned()).collect()),
+        ..delivering(&url, &server.url(), "kiln/best")
+    };
+    let group = app.submit("alice", spec).await;
+    let attempts = group.attempts.clone().expect("a group lists its attempts");
+    let events = app.events("alice", group.id).await;
+    assert_eq!(ended(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    // Ended, nothing chosen: nothing pushed, by the group or its attempts.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for run in std::iter::once(&group.id).chain(&attempts) {
+        let events = app.stored_events(*run).await;
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e.body, EventBody::DeliverySucceeded { .. } | EventBody::DeliveryFailed { .. })),
+            "{run}: {:?}",
+            kinds(&events)
+        );
+    }
+    assert_eq!(git(&server.bare, &["branch", "--list", "kiln/best"]), "", "nothing pushed before a choice");
+
+    assert_eq!(select(&app, group.id, 2).await.0, 200);
+    let events = until_delivered(&app, group.id).await;
+    let last = events.last().unwrap();
+    let EventBody::DeliverySucceeded { branch, commit, .. } = &last.body else {
+        panic!("the delivery failed: {:?}", last.body)
+    };
+    assert_eq!(branch.as_deref(), Some("kiln/best"));
+    let commit = commit.clone().unwrap();
+    let bare = &server.bare;
+    assert_eq!(git(bare, &["rev-parse", "refs/heads/kiln/best"]), commit);
+    assert_eq!(git(bare, &["rev-parse", &format!("{commit}^@")]), base, "one commit on the base");
+    assert_eq!(git(bare, &["show", &format!("{commit}:attempt.txt")]), "from model-two");
+    assert_eq!(git(bare, &["show", &format!("{commit}:a.txt")]), "a\nmodel-two");
+    assert_eq!(git(bare, &["diff", "--name-only", &base, &commit]), "a.txt\nattempt.txt", "the second's change only");
+
+    // Pushed: the choice stands, for another attempt and the same one.
+    for k in [1, 2] {
+        let (status, body) = select(&app, group.id, k).await;
+        assert_eq!(status, 409, "{body}");
+        assert!(body["error"]["message"].as_str().unwrap().contains("already delivered"), "{body}");
+    }
+    assert_eq!(app.run("alice", group.id).await.selected_attempt, Some(2));
+    assert_eq!(git(bare, &["rev-parse", "refs/heads/kiln/best"]), commit, "nothing pushed again");
+}

@@ -46,6 +46,12 @@ impl Worker {
         self.pool.clone()
     }
 
+    /// What this worker's run tasks share, for the tasks started beside
+    /// its claim loop.
+    pub fn context(&self) -> Arc<WorkerContext> {
+        self.ctx.clone()
+    }
+
     /// Runs until `shutdown` fires, then stops claiming, gives running runs
     /// the grace period, hands back the rest and returns.
     pub async fn run(self, shutdown: CancellationToken) {

@@ -35,13 +35,31 @@ pub async fn make(ctx: &WorkerContext, run: &Run) -> Result<Option<LocalCheckout
     let Some(repo) = &run.repo else { return Ok(None) };
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("repo");
+    // An attempt starts where its group's first checkout did, however the
+    // branch moved since.
+    let pinned = match run.group_run_id {
+        Some(group) => ctx.store.group_base(group).await.map_err(store_failed)?,
+        None => None,
+    };
+    let git_ref = pinned.as_deref().or(repo.git_ref.as_deref());
     match crate::github::checkout(ctx, run, &path).await {
         Some(done) => done?,
-        None => {
-            let settings = ctx.config.clone_settings();
-            repo_clone::clone_repo(&repo.url, repo.git_ref.as_deref(), &path, &settings).await?;
+        None => repo_clone::clone_repo(&repo.url, git_ref, &path, &ctx.config.clone_settings()).await?,
+    }
+    let mut commit = crate::capture::base::head_commit(&path);
+    if let (Some(group), None, Some(got)) = (run.group_run_id, &pinned, &commit) {
+        let base = ctx.store.pin_group_base(group, got).await.map_err(store_failed)?;
+        // Another attempt pinned a different commit first: start from it.
+        if let Some(base) = base.filter(|b| b != got) {
+            let path = dir.path().join("repo-at-base");
+            repo_clone::clone_repo(&repo.url, Some(&base), &path, &ctx.config.clone_settings()).await?;
+            commit = crate::capture::base::head_commit(&path);
+            return Ok(Some(LocalCheckout { _dir: dir, path, commit }));
         }
     }
-    let commit = crate::capture::base::head_commit(&path);
     Ok(Some(LocalCheckout { _dir: dir, path, commit }))
+}
+
+fn store_failed(e: kiln_store::StoreError) -> SandboxError {
+    SandboxError::Workspace(format!("reading the group's base commit: {e}"))
 }

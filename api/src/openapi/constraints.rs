@@ -103,23 +103,6 @@ pub fn apply(doc: &mut Value) -> Result<(), MissingTarget> {
         .pointer_mut("/components/schemas/McpServerSpec")
         .ok_or_else(|| MissingTarget("schema McpServerSpec".into()))?;
     *server = kiln_protocol::mcp::server_schema();
-    // The one rule between fields: a group of attempts has no git delivery
-    // (yet), said as precisely as the server checks it (both present and
-    // not null).
-    let create_run = doc
-        .pointer_mut("/components/schemas/CreateRun")
-        .and_then(Value::as_object_mut)
-        .ok_or_else(|| MissingTarget("schema CreateRun".into()))?;
-    create_run.insert(
-        "not".into(),
-        serde_json::json!({
-            "required": ["attempts", "deliver"],
-            "properties": {
-                "attempts": { "type": "integer" },
-                "deliver": { "type": "object", "required": ["git"], "properties": { "git": { "type": "object" } } },
-            },
-        }),
-    );
     for (target, rule) in RULES {
         let schema = match target {
             Schema(name, pointer) => doc.pointer_mut(&format!("/components/schemas/{name}{pointer}")),

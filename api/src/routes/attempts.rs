@@ -15,7 +15,9 @@ use crate::{ApiError, AppState};
 /// `attempt` (1 for the first) the group's result, so the group's `patch`
 /// and `changes` are that attempt's, and `attempt.selected` joins the
 /// group's events. Choosing again replaces the choice, until the group's
-/// result has been delivered (409 then). The attempt must have ended.
+/// result has been delivered (409 then). The attempt must have ended. A
+/// group with `deliver.git` pushes the chosen attempt's change once the
+/// group has ended; from when a worker starts that push, the choice stands.
 #[utoipa::path(
     post,
     path = "/v1/runs/{id}/select",
@@ -61,8 +63,8 @@ pub async fn select(
             "attempt {} has not ended yet; choose it once it has (its change is captured at its end)",
             body.attempt
         ))),
-        SelectOutcome::Delivered => {
-            Err(ApiError::Conflict("the group's result was already delivered; the choice can no longer change".into()))
-        }
+        SelectOutcome::Delivered => Err(ApiError::Conflict(
+            "the group's result was already delivered (or is being pushed); the choice can no longer change".into(),
+        )),
     }
 }

@@ -118,12 +118,6 @@ fn check_attempts(state: &AppState, spec: &CreateRun) -> Result<(), ApiError> {
             "attempts must be at most {max} on this deployment (KILN_MAX_ATTEMPTS)"
         )));
     }
-    // A group's change is the chosen attempt's; pushing it to a git remote
-    // is not built yet, so it is refused rather than silently never done
-    // (the document says so: `CreateRun`'s `not`).
-    if spec.deliver.as_ref().is_some_and(|d| d.git.is_some()) {
-        return Err(ApiError::Validation("deliver.git cannot be used with attempts yet".into()));
-    }
     Ok(())
 }
 

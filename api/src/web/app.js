@@ -24,6 +24,7 @@
     'step.finished', 'approval.requested', 'approval.resolved', 'message.queued', 'model.retry',
     'compaction', 'todo', 'delivery.succeeded', 'delivery.failed', 'callback.succeeded', 'callback.failed',
     'network.denied', 'network.allowed', 'subagent.started', 'subagent.event', 'subagent.finished',
+    'attempt.event', 'attempt.finished', 'attempt.selected',
     'changes.captured', 'environment.started', 'environment.output', 'environment.finished', ...TERMINAL,
   ];
   const RENDER_BATCH = 500; // events rendered per frame; the rest wait for the next
@@ -240,10 +241,17 @@
           while (c.after < run.last_event_seq && !stopped) {
             const page = await api('GET', `/v1/runs/${run.id}/events?after=${c.after}&limit=1000`);
             for (const ev of page.events) {
-              if (ev.kind !== 'step.finished') continue;
-              c.steps += 1;
-              if (typeof ev.payload.cost_usd === 'number') c.usd += ev.payload.cost_usd;
-              else c.unpriced = true;
+              if (ev.kind === 'step.finished') {
+                c.steps += 1;
+                if (typeof ev.payload.cost_usd === 'number') c.usd += ev.payload.cost_usd;
+                else c.unpriced = true;
+              } else if (ev.kind === 'attempt.finished') {
+                // A group spends nothing itself: its attempts' sum.
+                const steps = Number(ev.payload.steps) || 0;
+                c.steps += steps;
+                if (typeof ev.payload.cost_usd === 'number') c.usd += ev.payload.cost_usd;
+                else if (steps) c.unpriced = true;
+              }
             }
             if (!page.events.length) break;
             c.after = page.next_after;
@@ -512,31 +520,47 @@
       el('summary', null, name, el('span', { class: 'status' }, file.status.replace('_', ' ')), ...counts), body);
   }
 
-  // The diff panel of run `id`: filled from `/changes` and `/patch` once
-  // the run has ended (its change is captured right before its end).
-  function changesPanel(id) {
-    const p = { loading: false, loaded: false, stopped: false, url: null };
-    $('diff').hidden = true;
-    $('diff-files').replaceChildren();
-    $('diff-summary').textContent = '';
-    $('diff-note').hidden = true;
-    const link = $('diff-download');
-    link.hidden = true;
-    link.removeAttribute('href');
+  // Run `id`'s change: its summary (`/changes`) and, when there is one to
+  // show, the patch's exact bytes (`/patch`). Rejects with the API's error
+  // (404: nothing captured, or for a group, no attempt chosen yet).
+  async function fetchChange(id) {
+    const changes = await api('GET', `/v1/runs/${id}/changes`);
+    if (changes.too_large || !changes.files.length) return { changes, bytes: null };
+    const res = await fetch(`/v1/runs/${id}/patch`, { headers: { Authorization: 'Bearer ' + token() }, cache: 'no-store' });
+    if (!res.ok) throw new ApiError(res.status, 'http', 'HTTP ' + res.status);
+    return { changes, bytes: await res.arrayBuffer() };
+  }
 
-    // The patch's exact bytes (the download), and its text for display.
-    async function fetchPatch() {
-      const res = await fetch(`/v1/runs/${id}/patch`, { headers: { Authorization: 'Bearer ' + token() }, cache: 'no-store' });
-      if (!res.ok) throw new ApiError(res.status, 'http', 'HTTP ' + res.status);
-      return res.arrayBuffer();
+  // A change's files, each a foldable box with its piece of the patch.
+  function changeFiles(changes, bytes) {
+    const pieces = bytes ? splitPatch(new TextDecoder('utf-8').decode(bytes)) : [];
+    return changes.files.map((f, i) => fileBox(f, bytes ? pieceFor(pieces, f, i) : []));
+  }
+
+  // The diff panel of run `id`: filled from `/changes` and `/patch` once
+  // the run has ended (its change is captured right before its end), and
+  // again when a group's chosen attempt changes (`reload`).
+  function changesPanel(id) {
+    const p = { loading: false, loaded: false, stopped: false, url: null, again: false };
+    const link = $('diff-download');
+    function clear() {
+      $('diff').hidden = true;
+      $('diff-files').replaceChildren();
+      $('diff-summary').textContent = '';
+      $('diff-note').hidden = true;
+      link.hidden = true;
+      link.removeAttribute('href');
+      if (p.url) URL.revokeObjectURL(p.url);
+      p.url = null;
     }
+    clear();
 
     async function load(attempt) {
-      if (p.loading || p.loaded || p.stopped) return;
+      if (p.loading) { p.again = true; return; }
+      if (p.loaded || p.stopped) return;
       p.loading = true;
       try {
-        const changes = await api('GET', `/v1/runs/${id}/changes`);
-        const bytes = changes.too_large || !changes.files.length ? null : await fetchPatch();
+        const { changes, bytes } = await fetchChange(id);
         if (p.stopped) return;
         show(changes, bytes);
         p.loaded = true;
@@ -548,16 +572,23 @@
       } finally {
         p.loading = false;
       }
+      // A reload asked for while this load was under way: the choice it
+      // read may be the old one.
+      if (p.again && !p.stopped) {
+        p.again = false;
+        p.loaded = false;
+        load(1);
+      }
     }
 
     function show(changes, bytes) {
+      clear();
       $('diff-summary').textContent = changes.files.length ? changeWords(changes.totals) : 'No files changed.';
       if (changes.too_large) {
         $('diff-note').textContent = `The patch (${num(changes.patch_bytes)} bytes) was larger than this deployment keeps; its files are listed.`;
         $('diff-note').hidden = false;
       }
-      const pieces = bytes ? splitPatch(new TextDecoder('utf-8').decode(bytes)) : [];
-      $('diff-files').replaceChildren(...changes.files.map((f, i) => fileBox(f, bytes ? pieceFor(pieces, f, i) : [])));
+      $('diff-files').replaceChildren(...changeFiles(changes, bytes));
       if (bytes) {
         p.url = URL.createObjectURL(new Blob([bytes], { type: 'text/x-diff' }));
         link.href = p.url;
@@ -569,11 +600,187 @@
 
     return {
       load: () => load(0),
+      // A group's choice changed: its change is another attempt's now.
+      reload() {
+        if (p.loading) { p.again = true; return; }
+        p.loaded = false;
+        load(1);
+      },
       stop() {
         p.stopped = true;
         if (p.url) URL.revokeObjectURL(p.url);
       },
     };
+  }
+
+  // ---- a group's attempts ---------------------------------------------------
+
+  const ENDED = ['succeeded', 'failed', 'cancelled', 'timed_out'];
+
+  // The attempts of group `groupId`, side by side: each one's status,
+  // steps, cost and diffstat, its diff on demand, and a Select button that
+  // makes it the group's result. Kept current from the group's own stream
+  // (the run page passes its `attempt.*` events to `event`), so it needs no
+  // polling; `onSelected` runs when the group's choice changed.
+  function attemptsPanel(groupId, onSelected) {
+    const list = $('attempts-list');
+    list.replaceChildren();
+    $('attempts').hidden = true;
+    const cards = new Map(); // attempt number -> its card
+    let stopped = false;
+    let selected = null;
+
+    function stat(label) {
+      const dd = el('dd');
+      return { box: el('div', null, el('dt', null, label), dd), dd };
+    }
+
+    function cardOf(k, runId) {
+      let a = cards.get(k);
+      if (a) {
+        if (runId && !a.runId) setRun(a, runId);
+        return a;
+      }
+      const status = el('span', { class: 'status' });
+      const link = el('a', { class: 'attempt-open' }, `Attempt ${k}`);
+      const chosen = el('span', { class: 'chosen', hidden: true }, 'selected');
+      const steps = stat('Steps');
+      const cost = stat('Cost');
+      const change = stat('Change');
+      const model = el('p', { class: 'muted attempt-model' });
+      const files = el('div', { class: 'diff-files' });
+      const diff = el('details', { class: 'attempt-diff' }, el('summary', null, 'Diff'), files);
+      const select = el('button', { type: 'button', class: 'secondary attempt-select', disabled: true }, 'Select');
+      const root = el('div', { class: 'attempt', data: { attempt: k, status: 'queued' } },
+        el('div', { class: 'attempt-head' }, link, status, chosen), model,
+        el('dl', { class: 'attempt-stats' }, steps.box, cost.box, change.box), select, diff);
+      a = { k, runId: null, root, status, link, chosen, steps: steps.dd, cost: cost.dd, change: change.dd, model, files,
+        diff, select, spent: { usd: 0, unpriced: false, steps: 0 }, ended: false, diffLoaded: false };
+      cards.set(k, a);
+      diff.addEventListener('toggle', () => { if (diff.open) loadDiff(a); });
+      select.addEventListener('click', () => choose(a));
+      // In attempt order, whatever order they became known in.
+      const after = [...list.children].find((n) => Number(n.dataset.attempt) > k);
+      list.insertBefore(root, after || null);
+      $('attempts').hidden = false;
+      setStatus(a, 'queued');
+      showSpent(a);
+      a.change.textContent = '—';
+      if (runId) setRun(a, runId);
+      return a;
+    }
+
+    function setRun(a, runId) {
+      a.runId = runId;
+      a.root.dataset.run = runId;
+      a.link.href = '#/runs/' + runId;
+    }
+
+    function setStatus(a, status) {
+      if (a.ended && !ENDED.includes(status)) return; // an ended attempt stays ended
+      a.ended = ENDED.includes(status);
+      a.root.dataset.status = status;
+      a.status.dataset.status = status;
+      a.status.textContent = status.replace('_', ' ');
+      a.select.disabled = !a.ended || selected === a.k;
+    }
+
+    function showSpent(a) {
+      a.steps.textContent = String(a.spent.steps);
+      a.cost.textContent = costText(a.spent);
+    }
+
+    function showChange(a, c) {
+      a.change.textContent = c ? changeWords(c) + (c.too_large ? ' (too large to keep)' : '') : 'no change captured';
+    }
+
+    function markSelected(k) {
+      selected = k;
+      for (const a of cards.values()) {
+        const is = a.k === k;
+        a.chosen.hidden = !is;
+        if (is) a.root.dataset.selected = ''; else delete a.root.dataset.selected;
+        a.select.disabled = !a.ended || is;
+        a.select.textContent = is ? 'Selected' : 'Select';
+      }
+    }
+
+    async function loadDiff(a) {
+      if (a.diffLoaded || !a.runId) return;
+      if (!a.ended) {
+        a.files.replaceChildren(el('p', { class: 'muted' }, 'Its change is captured when it ends.'));
+        return;
+      }
+      a.files.replaceChildren(el('p', { class: 'muted' }, 'Loading…'));
+      try {
+        const { changes, bytes } = await fetchChange(a.runId);
+        if (stopped) return;
+        const summary = el('p', { class: 'diff-summary' }, changes.files.length ? changeWords(changes.totals) : 'No files changed.');
+        a.files.replaceChildren(summary, ...changeFiles(changes, bytes));
+        a.diffLoaded = true;
+      } catch (e) {
+        if (stopped || e.status === 401) return;
+        a.files.replaceChildren(el('p', { class: 'muted' }, e.status === 404 ? 'No change was captured.' : 'Could not load its change: ' + e.message));
+      }
+    }
+
+    async function choose(a) {
+      a.select.disabled = true;
+      try {
+        const group = await api('POST', `/v1/runs/${groupId}/select`, { attempt: a.k });
+        if (stopped) return;
+        markSelected(group.selected_attempt || a.k);
+        onSelected();
+      } catch (e) {
+        a.select.disabled = !a.ended || selected === a.k;
+        if (e.status !== 401) notice('Could not select attempt ' + a.k + ': ' + e.message);
+      }
+    }
+
+    // What GET /v1/runs/{id} says of the group and each attempt: the
+    // stream then keeps them current.
+    async function read(group) {
+      (group.attempts || []).forEach((runId, i) => cardOf(i + 1, runId));
+      if (group.selected_attempt) markSelected(group.selected_attempt);
+      for (const [i, runId] of (group.attempts || []).entries()) {
+        let run;
+        try { run = await api('GET', '/v1/runs/' + runId); } catch (_) { continue; }
+        if (stopped) return;
+        const a = cardOf(i + 1, runId);
+        a.model.textContent = run.model && run.model.name ? 'Model: ' + run.model.name : '';
+        if (!a.ended || ENDED.includes(run.status)) setStatus(a, run.status);
+        if (ENDED.includes(run.status)) showChange(a, run.changes);
+      }
+    }
+
+    // One `attempt.*` event of the group's stream.
+    function event(kind, p) {
+      const k = Number(p.attempt);
+      if (!Number.isSafeInteger(k) || k < 1) return;
+      const a = cardOf(k, p.run_id);
+      if (kind === 'attempt.event') {
+        const inner = p.event || {};
+        const q = inner.payload || {};
+        if (!a.ended) setStatus(a, 'running');
+        if (inner.kind === 'step.finished' && !a.ended) {
+          a.spent.steps += 1;
+          if (typeof q.cost_usd === 'number') a.spent.usd += q.cost_usd;
+          else a.spent.unpriced = true;
+          showSpent(a);
+        }
+      } else if (kind === 'attempt.finished') {
+        // What it spent, as the group counts it, replaces the running count.
+        a.spent = { steps: Number(p.steps) || 0, usd: typeof p.cost_usd === 'number' ? p.cost_usd : 0,
+          unpriced: typeof p.cost_usd !== 'number' && Number(p.steps) > 0 };
+        setStatus(a, String(p.status));
+        showSpent(a);
+        showChange(a, p.changes);
+      } else if (kind === 'attempt.selected') {
+        if (selected !== k) { markSelected(k); onSelected(); }
+      }
+    }
+
+    return { read, event, stop() { stopped = true; } };
   }
 
   // ---- one run -------------------------------------------------------------
@@ -585,6 +792,7 @@
     $('plan').hidden = true;
     $('plan-items').replaceChildren();
     const changes = changesPanel(id);
+    const group = attemptsPanel(id, () => changes.reload());
     $('run-prompt').textContent = '';
     $('run-repo').textContent = '';
     // Nothing of the previous run's view stays: its status, its controls.
@@ -642,6 +850,12 @@
         : 'No repository: a new session starts in an empty workspace';
       if (!s.status || TERMINAL.includes('run.' + run.status)) setStatus(run.status);
       if (TERMINAL.includes('run.' + run.status)) changes.load();
+      // A group runs no agent of its own: nothing to message (409), and
+      // its change is the chosen attempt's.
+      if (run.attempts) {
+        $('steer-form').hidden = true;
+        group.read(run);
+      }
     }).catch((e) => {
       if (e.status === 404) notFound();
       else if (e.status !== 401) notice(e.message);
@@ -885,7 +1099,9 @@
       return ` (${tool}the MCP server "${p.mcp_server}")`;
     }
 
-    function childEvent(k, seq, inner) {
+    // A sub-agent's or an attempt's event, copied into this stream, as one
+    // short line (`who` is where to decide an approval).
+    function nestedWords(inner, who) {
       const q = inner.payload || {};
       let text;
       switch (inner.kind) {
@@ -893,11 +1109,39 @@
         case 'step.finished': text = `Step ${q.step} finished (${q.finish_reason})`; break;
         case 'tool_call.ready': text = `→ ${q.name} ${JSON.stringify(q.arguments)}`; break;
         case 'tool.result': text = `${q.is_error ? '✗' : '✓'} ${q.name} · ${ms(Number(q.duration_ms) || 0)}`; break;
-        case 'approval.requested': text = `${q.name}${mcpOrigin(q)} waits for approval (open the sub-agent to decide)`; break;
+        case 'approval.requested': text = `${q.name}${mcpOrigin(q)} waits for approval (open the ${who} to decide)`; break;
+        case 'sandbox.ready': text = `Sandbox ready (${q.image})`; break;
+        case 'changes.captured': text = 'Changes captured: ' + (Number(q.files) ? changeWords(q) : 'no files changed'); break;
         default: text = String(inner.kind);
       }
-      if (text.length > 300) text = text.slice(0, 300) + '…';
+      return text.length > 300 ? text.slice(0, 300) + '…' : text;
+    }
+
+    function childEvent(k, seq, inner) {
+      const text = nestedWords(inner, 'sub-agent');
       return k.lines.append(mark(el('div', { class: 'ev-meta child-line', data: { kind: String(inner.kind) } }, text), seq));
+    }
+
+    // An attempt's event in its group's stream: the attempts panel keeps
+    // count, the timeline gets a line naming the attempt.
+    function attemptEvent(ev) {
+      const p = ev.payload || {};
+      group.event(ev.kind, p);
+      const who = `Attempt ${p.attempt}`;
+      let text;
+      if (ev.kind === 'attempt.event') text = `${who} · ${nestedWords(p.event || {}, 'attempt')}`;
+      else if (ev.kind === 'attempt.finished') {
+        // A group's totals are its attempts' sum.
+        const u = p.usage || {};
+        s.totals.input += Number(u.input_tokens) || 0;
+        s.totals.cached += (Number(u.cache_read_tokens) || 0) + (Number(u.cache_write_tokens) || 0);
+        s.totals.output += Number(u.output_tokens) || 0;
+        if (typeof p.cost_usd === 'number') s.totals.usd += p.cost_usd;
+        else if (Number(p.steps)) s.totals.unpriced = true;
+        s.totals.steps += Number(p.steps) || 0;
+        text = `${who} ${String(p.status).replace('_', ' ')} after ${p.steps} step${Number(p.steps) === 1 ? '' : 's'}: ${p.summary}`;
+      } else text = `${who} selected: the group's change is its change`;
+      return add(mark(el('div', { class: 'ev-meta attempt-line', data: { attempt: String(p.attempt) } }, text), ev.seq));
     }
 
     // A call's arguments as its tool means them: a `write` as the file's
@@ -1081,6 +1325,10 @@
         }
         case 'subagent.event':
           return childEvent(child(p), ev.seq, p.event || {});
+        case 'attempt.event':
+        case 'attempt.finished':
+        case 'attempt.selected':
+          return attemptEvent(ev);
         case 'subagent.finished': {
           const k = child(p);
           const u = p.usage || {};
@@ -1196,6 +1444,7 @@
       stop() {
         s.stopped = true;
         changes.stop();
+        group.stop();
         if (s.es) s.es.close();
         for (const t of [s.flushTimer, s.retryTimer]) if (t) clearTimeout(t);
         $('steer-form').onsubmit = null;

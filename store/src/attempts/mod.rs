@@ -10,12 +10,15 @@
 //! and its terminal event once every attempt has ended ([`end`]).
 //! Choosing an attempt copies its captured change to the group ([`select`]).
 
+mod base;
 mod cancel;
 mod create;
+mod delivery;
 mod end;
 mod select;
 mod stream;
 
 pub(crate) use cancel::cancel_group_tx;
 pub(crate) use create::{InsertedGroup, insert_group_tx};
+pub use delivery::GroupDelivery;
 pub use select::SelectOutcome;

@@ -3,6 +3,7 @@
 use kiln_protocol::{EventBody, Run};
 use uuid::Uuid;
 
+use super::delivery::{CHOICE_SETTLED, owe_tx};
 use crate::events::insert_event_tx;
 use crate::{Store, StoreError};
 
@@ -19,7 +20,8 @@ pub enum SelectOutcome {
     NoSuchAttempt(i32),
     /// The attempt has not ended: it has no change to choose yet.
     NotEnded,
-    /// The group's result was already delivered; the choice stands.
+    /// The group's result was already delivered (or a worker is pushing
+    /// it, for `deliver.git`); the choice stands.
     Delivered,
 }
 
@@ -27,18 +29,18 @@ impl Store {
     /// Makes attempt `number` of group `group` its result: the attempt's
     /// captured change (its own and its session's) becomes the group's,
     /// replacing an earlier choice, and `attempt.selected` goes into the
-    /// group's stream. Refused once the group's result was delivered.
+    /// group's stream; with `deliver.git`, the push is owed (again). Refused
+    /// once the group's result was delivered or its push claimed.
     pub async fn select_attempt(&self, owner: &str, group: Uuid, number: u32) -> Result<SelectOutcome, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        let row = tx
-            .query_opt(
-                "SELECT r.attempt_count,
-                        EXISTS (SELECT 1 FROM github_runs g WHERE g.run_id = r.id AND g.delivered_at IS NOT NULL)
-                 FROM runs r WHERE r.id = $1 AND r.owner = $2 FOR UPDATE",
-                &[&group, &owner],
-            )
-            .await?;
+        let settled = format!(
+            "SELECT r.attempt_count,
+                    EXISTS (SELECT 1 FROM github_runs g WHERE g.run_id = r.id AND g.delivered_at IS NOT NULL)
+                    OR {CHOICE_SETTLED}
+             FROM runs r WHERE r.id = $1 AND r.owner = $2 FOR UPDATE"
+        );
+        let row = tx.query_opt(&settled, &[&group, &owner]).await?;
         let Some(row) = row else { return Ok(SelectOutcome::NotFound) };
         let Some(count) = row.try_get::<_, Option<i32>>(0)? else { return Ok(SelectOutcome::NotAGroup) };
         if row.try_get::<_, bool>(1)? {
@@ -61,6 +63,7 @@ impl Store {
         }
         take_change_tx(&tx, group, attempt_id).await?;
         tx.execute("UPDATE runs SET selected_attempt = $2 WHERE id = $1", &[&group, &number]).await?;
+        owe_tx(&tx, group).await?;
         let selected = EventBody::AttemptSelected { attempt: number as u32, run_id: attempt_id };
         let seq = insert_event_tx(&tx, group, &selected).await?;
         tx.commit().await?;

@@ -7,10 +7,12 @@
 //! the same address checks as `repo.url`, and only a host the operator
 //! listed in `KILN_GIT_CREDENTIALS` is pushed to (checked before anything
 //! connects). The outcome is a `delivery.succeeded` / `delivery.failed`
-//! event; it never changes the run's result.
+//! event; it never changes the run's result. A group of attempts is
+//! pushed once one is chosen, by whichever worker claims it ([`groups`]).
 
 pub mod credentials;
 mod git;
+pub mod groups;
 mod push;
 
 use kiln_protocol::changes::ChangeScope;
@@ -56,9 +58,22 @@ struct Pushed {
 /// Delivers a run that has ended, if it asked for `deliver.git`, and
 /// records the outcome as an event after the terminal one.
 pub async fn deliver_finished(ctx: &WorkerContext, run: &Run) {
-    let Some(spec) = run.deliver.as_ref().and_then(|d| d.git.as_ref()) else { return };
+    // A group's push waits for its choice (`groups`); it never runs here.
+    if run.attempts.is_some() {
+        return;
+    }
+    let Some(event) = outcome(ctx, run).await else { return };
+    if let Err(e) = crate::db_retry::with_retry(|| ctx.store.append_after_end(run.id, &event)).await {
+        tracing::warn!(run_id = %run.id, error = %e, "recording the git delivery's outcome failed");
+    }
+}
+
+/// Pushes `run`'s stored change if it asked for `deliver.git`: the event
+/// that says how it went, credentials redacted. `None`: nothing was asked.
+async fn outcome(ctx: &WorkerContext, run: &Run) -> Option<EventBody> {
+    let spec = run.deliver.as_ref().and_then(|d| d.git.as_ref())?;
     let mut secrets = Vec::new();
-    let event = match deliver(ctx, run, spec, &mut secrets).await {
+    Some(match deliver(ctx, run, spec, &mut secrets).await {
         Ok(p) => {
             tracing::info!(run_id = %run.id, branch = %p.branch, commit = %p.commit, "pushed the run's change");
             EventBody::DeliverySucceeded {
@@ -74,10 +89,7 @@ pub async fn deliver_finished(ctx: &WorkerContext, run: &Run) {
             tracing::warn!(run_id = %run.id, %error, "delivering the run's change to git failed");
             EventBody::DeliveryFailed { error }
         }
-    };
-    if let Err(e) = crate::db_retry::with_retry(|| ctx.store.append_after_end(run.id, &event)).await {
-        tracing::warn!(run_id = %run.id, error = %e, "recording the git delivery's outcome failed");
-    }
+    })
 }
 
 async fn deliver(
