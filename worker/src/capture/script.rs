@@ -1,6 +1,7 @@
 //! The capture inside the sandbox: one exec of a script that runs git on
-//! the workspace with a store of its own, then bounded reads of what it
-//! wrote. Nothing runs git on the worker's side over the sandbox's files.
+//! the workspace with a store of its own and sends everything back on that
+//! exec's own stdout, framed and bounded. Nothing runs git on the worker's
+//! side over the sandbox's files.
 //!
 //! The script's git has its own git directory (`/tmp/kiln-capture/git`,
 //! outside `/workspace`, with an empty configuration) and reads the
@@ -25,35 +26,46 @@
 //! that is not a plain file, is over 64 MiB, does not read, or marks any
 //! entry assume-unchanged or skip-worktree (which would hide a change from
 //! `add -A`) is dropped for the empty index given the base, the slow path.
+//! Per scope, git diffs twice, in parallel: the patch, and one `--raw
+//! --numstat -z` listing that gives the summary (status, paths, counts).
+//!
+//! The read back: the script writes its outputs to files first (so it
+//! knows their sizes), then prints one header line and the outputs
+//! themselves on stdout, a patch only when it is within the bound. The
+//! worker reads at most what the bound allows ([`stdout_cap`]) and accepts
+//! only output whose length is exactly what the header announced.
 
 use std::time::Duration;
 
 use super::CaptureError;
-use super::summary;
-use crate::sandbox::FileError;
-use crate::sandbox::Sandbox;
 
 /// Longest the capture may take in the sandbox.
 const TIMEOUT: Duration = Duration::from_secs(120);
-/// Where the script writes; read back from here.
-const OUT: &str = "/tmp/kiln-capture/out";
-/// Most bytes of each `-z` summary kept in the sandbox and read back.
-const MAX_SUMMARY_BYTES: u64 = 4 * 1024 * 1024;
+/// Most bytes of each scope's `-z` summary kept in the sandbox and sent.
+const MAX_SUMMARY_BYTES: u64 = 8 * 1024 * 1024;
+/// Longest header line accepted.
+const MAX_HEADER: usize = 512;
+/// Exit statuses of GNU `timeout` when it stopped the script.
+const TIMED_OUT: [i64; 2] = [124, 137];
 
 /// `$1`: what the run's change is diffed from, `$2`: the session's;
-/// `$3`: the summaries' cap. Prints `KILN-CAPTURE <tree> <run patch bytes>
-/// <session patch bytes or ->` last; on failure, git's last words.
+/// `$3`: the summaries' cap; `$4`: the patches' bound. On stdout, and
+/// nothing else there: `KILN-CAPTURE <tree> <run patch bytes> <run summary
+/// bytes> <session patch bytes or -> <session summary bytes or ->`, a
+/// newline, then the run's patch (when within `$4`), its summary, the
+/// session's patch (when within `$4`) and its summary. On failure, git's
+/// last words on stderr.
 const SCRIPT: &str = r#"set -u
-B=$1 S=$2 CAP=$3 K=/tmp/kiln-capture
+B=$1 S=$2 CAP=$3 MAXP=$4 K=/tmp/kiln-capture
 O=$K/out
 unset GIT_DIR GIT_WORK_TREE GIT_INDEX_FILE GIT_OBJECT_DIRECTORY GIT_ALTERNATE_OBJECT_DIRECTORIES \
   GIT_EXTERNAL_DIFF GIT_DIFF_OPTS GIT_CONFIG GIT_CONFIG_PARAMETERS GIT_CONFIG_COUNT GIT_NAMESPACE
 export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null HOME=/nonexistent XDG_CONFIG_HOME=/nonexistent \
   GIT_TERMINAL_PROMPT=0 GIT_OPTIONAL_LOCKS=0 GIT_ATTR_NOSYSTEM=1 GIT_PAGER=cat LC_ALL=C
 [ -L "$K" ] && rm -f "$K"
-rm -rf "$O" && mkdir -p "$O" || { echo "cannot write $O"; exit 10; }
-exec 2>"$O/err"
-fail() { tail -c 2000 "$O/err"; exit "$1"; }
+rm -rf "$O" && mkdir -p "$O" || { echo "cannot write $O" >&2; exit 10; }
+exec 3>&1 4>&2 >"$O/err" 2>&1
+fail() { tail -c 2000 "$O/err" >&4; exit "$1"; }
 [ -f "$K/git/HEAD" ] || git init -q --bare --template= "$K/git" || fail 11
 mkdir -p "$K/git/objects/info" || fail 11
 if [ -d /workspace/.git/objects ]; then
@@ -80,98 +92,134 @@ g add -A || fail 13
 g write-tree > "$O/tree" & W=$!
 scope() {
   d --binary "$1" > "$O/$2.patch" & P=$!
-  d --numstat -z "$1" | head -c "$CAP" > "$O/$2.numstat" &
-  d --name-status -z "$1" | head -c "$CAP" > "$O/$2.status" &
+  d --raw --numstat -z "$1" | head -c "$CAP" > "$O/$2.summary" &
   wait "$P" || fail 15
 }
 scope "$B" run
-SP=-
-if [ "$S" != "$B" ]; then scope "$S" session; SP=$(stat -c %s "$O/session.patch"); fi
+[ "$S" != "$B" ] && scope "$S" session
 wait "$W" && T=$(cat "$O/tree") || fail 14
 wait
-mv -f "$GIT_INDEX_FILE" "$K/index" 2>/dev/null
-printf '\nKILN-CAPTURE %s %s %s\n' "$T" "$(stat -c %s "$O/run.patch")" "$SP"
+mv -f "$GIT_INDEX_FILE" "$K/index"
+size() { if [ -f "$O/$1" ]; then stat -c %s "$O/$1"; else echo -; fi; }
+RP=$(size run.patch) RS=$(size run.summary) SP=$(size session.patch) SS=$(size session.summary)
+send() { [ "$1" = - ] || [ "$1" -gt "$3" ] || head -c "$1" "$O/$2"; }
+{ printf 'KILN-CAPTURE %s %s %s %s %s\n' "$T" "$RP" "$RS" "$SP" "$SS"
+  send "$RP" run.patch "$MAXP" && send "$RS" run.summary "$CAP" &&
+  send "$SP" session.patch "$MAXP" && send "$SS" session.summary "$CAP"
+} >&3 || fail 16
 "#;
 
-/// What the script reported.
+/// One scope's change as the script sent it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Scope {
+    pub patch_bytes: u64,
+    /// `None`: over the bound, not sent.
+    pub patch: Option<Vec<u8>>,
+    /// git's `--raw --numstat -z` listing.
+    pub summary: Vec<u8>,
+}
+
+/// What the script sent.
 #[derive(Debug)]
 pub struct Taken {
     /// The tree the workspace was captured at.
     pub tree: String,
-    pub run_patch_bytes: u64,
+    pub run: Scope,
     /// `None`: the session's change is the run's.
-    pub session_patch_bytes: Option<u64>,
+    pub session: Option<Scope>,
 }
 
-/// One scope's change, read back.
-pub struct Read {
-    /// `None`: over the bound.
-    pub patch: Option<Vec<u8>>,
-    pub name_status: Vec<u8>,
-    pub numstat: Vec<u8>,
-}
-
-/// Runs the script. `base` and `session_base` must be object ids.
-pub async fn take(sandbox: &Sandbox, base: &str, session_base: &str) -> Result<Taken, CaptureError> {
+/// Runs the script and reads what it sends. `base` and `session_base`
+/// must be object ids.
+pub async fn take(
+    sandbox: &crate::sandbox::Sandbox,
+    base: &str,
+    session_base: &str,
+    max_patch: u64,
+) -> Result<Taken, CaptureError> {
     if ![base, session_base].iter().all(|id| super::base::is_object_id(id)) {
         return Err(CaptureError::Garbage(format!("recorded bases {base:?}, {session_base:?} are not object ids")));
     }
-    let command = format!("set -- {base} {session_base} {MAX_SUMMARY_BYTES}\n{SCRIPT}");
-    let out = sandbox.exec(&command, TIMEOUT, 8192, |_| {}).await.map_err(|e| CaptureError::Sandbox(e.to_string()))?;
-    if out.timed_out {
-        return Err(CaptureError::Sandbox(format!("the capture took longer than {} s", TIMEOUT.as_secs())));
+    let command = format!("set -- {base} {session_base} {MAX_SUMMARY_BYTES} {max_patch}\n{SCRIPT}");
+    let out = sandbox
+        .exec_raw(&["bash", "-c", &command], None, stdout_cap(max_patch), TIMEOUT)
+        .await
+        .map_err(|e| CaptureError::Sandbox(e.to_string()))?;
+    if out.overflow {
+        return Err(CaptureError::Garbage("the capture sent more than its bound".into()));
     }
-    if out.exit_code != Some(0) {
-        return Err(CaptureError::Script { code: out.exit_code, output: out.output.trim().to_owned() });
+    match out.exit_code {
+        Some(0) => parse_output(out.stdout, max_patch),
+        Some(code) if TIMED_OUT.contains(&code) => {
+            Err(CaptureError::Sandbox(format!("the capture took longer than {} s", TIMEOUT.as_secs())))
+        }
+        code => Err(CaptureError::Script { code, output: out.stderr.trim().to_owned() }),
     }
-    parse_report(&out.output)
 }
 
-/// The script's last `KILN-CAPTURE` line, checked.
-fn parse_report(output: &str) -> Result<Taken, CaptureError> {
-    let line = output.lines().rev().find_map(|l| l.strip_prefix("KILN-CAPTURE "));
-    let garbage = || CaptureError::Garbage(format!("unexpected report {:?}", output.trim()));
-    let mut parts = line.ok_or_else(garbage)?.split(' ');
-    let (Some(tree), Some(run), Some(session), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
-        return Err(garbage());
+/// The most stdout the worker reads: the header, two patches within the
+/// bound and two summaries.
+fn stdout_cap(max_patch: u64) -> usize {
+    let body = max_patch.saturating_add(MAX_SUMMARY_BYTES).saturating_mul(2);
+    usize::try_from(body).unwrap_or(usize::MAX).saturating_add(MAX_HEADER)
+}
+
+/// The script's output, checked against its header: every length within
+/// its bound and the body exactly as long as announced.
+fn parse_output(mut stdout: Vec<u8>, max_patch: u64) -> Result<Taken, CaptureError> {
+    let garbage = |why: &str| CaptureError::Garbage(format!("the capture's output: {why}"));
+    let end = stdout.iter().take(MAX_HEADER).position(|b| *b == b'\n').ok_or_else(|| garbage("no header"))?;
+    let header = std::str::from_utf8(&stdout[..end]).map_err(|_| garbage("the header is not text"))?;
+    let fields: Vec<&str> = header.split(' ').collect();
+    let ["KILN-CAPTURE", tree, run_patch, run_summary, session_patch, session_summary] = fields[..] else {
+        return Err(garbage("a malformed header"));
     };
     if !super::base::is_object_id(tree) {
-        return Err(garbage());
+        return Err(garbage("the tree is not an object id"));
     }
-    Ok(Taken {
-        tree: tree.to_owned(),
-        run_patch_bytes: run.parse().map_err(|_| garbage())?,
-        session_patch_bytes: match session {
-            "-" => None,
-            n => Some(n.parse().map_err(|_| garbage())?),
-        },
-    })
+    let size = |text: &str| text.parse::<u64>().map_err(|_| garbage("a malformed size"));
+    let summary = |text: &str| {
+        size(text).and_then(|n| (n <= MAX_SUMMARY_BYTES).then_some(n).ok_or_else(|| garbage("a summary over its cap")))
+    };
+    let run = (size(run_patch)?, summary(run_summary)?);
+    let session = match (session_patch, session_summary) {
+        ("-", "-") => None,
+        (patch, summary_bytes) => Some((size(patch)?, summary(summary_bytes)?)),
+    };
+    let tree = tree.to_owned();
+    let mut body = Body { bytes: stdout.split_off(end + 1), at: 0 };
+    let run = body.scope(run, max_patch).ok_or_else(|| garbage("shorter than announced"))?;
+    let session = match session {
+        Some(sizes) => Some(body.scope(sizes, max_patch).ok_or_else(|| garbage("shorter than announced"))?),
+        None => None,
+    };
+    if body.at != body.bytes.len() {
+        return Err(garbage("longer than announced"));
+    }
+    Ok(Taken { tree, run, session })
 }
 
-/// Reads one scope's output (`run` or `session`); the patch only when it
-/// is within `max_patch` (the size checked first, and again by the read).
-pub async fn read(sandbox: &Sandbox, scope: &str, patch_bytes: u64, max_patch: u64) -> Result<Read, CaptureError> {
-    let patch = match patch_bytes <= max_patch {
-        true => match sandbox.read_file(&format!("{OUT}/{scope}.patch"), max_patch).await {
-            Ok(patch) => Some(patch),
-            Err(FileError::TooLarge { .. }) => None,
-            Err(e) => return Err(CaptureError::Sandbox(format!("reading the patch: {e}"))),
-        },
-        false => None,
-    };
-    let summary = |kind: &'static str| async move {
-        sandbox
-            .read_file(&format!("{OUT}/{scope}.{kind}"), MAX_SUMMARY_BYTES)
-            .await
-            .map_err(|e| CaptureError::Sandbox(format!("reading the summary: {e}")))
-    };
-    Ok(Read { patch, name_status: summary("status").await?, numstat: summary("numstat").await? })
+/// The output after the header, taken in order.
+struct Body {
+    bytes: Vec<u8>,
+    at: usize,
 }
 
-impl Read {
-    /// The per-file summary and totals.
-    pub fn summary(&self) -> (Vec<kiln_protocol::changes::FileChange>, kiln_protocol::changes::ChangeTotals) {
-        summary::summarise(&self.name_status, &self.numstat)
+impl Body {
+    fn next(&mut self, len: u64) -> Option<Vec<u8>> {
+        let end = self.at.checked_add(usize::try_from(len).ok()?)?;
+        let taken = self.bytes.get(self.at..end)?.to_vec();
+        self.at = end;
+        Some(taken)
+    }
+
+    /// One scope: its patch (sent only within `max_patch`), its summary.
+    fn scope(&mut self, (patch_bytes, summary_bytes): (u64, u64), max_patch: u64) -> Option<Scope> {
+        let patch = match patch_bytes <= max_patch {
+            true => Some(self.next(patch_bytes)?),
+            false => None,
+        };
+        Some(Scope { patch_bytes, patch, summary: self.next(summary_bytes)? })
     }
 }
 
@@ -179,15 +227,37 @@ impl Read {
 mod tests {
     use super::*;
 
+    const TREE: &str = "0123456789abcdef0123456789abcdef01234567";
+
+    fn output(header: &str, body: &[u8]) -> Vec<u8> {
+        [format!("KILN-CAPTURE {TREE} {header}\n").as_bytes(), body].concat()
+    }
+
     #[test]
-    fn the_report_is_the_last_line_and_is_checked() {
-        let tree = "0123456789abcdef0123456789abcdef01234567";
-        let ok = parse_report(&format!("warning: x\nKILN-CAPTURE {tree} 12 -\n")).unwrap();
-        assert_eq!((ok.tree.as_str(), ok.run_patch_bytes, ok.session_patch_bytes), (tree, 12, None));
-        let spoofed = format!("KILN-CAPTURE {tree} 1 2\nKILN-CAPTURE {tree} 3 4\n");
-        assert_eq!(parse_report(&spoofed).unwrap().run_patch_bytes, 3);
-        for bad in ["", "KILN-CAPTURE x 1 -", &format!("KILN-CAPTURE {tree} -1 -"), &format!("KILN-CAPTURE {tree} 1")] {
-            assert!(parse_report(bad).is_err(), "{bad:?}");
+    fn the_output_is_split_as_its_header_says() {
+        let taken = parse_output(output("3 2 - -", b"abcxy"), 10).unwrap();
+        assert_eq!(taken.tree, TREE);
+        assert_eq!(taken.run, Scope { patch_bytes: 3, patch: Some(b"abc".to_vec()), summary: b"xy".to_vec() });
+        assert!(taken.session.is_none());
+        let both = parse_output(output("3 1 20 2", b"abcxst"), 10).unwrap();
+        assert_eq!(both.session, Some(Scope { patch_bytes: 20, patch: None, summary: b"st".to_vec() }));
+    }
+
+    #[test]
+    fn output_unlike_its_header_is_refused() {
+        let huge = format!("3 {} - -", MAX_SUMMARY_BYTES + 1);
+        for (header, body) in [
+            ("3 2 - -", &b"abcx"[..]),
+            ("3 2 - -", b"abcxyz"),
+            ("-3 2 - -", b"abcxy"),
+            ("3 2 - 1", b"abcxy"),
+            ("3 2", b"abcxy"),
+            (huge.as_str(), b"abc"),
+            ("18446744073709551615 0 - -", b""),
+        ] {
+            assert!(parse_output(output(header, body), u64::MAX).is_err(), "{header:?} {body:?}");
         }
+        assert!(parse_output(b"KILN-CAPTURE x 1 1 - -\nab".to_vec(), 10).is_err());
+        assert!(parse_output(vec![b'a'; 4096], 10).is_err());
     }
 }
