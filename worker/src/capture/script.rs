@@ -26,22 +26,30 @@
 //! that is not a plain file, is over 64 MiB, does not read, or marks any
 //! entry assume-unchanged or skip-worktree (which would hide a change from
 //! `add -A`) is dropped for the empty index given the base, the slow path.
-//! Per scope, git diffs twice, in parallel: the patch, and one `--raw
-//! --numstat -z` listing that gives the summary (status, paths, counts).
+//! The index is then read by five git commands (`read-tree`, the flag
+//! check, `add -A`, `write-tree` and, per scope, one diff), against the two
+//! of a plain `add -A && diff`: each scope's diff gives the summary and the
+//! patch in one go (`--raw --numstat -z --binary`: the listing, a NUL, the
+//! patch), so the index, the base's trees and the renames are read and
+//! found once.
 //!
-//! The read back: the script writes its outputs to files first (so it
+//! The read back: the script writes git's output to files first (so it
 //! knows their sizes), then prints one header line and the outputs
-//! themselves on stdout, a patch only when it is within the bound. The
-//! worker reads at most what the bound allows ([`stdout_cap`]) and accepts
-//! only output whose length is exactly what the header announced.
+//! themselves on its own stdout, a patch only when it is within the bound
+//! (over it, the listing is taken again on its own, capped). The worker
+//! reads at most what the bound allows ([`stdout_cap`]) and accepts only
+//! output whose length is exactly what the header announced: no second
+//! exec, no file transfer.
 
 use std::time::Duration;
 
 use super::CaptureError;
+use crate::sandbox::Sandbox;
 
 /// Longest the capture may take in the sandbox.
 const TIMEOUT: Duration = Duration::from_secs(120);
-/// Most bytes of each scope's `-z` summary kept in the sandbox and sent.
+/// Most bytes of a scope's `-z` listing sent on its own (the patch over
+/// the bound).
 const MAX_SUMMARY_BYTES: u64 = 8 * 1024 * 1024;
 /// Longest header line accepted.
 const MAX_HEADER: usize = 512;
@@ -50,11 +58,13 @@ const TIMED_OUT: [i64; 2] = [124, 137];
 
 /// `$1`: what the run's change is diffed from, `$2`: the session's;
 /// `$3`: the summaries' cap; `$4`: the patches' bound. On stdout, and
-/// nothing else there: `KILN-CAPTURE <tree> <run patch bytes> <run summary
-/// bytes> <session patch bytes or -> <session summary bytes or ->`, a
-/// newline, then the run's patch (when within `$4`), its summary, the
-/// session's patch (when within `$4`) and its summary. On failure, git's
-/// last words on stderr.
+/// nothing else there: `KILN-CAPTURE <tree>`, the run's scope, the
+/// session's (`- - -`: the run's), a newline, then what the scopes' fields
+/// announce, in order. A scope is `d - <n>`: git's whole output (the
+/// `--raw --numstat -z` listing, a NUL, the patch), `n` bytes; or, when
+/// that is over `$3 + $4 + 1`, `s <p> <n>`: the patch's size `p`, the patch
+/// itself only when within `$4`, then the listing's first `n` bytes. On
+/// failure, git's last words on stderr.
 const SCRIPT: &str = r#"set -u
 B=$1 S=$2 CAP=$3 MAXP=$4 K=/tmp/kiln-capture
 O=$K/out
@@ -63,11 +73,11 @@ unset GIT_DIR GIT_WORK_TREE GIT_INDEX_FILE GIT_OBJECT_DIRECTORY GIT_ALTERNATE_OB
 export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null HOME=/nonexistent XDG_CONFIG_HOME=/nonexistent \
   GIT_TERMINAL_PROMPT=0 GIT_OPTIONAL_LOCKS=0 GIT_ATTR_NOSYSTEM=1 GIT_PAGER=cat LC_ALL=C
 [ -L "$K" ] && rm -f "$K"
-rm -rf "$O" && mkdir -p "$O" || { echo "cannot write $O" >&2; exit 10; }
+[ -d "$O" ] && [ ! -L "$O" ] || { rm -rf "$O" && mkdir -p "$O"; } || { echo "cannot write $O" >&2; exit 10; }
 exec 3>&1 4>&2 >"$O/err" 2>&1
 fail() { tail -c 2000 "$O/err" >&4; exit "$1"; }
 [ -f "$K/git/HEAD" ] || git init -q --bare --template= "$K/git" || fail 11
-mkdir -p "$K/git/objects/info" || fail 11
+[ -d "$K/git/objects/info" ] || mkdir -p "$K/git/objects/info" || fail 11
 if [ -d /workspace/.git/objects ]; then
   printf '%s\n' /workspace/.git/objects > "$K/git/objects/info/alternates"
 else
@@ -80,40 +90,48 @@ g() {
     -c core.fileMode=true -c core.quotePath=false -c diff.noprefix=false -c diff.mnemonicPrefix=false \
     -c diff.relative=false -c diff.renames=true "$@"
 }
-d() { g diff --cached --no-ext-diff --no-textconv --no-color --full-index -M "$@"; }
-export GIT_INDEX_FILE="$O/index"
+d() { g diff --cached --no-ext-diff --no-textconv --no-color --full-index -M --raw --numstat -z "$@"; }
+export GIT_INDEX_FILE="$K/index"
 flagged() { g ls-files -v -z | grep -qzv '^H '; [ $? -ne 1 ]; }
 seed() {
   [ -f "$1" ] && [ ! -L "$1" ] && [ "$(stat -c %s "$1")" -le 67108864 ] || return 1
-  $2 -- "$1" "$GIT_INDEX_FILE" && g read-tree -i -m "$B" && ! flagged
+  { [ "$1" = "$GIT_INDEX_FILE" ] || cp -p -- "$1" "$GIT_INDEX_FILE"; } && g read-tree -i -m "$B" && ! flagged
 }
-seed "$K/index" mv || seed /workspace/.git/index 'cp -p' || { rm -f "$GIT_INDEX_FILE"; g read-tree "$B"; } || fail 12
+seed "$GIT_INDEX_FILE" || { rm -f "$GIT_INDEX_FILE"; seed /workspace/.git/index; } ||
+  { rm -f "$GIT_INDEX_FILE"; g read-tree "$B"; } || fail 12
 g add -A || fail 13
 g write-tree > "$O/tree" & W=$!
+d --binary "$B" > "$O/run.diff" || fail 15
+[ "$S" = "$B" ] || d --binary "$S" > "$O/session.diff" || fail 15
+wait "$W" && read -r T < "$O/tree" || fail 14
+H="KILN-CAPTURE $T" SEND=
 scope() {
-  d --binary "$1" > "$O/$2.patch" & P=$!
-  d --raw --numstat -z "$1" | head -c "$CAP" > "$O/$2.summary" &
-  wait "$P" || fail 15
+  if [ "$3" -le $((CAP + MAXP + 1)) ]; then H="$H d - $3" SEND="$SEND $O/$1.diff"; return; fi
+  d "$2" > "$O/$1.list" || fail 15
+  head -c "$CAP" "$O/$1.list" > "$O/$1.sent" || fail 16
+  local n p; n=$(stat -c %s "$O/$1.list" "$O/$1.sent") || fail 16
+  p=$(($3 - ${n%%[!0-9]*} - 1))
+  H="$H s $p ${n##*[!0-9]}"
+  if [ "$p" -le "$MAXP" ]; then tail -c "$p" "$O/$1.diff" > "$O/$1.patch" && SEND="$SEND $O/$1.patch" || fail 16; fi
+  SEND="$SEND $O/$1.sent"
 }
-scope "$B" run
-[ "$S" != "$B" ] && scope "$S" session
-wait "$W" && T=$(cat "$O/tree") || fail 14
-wait
-mv -f "$GIT_INDEX_FILE" "$K/index"
-size() { if [ -f "$O/$1" ]; then stat -c %s "$O/$1"; else echo -; fi; }
-RP=$(size run.patch) RS=$(size run.summary) SP=$(size session.patch) SS=$(size session.summary)
-send() { [ "$1" = - ] || [ "$1" -gt "$3" ] || head -c "$1" "$O/$2"; }
-{ printf 'KILN-CAPTURE %s %s %s %s %s\n' "$T" "$RP" "$RS" "$SP" "$SS"
-  send "$RP" run.patch "$MAXP" && send "$RS" run.summary "$CAP" &&
-  send "$SP" session.patch "$MAXP" && send "$SS" session.summary "$CAP"
-} >&3 || fail 16
+if [ "$S" = "$B" ]; then
+  N=$(stat -c %s "$O/run.diff") || fail 16
+  scope run "$B" "$N"
+  H="$H - - -"
+else
+  N=$(stat -c %s "$O/run.diff" "$O/session.diff") || fail 16
+  scope run "$B" "${N%%[!0-9]*}"
+  scope session "$S" "${N##*[!0-9]}"
+fi
+{ printf '%s\n' "$H" && cat $SEND; } >&3 || fail 16
 "#;
 
 /// One scope's change as the script sent it.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Scope {
     pub patch_bytes: u64,
-    /// `None`: over the bound, not sent.
+    /// `None`: over the bound (not sent, or dropped).
     pub patch: Option<Vec<u8>>,
     /// git's `--raw --numstat -z` listing.
     pub summary: Vec<u8>,
@@ -131,12 +149,7 @@ pub struct Taken {
 
 /// Runs the script and reads what it sends. `base` and `session_base`
 /// must be object ids.
-pub async fn take(
-    sandbox: &crate::sandbox::Sandbox,
-    base: &str,
-    session_base: &str,
-    max_patch: u64,
-) -> Result<Taken, CaptureError> {
+pub async fn take(sandbox: &Sandbox, base: &str, session_base: &str, max_patch: u64) -> Result<Taken, CaptureError> {
     if ![base, session_base].iter().all(|id| super::base::is_object_id(id)) {
         return Err(CaptureError::Garbage(format!("recorded bases {base:?}, {session_base:?} are not object ids")));
     }
@@ -157,46 +170,64 @@ pub async fn take(
     }
 }
 
-/// The most stdout the worker reads: the header, two patches within the
-/// bound and two summaries.
+/// Most bytes one scope may send: a whole diff just within the bound.
+fn scope_cap(max_patch: u64) -> u64 {
+    max_patch.saturating_add(MAX_SUMMARY_BYTES).saturating_add(1)
+}
+
+/// The most stdout the worker reads: the header and two scopes.
 fn stdout_cap(max_patch: u64) -> usize {
-    let body = max_patch.saturating_add(MAX_SUMMARY_BYTES).saturating_mul(2);
+    let body = scope_cap(max_patch).saturating_mul(2);
     usize::try_from(body).unwrap_or(usize::MAX).saturating_add(MAX_HEADER)
+}
+
+/// A scope's fields in the header.
+#[derive(Clone, Copy)]
+enum Announced {
+    /// git's whole output, this long.
+    Whole(u64),
+    /// The patch's size (sent when within the bound), the listing's length.
+    Split(u64, u64),
 }
 
 /// The script's output, checked against its header: every length within
 /// its bound and the body exactly as long as announced.
 fn parse_output(mut stdout: Vec<u8>, max_patch: u64) -> Result<Taken, CaptureError> {
-    let garbage = |why: &str| CaptureError::Garbage(format!("the capture's output: {why}"));
     let end = stdout.iter().take(MAX_HEADER).position(|b| *b == b'\n').ok_or_else(|| garbage("no header"))?;
     let header = std::str::from_utf8(&stdout[..end]).map_err(|_| garbage("the header is not text"))?;
     let fields: Vec<&str> = header.split(' ').collect();
-    let ["KILN-CAPTURE", tree, run_patch, run_summary, session_patch, session_summary] = fields[..] else {
+    let ["KILN-CAPTURE", tree, r0, r1, r2, s0, s1, s2] = fields[..] else {
         return Err(garbage("a malformed header"));
     };
     if !super::base::is_object_id(tree) {
         return Err(garbage("the tree is not an object id"));
     }
-    let size = |text: &str| text.parse::<u64>().map_err(|_| garbage("a malformed size"));
-    let summary = |text: &str| {
-        size(text).and_then(|n| (n <= MAX_SUMMARY_BYTES).then_some(n).ok_or_else(|| garbage("a summary over its cap")))
-    };
-    let run = (size(run_patch)?, summary(run_summary)?);
-    let session = match (session_patch, session_summary) {
-        ("-", "-") => None,
-        (patch, summary_bytes) => Some((size(patch)?, summary(summary_bytes)?)),
-    };
+    let run = announced([r0, r1, r2], max_patch)?.ok_or_else(|| garbage("no run scope"))?;
+    let session = announced([s0, s1, s2], max_patch)?;
     let tree = tree.to_owned();
     let mut body = Body { bytes: stdout.split_off(end + 1), at: 0 };
-    let run = body.scope(run, max_patch).ok_or_else(|| garbage("shorter than announced"))?;
-    let session = match session {
-        Some(sizes) => Some(body.scope(sizes, max_patch).ok_or_else(|| garbage("shorter than announced"))?),
-        None => None,
-    };
+    let run = body.scope(run, max_patch)?;
+    let session = session.map(|s| body.scope(s, max_patch)).transpose()?;
     if body.at != body.bytes.len() {
         return Err(garbage("longer than announced"));
     }
     Ok(Taken { tree, run, session })
+}
+
+fn garbage(why: &str) -> CaptureError {
+    CaptureError::Garbage(format!("the capture's output: {why}"))
+}
+
+/// One scope's three header fields; `None` for `- - -`.
+fn announced(fields: [&str; 3], max_patch: u64) -> Result<Option<Announced>, CaptureError> {
+    let size = |text: &str| text.parse::<u64>().map_err(|_| garbage("a malformed size"));
+    let within = |n: u64, cap: u64| (n <= cap).then_some(n).ok_or_else(|| garbage("a length over its cap"));
+    Ok(Some(match fields {
+        ["-", "-", "-"] => return Ok(None),
+        ["d", "-", n] => Announced::Whole(within(size(n)?, scope_cap(max_patch))?),
+        ["s", p, n] => Announced::Split(size(p)?, within(size(n)?, MAX_SUMMARY_BYTES)?),
+        _ => return Err(garbage("a malformed scope")),
+    }))
 }
 
 /// The output after the header, taken in order.
@@ -206,21 +237,42 @@ struct Body {
 }
 
 impl Body {
-    fn next(&mut self, len: u64) -> Option<Vec<u8>> {
-        let end = self.at.checked_add(usize::try_from(len).ok()?)?;
-        let taken = self.bytes.get(self.at..end)?.to_vec();
+    fn next(&mut self, len: u64) -> Result<&[u8], CaptureError> {
+        let short = || garbage("shorter than announced");
+        let end = usize::try_from(len).ok().and_then(|len| self.at.checked_add(len)).ok_or_else(short)?;
+        let taken = self.bytes.get(self.at..end).ok_or_else(short)?;
         self.at = end;
-        Some(taken)
+        Ok(taken)
     }
 
-    /// One scope: its patch (sent only within `max_patch`), its summary.
-    fn scope(&mut self, (patch_bytes, summary_bytes): (u64, u64), max_patch: u64) -> Option<Scope> {
-        let patch = match patch_bytes <= max_patch {
-            true => Some(self.next(patch_bytes)?),
-            false => None,
-        };
-        Some(Scope { patch_bytes, patch, summary: self.next(summary_bytes)? })
+    /// One scope: the listing, and the patch when within `max_patch`.
+    fn scope(&mut self, announced: Announced, max_patch: u64) -> Result<Scope, CaptureError> {
+        match announced {
+            Announced::Whole(n) => split_whole(self.next(n)?, max_patch),
+            Announced::Split(patch_bytes, n) => {
+                let patch = match patch_bytes <= max_patch {
+                    true => Some(self.next(patch_bytes)?.to_vec()),
+                    false => None,
+                };
+                Ok(Scope { patch_bytes, patch, summary: self.next(n)?.to_vec() })
+            }
+        }
     }
+}
+
+/// git's whole output split where the listing ends: its fields are never
+/// empty, so the first empty field (a NUL right after a NUL, or first) is
+/// the separator, and the patch follows it. No output: no change.
+fn split_whole(whole: &[u8], max_patch: u64) -> Result<Scope, CaptureError> {
+    if whole.is_empty() {
+        return Ok(Scope { patch_bytes: 0, patch: Some(Vec::new()), summary: Vec::new() });
+    }
+    let separator = (0..whole.len())
+        .find(|&i| whole[i] == 0 && (i == 0 || whole[i - 1] == 0))
+        .ok_or_else(|| garbage("no end to the listing"))?;
+    let (summary, patch) = (&whole[..separator], &whole[separator + 1..]);
+    let patch_bytes = patch.len() as u64;
+    Ok(Scope { patch_bytes, patch: (patch_bytes <= max_patch).then(|| patch.to_vec()), summary: summary.to_vec() })
 }
 
 #[cfg(test)]
@@ -235,29 +287,41 @@ mod tests {
 
     #[test]
     fn the_output_is_split_as_its_header_says() {
-        let taken = parse_output(output("3 2 - -", b"abcxy"), 10).unwrap();
+        let taken = parse_output(output("d - 17 - - -", b":x M\0a\0\0diff x\0\0y"), 10).unwrap();
         assert_eq!(taken.tree, TREE);
-        assert_eq!(taken.run, Scope { patch_bytes: 3, patch: Some(b"abc".to_vec()), summary: b"xy".to_vec() });
+        let patch = b"diff x\0\0y".to_vec();
+        assert_eq!(taken.run, Scope { patch_bytes: 9, patch: Some(patch), summary: b":x M\0a\0".to_vec() });
         assert!(taken.session.is_none());
-        let both = parse_output(output("3 1 20 2", b"abcxst"), 10).unwrap();
+        let both = parse_output(output("d - 0 s 20 2", b"st"), 10).unwrap();
+        assert_eq!(both.run, Scope { patch_bytes: 0, patch: Some(vec![]), summary: vec![] });
         assert_eq!(both.session, Some(Scope { patch_bytes: 20, patch: None, summary: b"st".to_vec() }));
+        let split = parse_output(output("s 3 2 - - -", b"abcst"), 10).unwrap();
+        assert_eq!(split.run, Scope { patch_bytes: 3, patch: Some(b"abc".to_vec()), summary: b"st".to_vec() });
+        let over = parse_output(output("d - 12 - - -", b":x A\0a\0\0diff"), 3).unwrap();
+        assert_eq!((over.run.patch_bytes, over.run.patch), (4, None), "a whole diff over the bound keeps no patch");
     }
 
     #[test]
     fn output_unlike_its_header_is_refused() {
-        let huge = format!("3 {} - -", MAX_SUMMARY_BYTES + 1);
+        let huge = format!("s 3 {} - - -", MAX_SUMMARY_BYTES + 1);
+        let whole = format!("d - {} - - -", scope_cap(10) + 1);
         for (header, body) in [
-            ("3 2 - -", &b"abcx"[..]),
-            ("3 2 - -", b"abcxyz"),
-            ("-3 2 - -", b"abcxy"),
-            ("3 2 - 1", b"abcxy"),
-            ("3 2", b"abcxy"),
+            ("s 3 2 - - -", &b"abcx"[..]),
+            ("s 3 2 - - -", b"abcxyz"),
+            ("s -3 2 - - -", b"abcxy"),
+            ("s 3 2 - - 1", b"abcxy"),
+            ("s 3 2", b"abcxy"),
+            ("- - - - - -", b""),
+            ("d - 3 - - -", b"abc"),
+            ("d 1 3 - - -", b"\0\0a"),
             (huge.as_str(), b"abc"),
-            ("18446744073709551615 0 - -", b""),
+            (whole.as_str(), b""),
+            ("s 18446744073709551615 0 - - -", b""),
         ] {
-            assert!(parse_output(output(header, body), u64::MAX).is_err(), "{header:?} {body:?}");
+            assert!(parse_output(output(header, body), 10).is_err(), "{header:?} {body:?}");
         }
-        assert!(parse_output(b"KILN-CAPTURE x 1 1 - -\nab".to_vec(), 10).is_err());
+        assert!(parse_output(b"KILN-CAPTURE x d - 0 - - -\n".to_vec(), 10).is_err());
         assert!(parse_output(vec![b'a'; 4096], 10).is_err());
+        assert_eq!(stdout_cap(u64::MAX), usize::MAX);
     }
 }
