@@ -95,15 +95,23 @@ export GIT_INDEX_FILE="$K/index"
 flagged() { g ls-files -v -z | grep -qzv '^H '; [ $? -ne 1 ]; }
 seed() {
   [ -f "$1" ] && [ ! -L "$1" ] && [ "$(stat -c %s "$1")" -le 67108864 ] || return 1
-  { [ "$1" = "$GIT_INDEX_FILE" ] || cp -p -- "$1" "$GIT_INDEX_FILE"; } && g read-tree -i -m "$B" && ! flagged
+  { [ "$1" = "$GIT_INDEX_FILE" ] || cp -p -- "$1" "$GIT_INDEX_FILE"; } && g read-tree -i -m "$B"
 }
-seed "$GIT_INDEX_FILE" || { rm -f "$GIT_INDEX_FILE"; seed /workspace/.git/index; } ||
-  { rm -f "$GIT_INDEX_FILE"; g read-tree "$B"; } || fail 12
-g add -A || fail 13
-g write-tree > "$O/tree" & W=$!
-d --binary "$B" > "$O/run.diff" || fail 15
-[ "$S" = "$B" ] || d --binary "$S" > "$O/session.diff" || fail 15
-wait "$W" && read -r T < "$O/tree" || fail 14
+empty() { rm -f "$GIT_INDEX_FILE"; g read-tree "$B" || fail 12; }
+take() {
+  g add -A || fail 13
+  g write-tree > "$O/tree" & W=$!
+  if [ "${1-}" = check ]; then flagged & F=$!; fi
+  d --binary "$B" > "$O/run.diff" || fail 15
+  [ "$S" = "$B" ] || d --binary "$S" > "$O/session.diff" || fail 15
+  wait "$W" && read -r T < "$O/tree" || fail 14
+  [ "${1-}" = check ] && wait "$F"
+}
+if seed "$GIT_INDEX_FILE" || { rm -f "$GIT_INDEX_FILE"; seed /workspace/.git/index; }; then
+  take check && { empty; take; }
+else
+  empty; take
+fi
 H="KILN-CAPTURE $T" SEND=
 scope() {
   if [ "$3" -le $((CAP + MAXP + 1)) ]; then H="$H d - $3" SEND="$SEND $O/$1.diff"; return; fi
