@@ -324,12 +324,14 @@ mod tests {
             ("d 1 3 - - -", b"\0\0a"),
             (huge.as_str(), b"abc"),
             (whole.as_str(), b""),
-            ("s 18446744073709551615 0 - - -", b""),
         ] {
             assert!(parse_output(output(header, body), 10).is_err(), "{header:?} {body:?}");
         }
         assert!(parse_output(b"KILN-CAPTURE x d - 0 - - -\n".to_vec(), 10).is_err());
         assert!(parse_output(vec![b'a'; 4096], 10).is_err());
+        let huge = output("s 18446744073709551615 0 - - -", b"");
+        assert!(parse_output(huge.clone(), u64::MAX).is_err(), "a patch longer than what was sent");
+        assert!(parse_output(huge, 10).unwrap().run.patch.is_none(), "a patch over the bound is not expected");
         assert_eq!(stdout_cap(u64::MAX), usize::MAX);
     }
 }
