@@ -80,38 +80,25 @@ pub async fn take(
     base: &RunBase,
     max_patch: u64,
 ) -> Result<(CapturedChange, CapturedChange), CaptureError> {
-    let taken = script::take(sandbox, &base.base, &base.session_base).await?;
-    let own = read_change(max_patch, sandbox, base, &taken, ChangeScope::Run).await?;
-    let session = match taken.session_patch_bytes {
-        Some(_) => read_change(max_patch, sandbox, base, &taken, ChangeScope::Session).await?,
+    let taken = script::take(sandbox, &base.base, &base.session_base, max_patch).await?;
+    let own = change(ChangeScope::Run, &base.base_commit, &taken.tree, taken.run);
+    let session = match taken.session {
+        Some(session) => change(ChangeScope::Session, &base.session_base_commit, &taken.tree, session),
         None => CapturedChange { scope: ChangeScope::Session, ..own.clone() },
     };
     Ok((own, session))
 }
 
-async fn read_change(
-    max_patch: u64,
-    sandbox: &Sandbox,
-    base: &RunBase,
-    taken: &script::Taken,
-    scope: ChangeScope,
-) -> Result<CapturedChange, CaptureError> {
-    let (name, bytes, base_commit) = match scope {
-        ChangeScope::Run => ("run", taken.run_patch_bytes, &base.base_commit),
-        ChangeScope::Session => {
-            ("session", taken.session_patch_bytes.unwrap_or(taken.run_patch_bytes), &base.session_base_commit)
-        }
-    };
-    let read = script::read(sandbox, name, bytes, max_patch).await?;
-    let (files, totals) = read.summary();
-    Ok(CapturedChange {
+fn change(scope: ChangeScope, base_commit: &Option<String>, tree: &str, sent: script::Scope) -> CapturedChange {
+    let (files, totals) = summary::summarise(&sent.summary);
+    CapturedChange {
         scope,
         base_commit: base_commit.clone(),
-        tree: Some(taken.tree.clone()),
+        tree: Some(tree.to_owned()),
         files,
         totals,
-        too_large: read.patch.is_none(),
-        patch_bytes: bytes,
-        patch: read.patch,
-    })
+        too_large: sent.patch.is_none(),
+        patch_bytes: sent.patch_bytes,
+        patch: sent.patch,
+    }
 }

@@ -1,6 +1,7 @@
 //! The capture inside the sandbox: one exec of a script that runs git on
-//! the workspace with a store of its own, then bounded reads of what it
-//! wrote. Nothing runs git on the worker's side over the sandbox's files.
+//! the workspace with a store of its own and sends everything back on that
+//! exec's own stdout, framed and bounded. Nothing runs git on the worker's
+//! side over the sandbox's files.
 //!
 //! The script's git has its own git directory (`/tmp/kiln-capture/git`,
 //! outside `/workspace`, with an empty configuration) and reads the
@@ -25,37 +26,58 @@
 //! that is not a plain file, is over 64 MiB, does not read, or marks any
 //! entry assume-unchanged or skip-worktree (which would hide a change from
 //! `add -A`) is dropped for the empty index given the base, the slow path.
+//! The index is then read by five git commands (`read-tree`, the flag
+//! check, `add -A`, `write-tree` and, per scope, one diff), against the two
+//! of a plain `add -A && diff`: each scope's diff gives the summary and the
+//! patch in one go (`--raw --numstat -z --binary`: the listing, a NUL, the
+//! patch), so the index, the base's trees and the renames are read and
+//! found once.
+//!
+//! The read back: the script writes git's output to files first (so it
+//! knows their sizes), then prints one header line and the outputs
+//! themselves on its own stdout, a patch only when it is within the bound
+//! (over it, the listing is taken again on its own, capped). The worker
+//! reads at most what the bound allows ([`stdout_cap`]) and accepts only
+//! output whose length is exactly what the header announced: no second
+//! exec, no file transfer.
 
 use std::time::Duration;
 
 use super::CaptureError;
-use super::summary;
-use crate::sandbox::FileError;
-use crate::sandbox::{Sandbox, SandboxError};
+use crate::sandbox::Sandbox;
 
 /// Longest the capture may take in the sandbox.
 const TIMEOUT: Duration = Duration::from_secs(120);
-/// Where the script writes; read back from here.
-const OUT: &str = "/tmp/kiln-capture/out";
-/// Most bytes of each `-z` summary kept in the sandbox and read back.
-const MAX_SUMMARY_BYTES: u64 = 4 * 1024 * 1024;
+/// Most bytes of a scope's `-z` listing sent on its own (the patch over
+/// the bound).
+const MAX_SUMMARY_BYTES: u64 = 8 * 1024 * 1024;
+/// Longest header line accepted.
+const MAX_HEADER: usize = 512;
+/// Exit statuses of GNU `timeout` when it stopped the script.
+const TIMED_OUT: [i64; 2] = [124, 137];
 
 /// `$1`: what the run's change is diffed from, `$2`: the session's;
-/// `$3`: the summaries' cap. Prints `KILN-CAPTURE <tree> <run patch bytes>
-/// <session patch bytes or ->` last; on failure, git's last words.
+/// `$3`: the summaries' cap; `$4`: the patches' bound. On stdout, and
+/// nothing else there: `KILN-CAPTURE <tree>`, the run's scope, the
+/// session's (`- - -`: the run's), a newline, then what the scopes' fields
+/// announce, in order. A scope is `d - <n>`: git's whole output (the
+/// `--raw --numstat -z` listing, a NUL, the patch), `n` bytes; or, when
+/// that is over `$3 + $4 + 1`, `s <p> <n>`: the patch's size `p`, the patch
+/// itself only when within `$4`, then the listing's first `n` bytes. On
+/// failure, git's last words on stderr.
 const SCRIPT: &str = r#"set -u
-B=$1 S=$2 CAP=$3 K=/tmp/kiln-capture
+B=$1 S=$2 CAP=$3 MAXP=$4 K=/tmp/kiln-capture
 O=$K/out
 unset GIT_DIR GIT_WORK_TREE GIT_INDEX_FILE GIT_OBJECT_DIRECTORY GIT_ALTERNATE_OBJECT_DIRECTORIES \
   GIT_EXTERNAL_DIFF GIT_DIFF_OPTS GIT_CONFIG GIT_CONFIG_PARAMETERS GIT_CONFIG_COUNT GIT_NAMESPACE
 export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null HOME=/nonexistent XDG_CONFIG_HOME=/nonexistent \
   GIT_TERMINAL_PROMPT=0 GIT_OPTIONAL_LOCKS=0 GIT_ATTR_NOSYSTEM=1 GIT_PAGER=cat LC_ALL=C
 [ -L "$K" ] && rm -f "$K"
-rm -rf "$O" && mkdir -p "$O" || { echo "cannot write $O"; exit 10; }
-exec 2>"$O/err"
-fail() { tail -c 2000 "$O/err"; exit "$1"; }
+[ -d "$O" ] && [ ! -L "$O" ] || { rm -rf "$O" && mkdir -p "$O"; } || { echo "cannot write $O" >&2; exit 10; }
+exec 3>&1 4>&2 >"$O/err" 2>&1
+fail() { tail -c 2000 "$O/err" >&4; exit "$1"; }
 [ -f "$K/git/HEAD" ] || git init -q --bare --template= "$K/git" || fail 11
-mkdir -p "$K/git/objects/info" || fail 11
+[ -d "$K/git/objects/info" ] || mkdir -p "$K/git/objects/info" || fail 11
 if [ -d /workspace/.git/objects ]; then
   printf '%s\n' /workspace/.git/objects > "$K/git/objects/info/alternates"
 else
@@ -68,138 +90,260 @@ g() {
     -c core.fileMode=true -c core.quotePath=false -c diff.noprefix=false -c diff.mnemonicPrefix=false \
     -c diff.relative=false -c diff.renames=true "$@"
 }
-d() { g diff --cached --no-ext-diff --no-textconv --no-color --full-index -M "$@"; }
-export GIT_INDEX_FILE="$O/index"
+d() { g diff --cached --no-ext-diff --no-textconv --no-color --full-index -M --raw --numstat -z "$@"; }
+export GIT_INDEX_FILE="$K/index"
 flagged() { g ls-files -v -z | grep -qzv '^H '; [ $? -ne 1 ]; }
 seed() {
   [ -f "$1" ] && [ ! -L "$1" ] && [ "$(stat -c %s "$1")" -le 67108864 ] || return 1
-  $2 -- "$1" "$GIT_INDEX_FILE" && g read-tree -i -m "$B" && ! flagged
+  { [ "$1" = "$GIT_INDEX_FILE" ] || cp -p -- "$1" "$GIT_INDEX_FILE"; } && g read-tree -i -m "$B"
 }
-seed "$K/index" mv || seed /workspace/.git/index 'cp -p' || { rm -f "$GIT_INDEX_FILE"; g read-tree "$B"; } || fail 12
-g add -A || fail 13
-g write-tree > "$O/tree" & W=$!
+empty() { rm -f "$GIT_INDEX_FILE"; g read-tree "$B" || fail 12; }
+take() {
+  g add -A || fail 13
+  g write-tree > "$O/tree" & W=$!
+  if [ "${1-}" = check ]; then flagged & F=$!; fi
+  d --binary "$B" > "$O/run.diff" || fail 15
+  [ "$S" = "$B" ] || d --binary "$S" > "$O/session.diff" || fail 15
+  wait "$W" && read -r T < "$O/tree" || fail 14
+  [ "${1-}" = check ] && wait "$F"
+}
+if seed "$GIT_INDEX_FILE" || { rm -f "$GIT_INDEX_FILE"; seed /workspace/.git/index; }; then
+  take check && { empty; take; }
+else
+  empty; take
+fi
+H="KILN-CAPTURE $T" SEND=
 scope() {
-  d --binary "$1" > "$O/$2.patch" & P=$!
-  d --numstat -z "$1" | head -c "$CAP" > "$O/$2.numstat" &
-  d --name-status -z "$1" | head -c "$CAP" > "$O/$2.status" &
-  wait "$P" || fail 15
+  if [ "$3" -le $((CAP + MAXP + 1)) ]; then H="$H d - $3" SEND="$SEND $O/$1.diff"; return; fi
+  d "$2" > "$O/$1.list" || fail 15
+  head -c "$CAP" "$O/$1.list" > "$O/$1.sent" || fail 16
+  local n p; n=$(stat -c %s "$O/$1.list" "$O/$1.sent") || fail 16
+  p=$(($3 - ${n%%[!0-9]*} - 1))
+  H="$H s $p ${n##*[!0-9]}"
+  if [ "$p" -le "$MAXP" ]; then tail -c "$p" "$O/$1.diff" > "$O/$1.patch" && SEND="$SEND $O/$1.patch" || fail 16; fi
+  SEND="$SEND $O/$1.sent"
 }
-scope "$B" run
-SP=-
-if [ "$S" != "$B" ]; then scope "$S" session; SP=$(stat -c %s "$O/session.patch"); fi
-wait "$W" && T=$(cat "$O/tree") || fail 14
-wait
-mv -f "$GIT_INDEX_FILE" "$K/index" 2>/dev/null
-printf '\nKILN-CAPTURE %s %s %s\n' "$T" "$(stat -c %s "$O/run.patch")" "$SP"
+if [ "$S" = "$B" ]; then
+  N=$(stat -c %s "$O/run.diff") || fail 16
+  scope run "$B" "$N"
+  H="$H - - -"
+else
+  N=$(stat -c %s "$O/run.diff" "$O/session.diff") || fail 16
+  scope run "$B" "${N%%[!0-9]*}"
+  scope session "$S" "${N##*[!0-9]}"
+fi
+{ printf '%s\n' "$H" && cat $SEND; } >&3 || fail 16
 "#;
 
 /// The image's git is what the capture runs: an image without one is said
-/// as such, not as a failed script.
-const NEEDS_GIT: &str = "command -v git >/dev/null 2>&1 || { echo KILN-CAPTURE-NEEDS-GIT; exit 3; }\n";
-const NEEDS_GIT_SAID: &str = "KILN-CAPTURE-NEEDS-GIT";
+/// as such (exit [`NEEDS_GIT_EXIT`]), not as a failed script.
+const NEEDS_GIT: &str = "command -v git >/dev/null 2>&1 || exit 3\n";
+const NEEDS_GIT_EXIT: i64 = 3;
 
-/// What the script reported.
+/// One scope's change as the script sent it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Scope {
+    pub patch_bytes: u64,
+    /// `None`: over the bound (not sent, or dropped).
+    pub patch: Option<Vec<u8>>,
+    /// git's `--raw --numstat -z` listing.
+    pub summary: Vec<u8>,
+}
+
+/// What the script sent.
 #[derive(Debug)]
 pub struct Taken {
     /// The tree the workspace was captured at.
     pub tree: String,
-    pub run_patch_bytes: u64,
+    pub run: Scope,
     /// `None`: the session's change is the run's.
-    pub session_patch_bytes: Option<u64>,
+    pub session: Option<Scope>,
 }
 
-/// One scope's change, read back.
-pub struct Read {
-    /// `None`: over the bound.
-    pub patch: Option<Vec<u8>>,
-    pub name_status: Vec<u8>,
-    pub numstat: Vec<u8>,
-}
-
-/// Runs the script. `base` and `session_base` must be object ids.
-pub async fn take(sandbox: &Sandbox, base: &str, session_base: &str) -> Result<Taken, CaptureError> {
+/// Runs the script and reads what it sends. `base` and `session_base`
+/// must be object ids.
+pub async fn take(sandbox: &Sandbox, base: &str, session_base: &str, max_patch: u64) -> Result<Taken, CaptureError> {
     if ![base, session_base].iter().all(|id| super::base::is_object_id(id)) {
         return Err(CaptureError::Garbage(format!("recorded bases {base:?}, {session_base:?} are not object ids")));
     }
-    let command = format!("{NEEDS_GIT}set -- {base} {session_base} {MAX_SUMMARY_BYTES}\n{SCRIPT}");
-    let out = match sandbox.exec(&command, TIMEOUT, 8192, |_| {}).await {
-        Ok(out) => out,
-        Err(SandboxError::NoShell { .. }) => return Err(CaptureError::Needs("a shell (sh) and git")),
-        Err(e) => return Err(CaptureError::Sandbox(e.to_string())),
+    // The session's shell (bash, else sh: the script is POSIX); an image
+    // without one cannot run the capture at all.
+    let shell = match sandbox.shell() {
+        Some(known) => known.program().ok_or(CaptureError::Needs("a shell (sh) and git"))?,
+        None => "sh",
     };
-    if out.output.lines().any(|l| l == NEEDS_GIT_SAID) {
-        return Err(CaptureError::Needs("git"));
+    let command = format!("{NEEDS_GIT}set -- {base} {session_base} {MAX_SUMMARY_BYTES} {max_patch}\n{SCRIPT}");
+    let out = sandbox
+        .exec_raw(&[shell, "-c", &command], None, stdout_cap(max_patch), TIMEOUT)
+        .await
+        .map_err(|e| CaptureError::Sandbox(e.to_string()))?;
+    if out.overflow {
+        return Err(CaptureError::Garbage("the capture sent more than its bound".into()));
     }
-    if out.timed_out {
-        return Err(CaptureError::Sandbox(format!("the capture took longer than {} s", TIMEOUT.as_secs())));
+    match out.exit_code {
+        Some(0) => parse_output(out.stdout, max_patch),
+        Some(NEEDS_GIT_EXIT) => Err(CaptureError::Needs("git")),
+        Some(code) if TIMED_OUT.contains(&code) => {
+            Err(CaptureError::Sandbox(format!("the capture took longer than {} s", TIMEOUT.as_secs())))
+        }
+        code => Err(CaptureError::Script { code, output: out.stderr.trim().to_owned() }),
     }
-    if out.exit_code != Some(0) {
-        return Err(CaptureError::Script { code: out.exit_code, output: out.output.trim().to_owned() });
-    }
-    parse_report(&out.output)
 }
 
-/// The script's last `KILN-CAPTURE` line, checked.
-fn parse_report(output: &str) -> Result<Taken, CaptureError> {
-    let line = output.lines().rev().find_map(|l| l.strip_prefix("KILN-CAPTURE "));
-    let garbage = || CaptureError::Garbage(format!("unexpected report {:?}", output.trim()));
-    let mut parts = line.ok_or_else(garbage)?.split(' ');
-    let (Some(tree), Some(run), Some(session), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
-        return Err(garbage());
+/// Most bytes one scope may send: a whole diff just within the bound.
+fn scope_cap(max_patch: u64) -> u64 {
+    max_patch.saturating_add(MAX_SUMMARY_BYTES).saturating_add(1)
+}
+
+/// The most stdout the worker reads: the header and two scopes.
+fn stdout_cap(max_patch: u64) -> usize {
+    let body = scope_cap(max_patch).saturating_mul(2);
+    usize::try_from(body).unwrap_or(usize::MAX).saturating_add(MAX_HEADER)
+}
+
+/// A scope's fields in the header.
+#[derive(Clone, Copy)]
+enum Announced {
+    /// git's whole output, this long.
+    Whole(u64),
+    /// The patch's size (sent when within the bound), the listing's length.
+    Split(u64, u64),
+}
+
+/// The script's output, checked against its header: every length within
+/// its bound and the body exactly as long as announced.
+fn parse_output(mut stdout: Vec<u8>, max_patch: u64) -> Result<Taken, CaptureError> {
+    let end = stdout.iter().take(MAX_HEADER).position(|b| *b == b'\n').ok_or_else(|| garbage("no header"))?;
+    let header = std::str::from_utf8(&stdout[..end]).map_err(|_| garbage("the header is not text"))?;
+    let fields: Vec<&str> = header.split(' ').collect();
+    let ["KILN-CAPTURE", tree, r0, r1, r2, s0, s1, s2] = fields[..] else {
+        return Err(garbage("a malformed header"));
     };
     if !super::base::is_object_id(tree) {
-        return Err(garbage());
+        return Err(garbage("the tree is not an object id"));
     }
-    Ok(Taken {
-        tree: tree.to_owned(),
-        run_patch_bytes: run.parse().map_err(|_| garbage())?,
-        session_patch_bytes: match session {
-            "-" => None,
-            n => Some(n.parse().map_err(|_| garbage())?),
-        },
-    })
+    let run = announced([r0, r1, r2], max_patch)?.ok_or_else(|| garbage("no run scope"))?;
+    let session = announced([s0, s1, s2], max_patch)?;
+    let tree = tree.to_owned();
+    let mut body = Body { bytes: stdout.split_off(end + 1), at: 0 };
+    let run = body.scope(run, max_patch)?;
+    let session = session.map(|s| body.scope(s, max_patch)).transpose()?;
+    if body.at != body.bytes.len() {
+        return Err(garbage("longer than announced"));
+    }
+    Ok(Taken { tree, run, session })
 }
 
-/// Reads one scope's output (`run` or `session`); the patch only when it
-/// is within `max_patch` (the size checked first, and again by the read).
-pub async fn read(sandbox: &Sandbox, scope: &str, patch_bytes: u64, max_patch: u64) -> Result<Read, CaptureError> {
-    let patch = match patch_bytes <= max_patch {
-        true => match sandbox.read_file(&format!("{OUT}/{scope}.patch"), max_patch).await {
-            Ok(patch) => Some(patch),
-            Err(FileError::TooLarge { .. }) => None,
-            Err(e) => return Err(CaptureError::Sandbox(format!("reading the patch: {e}"))),
-        },
-        false => None,
-    };
-    let summary = |kind: &'static str| async move {
-        sandbox
-            .read_file(&format!("{OUT}/{scope}.{kind}"), MAX_SUMMARY_BYTES)
-            .await
-            .map_err(|e| CaptureError::Sandbox(format!("reading the summary: {e}")))
-    };
-    Ok(Read { patch, name_status: summary("status").await?, numstat: summary("numstat").await? })
+fn garbage(why: &str) -> CaptureError {
+    CaptureError::Garbage(format!("the capture's output: {why}"))
 }
 
-impl Read {
-    /// The per-file summary and totals.
-    pub fn summary(&self) -> (Vec<kiln_protocol::changes::FileChange>, kiln_protocol::changes::ChangeTotals) {
-        summary::summarise(&self.name_status, &self.numstat)
+/// One scope's three header fields; `None` for `- - -`.
+fn announced(fields: [&str; 3], max_patch: u64) -> Result<Option<Announced>, CaptureError> {
+    let size = |text: &str| text.parse::<u64>().map_err(|_| garbage("a malformed size"));
+    let within = |n: u64, cap: u64| (n <= cap).then_some(n).ok_or_else(|| garbage("a length over its cap"));
+    Ok(Some(match fields {
+        ["-", "-", "-"] => return Ok(None),
+        ["d", "-", n] => Announced::Whole(within(size(n)?, scope_cap(max_patch))?),
+        ["s", p, n] => Announced::Split(size(p)?, within(size(n)?, MAX_SUMMARY_BYTES)?),
+        _ => return Err(garbage("a malformed scope")),
+    }))
+}
+
+/// The output after the header, taken in order.
+struct Body {
+    bytes: Vec<u8>,
+    at: usize,
+}
+
+impl Body {
+    fn next(&mut self, len: u64) -> Result<&[u8], CaptureError> {
+        let short = || garbage("shorter than announced");
+        let end = usize::try_from(len).ok().and_then(|len| self.at.checked_add(len)).ok_or_else(short)?;
+        let taken = self.bytes.get(self.at..end).ok_or_else(short)?;
+        self.at = end;
+        Ok(taken)
     }
+
+    /// One scope: the listing, and the patch when within `max_patch`.
+    fn scope(&mut self, announced: Announced, max_patch: u64) -> Result<Scope, CaptureError> {
+        match announced {
+            Announced::Whole(n) => split_whole(self.next(n)?, max_patch),
+            Announced::Split(patch_bytes, n) => {
+                let patch = match patch_bytes <= max_patch {
+                    true => Some(self.next(patch_bytes)?.to_vec()),
+                    false => None,
+                };
+                Ok(Scope { patch_bytes, patch, summary: self.next(n)?.to_vec() })
+            }
+        }
+    }
+}
+
+/// git's whole output split where the listing ends: its fields are never
+/// empty, so the first empty field (a NUL right after a NUL, or first) is
+/// the separator, and the patch follows it. No output: no change.
+fn split_whole(whole: &[u8], max_patch: u64) -> Result<Scope, CaptureError> {
+    if whole.is_empty() {
+        return Ok(Scope { patch_bytes: 0, patch: Some(Vec::new()), summary: Vec::new() });
+    }
+    let separator = (0..whole.len())
+        .find(|&i| whole[i] == 0 && (i == 0 || whole[i - 1] == 0))
+        .ok_or_else(|| garbage("no end to the listing"))?;
+    let (summary, patch) = (&whole[..separator], &whole[separator + 1..]);
+    let patch_bytes = patch.len() as u64;
+    Ok(Scope { patch_bytes, patch: (patch_bytes <= max_patch).then(|| patch.to_vec()), summary: summary.to_vec() })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const TREE: &str = "0123456789abcdef0123456789abcdef01234567";
+
+    fn output(header: &str, body: &[u8]) -> Vec<u8> {
+        [format!("KILN-CAPTURE {TREE} {header}\n").as_bytes(), body].concat()
+    }
+
     #[test]
-    fn the_report_is_the_last_line_and_is_checked() {
-        let tree = "0123456789abcdef0123456789abcdef01234567";
-        let ok = parse_report(&format!("warning: x\nKILN-CAPTURE {tree} 12 -\n")).unwrap();
-        assert_eq!((ok.tree.as_str(), ok.run_patch_bytes, ok.session_patch_bytes), (tree, 12, None));
-        let spoofed = format!("KILN-CAPTURE {tree} 1 2\nKILN-CAPTURE {tree} 3 4\n");
-        assert_eq!(parse_report(&spoofed).unwrap().run_patch_bytes, 3);
-        for bad in ["", "KILN-CAPTURE x 1 -", &format!("KILN-CAPTURE {tree} -1 -"), &format!("KILN-CAPTURE {tree} 1")] {
-            assert!(parse_report(bad).is_err(), "{bad:?}");
+    fn the_output_is_split_as_its_header_says() {
+        let taken = parse_output(output("d - 17 - - -", b":x M\0a\0\0diff x\0\0y"), 10).unwrap();
+        assert_eq!(taken.tree, TREE);
+        let patch = b"diff x\0\0y".to_vec();
+        assert_eq!(taken.run, Scope { patch_bytes: 9, patch: Some(patch), summary: b":x M\0a\0".to_vec() });
+        assert!(taken.session.is_none());
+        let both = parse_output(output("d - 0 s 20 2", b"st"), 10).unwrap();
+        assert_eq!(both.run, Scope { patch_bytes: 0, patch: Some(vec![]), summary: vec![] });
+        assert_eq!(both.session, Some(Scope { patch_bytes: 20, patch: None, summary: b"st".to_vec() }));
+        let split = parse_output(output("s 3 2 - - -", b"abcst"), 10).unwrap();
+        assert_eq!(split.run, Scope { patch_bytes: 3, patch: Some(b"abc".to_vec()), summary: b"st".to_vec() });
+        let over = parse_output(output("d - 12 - - -", b":x A\0a\0\0diff"), 3).unwrap();
+        assert_eq!((over.run.patch_bytes, over.run.patch), (4, None), "a whole diff over the bound keeps no patch");
+    }
+
+    #[test]
+    fn output_unlike_its_header_is_refused() {
+        let huge = format!("s 3 {} - - -", MAX_SUMMARY_BYTES + 1);
+        let whole = format!("d - {} - - -", scope_cap(10) + 1);
+        for (header, body) in [
+            ("s 3 2 - - -", &b"abcx"[..]),
+            ("s 3 2 - - -", b"abcxyz"),
+            ("s -3 2 - - -", b"abcxy"),
+            ("s 3 2 - - 1", b"abcxy"),
+            ("s 3 2", b"abcxy"),
+            ("- - - - - -", b""),
+            ("d - 3 - - -", b"abc"),
+            ("d 1 3 - - -", b"\0\0a"),
+            (huge.as_str(), b"abc"),
+            (whole.as_str(), b""),
+        ] {
+            assert!(parse_output(output(header, body), 10).is_err(), "{header:?} {body:?}");
         }
+        assert!(parse_output(b"KILN-CAPTURE x d - 0 - - -\n".to_vec(), 10).is_err());
+        assert!(parse_output(vec![b'a'; 4096], 10).is_err());
+        let huge = output("s 18446744073709551615 0 - - -", b"");
+        assert!(parse_output(huge.clone(), u64::MAX).is_err(), "a patch longer than what was sent");
+        assert!(parse_output(huge, 10).unwrap().run.patch.is_none(), "a patch over the bound is not expected");
+        assert_eq!(stdout_cap(u64::MAX), usize::MAX);
     }
 }

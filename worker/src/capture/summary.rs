@@ -1,6 +1,7 @@
-//! Reading git's `--name-status -z` and `--numstat -z` output, as the
-//! sandbox produced it: hostile input. Both are cut to a number of entries
-//! and a path length; a record cut short at the end is dropped.
+//! Reading git's `--raw --numstat -z` listing (one diff's raw records,
+//! then its counts), as the sandbox produced it: hostile input. It is cut
+//! to a number of entries and a path length; a record cut short at the end
+//! is dropped.
 
 use kiln_protocol::changes::{ChangeTotals, FileChange, FileStatus};
 
@@ -10,14 +11,15 @@ pub const MAX_FILES: usize = 10_000;
 pub const MAX_PATH: usize = 4096;
 
 /// The per-file summary and its totals (over the files listed).
-pub fn summarise(name_status: &[u8], numstat: &[u8]) -> (Vec<FileChange>, ChangeTotals) {
-    let statuses = parse_name_status(name_status);
-    let mut counts = parse_numstat(numstat).into_iter();
+pub fn summarise(listing: &[u8]) -> (Vec<FileChange>, ChangeTotals) {
+    let mut fields = fields(listing).peekable();
+    let statuses = parse_raw(&mut fields);
+    let mut counts = parse_numstat(fields).into_iter();
     let mut totals = ChangeTotals::default();
     let files: Vec<FileChange> = statuses
         .into_iter()
         .map(|(status, old_path, path)| {
-            // Both lists come from one diff, in one order; a count whose
+            // Both parts come from one diff, in one order; a count whose
             // path differs is not this file's.
             let (additions, deletions, binary) =
                 counts.next().filter(|c| c.3 == path).map_or((0, 0, false), |c| (c.0, c.1, c.2));
@@ -30,12 +32,16 @@ pub fn summarise(name_status: &[u8], numstat: &[u8]) -> (Vec<FileChange>, Change
     (files, totals)
 }
 
-/// `(status, old path, path)` per file.
-fn parse_name_status(bytes: &[u8]) -> Vec<(FileStatus, Option<String>, String)> {
-    let mut fields = fields(bytes);
+/// `(status, old path, path)` per raw record (`:<modes> <ids> <status>`,
+/// then one path, or two for a rename or copy); stops at the first field
+/// that is not one, where the counts begin.
+fn parse_raw<'a>(
+    fields: &mut std::iter::Peekable<impl Iterator<Item = &'a [u8]>>,
+) -> Vec<(FileStatus, Option<String>, String)> {
     let mut out = Vec::new();
     while out.len() < MAX_FILES {
-        let Some(code) = fields.next() else { break };
+        let Some(record) = fields.next_if(|f| f.first() == Some(&b':')) else { break };
+        let code = record.rsplit(|b| *b == b' ').next().unwrap_or_default();
         let (status, two_paths) = match code.first() {
             Some(b'A') => (FileStatus::Added, false),
             Some(b'D') => (FileStatus::Deleted, false),
@@ -59,8 +65,7 @@ fn parse_name_status(bytes: &[u8]) -> Vec<(FileStatus, Option<String>, String)> 
 
 /// `(additions, deletions, binary, path)` per file; a rename's path is its
 /// new one.
-fn parse_numstat(bytes: &[u8]) -> Vec<(u64, u64, bool, String)> {
-    let mut fields = fields(bytes);
+fn parse_numstat<'a>(mut fields: impl Iterator<Item = &'a [u8]>) -> Vec<(u64, u64, bool, String)> {
     let mut out = Vec::new();
     while out.len() < MAX_FILES {
         let Some(head) = fields.next() else { break };
@@ -107,9 +112,16 @@ mod tests {
 
     #[test]
     fn reads_every_kind_of_entry() {
-        let status = b"M\0a.txt\0R087\0old name\0new name\0A\0img.png\0D\0gone\0T\0link\0";
-        let numstat = b"1\t2\ta.txt\x003\t0\t\0old name\0new name\0-\t-\timg.png\x000\t4\tgone\x001\t1\tlink\0";
-        let (files, totals) = summarise(status, numstat);
+        let raw = [
+            ":100644 100644 1111111 2222222 M\0a.txt\0",
+            ":100644 100644 3333333 3333333 R087\0old name\0new name\0",
+            ":000000 100644 0000000 4444444 A\0img.png\0",
+            ":100644 000000 5555555 0000000 D\0gone\0",
+            ":100644 120000 6666666 7777777 T\0link\0",
+        ]
+        .concat();
+        let numstat = "1\t2\ta.txt\x003\t0\t\0old name\0new name\0-\t-\timg.png\x000\t4\tgone\x001\t1\tlink\0";
+        let (files, totals) = summarise((raw + numstat).as_bytes());
         assert_eq!(files.len(), 5);
         assert_eq!(files[1].status, FileStatus::Renamed);
         assert_eq!(files[1].old_path.as_deref(), Some("old name"));
@@ -121,20 +133,24 @@ mod tests {
 
     #[test]
     fn garbage_and_cut_output_never_panic() {
-        for input in [&b""[..], b"\0\0\0", b"Z\0x\0", b"R100\0only-one", b"M\0a", b"\xff\xfe\0\x00"] {
-            let _ = summarise(input, input);
+        for input in [&b""[..], b"\0\0\0", b":\0x\0", b":x R100\0only-one", b":x M\0a", b"\xff\xfe\0\x00", b"1\t1\t\0"]
+        {
+            let _ = summarise(input);
         }
-        let (files, _) = summarise(b"M\0a\0M\0b", b"x\ty\tz\0");
+        let (files, _) = summarise(b":x M\0a\0:x M\0b");
         assert_eq!(files.len(), 1, "the cut last record is dropped");
+        let (files, _) = summarise(b":x M\0a\0x\ty\tz\0");
         assert_eq!((files[0].additions, files[0].deletions), (0, 0), "a malformed count counts nothing");
+        let (files, _) = summarise(b":x M\0a\0:x M\0b\x003\t1\tb\0");
+        assert_eq!((files[0].additions, files[1].additions), (0, 0), "a count whose path differs is not the file's");
         let long = vec![b'a'; MAX_PATH * 2];
-        let input = [b"A\0".as_slice(), &long, b"\0"].concat();
-        assert_eq!(summarise(&input, b"").0[0].path.len(), MAX_PATH + '…'.len_utf8());
+        let input = [b":x A\0".as_slice(), &long, b"\0"].concat();
+        assert_eq!(summarise(&input).0[0].path.len(), MAX_PATH + '…'.len_utf8());
     }
 
     #[test]
     fn the_number_of_files_is_capped() {
-        let input: Vec<u8> = (0..MAX_FILES + 5).flat_map(|i| format!("A\0f{i}\0").into_bytes()).collect();
-        assert_eq!(summarise(&input, b"").0.len(), MAX_FILES);
+        let input: Vec<u8> = (0..MAX_FILES + 5).flat_map(|i| format!(":x A\0f{i}\0").into_bytes()).collect();
+        assert_eq!(summarise(&input).0.len(), MAX_FILES);
     }
 }

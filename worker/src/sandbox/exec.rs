@@ -170,7 +170,7 @@ fn did_not_start(out: &ExecOutput, program: &str) -> bool {
 
 /// A command's raw result: stdout as bytes, stderr as (short) text.
 #[derive(Debug)]
-pub(super) struct RawOutput {
+pub(crate) struct RawOutput {
     pub exit_code: Option<i64>,
     pub stdout: Vec<u8>,
     /// stdout went past the cap; the rest was not read.
@@ -185,8 +185,8 @@ impl Sandbox {
     /// Runs `argv` (no shell around it) as the command user, with `stdin`
     /// written to it and then closed, keeping up to `stdout_cap` bytes of
     /// stdout. For file transfers that must act with the user's rights, not
-    /// the engine's.
-    pub(super) async fn exec_raw(
+    /// the engine's, and for output the worker must bound (the capture).
+    pub(crate) async fn exec_raw(
         &self,
         argv: &[&str],
         stdin: Option<&[u8]>,

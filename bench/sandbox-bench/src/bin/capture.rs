@@ -1,7 +1,7 @@
 //! The capture at a run's end (issue 28) for a 10,000-file repository with
 //! 100 changed files: the worker's own capture (`kiln_worker::capture::take`:
-//! one exec of the capture script in the sandbox, then the patch and the
-//! two summaries read back through the Docker API), against the plain way
+//! one exec of the capture script in the sandbox, its patch and summary
+//! read back, bounded, on that exec's own stdout), against the plain way
 //! to get the same change out of the same container: one exec through the
 //! Docker API (the worker's `Sandbox::exec`) of `git add -A && git diff
 //! --cached --binary <base>` on the repository's own index, its patch read
