@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use kiln_protocol::Run;
 
 use crate::context::WorkerContext;
+use crate::origin::Origin;
 use crate::sandbox::SandboxError;
 use crate::sandbox::repo_clone;
 
@@ -42,10 +43,7 @@ pub async fn make(ctx: &WorkerContext, run: &Run) -> Result<Option<LocalCheckout
         None => None,
     };
     let git_ref = pinned.as_deref().or(repo.git_ref.as_deref());
-    match crate::github::checkout(ctx, run, &path).await {
-        Some(done) => done?,
-        None => repo_clone::clone_repo(&repo.url, git_ref, &path, &ctx.config.clone_settings()).await?,
-    }
+    Origin::of(ctx, run).check_out(ctx, run, repo, git_ref, &path).await?;
     let mut commit = crate::capture::base::head_commit(&path);
     if let (Some(group), None, Some(got)) = (run.group_run_id, &pinned, &commit) {
         let base = ctx.store.pin_group_base(group, got).await.map_err(store_failed)?;

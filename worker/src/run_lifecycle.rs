@@ -102,8 +102,7 @@ async fn execute_in_span(
     drop(heartbeat);
     if recorded {
         crate::attempts::ended(&ctx.store, &run).await;
-        crate::github::deliver_finished(&ctx, &run).await;
-        crate::git_delivery::deliver_finished(&ctx, &run).await;
+        crate::delivery::deliver_finished(&ctx, &run).await;
     }
 }
 

@@ -55,13 +55,16 @@ struct Pushed {
     remote: String,
 }
 
-/// Delivers a run that has ended, if it asked for `deliver.git`, and
-/// records the outcome as an event after the terminal one.
+/// Whether `run` is owed a push when it ends: it asked for `deliver.git`
+/// and is not a group of attempts (whose push waits for its choice,
+/// `groups`).
+pub fn asked(run: &Run) -> bool {
+    run.attempts.is_none() && run.deliver.as_ref().is_some_and(|d| d.git.is_some())
+}
+
+/// Delivers a run that has ended and asked for `deliver.git` ([`asked`]),
+/// and records the outcome as an event after the terminal one.
 pub async fn deliver_finished(ctx: &WorkerContext, run: &Run) {
-    // A group's push waits for its choice (`groups`); it never runs here.
-    if run.attempts.is_some() {
-        return;
-    }
     let Some(event) = outcome(ctx, run).await else { return };
     if let Err(e) = crate::db_retry::with_retry(|| ctx.store.append_after_end(run.id, &event)).await {
         tracing::warn!(run_id = %run.id, error = %e, "recording the git delivery's outcome failed");

@@ -32,7 +32,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kiln_protocol::{Run, Trigger};
+use kiln_protocol::Run;
 use kiln_store::{Store, StoreError};
 use tokio_util::sync::CancellationToken;
 
@@ -139,20 +139,18 @@ impl Github {
     }
 }
 
-/// Whether the run came from a webhook: only those have a GitHub origin, a
-/// patch to keep and a delivery owed. An API run on a worker with GitHub
-/// configured is left alone (no query, no capture, no warning).
-fn from_github(run: &Run) -> bool {
-    run.trigger == Trigger::Github
-}
-
-/// Hook for the run's checkout on the worker's side: for a GitHub run on a worker with GitHub
-/// configured, checks the sender may push to the repository (else the run
-/// fails with the reason, having touched nothing of the repository),
-/// acknowledges the trigger (in the background) and checks the repository
-/// out with the token into `dest`. `None`: not ours, clone as usual.
-pub async fn checkout(ctx: &WorkerContext, run: &Run, dest: &Path) -> Option<Result<(), SandboxError>> {
-    let github = ctx.config.github.as_ref().filter(|_| from_github(run))?;
+/// The run's checkout on the worker's side, for a run a webhook started
+/// (`crate::origin` decides): checks the sender may push to the repository
+/// (else the run fails with the reason, having touched nothing of the
+/// repository), acknowledges the trigger (in the background) and checks the
+/// repository out with the token into `dest`. `None`: the run has no GitHub
+/// origin row (e.g. made before it), clone as usual.
+pub async fn checkout(
+    github: &Github,
+    ctx: &WorkerContext,
+    run: &Run,
+    dest: &Path,
+) -> Option<Result<(), SandboxError>> {
     let origin = match ctx.store.github_origin(run.id).await {
         Ok(Some(origin)) => origin,
         Ok(None) => return None,
@@ -167,12 +165,11 @@ pub async fn checkout(ctx: &WorkerContext, run: &Run, dest: &Path) -> Option<Res
     Some(result)
 }
 
-/// Hook for after the terminal event: reports the run on GitHub. (If this
-/// worker dies first, the delivery stays owed and another worker makes it.)
-pub async fn deliver_finished(ctx: &WorkerContext, run: &Run) {
-    if let Some(github) = ctx.config.github.as_ref().filter(|_| from_github(run)) {
-        owed::deliver_owed(github, &ctx.store, Some(run.id)).await;
-    }
+/// After the terminal event: reports the run on GitHub (`crate::delivery`
+/// decides). If this worker dies first, the delivery stays owed and another
+/// worker makes it.
+pub async fn deliver_finished(github: &Github, store: &Store, run: &Run) {
+    owed::deliver_owed(github, store, Some(run.id)).await;
 }
 
 /// Makes owed deliveries no worker is making (see [`owed`]) until
