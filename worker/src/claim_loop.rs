@@ -55,15 +55,31 @@ impl Worker {
     /// Runs until `shutdown` fires, then stops claiming, gives running runs
     /// the grace period, hands back the rest and returns.
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut notices = self.listener.subscribe();
-        let mut tasks = JoinSet::new();
-        let (handoff, mut successors) = handoff::channel();
         // Held until the worker has wound down, runs handed back included.
         let stop_presence = CancellationToken::new();
         let presence_task = tokio::spawn(self.ctx.presence.clone().keep(stop_presence.clone()));
-        let mut presence = self.ctx.presence.subscribe();
-        // Which engine this worker drives, so that the last worker on it
-        // knows to clear its idle sessions when it stops (see `leave_engine`).
+        let engine = self.start_up().await;
+        let pool_task = self.pool.clone().map(|pool| {
+            let stop = shutdown.child_token();
+            tokio::spawn(async move { pool.run(stop).await })
+        });
+        tracing::info!(worker = %self.ctx.config.worker_id, "worker started");
+        let (tasks, successors) = self.claim_until(&shutdown, engine.as_deref()).await;
+        self.shut_down(tasks, successors).await;
+        if let Some(task) = pool_task {
+            // Cancelled with `shutdown`: it removes its containers and ends.
+            let _ = task.await;
+        }
+        self.wind_down(engine.as_deref()).await;
+        stop_presence.cancel();
+        let _ = presence_task.await;
+    }
+
+    /// Before the first claim: says it is here, clears what dead workers
+    /// left, and sets the host firewall up. Which engine this worker drives,
+    /// so that the last worker on it knows to clear its idle sessions when
+    /// it stops (see `leave_engine`).
+    async fn start_up(&self) -> Option<String> {
         let engine = match self.ctx.docker.info().await {
             Ok(info) => info.id.filter(|id| !id.is_empty()),
             Err(e) => {
@@ -78,52 +94,49 @@ impl Worker {
         let egress = &self.ctx.config.sandbox.egress;
         let any_egress = egress.deployment.mode != kiln_protocol::egress::EgressMode::None;
         egress.host_firewall.announce(any_egress, egress.port).await;
-        let pool_task = self.pool.clone().map(|pool| {
-            let stop = shutdown.child_token();
-            tokio::spawn(async move { pool.run(stop).await })
-        });
-        let mut reap = tokio::time::interval(self.ctx.config.lease / 2);
-        let mut reap_sandboxes = tokio::time::interval(sandbox_reaper::interval(self.ctx.config.sandbox_idle));
-        let mut poll = tokio::time::interval(self.ctx.config.poll_interval);
-        // Off: an hour's tick that is never looked at.
-        let check_every = self.ctx.config.dead_worker_check;
-        let mut dead_check = tokio::time::interval(check_every.unwrap_or(Duration::from_secs(3600)));
-        dead_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tracing::info!(worker = %self.ctx.config.worker_id, "worker started");
+        engine
+    }
+
+    /// The claim loop proper: claims while a slot is free whenever the queue
+    /// may hold something, and keeps the worker's chores on their ticks,
+    /// until `shutdown`. Gives back the runs still going.
+    async fn claim_until(&self, shutdown: &CancellationToken, engine: Option<&str>) -> (JoinSet<()>, Successors) {
+        let mut notices = self.listener.subscribe();
+        let mut presence = self.ctx.presence.subscribe();
+        let mut tasks = JoinSet::new();
+        let (handoff, mut successors) = handoff::channel();
+        let mut ticks = Ticks::new(&self.ctx.config);
         // Whether the queue may hold something for this worker now. Every
         // event anywhere is a notification on a channel it listens to; a
         // claim for each would be hundreds of empty queries a second.
         let mut claim_due = true;
-        loop {
-            // Whatever else woke the loop, a worker told to stop claims
-            // nothing more.
-            if shutdown.is_cancelled() {
-                break;
-            }
+        // Whatever else woke the loop, a worker told to stop claims nothing
+        // more.
+        while !shutdown.is_cancelled() {
             // Runs handed over by ending runs first: they hold the slots
             // those runs freed, and must not be claimed around.
             while let Some((run, lease)) = successors.try_next() {
                 self.spawn_run(&mut tasks, run, lease, &handoff);
             }
             if claim_due {
-                self.claim_while_capacity(&mut tasks, &handoff, &shutdown).await;
+                self.claim_while_capacity(&mut tasks, &handoff, shutdown).await;
             }
             claim_due = tokio::select! {
                 // Shutdown first: a tick or a notice ready at the same time
                 // must not take the loop round to another claim.
                 biased;
                 _ = shutdown.cancelled() => break,
-                _ = poll.tick() => true,
-                _ = reap.tick() => {
-                    self.announce(engine.as_deref()).await;
+                _ = ticks.poll.tick() => true,
+                _ = ticks.reap.tick() => {
+                    self.announce(engine).await;
                     // Reaped runs go back to the queue.
                     self.reap().await;
                     true
                 }
-                _ = dead_check.tick(), if check_every.is_some() => self.hand_back_dead_workers().await,
+                _ = ticks.dead_check.tick(), if ticks.check_dead => self.hand_back_dead_workers().await,
                 // The lock was taken (again): runs may be claimed.
                 Ok(()) = presence.changed() => presence.borrow_and_update().held,
-                _ = reap_sandboxes.tick() => {
+                _ = ticks.reap_sandboxes.tick() => {
                     self.reap_sandboxes(false).await;
                     false
                 }
@@ -136,13 +149,15 @@ impl Worker {
                 notice = notices.recv() => self.on_notice(notice),
             };
         }
-        self.shut_down(tasks, successors).await;
-        if let Some(task) = pool_task {
-            // Cancelled with `shutdown`: it removes its containers and ends.
-            let _ = task.await;
-        }
+        (tasks, successors)
+    }
+
+    /// After the runs are handed back: the warm environments go, the engine
+    /// is left (its idle sessions cleared by the last worker on it), the
+    /// firewall swept, and the worker signs off.
+    async fn wind_down(&self, engine: Option<&str>) {
         self.ctx.environment_pools.shutdown().await;
-        if let Some(engine) = &engine {
+        if let Some(engine) = engine {
             self.leave_engine(engine).await;
         }
         // Rules of bridges gone meanwhile (networks removed by hand, or
@@ -152,8 +167,6 @@ impl Worker {
         if let Err(e) = self.ctx.store.worker_gone(&self.ctx.config.worker_id).await {
             tracing::warn!(error = %e, "could not sign off; other workers will notice after a while");
         }
-        stop_presence.cancel();
-        let _ = presence_task.await;
     }
 
     /// Hands back the runs of workers whose lock is free: they died. `true`
@@ -379,4 +392,33 @@ impl Worker {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panicking run task must not take the claim loop down with it.
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The claim loop's chores, each on its own tick.
+struct Ticks {
+    /// Expired leases reaped (and this worker announced), every half lease.
+    reap: tokio::time::Interval,
+    /// Unused sandboxes removed.
+    reap_sandboxes: tokio::time::Interval,
+    /// A claim without a notice (one may have been missed).
+    poll: tokio::time::Interval,
+    /// Dead workers' runs handed back, where the deployment checks.
+    dead_check: tokio::time::Interval,
+    check_dead: bool,
+}
+
+impl Ticks {
+    fn new(config: &crate::config::WorkerConfig) -> Self {
+        // Off: an hour's tick that is never looked at.
+        let check_every = config.dead_worker_check;
+        let mut dead_check = tokio::time::interval(check_every.unwrap_or(Duration::from_secs(3600)));
+        dead_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Ticks {
+            reap: tokio::time::interval(config.lease / 2),
+            reap_sandboxes: tokio::time::interval(sandbox_reaper::interval(config.sandbox_idle)),
+            poll: tokio::time::interval(config.poll_interval),
+            dead_check,
+            check_dead: check_every.is_some(),
+        }
+    }
 }

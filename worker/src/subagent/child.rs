@@ -34,18 +34,8 @@ use crate::tools::task::TaskArgs;
 const MAX_ANSWER_CHARS: usize = 30_000;
 
 pub(super) async fn run(host: &StepHost<'_>, call_id: &str, args: TaskArgs) -> ToolOutcome {
-    if !host.seat.may_spawn() {
-        return ToolOutcome::error("the task tool is not available to this agent (the sub-agent depth limit)");
-    }
-    let kind = match kind_of(host, args.agent.as_deref()) {
-        Ok(kind) => kind,
-        Err(why) => return ToolOutcome::error(why),
-    };
-    if args.prompt.trim().is_empty() || args.prompt.contains('\0') {
-        return ToolOutcome::error("the task's prompt must not be empty or contain NUL characters");
-    }
-    let limits = match host.budget.share(kind) {
-        Ok(limits) => limits,
+    let (kind, limits) = match admit(host, &args) {
+        Ok(admitted) => admitted,
         Err(why) => return ToolOutcome::error(why),
     };
     // Waits for a slot: at most `max_parallel` children of the tree at once.
@@ -54,36 +44,13 @@ pub(super) async fn run(host: &StepHost<'_>, call_id: &str, args: TaskArgs) -> T
     };
     let ctx = &host.seat.ctx;
     let path = format!("{}/{}[{call_id}]", host.seat.path, kind.name);
-    let new = NewChild {
-        call_id: call_id.to_owned(),
-        kind: kind.name.clone(),
-        path: path.clone(),
-        prompt: args.prompt.clone(),
-        limits,
-        policy: Policy {
-            approval: host.run.approval,
-            // Over the parent's tools as they are now (built-in and MCP).
-            allowed_tools: kinds::allowed_tools(kind, host.run.allowed_tools.as_deref(), &host.tools.current()),
-            sandbox: host.run.sandbox.clone(),
-            environment: host.run.environment.clone(),
-            // The parent's MCP servers: the child uses its connections (see
-            // `agent`'s `tools`).
-            mcp: host.run.mcp.clone(),
-            // Its own children (where the depth allows) get what it got.
-            agents: host.run.agents.clone(),
-            // The parent's change is delivered with the parent's.
-            deliver: None,
-            group_limits: None,
-        },
-    };
-    let start = match with_retry(|| ctx.store.start_child(host.lease, &new, ctx.config.lease)).await {
-        Ok(start) => start,
-        Err(e) => return ToolOutcome::error(format!("the sub-agent could not be started: {e}")),
-    };
-    let (run, lease, taken_over) = match start {
-        ChildStart::Held { run, lease, taken_over } => (run, lease, taken_over),
+    let new = new_child(host, kind, call_id, &path, &args, limits);
+    let (run, lease, taken_over) = match with_retry(|| ctx.store.start_child(host.lease, &new, ctx.config.lease)).await
+    {
+        Ok(ChildStart::Held { run, lease, taken_over }) => (run, lease, taken_over),
         // It ended under the parent's earlier attempt; its answer stands.
-        ChildStart::Ended(run) => return answer_of(&run),
+        Ok(ChildStart::Ended(run)) => return answer_of(&run),
+        Err(e) => return ToolOutcome::error(format!("the sub-agent could not be started: {e}")),
     };
     let parent = ParentStream {
         store: ctx.store.clone(),
@@ -108,7 +75,62 @@ pub(super) async fn run(host: &StepHost<'_>, call_id: &str, args: TaskArgs) -> T
     let seat =
         Seat { ctx: ctx.clone(), depth: host.seat.depth + 1, path: path.clone(), slots: host.seat.slots.clone() };
     let ending = drive(&seat, host, kind, &run, &lease, parent.clone()).await;
-    let (terminal, status) = match &ending {
+    let Some((terminal, status)) = terminal_of(&ending, &run) else {
+        return ToolOutcome::error("the sub-agent's run was taken over elsewhere; its answer is lost");
+    };
+    let child = Child { run: &run, lease: &lease, parent: &parent };
+    end(host, &child, &terminal, status, before).await
+}
+
+/// The call's kind and budget, or why it starts no child.
+fn admit<'h>(host: &'h StepHost<'_>, args: &TaskArgs) -> Result<(&'h AgentKind, kiln_protocol::Limits), String> {
+    if !host.seat.may_spawn() {
+        return Err("the task tool is not available to this agent (the sub-agent depth limit)".into());
+    }
+    let kind = kind_of(host, args.agent.as_deref())?;
+    if args.prompt.trim().is_empty() || args.prompt.contains('\0') {
+        return Err("the task's prompt must not be empty or contain NUL characters".into());
+    }
+    Ok((kind, host.budget.share(kind)?))
+}
+
+/// The child's row: its parent's policy, narrowed to its kind.
+fn new_child(
+    host: &StepHost<'_>,
+    kind: &AgentKind,
+    call_id: &str,
+    path: &str,
+    args: &TaskArgs,
+    limits: kiln_protocol::Limits,
+) -> NewChild {
+    NewChild {
+        call_id: call_id.to_owned(),
+        kind: kind.name.clone(),
+        path: path.to_owned(),
+        prompt: args.prompt.clone(),
+        limits,
+        policy: Policy {
+            approval: host.run.approval,
+            // Over the parent's tools as they are now (built-in and MCP).
+            allowed_tools: kinds::allowed_tools(kind, host.run.allowed_tools.as_deref(), &host.tools.current()),
+            sandbox: host.run.sandbox.clone(),
+            environment: host.run.environment.clone(),
+            // The parent's MCP servers: the child uses its connections (see
+            // `agent`'s `tools`).
+            mcp: host.run.mcp.clone(),
+            // Its own children (where the depth allows) get what it got.
+            agents: host.run.agents.clone(),
+            // The parent's change is delivered with the parent's.
+            deliver: None,
+            group_limits: None,
+        },
+    }
+}
+
+/// The terminal event and status of a child that ended so; `None`: its
+/// lease was lost, and another worker ends it.
+fn terminal_of(ending: &Ending, run: &Run) -> Option<(EventBody, RunStatus)> {
+    Some(match ending {
         Ending::Finished(Outcome::Succeeded { summary }) => {
             (EventBody::RunSucceeded { summary: summary.clone() }, RunStatus::Succeeded)
         }
@@ -120,27 +142,45 @@ pub(super) async fn run(host: &StepHost<'_>, call_id: &str, args: TaskArgs) -> T
         }
         Ending::TimedOut => (EventBody::RunTimedOut { limit_s: run.limits.timeout_s() }, RunStatus::TimedOut),
         Ending::Cancelled => (EventBody::RunCancelled { reason: "cancelled by client".into() }, RunStatus::Cancelled),
-        Ending::LeaseLost => {
-            return ToolOutcome::error("the sub-agent's run was taken over elsewhere; its answer is lost");
-        }
-    };
-    let result = match &terminal {
+        Ending::LeaseLost => return None,
+    })
+}
+
+/// A running child, as its end needs it.
+struct Child<'a> {
+    run: &'a Run,
+    lease: &'a Lease,
+    parent: &'a ParentStream,
+}
+
+/// Writes the child's end, counts what it spent in the parent's budget,
+/// tells the parent's stream, and gives the parent its answer.
+async fn end(
+    host: &StepHost<'_>,
+    child: &Child<'_>,
+    terminal: &EventBody,
+    status: RunStatus,
+    before: Spend,
+) -> ToolOutcome {
+    let (ctx, run) = (&host.seat.ctx, child.run);
+    let result = match terminal {
         EventBody::RunSucceeded { summary } => Some(serde_json::json!({ "summary": summary })),
         _ => None,
     };
-    if let Err(e) = with_retry(|| ctx.store.finish_run(&lease, &terminal, result.as_ref())).await {
+    if let Err(e) = with_retry(|| ctx.store.finish_run(child.lease, terminal, result.as_ref())).await {
         tracing::warn!(child = %run.id, error = %e, "recording the sub-agent's end failed");
     }
-    let after = spend_of(ctx, &run).await;
+    let after = spend_of(ctx, run).await;
     host.record(&minus(&after, &before));
-    let summary = match &terminal {
+    let summary = match terminal {
         EventBody::RunSucceeded { summary } => summary.clone(),
         EventBody::RunFailed { error } => error.clone(),
         EventBody::RunTimedOut { limit_s } => format!("the sub-agent ran out of its {limit_s} s of wall clock"),
         _ => "cancelled".to_owned(),
     };
+    let path = &child.parent.path;
     let finished = EventBody::SubagentFinished {
-        call_id: call_id.to_owned(),
+        call_id: child.parent.call_id.clone(),
         run_id: run.id,
         agent_path: path.clone(),
         status: status.as_str().to_owned(),
@@ -149,7 +189,7 @@ pub(super) async fn run(host: &StepHost<'_>, call_id: &str, args: TaskArgs) -> T
         cost_usd: after.cost_usd,
         steps: after.steps,
     };
-    if let Err(e) = parent.write(finished).await {
+    if let Err(e) = child.parent.write(finished).await {
         tracing::warn!(child = %run.id, error = %e, "announcing the sub-agent's end failed");
     }
     match status {
