@@ -999,6 +999,7 @@ async fn concurrent_submissions_by_one_subject_admit_exactly_its_quota() {
     const QUOTA: i64 = 5;
     const SENT: usize = 48;
     let app = limited(kiln_store::Quota { max_active_runs: QUOTA, max_runs_per_minute: 1000 }, 8).await;
+    slow_run_inserts(&app).await;
     let statuses: Vec<u16> =
         join_all((0..SENT).map(|_| try_create(&app, "alice"))).await.iter().map(|r| r.status().as_u16()).collect();
     let admitted = statuses.iter().filter(|&&s| s == 201).count();
@@ -1008,10 +1009,28 @@ async fn concurrent_submissions_by_one_subject_admit_exactly_its_quota() {
 
     // The same for the runs-per-minute limit, counted by another subject.
     let app = limited(kiln_store::Quota { max_active_runs: 1000, max_runs_per_minute: QUOTA }, 8).await;
+    slow_run_inserts(&app).await;
     let statuses: Vec<u16> =
         join_all((0..SENT).map(|_| try_create(&app, "bob"))).await.iter().map(|r| r.status().as_u16()).collect();
     assert_eq!(statuses.iter().filter(|&&s| s == 201).count(), QUOTA as usize, "{statuses:?}");
     assert_eq!(count_rows(&app).await.0, QUOTA);
+}
+
+/// Makes every insert into `runs` of this test's database take 100 ms, so
+/// that a submission's count and its insert are far apart: without the
+/// per-subject lock around both, every submission in flight would count
+/// the same runs and all would be admitted.
+async fn slow_run_inserts(app: &TestApp) {
+    app.sql()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION test_slow_insert() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN PERFORM pg_sleep(0.1); RETURN NEW; END $$;
+             CREATE TRIGGER test_slow_insert BEFORE INSERT ON runs
+                 FOR EACH ROW EXECUTE FUNCTION test_slow_insert();",
+        )
+        .await
+        .unwrap();
 }
 
 /// A group of N attempts is N + 1 active runs (the group and its attempts),
