@@ -116,6 +116,14 @@ static ADMITTED_IN_NEW_SESSION: std::sync::LazyLock<String> = std::sync::LazyLoc
         .to_owned()
 });
 
+/// The quota's limits (`runs::Quota`'s, passed apart so that this module
+/// and `runs` do not import each other).
+#[derive(Clone, Copy)]
+pub(crate) struct QuotaLimits {
+    pub max_active_runs: i64,
+    pub max_runs_per_minute: i64,
+}
+
 /// What the quota check of [`insert_admitted_run`] saw, and the run's id
 /// when it was inserted.
 pub(crate) struct Admission {
@@ -144,7 +152,7 @@ impl QuotaCounts {
 pub(crate) async fn insert_admitted_run(
     client: &deadpool_postgres::Client,
     run: &QueuedRun<'_>,
-    quota: &crate::runs::Quota,
+    limits: QuotaLimits,
 ) -> Result<Admission, StoreError> {
     let Session::New { repo } = &run.session else {
         return Err(StoreError::Corrupt("a follow-up is admitted in its own transaction".into()));
@@ -169,8 +177,8 @@ pub(crate) async fn insert_admitted_run(
         &payload,
         &repo_url,
         &repo_ref,
-        &quota.max_active_runs,
-        &quota.max_runs_per_minute,
+        &limits.max_active_runs,
+        &limits.max_runs_per_minute,
     ];
     let insert = client.prepare_cached(&ADMITTED_IN_NEW_SESSION).await?;
     let row = client.query_one(&insert, &params).await?;

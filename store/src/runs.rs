@@ -6,7 +6,7 @@ use kiln_protocol::{EventBody, Run, RunStatus};
 use uuid::Uuid;
 
 use crate::events::insert_event_tx;
-use crate::queued::{NewRun, QueuedRun, QuotaCounts, insert_admitted_run, insert_queued_run_tx};
+use crate::queued::{NewRun, QueuedRun, QuotaCounts, QuotaLimits, insert_admitted_run, insert_queued_run_tx};
 use crate::rows::{RUN_COLUMNS, run_from_row};
 use crate::{Store, StoreError, channels};
 
@@ -136,7 +136,9 @@ impl Store {
             // while they wait for its lock; see `owner_gate`.
             let _line = self.owner_gate.enter(&new.owner).await?;
             let client = self.client().await?;
-            insert_admitted_run(&client, &queued, quota).await?
+            let limits =
+                QuotaLimits { max_active_runs: quota.max_active_runs, max_runs_per_minute: quota.max_runs_per_minute };
+            insert_admitted_run(&client, &queued, limits).await?
         };
         if let Some(refusal) = refusal(&admission.counts, quota) {
             return Ok(Err(refusal));
