@@ -1,28 +1,37 @@
-//! Lines up one process's run submissions per owner before they take a
-//! database connection.
+//! Lets only a few of one process's run submissions per owner take a
+//! database connection at once.
 //!
 //! The quota check is serialised per owner in the database (an advisory
-//! lock), which is what makes it correct across API instances. But a
-//! transaction waiting for that lock holds a pooled connection: a burst of
-//! submissions from one owner would hold the whole pool while they queue,
-//! and every other request would time out waiting for a connection. Queuing
-//! them here first means an owner's burst uses one connection per instance.
+//! lock, `kiln_quota_check`), which is what makes it correct across API
+//! instances. But a statement waiting for that lock holds a pooled
+//! connection: a burst of submissions from one owner would hold the whole
+//! pool while they queue, and every other request would time out waiting
+//! for a connection. Queuing them here first bounds an owner's burst to
+//! `IN_FLIGHT` connections per instance. More than one, so that the next
+//! submission is already waiting in the database when the lock is let go,
+//! rather than a round trip away (one subject's submissions would otherwise
+//! go one round trip apart).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
-use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// One owner's submissions holding a connection at once, per process; a
+/// quarter of the default pool (16).
+const IN_FLIGHT: usize = 4;
 
 #[derive(Debug, Default)]
 pub(crate) struct OwnerGate {
     /// Weak, so an owner with no submission in flight costs nothing; dead
     /// entries are swept when the map has grown.
-    lines: Mutex<HashMap<String, Weak<AsyncMutex<()>>>>,
+    lines: Mutex<HashMap<String, Weak<Semaphore>>>,
 }
 
 impl OwnerGate {
-    /// Waits for this owner's earlier submissions (in this process) to finish.
-    pub(crate) async fn enter(&self, owner: &str) -> OwnedMutexGuard<()> {
+    /// Waits until fewer than `IN_FLIGHT` of this owner's earlier
+    /// submissions (in this process) are under way.
+    pub(crate) async fn enter(&self, owner: &str) -> Result<OwnedSemaphorePermit, crate::StoreError> {
         let line = {
             let mut lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
             if lines.len() > 1024 {
@@ -31,13 +40,14 @@ impl OwnerGate {
             match lines.get(owner).and_then(Weak::upgrade) {
                 Some(line) => line,
                 None => {
-                    let line = Arc::new(AsyncMutex::new(()));
+                    let line = Arc::new(Semaphore::new(IN_FLIGHT));
                     lines.insert(owner.to_owned(), Arc::downgrade(&line));
                     line
                 }
             }
         };
-        line.lock_owned().await
+        // Nothing closes an owner's semaphore; the error cannot happen.
+        line.acquire_owned().await.map_err(|e| crate::StoreError::Corrupt(e.to_string()))
     }
 }
 
@@ -49,16 +59,19 @@ mod tests {
     #[tokio::test]
     async fn one_owner_waits_for_itself_and_not_for_others() {
         let gate = Arc::new(OwnerGate::default());
-        let alice = gate.enter("alice").await;
+        let mut alice = Vec::new();
+        for _ in 0..IN_FLIGHT {
+            alice.push(gate.enter("alice").await.unwrap());
+        }
         // Bob goes through at once.
         let bob = tokio::time::timeout(Duration::from_millis(100), gate.enter("bob")).await;
         assert!(bob.is_ok());
-        // Alice's second submission waits for her first.
+        // Alice's next submission waits for one of hers to finish.
         let g = gate.clone();
-        let second = tokio::spawn(async move { g.enter("alice").await });
+        let next = tokio::spawn(async move { g.enter("alice").await });
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!second.is_finished());
-        drop(alice);
-        assert!(tokio::time::timeout(Duration::from_secs(1), second).await.is_ok());
+        assert!(!next.is_finished());
+        alice.pop();
+        assert!(tokio::time::timeout(Duration::from_secs(1), next).await.is_ok());
     }
 }

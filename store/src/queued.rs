@@ -89,6 +89,108 @@ static IN_NEW_SESSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
 /// A follow-up, in the session `$2`.
 static IN_SESSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| insert_statement("SELECT $2::uuid AS id"));
 
+/// A first run admitted by its subject's quota, in one statement that takes
+/// the subject's lock (`kiln_quota_check`, migrations/V27), counts and
+/// inserts: autocommitted, so the lock is held for this one round trip and
+/// no longer. `$15` and `$16` are the quota's limits. The run comes before
+/// its session so that a run lost to an idempotency key leaves no session
+/// behind (the foreign key is checked at the statement's end). Answers the
+/// counts the check saw and the run's id (none when refused or when the key
+/// is taken).
+static ADMITTED_IN_NEW_SESSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    "WITH q AS (
+         SELECT * FROM kiln_quota_check($3)
+     ), r AS (
+         INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, idempotency_key,
+                           policy, callback_url, last_event_seq)
+         SELECT $1, $2, $3, 'queued', $4, $5, $6, $7, $8, $9, $10, 1 FROM q
+         WHERE q.active_runs < $15 AND q.recent_runs < $16
+         ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+         RETURNING id
+     ), s AS (
+         INSERT INTO sessions (id, owner, repo_url, repo_ref) SELECT $2, $3, $13, $14 FROM r
+     ), e AS (
+         INSERT INTO events (run_id, seq, kind, payload) SELECT id, 1, $11, $12 FROM r
+     )
+     SELECT q.active_runs, q.recent_runs, q.retry_after_s, (SELECT id FROM r) FROM q"
+        .to_owned()
+});
+
+/// The quota's limits (`runs::Quota`'s, passed apart so that this module
+/// and `runs` do not import each other).
+#[derive(Clone, Copy)]
+pub(crate) struct QuotaLimits {
+    pub max_active_runs: i64,
+    pub max_runs_per_minute: i64,
+}
+
+/// What the quota check of [`insert_admitted_run`] saw, and the run's id
+/// when it was inserted.
+pub(crate) struct Admission {
+    pub counts: QuotaCounts,
+    pub run: Option<Uuid>,
+}
+
+/// A subject's runs as the quota check counted them.
+pub(crate) struct QuotaCounts {
+    pub active: i64,
+    pub recent: i64,
+    /// Seconds until the oldest run of the last minute leaves it.
+    pub retry_after_s: Option<f64>,
+}
+
+impl QuotaCounts {
+    /// From the first three columns of a row of `kiln_quota_check`.
+    pub(crate) fn from_row(row: &tokio_postgres::Row) -> Result<Self, StoreError> {
+        Ok(QuotaCounts { active: row.try_get(0)?, recent: row.try_get(1)?, retry_after_s: row.try_get(2)? })
+    }
+}
+
+/// Inserts `run`, a first run, with its session and `run.queued` event when
+/// its owner is under `quota`, check and insert in one autocommitted
+/// statement on `client` (which must not be in a transaction).
+pub(crate) async fn insert_admitted_run(
+    client: &deadpool_postgres::Client,
+    run: &QueuedRun<'_>,
+    limits: QuotaLimits,
+) -> Result<Admission, StoreError> {
+    let Session::New { repo } = &run.session else {
+        return Err(StoreError::Corrupt("a follow-up is admitted in its own transaction".into()));
+    };
+    let run_id = Uuid::now_v7();
+    let session_id = Uuid::now_v7();
+    let (kind, payload) = run_queued_event(run)?;
+    let trigger = run.trigger.as_str();
+    let (repo_url, repo_ref) = (repo.map(|r| r.url.as_str()), repo.and_then(|r| r.git_ref.as_deref()));
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 16] = [
+        &run_id,
+        &session_id,
+        &run.owner,
+        &run.prompt,
+        &run.model,
+        &run.limits,
+        &trigger,
+        &run.idempotency_key,
+        &run.policy,
+        &run.callback_url,
+        &kind,
+        &payload,
+        &repo_url,
+        &repo_ref,
+        &limits.max_active_runs,
+        &limits.max_runs_per_minute,
+    ];
+    let insert = client.prepare_cached(&ADMITTED_IN_NEW_SESSION).await?;
+    let row = client.query_one(&insert, &params).await?;
+    let inserted: Option<Uuid> = row.try_get(3)?;
+    Ok(Admission { counts: QuotaCounts::from_row(&row)?, run: inserted })
+}
+
+/// The `run.queued` event of `run`, as stored.
+fn run_queued_event(run: &QueuedRun<'_>) -> Result<(String, serde_json::Value), StoreError> {
+    EventBody::RunQueued { prompt: run.prompt.to_owned() }.into_parts().map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
 /// Inserts `run` (and its session, when new) with its `run.queued` event
 /// inside the caller's transaction, in one statement. `None` when the
 /// idempotency key is already taken (a new session is inserted anyway: the
@@ -99,9 +201,7 @@ pub(crate) async fn insert_queued_run_tx(
     run: &QueuedRun<'_>,
 ) -> Result<Option<Uuid>, StoreError> {
     let run_id = Uuid::now_v7();
-    let (kind, payload) = EventBody::RunQueued { prompt: run.prompt.to_owned() }
-        .into_parts()
-        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let (kind, payload) = run_queued_event(run)?;
     let trigger = run.trigger.as_str();
     let (session_id, repo_url, repo_ref, statement, used) = match &run.session {
         Session::New { repo } => (

@@ -6,7 +6,7 @@ use kiln_protocol::{EventBody, Run, RunStatus};
 use uuid::Uuid;
 
 use crate::events::insert_event_tx;
-use crate::queued::{NewRun, QueuedRun, insert_queued_run_tx};
+use crate::queued::{NewRun, QueuedRun, QuotaCounts, QuotaLimits, insert_admitted_run, insert_queued_run_tx};
 use crate::rows::{RUN_COLUMNS, run_from_row};
 use crate::{Store, StoreError, channels};
 
@@ -57,7 +57,7 @@ impl Store {
     }
 
     /// [`Store::create_run`], refusing when `owner` is over `quota`. The
-    /// check and the insert share a transaction serialised per owner, so
+    /// check and the insert are serialised per owner in the database, so
     /// concurrent requests cannot both slip under the limit.
     pub async fn create_run_within(
         &self,
@@ -69,9 +69,15 @@ impl Store {
         {
             return Ok(Ok((run, false)));
         }
-        // Only quota checks serialise per owner; see `owner_gate`.
+        if let Some(quota) = quota
+            && new.spec.attempts.is_none()
+        {
+            return self.create_admitted_run(&new, quota).await;
+        }
+        // A group of attempts is several statements: the quota's lock is
+        // taken by the first and held to the commit.
         let _line = match quota {
-            Some(_) => Some(self.owner_gate.enter(&new.owner).await),
+            Some(_) => Some(self.owner_gate.enter(&new.owner).await?),
             None => None,
         };
         let mut client = self.client().await?;
@@ -112,6 +118,45 @@ impl Store {
             self.announce_event(run_id, 1);
             attempts.iter().for_each(|&id| self.announce_queued(id));
         }
+        Ok(Ok((run, true)))
+    }
+
+    /// A single run under `quota`: the check and the insert are one
+    /// statement (`queued::insert_admitted_run`), so a subject's concurrent
+    /// submissions wait for one another only for that statement.
+    async fn create_admitted_run(
+        &self,
+        new: &NewRun,
+        quota: &Quota,
+    ) -> Result<Result<(Run, bool), QuotaRefusal>, StoreError> {
+        let single = single_attempt(new);
+        let queued = QueuedRun::first(&single)?;
+        let admission = {
+            // At most a few of one subject's submissions hold a connection
+            // while they wait for its lock; see `owner_gate`.
+            let _line = self.owner_gate.enter(&new.owner).await?;
+            let client = self.client().await?;
+            let limits =
+                QuotaLimits { max_active_runs: quota.max_active_runs, max_runs_per_minute: quota.max_runs_per_minute };
+            insert_admitted_run(&client, &queued, limits).await?
+        };
+        if let Some(refusal) = refusal(&admission.counts, quota) {
+            return Ok(Err(refusal));
+        }
+        let Some(run_id) = admission.run else {
+            // Lost a race with a concurrent request carrying the same key.
+            let key = new.idempotency_key.as_deref().unwrap_or_default();
+            return match self.run_by_idempotency_key(&new.owner, key).await? {
+                Some(run) => Ok(Ok((run, false))),
+                None => Err(StoreError::Corrupt("idempotency conflict without a run".into())),
+            };
+        };
+        let client = self.client().await?;
+        let select = client.prepare_cached(&SELECT_RUN).await?;
+        let row = client.query_one(&select, &[&run_id]).await?;
+        let run = run_from_row(&row)?;
+        drop(client);
+        self.announce_queued(run_id);
         Ok(Ok((run, true)))
     }
 
@@ -291,7 +336,8 @@ fn single_attempt(new: &NewRun) -> std::borrow::Cow<'_, NewRun> {
     std::borrow::Cow::Owned(single)
 }
 
-/// Counts `owner`'s active and recent runs under a per-owner lock.
+/// Counts `owner`'s active and recent runs under a per-owner lock, held to
+/// the end of the caller's transaction (`kiln_quota_check`, migrations/V27).
 pub(crate) async fn check_quota_tx(
     tx: &deadpool_postgres::Transaction<'_>,
     owner: &str,
@@ -299,32 +345,21 @@ pub(crate) async fn check_quota_tx(
 ) -> Result<Option<QuotaRefusal>, StoreError> {
     // Prepared once per connection, like every statement of a submission:
     // an unprepared one costs a second round trip.
-    let lock = tx.prepare_cached("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))").await?;
-    tx.execute(&lock, &[&owner]).await?;
-    let count = tx
-        .prepare_cached(
-            // Two index lookups (runs_owner_active, runs_owner_created) that
-            // touch only the owner's active and recent runs: the cost of a
-            // submission must not grow with the owner's finished history.
-            "SELECT (SELECT count(*) FROM runs
-                     WHERE owner = $1 AND status IN ('queued', 'running', 'awaiting_approval')),
-                    count(*),
-                    EXTRACT(EPOCH FROM (min(created_at) + interval '1 minute' - now()))::float8
-             FROM runs WHERE owner = $1 AND created_at > now() - interval '1 minute'",
-        )
-        .await?;
-    let row = tx.query_one(&count, &[&owner]).await?;
-    let active: i64 = row.try_get(0)?;
-    let recent: i64 = row.try_get(1)?;
-    if active >= quota.max_active_runs {
-        return Ok(Some(QuotaRefusal::TooManyActive { limit: quota.max_active_runs }));
+    let check = tx.prepare_cached("SELECT * FROM kiln_quota_check($1)").await?;
+    let row = tx.query_one(&check, &[&owner]).await?;
+    Ok(refusal(&QuotaCounts::from_row(&row)?, quota))
+}
+
+/// Why `quota` refuses one more run to a subject with these counts, if it does.
+fn refusal(counts: &QuotaCounts, quota: &Quota) -> Option<QuotaRefusal> {
+    if counts.active >= quota.max_active_runs {
+        return Some(QuotaRefusal::TooManyActive { limit: quota.max_active_runs });
     }
-    if recent >= quota.max_runs_per_minute {
-        let wait: Option<f64> = row.try_get(2)?;
-        let retry_after_s = wait.unwrap_or(1.0).ceil().max(1.0) as u64;
-        return Ok(Some(QuotaRefusal::TooFast { limit: quota.max_runs_per_minute, retry_after_s }));
+    if counts.recent >= quota.max_runs_per_minute {
+        let retry_after_s = counts.retry_after_s.unwrap_or(1.0).ceil().max(1.0) as u64;
+        return Some(QuotaRefusal::TooFast { limit: quota.max_runs_per_minute, retry_after_s });
     }
-    Ok(None)
+    None
 }
 
 /// A run with its session's repository, by id.

@@ -991,6 +991,69 @@ async fn a_subject_creating_runs_too_fast_gets_429_until_the_minute_passes() {
     assert_eq!(runs, 3, "nothing written for the refused request");
 }
 
+/// One subject's submissions are no longer lined up behind a lock held
+/// across a transaction's round trips (issue 33): each checks and inserts in
+/// one statement. Sent all at once, they must still admit exactly the quota.
+#[tokio::test]
+async fn concurrent_submissions_by_one_subject_admit_exactly_its_quota() {
+    const QUOTA: i64 = 5;
+    const SENT: usize = 48;
+    let app = limited(kiln_store::Quota { max_active_runs: QUOTA, max_runs_per_minute: 1000 }, 8).await;
+    slow_run_inserts(&app).await;
+    let statuses: Vec<u16> =
+        join_all((0..SENT).map(|_| try_create(&app, "alice"))).await.iter().map(|r| r.status().as_u16()).collect();
+    let admitted = statuses.iter().filter(|&&s| s == 201).count();
+    let refused = statuses.iter().filter(|&&s| s == 429).count();
+    assert_eq!((admitted, refused), (QUOTA as usize, SENT - QUOTA as usize), "{statuses:?}");
+    assert_eq!(count_rows(&app).await, (QUOTA, QUOTA, QUOTA), "runs, sessions and events of the admitted only");
+
+    // The same for the runs-per-minute limit, counted by another subject.
+    let app = limited(kiln_store::Quota { max_active_runs: 1000, max_runs_per_minute: QUOTA }, 8).await;
+    slow_run_inserts(&app).await;
+    let statuses: Vec<u16> =
+        join_all((0..SENT).map(|_| try_create(&app, "bob"))).await.iter().map(|r| r.status().as_u16()).collect();
+    assert_eq!(statuses.iter().filter(|&&s| s == 201).count(), QUOTA as usize, "{statuses:?}");
+    assert_eq!(count_rows(&app).await.0, QUOTA);
+}
+
+/// Makes every insert into `runs` of this test's database take 100 ms, so
+/// that a submission's count and its insert are far apart: without the
+/// per-subject lock around both, every submission in flight would count
+/// the same runs and all would be admitted.
+async fn slow_run_inserts(app: &TestApp) {
+    app.sql()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION test_slow_insert() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN PERFORM pg_sleep(0.1); RETURN NEW; END $$;
+             CREATE TRIGGER test_slow_insert BEFORE INSERT ON runs
+                 FOR EACH ROW EXECUTE FUNCTION test_slow_insert();",
+        )
+        .await
+        .unwrap();
+}
+
+/// A group of N attempts is N + 1 active runs (the group and its attempts),
+/// checked under the same lock as single runs submitted beside it.
+#[tokio::test]
+async fn a_group_of_attempts_counts_as_its_runs_against_the_quota() {
+    let app = limited(kiln_store::Quota { max_active_runs: 4, max_runs_per_minute: 1000 }, 8).await;
+    let group = app
+        .http
+        .post(app.url("/v1/runs"))
+        .bearer_auth(token("alice"))
+        .json(&json!({"prompt": "p", "attempts": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(group.status(), 201, "{:?}", group.text().await);
+    // Three active runs: one more single run fits, the next does not.
+    let statuses: Vec<u16> =
+        join_all((0..8).map(|_| try_create(&app, "alice"))).await.iter().map(|r| r.status().as_u16()).collect();
+    assert_eq!(statuses.iter().filter(|&&s| s == 201).count(), 1, "{statuses:?}");
+    assert_eq!(count_rows(&app).await.0, 4);
+}
+
 #[tokio::test]
 async fn a_subject_may_hold_only_so_many_event_streams() {
     let app = limited(kiln_store::Quota { max_active_runs: 10, max_runs_per_minute: 100 }, 1).await;

@@ -206,7 +206,12 @@ fn event_stream(
         let mut feed = state.feeds.subscribe(&state, run_id, after);
         loop {
             // Catch up from the table.
-            let batch = match state.store.events_page(run_id, after, BATCH, page_bytes(&state)).await {
+            // Boxed: a generator is as large as its largest state, so an
+            // idle stream (waiting on the feed, where it spends its life)
+            // would otherwise keep room for a read of the table (a pooled
+            // connection's and a query's futures) for as long as it lives.
+            let read = Box::pin(state.store.events_page(run_id, after, BATCH, page_bytes(&state)));
+            let batch = match read.await {
                 Ok(batch) => batch,
                 Err(e) => {
                     // Keep the client connected; the database may come back.

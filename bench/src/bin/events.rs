@@ -1,5 +1,6 @@
 //! The event path: latency from the worker's write to an SSE client's
-//! receipt with 1, 100 and 1,000 clients on one run, and the server's
+//! receipt with 1, 100 and 1,000 clients on one run (or spread over
+//! `--runs`; 10,000 clients need `ulimit -n` above 10,000), and the server's
 //! memory per idle SSE stream, for `kiln serve` and for a plain axum SSE
 //! server reading the same rows (`kiln_bench::sse_baseline`), the two
 //! alternated round by round.
@@ -51,6 +52,14 @@ struct Args {
     /// Idle streams opened for the memory figure.
     #[arg(long, default_value_t = 1000)]
     idle: usize,
+    /// Runs the clients of a latency figure are spread over (one run: all
+    /// on it). With more than one, only *immediate* writes are measured:
+    /// each step appends one event to every run, side by side.
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    /// Skip the memory figure.
+    #[arg(long)]
+    no_memory: bool,
     /// The `kiln` binary (default: target/release/kiln, else target/debug/kiln).
     #[arg(long)]
     kiln: Option<PathBuf>,
@@ -84,8 +93,9 @@ async fn main() -> anyhow::Result<()> {
     );
     let servers = [("kiln", &kiln_api), ("plain", &plain)];
     let names = [servers[0].0, servers[1].0];
+    let modes: &[Mode] = if args.runs > 1 { &[Mode::Immediate] } else { &[Mode::Held, Mode::Immediate] };
     for &n in &args.clients {
-        for mode in [Mode::Held, Mode::Immediate] {
+        for &mode in modes {
             let mut p50: [Vec<f64>; 2] = Default::default();
             let mut p99: [Vec<f64>; 2] = Default::default();
             for round in 0..args.rounds {
@@ -95,8 +105,9 @@ async fn main() -> anyhow::Result<()> {
                     p50[i].push(ms(s.p50));
                     p99[i].push(ms(s.p99));
                     println!(
-                        "round {round}  {:<5} {n:>5} clients, {}: {s}",
+                        "round {round}  {:<5} {n:>5} clients on {} run(s), {}: {s}",
                         servers[i].0,
+                        args.runs,
                         if mode == Mode::Held { "held delta -> receipt" } else { "write -> receipt      " }
                     );
                 }
@@ -104,7 +115,8 @@ async fn main() -> anyhow::Result<()> {
             let what = if mode == Mode::Held { "held" } else { "immediate" };
             for i in 0..2 {
                 println!(
-                    "=> {what:<9} {n:>5} clients  {:<5} p50 {} ms   p99 {} ms",
+                    "=> {what:<9} {n:>5} clients on {} run(s)  {:<5} p50 {} ms   p99 {} ms",
+                    args.runs,
                     servers[i].0,
                     median_range(&p50[i], 2),
                     median_range(&p99[i], 2)
@@ -113,6 +125,10 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     drop((kiln_api, plain));
+    if args.no_memory {
+        kiln_bench::drop_databases().await?;
+        return Ok(());
+    }
     // Memory: a fresh server each time (an allocator keeps what earlier
     // streams freed, which would hide the growth).
     let mut per_stream: [Vec<f64>; 2] = Default::default();
@@ -192,29 +208,43 @@ fn markers(data: &str) -> impl Iterator<Item = u32> + '_ {
 }
 
 async fn latency(store: &Store, addr: SocketAddr, n: usize, mode: Mode, args: &Args) -> anyhow::Result<Summary> {
-    let lease = claimed_run(store).await?;
+    let mut leases = Vec::with_capacity(args.runs);
+    for _ in 0..args.runs {
+        leases.push(claimed_run(store).await?);
+    }
     let http = http()?;
     let token = Arc::new(token("bench")?);
     let ready = Arc::new(Barrier::new(n + 1));
-    let clients: Vec<_> =
-        (0..n).map(|_| tokio::spawn(client(http.clone(), addr, lease.run_id, token.clone(), ready.clone()))).collect();
+    let clients: Vec<_> = (0..n)
+        .map(|c| {
+            let run = leases[c % leases.len()].run_id;
+            tokio::spawn(client(http.clone(), addr, run, token.clone(), ready.clone()))
+        })
+        .collect();
     ready.wait().await;
     // Let every stream make its first read and wait for news.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let interval = Duration::from_millis(args.interval_ms);
-    // When each event (by seq) or delta (by marker) was produced.
-    let mut produced: HashMap<i64, Instant> = HashMap::new();
+    // When each event (by run and seq) or delta (by marker) was produced.
+    let mut produced: HashMap<(uuid::Uuid, i64), Instant> = HashMap::new();
     match mode {
         Mode::Immediate => {
             for step in 0..args.events {
-                let t = Instant::now();
-                let seq = store.append_event(&lease, &EventBody::StepStarted { step }).await?;
-                produced.insert(seq, t);
+                let writes = leases.iter().map(|lease| async move {
+                    let t = Instant::now();
+                    let seq = store.append_event(lease, &EventBody::StepStarted { step }).await?;
+                    anyhow::Ok(((lease.run_id, seq), t))
+                });
+                for written in futures::future::join_all(writes).await {
+                    let (key, t) = written?;
+                    produced.insert(key, t);
+                }
                 tokio::time::sleep(interval).await;
             }
         }
         Mode::Held => {
             // `agent::model_call::stream_once`'s loop, the model a timer.
+            let lease = &leases[0];
             let mut sink = EventSink::new(store.clone(), lease.clone());
             let mut tick = tokio::time::interval(COALESCE);
             let mut next = tokio::time::interval(interval);
@@ -222,7 +252,7 @@ async fn latency(store: &Store, addr: SocketAddr, n: usize, mode: Mode, args: &A
             while k < args.events {
                 tokio::select! {
                     _ = next.tick() => {
-                        produced.insert(i64::from(k), Instant::now());
+                        produced.insert((lease.run_id, i64::from(k)), Instant::now());
                         sink.write_soon(EventBody::TextDelta { text: format!("[{k}]") }).await?;
                         k += 1;
                     }
@@ -235,12 +265,15 @@ async fn latency(store: &Store, addr: SocketAddr, n: usize, mode: Mode, args: &A
             sink.commit().await?;
         }
     }
-    store.finish_run(&lease, &EventBody::RunSucceeded { summary: String::new() }, None).await?;
+    for lease in &leases {
+        store.finish_run(lease, &EventBody::RunSucceeded { summary: String::new() }, None).await?;
+    }
     let mut sample = Vec::new();
-    for c in clients {
+    for (c, task) in clients.into_iter().enumerate() {
+        let run = leases[c % leases.len()].run_id;
         // A client that never sees the run's end fails the benchmark
         // rather than hanging it.
-        let seen = tokio::time::timeout(Duration::from_secs(60), c)
+        let seen = tokio::time::timeout(Duration::from_secs(60), task)
             .await
             .map_err(|_| anyhow::anyhow!("an SSE client did not see the run end within 60 s"))???;
         for (seq, data, at) in seen {
@@ -249,7 +282,7 @@ async fn latency(store: &Store, addr: SocketAddr, n: usize, mode: Mode, args: &A
                 Mode::Held => markers(&data).map(i64::from).collect(),
             };
             for key in keys {
-                if let Some(t) = produced.get(&key) {
+                if let Some(t) = produced.get(&(run, key)) {
                     sample.push(at.duration_since(*t));
                 }
             }
