@@ -107,66 +107,46 @@ pub async fn prepare(
     owner: &Owner,
     events: &mut EventSink,
 ) -> Result<Prepared, StoreError> {
+    match plan(ctx, run, source, checkout, config, owner).await? {
+        Ok(plan) => plan.prepare(config, events).await,
+        Err(why) => Ok(failed(why)),
+    }
+}
+
+/// What preparing the environment takes: its definition and secrets, the
+/// setup sandbox, the cache key; or why the run fails before any sandbox.
+async fn plan<'a>(
+    ctx: &'a WorkerContext,
+    run: &'a Run,
+    source: Source<'_>,
+    checkout: Option<&'a Path>,
+    config: &SandboxConfig,
+    owner: &'a Owner,
+) -> Result<Result<Plan<'a>, String>, StoreError> {
     let subject = db_retry::with_retry(|| ctx.store.run_owner(run.id)).await?.unwrap_or_default();
     let repo_url = run.repo.as_ref().map(|r| r.url.as_str());
-    let stored = match source {
-        Source::Named(name) => match db_retry::with_retry(|| ctx.store.environment_of_run(run.id, name)).await? {
-            Some(stored) => stored,
-            None => {
-                return Ok(failed(format!(
-                    "the environment {name:?} does not exist for the run's owner (deleted after the run was queued, \
-                     or named for a GitHub repository by KILN_GITHUB_ENVIRONMENTS and never created for \
-                     KILN_GITHUB_OWNER_SUB)"
-                )));
-            }
-        },
-        Source::Repository(spec) => StoredEnvironment {
-            environment: from_repository(*spec, &subject, repo_url.unwrap_or_default()),
-            secrets_sealed: None,
-            mcp_headers_sealed: BTreeMap::new(),
-        },
+    let stored = match stored_environment(ctx, run, source, &subject, repo_url).await? {
+        Ok(stored) => stored,
+        Err(why) => return Ok(Err(why)),
     };
     let tenancy = key::Tenancy::new(&subject, repo_url);
-    let name = stored.environment.name.clone();
     let secrets = match open_secrets(ctx, run, &stored).await? {
         Ok(secrets) => secrets,
-        Err(why) => return Ok(failed(why)),
+        Err(why) => return Ok(Err(why)),
     };
     let env = &stored.environment;
-    // Checked again here: a repository's file never passed the API, and a
-    // stored row may predate the rule.
-    let usable = match &env.image {
-        Some(raw) => image::allowed(&ctx.docker, &ctx.config.environment_images, raw).await,
-        None => image::deployment(&ctx.docker, &config.image).await,
+    let name = &env.name;
+    let (setup_config, image_id) = match setup_sandbox(ctx, env, config).await {
+        Ok(setup) => setup,
+        Err(why) => return Ok(Err(format!("environment {name:?}: {why}"))),
     };
-    let image = match usable {
-        Ok(usable) => usable,
-        Err(why) => return Ok(failed(format!("environment {name:?}: {why}"))),
-    };
-    let mut setup_config = match config.narrowed(&env.setup_sandbox) {
-        Ok(c) => c,
-        Err(refusal) => return Ok(failed(format!("environment {name:?}: setup_sandbox: {refusal}"))),
-    };
-    setup_config.image = image.name.clone();
-    // The setup phase's network is the environment's to say, not the run's
-    // (whose `sandbox.egress` is the agent phase's): the same environment
-    // sets up alike for every run, and its cache key covers it.
-    setup_config.egress_run = env.setup_sandbox.egress.clone();
     let commit = match checkout {
         Some(dir) => git_head(dir).await,
         None => None,
     };
-    let globs = env.lock_files.clone();
-    let locks = match &checkout {
-        Some(root) => {
-            let root = root.to_path_buf();
-            match tokio::task::spawn_blocking(move || key::lock_file_digests(&root, &globs)).await {
-                Ok(Ok(locks)) => locks,
-                Ok(Err(e)) => return Ok(failed(format!("environment {name:?}: reading its lock files failed: {e}"))),
-                Err(e) => return Ok(failed(format!("environment {name:?}: reading its lock files failed: {e}"))),
-            }
-        }
-        None => BTreeMap::new(),
+    let locks = match lock_file_digests(checkout, &env.lock_files).await {
+        Ok(locks) => locks,
+        Err(e) => return Ok(Err(format!("environment {name:?}: reading its lock files failed: {e}"))),
     };
     let fingerprints: BTreeMap<String, String> = match &ctx.config.secrets_key {
         Some(k) => secrets.iter().map(|(n, v)| (n.clone(), k.fingerprint(n, v))).collect(),
@@ -175,13 +155,73 @@ pub async fn prepare(
     let key = key::cache_key(&key::KeyInputs {
         tenancy: &tenancy,
         environment: env,
-        image_id: &image.id,
+        image_id: &image_id,
         secret_fingerprints: &fingerprints,
         lock_files: &locks,
         user: &config.user,
     });
-    let plan = Plan { ctx, run, owner, stored, secrets, setup_config, key, tenancy, commit, checkout };
-    plan.prepare(config, events).await
+    Ok(Ok(Plan { ctx, run, owner, stored, secrets, setup_config, key, tenancy, commit, checkout }))
+}
+
+/// The environment the run names (the owner's, from the store), or its
+/// repository's file; why there is none.
+async fn stored_environment(
+    ctx: &WorkerContext,
+    run: &Run,
+    source: Source<'_>,
+    subject: &str,
+    repo_url: Option<&str>,
+) -> Result<Result<StoredEnvironment, String>, StoreError> {
+    Ok(match source {
+        Source::Named(name) => match db_retry::with_retry(|| ctx.store.environment_of_run(run.id, name)).await? {
+            Some(stored) => Ok(stored),
+            None => Err(format!(
+                "the environment {name:?} does not exist for the run's owner (deleted after the run was queued, \
+                 or named for a GitHub repository by KILN_GITHUB_ENVIRONMENTS and never created for \
+                 KILN_GITHUB_OWNER_SUB)"
+            )),
+        },
+        Source::Repository(spec) => Ok(StoredEnvironment {
+            environment: from_repository(*spec, subject, repo_url.unwrap_or_default()),
+            secrets_sealed: None,
+            mcp_headers_sealed: BTreeMap::new(),
+        }),
+    })
+}
+
+/// The setup phase's sandbox (the run's, narrowed by the environment's
+/// `setup_sandbox`, on the environment's image) and that image's id.
+async fn setup_sandbox(
+    ctx: &WorkerContext,
+    env: &kiln_protocol::environment::Environment,
+    config: &SandboxConfig,
+) -> Result<(SandboxConfig, String), String> {
+    // Checked again here: a repository's file never passed the API, and a
+    // stored row may predate the rule.
+    let image = match &env.image {
+        Some(raw) => image::allowed(&ctx.docker, &ctx.config.environment_images, raw).await?,
+        None => image::deployment(&ctx.docker, &config.image).await?,
+    };
+    let mut setup_config =
+        config.narrowed(&env.setup_sandbox).map_err(|refusal| format!("setup_sandbox: {refusal}"))?;
+    setup_config.image = image.name.clone();
+    // The setup phase's network is the environment's to say, not the run's
+    // (whose `sandbox.egress` is the agent phase's): the same environment
+    // sets up alike for every run, and its cache key covers it.
+    setup_config.egress_run = env.setup_sandbox.egress.clone();
+    Ok((setup_config, image.id))
+}
+
+/// The digests of the environment's lock files in the checkout (none
+/// without one), read off the async threads.
+async fn lock_file_digests(checkout: Option<&Path>, globs: &[String]) -> Result<BTreeMap<String, String>, String> {
+    let Some(root) = checkout else { return Ok(BTreeMap::new()) };
+    let (root, globs) = (root.to_path_buf(), globs.to_vec());
+    match tokio::task::spawn_blocking(move || key::lock_file_digests(&root, &globs)).await {
+        Ok(Ok(locks)) => Ok(locks),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 impl Plan<'_> {
@@ -233,19 +273,10 @@ impl Plan<'_> {
                     image: self.setup_config.image.clone(),
                 })
                 .await?;
-            let found = if hit {
-                // Eviction order only: a failure costs nothing else.
-                if let Err(e) = cache::touch(docker, &self.key).await {
-                    tracing::warn!(error = %e, "marking a prepared environment image used failed");
-                }
-                cached.clone()
-            } else {
-                match self.set_up(events).await? {
-                    Ok(found) => Some(found),
-                    Err(why) => return Ok(failed(why)),
-                }
+            let found = match self.prepared_image(hit, &cached, events).await? {
+                Ok(found) => found,
+                Err(why) => return Ok(failed(why)),
             };
-            let found = found.unwrap_or(cache::Found { commit: None, home: None });
             let agent_config = SandboxConfig { image: cache::tag_of(&self.key), ..config.clone() };
             let restore = cache::restore_command(found.home.as_deref());
             // On a hit, a warm container of this image (restore done) if
@@ -264,25 +295,9 @@ impl Plan<'_> {
             }
             if origin == Origin::Warm {
                 tracing::info!(run_id = %self.run.id, key = %self.key, "a warm container of the prepared environment");
-            } else {
-                match sandbox.exec(&restore, CHECKOUT_TIMEOUT, 16 * 1024, |_| {}).await {
-                    Ok(out) if out.exit_code == Some(0) => {}
-                    Ok(out) => {
-                        sandbox.remove().await;
-                        return Ok(failed(format!("could not restore the prepared workspace: {}", out.output.trim())));
-                    }
-                    Err(SandboxError::NoShell { image }) => {
-                        sandbox.remove().await;
-                        return Ok(failed(format!(
-                            "could not restore the prepared workspace: that needs sh and cp in the image {image:?}, \
-                             which has no shell"
-                        )));
-                    }
-                    Err(e) => {
-                        sandbox.remove().await;
-                        return Ok(failed(format!("could not restore the prepared workspace: {e}")));
-                    }
-                }
+            } else if let Err(why) = restore_in(&sandbox, &restore).await {
+                sandbox.remove().await;
+                return Ok(failed(format!("could not restore the prepared workspace: {why}")));
             }
             if !hit {
                 return Ok(Prepared::Ready(Box::new(sandbox), origin));
@@ -298,6 +313,29 @@ impl Plan<'_> {
             return self.maintain(sandbox, origin, events).await;
         }
         Ok(failed("the environment's prepared sandbox could not be used"))
+    }
+
+    /// What the prepared image holds: on a hit, the cached one's (marked
+    /// used); else setup runs now and stores it; `Err`: why setup failed.
+    async fn prepared_image(
+        &self,
+        hit: bool,
+        cached: &Option<cache::Found>,
+        events: &mut EventSink,
+    ) -> Result<Result<cache::Found, String>, StoreError> {
+        let found = if hit {
+            // Eviction order only: a failure costs nothing else.
+            if let Err(e) = cache::touch(&self.ctx.docker, &self.key).await {
+                tracing::warn!(error = %e, "marking a prepared environment image used failed");
+            }
+            cached.clone()
+        } else {
+            match self.set_up(events).await? {
+                Ok(found) => Some(found),
+                Err(why) => return Ok(Err(why)),
+            }
+        };
+        Ok(Ok(found.unwrap_or(cache::Found { commit: None, home: None })))
     }
 
     /// The prepared image of this key, or, when there is none, the key's
@@ -437,10 +475,20 @@ impl Plan<'_> {
                 end.tail
             )));
         }
-        let home = match self.setup_config.disk_plan(docker).await {
-            Ok(plan) => plan.home.clone(),
-            Err(e) => return Ok(Err(format!("environment {name:?}: {e}"))),
+        let home = match self.store_prepared(setup).await {
+            Ok(home) => home,
+            Err(why) => return Ok(Err(format!("environment {name:?}: {why}"))),
         };
+        events.write_now(EventBody::environment_finished("setup".into(), 0, duration_ms, true)).await?;
+        Ok(Ok(cache::Found { commit: self.commit.clone(), home }))
+    }
+
+    /// Stores the set-up container as this key's prepared image and bounds
+    /// the cache; where the image keeps the home, or why it was not stored.
+    async fn store_prepared(&self, setup: &Sandbox) -> Result<Option<String>, String> {
+        let docker = &self.ctx.docker;
+        let env = &self.stored.environment;
+        let home = self.setup_config.disk_plan(docker).await.map_err(|e| e.to_string())?.home.clone();
         let snapshot = cache::Snapshot {
             from: setup.id(),
             image: &self.setup_config.image,
@@ -457,7 +505,7 @@ impl Plan<'_> {
         let stored = cache::store(docker, &snapshot).await;
         tracing::info!(run_id = %self.run.id, key = %self.key, ms = storing.elapsed().as_millis() as u64, ok = stored.is_ok(), "prepared image stored");
         if let Err(e) = stored {
-            return Ok(Err(format!("environment {name:?}: storing the prepared sandbox failed: {e}")));
+            return Err(format!("storing the prepared sandbox failed: {e}"));
         }
         let evicting = std::time::Instant::now();
         let evicted =
@@ -466,8 +514,7 @@ impl Plan<'_> {
         if let Err(e) = evicted {
             tracing::warn!(error = %e, "bounding the environment cache failed");
         }
-        events.write_now(EventBody::environment_finished("setup".into(), 0, duration_ms, true)).await?;
-        Ok(Ok(cache::Found { commit: self.commit.clone(), home }))
+        Ok(home)
     }
 
     /// Brings the run's commit into the prepared workspace and checks it
@@ -562,6 +609,19 @@ mkdir -p .git/info && printf '%s
 }
 
 /// The environment's secrets in clear; `Err`: why they cannot be had.
+/// Puts setup's workspace and home back in a container started from the
+/// prepared image; why it could not.
+async fn restore_in(sandbox: &Sandbox, restore: &str) -> Result<(), String> {
+    match sandbox.exec(restore, CHECKOUT_TIMEOUT, 16 * 1024, |_| {}).await {
+        Ok(out) if out.exit_code == Some(0) => Ok(()),
+        Ok(out) => Err(out.output.trim().to_owned()),
+        Err(SandboxError::NoShell { image }) => {
+            Err(format!("that needs sh and cp in the image {image:?}, which has no shell"))
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 async fn open_secrets(
     ctx: &WorkerContext,
     run: &Run,
