@@ -449,6 +449,33 @@ fn container_body(
     egress: Option<&Attachment>,
     disk: Option<&LoopDisk>,
 ) -> ContainerCreateBody {
+    let labels = labels_of(purpose, disk);
+    let mut host_config = host_config(config, egress);
+    // The disk bound, and memory (no swap) that leaves room for every tmpfs.
+    disk::apply(plan, config, &mut host_config, disk);
+    disk::label_volumes(&mut host_config, &labels);
+    ContainerCreateBody {
+        image: Some(config.image.clone()),
+        // The container's own process (PID 1 and its `sleep`) does not run
+        // as the command user: so the command user's processes can all be
+        // killed at once (`kill -9 -1`, see toolbox_session) without stopping
+        // the container (or the toolbox). Every exec names its user explicitly.
+        user: Some(MAIN_PROCESS_USER.into()),
+        working_dir: Some(WORKSPACE.into()),
+        cmd: Some(vec!["sleep".into(), "infinity".into()]),
+        // No TTY, no stdin: nothing in the container can wait on input.
+        tty: Some(false),
+        open_stdin: Some(false),
+        labels: Some(labels),
+        env: egress.map(|a| crate::egress::proxy_env(a.proxy)),
+        network_disabled: Some(!config.network && egress.is_none()),
+        host_config: Some(host_config),
+        ..Default::default()
+    }
+}
+
+/// Who a container is for, as labels: cleanup and the reaper find it by them.
+fn labels_of(purpose: &Purpose<'_>, disk: Option<&LoopDisk>) -> HashMap<String, String> {
     let mut labels = HashMap::from([(LABEL_MANAGED.to_owned(), "true".to_owned())]);
     if let Some(disk) = disk {
         // Whoever removes the container frees the disk (see `remove_container`).
@@ -466,7 +493,13 @@ fn container_body(
             labels.insert(LABEL_WORKER.to_owned(), (*worker).to_owned());
         }
     }
-    let mut host_config = HostConfig {
+    labels
+}
+
+/// The container's confinement: capabilities, limits, network, `/tmp`,
+/// runtime (the disk bound is added by `disk::apply`).
+fn host_config(config: &SandboxConfig, egress: Option<&Attachment>) -> HostConfig {
+    HostConfig {
         // docker-init as PID 1 reaps orphans, so killed commands leave no zombies.
         init: Some(true),
         cap_drop: Some(vec!["ALL".into()]),
@@ -494,27 +527,6 @@ fn container_body(
             format!("rw,nosuid,nodev,size={}m,mode=1777", config.tmpfs_mb),
         )])),
         runtime: config.runtime.clone(),
-        ..Default::default()
-    };
-    // The disk bound, and memory (no swap) that leaves room for every tmpfs.
-    disk::apply(plan, config, &mut host_config, disk);
-    disk::label_volumes(&mut host_config, &labels);
-    ContainerCreateBody {
-        image: Some(config.image.clone()),
-        // The container's own process (PID 1 and its `sleep`) does not run
-        // as the command user: so the command user's processes can all be
-        // killed at once (`kill -9 -1`, see toolbox_session) without stopping
-        // the container (or the toolbox). Every exec names its user explicitly.
-        user: Some(MAIN_PROCESS_USER.into()),
-        working_dir: Some(WORKSPACE.into()),
-        cmd: Some(vec!["sleep".into(), "infinity".into()]),
-        // No TTY, no stdin: nothing in the container can wait on input.
-        tty: Some(false),
-        open_stdin: Some(false),
-        labels: Some(labels),
-        env: egress.map(|a| crate::egress::proxy_env(a.proxy)),
-        network_disabled: Some(!config.network && egress.is_none()),
-        host_config: Some(host_config),
         ..Default::default()
     }
 }
