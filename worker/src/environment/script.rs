@@ -66,33 +66,55 @@ pub async fn run(
     script: Script<'_>,
     events: &mut EventSink,
 ) -> Result<Result<ScriptEnd, bollard::errors::Error>, StoreError> {
-    let Script { docker, container, user, shell, text: script, env, phase, mask } = script;
     let started = Instant::now();
-    let exec = docker
+    let (docker, mask, phase) = (script.docker, script.mask, script.phase);
+    let exec = match create(&script).await {
+        Ok(e) => e,
+        Err(e) => return Ok(Err(e)),
+    };
+    let output = match docker.start_exec(&exec.id, None).await {
+        Ok(StartExecResults::Attached { output, .. }) => output,
+        Ok(StartExecResults::Detached) => return Ok(Ok(end(docker, &exec.id, started, Tail::new(), mask).await)),
+        Err(e) => return Ok(Err(e)),
+    };
+    let tail = match relay(output, events, phase, mask).await? {
+        Ok(tail) => tail,
+        Err(e) => return Ok(Err(e)),
+    };
+    Ok(Ok(end(docker, &exec.id, started, tail, mask).await))
+}
+
+/// The script's exec: the shell running it as the user, in the workspace,
+/// with its variables, stdout and stderr attached.
+async fn create(script: &Script<'_>) -> Result<bollard::exec::CreateExecResults, bollard::errors::Error> {
+    script
+        .docker
         .create_exec(
-            container,
+            script.container,
             CreateExecOptions {
-                cmd: Some(vec![shell.to_owned(), "-c".to_owned(), script.to_owned()]),
-                env: Some(env),
+                cmd: Some(vec![script.shell.to_owned(), "-c".to_owned(), script.text.to_owned()]),
+                env: Some(script.env.clone()),
                 attach_stdout: Some(true),
                 attach_stderr: Some(true),
                 attach_stdin: Some(false),
                 tty: Some(false),
                 working_dir: Some(WORKSPACE.to_owned()),
-                user: Some(user.to_owned()),
+                user: Some(script.user.to_owned()),
                 ..Default::default()
             },
         )
-        .await;
-    let exec = match exec {
-        Ok(e) => e,
-        Err(e) => return Ok(Err(e)),
-    };
-    let mut output = match docker.start_exec(&exec.id, None).await {
-        Ok(StartExecResults::Attached { output, .. }) => output,
-        Ok(StartExecResults::Detached) => return Ok(Ok(end(docker, &exec.id, started, Tail::new(), mask).await)),
-        Err(e) => return Ok(Err(e)),
-    };
+        .await
+}
+
+/// Relays the script's output as `environment.output` events (masked,
+/// in pieces, up to the allowance) while keeping its tail; the tail once
+/// the output ends.
+async fn relay(
+    mut output: impl futures::Stream<Item = Result<bollard::container::LogOutput, bollard::errors::Error>> + Unpin,
+    events: &mut EventSink,
+    phase: &str,
+    mask: &[&str],
+) -> Result<Result<Tail, bollard::errors::Error>, StoreError> {
     let mut tail = Tail::new();
     // A secret split across two reads is masked too: see `mask`.
     let mut piece = Masker::new(mask);
@@ -128,7 +150,7 @@ pub async fn run(
         let note = format!("\n[kiln] output past {MAX_EVENT_OUTPUT} bytes is not sent as events; see the tail\n");
         events.write_soon(EventBody::EnvironmentOutput { phase: phase.to_owned(), text: note }).await?;
     }
-    Ok(Ok(end(docker, &exec.id, started, tail, mask).await))
+    Ok(Ok(tail))
 }
 
 /// Sends `text` (masked; cut to what is left of the output allowance) as
