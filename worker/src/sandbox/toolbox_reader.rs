@@ -224,11 +224,17 @@ pub(super) async fn read_frames(
         }
     }
     alive.store(false, Ordering::Release);
-    let waiting: Vec<Pending> = lock(&pending).drain().map(|(_, p)| p).collect();
+    fail_waiting(&pending, broken.as_deref());
+}
+
+/// Ends every call still waiting for a reply: with the reason the toolbox
+/// was dropped (`broken`), else as died.
+fn fail_waiting(pending: &PendingMap, broken: Option<&str>) {
+    let waiting: Vec<Pending> = lock(pending).drain().map(|(_, p)| p).collect();
     for p in waiting {
-        match &broken {
+        match broken {
             Some(reason) => {
-                let _ = p.reply.send(Err(ToolboxError::Misbehaved(reason.clone())));
+                let _ = p.reply.send(Err(ToolboxError::Misbehaved(reason.to_owned())));
             }
             // Dropping the sender wakes the call with `Died`.
             None => drop(p),
