@@ -91,8 +91,8 @@ static IN_SESSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| ins
 
 /// A first run admitted by its subject's quota, in one statement that takes
 /// the subject's lock (`kiln_quota_check`, migrations/V27), counts and
-/// inserts: autocommitted, so the lock is held for this one round trip and
-/// no longer. `$15` and `$16` are the quota's limits. The run comes before
+/// inserts; the caller reads the run back and commits, so the lock is held
+/// for those three round trips. `$15` and `$16` are the quota's limits. The run comes before
 /// its session so that a run lost to an idempotency key leaves no session
 /// behind (the foreign key is checked at the statement's end). Answers the
 /// counts the check saw and the run's id (none when refused or when the key
@@ -147,10 +147,10 @@ impl QuotaCounts {
 }
 
 /// Inserts `run`, a first run, with its session and `run.queued` event when
-/// its owner is under `quota`, check and insert in one autocommitted
-/// statement on `client` (which must not be in a transaction).
+/// its owner is under `quota`, check and insert in one statement, in the
+/// caller's transaction (which reads the run back before committing).
 pub(crate) async fn insert_admitted_run(
-    client: &deadpool_postgres::Client,
+    client: &deadpool_postgres::Transaction<'_>,
     run: &QueuedRun<'_>,
     limits: QuotaLimits,
 ) -> Result<Admission, StoreError> {

@@ -122,8 +122,12 @@ impl Store {
     }
 
     /// A single run under `quota`: the check and the insert are one
-    /// statement (`queued::insert_admitted_run`), so a subject's concurrent
-    /// submissions wait for one another only for that statement.
+    /// statement (`queued::insert_admitted_run`), and the run is read back
+    /// in the same transaction, so a subject's concurrent submissions wait
+    /// for one another only for that statement, its read and the commit. The
+    /// read is inside: after the commit a worker may already have claimed
+    /// the run, and the answer to its submission would not be the run as
+    /// created (queued).
     async fn create_admitted_run(
         &self,
         new: &NewRun,
@@ -131,19 +135,30 @@ impl Store {
     ) -> Result<Result<(Run, bool), QuotaRefusal>, StoreError> {
         let single = single_attempt(new);
         let queued = QueuedRun::first(&single)?;
-        let admission = {
+        let created = {
             // At most a few of one subject's submissions hold a connection
             // while they wait for its lock; see `owner_gate`.
             let _line = self.owner_gate.enter(&new.owner).await?;
-            let client = self.client().await?;
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
             let limits =
                 QuotaLimits { max_active_runs: quota.max_active_runs, max_runs_per_minute: quota.max_runs_per_minute };
-            insert_admitted_run(&client, &queued, limits).await?
+            let admission = insert_admitted_run(&tx, &queued, limits).await?;
+            if let Some(refusal) = refusal(&admission.counts, quota) {
+                return Ok(Err(refusal));
+            }
+            match admission.run {
+                Some(run_id) => {
+                    let select = tx.prepare_cached(&SELECT_RUN).await?;
+                    let row = tx.query_one(&select, &[&run_id]).await?;
+                    let run = run_from_row(&row)?;
+                    tx.commit().await?;
+                    Some(run)
+                }
+                None => None,
+            }
         };
-        if let Some(refusal) = refusal(&admission.counts, quota) {
-            return Ok(Err(refusal));
-        }
-        let Some(run_id) = admission.run else {
+        let Some(run) = created else {
             // Lost a race with a concurrent request carrying the same key.
             let key = new.idempotency_key.as_deref().unwrap_or_default();
             return match self.run_by_idempotency_key(&new.owner, key).await? {
@@ -151,12 +166,7 @@ impl Store {
                 None => Err(StoreError::Corrupt("idempotency conflict without a run".into())),
             };
         };
-        let client = self.client().await?;
-        let select = client.prepare_cached(&SELECT_RUN).await?;
-        let row = client.query_one(&select, &[&run_id]).await?;
-        let run = run_from_row(&row)?;
-        drop(client);
-        self.announce_queued(run_id);
+        self.announce_queued(run.id);
         Ok(Ok((run, true)))
     }
 
