@@ -370,6 +370,9 @@
     $('view-envs').hidden = false;
     const form = $('env-form');
     let editing = null; // the name being edited, or null to create
+    // Set by stop(): a list still loading for a view the user left must not
+    // replace the rows of the view now open (whose form is another's).
+    let stopped = false;
 
     function fill(env) {
       editing = env ? env.name : null;
@@ -408,6 +411,7 @@
     async function load() {
       try {
         const [page, runs] = await Promise.all([api('GET', '/v1/environments'), api('GET', '/v1/runs?limit=200')]);
+        if (stopped) return;
         $('envs-body').replaceChildren(...page.environments.map((env) => {
           const edit = el('button', { type: 'button', class: 'secondary', data: { action: 'edit' } }, 'Edit');
           const reset = el('button', { type: 'button', class: 'secondary', data: { action: 'reset' } }, 'Reset cache');
@@ -462,6 +466,7 @@
     load();
     return {
       stop() {
+        stopped = true;
         form.onsubmit = null;
         $('env-new').onclick = null;
       },
