@@ -23,6 +23,10 @@ pub enum EventBody {
     /// `workspace_lost`: the conversation continues in a sandbox that is not
     /// the one it happened in (its container was gone), so earlier file
     /// changes are not there.
+    /// `disk`: what bounds the sandbox's disk on this worker's engine
+    /// (`KILN_SANDBOX_DISK_MODE` as its probe chose it): `layer` (the
+    /// writable layer sized by the engine), `loop` (a disk image per
+    /// sandbox), `tmpfs` (the workspace in RAM) or `unbounded`.
     #[serde(rename = "sandbox.ready")]
     SandboxReady {
         container: String,
@@ -31,6 +35,8 @@ pub enum EventBody {
         origin: Option<String>,
         #[serde(default)]
         workspace_lost: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        disk: Option<String>,
     },
     /// The run's environment is being prepared: `hit` says whether a
     /// prepared sandbox with this `cache_key` was found (then setup does

@@ -152,6 +152,9 @@ async fn disk_bound_holds(mode: DiskMode) {
     eprintln!("disk mechanism {}: ran (asked for {mode:?})", ran.as_str());
     assert_eq!(ran, expected);
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", events.last());
+    // The run's `sandbox.ready` says which mechanism bounds its disk.
+    let said = pick!(&events, EventBody::SandboxReady { disk, .. } => disk.clone()).next().flatten();
+    assert_eq!(said.as_deref(), Some(ran.as_str()), "sandbox.ready's disk");
     assert_eq!(containers.len(), 1, "the session's container stayed for the measurement");
     let r = results(&events);
     let fill = &r[0].0;

@@ -8,6 +8,9 @@
 
 pub mod api;
 pub mod cli;
+pub mod egress_fetch;
 pub mod kiln;
+pub mod server;
 pub mod setup;
 pub mod stats;
+pub mod workload;

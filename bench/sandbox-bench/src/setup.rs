@@ -48,6 +48,15 @@ impl Common {
     }
 }
 
+/// A directory of the benchmark's own for loop disks (on the host's disk,
+/// beside the worker's default `/var/lib/kiln/sandbox-disks`), so that no
+/// worker's sweep of its own directory meets them. Remove it at the end.
+pub fn bench_disk_dir() -> anyhow::Result<PathBuf> {
+    let dir = PathBuf::from(format!("/var/lib/kiln/bench-disks-{}", Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
 /// The local Docker engine, checked to answer.
 pub async fn docker() -> anyhow::Result<Docker> {
     let docker = Docker::connect_with_local_defaults().context("connecting to Docker")?;

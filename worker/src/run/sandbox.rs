@@ -94,7 +94,7 @@ pub async fn fill_workspace(
     acquired: Acquired,
     events: &mut EventSink,
 ) -> Result<Ready, PhaseError> {
-    let Acquired { sandbox, origin, checkout, with_environment, environment_mcp, .. } = acquired;
+    let Acquired { sandbox, origin, config, checkout, with_environment, environment_mcp } = acquired;
     let mut notice = None;
     let mut workspace = Workspace::Continued;
     if origin != Origin::Reused {
@@ -125,6 +125,7 @@ pub async fn fill_workspace(
             image: sandbox.image().to_owned(),
             origin: Some(origin.as_str().to_owned()),
             workspace_lost: notice.is_some(),
+            disk: config.disk_plan.get().map(|plan| plan.mechanism.as_str().to_owned()),
         })
         .await?;
     Ok(Ready { sandbox, notice, environment_mcp })
