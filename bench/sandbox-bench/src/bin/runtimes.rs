@@ -66,6 +66,11 @@ struct Args {
     /// Bytes per egress download.
     #[arg(long, default_value_t = 100_000_000)]
     egress_bytes: u64,
+    /// The sandboxes' pids limit (`KILN_SANDBOX_PIDS`); the worker's
+    /// default if unset. Under gVisor with `--platform=ptrace` the Sentry's
+    /// own threads count against it.
+    #[arg(long)]
+    pids_limit: Option<i64>,
 }
 
 /// One figure's samples under each runtime: `[baseline, measured]`.
@@ -80,6 +85,7 @@ async fn main() -> anyhow::Result<()> {
     let disk_dir = setup::bench_disk_dir()?;
     let configs = [&args.baseline, &args.runtime].map(|runtime| SandboxConfig {
         runtime: Some(runtime.clone()),
+        pids_limit: args.pids_limit.unwrap_or(base.pids_limit),
         disk_dir: disk_dir.clone(),
         disk_plan: Arc::default(),
         ..base.clone()
