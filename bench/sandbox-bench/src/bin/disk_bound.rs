@@ -145,8 +145,8 @@ async fn measure(
         workload::repository(sandboxes[i], REPO_DIR, args.repo_files).await?;
         workload::dependencies(sandboxes[i], REPO_DIR, args.workspace_mib).await?;
     }
-    for i in 0..2 {
-        figures.memory_built[i].push(memory(docker, sandboxes[i]).await?);
+    for (series, sandbox) in figures.memory_built.iter_mut().zip(sandboxes) {
+        series.push(memory(docker, sandbox).await?);
     }
     let status = format!("cd {REPO_DIR} && git status --porcelain");
     let grep = format!("grep -rl {} /workspace | wc -l", workload::NEEDLE);
@@ -161,8 +161,8 @@ async fn measure(
             }
         }
     }
-    for i in 0..2 {
-        figures.memory_after[i].push(memory(docker, sandboxes[i]).await?);
+    for (series, sandbox) in figures.memory_after.iter_mut().zip(sandboxes) {
+        series.push(memory(docker, sandbox).await?);
     }
     Ok(())
 }
