@@ -79,7 +79,8 @@ impl Store {
     }
 
     /// Takes the delivery lease of an owed delivery (a finished GitHub run
-    /// not yet delivered, see `migrations/V7__github_owed_deliveries.sql`)
+    /// not yet delivered, see `migrations/V7__github_owed_deliveries.sql`;
+    /// or a GitHub-triggered group with a choice, ended or not, V26)
     /// whose lease is free or has run out, and returns what to deliver:
     /// run `run_id`'s, or with `None` the longest-owed one. `None` when there
     /// is nothing to do (nothing owed, or another worker holds the lease).
@@ -104,7 +105,8 @@ impl Store {
                  WHERE g.run_id = (
                      SELECT o.run_id FROM github_runs o JOIN runs r ON r.id = o.run_id
                      WHERE o.delivery_requested_at IS NOT NULL AND o.delivered_at IS NULL
-                       AND r.status IN ('succeeded', 'failed', 'cancelled', 'timed_out')
+                       AND (r.status IN ('succeeded', 'failed', 'cancelled', 'timed_out')
+                            OR r.selected_attempt IS NOT NULL)
                        AND (o.delivery_lease_until IS NULL OR o.delivery_lease_until < now())
                        AND ($1::uuid IS NULL OR o.run_id = $1)
                      ORDER BY o.delivery_requested_at
@@ -229,7 +231,77 @@ impl Store {
     }
 }
 
+/// A GitHub-triggered group's choice, as its delivery reads it once its
+/// lease is held (the choice cannot change from then on).
+#[derive(Debug, Clone)]
+pub struct GroupChoice {
+    /// The chosen attempt's number and run.
+    pub attempt: u32,
+    pub run: Run,
+    /// Who chose it on GitHub (`/kiln select K`); `None`: the API or the
+    /// deployment's setting.
+    pub by: Option<String>,
+    /// The chosen attempt's change, as [`DeliveryJob::patch`] (copied to
+    /// the group by the choice).
+    pub patch: Option<Vec<u8>>,
+    pub patch_too_large: bool,
+}
+
 impl Store {
+    /// Group `group`'s choice, if it has one.
+    pub async fn github_group_choice(&self, group: Uuid) -> Result<Option<GroupChoice>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT r.selected_attempt, a.id, g.selected_by, c.patch, COALESCE(c.too_large, false)
+                 FROM runs r JOIN runs a ON a.group_run_id = r.id AND a.attempt_number = r.selected_attempt
+                 JOIN github_runs g ON g.run_id = r.id
+                 LEFT JOIN run_changes c ON c.run_id = r.id AND c.scope = 'session'
+                 WHERE r.id = $1",
+                &[&group],
+            )
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        drop(client);
+        let attempt_id: Uuid = row.try_get(1)?;
+        let run = self
+            .get_run_unscoped(attempt_id)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("attempt {attempt_id} vanished during its delivery")))?;
+        Ok(Some(GroupChoice {
+            attempt: row.try_get::<_, i32>(0)?.max(0) as u32,
+            run,
+            by: row.try_get(2)?,
+            patch: row.try_get(3)?,
+            patch_too_large: row.try_get(4)?,
+        }))
+    }
+}
+
+impl Store {
+    /// Group `group`'s `attempt.finished` events, first attempt to end first:
+    /// what a report of its attempts lists.
+    pub async fn group_attempt_ends(&self, group: Uuid) -> Result<Vec<EventBody>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT seq, kind, payload, at FROM events WHERE run_id = $1 AND kind = 'attempt.finished' ORDER BY seq",
+                &[&group],
+            )
+            .await?;
+        let mut ends = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let event = kiln_protocol::StoredEvent {
+                seq: row.try_get(0)?,
+                kind: row.try_get(1)?,
+                payload: row.try_get(2)?,
+                at: row.try_get(3)?,
+            };
+            ends.extend(event.body());
+        }
+        Ok(ends)
+    }
+
     /// The commit run `run_id`'s workspace was cloned at, if recorded.
     pub async fn github_base_sha(&self, run_id: Uuid) -> Result<Option<String>, StoreError> {
         let client = self.client().await?;

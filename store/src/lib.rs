@@ -47,7 +47,7 @@ pub use callbacks::{CallbackAttempt, CallbackJob};
 pub use changes::{CapturedChange, PatchRow, PreviousRun, RunBase};
 pub use children::{ChildStart, ChildSummary, NewChild};
 pub use control::{Approval, DecideOutcome, Decision, InboxMessage, McpCall, MessageOutcome};
-pub use delivery::{DeliveryJob, DeliveryRequest};
+pub use delivery::{DeliveryJob, DeliveryRequest, GroupChoice};
 pub use environments::{
     EnvironmentRefusal, MAX_ENVIRONMENTS_PER_OWNER, McpServersWrite, SecretsWrite, StoredEnvironment,
 };
@@ -63,7 +63,7 @@ pub use runs::{CancelOutcome, Cursor, Quota, QuotaRefusal, RunPage};
 pub use setup_lock::SetupLock;
 pub use stats::RunStats;
 pub use step_writes::StepWrite;
-pub use webhooks::{Delivery, GithubOrigin, NewGithubRun, PastDelivery, Recorded};
+pub use webhooks::{Delivery, GithubOrigin, GithubSelection, NewGithubRun, PastDelivery, Recorded};
 pub use workers::{SessionActivity, WorkerPresence};
 
 /// Channel names used with LISTEN/NOTIFY.

@@ -114,6 +114,8 @@ pub struct Options {
     pub github_secret: Option<String>,
     /// `KILN_GITHUB_ENVIRONMENTS` of the webhook (with `github_secret`).
     pub github_environments: String,
+    /// `KILN_GITHUB_ATTEMPTS_TAKE_FIRST` of the webhook (with `github_secret`).
+    pub github_take_first: bool,
 }
 
 impl Default for Options {
@@ -133,6 +135,7 @@ impl Default for Options {
             postgres: None,
             github_secret: None,
             github_environments: String::new(),
+            github_take_first: false,
         }
     }
 }
@@ -172,7 +175,7 @@ impl TestApp {
             .map(|config| config.posting_as(GITHUB_BOT_LOGIN).unwrap())
             .map(|config| {
                 let environments = kiln_api::github::RepositoryEnvironments::parse(&options.github_environments);
-                config.with_environments(environments.unwrap())
+                config.with_environments(environments.unwrap()).taking_first_success(options.github_take_first)
             });
         let addr = Self::start_api_on(&store, options.api.clone(), github, shutdown.clone()).await;
         let http = reqwest::Client::builder().no_proxy().build().unwrap();

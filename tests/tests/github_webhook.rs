@@ -460,6 +460,9 @@ async fn racing_copies_that_all_miss_the_lookup_still_create_one_run() {
             sender_login: "octocat".into(),
         },
         trigger_key: "issue_comment:9".into(),
+        attempts: None,
+        take_first_success: false,
+        refusal: None,
     };
     let outcomes = join_all((0..8).map(|_| app.store.create_github_run(&delivery, &new, None))).await;
     let mut created = Vec::new();

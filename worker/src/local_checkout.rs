@@ -10,7 +10,6 @@ use kiln_protocol::Run;
 use crate::context::WorkerContext;
 use crate::origin::Origin;
 use crate::sandbox::SandboxError;
-use crate::sandbox::repo_clone;
 
 /// A checkout in a temporary directory, removed when dropped.
 pub struct LocalCheckout {
@@ -50,7 +49,9 @@ pub async fn make(ctx: &WorkerContext, run: &Run) -> Result<Option<LocalCheckout
         // Another attempt pinned a different commit first: start from it.
         if let Some(base) = base.filter(|b| b != got) {
             let path = dir.path().join("repo-at-base");
-            repo_clone::clone_repo(&repo.url, Some(&base), &path, &ctx.config.clone_settings()).await?;
+            // As the first checkout was made (a GitHub run's with its token,
+            // which finds the pinned base itself).
+            Origin::of(ctx, run).check_out(ctx, run, repo, Some(base.as_str()), &path).await?;
             commit = crate::capture::base::head_commit(&path);
             return Ok(Some(LocalCheckout { _dir: dir, path, commit }));
         }

@@ -41,6 +41,7 @@ use serde::de::{DeserializeOwned, IgnoredAny};
 use serde_json::Value;
 
 use super::GithubConfigError;
+use super::command::{self, Command};
 use super::prompt::{Request, Task};
 
 /// Author associations that may ask for a run: those with write access.
@@ -201,6 +202,15 @@ pub enum Decision {
     Ignore(String),
     /// Queue a run.
     Run(Box<RunRequest>),
+    /// Choose an attempt of the issue's latest group (`/kiln select K`).
+    Select(Box<SelectRequest>),
+}
+
+/// A `/kiln select K` comment: who asked, where, and which attempt.
+#[derive(Debug)]
+pub struct SelectRequest {
+    pub origin: GithubOrigin,
+    pub attempt: u32,
 }
 
 /// A run a delivery asks for, before it has a prompt.
@@ -211,6 +221,9 @@ pub struct RunRequest {
     pub task: Task,
     /// The event's identity from the signed body (see the module's docs).
     pub trigger_key: String,
+    /// The attempts the comment asked for (`--attempts N`), as written:
+    /// `None` when it did not ask (a label never does).
+    pub attempts: Option<Result<u32, String>>,
 }
 
 /// Decides what delivery `event` (the `X-GitHub-Event` header) asks for.
@@ -244,10 +257,21 @@ fn on_comment(e: IssueCommentEvent, rules: &TriggerRules) -> Result<Decision, Pa
         )));
     }
     let author = login("comment.user.login", &e.comment.user.login)?;
+    let command = command::parse(&e.comment.body, rules.handle());
     let request = Request::Comment { author: author.clone(), body: e.comment.body };
     let trigger_key = format!("issue_comment:{}", e.comment.id);
     let origin = Origin { event: "issue_comment", sender_login: author, comment_id: Some(e.comment.id), trigger_key };
-    run_request(origin, e.issue, e.repository, e.installation, request)
+    let decision = run_request(origin, e.issue, e.repository, e.installation, request)?;
+    Ok(match (decision, command) {
+        (Decision::Run(run), Command::Select(attempt)) => {
+            Decision::Select(Box::new(SelectRequest { origin: run.origin, attempt }))
+        }
+        (Decision::Run(mut run), Command::Run { attempts }) => {
+            run.attempts = attempts;
+            Decision::Run(run)
+        }
+        (other, _) => other,
+    })
 }
 
 fn on_label(e: IssuesEvent, rules: &TriggerRules) -> Result<Decision, PayloadError> {
@@ -326,7 +350,13 @@ fn run_request(
         installation_id: installation.map(|i| i.id),
         sender_login: origin.sender_login,
     };
-    Ok(Decision::Run(Box::new(RunRequest { origin: github, repo, task, trigger_key: origin.trigger_key })))
+    Ok(Decision::Run(Box::new(RunRequest {
+        origin: github,
+        repo,
+        task,
+        trigger_key: origin.trigger_key,
+        attempts: None,
+    })))
 }
 
 /// A login as Kiln stores and quotes it: printable ASCII, bounded.

@@ -2,6 +2,7 @@
 //! deciding whether it asks Kiln for a run ([`events`]), and writing that
 //! run's prompt ([`prompt`]). The route itself is `routes::webhooks`.
 
+pub mod command;
 pub mod events;
 pub mod prompt;
 pub mod signature;
@@ -23,6 +24,10 @@ pub struct GithubWebhookConfig {
     pub owner: String,
     /// The environment (of `owner`) each repository's runs get.
     pub environments: RepositoryEnvironments,
+    /// A group of attempts asked for on GitHub takes its first attempt to
+    /// succeed and opens its pull request at once, rather than waiting for
+    /// a choice (`KILN_GITHUB_ATTEMPTS_TAKE_FIRST`).
+    pub take_first_success: bool,
 }
 
 /// `KILN_GITHUB_ENVIRONMENTS`: which of the GitHub owner subject's
@@ -97,12 +102,24 @@ impl GithubWebhookConfig {
         if owner.is_empty() || owner.len() > MAX_OWNER_BYTES {
             return Err(GithubConfigError::Owner);
         }
-        Ok(GithubWebhookConfig { secret, rules, owner: owner.to_owned(), environments: Default::default() })
+        Ok(GithubWebhookConfig {
+            secret,
+            rules,
+            owner: owner.to_owned(),
+            environments: Default::default(),
+            take_first_success: false,
+        })
     }
 
     /// Runs of the repositories in `environments` get those environments.
     pub fn with_environments(self, environments: RepositoryEnvironments) -> Self {
         GithubWebhookConfig { environments, ..self }
+    }
+
+    /// Groups of attempts take their first attempt to succeed (`true`) or
+    /// wait for a choice (`false`, the default).
+    pub fn taking_first_success(self, take_first_success: bool) -> Self {
+        GithubWebhookConfig { take_first_success, ..self }
     }
 
     /// Also ignores comments by `login`, the account Kiln's GitHub token

@@ -51,8 +51,10 @@ pub struct WebhookIgnored {
     ignored: String,
 }
 
-/// A ping (`{"ok": true}`), or a delivery seen before
-/// (`{"duplicate": true, "run_id": …}`, the run it created or null).
+/// A ping (`{"ok": true}`), a delivery seen before
+/// (`{"duplicate": true, "run_id": …}`, the run it created or null), or a
+/// `/kiln select K` comment that chose attempt K (`{"selected": K,
+/// "run_id": …}`, the group).
 #[derive(utoipa::ToSchema)]
 #[allow(dead_code)]
 #[derive(serde::Serialize)]
@@ -60,4 +62,5 @@ pub struct WebhookIgnored {
 pub enum WebhookAnswered {
     Ping { ok: bool },
     Duplicate { duplicate: bool, run_id: Option<uuid::Uuid> },
+    Selected { selected: u32, run_id: uuid::Uuid },
 }

@@ -8,7 +8,9 @@
 //! recorded, pings and ignored ones included, so redeliveries are one
 //! lookup and the table is a full log of what GitHub sent.
 //!
-//! Answers: 201 `{"run_id"}` (a run was queued), 200 `{"ok": true}` (ping),
+//! Answers: 201 `{"run_id"}` (a run, or a group of attempts, was queued),
+//! 200 `{"selected", "run_id"}` (`/kiln select K` chose attempt K of the
+//! group), 200 `{"ok": true}` (ping),
 //! 202 `{"ignored": "<reason>"}` (also when the repository or sender is over
 //! its quota), 200 `{"duplicate": true, "run_id"}` (seen before, under this
 //! delivery id or, for the same signed event, another; nothing created). GitHub shows these in the hook's delivery log.
@@ -20,10 +22,10 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use kiln_protocol::CreateRun;
 use kiln_protocol::rules::{PRINTABLE_ASCII, Text};
-use kiln_store::{Delivery, NewGithubRun, PastDelivery, Recorded};
+use kiln_store::{Delivery, GithubSelection, NewGithubRun, PastDelivery, Recorded};
 use serde_json::json;
 
-use crate::github::events::{self, Decision, Payload, RunRequest};
+use crate::github::events::{self, Decision, Payload, RunRequest, SelectRequest};
 use crate::github::{GithubWebhookConfig, prompt};
 use crate::{ApiError, AppState};
 
@@ -43,8 +45,10 @@ pub(crate) static EVENT_NAME: Text = Text::new(1, 64, "^[a-z_]*$");
 ///
 /// Authenticated by `X-Hub-Signature-256` (HMAC-SHA256 of the body with the
 /// hook's secret), not by a bearer token. A mention of the bot in an issue
-/// or comment, or the trigger label, queues a run; other deliveries are
-/// recorded and ignored; a redelivery answers what the first one did.
+/// or comment, or the trigger label, queues a run (`/kiln --attempts N`: a
+/// group of N attempts; `/kiln select K`: chooses attempt K of the issue's
+/// latest group); other deliveries are recorded and ignored; a redelivery
+/// answers what the first one did.
 #[utoipa::path(
     post,
     path = "/v1/webhooks/github",
@@ -60,7 +64,7 @@ pub(crate) static EVENT_NAME: Text = Text::new(1, 64, "^[a-z_]*$");
         description = "GitHub's event payload, at most 1 MiB."),
     responses(
         (status = 201, description = "A run was queued.", body = crate::openapi::bodies::WebhookRun),
-        (status = 200, description = "A ping, or a delivery seen before (nothing was created).",
+        (status = 200, description = "A ping, a delivery seen before (nothing was created), or a `/kiln select K` comment that chose attempt K of the issue's latest group of attempts.",
             body = crate::openapi::bodies::WebhookAnswered),
         (status = 202, description = "Recorded and ignored, with the reason.", body = crate::openapi::bodies::WebhookIgnored),
         (status = 400, response = crate::openapi::errors::BadRequest),
@@ -110,8 +114,9 @@ pub async fn github(State(state): State<AppState>, request: Request) -> Result<R
                 Recorded::Duplicate(past) => duplicate(past),
             }
         }
+        Decision::Select(request) => select(&state, &config, &delivery, &request).await?,
         Decision::Run(request) => {
-            let new = new_run(*request, &config)?;
+            let new = new_run(*request, &config, state.settings.max_attempts)?;
             // Every webhook run belongs to one subject, so the per-subject
             // quota applies per repository and per sender instead.
             match state.store.create_github_run(&delivery, &new, Some(&state.settings.quota)).await? {
@@ -177,12 +182,25 @@ fn refuse_form_encoding(headers: &HeaderMap) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The run for a request, checked like an API-submitted run.
-fn new_run(request: RunRequest, config: &GithubWebhookConfig) -> Result<NewGithubRun, ApiError> {
+/// The run for a request, checked like an API-submitted run. Attempts
+/// out of range (or not a number) make a run that fails at once with the
+/// reason, which its report on GitHub gives the person who asked.
+fn new_run(request: RunRequest, config: &GithubWebhookConfig, max_attempts: u32) -> Result<NewGithubRun, ApiError> {
     let spec =
         CreateRun { prompt: prompt::build(&request.task), repo: Some(request.repo.clone()), ..Default::default() };
     spec.validate().map_err(|e| ApiError::BadRequest(format!("cannot make a run from this delivery: {e}")))?;
     let environment = config.environments.of(&request.origin.repo_full_name).map(str::to_owned);
+    let (attempts, refusal) = match request.attempts {
+        None | Some(Ok(1)) => (None, None),
+        Some(Ok(n)) if (2..=max_attempts).contains(&n) => (Some(n), None),
+        Some(Ok(n)) => (
+            None,
+            Some(format!(
+                "`--attempts {n}` is out of range: this deployment runs 1 to {max_attempts} attempts of a task                  (KILN_MAX_ATTEMPTS)"
+            )),
+        ),
+        Some(Err(reason)) => (None, Some(reason)),
+    };
     Ok(NewGithubRun {
         owner: config.owner.clone(),
         environment,
@@ -190,6 +208,28 @@ fn new_run(request: RunRequest, config: &GithubWebhookConfig) -> Result<NewGithu
         repo: request.repo,
         origin: request.origin,
         trigger_key: request.trigger_key,
+        attempts,
+        take_first_success: config.take_first_success,
+        refusal,
+    })
+}
+
+/// `/kiln select K`: attempt K of the issue's latest group becomes its
+/// choice (200 `{"selected", "run_id"}`: its pull request is owed), or 202
+/// with the reason it could not.
+async fn select(
+    state: &AppState,
+    config: &GithubWebhookConfig,
+    delivery: &Delivery,
+    request: &SelectRequest,
+) -> Result<Response, ApiError> {
+    let selection = state.store.select_from_github(delivery, &config.owner, &request.origin, request.attempt).await?;
+    Ok(match selection {
+        GithubSelection::Selected { group, attempt } => {
+            (StatusCode::OK, Json(json!({ "selected": attempt, "run_id": group }))).into_response()
+        }
+        GithubSelection::Refused(reason) => (StatusCode::ACCEPTED, Json(json!({ "ignored": reason }))).into_response(),
+        GithubSelection::Duplicate(past) => duplicate(past),
     })
 }
 

@@ -1,23 +1,29 @@
 //! Attempts: a group of four attempts at one task against one attempt
 //! alone (a plain run of the same script), each a scripted run of
 //! `--calls` tool calls and an answer with a fixed model latency, on one
-//! worker with four slots. Real API, worker, Postgres and Docker. Rounds
-//! alternate which goes first; the group's time is its submission to its
-//! terminal event (its last attempt's end), the run's likewise.
+//! worker with four slots. Kiln as users run it: the `kiln serve` and `kiln
+//! worker` binaries (release), in processes of their own, on a fresh
+//! database, real Docker, the scripted model server in this process. Rounds
+//! alternate which goes first; the group's time is from its `POST /v1/runs`
+//! to its terminal status (its last attempt's end), the run's likewise.
 
+use std::path::PathBuf;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use anyhow::{Context, bail};
 use clap::Parser;
-use kiln_protocol::{CreateRun, RunStatus};
-use kiln_tests::kiln_scripted_model::Reply;
-use kiln_tests::{Options, TestApp, outcome, worker_config};
-use kiln_worker::ProviderKind;
+use kiln_bench::{Server, connect, database, http, kiln_binary, median_range, token};
+use kiln_protocol::{CreateRun, ModelSpec};
+use kiln_scripted_model::{Reply, ScriptedModel};
 use serde_json::json;
+use tokio::process::{Child, Command};
+use uuid::Uuid;
 
 #[derive(Parser)]
 struct Args {
     /// Rounds of (group, single run), the order alternating.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     rounds: usize,
     /// Tool calls per attempt (then its answer).
     #[arg(long, default_value_t = 10)]
@@ -25,78 +31,188 @@ struct Args {
     /// The model's delay per call, in milliseconds.
     #[arg(long, default_value_t = 200)]
     delay_ms: u64,
+    /// The `kiln` binary (default: target/release/kiln, else target/debug/kiln).
+    #[arg(long)]
+    kiln: Option<PathBuf>,
 }
 
 const ATTEMPTS: usize = 4;
 
 /// One attempt's script, for the model named `model`.
-fn script(app: &TestApp, model: &str, args: &Args, delay: Duration) {
+fn script(model: &ScriptedModel, name: &str, args: &Args) {
+    let delay = Duration::from_millis(args.delay_ms);
     let mut replies: Vec<Reply> = (0..args.calls)
-        .map(|n| Reply::tool("glob", json!({"pattern": format!("*{model}-{n}*")})).with_delay(delay))
+        .map(|n| Reply::tool("glob", json!({"pattern": format!("*{name}-{n}*")})).with_delay(delay))
         .collect();
     replies.push(Reply::text("done").with_delay(delay));
-    app.model.script_model(model, replies);
+    model.script_model(name, replies);
 }
 
-/// Submits `spec` and waits for its end; how long it took.
-async fn time_run(app: &TestApp, spec: CreateRun) -> anyhow::Result<Duration> {
-    let started = Instant::now();
-    let id = app.submit("bench", spec).await.id;
-    let events = app.events("bench", id).await;
-    let took = started.elapsed();
-    anyhow::ensure!(outcome(&events) == Some(RunStatus::Succeeded), "the run did not succeed");
-    Ok(took)
-}
-
-fn group(app: &TestApp, round: usize, args: &Args, delay: Duration) -> CreateRun {
+fn group(model: &ScriptedModel, round: usize, args: &Args) -> CreateRun {
     let models: Vec<String> = (0..ATTEMPTS).map(|k| format!("group-{round}-{k}")).collect();
-    for model in &models {
-        script(app, model, args, delay);
+    for name in &models {
+        script(model, name, args);
     }
     CreateRun { attempts: Some(ATTEMPTS as u32), attempt_models: Some(models), ..CreateRun::new("look around") }
 }
 
-fn single(app: &TestApp, round: usize, args: &Args, delay: Duration) -> CreateRun {
-    let model = format!("single-{round}");
-    script(app, &model, args, delay);
-    let model = kiln_protocol::ModelSpec { name: Some(model), ..Default::default() };
-    CreateRun { model: Some(model), ..CreateRun::new("look around") }
+fn single(model: &ScriptedModel, round: usize, args: &Args) -> CreateRun {
+    let name = format!("single-{round}");
+    script(model, &name, args);
+    CreateRun { model: Some(ModelSpec { name: Some(name), ..Default::default() }), ..CreateRun::new("look around") }
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
+/// `kiln worker` with four slots on `db_url` and the scripted model;
+/// returns once it holds its lock (and so claims).
+async fn worker(kiln: &PathBuf, db_url: &str, model_url: &str) -> anyhow::Result<Child> {
+    let id = format!("bench-{}", Uuid::new_v4().simple());
+    let child = Command::new(kiln)
+        .arg("worker")
+        .env("DATABASE_URL", db_url)
+        .env("KILN_WORKER_ID", &id)
+        .env("KILN_WORKER_MAX_SESSIONS", ATTEMPTS.to_string())
+        .env("KILN_MODEL_PROVIDER", "openai")
+        .env("KILN_MODEL_BASE_URL", model_url)
+        .env("OPENAI_API_KEY", "sk-bench")
+        .env("KILN_MODEL", "scripted")
+        // The session's container goes with its run, so the bench leaves
+        // none behind (and no idle containers pile up round after round).
+        .env("KILN_SANDBOX_IDLE_S", "0")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting kiln worker")?;
+    let sql = connect(db_url).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sql.query_opt("SELECT 1 FROM workers WHERE id = $1 AND lock_key IS NOT NULL", &[&id]).await?.is_none() {
+        if Instant::now() > deadline {
+            bail!("kiln worker {id} did not take its lock in 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(child)
+}
+
+/// Submits `spec` to the API and waits for the run's end (polled every
+/// 10 ms); how long it took.
+async fn time_run(api: &Server, sql: &tokio_postgres::Client, spec: &CreateRun) -> anyhow::Result<(Duration, Uuid)> {
+    let http = http()?;
+    let started = Instant::now();
+    let response = http
+        .post(format!("http://{}/v1/runs", api.addr))
+        .bearer_auth(token("bench")?)
+        .json(spec)
+        .send()
+        .await?
+        .error_for_status()?;
+    let created: serde_json::Value = response.json().await?;
+    let id: Uuid = created["id"].as_str().context("no run id")?.parse()?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let row = sql.query_one("SELECT status FROM runs WHERE id = $1", &[&id]).await?;
+        match row.get::<_, &str>(0) {
+            "succeeded" => return Ok((started.elapsed(), id)),
+            "failed" | "cancelled" | "timed_out" => bail!("run {id} did not succeed"),
+            _ if Instant::now() > deadline => bail!("run {id} did not end in 300 s"),
+            _ => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+}
+
+/// Where a run's (or a group's attempts') time went, in seconds from the
+/// submission, the latest attempt's: claimed (`run.started`), its sandbox
+/// ready (`sandbox.ready`), its first model call answered (the first
+/// `step.finished`), ended. For a group, each the latest over its attempts.
+async fn phases(sql: &tokio_postgres::Client, id: Uuid) -> anyhow::Result<[f64; 4]> {
+    let row = sql
+        .query_one(
+            "WITH a AS (
+                 SELECT (SELECT min(e.at) FROM events e WHERE e.run_id = r.id AND e.kind = 'run.started') AS claimed,
+                        (SELECT min(e.at) FROM events e WHERE e.run_id = r.id AND e.kind = 'sandbox.ready') AS ready,
+                        (SELECT min(e.at) FROM events e WHERE e.run_id = r.id AND e.kind = 'step.finished') AS step
+                 FROM runs r WHERE r.id = $1 OR r.group_run_id = $1)
+             SELECT EXTRACT(EPOCH FROM max(a.claimed) - g.created_at)::float8,
+                    EXTRACT(EPOCH FROM max(a.ready) - g.created_at)::float8,
+                    EXTRACT(EPOCH FROM max(a.step) - g.created_at)::float8,
+                    EXTRACT(EPOCH FROM g.finished_at - g.created_at)::float8
+             FROM a, runs g WHERE g.id = $1 GROUP BY g.created_at, g.finished_at",
+            &[&id],
+        )
+        .await?;
+    let get = |i: usize| -> anyhow::Result<f64> { Ok(row.try_get::<_, Option<f64>>(i)?.unwrap_or(f64::NAN)) };
+    Ok([get(0)?, get(1)?, get(2)?, get(3)?])
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let delay = Duration::from_millis(args.delay_ms);
-    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
-    let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(30));
-    config.concurrency = ATTEMPTS;
-    app.start_worker(config).await;
+    let kiln = kiln_binary(args.kiln.as_deref())?;
+    let (db_url, _store) = database().await?;
+    let model = ScriptedModel::start(Vec::new()).await?;
+    let quotas = [
+        ("KILN_MAX_ACTIVE_RUNS_PER_SUBJECT", i64::MAX.to_string()),
+        ("KILN_MAX_RUNS_PER_MINUTE", i64::MAX.to_string()),
+    ];
+    let api = Server::kiln_serve(&kiln, &db_url, &quotas).await?;
+    let mut worker = worker(&kiln, &db_url, &model.openai_base_url()).await?;
+    let sql = connect(&db_url).await?;
     println!(
-        "attempts: {ATTEMPTS} attempts vs 1 run, {} tool calls + an answer each, model delay {} ms, {} rounds",
-        args.calls, args.delay_ms, args.rounds
+        "attempts: {ATTEMPTS} attempts vs 1 run, {} tool calls + an answer each, model delay {} ms, {} rounds; \
+         {} serve + worker ({ATTEMPTS} slots)",
+        args.calls,
+        args.delay_ms,
+        args.rounds,
+        kiln.display()
     );
-    let (mut groups, mut singles) = (Vec::new(), Vec::new());
+    // Warm-up (not counted): the first sandbox starts, the first prepared
+    // statements, for both kinds.
+    time_run(&api, &sql, &single(&model, usize::MAX, &args)).await?;
+    time_run(&api, &sql, &group(&model, usize::MAX, &args)).await?;
+    let (mut groups, mut singles, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut group_phases, mut single_phases) = (Vec::new(), Vec::new());
     for round in 0..args.rounds {
+        let mut this = [0.0; 2];
         for group_first in [round % 2 == 0, round % 2 != 0] {
-            if group_first {
-                let took = time_run(&app, group(&app, round, &args, delay)).await?;
-                println!("  round {round} group of {ATTEMPTS}: {:.2} s", took.as_secs_f64());
-                groups.push(took);
-            } else {
-                let took = time_run(&app, single(&app, round, &args, delay)).await?;
-                println!("  round {round} one run:     {:.2} s", took.as_secs_f64());
-                singles.push(took);
-            }
+            let (spec, label) = match group_first {
+                true => (group(&model, round, &args), format!("group of {ATTEMPTS}")),
+                false => (single(&model, round, &args), "one run".to_owned()),
+            };
+            let (took, id) = time_run(&api, &sql, &spec).await?;
+            let took = took.as_secs_f64();
+            let p = phases(&sql, id).await?;
+            println!(
+                "  round {round} {label:<11} {took:.2} s  (latest attempt: claimed {:.2}, sandbox ready {:.2}, \
+                 first step {:.2}, ended {:.2})",
+                p[0], p[1], p[2], p[3]
+            );
+            let (times, phases) =
+                if group_first { (&mut groups, &mut group_phases) } else { (&mut singles, &mut single_phases) };
+            times.push(took);
+            phases.push(p);
+            this[usize::from(!group_first)] = took;
         }
+        ratios.push(this[0] / this[1]);
     }
-    let (group, single) = (median(groups), median(singles));
-    println!("median group of {ATTEMPTS}  {:>7.2} s", group.as_secs_f64());
-    println!("median one run      {:>7.2} s", single.as_secs_f64());
-    println!("group / one run  {:.3}x  (goal <= 1.3x)", group.as_secs_f64() / single.as_secs_f64());
+    for (label, ps) in [("group of 4", &group_phases), ("one run", &single_phases)] {
+        let col = |i: usize| ps.iter().map(|p: &[f64; 4]| p[i]).collect::<Vec<_>>();
+        println!(
+            "{label:<11} medians: claimed {} s, sandbox ready {} s, first step {} s, ended {} s",
+            median_range(&col(0), 2),
+            median_range(&col(1), 2),
+            median_range(&col(2), 2),
+            median_range(&col(3), 2)
+        );
+    }
+    let ratio = kiln_bench::median(&groups) / kiln_bench::median(&singles);
+    println!("median group of {ATTEMPTS}  {} s", median_range(&groups, 2));
+    println!("median one run      {} s", median_range(&singles, 2));
+    println!("per-round ratio     {}", median_range(&ratios, 3));
+    println!("group / one run  {ratio:.3}x  (goal <= 1.3x)");
+    worker.start_kill()?;
+    worker.wait().await?;
+    drop(api);
+    kiln_bench::drop_databases().await?;
     Ok(())
 }

@@ -35,6 +35,11 @@ pub struct GithubArgs {
     /// `.kiln/environment.toml`, if any.
     #[arg(long, env = "KILN_GITHUB_ENVIRONMENTS", default_value = "")]
     pub github_environments: String,
+    /// A group of attempts asked for on GitHub (`/kiln --attempts N`)
+    /// opens its pull request at once with the first attempt to succeed,
+    /// instead of commenting a summary and waiting for `/kiln select K`.
+    #[arg(long, env = "KILN_GITHUB_ATTEMPTS_TAKE_FIRST", default_value_t = false, action = clap::ArgAction::Set)]
+    pub github_attempts_take_first: bool,
 }
 
 impl GithubArgs {
@@ -54,7 +59,7 @@ impl GithubArgs {
             None => config,
         };
         let environments = kiln_api::github::RepositoryEnvironments::parse(&self.github_environments)?;
-        Ok(Some(config.with_environments(environments)))
+        Ok(Some(config.with_environments(environments).taking_first_success(self.github_attempts_take_first)))
     }
 }
 

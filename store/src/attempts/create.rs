@@ -46,7 +46,8 @@ pub(crate) async fn insert_group_tx(
 /// The submission as attempt `number` of `attempts` is queued: its own
 /// model if `attempt_models` names one, its share of the group's budget,
 /// and none of what belongs to the group alone (its delivery, callback and
-/// idempotency key).
+/// idempotency key). It keeps the group's trigger: a GitHub group's
+/// attempts check out and are admitted as GitHub runs.
 fn attempt_of(new: &NewRun, number: i32, attempts: u32) -> Result<NewRun, StoreError> {
     let mut spec = new.spec.clone();
     let number = u32::try_from(number).map_err(|e| StoreError::Corrupt(e.to_string()))?;
@@ -56,5 +57,5 @@ fn attempt_of(new: &NewRun, number: i32, attempts: u32) -> Result<NewRun, StoreE
     spec.group_limits = None;
     spec.deliver = None;
     spec.callback_url = None;
-    Ok(NewRun { owner: new.owner.clone(), spec, trigger: kiln_protocol::Trigger::Api, idempotency_key: None })
+    Ok(NewRun { owner: new.owner.clone(), spec, trigger: new.trigger, idempotency_key: None })
 }

@@ -74,6 +74,11 @@ impl Store {
             }
             let finished = finished_event(&tx, attempt, &other).await?;
             last = Some(insert_event_tx(&tx, ended.group, &finished).await?);
+            if other.status == RunStatus::Succeeded
+                && let Some(seq) = take_first_success_tx(&tx, ended.group, other.number, attempt).await?
+            {
+                last = Some(seq);
+            }
         }
         if let Some(seq) = end_group_if_done(&tx, ended.group).await? {
             last = Some(seq);
@@ -84,6 +89,29 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// When group `group` (its row locked by the caller) was made to take its
+/// first attempt to succeed (a GitHub deployment's setting) and has no
+/// choice yet: chooses attempt `number` (`attempt`, which just succeeded),
+/// which owes its pull request at once. The choice's seq, if made.
+async fn take_first_success_tx(
+    tx: &Transaction<'_>,
+    group: Uuid,
+    number: i32,
+    attempt: Uuid,
+) -> Result<Option<i64>, StoreError> {
+    let takes = tx
+        .query_opt(
+            "SELECT 1 FROM runs r JOIN github_runs g ON g.run_id = r.id
+             WHERE r.id = $1 AND g.take_first_success AND r.selected_attempt IS NULL AND g.delivered_at IS NULL",
+            &[&group],
+        )
+        .await?;
+    if takes.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(super::select::choose_tx(tx, group, number, attempt, None).await?))
 }
 
 /// The group's attempts, first to last.

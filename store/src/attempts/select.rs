@@ -32,18 +32,29 @@ impl Store {
     /// group's stream; with `deliver.git`, the push is owed (again). Refused
     /// once the group's result was delivered or its push claimed.
     pub async fn select_attempt(&self, owner: &str, group: Uuid, number: u32) -> Result<SelectOutcome, StoreError> {
+        self.select_attempt_by(owner, group, number, None).await
+    }
+
+    /// [`Store::select_attempt`], chosen on GitHub by `by` (a `/kiln
+    /// select K` comment) when set: a GitHub-triggered group's pull request
+    /// is owed, and the worker checks `by`'s access before it pushes.
+    pub async fn select_attempt_by(
+        &self,
+        owner: &str,
+        group: Uuid,
+        number: u32,
+        by: Option<&str>,
+    ) -> Result<SelectOutcome, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let settled = format!(
-            "SELECT r.attempt_count,
-                    EXISTS (SELECT 1 FROM github_runs g WHERE g.run_id = r.id AND g.delivered_at IS NOT NULL)
-                    OR {CHOICE_SETTLED}
+            "SELECT r.attempt_count, {CHOICE_SETTLED}
              FROM runs r WHERE r.id = $1 AND r.owner = $2 FOR UPDATE"
         );
         let row = tx.query_opt(&settled, &[&group, &owner]).await?;
         let Some(row) = row else { return Ok(SelectOutcome::NotFound) };
         let Some(count) = row.try_get::<_, Option<i32>>(0)? else { return Ok(SelectOutcome::NotAGroup) };
-        if row.try_get::<_, bool>(1)? {
+        if row.try_get::<_, bool>(1)? || github_settled_tx(&tx, group).await? {
             return Ok(SelectOutcome::Delivered);
         }
         let number = match i32::try_from(number) {
@@ -61,17 +72,57 @@ impl Store {
         if !attempt.try_get::<_, bool>(1)? {
             return Ok(SelectOutcome::NotEnded);
         }
-        take_change_tx(&tx, group, attempt_id).await?;
-        tx.execute("UPDATE runs SET selected_attempt = $2 WHERE id = $1", &[&group, &number]).await?;
-        owe_tx(&tx, group).await?;
-        let selected = EventBody::AttemptSelected { attempt: number as u32, run_id: attempt_id };
-        let seq = insert_event_tx(&tx, group, &selected).await?;
+        let seq = choose_tx(&tx, group, number, attempt_id, by).await?;
         tx.commit().await?;
         drop(client);
         self.announce_event(group, seq);
         let run = self.get_run(owner, group).await?.ok_or_else(|| StoreError::Corrupt("group vanished".into()))?;
         Ok(SelectOutcome::Selected(Box::new(run)))
     }
+}
+
+/// Whether GitHub-triggered group `group`'s pull request was opened, or a
+/// worker holds its delivery while it has a choice (it may be pushing it;
+/// see `migrations/V26__github_groups.sql`). Locks the group's `github_runs`
+/// row, which a delivery's claim skips while it is held, and reads it as
+/// it is once locked: a choice lands wholly before a claim, or meets its
+/// lease after it.
+async fn github_settled_tx(tx: &deadpool_postgres::Transaction<'_>, group: Uuid) -> Result<bool, StoreError> {
+    let row = tx
+        .query_opt(
+            "SELECT g.delivered_at IS NOT NULL
+                    OR (r.selected_attempt IS NOT NULL AND COALESCE(g.delivery_lease_until > now(), false))
+             FROM github_runs g JOIN runs r ON r.id = g.run_id
+             WHERE g.run_id = $1 FOR UPDATE OF g",
+            &[&group],
+        )
+        .await?;
+    Ok(row.map(|r| r.try_get::<_, bool>(0)).transpose()?.unwrap_or(false))
+}
+
+/// Makes attempt `number` (`attempt`, ended) group `group`'s result, in a
+/// transaction holding the group's row: its change, the choice, what the
+/// choice owes (a push for `deliver.git`, the pull request of a
+/// GitHub-triggered group, whose chooser `by` the worker admits), and
+/// `attempt.selected`. Returns the event's seq.
+pub(crate) async fn choose_tx(
+    tx: &deadpool_postgres::Transaction<'_>,
+    group: Uuid,
+    number: i32,
+    attempt: Uuid,
+    by: Option<&str>,
+) -> Result<i64, StoreError> {
+    take_change_tx(tx, group, attempt).await?;
+    tx.execute("UPDATE runs SET selected_attempt = $2 WHERE id = $1", &[&group, &number]).await?;
+    owe_tx(tx, group).await?;
+    tx.execute(
+        "UPDATE github_runs SET selected_by = $2, delivery_requested_at = now()
+         WHERE run_id = $1 AND delivered_at IS NULL",
+        &[&group, &by],
+    )
+    .await?;
+    let selected = EventBody::AttemptSelected { attempt: number.max(0) as u32, run_id: attempt };
+    insert_event_tx(tx, group, &selected).await
 }
 
 /// The group's change becomes the attempt's: both scopes, replacing what

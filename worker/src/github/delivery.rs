@@ -134,7 +134,18 @@ async fn checkout_inner(
     }
     args.extend(["--", &url, dest_str]);
     git(&args, None, &auth).await?;
-    crate::sandbox::repo_clone::checkout_within(dest, None, limits).await.map_err(|e| match e {
+    // An attempt of a group starts from the group's base commit, once one
+    // of them pinned it, however the branch moved since.
+    let pinned = match run.group_run_id {
+        Some(group) => store.group_base(group).await?,
+        None => None,
+    };
+    if let Some(sha) = pinned.as_deref()
+        && git(&["rev-parse", "HEAD"], Some(dest), &auth).await? != sha
+    {
+        git(&["fetch", "--quiet", "--no-tags", "--depth", "1", "origin", sha], Some(dest), &auth).await?;
+    }
+    crate::sandbox::repo_clone::checkout_within(dest, pinned.as_deref(), limits).await.map_err(|e| match e {
         SandboxError::RepoTooLarge { .. } => GithubError::Checkout(e),
         e => GithubError::Git(format!("checking out the clone: {e}")),
     })?;
@@ -143,7 +154,8 @@ async fn checkout_inner(
         Ok(b) => b,
         Err(_) => git_ref.clone().unwrap_or_default(),
     };
-    store.set_github_base(run.id, &branch, &sha).await?;
+    // A group's pull request is opened from the group's row.
+    store.set_github_base(run.group_run_id.unwrap_or(run.id), &branch, &sha).await?;
     Ok(())
 }
 
@@ -160,41 +172,16 @@ pub async fn deliver_job(
     let error = inline(run.error.as_deref().unwrap_or("no reason recorded"));
     let mut pr_url = job.pr_url.clone();
     let body = match run.status {
-        RunStatus::Succeeded => {
-            let patch = job.patch.as_deref().ok_or_else(|| {
-                GithubError::Delivery(match job.patch_too_large {
-                    true => "the run's change is larger than this deployment keeps (KILN_MAX_PATCH_MB); it was not \
-                             pushed"
-                        .into(),
-                    false => "the run succeeded but its changes were not collected from the sandbox (see the \
-                              worker's log)"
-                        .into(),
-                })
-            })?;
-            if patch.is_empty() {
+        RunStatus::Succeeded => match deliver_change(github, store, &token, job, summary(run)).await? {
+            Opened::NoChange => {
                 format!("Kiln run {link} finished without changing any files. Its answer:\n\n{}", quote(summary(run)))
-            } else {
-                let opened = match &pr_url {
-                    Some(url) => Opened::PullRequest(url.clone()),
-                    None => open_pull_request(github, &token, job, patch).await?,
-                };
-                match opened {
-                    Opened::PullRequest(url) => {
-                        if pr_url.is_none() {
-                            store.set_github_pr(run.id, &url).await?;
-                            pr_url = Some(url.clone());
-                        }
-                        format!("Kiln opened a pull request with its changes: {url}\n\nRun {link}.")
-                    }
-                    Opened::Refused { workflow_paths } => format!(
-                        "Kiln run {link} changed files under `.github/` ({}), where workflows run with the \
-                         repository's secrets; its changes were not pushed. (An operator can allow such changes \
-                         with `KILN_GITHUB_ALLOW_WORKFLOW_CHANGES`.)",
-                        inline(&workflow_paths.join(", "))
-                    ),
-                }
             }
-        }
+            Opened::PullRequest(url) => {
+                pr_url = Some(url.clone());
+                format!("Kiln opened a pull request with its changes: {url}\n\nRun {link}.")
+            }
+            Opened::Refused { workflow_paths } => refused_text(&format!("Kiln run {link}"), &workflow_paths),
+        },
         RunStatus::Failed => format!("Kiln run {link} failed: {error}"),
         RunStatus::Cancelled => format!("Kiln run {link} was cancelled: {error}"),
         RunStatus::TimedOut => format!("Kiln run {link} timed out: {error}"),
@@ -205,11 +192,55 @@ pub async fn deliver_job(
 }
 
 /// What became of a run's changes.
-enum Opened {
-    /// Pushed, and this pull request opened.
+pub(super) enum Opened {
+    /// It changed no file.
+    NoChange,
+    /// Pushed, and this pull request opened (now, or by an earlier try).
     PullRequest(String),
     /// Not pushed: they touch `.github/` and that is not allowed.
     Refused { workflow_paths: Vec<String> },
+}
+
+/// Delivers `job`'s change (its captured patch), whose agent answered
+/// `answer`: nothing if it is empty, else its pull request, opened unless
+/// an earlier try did (and recorded).
+pub(super) async fn deliver_change(
+    github: &Github,
+    store: &Store,
+    token: &str,
+    job: &DeliveryJob,
+    answer: &str,
+) -> Result<Opened, GithubError> {
+    let patch =
+        job.patch.as_deref().ok_or_else(|| {
+            GithubError::Delivery(match job.patch_too_large {
+                true => "the run's change is larger than this deployment keeps (KILN_MAX_PATCH_MB); it was not pushed"
+                    .into(),
+                false => "the run succeeded but its changes were not collected from the sandbox (see the worker's log)"
+                    .into(),
+            })
+        })?;
+    if patch.is_empty() {
+        return Ok(Opened::NoChange);
+    }
+    if let Some(url) = &job.pr_url {
+        return Ok(Opened::PullRequest(url.clone()));
+    }
+    let opened = open_pull_request(github, token, job, patch, answer).await?;
+    if let Opened::PullRequest(url) = &opened {
+        store.set_github_pr(job.run.id, url).await?;
+    }
+    Ok(opened)
+}
+
+/// What a comment says of changes under `.github/` that were not pushed;
+/// `who` made them ("Kiln run …").
+pub(super) fn refused_text(who: &str, workflow_paths: &[String]) -> String {
+    format!(
+        "{who} changed files under `.github/` ({}), where workflows run with the repository's secrets; its \
+         changes were not pushed. (An operator can allow such changes with `KILN_GITHUB_ALLOW_WORKFLOW_CHANGES`.)",
+        inline(&workflow_paths.join(", "))
+    )
 }
 
 /// Applies the patch to a fresh worker-side clone at the run's base, commits
@@ -221,6 +252,7 @@ async fn open_pull_request(
     token: &str,
     job: &DeliveryJob,
     patch: &[u8],
+    answer: &str,
 ) -> Result<Opened, GithubError> {
     let (run, origin) = (&job.run, &job.origin);
     let url = repository_url(github, run, origin)?;
@@ -265,7 +297,7 @@ async fn open_pull_request(
     git(&["commit", "--quiet", "--no-verify", "-m", &message], d, &auth).await?;
     push_new_branch(&dest, &branch, &auth).await?;
 
-    let mut body = format!("{}\n\n---\nMade by Kiln run {}", quote(summary(run)), github.run_link(run.id));
+    let mut body = format!("{}\n\n---\nMade by Kiln run {}", quote(answer), github.run_link(run.id));
     match origin.pr_number {
         Some(pr) => body.push_str(&format!(", asked for in #{pr}.")),
         None => body.push_str(&format!(".\n\nFixes #{n}")),
@@ -282,7 +314,7 @@ async fn open_pull_request(
 }
 
 /// The agent's final answer, as stored in the run's result.
-fn summary(run: &Run) -> &str {
+pub(super) fn summary(run: &Run) -> &str {
     run.result.as_ref().and_then(|r| r.get("summary")).and_then(|s| s.as_str()).unwrap_or("")
 }
 

@@ -16,6 +16,9 @@
 //! - after the terminal event, delivers ([`deliver_finished`]): a branch, a
 //!   pull request and an issue comment, or a comment with the reason. Its
 //!   outcome is a `delivery.*` event; it never changes the run's result.
+//! - reports a group of attempts a comment asked for (`/kiln --attempts
+//!   N`) once: a summary of its attempts when they have all ended, and the
+//!   pull request of the chosen one once one is chosen ([`groups`]);
 //! - delivers every other owed delivery ([`serve_pending_deliveries`]): runs
 //!   cancelled while queued, runs the reaper failed, retries asked for with
 //!   `POST /v1/runs/{id}/deliver`, deliveries a dead worker left (`owed`).
@@ -25,6 +28,7 @@ mod client;
 mod comment;
 mod delivery;
 mod git;
+mod groups;
 mod owed;
 mod policy;
 
@@ -159,7 +163,8 @@ pub async fn checkout(
     if let Err(e) = delivery::admit(github, &origin).await {
         return Some(Err(SandboxError::Workspace(github.redact(&e.to_string()).await)));
     }
-    delivery::spawn_ack(github.clone(), ctx.store.clone(), run.id, origin.clone());
+    // A group's attempts acknowledge the trigger once, as the group.
+    delivery::spawn_ack(github.clone(), ctx.store.clone(), run.group_run_id.unwrap_or(run.id), origin.clone());
     let limits = ctx.config.clone_settings();
     let result = delivery::checkout(github, &ctx.store, run, &origin, dest, &limits).await;
     Some(result)
@@ -169,7 +174,9 @@ pub async fn checkout(
 /// decides). If this worker dies first, the delivery stays owed and another
 /// worker makes it.
 pub async fn deliver_finished(github: &Github, store: &Store, run: &Run) {
-    owed::deliver_owed(github, store, Some(run.id)).await;
+    // An attempt owes nothing of its own; its end may have ended its group
+    // or made the group's choice, whose report is owed now.
+    owed::deliver_owed(github, store, Some(run.group_run_id.unwrap_or(run.id))).await;
 }
 
 /// Makes owed deliveries no worker is making (see [`owed`]) until

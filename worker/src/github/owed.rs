@@ -14,8 +14,9 @@ use kiln_protocol::EventBody;
 use kiln_store::{DeliveryJob, Store};
 use uuid::Uuid;
 
-use super::Github;
 use super::delivery::deliver_job;
+use super::groups::{self, Reported};
+use super::{Github, GithubError};
 use crate::lease_keeper::{Beat, LeaseKeeper};
 use crate::retry::{self, Verdict};
 
@@ -41,16 +42,19 @@ pub async fn deliver_owed(github: &Github, store: &Store, run_id: Option<Uuid>) 
     // Delivering stops (git's children are killed on drop) if the lease is
     // lost: another worker is delivering by then, and two must not post.
     let result = tokio::select! {
-        result = deliver_job(github, store, &job) => result,
+        result = report(github, store, &job) => result,
         () = keep_lease(store, &job) => {
             tracing::warn!(%run_id, "lost the GitHub delivery's lease; another worker delivers it");
             return true;
         }
     };
     let (delivered, event) = match result {
-        Ok((pull_request, comment)) => {
+        Ok(Reported { pull_request, comment, delivered }) => {
             tracing::info!(%run_id, ?pull_request, "delivered to GitHub");
-            (true, EventBody::DeliverySucceeded { pull_request, comment, branch: None, commit: None, remote: None })
+            (
+                delivered,
+                EventBody::DeliverySucceeded { pull_request, comment, branch: None, commit: None, remote: None },
+            )
         }
         Err(e) => {
             let error = github.redact(&e.to_string()).await;
@@ -73,6 +77,15 @@ pub async fn deliver_owed(github: &Github, store: &Store, run_id: Option<Uuid>) 
         Err(e) => tracing::warn!(%run_id, error = %e, "recording the delivery failed; giving up"),
     }
     true
+}
+
+/// Reports `job`'s run, or its group of attempts ([`groups`]).
+async fn report(github: &Github, store: &Store, job: &DeliveryJob) -> Result<Reported, GithubError> {
+    if job.run.attempts.is_some() {
+        return groups::deliver(github, store, job).await;
+    }
+    let (pull_request, comment) = deliver_job(github, store, job).await?;
+    Ok(Reported { pull_request, comment, delivered: true })
 }
 
 /// Extends `job`'s lease; returns once the lease is lost: taken over, or
