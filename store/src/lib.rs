@@ -16,6 +16,7 @@ mod environments;
 mod error;
 mod events;
 mod follow_ups;
+mod git_deliveries;
 mod lease;
 pub mod listen;
 mod messages;
@@ -42,12 +43,13 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
-pub use attempts::{GroupDelivery, SelectOutcome};
+pub use attempts::SelectOutcome;
 pub use callbacks::{CallbackAttempt, CallbackJob};
 pub use changes::{CapturedChange, PatchRow, PreviousRun, RunBase};
 pub use children::{ChildStart, ChildSummary, NewChild};
 pub use control::{Approval, DecideOutcome, Decision, InboxMessage, McpCall, MessageOutcome};
 pub use delivery::{DeliveryJob, DeliveryRequest};
+pub use git_deliveries::{GitDeliveryClaim, GitDeliveryEnd};
 pub use environments::{
     EnvironmentRefusal, MAX_ENVIRONMENTS_PER_OWNER, McpServersWrite, SecretsWrite, StoredEnvironment,
 };
