@@ -11,6 +11,7 @@
 
 pub mod base;
 mod script;
+mod count;
 mod summary;
 
 use kiln_protocol::changes::{ChangeScope, ChangeTotals};
@@ -90,7 +91,7 @@ pub async fn take(
 }
 
 fn change(scope: ChangeScope, base_commit: &Option<String>, tree: &str, sent: script::Scope) -> CapturedChange {
-    let (files, totals) = summary::summarise(&sent.summary);
+    let (files, totals) = summary::summarise(&sent.summary, sent.counted.as_deref());
     CapturedChange {
         scope,
         base_commit: base_commit.clone(),
