@@ -49,12 +49,12 @@ pub use changes::{CapturedChange, PatchRow, PreviousRun, RunBase};
 pub use children::{ChildStart, ChildSummary, NewChild};
 pub use control::{Approval, DecideOutcome, Decision, InboxMessage, McpCall, MessageOutcome};
 pub use delivery::{DeliveryJob, DeliveryRequest};
-pub use git_deliveries::{GitDeliveryClaim, GitDeliveryEnd};
 pub use environments::{
     EnvironmentRefusal, MAX_ENVIRONMENTS_PER_OWNER, McpServersWrite, SecretsWrite, StoredEnvironment,
 };
 pub use error::StoreError;
 pub use events::EventBatch;
+pub use git_deliveries::{GitDeliveryClaim, GitDeliveryEnd};
 pub use lease::{HeartbeatOutcome, Lease, ReapedRun};
 pub use listen::{Listener, Notice};
 pub use presence::{DeadWorkers, LOCK_CLASS, PresenceSession, Registered};

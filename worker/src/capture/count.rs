@@ -39,7 +39,8 @@ pub fn count_patch(patch: &[u8]) -> Vec<Counts> {
         } else if let Some(current) = sections.last_mut() {
             if line.starts_with(b"@@ -") {
                 hunk = hunk_lines(line).unwrap_or((0, 0));
-            } else if line == b"GIT binary patch" || (line.starts_with(b"Binary files ") && line.ends_with(b" differ")) {
+            } else if line == b"GIT binary patch" || (line.starts_with(b"Binary files ") && line.ends_with(b" differ"))
+            {
                 current.binary = true;
             }
         }
@@ -82,10 +83,19 @@ diff --git a/l b/l\nnew file mode 120000\nindex 0..4\n--- /dev/null\n+++ b/l\n@@
 
     #[test]
     fn garbage_counts_something_and_never_panics() {
-        for patch in [&b""[..], b"@@ -1 +1 @@\n+x\n", b"diff --git a b\n@@ -18446744073709551615,99999999999999999999 +1 @@\n", b"\xff\n\n"] {
+        for patch in [
+            &b""[..],
+            b"@@ -1 +1 @@\n+x\n",
+            b"diff --git a b\n@@ -18446744073709551615,99999999999999999999 +1 @@\n",
+            b"\xff\n\n",
+        ] {
             let _ = count_patch(patch);
         }
         assert_eq!(count_patch(b"diff --git a b\n@@ -1,1000 +1,1000 @@\n+x\n-y\n"), [counts(1, 1, false)]);
-        assert_eq!(count_patch(b"diff --git a b\n@@ -a +1 @@\n+x\n"), [counts(0, 0, false)], "a bad header starts no hunk");
+        assert_eq!(
+            count_patch(b"diff --git a b\n@@ -a +1 @@\n+x\n"),
+            [counts(0, 0, false)],
+            "a bad header starts no hunk"
+        );
     }
 }

@@ -10,8 +10,8 @@
 //! never changes how the run ended.
 
 pub mod base;
-mod script;
 mod count;
+mod script;
 mod summary;
 
 use kiln_protocol::changes::{ChangeScope, ChangeTotals};

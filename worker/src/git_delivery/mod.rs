@@ -106,7 +106,10 @@ enum Attempt {
     /// The run asked for no `deliver.git`.
     NotAsked,
     /// Failed; `error` has the credentials redacted.
-    Failed { error: String, may_pass: bool },
+    Failed {
+        error: String,
+        may_pass: bool,
+    },
 }
 
 /// What was pushed.
