@@ -46,7 +46,11 @@ impl<'a> Delivery<'a> {
     async fn make(&self, ctx: &WorkerContext, run: &Run) {
         match self {
             Delivery::GithubReport(github) => crate::github::deliver_finished(github, &ctx.store, run).await,
-            Delivery::GitPush => crate::git_delivery::deliver_finished(ctx, run).await,
+            // Tried at once (if no other worker holds it); a failure is
+            // retried later by any worker.
+            Delivery::GitPush => {
+                crate::git_delivery::owed::deliver_owed(ctx, Some(run.id)).await;
+            }
         }
     }
 }

@@ -125,12 +125,6 @@ pub fn asked(run: &Run) -> bool {
     run.attempts.is_none() && run.deliver.as_ref().is_some_and(|d| d.git.is_some())
 }
 
-/// After `run`'s end is written on this worker: tries the push it owes at
-/// once (if no other worker holds it); a failure is retried later by any.
-pub async fn deliver_finished(ctx: &WorkerContext, run: &Run) {
-    owed::deliver_owed(ctx, Some(run.id)).await;
-}
-
 /// One attempt at pushing `run`'s stored change, if it asked for
 /// `deliver.git`.
 async fn attempt(ctx: &WorkerContext, run: &Run) -> Attempt {
