@@ -140,6 +140,11 @@ pub struct ApiSettings {
     /// The most attempts a run may ask for (`KILN_MAX_ATTEMPTS`, at most
     /// the protocol's 4); 422 beyond.
     pub max_attempts: u32,
+    /// The hosts `deliver.git` may push to (`KILN_GIT_CREDENTIALS`'s keys,
+    /// lower case), when this process was given the file: a run naming
+    /// another is refused (422). `None`: only the workers know them, and
+    /// such a run's push fails there.
+    pub git_hosts: Option<std::sync::Arc<std::collections::BTreeSet<String>>>,
 }
 
 /// Default of [`ApiSettings::event_page_bytes`]: 2 MiB.
@@ -166,6 +171,7 @@ impl Default for ApiSettings {
             agent_kinds: Default::default(),
             environment_images: Default::default(),
             max_attempts: kiln_protocol::input::ATTEMPTS.max,
+            git_hosts: None,
         }
     }
 }

@@ -195,10 +195,10 @@ async fn start_worker(store: Store, parts: WorkerParts, shutdown: CancellationTo
         environment_pools,
     };
     let worker = Worker::new(ctx, listener);
-    // A group of attempts is pushed (`deliver.git`) once one is chosen,
-    // through the API: owed pushes are polled for beside the claim loop.
-    // Without credentials too, so that such a push fails saying so.
-    tokio::spawn(kiln_worker::git_delivery::groups::serve(worker.context(), shutdown.clone()));
+    // Owed `deliver.git` pushes no worker is making (retries, pushes a dead
+    // worker left, groups once chosen) are polled for beside the claim
+    // loop. Without credentials too, so that such a push fails saying so.
+    tokio::spawn(kiln_worker::git_delivery::owed::serve(worker.context(), shutdown.clone()));
     Ok(tokio::spawn(worker.run(shutdown)))
 }
 

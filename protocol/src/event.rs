@@ -260,6 +260,17 @@ pub enum EventBody {
     /// `POST /v1/runs/{id}/deliver` tries again.
     #[serde(rename = "delivery.failed")]
     DeliveryFailed { error: String },
+    /// An attempt at pushing the run's change (`deliver.git`) failed for a
+    /// reason that may pass (the remote down or answering 5xx, a network
+    /// error); another attempt is due in `retry_in_ms`, on any worker.
+    /// Attempts that run out end with `delivery.failed`.
+    #[serde(rename = "delivery.retrying")]
+    DeliveryRetrying {
+        /// 1 for the first try.
+        attempt: u32,
+        error: String,
+        retry_in_ms: u64,
+    },
     /// The run's completion callback (`callback_url`) was answered with a
     /// 2xx. Comes after the terminal event.
     #[serde(rename = "callback.succeeded")]

@@ -16,6 +16,7 @@ mod environments;
 mod error;
 mod events;
 mod follow_ups;
+mod git_deliveries;
 mod lease;
 pub mod listen;
 mod messages;
@@ -42,7 +43,7 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
-pub use attempts::{GroupDelivery, SelectOutcome};
+pub use attempts::SelectOutcome;
 pub use callbacks::{CallbackAttempt, CallbackJob};
 pub use changes::{CapturedChange, PatchRow, PreviousRun, RunBase};
 pub use children::{ChildStart, ChildSummary, NewChild};
@@ -53,6 +54,7 @@ pub use environments::{
 };
 pub use error::StoreError;
 pub use events::EventBatch;
+pub use git_deliveries::{GitDeliveryClaim, GitDeliveryEnd};
 pub use lease::{HeartbeatOutcome, Lease, ReapedRun};
 pub use listen::{Listener, Notice};
 pub use presence::{DeadWorkers, LOCK_CLASS, PresenceSession, Registered};

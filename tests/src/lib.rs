@@ -569,6 +569,7 @@ pub fn worker_config(provider: ProviderKind, lease: Duration) -> WorkerConfig {
         },
         mcp: Default::default(),
         git_credentials: Default::default(),
+        git_delivery: Default::default(),
         max_event_bytes_per_run: kiln_worker::config::DEFAULT_MAX_EVENT_BYTES_PER_RUN,
         max_patch_bytes: kiln_worker::config::DEFAULT_MAX_PATCH_MB * 1024 * 1024,
         environment_images: std::sync::Arc::new(sandbox_image_only()),

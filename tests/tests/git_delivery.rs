@@ -15,7 +15,9 @@ use kiln_protocol::{CreateRun, EventBody, RepoSpec, RunStatus};
 use kiln_scripted_model::Reply;
 use kiln_tests::git_repo::{git, repo_with};
 use kiln_tests::logs::Logs;
+use kiln_tests::worker_process::WorkerProcess;
 use kiln_tests::{Event, Options, TestApp, docker_exec, kinds, worker_config};
+use kiln_worker::git_delivery::GitDeliverySettings;
 use kiln_worker::git_delivery::credentials::GitCredentials;
 use kiln_worker::{ProviderKind, WorkerConfig};
 use serde_json::json;
@@ -37,6 +39,12 @@ struct GitServer {
 impl GitServer {
     /// Serves a bare clone of `source` (so the remote has the run's base).
     async fn start(source: &str) -> GitServer {
+        GitServer::start_with(source, "ok").await
+    }
+
+    /// The same, in trouble at first (`fail:N`: the first N requests are
+    /// answered 503; `hang:N`: they are never answered).
+    async fn start_with(source: &str, mode: &str) -> GitServer {
         let root = tempfile::tempdir().unwrap();
         git(root.path(), &["clone", "-q", "--bare", source, "remote.git"]);
         let bare = root.path().join("remote.git");
@@ -45,7 +53,7 @@ impl GitServer {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/git_http_server.py");
         let mut child = tokio::process::Command::new("python3")
             .arg(script)
-            .args([root.path().to_str().unwrap(), USER, TOKEN, log.to_str().unwrap()])
+            .args([root.path().to_str().unwrap(), USER, TOKEN, log.to_str().unwrap(), mode])
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
@@ -322,4 +330,132 @@ async fn a_group_pushes_the_chosen_attempts_change_and_the_choice_then_stands() 
     }
     assert_eq!(app.run("alice", group.id).await.selected_attempt, Some(2));
     assert_eq!(git(bare, &["rev-parse", "refs/heads/kiln/best"]), commit, "nothing pushed again");
+}
+
+/// The run's `delivery.retrying` events: (attempt, error).
+fn retries(events: &[Event]) -> Vec<(u32, String)> {
+    events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::DeliveryRetrying { attempt, error, .. } => Some((*attempt, error.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A remote that is down at first (503): the push is owed again after a
+/// backoff, each failed attempt says so (`delivery.retrying`), and the
+/// branch lands once the remote is back; a remote that stays down is
+/// given up after the bound, saying so (`delivery.failed`).
+#[tokio::test]
+async fn a_remote_that_is_down_at_first_gets_the_branch_later_and_one_that_stays_down_is_given_up() {
+    let logs = Logs::capture(tracing_subscriber::filter::LevelFilter::TRACE);
+    let (_repo, url) = repo_with(&[("a.txt", "a\n")]);
+    let server = GitServer::start_with(&url, "fail:2").await;
+    let down = GitServer::start_with(&url, "fail:1000").await;
+    let script = vec![
+        Reply::tool("bash", json!({ "command": "echo x > b.txt" })),
+        Reply::text("done"),
+        Reply::tool("bash", json!({ "command": "echo y > c.txt" })),
+        Reply::text("done"),
+    ];
+    let hosts = json!({
+        format!("127.0.0.1:{}", server.port): { "username": USER, "token": TOKEN },
+        format!("127.0.0.1:{}", down.port): { "username": USER, "token": TOKEN },
+    });
+    let mut config = config(&hosts.to_string());
+    config.git_delivery = GitDeliverySettings {
+        max_attempts: 3,
+        base_delay: Duration::from_millis(400),
+        max_delay: Duration::from_secs(2),
+    };
+    let app = app_with(script, config).await;
+
+    let id = app.submit("alice", delivering(&url, &server.url(), "kiln/later")).await.id;
+    let events = until_delivered(&app, id).await;
+    assert_eq!(ended(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let retried = retries(&events);
+    assert_eq!(retried.iter().map(|r| r.0).collect::<Vec<_>>(), [1, 2], "{:?}", kinds(&events));
+    assert!(retried.iter().all(|(_, e)| e.contains("503")), "{retried:?}");
+    let EventBody::DeliverySucceeded { commit, .. } = &events.last().unwrap().body else {
+        panic!("{:?}", kinds(&events))
+    };
+    assert_eq!(git(&server.bare, &["rev-parse", "refs/heads/kiln/later"]), commit.clone().unwrap());
+    assert_eq!(git(&server.bare, &["show", "kiln/later:b.txt"]), "x");
+
+    let id = app.submit("alice", delivering(&url, &down.url(), "kiln/never")).await.id;
+    let events = until_delivered(&app, id).await;
+    assert_eq!(retries(&events).iter().map(|r| r.0).collect::<Vec<_>>(), [1, 2], "{:?}", kinds(&events));
+    let EventBody::DeliveryFailed { error } = &events.last().unwrap().body else { panic!("{:?}", kinds(&events)) };
+    assert!(error.contains("gave up after 3 attempts") && error.contains("503"), "{error}");
+    assert_eq!(down.requests().lines().count(), 3, "one request per attempt, none after giving up");
+
+    let all_events: String = events.iter().map(|e| serde_json::to_string(&e.body).unwrap()).collect();
+    let encoded = base64::Engine::encode(&base64::prelude::BASE64_STANDARD, format!("{USER}:{TOKEN}"));
+    for secret in [TOKEN, encoded.as_str()] {
+        assert!(!all_events.contains(secret), "an event holds the credential");
+        assert!(!logs.text().contains(secret), "a log line holds the credential");
+    }
+}
+
+/// The worker that ended the run dies while pushing (SIGKILL, the remote
+/// holding its request): the push was owed in the database with the run's
+/// end, so once the dead worker's claim runs out another worker makes it.
+#[tokio::test]
+async fn a_push_whose_worker_died_is_made_by_another_worker() {
+    let (_repo, url) = repo_with(&[("a.txt", "a\n")]);
+    let server = GitServer::start_with(&url, "hang:1").await;
+    let credentials = credentials_for(&format!("127.0.0.1:{}", server.port));
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &credentials).unwrap();
+    let script = vec![Reply::tool("bash", json!({ "command": "echo x > b.txt" })), Reply::text("done")];
+    let app = TestApp::spawn(Options { worker: false, script, ..Default::default() }).await;
+    let env = [
+        ("KILN_GIT_CREDENTIALS", file.path().to_str().unwrap()),
+        ("KILN_ALLOW_FILE_REPOS", "true"),
+        ("KILN_ALLOW_PRIVATE_REPOS", "true"),
+    ];
+    let doomed = WorkerProcess::start(&app, 3, &env).await;
+    let id = app.submit("alice", delivering(&url, &server.url(), "kiln/survivor")).await.id;
+    // The run has ended and its worker is pushing: the remote holds its
+    // first request.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while server.requests().is_empty() {
+        assert!(Instant::now() < deadline, "the worker never reached the remote");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let events = app.stored_events(id).await;
+    assert_eq!(ended(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    doomed.kill().await;
+
+    app.start_worker(config(&credentials)).await;
+    let events = until_delivered(&app, id).await;
+    let EventBody::DeliverySucceeded { commit, .. } = &events.last().unwrap().body else {
+        panic!("{:?}", kinds(&events))
+    };
+    assert_eq!(git(&server.bare, &["rev-parse", "refs/heads/kiln/survivor"]), commit.clone().unwrap());
+    let outcomes = events.iter().filter(|e| e.kind().starts_with("delivery.")).count();
+    assert_eq!(outcomes, 1, "{:?}", kinds(&events));
+}
+
+/// An API given the credentials file (`KILN_GIT_CREDENTIALS`) refuses at
+/// submission a remote whose host it does not list (422, naming the
+/// field), before any run or worker; a listed host is taken.
+#[tokio::test]
+async fn an_api_with_the_credentials_file_refuses_an_unlisted_host_at_submission() {
+    let hosts = std::collections::BTreeSet::from(["git.example.com".to_owned(), "127.0.0.1:8080".to_owned()]);
+    let api = kiln_api::ApiSettings { git_hosts: Some(std::sync::Arc::new(hosts)), ..Options::default().api };
+    let app = TestApp::spawn(Options { worker: false, api, ..Default::default() }).await;
+    let remote = |url: &str| json!({ "prompt": "x", "deliver": { "git": { "url": url, "branch": "kiln/b" } } });
+    for url in ["https://git.other.example/r.git", "http://127.0.0.1:8081/r.git", "http://git.example.com:8443/r"] {
+        let (status, answer) = app.post_json("alice", "/v1/runs", remote(url)).await;
+        assert_eq!(status, 422, "{url}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("deliver.git.url") && message.contains("no credentials"), "{message}");
+    }
+    assert_eq!(app.sql().await.query_one("SELECT count(*) FROM runs", &[]).await.unwrap().get::<_, i64>(0), 0);
+    for url in ["https://Git.Example.com/r.git", "http://127.0.0.1:8080/r.git"] {
+        let (status, answer) = app.post_json("alice", "/v1/runs", remote(url)).await;
+        assert_eq!(status, 201, "{url}: {answer}");
+    }
 }

@@ -2,15 +2,31 @@
 basic auth, on loopback. Every request is logged to LOG (method, path,
 whether it carried the right credentials) before anything else happens.
 
-Usage: git_http_server.py ROOT USER TOKEN LOG  (prints the port, then serves)
+Usage: git_http_server.py ROOT USER TOKEN LOG [MODE]  (prints the port, then
+serves). MODE, for tests of a remote that is down at first: `fail:N` answers
+the first N requests 503; `hang:N` holds the first N requests open for ten
+minutes, answering nothing.
 """
 import base64
 import http.server
 import os
 import subprocess
 import sys
+import threading
+import time
 
 root, user, token, log = sys.argv[1:5]
+mode, _, count = (sys.argv[5] if len(sys.argv) > 5 else "ok:0").partition(":")
+troubled = int(count or 0)
+lock = threading.Lock()
+
+
+def in_trouble():
+    """Whether this request is one of the first `troubled`."""
+    global troubled
+    with lock:
+        troubled -= 1
+        return troubled >= 0
 expected = "Basic " + base64.b64encode(f"{user}:{token}".encode()).decode()
 
 
@@ -39,6 +55,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         authorized = self.headers.get("Authorization") == expected
         with open(log, "a") as f:
             f.write(f"{self.command} {self.path} authorized={str(authorized).lower()}\n")
+        if mode != "ok" and in_trouble():
+            if mode == "hang":
+                time.sleep(600)
+                return
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if not authorized:
             self.send_response(401)
             self.send_header("WWW-Authenticate", 'Basic realm="git"')

@@ -95,6 +95,9 @@ pub struct WorkerConfig {
     /// Credentials for `deliver.git` remotes, by host
     /// (`KILN_GIT_CREDENTIALS`); a host not listed is never pushed to.
     pub git_credentials: std::sync::Arc<crate::git_delivery::credentials::GitCredentials>,
+    /// How a failed `deliver.git` push is retried
+    /// (`KILN_GIT_DELIVERY_ATTEMPTS`, `KILN_GIT_DELIVERY_RETRY_S`).
+    pub git_delivery: crate::git_delivery::GitDeliverySettings,
 }
 
 /// Default of [`WorkerConfig::dead_worker_check`].

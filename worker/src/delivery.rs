@@ -6,8 +6,10 @@
 //!   started, owed in the database with the run's end and made here at
 //!   once, or by any worker later (`github::serve_pending_deliveries`);
 //! - a push to a git remote for a run that asked for `deliver.git`
-//!   (`git_delivery`); a group of attempts pushes its chosen attempt's
-//!   change once chosen (`git_delivery::groups`), never from here;
+//!   (`git_delivery`), owed in the database with the run's end and tried
+//!   here at once, or by any worker later, with retries
+//!   (`git_delivery::owed::serve`); a group of attempts pushes its chosen
+//!   attempt's change once chosen, never from here;
 //! - completion callbacks (`callback_url`) are owed with the end too, and
 //!   sent by `callbacks::serve`, woken by the end's notice: nothing to do
 //!   here.
@@ -44,7 +46,11 @@ impl<'a> Delivery<'a> {
     async fn make(&self, ctx: &WorkerContext, run: &Run) {
         match self {
             Delivery::GithubReport(github) => crate::github::deliver_finished(github, &ctx.store, run).await,
-            Delivery::GitPush => crate::git_delivery::deliver_finished(ctx, run).await,
+            // Tried at once (if no other worker holds it); a failure is
+            // retried later by any worker.
+            Delivery::GitPush => {
+                crate::git_delivery::owed::deliver_owed(ctx, Some(run.id)).await;
+            }
         }
     }
 }

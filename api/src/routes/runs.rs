@@ -83,11 +83,7 @@ pub async fn create(
     // The same for the remote a `deliver.git` pushes to (the worker checks
     // its credentials file and the resolved addresses before it connects).
     if let Some(git) = spec.deliver.as_ref().and_then(|d| d.git.as_ref()) {
-        kiln_protocol::deliver::remote_url(&git.url).map_err(|e| ApiError::Validation(e.to_string())).and_then(
-            |url| {
-                state.settings.repo_rules.check(&url).map_err(|e| ApiError::Validation(format!("deliver.git.url: {e}")))
-            },
-        )?;
+        check_git_remote(&state, &git.url)?;
     }
     check_attempts(&state, &spec)?;
     // Named environments are the caller's own: another subject's is as
@@ -107,6 +103,21 @@ pub async fn create(
     };
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(run)))
+}
+
+/// What can be told of a `deliver.git` remote before any DNS: its URL, the
+/// address rules, and, when this API was given the credentials file
+/// (`KILN_GIT_CREDENTIALS`), whether its host is listed there.
+fn check_git_remote(state: &AppState, remote: &str) -> Result<(), ApiError> {
+    let url = kiln_protocol::deliver::remote_url(remote).map_err(|e| ApiError::Validation(e.to_string()))?;
+    state.settings.repo_rules.check(&url).map_err(|e| ApiError::Validation(format!("deliver.git.url: {e}")))?;
+    let key = kiln_protocol::deliver::credentials_key(&url).to_ascii_lowercase();
+    match &state.settings.git_hosts {
+        Some(hosts) if !hosts.contains(&key) => Err(ApiError::Validation(format!(
+            "deliver.git.url: this deployment has no credentials for {key} (KILN_GIT_CREDENTIALS)"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// What the deployment allows of a group of attempts.

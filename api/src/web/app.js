@@ -22,7 +22,7 @@
     'run.queued', 'run.started', 'sandbox.ready', 'step.started', 'text.delta', 'reasoning.delta',
     'tool_call.started', 'tool_call.delta', 'tool_call.ready', 'tool.output', 'tool.result',
     'step.finished', 'approval.requested', 'approval.resolved', 'message.queued', 'model.retry',
-    'compaction', 'todo', 'delivery.succeeded', 'delivery.failed', 'callback.succeeded', 'callback.failed',
+    'compaction', 'todo', 'delivery.succeeded', 'delivery.failed', 'delivery.retrying', 'callback.succeeded', 'callback.failed',
     'network.denied', 'network.allowed', 'subagent.started', 'subagent.event', 'subagent.finished',
     'attempt.event', 'attempt.finished', 'attempt.selected',
     'changes.captured', 'environment.started', 'environment.output', 'environment.finished', ...TERMINAL,
@@ -1360,7 +1360,9 @@
           return add(mark(el('div', { class: 'ev-meta' }, 'Delivered to GitHub ',
             p.pull_request ? safeLink(p.pull_request) : null, p.comment ? ' ' : null, p.comment ? safeLink(p.comment) : null), ev.seq));
         case 'delivery.failed':
-          return meta(ev.seq, 'Delivery to GitHub failed: ' + p.error, 'ev-warn');
+          return meta(ev.seq, 'Delivery failed: ' + p.error, 'ev-warn');
+        case 'delivery.retrying':
+          return meta(ev.seq, `Push attempt ${p.attempt} failed: ${p.error}; retrying in ${ms(p.retry_in_ms)}`, 'ev-warn');
         case 'callback.succeeded':
           return meta(ev.seq, `Callback delivered (attempt ${p.attempt}, HTTP ${p.status})`);
         case 'callback.failed': {

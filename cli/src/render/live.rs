@@ -206,6 +206,10 @@ impl Render for Live {
                 self.print(&[format!("● reported on GitHub: {link}")]);
             }
             EventBody::DeliveryFailed { error } => self.print(&[format!("● delivery failed: {error}")]),
+            EventBody::DeliveryRetrying { attempt, error, retry_in_ms } => {
+                let wait = retry_in_ms.div_ceil(1000);
+                self.print(&[format!("● push attempt {attempt} failed: {error}; retrying in {wait}s")]);
+            }
             EventBody::CallbackSucceeded { attempt, status, .. } => {
                 self.print(&[format!("● completion callback delivered (HTTP {status}, attempt {attempt})")]);
             }

@@ -89,6 +89,9 @@ impl<W: Write> Printer<W> {
                 )
             }
             EventBody::DeliveryFailed { error } => format!("● delivery failed: {error}"),
+            EventBody::DeliveryRetrying { attempt, error, retry_in_ms } => {
+                format!("● push attempt {attempt} failed: {error}; retrying in {}s", retry_in_ms.div_ceil(1000))
+            }
             EventBody::CallbackSucceeded { attempt, status, .. } => {
                 format!("● completion callback delivered (HTTP {status}, attempt {attempt})")
             }

@@ -54,6 +54,7 @@ impl ApiOptions {
                 secrets_key: repos.secrets_key()?,
                 agent_kinds: repos.agents.kinds()?,
                 environment_images: repos.environment_images(&repos.api_sandbox_image)?,
+                git_hosts: repos.git_hosts()?,
                 ..self.api.settings()
             },
             github: self.github.webhook_config()?,
@@ -86,6 +87,7 @@ impl WorkerOptions {
             secrets_key: repos.secrets_key()?,
             subagents: kiln_worker::config::SubagentSettings { kinds: repos.agents.kinds()?, ..config.subagents },
             environment_images: repos.environment_images(&config.sandbox.image)?,
+            git_credentials: repos.git_credentials()?,
             ..config
         };
         Ok(WorkerParts { config, endpoints: self.model.endpoints()?, prices: self.worker.prices()? })

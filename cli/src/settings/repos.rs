@@ -2,6 +2,8 @@
 //! at submission what it can tell without DNS) and workers (which check
 //! again after resolving the host) read these.
 
+use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -9,6 +11,7 @@ use clap::Args;
 use kiln_protocol::image_name::ImagePatterns;
 use kiln_protocol::repo_url::RepoRules;
 use kiln_store::secrets::SecretsKey;
+use kiln_worker::git_delivery::credentials::GitCredentials;
 use secrecy::{ExposeSecret, SecretString};
 
 #[derive(Debug, Clone, Args)]
@@ -40,6 +43,13 @@ pub struct RepoArgs {
     /// KILN_ENVIRONMENT_IMAGES (a worker uses its own --sandbox-image).
     #[arg(long = "api-sandbox-image", hide = true, env = "KILN_SANDBOX_IMAGE", default_value = "kiln-sandbox:latest")]
     pub api_sandbox_image: String,
+    /// JSON file of credentials for `deliver.git` remotes, by host
+    /// (`{"git.example.com": {"username": "…", "token": "…"}}`; a key is
+    /// `host:port` for a port other than the scheme's). A worker pushes only
+    /// to a host listed; an API given the file too refuses a run naming
+    /// another host at submission (422). See README, "Delivering to git".
+    #[arg(long, env = "KILN_GIT_CREDENTIALS")]
+    pub git_credentials: Option<PathBuf>,
     /// Read by both too (kept here so that `up`, which has both, parses it once).
     #[command(flatten)]
     pub agents: super::AgentArgs,
@@ -56,6 +66,23 @@ impl RepoArgs {
         let list = self.environment_images.as_deref().unwrap_or(sandbox_image);
         let patterns = ImagePatterns::parse(list).map_err(|e| anyhow::anyhow!("KILN_ENVIRONMENT_IMAGES: {e}"))?;
         Ok(Arc::new(patterns))
+    }
+
+    /// The `deliver.git` credentials (none without KILN_GIT_CREDENTIALS).
+    pub fn git_credentials(&self) -> anyhow::Result<Arc<GitCredentials>> {
+        Ok(Arc::new(match &self.git_credentials {
+            Some(path) => GitCredentials::load(path)?,
+            None => GitCredentials::default(),
+        }))
+    }
+
+    /// The hosts `deliver.git` may push to, as the API checks them; `None`
+    /// when this process was not given the credentials file.
+    pub fn git_hosts(&self) -> anyhow::Result<Option<Arc<BTreeSet<String>>>> {
+        if self.git_credentials.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(Arc::new(self.git_credentials()?.hosts().map(str::to_owned).collect())))
     }
 
     /// The environment secrets' key, checked.

@@ -203,12 +203,15 @@ pub struct WorkerArgs {
     /// servers (KILN_MCP_SERVERS) are never vetted.
     #[arg(long, env = "KILN_MCP_ALLOW_PRIVATE", default_value_t = false)]
     pub mcp_allow_private: bool,
-    /// JSON file of credentials for `deliver.git` remotes, by host
-    /// (`{"git.example.com": {"username": "…", "token": "…"}}`; a key is
-    /// `host:port` for a port other than the scheme's). A run asking to
-    /// push to a host not listed is refused. See README, "Delivering to git".
-    #[arg(long, env = "KILN_GIT_CREDENTIALS")]
-    pub git_credentials: Option<PathBuf>,
+    /// Attempts at a `deliver.git` push, the first included: one that
+    /// fails for a reason that may pass (the remote down or answering 5xx,
+    /// a network error) is tried again, on any worker, until then.
+    #[arg(long, env = "KILN_GIT_DELIVERY_ATTEMPTS", default_value_t = kiln_worker::git_delivery::DEFAULT_ATTEMPTS)]
+    pub git_delivery_attempts: u32,
+    /// Seconds before a failed push's second attempt; doubled after each
+    /// further one (with jitter), up to an hour.
+    #[arg(long, env = "KILN_GIT_DELIVERY_RETRY_S", default_value_t = kiln_worker::git_delivery::DEFAULT_RETRY_S)]
+    pub git_delivery_retry_s: u64,
 }
 
 impl WorkerArgs {
@@ -321,10 +324,13 @@ impl WorkerArgs {
                     None => Default::default(),
                 }
             }),
-            git_credentials: Arc::new(match &self.git_credentials {
-                Some(path) => kiln_worker::git_delivery::credentials::GitCredentials::load(path)?,
-                None => Default::default(),
-            }),
+            // Set from `RepoArgs` by `WorkerOptions::parts`.
+            git_credentials: Default::default(),
+            git_delivery: kiln_worker::git_delivery::GitDeliverySettings {
+                max_attempts: self.git_delivery_attempts.max(1),
+                base_delay: Duration::from_secs(self.git_delivery_retry_s.max(1)),
+                ..Default::default()
+            },
         })
     }
 }

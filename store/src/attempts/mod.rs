@@ -20,5 +20,4 @@ mod stream;
 
 pub(crate) use cancel::cancel_group_tx;
 pub(crate) use create::{InsertedGroup, insert_group_tx};
-pub use delivery::GroupDelivery;
 pub use select::SelectOutcome;

@@ -10,6 +10,7 @@
 //! never changes how the run ended.
 
 pub mod base;
+mod count;
 mod script;
 mod summary;
 
@@ -90,7 +91,7 @@ pub async fn take(
 }
 
 fn change(scope: ChangeScope, base_commit: &Option<String>, tree: &str, sent: script::Scope) -> CapturedChange {
-    let (files, totals) = summary::summarise(&sent.summary);
+    let (files, totals) = summary::summarise(&sent.summary, sent.counted.as_deref());
     CapturedChange {
         scope,
         base_commit: base_commit.clone(),

@@ -16,22 +16,31 @@
 //!
 //! Speed: `git add -A` hashes only the files whose stat data differ from
 //! the index it starts from, so the temporary index is seeded with a stat
-//! cache when one is at hand: the capture's own index from this session's
-//! last capture (kept in `/tmp/kiln-capture/index`), else a copy of the
+//! cache when one is at hand, and made to track exactly what an empty
+//! index given the base would track (`read-tree -i -m <base>`: an entry
+//! keeps its stat data only where its blob is the base's). That read-tree
+//! reads the whole index and the base's trees and writes the index again,
+//! so it is skipped when the seed's entries already are the base's: the
+//! capture's own index from this session's last capture when that capture's
+//! tree is this run's base (a follow-up run: `index.tree` names it), or the
+//! index as the last read-tree onto this same base left it (`base`, a hard
+//! link git's next write of the index leaves alone; `base.tree` names its
+//! base). Else it seeds from the capture's own index, then a copy of the
 //! repository's `.git/index` (timestamps kept, so git's racy-entry check
-//! still holds). `read-tree -i -m` onto the base then keeps an entry's stat
-//! data only where its blob is the base's, so what is tracked is exactly
-//! what an empty index given the base would track. Both files are the
-//! sandbox's (hostile): git reads them only here, inside the sandbox; one
-//! that is not a plain file, is over 64 MiB, does not read, or marks any
-//! entry assume-unchanged or skip-worktree (which would hide a change from
-//! `add -A`) is dropped for the empty index given the base, the slow path.
-//! The index is then read by five git commands (`read-tree`, the flag
-//! check, `add -A`, `write-tree` and, per scope, one diff), against the two
-//! of a plain `add -A && diff`: each scope's diff gives the summary and the
-//! patch in one go (`--raw --numstat -z --binary`: the listing, a NUL, the
-//! patch), so the index, the base's trees and the renames are read and
-//! found once.
+//! still holds), and runs the read-tree. These files are the sandbox's
+//! (hostile): git reads them only here, inside the sandbox, and what they
+//! can do is what a forged stat cache can (make `add -A` take an entry's
+//! stat data on trust), nothing more; one that is not a plain file, is over
+//! 64 MiB, does not read, or marks any entry assume-unchanged or
+//! skip-worktree (which would hide a change from `add -A`) is dropped for
+//! the empty index given the base, the slow path. The index is then read by
+//! four git commands (`add -A`, `write-tree`, the flag check and, per
+//! scope, one diff; the last three at once), against the two of a plain
+//! `add -A && diff`: each scope's diff gives the summary and the patch in
+//! one go (`--raw -z --binary`: the listing, a NUL, the patch), so the
+//! index, the base's trees and the renames are read and found once; the
+//! worker reads the line counts off the patch ([`super::count`]) rather
+//! than have git diff every file twice (`--numstat`).
 //!
 //! The read back: the script writes git's output to files first (so it
 //! knows their sizes), then prints one header line and the outputs
@@ -44,6 +53,7 @@
 use std::time::Duration;
 
 use super::CaptureError;
+use super::count::{Counts, count_patch};
 use crate::sandbox::Sandbox;
 
 /// Longest the capture may take in the sandbox.
@@ -61,10 +71,10 @@ const TIMED_OUT: [i64; 2] = [124, 137];
 /// nothing else there: `KILN-CAPTURE <tree>`, the run's scope, the
 /// session's (`- - -`: the run's), a newline, then what the scopes' fields
 /// announce, in order. A scope is `d - <n>`: git's whole output (the
-/// `--raw --numstat -z` listing, a NUL, the patch), `n` bytes; or, when
-/// that is over `$3 + $4 + 1`, `s <p> <n>`: the patch's size `p`, the patch
-/// itself only when within `$4`, then the listing's first `n` bytes. On
-/// failure, git's last words on stderr.
+/// `--raw -z` listing, a NUL, the patch), `n` bytes; or, when that is over
+/// `$3 + $4 + 1`, `s <p> <n>`: the patch's size `p`, the patch itself only
+/// when within `$4`, then the first `n` bytes of the `--raw --numstat -z`
+/// listing. On failure, git's last words on stderr.
 const SCRIPT: &str = r#"set -u
 B=$1 S=$2 CAP=$3 MAXP=$4 K=/tmp/kiln-capture
 O=$K/out
@@ -90,14 +100,26 @@ g() {
     -c core.fileMode=true -c core.quotePath=false -c diff.noprefix=false -c diff.mnemonicPrefix=false \
     -c diff.relative=false -c diff.renames=true "$@"
 }
-d() { g diff --cached --no-ext-diff --no-textconv --no-color --full-index -M --raw --numstat -z "$@"; }
-export GIT_INDEX_FILE="$K/index"
+d() { g diff --cached --no-ext-diff --no-textconv --no-color --full-index -M --raw -z "$@"; }
+I=$K/index
+export GIT_INDEX_FILE="$I"
+IT= BT=
+read -r IT < "$K/index.tree" 2>/dev/null
+read -r BT < "$K/base.tree" 2>/dev/null
+: > "$K/index.tree" || fail 11
 flagged() { g ls-files -v -z | grep -qzv '^H '; [ $? -ne 1 ]; }
-seed() {
-  [ -f "$1" ] && [ ! -L "$1" ] && [ "$(stat -c %s "$1")" -le 67108864 ] || return 1
-  { [ "$1" = "$GIT_INDEX_FILE" ] || cp -p -- "$1" "$GIT_INDEX_FILE"; } && g read-tree -i -m "$B"
+fit() { [ -f "$1" ] && [ ! -L "$1" ] && [ "$(stat -c %s "$1")" -le 67108864 ]; }
+kept() {
+  [ "$IT" = "$B" ] && fit "$I" && return
+  [ "$BT" = "$B" ] && fit "$K/base" && ln -f -- "$K/base" "$I"
 }
-empty() { rm -f "$GIT_INDEX_FILE"; g read-tree "$B" || fail 12; }
+seed() {
+  fit "$1" || return 1
+  { [ "$1" = "$I" ] || cp -p -- "$1" "$I"; } && g read-tree -i -m "$B" || return 1
+  : > "$K/base.tree" && ln -f -- "$I" "$K/base" && printf '%s\n' "$B" > "$K/base.tree"
+  return 0
+}
+empty() { rm -f "$I" "$K/base" "$K/base.tree"; g read-tree "$B" || fail 12; }
 take() {
   g add -A || fail 13
   g write-tree > "$O/tree" & W=$!
@@ -107,15 +129,16 @@ take() {
   wait "$W" && read -r T < "$O/tree" || fail 14
   [ "${1-}" = check ] && wait "$F"
 }
-if seed "$GIT_INDEX_FILE" || { rm -f "$GIT_INDEX_FILE"; seed /workspace/.git/index; }; then
+if kept || seed "$I" || { rm -f "$I"; seed /workspace/.git/index; }; then
   take check && { empty; take; }
 else
   empty; take
 fi
+printf '%s\n' "$T" > "$K/index.tree" || fail 16
 H="KILN-CAPTURE $T" SEND=
 scope() {
   if [ "$3" -le $((CAP + MAXP + 1)) ]; then H="$H d - $3" SEND="$SEND $O/$1.diff"; return; fi
-  d "$2" > "$O/$1.list" || fail 15
+  d --numstat "$2" > "$O/$1.list" || fail 15
   head -c "$CAP" "$O/$1.list" > "$O/$1.sent" || fail 16
   local n p; n=$(stat -c %s "$O/$1.list" "$O/$1.sent") || fail 16
   p=$(($3 - ${n%%[!0-9]*} - 1))
@@ -146,8 +169,13 @@ pub struct Scope {
     pub patch_bytes: u64,
     /// `None`: over the bound (not sent, or dropped).
     pub patch: Option<Vec<u8>>,
-    /// git's `--raw --numstat -z` listing.
+    /// git's `--raw -z` listing; with `--numstat` when the patch was not
+    /// sent whole.
     pub summary: Vec<u8>,
+    /// The patch's line counts per file section, read off the whole output
+    /// (also when the patch is then dropped as over the bound); `None`:
+    /// the listing has them.
+    pub counted: Option<Vec<Counts>>,
 }
 
 /// What the script sent.
@@ -274,7 +302,7 @@ impl Body {
                     true => Some(self.next(patch_bytes)?.to_vec()),
                     false => None,
                 };
-                Ok(Scope { patch_bytes, patch, summary: self.next(n)?.to_vec() })
+                Ok(Scope { patch_bytes, patch, summary: self.next(n)?.to_vec(), counted: None })
             }
         }
     }
@@ -285,14 +313,19 @@ impl Body {
 /// the separator, and the patch follows it. No output: no change.
 fn split_whole(whole: &[u8], max_patch: u64) -> Result<Scope, CaptureError> {
     if whole.is_empty() {
-        return Ok(Scope { patch_bytes: 0, patch: Some(Vec::new()), summary: Vec::new() });
+        return Ok(Scope { patch_bytes: 0, patch: Some(Vec::new()), summary: Vec::new(), counted: Some(Vec::new()) });
     }
     let separator = (0..whole.len())
         .find(|&i| whole[i] == 0 && (i == 0 || whole[i - 1] == 0))
         .ok_or_else(|| garbage("no end to the listing"))?;
     let (summary, patch) = (&whole[..separator], &whole[separator + 1..]);
     let patch_bytes = patch.len() as u64;
-    Ok(Scope { patch_bytes, patch: (patch_bytes <= max_patch).then(|| patch.to_vec()), summary: summary.to_vec() })
+    Ok(Scope {
+        patch_bytes,
+        patch: (patch_bytes <= max_patch).then(|| patch.to_vec()),
+        summary: summary.to_vec(),
+        counted: Some(count_patch(patch)),
+    })
 }
 
 #[cfg(test)]
@@ -310,13 +343,17 @@ mod tests {
         let taken = parse_output(output("d - 17 - - -", b":x M\0a\0\0diff x\0\0y"), 10).unwrap();
         assert_eq!(taken.tree, TREE);
         let patch = b"diff x\0\0y".to_vec();
-        assert_eq!(taken.run, Scope { patch_bytes: 9, patch: Some(patch), summary: b":x M\0a\0".to_vec() });
+        let counted = Some(vec![]);
+        assert_eq!(taken.run, Scope { patch_bytes: 9, patch: Some(patch), summary: b":x M\0a\0".to_vec(), counted });
         assert!(taken.session.is_none());
         let both = parse_output(output("d - 0 s 20 2", b"st"), 10).unwrap();
-        assert_eq!(both.run, Scope { patch_bytes: 0, patch: Some(vec![]), summary: vec![] });
-        assert_eq!(both.session, Some(Scope { patch_bytes: 20, patch: None, summary: b"st".to_vec() }));
+        let empty = Scope { patch_bytes: 0, patch: Some(vec![]), summary: vec![], counted: Some(vec![]) };
+        assert_eq!(both.run, empty);
+        let session = Scope { patch_bytes: 20, patch: None, summary: b"st".to_vec(), counted: None };
+        assert_eq!(both.session, Some(session));
         let split = parse_output(output("s 3 2 - - -", b"abcst"), 10).unwrap();
-        assert_eq!(split.run, Scope { patch_bytes: 3, patch: Some(b"abc".to_vec()), summary: b"st".to_vec() });
+        let run = Scope { patch_bytes: 3, patch: Some(b"abc".to_vec()), summary: b"st".to_vec(), counted: None };
+        assert_eq!(split.run, run);
         let over = parse_output(output("d - 12 - - -", b":x A\0a\0\0diff"), 3).unwrap();
         assert_eq!((over.run.patch_bytes, over.run.patch), (4, None), "a whole diff over the bound keeps no patch");
     }

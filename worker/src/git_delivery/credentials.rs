@@ -89,6 +89,11 @@ impl GitCredentials {
     pub fn is_empty(&self) -> bool {
         self.hosts.is_empty()
     }
+
+    /// The hosts listed (lower case), without their credentials.
+    pub fn hosts(&self) -> impl Iterator<Item = &str> {
+        self.hosts.keys().map(String::as_str)
+    }
 }
 
 #[cfg(test)]

@@ -1,24 +1,27 @@
 //! `deliver.git` (issue 28): a run's change pushed to a branch of any git
-//! remote, as one commit on the run's base, by the worker after the run's
+//! remote, as one commit on the run's base, by a worker after the run's
 //! end — never from the sandbox. The change is the one the capture stored
 //! (the session's cumulative change, so a follow-up's commit still sits on
 //! a commit the remote's repository has); the base is fetched again from
 //! the run's `repo.url` with the same checks as any clone; the remote gets
 //! the same address checks as `repo.url`, and only a host the operator
 //! listed in `KILN_GIT_CREDENTIALS` is pushed to (checked before anything
-//! connects). The outcome is a `delivery.succeeded` / `delivery.failed`
-//! event; it never changes the run's result. A group of attempts is
-//! pushed once one is chosen, by whichever worker claims it ([`groups`]).
+//! connects). The push is owed in the database with the run's end (a
+//! group's with its choice), claimed with a lease by any worker and
+//! retried with backoff ([`owed`]); each attempt's outcome is a
+//! `delivery.*` event; none changes the run's result.
 
 pub mod credentials;
 mod git;
-pub mod groups;
+pub mod owed;
 mod push;
 
 use kiln_protocol::changes::ChangeScope;
 use kiln_protocol::deliver::{GitDelivery, credentials_key, default_message};
 use kiln_protocol::repo_url::{RepoHost, RepoUrl};
-use kiln_protocol::{EventBody, Run};
+use std::time::Duration;
+
+use kiln_protocol::Run;
 
 use self::credentials::Credential;
 use self::git::{Author, RemoteAccess};
@@ -48,6 +51,67 @@ pub enum DeliveryError {
     Store(#[from] kiln_store::StoreError),
 }
 
+impl DeliveryError {
+    /// Whether trying again later may succeed: git could not reach the
+    /// remote or it answered with an error (down, 5xx, a network error),
+    /// the base could not be fetched, the worker's disk or the database
+    /// failed. Not a refusal, a change that does not apply, or a taken
+    /// branch: those stay as they are.
+    fn may_pass(&self) -> bool {
+        matches!(self, DeliveryError::Git(_) | DeliveryError::Base(_) | DeliveryError::Io(_) | DeliveryError::Store(_))
+    }
+}
+
+/// How a failed push is retried (`KILN_GIT_DELIVERY_ATTEMPTS`,
+/// `KILN_GIT_DELIVERY_RETRY_S`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GitDeliverySettings {
+    /// Attempts in all, the first included.
+    pub max_attempts: u32,
+    /// The wait after the first failed attempt; doubled after each further
+    /// one (with jitter), up to `max_delay`.
+    pub base_delay: Duration,
+    pub max_delay: Duration,
+}
+
+impl Default for GitDeliverySettings {
+    fn default() -> Self {
+        GitDeliverySettings {
+            max_attempts: DEFAULT_ATTEMPTS,
+            base_delay: Duration::from_secs(DEFAULT_RETRY_S),
+            max_delay: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// Default of `KILN_GIT_DELIVERY_ATTEMPTS`.
+pub const DEFAULT_ATTEMPTS: u32 = 6;
+/// Default of `KILN_GIT_DELIVERY_RETRY_S`.
+pub const DEFAULT_RETRY_S: u64 = 30;
+
+impl GitDeliverySettings {
+    /// The wait before attempt `failed + 1`, after `failed` attempts
+    /// failed; `None` once they are all spent.
+    fn retry_after(&self, failed: u32) -> Option<Duration> {
+        if failed >= self.max_attempts {
+            return None;
+        }
+        crate::retry::Policy::attempts(self.max_attempts, self.base_delay, self.max_delay).backoff(failed, None)
+    }
+}
+
+/// What one attempt at a push came to.
+enum Attempt {
+    Pushed(Pushed),
+    /// The run asked for no `deliver.git`.
+    NotAsked,
+    /// Failed; `error` has the credentials redacted.
+    Failed {
+        error: String,
+        may_pass: bool,
+    },
+}
+
 /// What was pushed.
 struct Pushed {
     branch: String,
@@ -56,43 +120,20 @@ struct Pushed {
 }
 
 /// Whether `run` is owed a push when it ends: it asked for `deliver.git`
-/// and is not a group of attempts (whose push waits for its choice,
-/// `groups`).
+/// and is not a group of attempts (whose push waits for its choice).
 pub fn asked(run: &Run) -> bool {
     run.attempts.is_none() && run.deliver.as_ref().is_some_and(|d| d.git.is_some())
 }
 
-/// Delivers a run that has ended and asked for `deliver.git` ([`asked`]),
-/// and records the outcome as an event after the terminal one.
-pub async fn deliver_finished(ctx: &WorkerContext, run: &Run) {
-    let Some(event) = outcome(ctx, run).await else { return };
-    if let Err(e) = crate::db_retry::with_retry(|| ctx.store.append_after_end(run.id, &event)).await {
-        tracing::warn!(run_id = %run.id, error = %e, "recording the git delivery's outcome failed");
-    }
-}
-
-/// Pushes `run`'s stored change if it asked for `deliver.git`: the event
-/// that says how it went, credentials redacted. `None`: nothing was asked.
-async fn outcome(ctx: &WorkerContext, run: &Run) -> Option<EventBody> {
-    let spec = run.deliver.as_ref().and_then(|d| d.git.as_ref())?;
+/// One attempt at pushing `run`'s stored change, if it asked for
+/// `deliver.git`.
+async fn attempt(ctx: &WorkerContext, run: &Run) -> Attempt {
+    let Some(spec) = run.deliver.as_ref().and_then(|d| d.git.as_ref()) else { return Attempt::NotAsked };
     let mut secrets = Vec::new();
-    Some(match deliver(ctx, run, spec, &mut secrets).await {
-        Ok(p) => {
-            tracing::info!(run_id = %run.id, branch = %p.branch, commit = %p.commit, "pushed the run's change");
-            EventBody::DeliverySucceeded {
-                pull_request: None,
-                comment: None,
-                branch: Some(p.branch),
-                commit: Some(p.commit),
-                remote: Some(p.remote),
-            }
-        }
-        Err(e) => {
-            let error = redact(&e.to_string(), &secrets);
-            tracing::warn!(run_id = %run.id, %error, "delivering the run's change to git failed");
-            EventBody::DeliveryFailed { error }
-        }
-    })
+    match deliver(ctx, run, spec, &mut secrets).await {
+        Ok(p) => Attempt::Pushed(p),
+        Err(e) => Attempt::Failed { error: redact(&e.to_string(), &secrets), may_pass: e.may_pass() },
+    }
 }
 
 async fn deliver(
