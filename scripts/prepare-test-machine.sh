@@ -15,7 +15,7 @@ sandbox-images/build-offline.sh "${KILN_SANDBOX_IMAGE:-kiln-sandbox:latest}"
 # Images without a C library (one without bash, one with no shell at all)
 # for tests/tests/any_image.rs; skipped when all three exist.
 sandbox-images/build-static-test-images.sh
-# The `loop` disk mechanism (worker/src/sandbox/loop_disk.rs): mkfs.ext4,
+# The `loop` disk mechanism (worker/src/sandbox/docker/loop_disk.rs): mkfs.ext4,
 # mount and losetup (tests/tests/sandbox_disk.rs).
 scripts/ensure-packages.sh mkfs.ext4:e2fsprogs mount:mount losetup:mount
 # gVisor (`runsc`), registered with the engine: .ci/run runs the sandbox

@@ -179,13 +179,15 @@ async fn start_worker(store: Store, parts: WorkerParts, shutdown: CancellationTo
         tokio::spawn(kiln_worker::retention::serve(store.clone(), keep, shutdown.clone()));
     }
     let presence = kiln_worker::presence::Presence::new(store.clone(), config.worker_id.clone());
+    let sandboxes = kiln_worker::sandbox::Backend::from(&docker);
     let environment_pools = Arc::new(kiln_worker::sandbox::environment_pools::EnvironmentPools::new(
-        docker.clone(),
+        &sandboxes,
         config.worker_id.clone(),
         config.environment_warm,
     ));
     let ctx = WorkerContext {
         store,
+        sandboxes,
         docker,
         config,
         providers,

@@ -32,7 +32,7 @@ impl Worker {
     pub fn new(ctx: WorkerContext, listener: Listener) -> Self {
         let pool = (ctx.config.warm_pool > 0).then(|| {
             Arc::new(WarmPool::new(
-                ctx.docker.clone(),
+                &ctx.sandboxes,
                 ctx.config.sandbox.clone(),
                 ctx.config.worker_id.clone(),
                 ctx.config.warm_pool,
@@ -314,7 +314,7 @@ impl Worker {
             firewall: &self.ctx.config.sandbox.egress.host_firewall,
             disk_dir: &self.ctx.config.sandbox.disk_dir,
         };
-        sandbox_reaper::reap(&self.ctx.docker, &self.ctx.store, &policy).await;
+        sandbox_reaper::reap(&self.ctx.sandboxes, &self.ctx.docker, &self.ctx.store, &policy).await;
     }
 
     /// On a clean stop: when no other live worker of this deployment drives
@@ -335,7 +335,7 @@ impl Worker {
             }
         }
         let removed = sandbox_reaper::remove_idle_sessions(
-            &self.ctx.docker,
+            &self.ctx.sandboxes,
             &self.ctx.store,
             &self.ctx.config.sandbox.egress.host_firewall,
         )

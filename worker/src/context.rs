@@ -1,5 +1,5 @@
-//! What every part of the worker shares: the store, the engine, the
-//! settings, the providers and the worker's presence. A leaf of the
+//! What every part of the worker shares: the store, the sandbox backend
+//! and the engine, the settings, the providers and the worker's presence. A leaf of the
 //! worker's modules (it names their types but calls none of them), so the
 //! claim loop, a run's life and everything under them can take it without
 //! importing one another.
@@ -12,12 +12,19 @@ use kiln_store::Store;
 use crate::config::{Providers, WorkerConfig};
 use crate::presence::Presence;
 use crate::providers::pricing::PriceTable;
+use crate::sandbox::Backend;
 use crate::sandbox::environment_pools::EnvironmentPools;
 use crate::tools::Registry;
 
 /// Shared by the claim loop and every run task.
 pub struct WorkerContext {
     pub store: Store,
+    /// What runs the sandboxes (see `sandbox::backend`): everything that
+    /// makes, finds, lists or removes one goes through it.
+    pub sandboxes: Backend,
+    /// The Docker engine itself, for what is not a sandbox's: the
+    /// environment cache's images, the egress networks' addresses, the
+    /// loop disks' sweep (docs/architecture.md, "The sandbox backend seam").
     pub docker: Docker,
     pub config: WorkerConfig,
     pub providers: Providers,

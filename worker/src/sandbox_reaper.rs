@@ -11,7 +11,7 @@ use kiln_protocol::RunStatus;
 use kiln_store::{Store, WorkerPresence};
 
 use crate::egress::host_firewall::HostFirewall;
-use crate::sandbox::{self, Managed};
+use crate::sandbox::{self, Backend, Managed};
 
 /// What the reaper needs to decide.
 pub struct ReapPolicy<'a> {
@@ -33,10 +33,11 @@ pub struct ReapPolicy<'a> {
 /// being created (the disk is made first).
 const DISK_GRACE: Duration = Duration::from_secs(120);
 
-/// One pass over the engine's Kiln containers. Errors are logged: a pass
-/// that fails is retried at the next tick.
-pub async fn reap(docker: &bollard::Docker, store: &Store, policy: &ReapPolicy<'_>) {
-    let containers = match sandbox::list_managed(docker).await {
+/// One pass over the backend's Kiln sandboxes. Errors are logged: a pass
+/// that fails is retried at the next tick. `docker`: the engine whose loop
+/// disks are swept (the Docker backend's own leftovers).
+pub async fn reap(sandboxes: &Backend, docker: &bollard::Docker, store: &Store, policy: &ReapPolicy<'_>) {
+    let containers = match sandboxes.list_managed().await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "listing sandboxes failed");
@@ -47,9 +48,9 @@ pub async fn reap(docker: &bollard::Docker, store: &Store, policy: &ReapPolicy<'
         match should_remove(store, policy, &container).await {
             Ok(Some(why)) => {
                 tracing::info!(container = %container.id, session = ?container.session, why, "removing sandbox");
-                sandbox::remove_by_id(docker, &container.id).await;
+                sandboxes.remove(&container.id).await;
                 if let Some(session) = container.session {
-                    crate::egress::network::remove(docker, policy.firewall, session).await;
+                    sandboxes.remove_session_network(policy.firewall, session).await;
                 }
             }
             Ok(None) => {}
@@ -99,8 +100,8 @@ pub fn interval(idle: Duration) -> Duration {
 
 /// Removes every container on the engine bound to a session of this
 /// database that has no run queued or running; how many went.
-pub async fn remove_idle_sessions(docker: &bollard::Docker, store: &Store, firewall: &HostFirewall) -> usize {
-    let containers = match sandbox::list_managed(docker).await {
+pub async fn remove_idle_sessions(sandboxes: &Backend, store: &Store, firewall: &HostFirewall) -> usize {
+    let containers = match sandboxes.list_managed().await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "listing sandboxes failed");
@@ -116,9 +117,9 @@ pub async fn remove_idle_sessions(docker: &bollard::Docker, store: &Store, firew
             Ok(Some(activity)) if activity.active => {}
             Ok(Some(_)) => {
                 tracing::info!(container = %container.id, %session, "removing idle session sandbox");
-                sandbox::remove_by_id(docker, &container.id).await;
+                sandboxes.remove(&container.id).await;
                 // Its network (and the host's rules for it) with it.
-                crate::egress::network::remove(docker, firewall, session).await;
+                sandboxes.remove_session_network(firewall, session).await;
                 removed += 1;
             }
             Err(e) => tracing::warn!(container = %container.id, error = %e, "checking a sandbox failed"),

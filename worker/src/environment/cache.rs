@@ -2,7 +2,7 @@
 //! that Kiln finds, ages and removes only its own.
 //!
 //! What setup changed lives where the command user can write: `/workspace`
-//! and its home. Under the tmpfs disk bound (see `sandbox::disk`) both are
+//! and its home. Under the tmpfs disk bound (see `sandbox::docker::disk`) both are
 //! tmpfs volumes, which `docker commit` does not capture, and which Docker
 //! does not fill from the image either (it copies an image's content only
 //! into plain volumes, not ones with tmpfs options; checked by hand on this

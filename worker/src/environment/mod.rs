@@ -33,7 +33,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use bollard::Docker;
 use kiln_protocol::environment::REPOSITORY_FILE;
 use kiln_protocol::{Environment, EnvironmentSpec, EventBody, Run};
 use kiln_store::{StoreError, StoredEnvironment};
@@ -43,7 +42,7 @@ use crate::context::WorkerContext;
 use crate::db_retry;
 use crate::event_sink::EventSink;
 use crate::sandbox::lifecycle::{self, Origin};
-use crate::sandbox::{Owner, Sandbox, SandboxConfig, SandboxError};
+use crate::sandbox::{Backend, Owner, Sandbox, SandboxConfig, SandboxError};
 
 /// Where a run's bundle is put in the sandbox (the workspace volume: the
 /// archive API cannot write to `/tmp`'s plain tmpfs).
@@ -259,7 +258,7 @@ impl Plan<'_> {
     }
 
     async fn prepare_sandbox(self, config: &SandboxConfig, events: &mut EventSink) -> Result<Prepared, StoreError> {
-        let docker = &self.ctx.docker;
+        let sandboxes = &self.ctx.sandboxes;
         let Ok((cached, _setting_up)) = self.lookup_or_lock().await else {
             return Ok(failed("looking up the environment's cache failed"));
         };
@@ -283,10 +282,11 @@ impl Plan<'_> {
             // one is ready; after a setup, the pool starts filling for the
             // next run once this run has its own sandbox.
             let pool = if hit { self.warm_pool(config, &agent_config, &restore) } else { None };
-            let (sandbox, origin) = match lifecycle::acquire(docker, &agent_config, pool.as_deref(), self.owner).await {
-                Ok(s) => s,
-                Err(e) => return Ok(failed(format!("could not start the sandbox: {e}"))),
-            };
+            let (sandbox, origin) =
+                match lifecycle::acquire(sandboxes, &agent_config, pool.as_deref(), self.owner).await {
+                    Ok(s) => s,
+                    Err(e) => return Ok(failed(format!("could not start the sandbox: {e}"))),
+                };
             if !hit {
                 self.warm_pool(config, &agent_config, &restore);
             }
@@ -376,7 +376,7 @@ impl Plan<'_> {
         let docker = &self.ctx.docker;
         let name = self.name();
         let session_id = self.owner.session_id;
-        let started = Sandbox::start_setup(docker, &self.setup_config, self.owner).await;
+        let started = Sandbox::start_setup(&self.ctx.sandboxes, &self.setup_config, self.owner).await;
         let setup = match started {
             Ok(s) => s,
             // (A container that failed to start took its network with it.)
@@ -386,7 +386,8 @@ impl Plan<'_> {
         // the setup container goes, and the network it was on after it.
         let network_of = self.setup_config.wants_egress().then_some(session_id);
         let firewall = self.setup_config.egress.host_firewall.clone();
-        let mut gone = RemoveOnDrop { docker: docker.clone(), id: setup.id().to_owned(), network_of, firewall };
+        let backend = self.ctx.sandboxes.clone();
+        let mut gone = RemoveOnDrop { backend, id: setup.id().to_owned(), network_of, firewall };
         let proxy = if self.setup_config.wants_egress() {
             let layers = self.setup_config.egress_layers();
             let (settings, phase) = (&self.setup_config.egress, crate::egress::Phase::Setup);
@@ -432,7 +433,6 @@ impl Plan<'_> {
         setup: &Sandbox,
         events: &mut EventSink,
     ) -> Result<Result<cache::Found, String>, StoreError> {
-        let docker = &self.ctx.docker;
         let name = self.name();
         let env = &self.stored.environment;
         if let Some(checkout) = self.checkout
@@ -451,8 +451,7 @@ impl Plan<'_> {
             )));
         };
         let script = script::Script {
-            docker,
-            container: setup.id(),
+            sandbox: setup,
             user,
             shell,
             text: &env.setup_script,
@@ -550,7 +549,6 @@ impl Plan<'_> {
         let Some(maintenance) = &self.stored.environment.maintenance_script else {
             return Ok(Prepared::Ready(Box::new(sandbox), origin));
         };
-        let docker = &self.ctx.docker;
         // The variables are the prepared image's environment already.
         let user = &self.setup_config.user;
         let Some(shell) = script::shell_of(&sandbox) else {
@@ -561,8 +559,7 @@ impl Plan<'_> {
             )));
         };
         let script = script::Script {
-            docker,
-            container: sandbox.id(),
+            sandbox: &sandbox,
             user,
             shell,
             text: maintenance,
@@ -696,7 +693,7 @@ async fn git_head(dir: &Path) -> Option<String> {
 /// Removes a container, then the session network it was on, when dropped
 /// (by a task: `Drop` cannot wait) or at [`RemoveOnDrop::now`].
 struct RemoveOnDrop {
-    docker: Docker,
+    backend: Backend,
     id: String,
     network_of: Option<uuid::Uuid>,
     /// Whose rules go with the network.
@@ -705,21 +702,21 @@ struct RemoveOnDrop {
 
 impl RemoveOnDrop {
     async fn now(&mut self) {
-        remove_with_network(&self.docker, &self.firewall, &std::mem::take(&mut self.id), self.network_of.take()).await;
+        remove_with_network(&self.backend, &self.firewall, &std::mem::take(&mut self.id), self.network_of.take()).await;
     }
 }
 
 async fn remove_with_network(
-    docker: &Docker,
+    backend: &Backend,
     firewall: &crate::egress::host_firewall::HostFirewall,
     id: &str,
     network_of: Option<uuid::Uuid>,
 ) {
     if !id.is_empty() {
-        crate::sandbox::remove_by_id(docker, id).await;
+        backend.remove(id).await;
     }
     if let Some(session_id) = network_of {
-        crate::egress::network::remove(docker, firewall, session_id).await;
+        backend.remove_session_network(firewall, session_id).await;
     }
 }
 
@@ -728,10 +725,10 @@ impl Drop for RemoveOnDrop {
         if self.id.is_empty() && self.network_of.is_none() {
             return;
         }
-        let (docker, id, network_of) = (self.docker.clone(), std::mem::take(&mut self.id), self.network_of.take());
+        let (backend, id, network_of) = (self.backend.clone(), std::mem::take(&mut self.id), self.network_of.take());
         let firewall = self.firewall.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move { remove_with_network(&docker, &firewall, &id, network_of).await });
+            runtime.spawn(async move { remove_with_network(&backend, &firewall, &id, network_of).await });
         }
     }
 }

@@ -7,8 +7,6 @@
 
 use std::time::{Duration, Instant};
 
-use bollard::Docker;
-use bollard::exec::{CreateExecOptions, StartExecResults};
 use futures::StreamExt;
 use kiln_protocol::EventBody;
 use kiln_store::StoreError;
@@ -16,7 +14,8 @@ use kiln_store::StoreError;
 use super::mask::{Masker, masked};
 use super::tail::Tail;
 use crate::event_sink::EventSink;
-use crate::sandbox::WORKSPACE;
+use crate::sandbox::backend::{BackendError, Exec, ExecSpec, ExecStream};
+use crate::sandbox::{Sandbox, WORKSPACE};
 
 /// Bytes of a script's output sent as events; past it, the output is kept
 /// only as the tail an error quotes (a chatty install would otherwise
@@ -28,7 +27,7 @@ const PIECE_EVERY: Duration = Duration::from_millis(200);
 
 /// How a script ended.
 pub struct ScriptEnd {
-    /// `None`: Docker could not tell (the engine lost the exec).
+    /// `None`: the backend could not tell (the engine lost the exec).
     pub exit_code: Option<i64>,
     pub duration: Duration,
     /// The last lines of its output, for the error a failure ends the run with.
@@ -37,8 +36,7 @@ pub struct ScriptEnd {
 
 /// A script to run.
 pub struct Script<'a> {
-    pub docker: &'a Docker,
-    pub container: &'a str,
+    pub sandbox: &'a Sandbox,
     /// `uid:gid` it runs as.
     pub user: &'a str,
     /// The shell that runs it: the image's bash, else its sh.
@@ -54,7 +52,7 @@ pub struct Script<'a> {
 
 /// The shell a script runs with in `sandbox`: its bash (also when not known
 /// yet), else its sh; `None`: the image has no shell.
-pub fn shell_of(sandbox: &crate::sandbox::Sandbox) -> Option<&'static str> {
+pub fn shell_of(sandbox: &Sandbox) -> Option<&'static str> {
     match sandbox.shell() {
         None => Some("bash"),
         Some(shell) => shell.program(),
@@ -62,59 +60,38 @@ pub fn shell_of(sandbox: &crate::sandbox::Sandbox) -> Option<&'static str> {
 }
 
 /// Runs the script with `shell` in `/workspace`, streaming its output.
-pub async fn run(
-    script: Script<'_>,
-    events: &mut EventSink,
-) -> Result<Result<ScriptEnd, bollard::errors::Error>, StoreError> {
+pub async fn run(script: Script<'_>, events: &mut EventSink) -> Result<Result<ScriptEnd, BackendError>, StoreError> {
     let started = Instant::now();
-    let (docker, mask, phase) = (script.docker, script.mask, script.phase);
-    let exec = match create(&script).await {
-        Ok(e) => e,
-        Err(e) => return Ok(Err(e)),
+    let (sandbox, mask, phase) = (script.sandbox, script.mask, script.phase);
+    // The shell running it as the user, in the workspace, with its
+    // variables, stdout and stderr attached.
+    let spec = ExecSpec {
+        argv: vec![script.shell, "-c", script.text],
+        user: script.user,
+        env: script.env,
+        cwd: Some(WORKSPACE),
+        stdin: false,
     };
-    let output = match docker.start_exec(&exec.id, None).await {
-        Ok(StartExecResults::Attached { output, .. }) => output,
-        Ok(StartExecResults::Detached) => return Ok(Ok(end(docker, &exec.id, started, Tail::new(), mask).await)),
+    let Exec { id, output, .. } = match sandbox.start_exec(&spec).await {
+        Ok(exec) => exec,
         Err(e) => return Ok(Err(e)),
     };
     let tail = match relay(output, events, phase, mask).await? {
         Ok(tail) => tail,
         Err(e) => return Ok(Err(e)),
     };
-    Ok(Ok(end(docker, &exec.id, started, tail, mask).await))
-}
-
-/// The script's exec: the shell running it as the user, in the workspace,
-/// with its variables, stdout and stderr attached.
-async fn create(script: &Script<'_>) -> Result<bollard::exec::CreateExecResults, bollard::errors::Error> {
-    script
-        .docker
-        .create_exec(
-            script.container,
-            CreateExecOptions {
-                cmd: Some(vec![script.shell.to_owned(), "-c".to_owned(), script.text.to_owned()]),
-                env: Some(script.env.clone()),
-                attach_stdout: Some(true),
-                attach_stderr: Some(true),
-                attach_stdin: Some(false),
-                tty: Some(false),
-                working_dir: Some(WORKSPACE.to_owned()),
-                user: Some(script.user.to_owned()),
-                ..Default::default()
-            },
-        )
-        .await
+    Ok(Ok(end(sandbox, &id, started, tail, mask).await))
 }
 
 /// Relays the script's output as `environment.output` events (masked,
 /// in pieces, up to the allowance) while keeping its tail; the tail once
 /// the output ends.
 async fn relay(
-    mut output: impl futures::Stream<Item = Result<bollard::container::LogOutput, bollard::errors::Error>> + Unpin,
+    mut output: ExecStream,
     events: &mut EventSink,
     phase: &str,
     mask: &[&str],
-) -> Result<Result<Tail, bollard::errors::Error>, StoreError> {
+) -> Result<Result<Tail, BackendError>, StoreError> {
     let mut tail = Tail::new();
     // A secret split across two reads is masked too: see `mask`.
     let mut piece = Masker::new(mask);
@@ -172,7 +149,7 @@ async fn flush(events: &mut EventSink, phase: &str, mut text: String, sent: usiz
     Ok(n)
 }
 
-async fn end(docker: &Docker, exec: &str, started: Instant, tail: Tail, mask: &[&str]) -> ScriptEnd {
-    let exit_code = docker.inspect_exec(exec).await.ok().and_then(|i| i.exit_code);
+async fn end(sandbox: &Sandbox, exec: &str, started: Instant, tail: Tail, mask: &[&str]) -> ScriptEnd {
+    let exit_code = sandbox.exec_exit_code(exec).await.ok().flatten();
     ScriptEnd { exit_code, duration: started.elapsed(), tail: masked(&tail.render(), mask) }
 }

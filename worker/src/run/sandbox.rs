@@ -58,7 +58,7 @@ pub async fn acquire(
     // Warm containers have the deployment's settings; a run that narrows
     // them gets its own.
     let pool = pool.filter(|_| run.sandbox == SandboxSpec::default());
-    let fresh = !lifecycle::has_container(&ctx.docker, run.session_id).await;
+    let fresh = !lifecycle::has_container(&ctx.sandboxes, run.session_id).await;
     let checkout = match fresh {
         true => crate::local_checkout::make(ctx, run).await.map_err(workspace_failed)?,
         false => None,
@@ -78,7 +78,7 @@ pub async fn acquire(
                 crate::environment::Prepared::Failed(outcome) => return Err(PhaseError::Ended(outcome)),
             }
         }
-        None => lifecycle::acquire(&ctx.docker, &config, pool, &owner)
+        None => lifecycle::acquire(&ctx.sandboxes, &config, pool, &owner)
             .await
             .map_err(|e| PhaseError::failed(format!("could not start the sandbox: {e}")))?,
     };

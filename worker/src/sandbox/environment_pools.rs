@@ -23,12 +23,12 @@
 
 use std::sync::{Arc, Mutex};
 
-use bollard::Docker;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::sandbox::SandboxConfig;
+use crate::sandbox::backend::Backend;
 use crate::sandbox::pool::WarmPool;
 
 /// How many containers are kept warm (`KILN_ENVIRONMENT_WARM`,
@@ -78,15 +78,15 @@ struct Pools {
 }
 
 pub struct EnvironmentPools {
-    docker: Docker,
+    backend: Backend,
     worker: String,
     settings: WarmSettings,
     pools: Mutex<Pools>,
 }
 
 impl EnvironmentPools {
-    pub fn new(docker: Docker, worker: String, settings: WarmSettings) -> Self {
-        EnvironmentPools { docker, worker, settings, pools: Mutex::default() }
+    pub fn new(backend: impl Into<Backend>, worker: String, settings: WarmSettings) -> Self {
+        EnvironmentPools { backend: backend.into(), worker, settings, pools: Mutex::default() }
     }
 
     /// The warm pool of the prepared image of `key`, made (and starting to
@@ -124,7 +124,7 @@ impl EnvironmentPools {
             before.push(old.task);
         }
         let pool = Arc::new(WarmPool::of_environment(
-            self.docker.clone(),
+            &self.backend,
             config.clone(),
             self.worker.clone(),
             per,

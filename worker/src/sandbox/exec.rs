@@ -2,13 +2,12 @@
 
 use std::time::Duration;
 
-use bollard::container::LogOutput;
-use bollard::exec::{CreateExecOptions, CreateExecResults, StartExecResults};
 use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use kiln_toolbox::protocol::SessionShell;
 
+use super::backend::{BackendError, Exec, ExecChunk, ExecSpec};
 use super::{HeadTail, Sandbox, SandboxError, WORKSPACE};
 
 /// Exit status GNU `timeout` uses when it had to kill the command.
@@ -25,68 +24,27 @@ pub struct ExecOutput {
     pub timed_out: bool,
 }
 
-/// How an exec made by [`Sandbox::create_exec_as`] is wired.
-#[derive(Default)]
-pub(super) struct ExecSetup<'a> {
-    /// stdin, stdout and stderr attached; else none (the exec is started
-    /// detached).
-    pub attached: bool,
-    /// `KEY=value` pairs added to the container's environment.
-    pub env: Option<Vec<&'a str>>,
-    /// Working directory; `None`: the image's.
-    pub cwd: Option<&'a str>,
-}
-
 impl Sandbox {
-    /// Creates (does not start) an exec of `cmd` as `user` in the
-    /// container: its id. Never a TTY, which would mangle the streams.
-    pub(super) async fn create_exec_as(
-        &self,
-        cmd: Vec<&str>,
-        user: &str,
-        setup: ExecSetup<'_>,
-    ) -> Result<String, bollard::errors::Error> {
-        let options = CreateExecOptions {
-            cmd: Some(cmd),
-            user: Some(user),
-            env: setup.env,
-            working_dir: setup.cwd,
-            attach_stdin: Some(setup.attached),
-            attach_stdout: Some(setup.attached),
-            attach_stderr: Some(setup.attached),
-            tty: Some(false),
-            ..Default::default()
-        };
-        Ok(self.docker.create_exec(&self.id, options).await?.id)
+    /// Starts an attached exec of `spec` in the sandbox (the building
+    /// block of everything that runs a process in it).
+    pub(crate) async fn start_exec(&self, spec: &ExecSpec<'_>) -> Result<Exec, BackendError> {
+        self.backend.exec(&self.id, spec).await
     }
 
-    /// Creates an attached exec of `argv` as the command user in
-    /// `/workspace`, under GNU `timeout` (which kills the command's whole
-    /// process group), stdout and stderr attached, stdin if asked.
-    async fn create_user_exec(
-        &self,
-        argv: &[&str],
-        timeout: Duration,
-        stdin: bool,
-    ) -> Result<CreateExecResults, bollard::errors::Error> {
+    /// How an exec of this sandbox ended; `None` if the backend cannot tell.
+    pub(crate) async fn exec_exit_code(&self, exec: &str) -> Result<Option<i64>, BackendError> {
+        Ok(self.backend.exec_status(&self.id, exec).await?.exit_code)
+    }
+
+    /// Starts `argv` as the command user in `/workspace`, under GNU
+    /// `timeout` (which kills the command's whole process group), stdout
+    /// and stderr attached, stdin if asked.
+    async fn start_user_exec(&self, argv: &[&str], timeout: Duration, stdin: bool) -> Result<Exec, BackendError> {
         let secs = timeout.as_secs().max(1).to_string();
         let mut cmd = vec!["timeout", "-k", "2", secs.as_str()];
         cmd.extend_from_slice(argv);
-        self.docker
-            .create_exec(
-                &self.id,
-                CreateExecOptions {
-                    cmd: Some(cmd),
-                    attach_stdout: Some(true),
-                    attach_stderr: Some(true),
-                    attach_stdin: Some(stdin),
-                    tty: Some(false),
-                    working_dir: Some(WORKSPACE),
-                    user: Some(self.config.user.as_str()),
-                    ..Default::default()
-                },
-            )
-            .await
+        let spec = ExecSpec { argv: cmd, user: &self.config.user, cwd: Some(WORKSPACE), stdin, ..Default::default() };
+        self.start_exec(&spec).await
     }
 
     /// Runs `command` with the sandbox's shell (bash, else sh) in
@@ -129,29 +87,27 @@ impl Sandbox {
         output_cap: usize,
         on_output: &mut impl FnMut(&[u8]),
     ) -> Result<ExecOutput, SandboxError> {
-        let exec = self.create_user_exec(&[program, "-c", command], timeout, false).await?;
+        let Exec { id, mut output, .. } = self.start_user_exec(&[program, "-c", command], timeout, false).await?;
         let mut captured = HeadTail::new(output_cap);
-        if let StartExecResults::Attached { mut output, .. } = self.docker.start_exec(&exec.id, None).await? {
-            // The timeout inside the container is authoritative; this outer
-            // one only guards against an engine that never closes the stream.
-            let guard = tokio::time::sleep(timeout + Duration::from_secs(10));
-            tokio::pin!(guard);
-            loop {
-                tokio::select! {
-                    chunk = output.next() => match chunk {
-                        Some(Ok(log)) => {
-                            let bytes = log.into_bytes();
-                            on_output(&bytes);
-                            captured.push(&bytes);
-                        }
-                        Some(Err(e)) => return Err(e.into()),
-                        None => break,
-                    },
-                    _ = &mut guard => break,
-                }
+        // The timeout inside the sandbox is authoritative; this outer one
+        // only guards against an engine that never closes the stream.
+        let guard = tokio::time::sleep(timeout + Duration::from_secs(10));
+        tokio::pin!(guard);
+        loop {
+            tokio::select! {
+                chunk = output.next() => match chunk {
+                    Some(Ok(chunk)) => {
+                        let bytes = chunk.into_bytes();
+                        on_output(&bytes);
+                        captured.push(&bytes);
+                    }
+                    Some(Err(e)) => return Err(e.into()),
+                    None => break,
+                },
+                _ = &mut guard => break,
             }
         }
-        let exit_code = self.docker.inspect_exec(&exec.id).await?.exit_code;
+        let exit_code = self.exec_exit_code(&id).await?;
         let timed_out = matches!(exit_code, Some(TIMEOUT_EXIT) | Some(KILLED_EXIT));
         Ok(ExecOutput { exit_code, output: captured.render().0, timed_out })
     }
@@ -193,47 +149,45 @@ impl Sandbox {
         stdout_cap: usize,
         timeout: Duration,
     ) -> Result<RawOutput, SandboxError> {
-        let exec = self.create_user_exec(argv, timeout, stdin.is_some()).await?;
+        let Exec { id, mut output, mut input } = self.start_user_exec(argv, timeout, stdin.is_some()).await?;
         let mut out = RawOutput { exit_code: None, stdout: Vec::new(), overflow: false, stderr: String::new() };
-        if let StartExecResults::Attached { mut output, mut input } = self.docker.start_exec(&exec.id, None).await? {
-            let transfer = async {
-                if let Some(bytes) = stdin {
-                    // A command that failed early stops reading; its exit
-                    // status and stderr then say why, not the broken pipe.
-                    if input.write_all(bytes).await.is_ok() {
-                        // EOF for the command.
-                        let _ = input.shutdown().await;
-                    }
+        let transfer = async {
+            if let Some(bytes) = stdin {
+                // A command that failed early stops reading; its exit
+                // status and stderr then say why, not the broken pipe.
+                if input.write_all(bytes).await.is_ok() {
+                    // EOF for the command.
+                    let _ = input.shutdown().await;
                 }
-                drop(input);
-                while let Some(chunk) = output.next().await {
-                    match chunk? {
-                        LogOutput::StdOut { message } => {
-                            if out.stdout.len() + message.len() > stdout_cap {
-                                out.overflow = true;
-                                break;
-                            }
-                            out.stdout.extend_from_slice(&message);
-                        }
-                        LogOutput::StdErr { message } if out.stderr.len() < RAW_STDERR_CAP => {
-                            out.stderr.push_str(&String::from_utf8_lossy(&message));
-                        }
-                        _ => {}
-                    }
-                }
-                Ok::<(), SandboxError>(())
-            };
-            // The timeout inside the container is authoritative; this one
-            // guards against an engine that never closes the stream.
-            match tokio::time::timeout(timeout + Duration::from_secs(10), transfer).await {
-                Ok(result) => result?,
-                Err(_) => return Err(SandboxError::Workspace("a file transfer in the sandbox hung".into())),
             }
+            drop(input);
+            while let Some(chunk) = output.next().await {
+                match chunk? {
+                    ExecChunk::Stdout(message) => {
+                        if out.stdout.len() + message.len() > stdout_cap {
+                            out.overflow = true;
+                            break;
+                        }
+                        out.stdout.extend_from_slice(&message);
+                    }
+                    ExecChunk::Stderr(message) if out.stderr.len() < RAW_STDERR_CAP => {
+                        out.stderr.push_str(&String::from_utf8_lossy(&message));
+                    }
+                    _ => {}
+                }
+            }
+            Ok::<(), SandboxError>(())
+        };
+        // The timeout inside the sandbox is authoritative; this one guards
+        // against an engine that never closes the stream.
+        match tokio::time::timeout(timeout + Duration::from_secs(10), transfer).await {
+            Ok(result) => result?,
+            Err(_) => return Err(SandboxError::Workspace("a file transfer in the sandbox hung".into())),
         }
         if out.overflow {
             return Ok(out);
         }
-        out.exit_code = self.docker.inspect_exec(&exec.id).await?.exit_code;
+        out.exit_code = self.exec_exit_code(&id).await?;
         Ok(out)
     }
 }

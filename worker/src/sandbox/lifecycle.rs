@@ -2,13 +2,12 @@
 //! run, or a run taken over from a dead worker), a warm one from the pool,
 //! or a new one; and putting it to rest when a run ends.
 
-use bollard::Docker;
-use bollard::query_parameters::RenameContainerOptionsBuilder;
 use uuid::Uuid;
 
+use super::backend::{Backend, BackendError};
 use super::pool::WarmPool;
 use super::toolbox::ToolboxError;
-use super::{Owner, Sandbox, SandboxConfig, SandboxError, remove_container, session_container_name};
+use super::{Owner, Sandbox, SandboxConfig, SandboxError, session_container_name};
 
 /// Where a run's sandbox came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,12 +32,13 @@ impl Origin {
 
 /// The session's container, from wherever it is quickest to get.
 pub async fn acquire(
-    docker: &Docker,
+    backend: impl Into<Backend>,
     config: &SandboxConfig,
     pool: Option<&WarmPool>,
     owner: &Owner,
 ) -> Result<(Sandbox, Origin), SandboxError> {
-    if let Some(sandbox) = Sandbox::adopt(docker, config, owner.session_id).await? {
+    let backend = backend.into();
+    if let Some(sandbox) = Sandbox::adopt(&backend, config, owner.session_id).await? {
         return Ok((sandbox, Origin::Reused));
     }
     if let Some(pool) = pool {
@@ -52,18 +52,16 @@ pub async fn acquire(
             }
         }
     }
-    match Sandbox::start(docker, config, owner).await {
+    match Sandbox::start(&backend, config, owner).await {
         Ok(sandbox) => Ok((sandbox, Origin::New)),
         // The session's name is taken: another attempt of this run (taken
         // over while the first was still creating the container) made it
         // in the meantime. It is the session's; adopt it.
-        Err(SandboxError::Docker(bollard::errors::Error::DockerResponseServerError { status_code: 409, message }))
-            if message.contains("is already in use") =>
-        {
+        Err(SandboxError::Backend(BackendError::NameTaken { .. })) => {
             tracing::info!(session_id = %owner.session_id, "the session's container appeared while starting one; adopting it");
-            match Sandbox::adopt(docker, config, owner.session_id).await? {
+            match Sandbox::adopt(&backend, config, owner.session_id).await? {
                 Some(sandbox) => Ok((sandbox, Origin::Reused)),
-                None => Ok((Sandbox::start(docker, config, owner).await?, Origin::New)),
+                None => Ok((Sandbox::start(&backend, config, owner).await?, Origin::New)),
             }
         }
         Err(e) => Err(e),
@@ -72,42 +70,41 @@ pub async fn acquire(
 
 /// Whether the session has a running container (which its next run
 /// continues in).
-pub async fn has_container(docker: &Docker, session_id: Uuid) -> bool {
-    match docker.inspect_container(&session_container_name(session_id), None).await {
-        Ok(info) => info.state.and_then(|s| s.running).unwrap_or(false),
+pub async fn has_container(backend: impl Into<Backend>, session_id: Uuid) -> bool {
+    match backend.into().find(&session_container_name(session_id)).await {
+        Ok(found) => found.is_some_and(|f| f.running),
         Err(_) => false,
     }
 }
 
 /// The session's running container as the run left it (nothing reset, no
 /// toolbox started), for a look inside after the run: the capture.
-pub async fn running(docker: &Docker, config: &SandboxConfig, session_id: Uuid) -> Option<Sandbox> {
-    has_container(docker, session_id).await.then(|| Sandbox {
-        docker: docker.clone(),
-        id: session_container_name(session_id),
-        config: config.clone(),
-        toolbox: Default::default(),
-    })
+pub async fn running(backend: impl Into<Backend>, config: &SandboxConfig, session_id: Uuid) -> Option<Sandbox> {
+    let backend = backend.into();
+    let name = session_container_name(session_id);
+    has_container(&backend, session_id).await.then(|| Sandbox::bound(backend, name, config))
 }
 
 /// After a run: with `keep`, the container stays for the session's next
 /// run but nothing the run started keeps running in it; otherwise it goes.
 /// Works by name, so it also covers a run dropped halfway through starting.
-pub async fn after_run(docker: &Docker, config: &SandboxConfig, session_id: Uuid, keep: bool) {
+pub async fn after_run(backend: impl Into<Backend>, config: &SandboxConfig, session_id: Uuid, keep: bool) {
+    let backend = backend.into();
     let name = session_container_name(session_id);
+    let firewall = &config.egress.host_firewall;
     if !keep {
-        remove_container(docker, &name).await;
-        crate::egress::network::remove(docker, &config.egress.host_firewall, session_id).await;
+        backend.remove(&name).await;
+        backend.remove_session_network(firewall, session_id).await;
         return;
     }
-    let sandbox = Sandbox { docker: docker.clone(), id: name, config: config.clone(), toolbox: Default::default() };
+    let sandbox = Sandbox::bound(backend, name, config);
     match sandbox.kill_user_processes().await {
         Ok(()) => {}
         // Already removed (a checkout that failed removes it at once), or
         // never made (the run ended between making the session's network
         // and starting its container): the network has no one left.
-        Err(ToolboxError::Docker(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. })) => {
-            crate::egress::network::remove(docker, &config.egress.host_firewall, session_id).await;
+        Err(ToolboxError::Backend(BackendError::NotFound { .. })) => {
+            sandbox.backend.remove_session_network(firewall, session_id).await;
         }
         Err(e) => {
             tracing::warn!(%session_id, error = %e, "stopping the run's processes failed; removing the sandbox");
@@ -120,31 +117,26 @@ impl Sandbox {
     /// The session's running container, if there is one. Whatever an
     /// earlier run left running in it (including a call a dead worker never
     /// finished) is killed first; a stopped one is removed.
-    async fn adopt(docker: &Docker, config: &SandboxConfig, session_id: Uuid) -> Result<Option<Sandbox>, SandboxError> {
-        let name = session_container_name(session_id);
-        let info = match docker.inspect_container(&name, None).await {
-            Ok(info) => info,
-            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        let id = info.id.unwrap_or(name);
-        if !info.state.and_then(|s| s.running).unwrap_or(false) {
-            remove_container(docker, &id).await;
+    async fn adopt(
+        backend: &Backend,
+        config: &SandboxConfig,
+        session_id: Uuid,
+    ) -> Result<Option<Sandbox>, SandboxError> {
+        let Some(found) = backend.find(&session_container_name(session_id)).await? else { return Ok(None) };
+        if !found.running {
+            backend.remove(&found.id).await;
             return Ok(None);
         }
         // A run with egress needs the sandbox on its session's network; one
         // made without it cannot join it (a container without a network
         // cannot be given one), so it is replaced.
-        let attached = info
-            .network_settings
-            .and_then(|n| n.networks)
-            .is_some_and(|n| n.contains_key(&crate::egress::network::name(session_id)));
+        let attached = found.networks.contains(&crate::egress::network::name(session_id));
         if config.wants_egress() && !attached {
             tracing::info!(%session_id, "the session's sandbox has no egress network; replacing it");
-            remove_container(docker, &id).await;
+            backend.remove(&found.id).await;
             return Ok(None);
         }
-        let mut sandbox = Sandbox { docker: docker.clone(), id, config: config.clone(), toolbox: Default::default() };
+        let mut sandbox = Sandbox::bound(backend.clone(), found.id, config);
         if let Err(e) = sandbox.kill_user_processes().await {
             tracing::warn!(container = %sandbox.id, error = %e, "could not reset the session's sandbox; replacing it");
             sandbox.remove().await;
@@ -160,8 +152,6 @@ impl Sandbox {
     /// Names a warm container after the session: from now on it is that
     /// session's, and no other can take it (names are unique on an engine).
     async fn bind_to_session(&self, session_id: Uuid) -> Result<(), SandboxError> {
-        let options = RenameContainerOptionsBuilder::new().name(&session_container_name(session_id)).build();
-        self.docker.rename_container(&self.id, options).await?;
-        Ok(())
+        Ok(self.backend.rename(&self.id, &session_container_name(session_id)).await?)
     }
 }

@@ -1,28 +1,28 @@
-//! One Docker container per session, driven through the Docker API.
+//! One sandbox per session, behind a backend (see `backend`; Docker is
+//! the one implementation, in `docker`).
 //!
-//! A session's container is named after the session (`kiln-session-<id>`),
+//! A session's sandbox is named after the session (`kiln-session-<id>`),
 //! so any worker on the engine finds it again: a follow-up run or a run
 //! taken over from a dead worker continues in the same workspace. It stays
 //! after a run ends until the session has been idle for a while (see
-//! `lifecycle`). Warm containers (`pool`) are started ahead of need and
+//! `lifecycle`). Warm sandboxes (`pool`) are started ahead of need and
 //! renamed when a session takes one.
 //!
 //! Commands run as an unprivileged user with no capabilities,
-//! `no-new-privileges`, pids/memory/CPU/disk limits (see `disk`) and no
+//! `no-new-privileges`, pids/memory/CPU/disk limits (see `docker::disk`) and no
 //! network. Only the toolbox runs as root, with `CAP_SETUID`, `CAP_SETGID`
 //! and `CAP_KILL` alone, so that commands cannot reach it (see `toolbox`). The workspace
-//! enters and leaves through the archive API, so the worker can drive a
-//! remote engine; credentials never enter the container.
+//! enters and leaves through the backend's archives, so the worker can drive a
+//! remote engine; credentials never enter the sandbox.
 
-pub mod disk;
+pub mod backend;
+pub mod docker;
 pub mod environment_pools;
 mod exec;
 mod files;
 pub mod lifecycle;
-pub mod loop_disk;
 pub mod pool;
 pub mod repo_clone;
-pub mod runtime;
 mod stdio;
 
 pub mod toolbox;
@@ -31,23 +31,20 @@ mod toolbox_reader;
 mod toolbox_session;
 pub mod workspace;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use bollard::Docker;
-use bollard::models::{ContainerCreateBody, HostConfig, ResourcesUlimits};
-use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
-};
-use disk::{DiskError, DiskMode, DiskPlan};
 use kiln_protocol::egress::{EgressMode, EgressPolicy, Layers};
 use kiln_protocol::{NetworkMode, SandboxSpec};
-use loop_disk::{LABEL_DISK, LoopDisk};
 
-use crate::egress::network::{self as egress_network, NetworkError};
-use crate::egress::{EgressSettings, SANDBOX_DNS};
+use crate::egress::EgressSettings;
+use crate::egress::network::NetworkError;
+use backend::{BackendError, CreateSpec, Purpose};
+use disk::{DiskError, DiskMode, DiskPlan};
 use uuid::Uuid;
+
+pub use backend::{Backend, Managed, SandboxBackend};
+pub use docker::{DockerBackend, disk, loop_disk, runtime};
 
 pub use exec::ExecOutput;
 pub use files::{FileError, FilePage};
@@ -61,16 +58,6 @@ use toolbox_session::ToolboxState;
 
 /// Where the session's files live inside the container.
 pub const WORKSPACE: &str = "/workspace";
-/// Who the container's idle main process runs as. Root, because Docker
-/// gives an exec the capabilities of the container's main process, and the
-/// toolbox exec needs [`TOOLBOX_CAPABILITIES`]; the process is `sleep`,
-/// which the command user can neither signal nor trace.
-const MAIN_PROCESS_USER: &str = "0:0";
-/// The only capabilities a container has: what the toolbox (root) needs
-/// to start commands as the sandbox user and to kill them. Commands start
-/// with none (setuid to the user clears them; `no-new-privileges` keeps
-/// anything from regaining them).
-const TOOLBOX_CAPABILITIES: [&str; 3] = ["SETUID", "SETGID", "KILL"];
 pub use crate::labels::{LABEL_MANAGED, LABEL_POOL, LABEL_RUN, LABEL_SESSION, LABEL_WORKER};
 /// Name prefixes: the session's container, and warm ones.
 const SESSION_PREFIX: &str = "kiln-session-";
@@ -92,8 +79,9 @@ pub fn session_of_name(name: &str) -> Option<Uuid> {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
-    #[error("docker: {0}")]
-    Docker(#[from] bollard::errors::Error),
+    /// What the backend said (`docker: …`).
+    #[error(transparent)]
+    Backend(BackendError),
     #[error("sandbox image {0:?} is missing; build it with sandbox-images/build-offline.sh")]
     ImageMissing(String),
     // Said as it is: callers already say it was about the workspace.
@@ -211,33 +199,6 @@ impl Default for SandboxConfig {
 }
 
 impl SandboxConfig {
-    /// How sandboxes' disk is bounded on this engine: probed the first time
-    /// it is asked for, then remembered.
-    pub async fn disk_plan(&self, docker: &Docker) -> Result<&DiskPlan, SandboxError> {
-        self.disk_plan
-            .get_or_try_init(|| async {
-                let plan = disk::probe(docker, self).await?;
-                tracing::info!(
-                    mechanism = plan.mechanism.as_str(),
-                    disk_mb = self.disk_mb,
-                    home = ?plan.home,
-                    image_volumes = ?plan.image_volumes,
-                    "sandbox disk bound"
-                );
-                if plan.mechanism == disk::DiskMechanism::Tmpfs
-                    && let Some(why) = &plan.loop_refused
-                {
-                    tracing::warn!(
-                        reason = %why,
-                        "sandbox workspaces live in RAM (tmpfs): a loop-mounted disk image is not possible here, \
-                         and every sandbox's memory limit is raised by its disk bound"
-                    );
-                }
-                Ok(plan)
-            })
-            .await
-    }
-
     /// This deployment's sandbox as a run asked for it: limits only ever
     /// lowered, network only where allowed. `Err`: what the run may not have.
     pub fn narrowed(&self, spec: &SandboxSpec) -> Result<SandboxConfig, String> {
@@ -285,13 +246,15 @@ impl SandboxConfig {
     }
 }
 
-/// A running session container.
+/// A running session sandbox: the handle the rest of the worker uses. It
+/// holds the worker's [`Backend`] and the backend's handle (`id`) of the
+/// sandbox; what it does goes through the backend.
 #[derive(Debug, Clone)]
 pub struct Sandbox {
-    docker: Docker,
+    backend: Backend,
     id: String,
     config: SandboxConfig,
-    /// Shared by clones: one toolbox process per container.
+    /// Shared by clones: one toolbox process per sandbox.
     toolbox: Arc<ToolboxState>,
 }
 
@@ -303,121 +266,61 @@ pub struct Owner {
     pub worker: String,
 }
 
-/// What a new container is for: a session, or the warm pool.
-enum Purpose<'a> {
-    Session(&'a Owner),
-    Warm { worker: &'a str },
-}
-
 impl Sandbox {
-    /// Creates and starts a container for the session. A stopped container
-    /// left under the session's name is replaced.
-    pub async fn start(docker: &Docker, config: &SandboxConfig, owner: &Owner) -> Result<Sandbox, SandboxError> {
-        Self::create(docker, config, &session_container_name(owner.session_id), Purpose::Session(owner)).await
+    /// Creates and starts a sandbox for the session. A stopped one left
+    /// under the session's name is replaced.
+    pub async fn start(
+        backend: impl Into<Backend>,
+        config: &SandboxConfig,
+        owner: &Owner,
+    ) -> Result<Sandbox, SandboxError> {
+        let name = session_container_name(owner.session_id);
+        Self::create(backend.into(), CreateSpec { name: &name, purpose: Purpose::Session(owner), config }).await
     }
 
-    /// Creates and starts a container for a run's environment setup: the
+    /// Creates and starts a sandbox for a run's environment setup: the
     /// run's labels, a name of its own (not the session's: the session's
-    /// container is made afterwards, from what setup prepared).
-    pub async fn start_setup(docker: &Docker, config: &SandboxConfig, owner: &Owner) -> Result<Sandbox, SandboxError> {
+    /// sandbox is made afterwards, from what setup prepared).
+    pub async fn start_setup(
+        backend: impl Into<Backend>,
+        config: &SandboxConfig,
+        owner: &Owner,
+    ) -> Result<Sandbox, SandboxError> {
         let name = format!("{SETUP_PREFIX}{}", Uuid::new_v4().simple());
-        Self::create(docker, config, &name, Purpose::Session(owner)).await
+        Self::create(backend.into(), CreateSpec { name: &name, purpose: Purpose::Session(owner), config }).await
     }
 
-    /// Creates and starts a warm container, not yet anyone's.
-    pub async fn start_warm(docker: &Docker, config: &SandboxConfig, worker: &str) -> Result<Sandbox, SandboxError> {
+    /// Creates and starts a warm sandbox, not yet anyone's.
+    pub async fn start_warm(
+        backend: impl Into<Backend>,
+        config: &SandboxConfig,
+        worker: &str,
+    ) -> Result<Sandbox, SandboxError> {
         let name = format!("{WARM_PREFIX}{}", Uuid::new_v4().simple());
-        Self::create(docker, config, &name, Purpose::Warm { worker }).await
+        Self::create(backend.into(), CreateSpec { name: &name, purpose: Purpose::Warm { worker }, config }).await
     }
 
-    async fn create(
-        docker: &Docker,
-        config: &SandboxConfig,
-        name: &str,
-        purpose: Purpose<'_>,
-    ) -> Result<Sandbox, SandboxError> {
-        let plan = config.disk_plan(docker).await?;
-        // A session's sandbox with egress sits on the session's network
-        // (warm ones never do: runs with egress do not take from the pool).
-        let egress = match &purpose {
-            Purpose::Session(owner) if config.wants_egress() => {
-                let net = egress_network::ensure(docker, &config.egress, owner.session_id).await?;
-                let proxy = std::net::SocketAddr::new(net.gateway.into(), config.egress.port);
-                Some(Attachment { network: net.name, proxy, session_id: owner.session_id })
-            }
-            _ => None,
-        };
-        let made = Self::create_on(docker, config, name, &purpose, plan, egress.as_ref()).await;
-        // A sandbox that never started leaves no network behind: nothing
-        // else would remove it (the reaper goes by containers, and there is
-        // none). The session has no other container on it: one is made only
-        // when the session has none running.
-        // (Unless another took the session's name meanwhile: then the
-        // network is that one's.)
-        if let (Err(e), Some(attachment)) = (&made, &egress)
-            && !is_name_conflict(e)
-        {
-            egress_network::remove(docker, &config.egress.host_firewall, attachment.session_id).await;
-        }
-        made
-    }
-
-    async fn create_on(
-        docker: &Docker,
-        config: &SandboxConfig,
-        name: &str,
-        purpose: &Purpose<'_>,
-        plan: &DiskPlan,
-        egress: Option<&Attachment>,
-    ) -> Result<Sandbox, SandboxError> {
-        let disk = disk::make_disk(plan, config).await?;
-        let created = match Self::create_container(docker, config, name, purpose, plan, egress, disk.as_ref()).await {
-            Ok(created) => created,
-            Err(e) => {
-                // No container took the disk: nothing else would free it now.
-                if let Some(disk) = &disk {
-                    loop_disk::release(&disk.dir).await;
-                }
-                return Err(e);
-            }
-        };
-        let mut sandbox =
-            Sandbox { docker: docker.clone(), id: created, config: config.clone(), toolbox: Arc::default() };
-        if let Err(e) = docker.start_container(&sandbox.id, None).await {
-            sandbox.remove().await;
-            return Err(e.into());
-        }
+    /// The backend makes the sandbox (and its network); its toolbox is
+    /// started here. A sandbox whose toolbox cannot start goes, with the
+    /// session's network it was the only one on.
+    async fn create(backend: Backend, spec: CreateSpec<'_>) -> Result<Sandbox, SandboxError> {
+        let id = backend.create(&spec).await?;
+        let mut sandbox = Sandbox::bound(backend, id, spec.config);
         if let Err(e) = sandbox.start_toolbox().await {
             sandbox.remove().await;
+            if let Purpose::Session(owner) = spec.purpose
+                && spec.config.wants_egress()
+            {
+                sandbox.backend.remove_session_network(&spec.config.egress.host_firewall, owner.session_id).await;
+            }
             return Err(e);
         }
         Ok(sandbox)
     }
 
-    async fn create_container(
-        docker: &Docker,
-        config: &SandboxConfig,
-        name: &str,
-        purpose: &Purpose<'_>,
-        plan: &DiskPlan,
-        egress: Option<&Attachment>,
-        disk: Option<&LoopDisk>,
-    ) -> Result<String, SandboxError> {
-        let options = CreateContainerOptionsBuilder::new().name(name).build();
-        let body = || container_body(config, plan, purpose, egress, disk);
-        match docker.create_container(Some(options.clone()), body()).await {
-            Ok(c) => Ok(c.id),
-            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
-                Err(SandboxError::ImageMissing(config.image.clone()))
-            }
-            Err(bollard::errors::Error::DockerResponseServerError { status_code: 409, .. }) => {
-                // A dead container under this name (callers adopt live ones
-                // first): start afresh.
-                remove_container(docker, name).await;
-                Ok(docker.create_container(Some(options), body()).await?.id)
-            }
-            Err(e) => Err(e.into()),
-        }
+    /// The handle of the backend's sandbox `id`, no toolbox started.
+    fn bound(backend: Backend, id: String, config: &SandboxConfig) -> Sandbox {
+        Sandbox { backend, id, config: config.clone(), toolbox: Arc::default() }
     }
 
     pub fn id(&self) -> &str {
@@ -428,168 +331,37 @@ impl Sandbox {
         &self.config.image
     }
 
-    /// Force-removes the container (killing whatever runs in it).
+    /// Force-removes the sandbox (killing whatever runs in it).
     pub async fn remove(&self) {
-        remove_container(&self.docker, &self.id).await;
+        self.backend.remove(&self.id).await;
     }
 }
 
-/// A sandbox's place on its session's egress network.
-struct Attachment {
-    network: String,
-    /// Where the session's proxy listens.
-    proxy: std::net::SocketAddr,
-    session_id: Uuid,
-}
-
-fn container_body(
-    config: &SandboxConfig,
-    plan: &DiskPlan,
-    purpose: &Purpose<'_>,
-    egress: Option<&Attachment>,
-    disk: Option<&LoopDisk>,
-) -> ContainerCreateBody {
-    let labels = labels_of(purpose, disk);
-    let mut host_config = host_config(config, egress);
-    // The disk bound, and memory (no swap) that leaves room for every tmpfs.
-    disk::apply(plan, config, &mut host_config, disk);
-    disk::label_volumes(&mut host_config, &labels);
-    ContainerCreateBody {
-        image: Some(config.image.clone()),
-        // The container's own process (PID 1 and its `sleep`) does not run
-        // as the command user: so the command user's processes can all be
-        // killed at once (`kill -9 -1`, see toolbox_session) without stopping
-        // the container (or the toolbox). Every exec names its user explicitly.
-        user: Some(MAIN_PROCESS_USER.into()),
-        working_dir: Some(WORKSPACE.into()),
-        cmd: Some(vec!["sleep".into(), "infinity".into()]),
-        // No TTY, no stdin: nothing in the container can wait on input.
-        tty: Some(false),
-        open_stdin: Some(false),
-        labels: Some(labels),
-        env: egress.map(|a| crate::egress::proxy_env(a.proxy)),
-        network_disabled: Some(!config.network && egress.is_none()),
-        host_config: Some(host_config),
-        ..Default::default()
-    }
-}
-
-/// Who a container is for, as labels: cleanup and the reaper find it by them.
-fn labels_of(purpose: &Purpose<'_>, disk: Option<&LoopDisk>) -> HashMap<String, String> {
-    let mut labels = HashMap::from([(LABEL_MANAGED.to_owned(), "true".to_owned())]);
-    if let Some(disk) = disk {
-        // Whoever removes the container frees the disk (see `remove_container`).
-        labels.insert(LABEL_DISK.to_owned(), disk.dir.to_string_lossy().into_owned());
-    }
-    match purpose {
-        Purpose::Session(owner) => {
-            // Who created it; the name, not these, binds it to the session.
-            labels.insert(LABEL_RUN.to_owned(), owner.run_id.to_string());
-            labels.insert(LABEL_SESSION.to_owned(), owner.session_id.to_string());
-            labels.insert(LABEL_WORKER.to_owned(), owner.worker.clone());
-        }
-        Purpose::Warm { worker } => {
-            labels.insert(LABEL_POOL.to_owned(), "true".to_owned());
-            labels.insert(LABEL_WORKER.to_owned(), (*worker).to_owned());
+/// The backend's errors as callers have always seen them: a missing
+/// image, the disk bound, the egress network and I/O keep their own
+/// variants.
+impl From<BackendError> for SandboxError {
+    fn from(e: BackendError) -> Self {
+        match e {
+            BackendError::ImageMissing(image) => SandboxError::ImageMissing(image),
+            BackendError::Disk(e) => SandboxError::Disk(e),
+            BackendError::Network(e) => SandboxError::Network(e),
+            BackendError::Io(e) => SandboxError::Io(e),
+            e => SandboxError::Backend(e),
         }
     }
-    labels
 }
 
-/// The container's confinement: capabilities, limits, network, `/tmp`,
-/// runtime (the disk bound is added by `disk::apply`).
-fn host_config(config: &SandboxConfig, egress: Option<&Attachment>) -> HostConfig {
-    HostConfig {
-        // docker-init as PID 1 reaps orphans, so killed commands leave no zombies.
-        init: Some(true),
-        cap_drop: Some(vec!["ALL".into()]),
-        cap_add: Some(TOOLBOX_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect()),
-        security_opt: Some(vec!["no-new-privileges:true".into()]),
-        pids_limit: Some(config.pids_limit),
-        nano_cpus: Some(config.nano_cpus),
-        network_mode: Some(match egress {
-            Some(a) => a.network.clone(),
-            None if config.network => "bridge".into(),
-            None => "none".into(),
-        }),
-        // The engine's resolver for the sandbox forwards to an address it
-        // cannot reach (see `SANDBOX_DNS`): names resolve at the proxy only.
-        dns: egress.map(|_| vec![SANDBOX_DNS.to_owned()]),
-        ulimits: Some(vec![ResourcesUlimits {
-            name: Some("nofile".into()),
-            soft: Some(config.nofile),
-            hard: Some(config.nofile),
-        }]),
-        // nosuid/nodev like any scratch space; exec stays allowed because
-        // builds and tests run binaries from /tmp.
-        tmpfs: Some(HashMap::from([(
-            "/tmp".to_owned(),
-            format!("rw,nosuid,nodev,size={}m,mode=1777", config.tmpfs_mb),
-        )])),
-        runtime: config.runtime.clone(),
-        ..Default::default()
-    }
+/// Every sandbox Kiln created on this backend.
+pub async fn list_managed(backend: impl Into<Backend>) -> Result<Vec<Managed>, SandboxError> {
+    Ok(backend.into().list_managed().await?)
 }
 
-/// The engine refused a container's name: another container has it.
-fn is_name_conflict(e: &SandboxError) -> bool {
-    matches!(e, SandboxError::Docker(bollard::errors::Error::DockerResponseServerError { status_code: 409, .. }))
+/// Force-removes a sandbox by id; a missing one is not an error.
+pub async fn remove_by_id(backend: impl Into<Backend>, id: &str) {
+    backend.into().remove(id).await;
 }
 
-/// Force-removes a container with its volumes, and frees its loop disk
-/// if it has one.
-async fn remove_container(docker: &Docker, id: &str) {
-    let disk = match docker.inspect_container(id, None).await {
-        Ok(info) => info.config.and_then(|c| c.labels).and_then(|mut l| l.remove(LABEL_DISK)),
-        Err(_) => None,
-    };
-    let options = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
-    match docker.remove_container(id, Some(options)).await {
-        Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
-            if let Some(dir) = disk {
-                loop_disk::release(std::path::Path::new(&dir)).await;
-            }
-        }
-        Err(e) => tracing::warn!(container = id, error = %e, "removing sandbox failed"),
-    }
-}
-
-/// A Kiln container on the engine, as listed.
-#[derive(Debug, Clone)]
-pub struct Managed {
-    pub id: String,
-    /// The session it is bound to (by name), if any.
-    pub session: Option<Uuid>,
-    /// The run that created it (containers of older Kiln versions were
-    /// bound to a run, not a session).
-    pub run: Option<Uuid>,
-    /// A warm container not yet bound to a session, and the worker that
-    /// keeps it. (A bound one still carries the pool labels: labels cannot
-    /// change.)
-    pub pool_worker: Option<String>,
-}
-
-/// Every container Kiln created on this engine.
-pub async fn list_managed(docker: &Docker) -> Result<Vec<Managed>, SandboxError> {
-    let filters = HashMap::from([("label".to_owned(), vec![format!("{LABEL_MANAGED}=true")])]);
-    let options = ListContainersOptionsBuilder::new().all(true).filters(&filters).build();
-    let list = docker.list_containers(Some(options)).await?;
-    Ok(list
-        .into_iter()
-        .filter_map(|c| {
-            let labels = c.labels.unwrap_or_default();
-            let label_uuid = |key: &str| labels.get(key).and_then(|v| Uuid::parse_str(v).ok());
-            let session = c.names.unwrap_or_default().iter().find_map(|n| session_of_name(n));
-            let pool_worker = match labels.get(LABEL_POOL).map(String::as_str) {
-                Some("true") if session.is_none() => labels.get(LABEL_WORKER).cloned(),
-                _ => None,
-            };
-            Some(Managed { id: c.id?, session, run: label_uuid(LABEL_RUN), pool_worker })
-        })
-        .collect())
-}
-
-/// Force-removes a container by id; a missing one is not an error.
-pub async fn remove_by_id(docker: &Docker, id: &str) {
-    remove_container(docker, id).await;
-}
+#[cfg(test)]
+#[path = "backend_tests.rs"]
+mod backend_tests;

@@ -7,10 +7,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use bollard::Docker;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::backend::Backend;
 use super::{Sandbox, SandboxConfig, SandboxError};
 
 /// Wait after a failed start before trying again (a missing image, an
@@ -24,7 +24,7 @@ const PREPARE_TIMEOUT: Duration = Duration::from_secs(300);
 const WAIT_FOR_STARTING: Duration = Duration::from_secs(15);
 
 pub struct WarmPool {
-    docker: Docker,
+    backend: Backend,
     config: SandboxConfig,
     worker: String,
     target: usize,
@@ -45,9 +45,9 @@ pub struct WarmPool {
 }
 
 impl WarmPool {
-    pub fn new(docker: Docker, config: SandboxConfig, worker: String, target: usize) -> Self {
+    pub fn new(backend: impl Into<Backend>, config: SandboxConfig, worker: String, target: usize) -> Self {
         WarmPool {
-            docker,
+            backend: backend.into(),
             config,
             worker,
             target,
@@ -64,13 +64,13 @@ impl WarmPool {
     /// container before it is ready, and the pool ends when the image is
     /// gone.
     pub fn of_environment(
-        docker: Docker,
+        backend: impl Into<Backend>,
         config: SandboxConfig,
         worker: String,
         target: usize,
         restore: String,
     ) -> Self {
-        WarmPool { prepare: Some(restore), of_environment: true, ..WarmPool::new(docker, config, worker, target) }
+        WarmPool { prepare: Some(restore), of_environment: true, ..WarmPool::new(backend, config, worker, target) }
     }
 
     /// Warm containers ready now.
@@ -115,8 +115,7 @@ impl WarmPool {
                     found = Some(sandbox);
                     break;
                 }
-                let (docker, id) = (sandbox.docker.clone(), sandbox.id.clone());
-                tokio::spawn(async move { super::remove_container(&docker, &id).await });
+                tokio::spawn(async move { sandbox.remove().await });
             }
             self.report_size(ready.len());
             found
@@ -164,7 +163,7 @@ impl WarmPool {
 
     /// A started container, prepared if the pool prepares them.
     async fn start_one(&self) -> Result<Sandbox, SandboxError> {
-        let sandbox = Sandbox::start_warm(&self.docker, &self.config, &self.worker).await?;
+        let sandbox = Sandbox::start_warm(&self.backend, &self.config, &self.worker).await?;
         let Some(command) = &self.prepare else { return Ok(sandbox) };
         match sandbox.exec(command, PREPARE_TIMEOUT, 16 * 1024, |_| {}).await {
             Ok(out) if out.exit_code == Some(0) => Ok(sandbox),

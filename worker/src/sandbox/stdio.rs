@@ -18,13 +18,11 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use bollard::container::LogOutput;
-use bollard::exec::{StartExecOptions, StartExecResults};
 use futures::StreamExt;
 use tokio::io::{AsyncWrite, AsyncWriteExt, DuplexStream};
 use tokio::sync::watch;
 
-use super::exec::ExecSetup;
+use super::backend::{Exec, ExecChunk, ExecSpec, ExecStream};
 use super::{HeadTail, Sandbox, SandboxError};
 
 /// Bytes of stderr kept for error messages.
@@ -73,12 +71,8 @@ impl Sandbox {
         let mut cmd = vec!["bash", "-c", WRAPPER, "kiln-stdio"];
         cmd.extend(argv.iter().map(String::as_str));
         let env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let setup = ExecSetup { attached: true, env: Some(env.iter().map(String::as_str).collect()), cwd: Some(cwd) };
-        let exec = self.create_exec_as(cmd, &self.config.user, setup).await?;
-        let started = self.docker.start_exec(&exec, Some(StartExecOptions::default())).await?;
-        let StartExecResults::Attached { output, input } = started else {
-            return Err(SandboxError::Workspace("the engine did not attach to the process".into()));
-        };
+        let spec = ExecSpec { argv: cmd, user: &self.config.user, env, cwd: Some(cwd), stdin: true };
+        let Exec { id: exec, output, input } = self.start_exec(&spec).await?;
         let (reader, writer) = tokio::io::duplex(PIPE_BYTES);
         let state = Arc::new(State {
             pid: OnceLock::new(),
@@ -90,15 +84,13 @@ impl Sandbox {
     }
 }
 
-type Output = Pin<Box<dyn futures::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
-
 /// Moves stdout into `writer` line-checked and stderr into the state's
 /// buffer; at the end records how the process ended, then closes `writer`
 /// (the reader's EOF).
 async fn pump(
     sandbox: Sandbox,
     exec_id: String,
-    mut output: Output,
+    mut output: ExecStream,
     mut writer: DuplexStream,
     state: Arc<State>,
     line_cap: usize,
@@ -107,7 +99,7 @@ async fn pump(
     let mut line_len = 0usize;
     let why = loop {
         match output.next().await {
-            Some(Ok(LogOutput::StdOut { message })) => {
+            Some(Ok(ExecChunk::Stdout(message))) => {
                 let mut bytes = &message[..];
                 if state.pid.get().is_none() {
                     // The wrapper's first line: the pid, not the program's.
@@ -142,7 +134,7 @@ async fn pump(
                     break None;
                 }
             }
-            Some(Ok(LogOutput::StdErr { message })) => lock(&state.stderr).push(&message),
+            Some(Ok(ExecChunk::Stderr(message))) => lock(&state.stderr).push(&message),
             Some(Ok(_)) => {}
             Some(Err(e)) => break Some(format!("its output broke off: {e}")),
             None => break None,
@@ -166,7 +158,7 @@ async fn pump(
 async fn exit_code(sandbox: &Sandbox, exec_id: &str) -> Option<i64> {
     let deadline = tokio::time::Instant::now() + EXIT_WAIT;
     loop {
-        let state = sandbox.docker.inspect_exec(exec_id).await.ok()?;
+        let state = sandbox.backend.exec_status(&sandbox.id, exec_id).await.ok()?;
         if state.running == Some(false) {
             return state.exit_code;
         }
@@ -182,15 +174,9 @@ async fn exit_code(sandbox: &Sandbox, exec_id: &str) -> Option<i64> {
 async fn kill_group(sandbox: &Sandbox, state: &State) {
     let Some(pid) = state.pid.get().copied().filter(|&p| p > 1) else { return };
     let group = format!("-{pid}");
-    let cmd = vec!["kill", "-9", "--", group.as_str()];
-    let exec = sandbox.create_exec_as(cmd, &sandbox.config.user, ExecSetup::default()).await;
-    let started = match exec {
-        Ok(exec) => {
-            sandbox.docker.start_exec(&exec, Some(StartExecOptions { detach: true, ..Default::default() })).await
-        }
-        Err(e) => Err(e),
-    };
-    if let Err(e) = started {
+    let spec =
+        ExecSpec { argv: vec!["kill", "-9", "--", group.as_str()], user: &sandbox.config.user, ..Default::default() };
+    if let Err(e) = sandbox.backend.exec_detached(&sandbox.id, &spec).await {
         tracing::warn!(container = %sandbox.id, pid, error = %e, "killing a stdio process in the sandbox failed");
     }
 }

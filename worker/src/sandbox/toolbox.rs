@@ -10,14 +10,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use bollard::Docker;
-use bollard::exec::{CreateExecOptions, StartExecResults};
 use kiln_toolbox::framing::encode_json;
 use kiln_toolbox::protocol::{PROTOCOL_VERSION, Reply, Request, RequestBody, SessionShell};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 
 use super::WORKSPACE;
+use super::backend::{Backend, BackendError, Exec, ExecSpec};
 use super::toolbox_reader::{CallLimits, Pending, PendingMap, lock, read_frames};
 
 /// How long a fresh toolbox may take to say hello.
@@ -35,8 +34,9 @@ pub enum ToolboxError {
     Died,
     #[error("the toolbox did not start: {0}")]
     Start(String),
-    #[error("docker: {0}")]
-    Docker(#[from] bollard::errors::Error),
+    /// What the backend said (`docker: …`).
+    #[error(transparent)]
+    Backend(#[from] BackendError),
     #[error("writing to the toolbox failed: {0}")]
     Io(#[from] std::io::Error),
     /// An answer that does not fit the request (a bug or version skew).
@@ -82,26 +82,16 @@ impl Drop for ToolboxConn {
 impl ToolboxConn {
     /// Starts `command` in the container, as root acting for `user` (see
     /// [`TOOLBOX_EXEC_USER`]), and waits for its hello.
-    pub async fn start(docker: &Docker, container: &str, command: &str, user: &str) -> Result<Self, ToolboxError> {
-        let exec = docker
-            .create_exec(
-                container,
-                CreateExecOptions {
-                    cmd: Some(vec![command, "--user", user]),
-                    attach_stdin: Some(true),
-                    attach_stdout: Some(true),
-                    attach_stderr: Some(true),
-                    // A TTY would mangle the binary frames.
-                    tty: Some(false),
-                    user: Some(TOOLBOX_EXEC_USER),
-                    working_dir: Some(WORKSPACE),
-                    ..Default::default()
-                },
-            )
-            .await?;
-        let StartExecResults::Attached { output, input } = docker.start_exec(&exec.id, None).await? else {
-            return Err(ToolboxError::Start("docker did not attach to the toolbox".into()));
+    pub async fn start(backend: &Backend, sandbox: &str, command: &str, user: &str) -> Result<Self, ToolboxError> {
+        // (Never a TTY, which would mangle the binary frames.)
+        let spec = ExecSpec {
+            argv: vec![command, "--user", user],
+            user: TOOLBOX_EXEC_USER,
+            cwd: Some(WORKSPACE),
+            stdin: true,
+            ..Default::default()
         };
+        let Exec { output, input, .. } = backend.exec(sandbox, &spec).await?;
         let pending: PendingMap = Arc::default();
         let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let (hello_tx, hello_rx) = oneshot::channel();

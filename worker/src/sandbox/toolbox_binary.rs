@@ -4,8 +4,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use bollard::query_parameters::UploadToContainerOptionsBuilder;
-
 use super::{Sandbox, SandboxError};
 
 /// Where the copied binary lives in the container: not under `/tmp` (a
@@ -89,12 +87,11 @@ fn candidates(configured: Option<&Path>) -> Vec<PathBuf> {
 
 impl Sandbox {
     /// Copies `binary` to [`CONTAINER_PATH`] (root-owned, mode 0755) through
-    /// the archive API, into the volume mounted at [`CONTAINER_DIR`].
+    /// the backend's archive, into the volume mounted at [`CONTAINER_DIR`].
     pub(super) async fn install_toolbox(&self, binary: &[u8]) -> Result<(), SandboxError> {
         let tarball = tar_with_binary(binary)?;
-        let options = UploadToContainerOptionsBuilder::new().path(CONTAINER_DIR).build();
-        self.docker.upload_to_container(&self.id, Some(options), bollard::body_full(tarball.into())).await?;
-        Ok(())
+        let body = futures::stream::once(std::future::ready(Ok::<_, std::io::Error>(bytes::Bytes::from(tarball))));
+        Ok(self.backend.put_archive(&self.id, CONTAINER_DIR, Box::pin(body)).await?)
     }
 }
 

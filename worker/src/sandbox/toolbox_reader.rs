@@ -9,16 +9,15 @@
 //! reply kind has a size bound (over it, the call gets a clear error).
 
 use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bollard::container::LogOutput;
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use kiln_toolbox::framing::{FrameDecoder, FrameError};
 use kiln_toolbox::protocol::{Reply, RequestBody, ServerMessage};
 use tokio::sync::oneshot;
 
+use super::backend::ExecChunk;
 use super::toolbox::{OutputSink, ToolboxError};
 
 /// Largest frame the worker accepts from a toolbox. The biggest legitimate
@@ -160,7 +159,7 @@ const NOT_A_HELLO_CHARS: usize = 300;
 const MISSING_MAX: usize = 4;
 const MISSING_NAME_CHARS: usize = 64;
 
-pub(super) type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
+pub(super) type Output = super::backend::ExecStream;
 
 /// Decodes the toolbox's stdout until it ends (or breaks the protocol
 /// beyond repair), then fails every waiting call.
@@ -177,13 +176,13 @@ pub(super) async fn read_frames(
     let mut before_hello: Vec<u8> = Vec::new();
     'stream: while let Some(chunk) = output.next().await {
         match chunk {
-            Ok(LogOutput::StdOut { message }) => {
+            Ok(ExecChunk::Stdout(message)) => {
                 if hello.is_some() && before_hello.len() < NOT_A_HELLO_CHARS {
                     before_hello.extend_from_slice(&message[..message.len().min(NOT_A_HELLO_CHARS)]);
                 }
                 decoder.push(&message)
             }
-            Ok(LogOutput::StdErr { message }) => {
+            Ok(ExecChunk::Stderr(message)) => {
                 let text = String::from_utf8_lossy(&message);
                 let text: String = text.chars().take(STDERR_LOG_CHARS).collect();
                 tracing::debug!(stderr = %text.trim_end(), "toolbox");

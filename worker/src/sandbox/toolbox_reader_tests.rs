@@ -5,6 +5,8 @@
 use std::sync::atomic::AtomicUsize;
 
 use bytes::Bytes;
+
+use crate::sandbox::backend::BackendError;
 use kiln_toolbox::framing::encode_json;
 use kiln_toolbox::protocol::{
     ExecRequest, ExecResult, Hello, Output as OutputMsg, Response, ServerMessage, ViewRequest, ViewResult,
@@ -50,8 +52,8 @@ fn response(id: u64, result: Reply) -> Vec<u8> {
 }
 
 /// Splits `bytes` into stdout chunks of at most 64 KiB, as Docker would.
-fn chunks(bytes: Vec<u8>) -> Vec<Result<LogOutput, bollard::errors::Error>> {
-    bytes.chunks(64 * 1024).map(|c| Ok(LogOutput::StdOut { message: Bytes::copy_from_slice(c) })).collect()
+fn chunks(bytes: Vec<u8>) -> Vec<Result<ExecChunk, BackendError>> {
+    bytes.chunks(64 * 1024).map(|c| Ok(ExecChunk::Stdout(Bytes::copy_from_slice(c)))).collect()
 }
 
 /// A sink that counts what it is handed, and accepts it all.

@@ -6,10 +6,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bollard::exec::StartExecOptions;
 use kiln_toolbox::protocol::{ErrorKind, FileVersion, Reply, RequestBody, SessionShell};
 
-use super::exec::ExecSetup;
+use super::backend::{BackendError, ExecSpec};
 use super::toolbox::{OutputSink, TOOLBOX_EXEC_USER, ToolboxConn, ToolboxError};
 use super::toolbox_binary::{self, CONTAINER_PATH, IMAGE_COMMAND};
 use super::{Sandbox, SandboxError, WORKSPACE};
@@ -29,7 +28,7 @@ const RESTART_ATTEMPTS: u32 = 3;
 #[derive(Default)]
 pub(super) struct ToolboxState {
     /// What to exec to start the toolbox; `None`: this sandbox has none and
-    /// the tools use one `docker exec` / archive transfer per call.
+    /// the tools use one exec per call.
     command: Option<String>,
     conn: tokio::sync::Mutex<Option<Arc<ToolboxConn>>>,
     /// Version of each file as the model last saw it (by `view`) or made it
@@ -67,7 +66,7 @@ impl Sandbox {
             },
             None => IMAGE_COMMAND,
         };
-        match ToolboxConn::start(&self.docker, &self.id, command, &self.config.user).await {
+        match ToolboxConn::start(&self.backend, &self.id, command, &self.config.user).await {
             Ok(conn) if conn.shell().is_none() && !conn.missing().is_empty() => {
                 Err(SandboxError::ImageLacks { image: self.config.image.clone(), missing: conn.missing().join(", ") })
             }
@@ -98,15 +97,12 @@ impl Sandbox {
     async fn check_shell(&self, toolbox: &ToolboxError) -> Result<(), SandboxError> {
         for shell in [SessionShell::Bash, SessionShell::Sh] {
             let program = shell.program().unwrap_or("sh");
-            let started =
-                match self.run_detached(vec![program, "-c", "exit 0"], &self.config.user).await {
-                    Ok(code) => !matches!(code, Some(126 | 127)),
-                    // The engine refuses to start a program the image lacks.
-                    Err(ToolboxError::Docker(bollard::errors::Error::DockerResponseServerError {
-                        message, ..
-                    })) if message.contains("OCI runtime exec failed") => false,
-                    Err(e) => return Err(e.into()),
-                };
+            let started = match self.run_detached(vec![program, "-c", "exit 0"], &self.config.user).await {
+                Ok(code) => !matches!(code, Some(126 | 127)),
+                // The engine refuses to start a program the image lacks.
+                Err(ToolboxError::Backend(BackendError::ExecRefused { .. })) => false,
+                Err(e) => return Err(e.into()),
+            };
             if started {
                 self.set_shell(shell);
                 return Ok(());
@@ -242,7 +238,7 @@ impl Sandbox {
             if let Err(e) = self.kill_user_processes().await {
                 tracing::warn!(container = %self.id, error = %e, attempt, "killing the sandbox's processes failed");
             }
-            match ToolboxConn::start(&self.docker, &self.id, command, &self.config.user).await {
+            match ToolboxConn::start(&self.backend, &self.id, command, &self.config.user).await {
                 Ok(conn) => return Ok(conn),
                 Err(e) => last = Some(e),
             }
@@ -267,13 +263,7 @@ impl Sandbox {
                 Ok(true) => return Ok(()),
                 Ok(false) => {}
                 // No container: nothing to retry.
-                Err(
-                    e @ ToolboxError::Docker(bollard::errors::Error::DockerResponseServerError {
-                        status_code: 404, ..
-                    }),
-                ) => {
-                    return Err(e);
-                }
+                Err(e @ ToolboxError::Backend(BackendError::NotFound { .. })) => return Err(e),
                 Err(e) => last = Err(e),
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -293,10 +283,9 @@ impl Sandbox {
     /// Runs `cmd` as `user` without attaching; its exit code, `None` when
     /// it did not finish within a second.
     async fn run_detached(&self, cmd: Vec<&str>, user: &str) -> Result<Option<i64>, ToolboxError> {
-        let exec = self.create_exec_as(cmd, user, ExecSetup::default()).await?;
-        self.docker.start_exec(&exec, Some(StartExecOptions { detach: true, ..Default::default() })).await?;
+        let exec = self.backend.exec_detached(&self.id, &ExecSpec { argv: cmd, user, ..Default::default() }).await?;
         for _ in 0..40 {
-            let state = self.docker.inspect_exec(&exec).await?;
+            let state = self.backend.exec_status(&self.id, &exec).await?;
             if state.running == Some(false) {
                 return Ok(state.exit_code);
             }

@@ -1,6 +1,6 @@
 //! Getting a checkout into the sandbox: the worker clones it on its own
 //! side (`repo_clone`; credentials stay here), then streams it into
-//! `/workspace` through the Docker archive API. The tar is written on a
+//! `/workspace` through the backend's archive (Docker's archive API). The tar is written on a
 //! blocking thread into a bounded channel the upload reads from, so the
 //! worker holds a few chunks of it at a time, never the tree; and the walk
 //! counts bytes, failing past the cap (`KILN_MAX_REPO_MB`).
@@ -8,7 +8,6 @@
 use std::io::Write;
 use std::path::Path;
 
-use bollard::query_parameters::UploadToContainerOptionsBuilder;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
@@ -40,8 +39,7 @@ impl Sandbox {
             result
         });
         let body = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
-        let options = UploadToContainerOptionsBuilder::new().path(WORKSPACE).build();
-        let uploaded = self.docker.upload_to_container(&self.id, Some(options), bollard::body_try_stream(body)).await;
+        let uploaded = self.backend.put_archive(&self.id, WORKSPACE, Box::pin(body)).await;
         let written = writer.await.map_err(|e| SandboxError::Workspace(format!("tar task failed: {e}")))?;
         match (written, uploaded) {
             // Too large says more than the broken upload it caused.

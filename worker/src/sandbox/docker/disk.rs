@@ -39,10 +39,13 @@ use bollard::query_parameters::{
 use futures::StreamExt;
 use uuid::Uuid;
 
-use super::files::parse_user;
+use super::container::{MAIN_PROCESS_USER, remove_container};
 use super::loop_disk::{self, LoopDisk};
-use super::toolbox_binary::CONTAINER_DIR as TOOLBOX_DIR;
-use super::{LABEL_MANAGED, MAIN_PROCESS_USER, SandboxConfig, SandboxError, WORKSPACE, remove_container};
+use crate::labels::LABEL_MANAGED;
+use crate::sandbox::backend::BackendError;
+use crate::sandbox::files::parse_user;
+use crate::sandbox::toolbox_binary::CONTAINER_DIR as TOOLBOX_DIR;
+use crate::sandbox::{SandboxConfig, WORKSPACE};
 
 /// The setting that turns the bound off.
 pub const MODE_ENV: &str = "KILN_SANDBOX_DISK_MODE";
@@ -168,7 +171,7 @@ pub fn choose(mode: DiskMode, support: Support) -> Result<DiskMechanism, DiskErr
 
 /// Probes the engine (with throwaway containers of the sandbox image) and
 /// plans the sandboxes' disk.
-pub async fn probe(docker: &Docker, config: &SandboxConfig) -> Result<DiskPlan, SandboxError> {
+pub async fn probe(docker: &Docker, config: &SandboxConfig) -> Result<DiskPlan, BackendError> {
     if config.disk_mode == DiskMode::Unbounded {
         return Ok(DiskPlan {
             mechanism: DiskMechanism::Unbounded,
@@ -202,7 +205,7 @@ pub async fn probe(docker: &Docker, config: &SandboxConfig) -> Result<DiskPlan, 
 /// small disk with a marker file, bound into a (never started) container of
 /// the image, and the marker read back through the engine. An engine in
 /// another mount namespace would bind the bare directory (or none) instead.
-async fn probe_loop(docker: &Docker, config: &SandboxConfig) -> Result<Result<(), String>, SandboxError> {
+async fn probe_loop(docker: &Docker, config: &SandboxConfig) -> Result<Result<(), String>, BackendError> {
     let disk = match loop_disk::create(&config.disk_dir, 16, (0, 0), &[(WORKSPACE, 0o755)]).await {
         Ok(disk) => disk,
         Err(e) => return Ok(Err(e.to_string())),
@@ -216,7 +219,7 @@ async fn probe_loop_on(
     docker: &Docker,
     config: &SandboxConfig,
     disk: &LoopDisk,
-) -> Result<Result<(), String>, SandboxError> {
+) -> Result<Result<(), String>, BackendError> {
     let marker = Uuid::new_v4().to_string();
     let place = disk.place(WORKSPACE);
     if let Err(e) = tokio::fs::write(place.join(".kiln-probe"), &marker).await {
@@ -263,7 +266,7 @@ fn probe_body(config: &SandboxConfig, host_config: HostConfig) -> ContainerCreat
 }
 
 /// Creates a probe container; `Ok(Err(reason))`: the engine refused it.
-async fn create_probe(docker: &Docker, body: ContainerCreateBody) -> Result<Result<String, String>, SandboxError> {
+async fn create_probe(docker: &Docker, body: ContainerCreateBody) -> Result<Result<String, String>, BackendError> {
     let name = format!("kiln-probe-{}", Uuid::new_v4().simple());
     let options = CreateContainerOptionsBuilder::new().name(&name).build();
     match docker.create_container(Some(options), body).await {
@@ -271,7 +274,7 @@ async fn create_probe(docker: &Docker, body: ContainerCreateBody) -> Result<Resu
         Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, message })
             if message.contains("image") =>
         {
-            Err(SandboxError::ImageMissing(String::new()))
+            Err(BackendError::ImageMissing(String::new()))
         }
         Err(bollard::errors::Error::DockerResponseServerError { message, .. }) => Ok(Err(message)),
         Err(e) => Err(e.into()),
@@ -280,7 +283,7 @@ async fn create_probe(docker: &Docker, body: ContainerCreateBody) -> Result<Resu
 
 /// Whether the engine sizes a container's writable layer; if so, the
 /// volumes the image declares.
-async fn probe_layer(docker: &Docker, config: &SandboxConfig) -> Result<Result<Vec<String>, String>, SandboxError> {
+async fn probe_layer(docker: &Docker, config: &SandboxConfig) -> Result<Result<Vec<String>, String>, BackendError> {
     let host_config = HostConfig { storage_opt: Some(layer_storage_opt(config)), ..Default::default() };
     let created = create_probe(docker, probe_body(config, host_config)).await.map_err(|e| image_missing(e, config))?;
     Ok(match created {
@@ -302,7 +305,7 @@ struct Inspection {
 /// Runs the image with a read-only root and a tmpfs volume (does that
 /// work?) and reads what the plan needs from it: the volumes the image
 /// declares and the command user's home.
-async fn inspect_image_tmpfs(docker: &Docker, config: &SandboxConfig) -> Result<Inspection, SandboxError> {
+async fn inspect_image_tmpfs(docker: &Docker, config: &SandboxConfig) -> Result<Inspection, BackendError> {
     let host_config = HostConfig {
         readonly_rootfs: Some(true),
         mounts: Some(vec![tmpfs_volume(WORKSPACE, 1, &config.user, 0o755)]),
@@ -318,7 +321,7 @@ async fn inspect_image_tmpfs(docker: &Docker, config: &SandboxConfig) -> Result<
     result
 }
 
-async fn inspect_probe(docker: &Docker, config: &SandboxConfig, id: &str) -> Result<Inspection, SandboxError> {
+async fn inspect_probe(docker: &Docker, config: &SandboxConfig, id: &str) -> Result<Inspection, BackendError> {
     let info = docker.inspect_container(id, None).await?;
     let image_volumes =
         info.mounts.unwrap_or_default().into_iter().filter_map(|m| m.destination).filter(|d| d != WORKSPACE).collect();
@@ -341,9 +344,9 @@ async fn inspect_probe(docker: &Docker, config: &SandboxConfig, id: &str) -> Res
     Ok(Inspection { tmpfs, home, image_volumes })
 }
 
-fn image_missing(e: SandboxError, config: &SandboxConfig) -> SandboxError {
+fn image_missing(e: BackendError, config: &SandboxConfig) -> BackendError {
     match e {
-        SandboxError::ImageMissing(_) => SandboxError::ImageMissing(config.image.clone()),
+        BackendError::ImageMissing(_) => BackendError::ImageMissing(config.image.clone()),
         other => other,
     }
 }
@@ -452,7 +455,7 @@ pub(super) fn places(plan: &DiskPlan) -> Vec<(&str, u32)> {
 }
 
 /// Makes the sandbox's loop disk, if the plan uses one.
-pub(super) async fn make_disk(plan: &DiskPlan, config: &SandboxConfig) -> Result<Option<LoopDisk>, SandboxError> {
+pub(super) async fn make_disk(plan: &DiskPlan, config: &SandboxConfig) -> Result<Option<LoopDisk>, BackendError> {
     if plan.mechanism != DiskMechanism::Loop {
         return Ok(None);
     }

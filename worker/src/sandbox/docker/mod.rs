@@ -1,0 +1,189 @@
+//! The Docker backend: one container per sandbox, driven through the
+//! Docker API (bollard), the engine local or remote. The only
+//! [`SandboxBackend`] today.
+//!
+//! A sandbox is a container whose main process is an idle `sleep` as root
+//! (see [`container`]), with the toolbox's capabilities and no others, the
+//! limits of its [`SandboxConfig`], the disk bound of [`disk`] and no
+//! network unless it has egress (its session's `internal` network, see
+//! `crate::egress::network`) or the deployment allows `bridge`. Execs are
+//! `docker exec`s, files go in and out through the archive API.
+
+mod container;
+pub mod disk;
+mod exec;
+pub mod loop_disk;
+pub mod runtime;
+
+use async_trait::async_trait;
+use bollard::Docker;
+use bollard::query_parameters::{
+    DownloadFromContainerOptionsBuilder, RenameContainerOptionsBuilder, UploadToContainerOptionsBuilder,
+};
+use futures::StreamExt;
+use uuid::Uuid;
+
+use super::backend::{
+    Backend, BackendError, CreateSpec, Exec, ExecSpec, ExecStatus, Found, Managed, SandboxBackend, TarStream,
+};
+use super::{SandboxConfig, SandboxError};
+use crate::egress::host_firewall::HostFirewall;
+use disk::DiskPlan;
+
+/// Sandboxes as Docker containers on one engine.
+#[derive(Debug, Clone)]
+pub struct DockerBackend {
+    docker: Docker,
+}
+
+impl DockerBackend {
+    pub fn new(docker: Docker) -> Self {
+        DockerBackend { docker }
+    }
+}
+
+impl From<&Docker> for Backend {
+    fn from(docker: &Docker) -> Self {
+        Backend::new(DockerBackend::new(docker.clone()))
+    }
+}
+
+impl From<Docker> for Backend {
+    fn from(docker: Docker) -> Self {
+        Backend::new(DockerBackend::new(docker))
+    }
+}
+
+/// The engine's words, sorted into what callers act on.
+impl From<bollard::errors::Error> for BackendError {
+    fn from(e: bollard::errors::Error) -> Self {
+        let said = format!("docker: {e}");
+        match &e {
+            bollard::errors::Error::DockerResponseServerError { message, .. }
+                if message.contains("OCI runtime exec failed") =>
+            {
+                BackendError::ExecRefused { said }
+            }
+            bollard::errors::Error::DockerResponseServerError { status_code: 404, .. } => {
+                BackendError::NotFound { said }
+            }
+            bollard::errors::Error::DockerResponseServerError { status_code: 409, message }
+                if message.contains("is already in use") =>
+            {
+                BackendError::NameTaken { said }
+            }
+            _ => BackendError::Engine { said },
+        }
+    }
+}
+
+/// What the environment cache's own engine calls (`?` on bollard) give.
+impl From<bollard::errors::Error> for SandboxError {
+    fn from(e: bollard::errors::Error) -> Self {
+        BackendError::from(e).into()
+    }
+}
+
+impl SandboxConfig {
+    /// How sandboxes' disk is bounded on this engine: probed the first time
+    /// it is asked for, then remembered.
+    pub async fn disk_plan(&self, docker: &Docker) -> Result<&DiskPlan, SandboxError> {
+        Ok(plan(self, docker).await?)
+    }
+}
+
+async fn plan<'a>(config: &'a SandboxConfig, docker: &Docker) -> Result<&'a DiskPlan, BackendError> {
+    config
+        .disk_plan
+        .get_or_try_init(|| async {
+            let plan = disk::probe(docker, config).await?;
+            tracing::info!(
+                mechanism = plan.mechanism.as_str(),
+                disk_mb = config.disk_mb,
+                home = ?plan.home,
+                image_volumes = ?plan.image_volumes,
+                "sandbox disk bound"
+            );
+            if plan.mechanism == disk::DiskMechanism::Tmpfs
+                && let Some(why) = &plan.loop_refused
+            {
+                tracing::warn!(
+                    reason = %why,
+                    "sandbox workspaces live in RAM (tmpfs): a loop-mounted disk image is not possible here, \
+                     and every sandbox's memory limit is raised by its disk bound"
+                );
+            }
+            Ok(plan)
+        })
+        .await
+}
+
+#[async_trait]
+impl SandboxBackend for DockerBackend {
+    async fn create(&self, spec: &CreateSpec<'_>) -> Result<String, BackendError> {
+        let plan = plan(spec.config, &self.docker).await?;
+        container::create(&self.docker, spec, plan).await
+    }
+
+    async fn find(&self, name: &str) -> Result<Option<Found>, BackendError> {
+        let info = match self.docker.inspect_container(name, None).await {
+            Ok(info) => info,
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let networks = info.network_settings.and_then(|n| n.networks).unwrap_or_default();
+        Ok(Some(Found {
+            id: info.id.unwrap_or_else(|| name.to_owned()),
+            running: info.state.and_then(|s| s.running).unwrap_or(false),
+            networks: networks.into_keys().collect(),
+        }))
+    }
+
+    async fn rename(&self, id: &str, name: &str) -> Result<(), BackendError> {
+        let options = RenameContainerOptionsBuilder::new().name(name).build();
+        Ok(self.docker.rename_container(id, options).await?)
+    }
+
+    async fn exec(&self, id: &str, spec: &ExecSpec<'_>) -> Result<Exec, BackendError> {
+        exec::attached(&self.docker, id, spec).await
+    }
+
+    async fn exec_detached(&self, id: &str, spec: &ExecSpec<'_>) -> Result<String, BackendError> {
+        exec::detached(&self.docker, id, spec).await
+    }
+
+    async fn exec_status(&self, _id: &str, exec: &str) -> Result<ExecStatus, BackendError> {
+        let state = self.docker.inspect_exec(exec).await?;
+        Ok(ExecStatus { running: state.running, exit_code: state.exit_code })
+    }
+
+    async fn put_archive(&self, id: &str, dir: &str, tar: TarStream) -> Result<(), BackendError> {
+        let options = UploadToContainerOptionsBuilder::new().path(dir).build();
+        Ok(self.docker.upload_to_container(id, Some(options), bollard::body_try_stream(tar)).await?)
+    }
+
+    async fn get_archive(&self, id: &str, path: &str, cap: usize) -> Result<Option<Vec<u8>>, BackendError> {
+        let options = DownloadFromContainerOptionsBuilder::new().path(path).build();
+        let mut stream = self.docker.download_from_container(id, Some(options));
+        let mut tarball = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            tarball.extend_from_slice(&chunk?);
+            if tarball.len() > cap {
+                return Ok(None);
+            }
+        }
+        Ok(Some(tarball))
+    }
+
+    async fn remove(&self, id: &str) {
+        container::remove_container(&self.docker, id).await;
+    }
+
+    async fn list_managed(&self) -> Result<Vec<Managed>, BackendError> {
+        container::list_managed(&self.docker).await
+    }
+
+    async fn remove_session_network(&self, firewall: &HostFirewall, session_id: Uuid) {
+        crate::egress::network::remove(&self.docker, firewall, session_id).await;
+    }
+}
