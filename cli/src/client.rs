@@ -208,60 +208,15 @@ impl KilnClient {
         let mut last_seq = after;
         let mut failures = 0u32;
         loop {
-            let response = self
-                .http
-                .get(self.url(&format!("/v1/runs/{id}/events")))
-                .bearer_auth(self.token.expose_secret())
-                .header("accept", "text/event-stream")
-                .header("last-event-id", last_seq.to_string())
-                .send()
-                .await;
-            let response = match response {
-                // The run ended and its terminal event was seen already.
-                Ok(r) if r.status() == reqwest::StatusCode::NO_CONTENT => {
-                    return Ok(format!("run.{}", self.get_run(id).await?.status.as_str()));
-                }
-                Ok(r) if r.status().is_success() => r,
-                // The API is there and says no (unknown run, bad token): retrying will not help.
-                Ok(r) if r.status().is_client_error() => {
-                    let status = r.status();
-                    let body = r.text().await.unwrap_or_default();
-                    bail!("following run {id} failed: HTTP {status}: {}", error_message(&body));
-                }
-                // Unreachable, or unavailable for now (a 5xx while the database restarts).
-                other => {
-                    failures += 1;
-                    if failures > MAX_RECONNECTS {
-                        return match other {
-                            Err(e) => {
-                                Err(anyhow::anyhow!("following run {id}: {}", base_url::unreachable(&self.base, &e)))
-                            }
-                            Ok(r) => bail!("following run {id} failed: HTTP {}", r.status()),
-                        };
-                    }
-                    tokio::time::sleep(Duration::from_millis(500 * u64::from(failures))).await;
-                    continue;
-                }
+            let response = match self.open_events(id, last_seq, &mut failures).await? {
+                Opened::Stream(response) => response,
+                Opened::Ended(kind) => return Ok(kind),
+                Opened::Retry => continue,
             };
             let opened = std::time::Instant::now();
-            let mut stream = response.bytes_stream().eventsource();
-            while let Some(item) = stream.next().await {
-                // A broken stream: reconnect below and resume after the last event seen.
-                let Ok(event) = item else { break };
-                // Keep-alive comments and anything else without an id carry no event.
-                let Ok(seq) = event.id.parse::<i64>() else { continue };
-                if seq <= last_seq {
-                    continue;
-                }
-                last_seq = seq;
-                failures = 0;
-                let payload: Value = serde_json::from_str(&event.data)
-                    .with_context(|| format!("event {seq} of run {id} is not JSON: {}", event.data))?;
-                let event = StreamedEvent { seq, kind: event.event, payload };
-                on_event(&event);
-                if event.is_terminal() {
-                    return Ok(event.kind);
-                }
+            let stream = response.bytes_stream().eventsource();
+            if let Some(kind) = read_events(stream, id, &mut last_seq, &mut failures, &mut on_event).await? {
+                return Ok(kind);
             }
             // The stream ended without a terminal event (the API instance
             // stopped, the network dropped it, it reached `KILN_SSE_MAX_S`):
@@ -277,6 +232,87 @@ impl KilnClient {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+
+    /// One request for the run's event stream after `last_seq`: the stream,
+    /// the run's end when it was seen already, or a retry after a pause
+    /// (an unreachable or unavailable API) until there were too many.
+    async fn open_events(&self, id: Uuid, last_seq: i64, failures: &mut u32) -> anyhow::Result<Opened> {
+        let response = self
+            .http
+            .get(self.url(&format!("/v1/runs/{id}/events")))
+            .bearer_auth(self.token.expose_secret())
+            .header("accept", "text/event-stream")
+            .header("last-event-id", last_seq.to_string())
+            .send()
+            .await;
+        match response {
+            // The run ended and its terminal event was seen already.
+            Ok(r) if r.status() == reqwest::StatusCode::NO_CONTENT => {
+                Ok(Opened::Ended(format!("run.{}", self.get_run(id).await?.status.as_str())))
+            }
+            Ok(r) if r.status().is_success() => Ok(Opened::Stream(r)),
+            // The API is there and says no (unknown run, bad token): retrying will not help.
+            Ok(r) if r.status().is_client_error() => {
+                let status = r.status();
+                let body = r.text().await.unwrap_or_default();
+                bail!("following run {id} failed: HTTP {status}: {}", error_message(&body));
+            }
+            // Unreachable, or unavailable for now (a 5xx while the database restarts).
+            other => {
+                *failures += 1;
+                if *failures > MAX_RECONNECTS {
+                    return match other {
+                        Err(e) => Err(anyhow::anyhow!("following run {id}: {}", base_url::unreachable(&self.base, &e))),
+                        Ok(r) => bail!("following run {id} failed: HTTP {}", r.status()),
+                    };
+                }
+                tokio::time::sleep(Duration::from_millis(500 * u64::from(*failures))).await;
+                Ok(Opened::Retry)
+            }
+        }
+    }
+}
+
+/// What one request for a run's event stream gave.
+enum Opened {
+    Stream(reqwest::Response),
+    /// The run had ended: its terminal event's kind.
+    Ended(String),
+    Retry,
+}
+
+/// Hands each new event of an open stream to `on_event` (those at or
+/// before `last_seq` were seen already) until the run's terminal event,
+/// whose kind it returns; `None` when the stream ends or breaks first.
+async fn read_events<S, E>(
+    mut stream: S,
+    id: Uuid,
+    last_seq: &mut i64,
+    failures: &mut u32,
+    on_event: &mut impl FnMut(&StreamedEvent),
+) -> anyhow::Result<Option<String>>
+where
+    S: futures::Stream<Item = Result<eventsource_stream::Event, E>> + Unpin,
+{
+    while let Some(item) = stream.next().await {
+        // A broken stream: the caller reconnects and resumes after the last event seen.
+        let Ok(event) = item else { break };
+        // Keep-alive comments and anything else without an id carry no event.
+        let Ok(seq) = event.id.parse::<i64>() else { continue };
+        if seq <= *last_seq {
+            continue;
+        }
+        *last_seq = seq;
+        *failures = 0;
+        let payload: Value = serde_json::from_str(&event.data)
+            .with_context(|| format!("event {seq} of run {id} is not JSON: {}", event.data))?;
+        let event = StreamedEvent { seq, kind: event.event, payload };
+        on_event(&event);
+        if event.is_terminal() {
+            return Ok(Some(event.kind));
+        }
+    }
+    Ok(None)
 }
 
 impl KilnClient {

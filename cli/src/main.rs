@@ -79,47 +79,7 @@ enum Command {
         state_dir: PathBuf,
     },
     /// Submit a run to a running Kiln and optionally follow it.
-    Run {
-        /// What the agent should do, in plain words.
-        #[arg(long)]
-        prompt: String,
-        /// Repository to clone into the sandbox: a URL, or a directory on
-        /// this machine (sent as file://, for a Kiln on the same machine such as `kiln up`).
-        /// Without it the run starts in an empty workspace.
-        #[arg(long)]
-        repo: Option<String>,
-        /// Branch, tag or commit of the repository.
-        #[arg(long = "ref")]
-        git_ref: Option<String>,
-        /// Which tool calls wait for `kiln approve`: never, mutating (bash, edit, write) or always.
-        #[arg(long, value_parser = parse_approval)]
-        approval: Option<ApprovalMode>,
-        /// Show the events as they arrive (live progress on a terminal, plain
-        /// lines otherwise); exit 0 if the run succeeds, 1 if not.
-        #[arg(long)]
-        follow: bool,
-        /// Print one JSON object per event (`seq`, `kind`, `payload`), for
-        /// scripts; without --follow, the run as the API returned it.
-        #[arg(long)]
-        json: bool,
-        /// Run the task as this many attempts at once (1 to 4), each in its
-        /// own sandbox; choose one with `kiln select RUN K`.
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4))]
-        attempts: Option<u32>,
-        /// The model of each attempt, in order (repeat the flag).
-        #[arg(long = "attempt-model")]
-        attempt_models: Vec<String>,
-        /// Continue the session of this finished run instead of starting a
-        /// new one: the prompt is its follow-up, with the conversation and
-        /// (while its container lives) the workspace kept. The session's
-        /// settings stay; the flags that choose them cannot be given.
-        #[arg(long, value_name = "RUN", value_parser = parse_run_id, conflicts_with_all = ["repo", "git_ref", "approval", "attempts", "attempt_models"])]
-        session: Option<Uuid>,
-        #[command(flatten)]
-        options: kiln_cli::run_options::RunOptions,
-        #[command(flatten)]
-        connection: Connection,
-    },
+    Run(RunArgs),
     /// Choose attempt K of a group of attempts as its result: the group's
     /// change (`kiln diff`, `kiln apply`) is attempt K's from then on.
     Select {
@@ -308,6 +268,50 @@ fn shutdown_signal() -> CancellationToken {
     token
 }
 
+/// `kiln run`'s arguments.
+#[derive(clap::Args)]
+struct RunArgs {
+    /// What the agent should do, in plain words.
+    #[arg(long)]
+    prompt: String,
+    /// Repository to clone into the sandbox: a URL, or a directory on
+    /// this machine (sent as file://, for a Kiln on the same machine such as `kiln up`).
+    /// Without it the run starts in an empty workspace.
+    #[arg(long)]
+    repo: Option<String>,
+    /// Branch, tag or commit of the repository.
+    #[arg(long = "ref")]
+    git_ref: Option<String>,
+    /// Which tool calls wait for `kiln approve`: never, mutating (bash, edit, write) or always.
+    #[arg(long, value_parser = parse_approval)]
+    approval: Option<ApprovalMode>,
+    /// Show the events as they arrive (live progress on a terminal, plain
+    /// lines otherwise); exit 0 if the run succeeds, 1 if not.
+    #[arg(long)]
+    follow: bool,
+    /// Print one JSON object per event (`seq`, `kind`, `payload`), for
+    /// scripts; without --follow, the run as the API returned it.
+    #[arg(long)]
+    json: bool,
+    /// Run the task as this many attempts at once (1 to 4), each in its
+    /// own sandbox; choose one with `kiln select RUN K`.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4))]
+    attempts: Option<u32>,
+    /// The model of each attempt, in order (repeat the flag).
+    #[arg(long = "attempt-model")]
+    attempt_models: Vec<String>,
+    /// Continue the session of this finished run instead of starting a
+    /// new one: the prompt is its follow-up, with the conversation and
+    /// (while its container lives) the workspace kept. The session's
+    /// settings stay; the flags that choose them cannot be given.
+    #[arg(long, value_name = "RUN", value_parser = parse_run_id, conflicts_with_all = ["repo", "git_ref", "approval", "attempts", "attempt_models"])]
+    session: Option<Uuid>,
+    #[command(flatten)]
+    options: kiln_cli::run_options::RunOptions,
+    #[command(flatten)]
+    connection: Connection,
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     // reqwest is built without a default TLS backend; pick ring's.
@@ -328,34 +332,8 @@ async fn main() -> ExitCode {
 
 async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Serve { db, api, callbacks, repos } => {
-            init_tracing("info");
-            // Settings are checked before the database is touched.
-            let api = api.parts(&callbacks, &repos)?;
-            let store = open_store(db.url()?.expose_secret(), db.db_pool_size).await?;
-            let webhooks = api.github.is_some();
-            let running = Kiln::new(store).api(api).start(shutdown_signal()).await?;
-            if let Some(addr) = running.api_addr() {
-                tracing::info!(%addr, github_webhooks = webhooks, "API listening");
-            }
-            if let Some(addr) = running.api_metrics_addr() {
-                tracing::info!(%addr, "API metrics at /metrics (no token)");
-            }
-            running.stopped().await?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Worker { db, worker, callbacks, repos } => {
-            init_tracing("info");
-            let parts = worker.parts(&callbacks, &repos)?;
-            let store = open_store(db.url()?.expose_secret(), db.db_pool_size).await?;
-            let shutdown = shutdown_signal();
-            if let Some(listen) = worker.worker.metrics_listen {
-                let addr = kiln_cli::telemetry::serve_metrics(listen, shutdown.clone()).await?;
-                tracing::info!(%addr, "worker metrics at /metrics");
-            }
-            Kiln::new(store).worker(parts).start(shutdown).await?.stopped().await?;
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Serve { db, api, callbacks, repos } => serve(db, api, callbacks, repos).await,
+        Command::Worker { db, worker, callbacks, repos } => work(db, worker, callbacks, repos).await,
         Command::Migrate { db } => {
             init_tracing("info");
             open_store(db.url()?.expose_secret(), 1).await?;
@@ -370,44 +348,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             println!("{}", kiln_api::auth::mint_hs256(secret.expose_secret().as_bytes(), &sub, ttl)?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run {
-            prompt,
-            repo,
-            git_ref,
-            approval,
-            follow,
-            json,
-            attempts,
-            attempt_models,
-            session,
-            options,
-            connection,
-        } => {
-            if let Some(session_of) = session {
-                if options.any() {
-                    return Err(commands::UsageError(
-                        "--session continues a session with its own settings: --environment, --egress, --allow, \
-                         --mcp, --agents, --max-steps and --max-cost cannot be given with it"
-                            .into(),
-                    )
-                    .into());
-                }
-                return kiln_cli::say::follow_up(&connection.client()?, session_of, &prompt, follow, json).await;
-            }
-            let repo = match repo {
-                Some(given) => Some(RepoSpec { url: kiln_cli::repo_arg::repo_url(&given)?, git_ref }),
-                None => None,
-            };
-            let attempt_models = (!attempt_models.is_empty()).then_some(attempt_models);
-            let mut spec = CreateRun { prompt, repo, approval, attempts, attempt_models, ..Default::default() };
-            options.apply(&mut spec).map_err(|e| commands::UsageError(e.0))?;
-            let client = connection.client()?;
-            let (code, id) = commands::run(&client, &spec, follow, json).await?;
-            if attempts.is_some() && follow && !json {
-                kiln_cli::attempts::choose_hint(&client, id).await;
-            }
-            Ok(code)
-        }
+        Command::Run(args) => run(args).await,
         Command::Say { run, text, follow, json, connection } => {
             kiln_cli::say::say(&connection.client()?, run, &text, follow, json).await
         }
@@ -427,13 +368,13 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             kiln_cli::attempts::select(&connection.client()?, run, attempt).await
         }
         Command::Diff { run, stat, json, session, attempt, connection } => {
-            let client = connection.client()?;
-            let run = kiln_cli::attempts::resolve(&client, run, attempt).await?;
             let view = match (stat, json) {
                 (_, true) => commands::DiffView::Json,
                 (true, false) => commands::DiffView::Stat,
                 (false, false) => commands::DiffView::Patch,
             };
+            let client = connection.client()?;
+            let run = kiln_cli::attempts::resolve(&client, run, attempt).await?;
             commands::diff(&client, run, view, scope(session)).await
         }
         Command::Apply { run, dir, session, attempt, connection } => {
@@ -451,6 +392,79 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Down(args) => kiln_cli::up::down::down(args).await,
     }
+}
+
+/// `kiln serve`: the API until a shutdown signal.
+async fn serve(db: DbArgs, api: ApiOptions, callbacks: CallbackArgs, repos: RepoArgs) -> anyhow::Result<ExitCode> {
+    init_tracing("info");
+    // Settings are checked before the database is touched.
+    let api = api.parts(&callbacks, &repos)?;
+    let store = open_store(db.url()?.expose_secret(), db.db_pool_size).await?;
+    let webhooks = api.github.is_some();
+    let running = Kiln::new(store).api(api).start(shutdown_signal()).await?;
+    if let Some(addr) = running.api_addr() {
+        tracing::info!(%addr, github_webhooks = webhooks, "API listening");
+    }
+    if let Some(addr) = running.api_metrics_addr() {
+        tracing::info!(%addr, "API metrics at /metrics (no token)");
+    }
+    running.stopped().await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `kiln worker`: claims and drives runs until a shutdown signal.
+async fn work(db: DbArgs, worker: WorkerOptions, callbacks: CallbackArgs, repos: RepoArgs) -> anyhow::Result<ExitCode> {
+    init_tracing("info");
+    let parts = worker.parts(&callbacks, &repos)?;
+    let store = open_store(db.url()?.expose_secret(), db.db_pool_size).await?;
+    let shutdown = shutdown_signal();
+    if let Some(listen) = worker.worker.metrics_listen {
+        let addr = kiln_cli::telemetry::serve_metrics(listen, shutdown.clone()).await?;
+        tracing::info!(%addr, "worker metrics at /metrics");
+    }
+    Kiln::new(store).worker(parts).start(shutdown).await?.stopped().await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `kiln run`: a follow-up in a session, or a new run (or group of attempts).
+async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let RunArgs {
+        prompt,
+        repo,
+        git_ref,
+        approval,
+        follow,
+        json,
+        attempts,
+        attempt_models,
+        session,
+        options,
+        connection,
+    } = args;
+    if let Some(session_of) = session {
+        if options.any() {
+            return Err(commands::UsageError(
+                "--session continues a session with its own settings: --environment, --egress, --allow, \
+                 --mcp, --agents, --max-steps and --max-cost cannot be given with it"
+                    .into(),
+            )
+            .into());
+        }
+        return kiln_cli::say::follow_up(&connection.client()?, session_of, &prompt, follow, json).await;
+    }
+    let repo = match repo {
+        Some(given) => Some(RepoSpec { url: kiln_cli::repo_arg::repo_url(&given)?, git_ref }),
+        None => None,
+    };
+    let attempt_models = (!attempt_models.is_empty()).then_some(attempt_models);
+    let mut spec = CreateRun { prompt, repo, approval, attempts, attempt_models, ..Default::default() };
+    options.apply(&mut spec).map_err(|e| commands::UsageError(e.0))?;
+    let client = connection.client()?;
+    let (code, id) = commands::run(&client, &spec, follow, json).await?;
+    if attempts.is_some() && follow && !json {
+        kiln_cli::attempts::choose_hint(&client, id).await;
+    }
+    Ok(code)
 }
 
 #[cfg(test)]

@@ -219,31 +219,18 @@ impl McpServerSpec {
 /// (a field of the other kind may be given only empty or null, as serde
 /// reads it).
 pub fn server_schema() -> Value {
-    let rule = |c: &dyn Constraint, kind: &str| {
-        let mut k = c.keywords();
-        k.insert("type".into(), json!(kind));
-        Value::Object(k)
-    };
-    let nullable = |mut v: Value| {
-        if let Some(t) = v.get("type").cloned() {
-            v["type"] = json!([t, "null"]);
-        }
-        v
-    };
-    let timeout = nullable(rule(&TIMEOUT_S, "integer"));
-    let string_map = |names: &dyn Constraint, values: &dyn Constraint, max: usize| {
-        let mut k = Map::new();
-        k.insert("type".into(), json!("object"));
-        k.insert("maxProperties".into(), json!(max));
-        k.insert("propertyNames".into(), Value::Object(names.keywords()));
-        k.insert("additionalProperties".into(), rule(values, "string"));
-        Value::Object(k)
-    };
-    let empty_list = json!({"type": "array", "maxItems": 0});
-    let empty_map = json!({"type": "object", "maxProperties": 0});
-    let only_null = json!({"type": "null"});
-    let mut headers = string_map(&HEADER_NAME, &HEADER_VALUE, MAX_HEADERS);
-    headers = nullable(headers);
+    json!({
+        "description": "One MCP server: `url` (and `headers`) for a remote one, `command` (and `args`, `env`, \
+            `cwd`) for one started inside the run's sandbox. `timeout_s` (1 to 3600, 60 when absent) bounds a \
+            call and connecting. Never trusted for its tools' `readOnlyHint`: that trust is the operator's.",
+        "oneOf": [remote_schema(), sandboxed_schema()]
+    })
+}
+
+/// A remote server's fields: its url and headers (the sandbox's fields
+/// only empty or null).
+fn remote_schema() -> Value {
+    let mut headers = nullable(string_map(&HEADER_NAME, &HEADER_VALUE, MAX_HEADERS));
     headers["description"] = json!(
         "Write-only: sent by the worker with every request (credentials, usually); stored encrypted, answered by \
          name only (`header_names`), never shown to the sandbox or the model. On `PUT`, absent keeps the ones \
@@ -254,7 +241,7 @@ pub fn server_schema() -> Value {
         "The streamable HTTP endpoint. The worker connects to it from outside the sandbox: its host must resolve \
          to public addresses unless the deployment sets KILN_MCP_ALLOW_PRIVATE."
     );
-    let remote = json!({
+    json!({
         "title": "Remote MCP server",
         "type": "object",
         "required": ["url"],
@@ -262,13 +249,18 @@ pub fn server_schema() -> Value {
         "properties": {
             "url": url,
             "headers": headers,
-            "timeout_s": timeout,
-            "command": only_null,
-            "args": empty_list,
-            "env": empty_map,
-            "cwd": only_null,
+            "timeout_s": nullable(rule(&TIMEOUT_S, "integer")),
+            "command": {"type": "null"},
+            "args": {"type": "array", "maxItems": 0},
+            "env": {"type": "object", "maxProperties": 0},
+            "cwd": {"type": "null"},
         }
-    });
+    })
+}
+
+/// A server in the sandbox: its command, arguments, environment and
+/// directory (the remote fields only empty or null).
+fn sandboxed_schema() -> Value {
     let mut args = json!({"type": "array", "maxItems": MAX_ARGS, "items": rule(&ARG, "string")});
     args["description"] = json!("Its arguments.");
     let mut env = string_map(&input::ENV_VAR_NAME, &ARG, MAX_ENV);
@@ -280,7 +272,7 @@ pub fn server_schema() -> Value {
         "The program, on the sandbox's PATH or relative to cwd; it runs as the agent's commands do (same limits \
          and network policy)."
     );
-    let sandboxed = json!({
+    json!({
         "title": "MCP server in the sandbox",
         "type": "object",
         "required": ["command"],
@@ -290,17 +282,36 @@ pub fn server_schema() -> Value {
             "args": args,
             "env": env,
             "cwd": cwd,
-            "timeout_s": timeout,
-            "url": only_null,
-            "headers": nullable(empty_map.clone()),
+            "timeout_s": nullable(rule(&TIMEOUT_S, "integer")),
+            "url": {"type": "null"},
+            "headers": nullable(json!({"type": "object", "maxProperties": 0})),
         }
-    });
-    json!({
-        "description": "One MCP server: `url` (and `headers`) for a remote one, `command` (and `args`, `env`, \
-            `cwd`) for one started inside the run's sandbox. `timeout_s` (1 to 3600, 60 when absent) bounds a \
-            call and connecting. Never trusted for its tools' `readOnlyHint`: that trust is the operator's.",
-        "oneOf": [remote, sandboxed]
     })
+}
+
+/// A constraint's keywords as a schema of `kind`.
+fn rule(c: &dyn Constraint, kind: &str) -> Value {
+    let mut k = c.keywords();
+    k.insert("type".into(), json!(kind));
+    Value::Object(k)
+}
+
+/// `schema`, with `null` allowed too.
+fn nullable(mut schema: Value) -> Value {
+    if let Some(t) = schema.get("type").cloned() {
+        schema["type"] = json!([t, "null"]);
+    }
+    schema
+}
+
+/// An object of at most `max` string values, its names and values checked.
+fn string_map(names: &dyn Constraint, values: &dyn Constraint, max: usize) -> Value {
+    let mut k = Map::new();
+    k.insert("type".into(), json!("object"));
+    k.insert("maxProperties".into(), json!(max));
+    k.insert("propertyNames".into(), Value::Object(names.keywords()));
+    k.insert("additionalProperties".into(), rule(values, "string"));
+    Value::Object(k)
 }
 
 /// The keywords of an environment's `mcp_servers` map: its size and names.

@@ -61,8 +61,6 @@ impl Store {
         new: &NewChild,
         lease: std::time::Duration,
     ) -> Result<ChildStart, StoreError> {
-        let limits = serde_json::to_value(new.limits).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let policy = serde_json::to_value(&new.policy).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         // The parent row is locked first: a takeover of the parent that
@@ -77,71 +75,13 @@ impl Store {
         if held.is_none() {
             return Err(StoreError::LeaseLost(parent.run_id));
         }
-        let child_id = Uuid::now_v7();
-        let inserted = tx
-            .query_opt(
-                &format!(
-                    "INSERT INTO runs AS r (id, session_id, owner, status, prompt, model, limits, trigger, priority,
-                                           attempt, max_attempts, lease_owner, lease_expires_at, started_at, policy,
-                                           parent_run_id, parent_call_id, agent_kind, agent_path)
-                     SELECT $1, p.session_id, p.owner, 'running', $2, p.model, $3, 'api', p.priority,
-                            1, p.max_attempts, $4, now() + $5 * interval '1 millisecond', now(), $6,
-                            p.id, $7, $8, $9
-                     FROM runs p WHERE p.id = $10
-                     ON CONFLICT (parent_run_id, parent_call_id) WHERE parent_run_id IS NOT NULL DO NOTHING
-                     RETURNING {RUN_RETURNING}"
-                ),
-                &[
-                    &child_id,
-                    &new.prompt,
-                    &limits,
-                    &parent.worker,
-                    &millis(lease),
-                    &policy,
-                    &new.call_id,
-                    &new.kind,
-                    &new.path,
-                    &parent.run_id,
-                ],
-            )
-            .await?;
-        if let Some(row) = inserted {
-            let run = run_from_row(&row)?;
-            insert_event_tx(&tx, run.id, &EventBody::RunQueued { prompt: new.prompt.clone() }).await?;
-            tx.commit().await?;
-            let lease = Lease { run_id: run.id, attempt: run.attempt, worker: parent.worker.clone() };
-            return Ok(ChildStart::Held { run, lease, taken_over: false });
-        }
-        // The earlier attempt's child: take it over unless it ended.
-        let taken = tx
-            .query_opt(
-                &format!(
-                    "UPDATE runs r SET status = 'running', attempt = attempt + 1, lease_owner = $3,
-                            lease_expires_at = now() + $4 * interval '1 millisecond'
-                     WHERE parent_run_id = $1 AND parent_call_id = $2 AND finished_at IS NULL
-                     RETURNING {RUN_RETURNING}"
-                ),
-                &[&parent.run_id, &new.call_id, &parent.worker, &millis(lease)],
-            )
-            .await?;
-        let start = match taken {
-            Some(row) => {
-                let run = run_from_row(&row)?;
+        let start = match insert_child(&tx, parent, new, lease).await? {
+            Some(run) => {
+                insert_event_tx(&tx, run.id, &EventBody::RunQueued { prompt: new.prompt.clone() }).await?;
                 let lease = Lease { run_id: run.id, attempt: run.attempt, worker: parent.worker.clone() };
-                ChildStart::Held { run, lease, taken_over: true }
+                ChildStart::Held { run, lease, taken_over: false }
             }
-            None => {
-                let row = tx
-                    .query_one(
-                        &format!(
-                            "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session_id
-                             WHERE r.parent_run_id = $1 AND r.parent_call_id = $2"
-                        ),
-                        &[&parent.run_id, &new.call_id],
-                    )
-                    .await?;
-                ChildStart::Ended(run_from_row(&row)?)
-            }
+            None => earlier_child(&tx, parent, &new.call_id, lease).await?,
         };
         tx.commit().await?;
         Ok(start)
@@ -239,4 +179,80 @@ pub(crate) async fn end_children_tx(
         insert_event_tx(tx, id, terminal).await?;
     }
     Ok(rows.len() as u64)
+}
+
+/// The child run of `new.call_id`, inserted running under the parent's
+/// worker; `None` when an earlier attempt of the parent started it already.
+async fn insert_child(
+    tx: &deadpool_postgres::Transaction<'_>,
+    parent: &Lease,
+    new: &NewChild,
+    lease: std::time::Duration,
+) -> Result<Option<Run>, StoreError> {
+    let limits = serde_json::to_value(new.limits).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let policy = serde_json::to_value(&new.policy).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let inserted = tx
+        .query_opt(
+            &format!(
+                "INSERT INTO runs AS r (id, session_id, owner, status, prompt, model, limits, trigger, priority,
+                                       attempt, max_attempts, lease_owner, lease_expires_at, started_at, policy,
+                                       parent_run_id, parent_call_id, agent_kind, agent_path)
+                 SELECT $1, p.session_id, p.owner, 'running', $2, p.model, $3, 'api', p.priority,
+                        1, p.max_attempts, $4, now() + $5 * interval '1 millisecond', now(), $6,
+                        p.id, $7, $8, $9
+                 FROM runs p WHERE p.id = $10
+                 ON CONFLICT (parent_run_id, parent_call_id) WHERE parent_run_id IS NOT NULL DO NOTHING
+                 RETURNING {RUN_RETURNING}"
+            ),
+            &[
+                &Uuid::now_v7(),
+                &new.prompt,
+                &limits,
+                &parent.worker,
+                &millis(lease),
+                &policy,
+                &new.call_id,
+                &new.kind,
+                &new.path,
+                &parent.run_id,
+            ],
+        )
+        .await?;
+    inserted.map(|row| run_from_row(&row)).transpose()
+}
+
+/// The child an earlier attempt of the parent started for `call_id`: taken
+/// over under the parent's worker unless it ended, in which case its end.
+async fn earlier_child(
+    tx: &deadpool_postgres::Transaction<'_>,
+    parent: &Lease,
+    call_id: &str,
+    lease: std::time::Duration,
+) -> Result<ChildStart, StoreError> {
+    let taken = tx
+        .query_opt(
+            &format!(
+                "UPDATE runs r SET status = 'running', attempt = attempt + 1, lease_owner = $3,
+                        lease_expires_at = now() + $4 * interval '1 millisecond'
+                 WHERE parent_run_id = $1 AND parent_call_id = $2 AND finished_at IS NULL
+                 RETURNING {RUN_RETURNING}"
+            ),
+            &[&parent.run_id, &call_id, &parent.worker, &millis(lease)],
+        )
+        .await?;
+    if let Some(row) = taken {
+        let run = run_from_row(&row)?;
+        let lease = Lease { run_id: run.id, attempt: run.attempt, worker: parent.worker.clone() };
+        return Ok(ChildStart::Held { run, lease, taken_over: true });
+    }
+    let row = tx
+        .query_one(
+            &format!(
+                "SELECT {RUN_COLUMNS} FROM runs r JOIN sessions s ON s.id = r.session_id
+                 WHERE r.parent_run_id = $1 AND r.parent_call_id = $2"
+            ),
+            &[&parent.run_id, &call_id],
+        )
+        .await?;
+    Ok(ChildStart::Ended(run_from_row(&row)?))
 }

@@ -135,6 +135,24 @@ impl Browser {
         }
     }
 
+    /// Opens the web view at `site` and signs in as `sub` by pasting a
+    /// token, as a person does; returns once the runs list shows.
+    pub async fn sign_in(&self, site: &str, sub: &str) {
+        const WAIT: Duration = Duration::from_secs(60);
+        self.client.goto(&format!("{site}/")).await.expect("open the web view");
+        let field = self
+            .client
+            .wait()
+            .at_most(WAIT)
+            .for_element(fantoccini::Locator::Css("#signin-token"))
+            .await
+            .expect("the sign-in form");
+        field.send_keys(&crate::token(sub)).await.expect("type the token");
+        let submit = self.client.find(fantoccini::Locator::Css("#signin-form button[type=submit]")).await;
+        submit.expect("the sign-in button").click().await.expect("click sign in");
+        self.wait_js("the runs list", WAIT, "return !document.getElementById('view-runs').hidden;", vec![]).await;
+    }
+
     /// Saves a PNG screenshot of the window.
     pub async fn screenshot(&self, path: &Path) {
         let png = self.client.screenshot().await.expect("screenshot");

@@ -52,15 +52,6 @@ fn thousands(n: i64) -> String {
     out
 }
 
-/// Opens the page at `site` and signs in as `sub` by pasting a token.
-async fn sign_in(b: &Browser, site: &str, sub: &str) {
-    b.client.goto(&format!("{site}/")).await.unwrap();
-    let field = b.client.wait().at_most(WAIT).for_element(Locator::Css("#signin-token")).await.unwrap();
-    field.send_keys(&token(sub)).await.unwrap();
-    b.client.find(Locator::Css("#signin-form button[type=submit]")).await.unwrap().click().await.unwrap();
-    b.wait_js("the runs list", WAIT, "return !document.getElementById('view-runs').hidden;", vec![]).await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_is_followed_live_approved_steered_and_survives_a_network_cut() {
     let Some(b) = Browser::start("web_view::live_run", 1100, 1400).await else { return };
@@ -82,7 +73,7 @@ async fn a_run_is_followed_live_approved_steered_and_survives_a_network_cut() {
     let net = CutProxy::start(app.addr).await;
     let site = format!("http://{}", net.addr());
     // Sign in by pasting a token, start a run from the form.
-    sign_in(&b, &site, "alice").await;
+    b.sign_in(&site, "alice").await;
     b.client.find(Locator::Css("#new-prompt")).await.unwrap().send_keys("greet the sandbox").await.unwrap();
     b.client.find(Locator::Css("#new-approval")).await.unwrap().select_by_value("mutating").await.unwrap();
     b.client.find(Locator::Css("#new-run-submit")).await.unwrap().click().await.unwrap();
@@ -379,7 +370,7 @@ async fn a_run_of_5000_events_renders_quickly_and_exactly() {
     .await
     .unwrap();
 
-    sign_in(&b, &format!("http://{}", app.addr), "alice").await;
+    b.sign_in(&format!("http://{}", app.addr), "alice").await;
     let started = Instant::now();
     b.js("location.hash = '#/runs/' + arguments[0];", vec![json!(id)]).await;
     b.wait_js("the long run's end", WAIT, "return !!document.querySelector('#timeline .end.succeeded');", vec![]).await;
@@ -501,7 +492,7 @@ async fn a_sub_agent_appears_nested_and_live_under_its_call_and_opens() {
         ],
     );
     let site = format!("http://{}", app.addr);
-    sign_in(&b, &site, "alice").await;
+    b.sign_in(&site, "alice").await;
     let id = app.submit("alice", kiln_protocol::CreateRun::new("delegate")).await.id;
     b.client.goto(&format!("{site}/#/runs/{id}")).await.unwrap();
 
@@ -568,7 +559,7 @@ async fn a_runs_change_is_shown_file_by_file_and_downloads_as_the_apis_patch() {
         app.http.get(app.url(&format!("/v1/runs/{id}/patch"))).bearer_auth(token("alice")).send().await.unwrap();
     let patch = patch.bytes().await.unwrap().to_vec();
 
-    sign_in(&b, &format!("http://{}", app.addr), "alice").await;
+    b.sign_in(&format!("http://{}", app.addr), "alice").await;
     b.js("location.hash = '#/runs/' + arguments[0];", vec![json!(id)]).await;
     b.wait_js("the changes panel", WAIT, "return document.querySelectorAll('#diff .diff-file').length === 4;", vec![])
         .await;
@@ -634,7 +625,7 @@ async fn a_real_runs_change_appears_when_it_ends() {
     let spec = json!({"prompt": "edit", "repo": {"url": url}, "approval": "mutating"});
     let id = app.create_run("alice", spec).await["id"].as_str().unwrap().to_owned();
 
-    sign_in(&b, &format!("http://{}", app.addr), "alice").await;
+    b.sign_in(&format!("http://{}", app.addr), "alice").await;
     b.js("location.hash = '#/runs/' + arguments[0];", vec![json!(id)]).await;
     b.wait_js("the call awaiting approval", WAIT, "return !!document.querySelector('.approval button');", vec![]).await;
     assert_eq!(b.js("return document.getElementById('diff').hidden;", vec![]).await, true, "no change before the end");

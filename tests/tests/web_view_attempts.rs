@@ -23,15 +23,6 @@ use uuid::Uuid;
 const WAIT: Duration = Duration::from_secs(90);
 const MODELS: [&str; 3] = ["model-one", "model-two", "model-three"];
 
-/// Opens the page at `site` and signs in as `sub` by pasting a token.
-async fn sign_in(b: &Browser, site: &str, sub: &str) {
-    b.client.goto(&format!("{site}/")).await.unwrap();
-    let field = b.client.wait().at_most(WAIT).for_element(Locator::Css("#signin-token")).await.unwrap();
-    field.send_keys(&token(sub)).await.unwrap();
-    b.client.find(Locator::Css("#signin-form button[type=submit]")).await.unwrap().click().await.unwrap();
-    b.wait_js("the runs list", WAIT, "return !document.getElementById('view-runs').hidden;", vec![]).await;
-}
-
 async fn patch(app: &TestApp, run: Uuid) -> (u16, String) {
     let r = app.http.get(app.url(&format!("/v1/runs/{run}/patch"))).bearer_auth(token("alice")).send().await.unwrap();
     (r.status().as_u16(), r.text().await.unwrap())
@@ -76,7 +67,7 @@ async fn a_groups_attempts_show_side_by_side_with_their_diffs_and_select_makes_t
     let submitted = app.submit("alice", spec).await;
     let attempts = submitted.attempts.clone().expect("a group lists its attempts");
 
-    sign_in(&b, &format!("http://{}", app.addr), "alice").await;
+    b.sign_in(&format!("http://{}", app.addr), "alice").await;
     b.js("location.hash = '#/runs/' + arguments[0];", vec![json!(submitted.id)]).await;
     // The panel fills live from the group's stream: every attempt ended,
     // its Select enabled.

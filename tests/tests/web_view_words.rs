@@ -15,14 +15,6 @@ use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-async fn sign_in(b: &Browser, site: &str, sub: &str) {
-    b.client.goto(&format!("{site}/")).await.unwrap();
-    let field = b.client.wait().at_most(WAIT).for_element(Locator::Css("#signin-token")).await.unwrap();
-    field.send_keys(&token(sub)).await.unwrap();
-    b.client.find(Locator::Css("#signin-form button[type=submit]")).await.unwrap().click().await.unwrap();
-    b.wait_js("the runs list", WAIT, "return !document.getElementById('view-runs').hidden;", vec![]).await;
-}
-
 /// A run's events as a worker would have written them: an environment that
 /// missed and stored its setup, a maintenance script that failed, network
 /// decisions, an MCP call, a write, an edit and a kind from the future.
@@ -92,7 +84,7 @@ async fn every_event_kind_reads_as_words_and_setup_is_a_foldable_log() {
         .await
         .unwrap();
 
-    sign_in(&b, &format!("http://{}", app.addr), "alice").await;
+    b.sign_in(&format!("http://{}", app.addr), "alice").await;
     b.js("location.hash = '#/runs/' + arguments[0];", vec![json!(id)]).await;
     b.wait_js(
         "the last event",
@@ -162,7 +154,7 @@ async fn the_new_run_form_chooses_a_listed_environment_and_the_network() {
     assert_eq!(status, 201);
     let (status, _) = app.post_json("bob", "/v1/environments", json!({"name": "bobs", "setup_script": "true"})).await;
     assert_eq!(status, 201);
-    sign_in(&b, &format!("http://{}", app.addr), "alice").await;
+    b.sign_in(&format!("http://{}", app.addr), "alice").await;
     let options = b
         .wait_js(
             "the environments listed",
@@ -212,7 +204,7 @@ async fn the_environments_page_creates_edits_and_resets_with_secrets_write_only_
     options.api.secrets_key = Some(std::sync::Arc::new(kiln_store::secrets::SecretsKey::from_hex(key).unwrap()));
     let app = TestApp::spawn(options).await;
     let secret = "s3cret-never-on-the-page";
-    sign_in(&b, &format!("http://{}", app.addr), "alice").await;
+    b.sign_in(&format!("http://{}", app.addr), "alice").await;
     b.client.find(Locator::Id("nav-envs")).await.unwrap().click().await.unwrap();
     b.wait_js("the environments page", WAIT, "return !document.getElementById('view-envs').hidden;", vec![]).await;
 

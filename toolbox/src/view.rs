@@ -12,8 +12,8 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 
 use crate::files::{io_error, regular_file, resolve, version_of};
-use crate::line_index::{FileKey, LineIndexCache, Mark, STRIDE, Stretch};
-use crate::protocol::{BinaryInfo, ErrorKind, ToolError, ViewRequest, ViewResult};
+use crate::line_index::{FileKey, LineCount, LineIndexCache, Mark, STRIDE, Stretch};
+use crate::protocol::{BinaryInfo, ErrorKind, FileVersion, ToolError, ViewRequest, ViewResult};
 
 /// How much of the start of a file is sniffed for binary content.
 const SNIFF_BYTES: usize = 8 * 1024;
@@ -37,20 +37,7 @@ pub fn view(cache: &LineIndexCache, base: &Path, req: &ViewRequest) -> Result<Vi
     let n = read_at_most(&file, &mut probe).map_err(|e| io_error(&path, &e))?;
     probe.truncate(n);
     if let Some(info) = sniff(&probe) {
-        let text = describe_binary(&shown_path, &info, meta.len());
-        return Ok(ViewResult {
-            path: shown_path,
-            text,
-            version,
-            total_lines: 0,
-            total_known: true,
-            first_line: 1,
-            last_line: 0,
-            next_offset: None,
-            binary: Some(info),
-            lossy: false,
-            bytes_scanned: 0,
-        });
+        return Ok(binary_result(shown_path, info, meta.len(), version));
     }
 
     let offset = req.offset.max(1);
@@ -97,28 +84,53 @@ pub fn view(cache: &LineIndexCache, base: &Path, req: &ViewRequest) -> Result<Vi
     if page.lines > 0 && page.stretch.to.offset < key.size {
         result.next_offset = Some(last + 1);
     }
-    let lossy_note = if page.lossy { " (invalid UTF-8 shown as \u{FFFD})" } else { "" };
-    let size = meta.len();
-    let mut text = if count.exact {
-        format!("{shown_path}: {} lines, {size} bytes{}{lossy_note}\n", count.lines, human_size(size))
-    } else {
-        format!(
-            "{shown_path}: {size} bytes{}, at least {} lines (not yet counted to the end){lossy_note}\n",
-            human_size(size),
-            count.lines
-        )
-    };
-    text.push_str(&page.body);
-    if let Some(next) = result.next_offset {
-        let of = if count.exact { format!("{}", count.lines) } else { format!("at least {}", count.lines) };
-        let _ = writeln!(text, "[showing lines {offset}-{last} of {of}; to read more, call view with offset={next}]");
-    }
-    result.text = text;
+    result.text = page_text(&shown_path, meta.len(), &count, &page, (offset, last), result.next_offset);
     result.total_lines = count.lines;
     result.total_known = count.exact;
     result.last_line = last;
     result.lossy = page.lossy;
     Ok(result)
+}
+
+/// What `view` answers for a binary file: its description, no lines.
+fn binary_result(path: String, info: BinaryInfo, size: u64, version: FileVersion) -> ViewResult {
+    let text = describe_binary(&path, &info, size);
+    ViewResult {
+        path,
+        text,
+        version,
+        total_lines: 0,
+        total_known: true,
+        first_line: 1,
+        last_line: 0,
+        next_offset: None,
+        binary: Some(info),
+        lossy: false,
+        bytes_scanned: 0,
+    }
+}
+
+/// A page as the model reads it: a header with the file's size and line
+/// count (or what is counted so far), the lines `shown.0` to `shown.1`, and
+/// where to read on when there is more.
+fn page_text(path: &str, size: u64, count: &LineCount, page: &Page, shown: (u64, u64), next: Option<u64>) -> String {
+    let (first, last) = shown;
+    let lossy_note = if page.lossy { " (invalid UTF-8 shown as \u{FFFD})" } else { "" };
+    let mut text = if count.exact {
+        format!("{path}: {} lines, {size} bytes{}{lossy_note}\n", count.lines, human_size(size))
+    } else {
+        format!(
+            "{path}: {size} bytes{}, at least {} lines (not yet counted to the end){lossy_note}\n",
+            human_size(size),
+            count.lines
+        )
+    };
+    text.push_str(&page.body);
+    if let Some(next) = next {
+        let of = if count.exact { format!("{}", count.lines) } else { format!("at least {}", count.lines) };
+        let _ = writeln!(text, "[showing lines {first}-{last} of {of}; to read more, call view with offset={next}]");
+    }
+    text
 }
 
 /// ` (1.0 GiB)` for a file of a mebibyte or more: the scale at a glance.

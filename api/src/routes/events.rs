@@ -13,6 +13,8 @@
 //! continues after the last it returned.
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use axum::Json;
@@ -25,6 +27,7 @@ use futures::{Stream, StreamExt};
 use kiln_protocol::StoredEvent;
 use kiln_protocol::event::is_terminal_kind;
 use kiln_protocol::rules::Range;
+use kiln_store::{EventBatch, StoreError};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 use uuid::Uuid;
@@ -206,12 +209,7 @@ fn event_stream(
         let mut feed = state.feeds.subscribe(&state, run_id, after);
         loop {
             // Catch up from the table.
-            // Boxed: a generator is as large as its largest state, so an
-            // idle stream (waiting on the feed, where it spends its life)
-            // would otherwise keep room for a read of the table (a pooled
-            // connection's and a query's futures) for as long as it lives.
-            let read = Box::pin(state.store.events_page(run_id, after, BATCH, page_bytes(&state)));
-            let batch = match read.await {
+            let batch = match table_read(&state, run_id, after).await {
                 Ok(batch) => batch,
                 Err(e) => {
                     // Keep the client connected; the database may come back.
@@ -250,15 +248,8 @@ fn event_stream(
                         break;
                     }
                 };
-                let mut gap = false;
-                for ev in batch.iter() {
-                    if ev.seq <= after {
-                        continue;
-                    }
-                    if ev.seq != after + 1 {
-                        gap = true;
-                        break;
-                    }
+                let (next, gap) = continuing(&batch, after);
+                for ev in next {
                     after = ev.seq;
                     let terminal = is_terminal_kind(&ev.kind);
                     yield Ok(sse_event(ev));
@@ -272,6 +263,33 @@ fn event_stream(
             }
         }
     }
+}
+
+/// The next page of the run's events from the table. Boxed: a generator is
+/// as large as its largest state, so an idle stream (waiting on the feed,
+/// where it spends its life) would otherwise keep room for a read of the
+/// table (a pooled connection's and a query's futures) for as long as it
+/// lives.
+fn table_read(
+    state: &AppState,
+    run_id: Uuid,
+    after: i64,
+) -> Pin<Box<impl Future<Output = Result<EventBatch, StoreError>> + '_>> {
+    Box::pin(state.store.events_page(run_id, after, BATCH, page_bytes(state)))
+}
+
+/// The events of a feed's batch that continue exactly after `after` (those
+/// at or before it were sent already), and whether a gap follows them: an
+/// event the feed skipped, which the stream then reads from the table.
+fn continuing(batch: &[StoredEvent], after: i64) -> (Vec<&StoredEvent>, bool) {
+    let mut next = Vec::new();
+    for ev in batch.iter().filter(|ev| ev.seq > after) {
+        if ev.seq != after + 1 + next.len() as i64 {
+            return (next, true);
+        }
+        next.push(ev);
+    }
+    (next, false)
 }
 
 fn sse_event(ev: &StoredEvent) -> Event {

@@ -124,103 +124,32 @@ impl Render for Live {
     fn event(&mut self, event: &StreamedEvent) {
         let Some(body) = event.body() else { return };
         match body {
-            EventBody::RunQueued { .. } => self.activity("queued"),
-            EventBody::RunStarted { attempt, .. } if attempt > 1 => {
-                self.print(&[format!("{} resumed (attempt {attempt})", style("●").yellow())]);
-                self.activity("starting");
-            }
-            EventBody::RunStarted { .. } => self.activity("starting"),
-            EventBody::SandboxReady { .. } => self.activity("sandbox ready"),
-            EventBody::EnvironmentStarted { environment, hit, .. } => {
-                let how = if hit { "prepared sandbox from the cache" } else { "setting up" };
-                self.print(&[format!("{} environment {environment}: {how}", style("●").dim())]);
-                self.activity(if hit { "maintenance…" } else { "setup…" });
-            }
-            EventBody::EnvironmentOutput { phase, text } => {
-                let lines = self.phase_log.output(&phase, &text);
-                self.print(&lines);
-            }
-            EventBody::EnvironmentFinished { phase, exit_code, duration_ms, stored, .. } => {
-                let mut lines = self.phase_log.finish();
-                lines.push(format!("{} {}", style("●").dim(), finished_line(&phase, exit_code, duration_ms, stored)));
-                self.print(&lines);
-            }
-            EventBody::StepStarted { step } => {
-                self.flush_text();
-                self.bar.set_prefix(format!("step {step}"));
-                self.activity("thinking…");
-            }
-            EventBody::TextDelta { text } => self.text(&text),
-            EventBody::ReasoningDelta { .. } => self.activity("reasoning…"),
-            EventBody::ToolCallStarted { name, .. } => {
-                self.flush_text();
-                self.activity(&format!("{name}…"));
-            }
-            EventBody::ToolCallReady { call_id, name, arguments } => {
-                let what = call_summary(&name, &arguments);
-                self.activity(&format!("{name} {what}"));
-                self.calls.insert(call_id, what);
-            }
-            EventBody::ToolOutput { text, .. } => {
-                if let Some(last) = text.lines().rev().find(|l| !l.trim().is_empty()) {
-                    self.activity(&format!("│ {last}"));
-                }
-            }
-            EventBody::ToolResult { call_id, name, output, is_error, duration_ms } => {
-                let line = self.result_line(&call_id, &name, &output, is_error, duration_ms);
-                self.print(&[line]);
-                self.activity("thinking…");
-            }
-            EventBody::ApprovalRequested { call_id, name, arguments, mcp_server, mcp_tool } => {
-                let what = call_summary(&name, &arguments);
-                let origin = mcp_origin(mcp_server.as_deref(), mcp_tool.as_deref());
-                self.print(&[
-                    format!("{} {}{origin} {what} waits for approval", style("⏸").yellow(), style(&name).bold()),
-                    format!("  {}", style(approve_hint(self.run, &call_id)).cyan()),
-                ]);
-                self.activity("waiting for approval");
-            }
-            EventBody::ApprovalResolved { approved, reason, .. } => {
-                let line = match (approved, reason) {
-                    (true, _) => "  approved".to_owned(),
-                    (false, Some(reason)) => format!("  denied: {reason}"),
-                    (false, None) => "  denied".to_owned(),
-                };
-                self.print(&[line]);
-            }
-            EventBody::Todo { items } => self.print(&plan(&items)),
-            EventBody::MessageQueued { text } => self.print(&[format!("» {}", one_line(&text, 160))]),
-            EventBody::Compaction { summarized_messages, .. } => {
-                self.print(&[format!("● compacted: {summarized_messages} older messages summarised")]);
-            }
-            EventBody::ModelRetry { error, delay_ms, .. } => {
-                self.activity(&format!("model call failed, retrying in {delay_ms} ms: {error}"));
-            }
-            EventBody::StepFinished { .. } => self.flush_text(),
-            EventBody::DeliverySucceeded { branch: Some(branch), commit, remote, .. } => {
-                let (commit, remote) = (commit.unwrap_or_default(), remote.unwrap_or_default());
-                self.print(&[format!("● pushed {commit} to {branch} of {remote}")]);
-            }
-            EventBody::DeliverySucceeded { pull_request, comment, .. } => {
-                let link = pull_request.or(comment).unwrap_or_default();
-                self.print(&[format!("● reported on GitHub: {link}")]);
-            }
-            EventBody::DeliveryFailed { error } => self.print(&[format!("● delivery failed: {error}")]),
-            EventBody::DeliveryRetrying { attempt, error, retry_in_ms } => {
-                let wait = retry_in_ms.div_ceil(1000);
-                self.print(&[format!("● push attempt {attempt} failed: {error}; retrying in {wait}s")]);
-            }
-            EventBody::CallbackSucceeded { attempt, status, .. } => {
-                self.print(&[format!("● completion callback delivered (HTTP {status}, attempt {attempt})")]);
-            }
-            EventBody::CallbackFailed { attempt, error, .. } => {
-                self.print(&[format!("● completion callback attempt {attempt} failed: {error}")]);
-            }
-            EventBody::ChangesCaptured { files, additions, deletions, too_large } => {
-                let totals = kiln_protocol::changes::ChangeTotals { files, additions, deletions };
-                let mark = if too_large { style("●").yellow() } else { style("●").dim() };
-                self.print(&[format!("{mark} {}", super::diffstat::captured(&totals, too_large))]);
-            }
+            EventBody::RunQueued { .. }
+            | EventBody::RunStarted { .. }
+            | EventBody::SandboxReady { .. }
+            | EventBody::EnvironmentStarted { .. }
+            | EventBody::EnvironmentOutput { .. }
+            | EventBody::EnvironmentFinished { .. } => self.setting_up(body),
+            EventBody::StepStarted { .. }
+            | EventBody::TextDelta { .. }
+            | EventBody::ReasoningDelta { .. }
+            | EventBody::ToolCallStarted { .. }
+            | EventBody::ToolCallReady { .. }
+            | EventBody::ToolOutput { .. }
+            | EventBody::ToolResult { .. }
+            | EventBody::ModelRetry { .. }
+            | EventBody::StepFinished { .. } => self.stepping(body),
+            EventBody::ApprovalRequested { .. }
+            | EventBody::ApprovalResolved { .. }
+            | EventBody::Todo { .. }
+            | EventBody::MessageQueued { .. }
+            | EventBody::Compaction { .. } => self.conversing(body),
+            EventBody::DeliverySucceeded { .. }
+            | EventBody::DeliveryFailed { .. }
+            | EventBody::DeliveryRetrying { .. }
+            | EventBody::CallbackSucceeded { .. }
+            | EventBody::CallbackFailed { .. }
+            | EventBody::ChangesCaptured { .. } => self.handing_over(body),
             EventBody::RunSucceeded { .. }
             | EventBody::RunFailed { .. }
             | EventBody::RunCancelled { .. }
@@ -265,6 +194,114 @@ impl Drop for Live {
     fn drop(&mut self) {
         if !self.bar.is_finished() {
             self.bar.finish_and_clear();
+        }
+    }
+}
+
+impl Live {
+    /// The run's start: queued, started, its sandbox and environment.
+    fn setting_up(&mut self, body: EventBody) {
+        match body {
+            EventBody::RunQueued { .. } => self.activity("queued"),
+            EventBody::RunStarted { attempt, .. } if attempt > 1 => {
+                self.print(&[format!("{} resumed (attempt {attempt})", style("●").yellow())]);
+                self.activity("starting");
+            }
+            EventBody::RunStarted { .. } => self.activity("starting"),
+            EventBody::SandboxReady { .. } => self.activity("sandbox ready"),
+            EventBody::EnvironmentStarted { environment, hit, .. } => {
+                let how = if hit { "prepared sandbox from the cache" } else { "setting up" };
+                self.print(&[format!("{} environment {environment}: {how}", style("●").dim())]);
+                self.activity(if hit { "maintenance…" } else { "setup…" });
+            }
+            EventBody::EnvironmentOutput { phase, text } => {
+                let lines = self.phase_log.output(&phase, &text);
+                self.print(&lines);
+            }
+            EventBody::EnvironmentFinished { phase, exit_code, duration_ms, stored, .. } => {
+                let mut lines = self.phase_log.finish();
+                lines.push(format!("{} {}", style("●").dim(), finished_line(&phase, exit_code, duration_ms, stored)));
+                self.print(&lines);
+            }
+            _ => {}
+        }
+    }
+
+    /// A step: the model's text, its tool calls and their results.
+    fn stepping(&mut self, body: EventBody) {
+        match body {
+            EventBody::StepStarted { step } => {
+                self.flush_text();
+                self.bar.set_prefix(format!("step {step}"));
+                self.activity("thinking…");
+            }
+            EventBody::TextDelta { text } => self.text(&text),
+            EventBody::ReasoningDelta { .. } => self.activity("reasoning…"),
+            EventBody::ToolCallStarted { name, .. } => {
+                self.flush_text();
+                self.activity(&format!("{name}…"));
+            }
+            EventBody::ToolCallReady { call_id, name, arguments } => {
+                let what = call_summary(&name, &arguments);
+                self.activity(&format!("{name} {what}"));
+                self.calls.insert(call_id, what);
+            }
+            EventBody::ToolOutput { text, .. } => {
+                if let Some(last) = text.lines().rev().find(|l| !l.trim().is_empty()) {
+                    self.activity(&format!("│ {last}"));
+                }
+            }
+            EventBody::ToolResult { call_id, name, output, is_error, duration_ms } => {
+                let line = self.result_line(&call_id, &name, &output, is_error, duration_ms);
+                self.print(&[line]);
+                self.activity("thinking…");
+            }
+            EventBody::ModelRetry { error, delay_ms, .. } => {
+                self.activity(&format!("model call failed, retrying in {delay_ms} ms: {error}"));
+            }
+            EventBody::StepFinished { .. } => self.flush_text(),
+            _ => {}
+        }
+    }
+
+    /// What a person takes part in: approvals, the plan, messages, compaction.
+    fn conversing(&mut self, body: EventBody) {
+        match body {
+            EventBody::ApprovalRequested { call_id, name, arguments, mcp_server, mcp_tool } => {
+                let what = call_summary(&name, &arguments);
+                let origin = mcp_origin(mcp_server.as_deref(), mcp_tool.as_deref());
+                self.print(&[
+                    format!("{} {}{origin} {what} waits for approval", style("⏸").yellow(), style(&name).bold()),
+                    format!("  {}", style(approve_hint(self.run, &call_id)).cyan()),
+                ]);
+                self.activity("waiting for approval");
+            }
+            EventBody::ApprovalResolved { approved, reason, .. } => {
+                let line = match (approved, reason) {
+                    (true, _) => "  approved".to_owned(),
+                    (false, Some(reason)) => format!("  denied: {reason}"),
+                    (false, None) => "  denied".to_owned(),
+                };
+                self.print(&[line]);
+            }
+            EventBody::Todo { items } => self.print(&plan(&items)),
+            EventBody::MessageQueued { text } => self.print(&[format!("» {}", one_line(&text, 160))]),
+            EventBody::Compaction { summarized_messages, .. } => {
+                self.print(&[format!("● compacted: {summarized_messages} older messages summarised")]);
+            }
+            _ => {}
+        }
+    }
+
+    /// The change captured and where it went: deliveries and callbacks.
+    fn handing_over(&mut self, body: EventBody) {
+        let mark = match body {
+            EventBody::ChangesCaptured { too_large: true, .. } => style("●").yellow(),
+            EventBody::ChangesCaptured { .. } => style("●").dim(),
+            _ => style("●"),
+        };
+        if let Some(line) = super::handover::line(&body) {
+            self.print(&[format!("{mark} {line}")]);
         }
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod attempts;
 pub mod diffstat;
+pub mod handover;
 pub mod json;
 pub mod live;
 pub mod phase_log;

@@ -4,7 +4,6 @@
 
 use std::io::Write;
 
-use kiln_protocol::changes::ChangeTotals;
 use kiln_protocol::{EventBody, TodoItem, TodoStatus};
 use uuid::Uuid;
 
@@ -67,37 +66,16 @@ impl<W: Write> Printer<W> {
                 format!("● compacted: {summarized_messages} older messages summarised")
             }
             EventBody::ModelRetry { error, .. } => format!("● model call failed, retrying: {error}"),
-            EventBody::ChangesCaptured { files, additions, deletions, too_large } => {
-                let totals = ChangeTotals { files: *files, additions: *additions, deletions: *deletions };
-                format!("● {}", super::diffstat::captured(&totals, *too_large))
-            }
             EventBody::RunSucceeded { .. } => "● run succeeded".to_owned(),
             EventBody::RunFailed { error } => format!("● run failed: {error}"),
             EventBody::RunCancelled { reason } => format!("● run cancelled: {reason}"),
             EventBody::RunTimedOut { limit_s } => format!("● run timed out after {limit_s} s"),
-            EventBody::DeliverySucceeded { branch: Some(branch), commit, remote, .. } => {
-                format!(
-                    "● pushed {} to {branch} of {}",
-                    commit.as_deref().unwrap_or(""),
-                    remote.as_deref().unwrap_or("")
-                )
-            }
-            EventBody::DeliverySucceeded { pull_request, comment, .. } => {
-                format!(
-                    "● reported on GitHub: {}",
-                    pull_request.as_ref().or(comment.as_ref()).map_or("", String::as_str)
-                )
-            }
-            EventBody::DeliveryFailed { error } => format!("● delivery failed: {error}"),
-            EventBody::DeliveryRetrying { attempt, error, retry_in_ms } => {
-                format!("● push attempt {attempt} failed: {error}; retrying in {}s", retry_in_ms.div_ceil(1000))
-            }
-            EventBody::CallbackSucceeded { attempt, status, .. } => {
-                format!("● completion callback delivered (HTTP {status}, attempt {attempt})")
-            }
-            EventBody::CallbackFailed { attempt, error, .. } => {
-                format!("● completion callback attempt {attempt} failed: {error}")
-            }
+            EventBody::ChangesCaptured { .. }
+            | EventBody::DeliverySucceeded { .. }
+            | EventBody::DeliveryFailed { .. }
+            | EventBody::DeliveryRetrying { .. }
+            | EventBody::CallbackSucceeded { .. }
+            | EventBody::CallbackFailed { .. } => format!("● {}", super::handover::line(body)?),
             EventBody::NetworkDenied { .. } => crate::render::live::network_denied(body)?,
             EventBody::SubagentStarted { .. }
             | EventBody::SubagentEvent { .. }

@@ -223,36 +223,7 @@ impl WorkerArgs {
     }
 
     pub fn config(&self, model: &ModelArgs) -> anyhow::Result<WorkerConfig> {
-        if self.concurrency == 0 {
-            bail!("KILN_WORKER_MAX_SESSIONS must be at least 1");
-        }
-        if !(0.1..=1.0).contains(&model.compaction_threshold) {
-            bail!("KILN_COMPACTION_THRESHOLD must be between 0.1 and 1");
-        }
-        if model.model_context_tokens < 1_000 {
-            bail!("KILN_MODEL_CONTEXT_TOKENS must be at least 1000");
-        }
-        if self.sandbox_disk_mb < 16 {
-            bail!("KILN_SANDBOX_DISK_MB must be at least 16");
-        }
-        if self.max_repo_mb == 0 {
-            bail!("KILN_MAX_REPO_MB must be at least 1");
-        }
-        if self.lease_s < 3 {
-            bail!("KILN_LEASE_S must be at least 3");
-        }
-        if self.max_tool_calls_per_step == 0 {
-            bail!("KILN_MAX_TOOL_CALLS_PER_STEP must be at least 1");
-        }
-        if self.subagent_max_parallel == 0 {
-            bail!("KILN_SUBAGENT_MAX_PARALLEL must be at least 1");
-        }
-        if self.subagent_max_depth > 4 {
-            bail!("KILN_SUBAGENT_MAX_DEPTH must be at most 4");
-        }
-        if self.max_event_bytes_per_run < 64 * 1024 {
-            bail!("KILN_MAX_EVENT_BYTES_PER_RUN must be at least 65536");
-        }
+        self.check_bounds(model)?;
         Ok(WorkerConfig {
             worker_id: self.worker_id.clone().unwrap_or_else(default_worker_id),
             concurrency: self.concurrency,
@@ -262,22 +233,7 @@ impl WorkerArgs {
             dead_worker_check: (self.dead_worker_check_ms > 0)
                 .then(|| Duration::from_millis(self.dead_worker_check_ms.max(100))),
             poll_interval: Duration::from_secs(self.poll_s.max(1)),
-            sandbox: SandboxConfig {
-                image: self.sandbox_image.clone(),
-                memory_bytes: self.sandbox_memory_mb * 1024 * 1024,
-                nano_cpus: (self.sandbox_cpus * 1e9) as i64,
-                pids_limit: self.sandbox_pids,
-                tmpfs_mb: self.sandbox_tmpfs_mb,
-                nofile: self.sandbox_nofile,
-                runtime: self.sandbox_runtime.clone(),
-                allow_network: self.sandbox_allow_network,
-                toolbox_path: self.toolbox_path.clone(),
-                disk_mb: self.sandbox_disk_mb,
-                disk_mode: self.sandbox_disk_mode,
-                disk_dir: self.sandbox_disk_dir.clone(),
-                egress: Arc::new(self.egress()?),
-                ..SandboxConfig::default()
-            },
+            sandbox: self.sandbox_config()?,
             default_provider: model.provider()?,
             default_model: model.model.clone(),
             default_max_tokens: model.model_max_tokens,
@@ -331,6 +287,63 @@ impl WorkerArgs {
                 base_delay: Duration::from_secs(self.git_delivery_retry_s.max(1)),
                 ..Default::default()
             },
+        })
+    }
+}
+
+impl WorkerArgs {
+    /// Settings out of their range are refused before anything starts.
+    fn check_bounds(&self, model: &ModelArgs) -> anyhow::Result<()> {
+        if self.concurrency == 0 {
+            bail!("KILN_WORKER_MAX_SESSIONS must be at least 1");
+        }
+        if !(0.1..=1.0).contains(&model.compaction_threshold) {
+            bail!("KILN_COMPACTION_THRESHOLD must be between 0.1 and 1");
+        }
+        if model.model_context_tokens < 1_000 {
+            bail!("KILN_MODEL_CONTEXT_TOKENS must be at least 1000");
+        }
+        if self.sandbox_disk_mb < 16 {
+            bail!("KILN_SANDBOX_DISK_MB must be at least 16");
+        }
+        if self.max_repo_mb == 0 {
+            bail!("KILN_MAX_REPO_MB must be at least 1");
+        }
+        if self.lease_s < 3 {
+            bail!("KILN_LEASE_S must be at least 3");
+        }
+        if self.max_tool_calls_per_step == 0 {
+            bail!("KILN_MAX_TOOL_CALLS_PER_STEP must be at least 1");
+        }
+        if self.subagent_max_parallel == 0 {
+            bail!("KILN_SUBAGENT_MAX_PARALLEL must be at least 1");
+        }
+        if self.subagent_max_depth > 4 {
+            bail!("KILN_SUBAGENT_MAX_DEPTH must be at most 4");
+        }
+        if self.max_event_bytes_per_run < 64 * 1024 {
+            bail!("KILN_MAX_EVENT_BYTES_PER_RUN must be at least 65536");
+        }
+        Ok(())
+    }
+
+    /// The sandboxes' image, limits, runtime, disk and egress.
+    fn sandbox_config(&self) -> anyhow::Result<SandboxConfig> {
+        Ok(SandboxConfig {
+            image: self.sandbox_image.clone(),
+            memory_bytes: self.sandbox_memory_mb * 1024 * 1024,
+            nano_cpus: (self.sandbox_cpus * 1e9) as i64,
+            pids_limit: self.sandbox_pids,
+            tmpfs_mb: self.sandbox_tmpfs_mb,
+            nofile: self.sandbox_nofile,
+            runtime: self.sandbox_runtime.clone(),
+            allow_network: self.sandbox_allow_network,
+            toolbox_path: self.toolbox_path.clone(),
+            disk_mb: self.sandbox_disk_mb,
+            disk_mode: self.sandbox_disk_mode,
+            disk_dir: self.sandbox_disk_dir.clone(),
+            egress: Arc::new(self.egress()?),
+            ..SandboxConfig::default()
         })
     }
 }
