@@ -21,8 +21,8 @@ use clap::Parser;
 use kiln_bench_sandbox::setup::{self, Common};
 use kiln_bench_sandbox::stats;
 use kiln_toolbox::protocol::{ExecRequest, Reply, RequestBody};
-use kiln_worker::sandbox::SandboxConfig;
 use kiln_worker::sandbox::toolbox::ToolboxConn;
+use kiln_worker::sandbox::{Backend, SandboxConfig};
 use uuid::Uuid;
 
 const TOOLBOX_IN_CONTAINER: &str = "/usr/local/libexec/kiln/kiln-toolbox";
@@ -89,7 +89,7 @@ async fn cold(d: &Docker, c: &SandboxConfig, w: &str, tar: &[u8], s: &mut Steps)
     upload(d, &id, tar).await?;
     s.add("cold: copy toolbox in (archive API)", t.elapsed());
     let t = Instant::now();
-    let conn = ToolboxConn::start(d, &id, TOOLBOX_IN_CONTAINER, &c.user).await?;
+    let conn = ToolboxConn::start(&Backend::from(d), &id, TOOLBOX_IN_CONTAINER, &c.user).await?;
     s.add("cold: toolbox exec + hello", t.elapsed());
     let t = Instant::now();
     bash_true(&conn).await?;
@@ -110,7 +110,7 @@ async fn copy_first(d: &Docker, c: &SandboxConfig, w: &str, tar: &[u8], s: &mut 
     let t = Instant::now();
     d.start_container(&id, None).await?;
     s.add("copy first: start", t.elapsed());
-    let conn = ToolboxConn::start(d, &id, TOOLBOX_IN_CONTAINER, &c.user).await?;
+    let conn = ToolboxConn::start(&Backend::from(d), &id, TOOLBOX_IN_CONTAINER, &c.user).await?;
     bash_true(&conn).await?;
     s.add("copy first: total", total.elapsed());
     drop(conn);
@@ -127,7 +127,7 @@ async fn copy_while_starting(d: &Docker, c: &SandboxConfig, w: &str, tar: &[u8],
     started?;
     copied?;
     s.add("concurrent: start || copy", t.elapsed());
-    let conn = ToolboxConn::start(d, &id, TOOLBOX_IN_CONTAINER, &c.user).await?;
+    let conn = ToolboxConn::start(&Backend::from(d), &id, TOOLBOX_IN_CONTAINER, &c.user).await?;
     bash_true(&conn).await?;
     s.add("concurrent: total", total.elapsed());
     drop(conn);
@@ -140,7 +140,7 @@ async fn warm(d: &Docker, c: &SandboxConfig, w: &str, tar: &[u8], s: &mut Steps)
     let id = setup::create_like_kiln(d, c, w, &["sleep", "infinity"]).await?;
     d.start_container(&id, None).await?;
     upload(d, &id, tar).await?;
-    let conn = ToolboxConn::start(d, &id, TOOLBOX_IN_CONTAINER, &c.user).await?;
+    let conn = ToolboxConn::start(&Backend::from(d), &id, TOOLBOX_IN_CONTAINER, &c.user).await?;
     let session = format!("kiln-session-{}", Uuid::new_v4().simple());
     let total = Instant::now();
     let t = Instant::now();
