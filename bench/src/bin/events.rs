@@ -1,9 +1,9 @@
 //! The event path: latency from the worker's write to an SSE client's
 //! receipt with 1, 100 and 1,000 clients on one run (or spread over
-//! `--runs`; 10,000 clients need `ulimit -n` above 10,000), and the server's
-//! memory per idle SSE stream, for `kiln serve` and for a plain axum SSE
-//! server reading the same rows (`kiln_bench::sse_baseline`), the two
-//! alternated round by round.
+//! `--runs`; 10,000 clients need a hard `ulimit -n` above 10,000, the soft
+//! limit is raised to it), and the server's memory per idle SSE stream,
+//! for `kiln serve` and for a plain axum SSE server reading the same rows
+//! (`kiln_bench::sse_baseline`), the two alternated round by round.
 //!
 //! This process plays the worker, through the worker's own code, in two
 //! ways:
@@ -77,6 +77,7 @@ async fn main() -> anyhow::Result<()> {
         return kiln_bench::sse_baseline::serve(db, listener).await;
     }
     let args = Args::parse();
+    raise_open_files()?;
     let kiln = kiln_binary(args.kiln.as_deref())?;
     let (url, store) = database().await?;
     // `kiln serve` as deployed; the stream limit per subject is lifted so
@@ -154,6 +155,18 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     kiln_bench::drop_databases().await?;
+    Ok(())
+}
+
+/// Lifts this process's soft limit on open files to its hard limit: 10,000
+/// streams are 10,000 sockets here and as many in the server, which
+/// inherits the limit (each is a process of its own).
+fn raise_open_files() -> anyhow::Result<()> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        setrlimit(Resource::Nofile, rustix::process::Rlimit { current: limit.maximum, maximum: limit.maximum })?;
+    }
     Ok(())
 }
 
