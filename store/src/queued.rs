@@ -2,10 +2,11 @@
 //! `run.queued` event, whatever queued it (a client, a GitHub mention, a
 //! message to a finished run or one its end left unread).
 
-use kiln_protocol::{CreateRun, EventBody, RepoSpec, Trigger};
+use kiln_protocol::{CreateRun, EventBody, RepoSpec, Run, Trigger};
 use uuid::Uuid;
 
 use crate::StoreError;
+use crate::rows::run_from_row;
 
 /// What the API hands the store to create a run.
 #[derive(Debug, Clone)]
@@ -89,14 +90,17 @@ static IN_NEW_SESSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
 /// A follow-up, in the session `$2`.
 static IN_SESSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| insert_statement("SELECT $2::uuid AS id"));
 
-/// A first run admitted by its subject's quota, in one statement that takes
-/// the subject's lock (`kiln_quota_check`, migrations/V27), counts and
-/// inserts; the caller reads the run back and commits, so the lock is held
-/// for those three round trips. `$15` and `$16` are the quota's limits. The run comes before
-/// its session so that a run lost to an idempotency key leaves no session
-/// behind (the foreign key is checked at the statement's end). Answers the
-/// counts the check saw and the run's id (none when refused or when the key
-/// is taken).
+/// A first run admitted by its subject's quota, in one autocommitted
+/// statement that takes the subject's lock (`kiln_quota_check`,
+/// migrations/V27), counts, inserts and answers the run as inserted: the
+/// lock is held for that one round trip, not across a read-back and a
+/// commit. `$15` and `$16` are the quota's limits. The run comes before its
+/// session so that a run lost to an idempotency key leaves no session
+/// behind (the foreign key is checked at the statement's end). Answers one
+/// row: the run's [`RUN_COLUMNS`](crate::rows::RUN_COLUMNS), all null when
+/// refused or when the key is taken, then the counts the check saw. The
+/// session's repository is `$13`/`$14` (a statement does not see its own
+/// inserts); a single run has no attempts.
 static ADMITTED_IN_NEW_SESSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     "WITH q AS (
          SELECT * FROM kiln_quota_check($3)
@@ -106,15 +110,24 @@ static ADMITTED_IN_NEW_SESSION: std::sync::LazyLock<String> = std::sync::LazyLoc
          SELECT $1, $2, $3, 'queued', $4, $5, $6, $7, $8, $9, $10, 1 FROM q
          WHERE q.active_runs < $15 AND q.recent_runs < $16
          ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-         RETURNING id
+         RETURNING *
      ), s AS (
          INSERT INTO sessions (id, owner, repo_url, repo_ref) SELECT $2, $3, $13, $14 FROM r
      ), e AS (
          INSERT INTO events (run_id, seq, kind, payload) SELECT id, 1, $11, $12 FROM r
      )
-     SELECT q.active_runs, q.recent_runs, q.retry_after_s, (SELECT id FROM r) FROM q"
+     SELECT r.id, r.session_id, r.status, r.prompt, $13::text, $14::text,
+            r.model, r.limits, r.trigger, r.attempt, r.cancel_requested, r.created_at, r.started_at,
+            r.finished_at, r.result, r.error, r.last_event_seq, r.policy, r.callback_url, r.parent_run_id,
+            r.agent_path, r.group_run_id, r.attempt_number, r.selected_attempt, NULL::uuid[],
+            q.active_runs, q.recent_runs, q.retry_after_s
+     FROM q LEFT JOIN r ON true"
         .to_owned()
 });
+
+/// Where the quota's counts start in a row of [`ADMITTED_IN_NEW_SESSION`]:
+/// after the run's columns.
+const ADMISSION_COUNTS_AT: usize = 25;
 
 /// The quota's limits (`runs::Quota`'s, passed apart so that this module
 /// and `runs` do not import each other).
@@ -124,11 +137,11 @@ pub(crate) struct QuotaLimits {
     pub max_runs_per_minute: i64,
 }
 
-/// What the quota check of [`insert_admitted_run`] saw, and the run's id
-/// when it was inserted.
+/// What the quota check of [`insert_admitted_run`] saw, and the run as
+/// inserted (queued) when it was.
 pub(crate) struct Admission {
     pub counts: QuotaCounts,
-    pub run: Option<Uuid>,
+    pub run: Option<Run>,
 }
 
 /// A subject's runs as the quota check counted them.
@@ -140,50 +153,84 @@ pub(crate) struct QuotaCounts {
 }
 
 impl QuotaCounts {
-    /// From the first three columns of a row of `kiln_quota_check`.
-    pub(crate) fn from_row(row: &tokio_postgres::Row) -> Result<Self, StoreError> {
-        Ok(QuotaCounts { active: row.try_get(0)?, recent: row.try_get(1)?, retry_after_s: row.try_get(2)? })
+    /// From `kiln_quota_check`'s three columns, starting at column `at`.
+    pub(crate) fn from_row(row: &tokio_postgres::Row, at: usize) -> Result<Self, StoreError> {
+        Ok(QuotaCounts { active: row.try_get(at)?, recent: row.try_get(at + 1)?, retry_after_s: row.try_get(at + 2)? })
     }
 }
 
 /// Inserts `run`, a first run, with its session and `run.queued` event when
-/// its owner is under `quota`, check and insert in one statement, in the
-/// caller's transaction (which reads the run back before committing).
+/// its owner is under `quota`: check, insert and the run's read-back in one
+/// statement, committed on its own (`client` must not be in a transaction:
+/// the subject's lock lasts as long as the statement's).
 pub(crate) async fn insert_admitted_run(
-    client: &deadpool_postgres::Transaction<'_>,
+    client: &deadpool_postgres::Client,
     run: &QueuedRun<'_>,
     limits: QuotaLimits,
 ) -> Result<Admission, StoreError> {
-    let Session::New { repo } = &run.session else {
+    if !matches!(run.session, Session::New { .. }) {
         return Err(StoreError::Corrupt("a follow-up is admitted in its own transaction".into()));
-    };
-    let run_id = Uuid::now_v7();
-    let session_id = Uuid::now_v7();
-    let (kind, payload) = run_queued_event(run)?;
-    let trigger = run.trigger.as_str();
-    let (repo_url, repo_ref) = (repo.map(|r| r.url.as_str()), repo.and_then(|r| r.git_ref.as_deref()));
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 16] = [
-        &run_id,
-        &session_id,
-        &run.owner,
-        &run.prompt,
-        &run.model,
-        &run.limits,
-        &trigger,
-        &run.idempotency_key,
-        &run.policy,
-        &run.callback_url,
-        &kind,
-        &payload,
-        &repo_url,
-        &repo_ref,
-        &limits.max_active_runs,
-        &limits.max_runs_per_minute,
-    ];
+    }
+    let values = InsertValues::of(run)?;
+    let mut params = values.params().to_vec();
+    params.extend([&limits.max_active_runs as &(dyn tokio_postgres::types::ToSql + Sync), &limits.max_runs_per_minute]);
     let insert = client.prepare_cached(&ADMITTED_IN_NEW_SESSION).await?;
     let row = client.query_one(&insert, &params).await?;
-    let inserted: Option<Uuid> = row.try_get(3)?;
-    Ok(Admission { counts: QuotaCounts::from_row(&row)?, run: inserted })
+    let inserted: Option<Uuid> = row.try_get(0)?;
+    let run = inserted.map(|_| run_from_row(&row)).transpose()?;
+    Ok(Admission { counts: QuotaCounts::from_row(&row, ADMISSION_COUNTS_AT)?, run })
+}
+
+/// The values a queued run's insert binds, `$1` to `$14` of
+/// [`insert_statement`] and [`ADMITTED_IN_NEW_SESSION`].
+struct InsertValues<'a> {
+    run: &'a QueuedRun<'a>,
+    run_id: Uuid,
+    session_id: Uuid,
+    trigger: &'static str,
+    kind: String,
+    payload: serde_json::Value,
+    repo_url: Option<&'a str>,
+    repo_ref: Option<&'a str>,
+}
+
+impl<'a> InsertValues<'a> {
+    fn of(run: &'a QueuedRun<'a>) -> Result<Self, StoreError> {
+        let (kind, payload) = run_queued_event(run)?;
+        let (session_id, repo) = match &run.session {
+            Session::New { repo } => (Uuid::now_v7(), *repo),
+            Session::Existing(id) => (*id, None),
+        };
+        Ok(InsertValues {
+            run,
+            run_id: Uuid::now_v7(),
+            session_id,
+            trigger: run.trigger.as_str(),
+            kind,
+            payload,
+            repo_url: repo.map(|r| r.url.as_str()),
+            repo_ref: repo.and_then(|r| r.git_ref.as_deref()),
+        })
+    }
+
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 14] {
+        [
+            &self.run_id,
+            &self.session_id,
+            &self.run.owner,
+            &self.run.prompt,
+            &self.run.model,
+            &self.run.limits,
+            &self.trigger,
+            &self.run.idempotency_key,
+            &self.run.policy,
+            &self.run.callback_url,
+            &self.kind,
+            &self.payload,
+            &self.repo_url,
+            &self.repo_ref,
+        ]
+    }
 }
 
 /// The `run.queued` event of `run`, as stored.
@@ -200,38 +247,15 @@ pub(crate) async fn insert_queued_run_tx(
     tx: &deadpool_postgres::Transaction<'_>,
     run: &QueuedRun<'_>,
 ) -> Result<Option<Uuid>, StoreError> {
-    let run_id = Uuid::now_v7();
-    let (kind, payload) = run_queued_event(run)?;
-    let trigger = run.trigger.as_str();
-    let (session_id, repo_url, repo_ref, statement, used) = match &run.session {
-        Session::New { repo } => (
-            Uuid::now_v7(),
-            repo.map(|r| r.url.as_str()),
-            repo.and_then(|r| r.git_ref.as_deref()),
-            IN_NEW_SESSION.as_str(),
-            14,
-        ),
+    let values = InsertValues::of(run)?;
+    let params = values.params();
+    let (statement, used) = match &run.session {
+        Session::New { .. } => (IN_NEW_SESSION.as_str(), params.len()),
         // The session's repository is already stored: `$13` and `$14` are
         // not in the statement.
-        Session::Existing(id) => (*id, None, None, IN_SESSION.as_str(), 12),
+        Session::Existing(_) => (IN_SESSION.as_str(), 12),
     };
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 14] = [
-        &run_id,
-        &session_id,
-        &run.owner,
-        &run.prompt,
-        &run.model,
-        &run.limits,
-        &trigger,
-        &run.idempotency_key,
-        &run.policy,
-        &run.callback_url,
-        &kind,
-        &payload,
-        &repo_url,
-        &repo_ref,
-    ];
     let insert = tx.prepare_cached(statement).await?;
     let inserted = tx.query_opt(&insert, &params[..used]).await?;
-    Ok(inserted.map(|_| run_id))
+    Ok(inserted.map(|_| values.run_id))
 }

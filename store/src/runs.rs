@@ -121,13 +121,12 @@ impl Store {
         Ok(Ok((run, true)))
     }
 
-    /// A single run under `quota`: the check and the insert are one
-    /// statement (`queued::insert_admitted_run`), and the run is read back
-    /// in the same transaction, so a subject's concurrent submissions wait
-    /// for one another only for that statement, its read and the commit. The
-    /// read is inside: after the commit a worker may already have claimed
-    /// the run, and the answer to its submission would not be the run as
-    /// created (queued).
+    /// A single run under `quota`: the check, the insert and the run as
+    /// inserted are one autocommitted statement
+    /// (`queued::insert_admitted_run`), so a subject's concurrent
+    /// submissions wait for one another only for that one round trip. The
+    /// answer is the run as created (queued), whatever a worker that
+    /// claims it at once does next.
     async fn create_admitted_run(
         &self,
         new: &NewRun,
@@ -135,30 +134,19 @@ impl Store {
     ) -> Result<Result<(Run, bool), QuotaRefusal>, StoreError> {
         let single = single_attempt(new);
         let queued = QueuedRun::first(&single)?;
-        let created = {
+        let admission = {
             // At most a few of one subject's submissions hold a connection
             // while they wait for its lock; see `owner_gate`.
             let _line = self.owner_gate.enter(&new.owner).await?;
-            let mut client = self.client().await?;
-            let tx = client.transaction().await?;
+            let client = self.client().await?;
             let limits =
                 QuotaLimits { max_active_runs: quota.max_active_runs, max_runs_per_minute: quota.max_runs_per_minute };
-            let admission = insert_admitted_run(&tx, &queued, limits).await?;
-            if let Some(refusal) = refusal(&admission.counts, quota) {
-                return Ok(Err(refusal));
-            }
-            match admission.run {
-                Some(run_id) => {
-                    let select = tx.prepare_cached(&SELECT_RUN).await?;
-                    let row = tx.query_one(&select, &[&run_id]).await?;
-                    let run = run_from_row(&row)?;
-                    tx.commit().await?;
-                    Some(run)
-                }
-                None => None,
-            }
+            insert_admitted_run(&client, &queued, limits).await?
         };
-        let Some(run) = created else {
+        if let Some(refusal) = refusal(&admission.counts, quota) {
+            return Ok(Err(refusal));
+        }
+        let Some(run) = admission.run else {
             // Lost a race with a concurrent request carrying the same key.
             let key = new.idempotency_key.as_deref().unwrap_or_default();
             return match self.run_by_idempotency_key(&new.owner, key).await? {
@@ -357,7 +345,7 @@ pub(crate) async fn check_quota_tx(
     // an unprepared one costs a second round trip.
     let check = tx.prepare_cached("SELECT * FROM kiln_quota_check($1)").await?;
     let row = tx.query_one(&check, &[&owner]).await?;
-    Ok(refusal(&QuotaCounts::from_row(&row)?, quota))
+    Ok(refusal(&QuotaCounts::from_row(&row, 0)?, quota))
 }
 
 /// Why `quota` refuses one more run to a subject with these counts, if it does.

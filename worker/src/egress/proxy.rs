@@ -210,8 +210,15 @@ where
     if upstream.write_all(&hello.bytes).await.is_err() {
         return;
     }
-    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+    let _ = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, RELAY_BUFFER, RELAY_BUFFER).await;
 }
+
+/// Each direction's copy buffer in a tunnel. tokio's default (8 KiB) makes
+/// a bulk download one read and one write per 8 KiB through the proxy,
+/// the hop a sandbox's traffic takes beside the direct path (issue 33:
+/// 100 MB at 0.72× of direct); 64 KiB per direction moves it in an eighth
+/// of the system calls, for 128 KiB per open tunnel.
+const RELAY_BUFFER: usize = 64 * 1024;
 
 /// The first of `addrs` that answers.
 async fn dial(addrs: &[SocketAddr]) -> Option<TcpStream> {
