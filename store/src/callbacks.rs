@@ -15,7 +15,7 @@ use std::time::Duration;
 use kiln_protocol::{EventBody, Run};
 use uuid::Uuid;
 
-use crate::events::insert_event_tx;
+use crate::owed::{Claimed, OwedTable};
 use crate::{Store, StoreError};
 
 /// Everything a worker needs to deliver one callback.
@@ -45,40 +45,44 @@ pub enum CallbackAttempt {
     GaveUp,
 }
 
+/// `run_callbacks` as owed work: owed until settled. A holder keeps its
+/// lease through the backoff between attempts, and extends or records only
+/// while the callback is unsettled.
+const CALLBACKS: OwedTable = OwedTable {
+    table: "run_callbacks",
+    holder: "holder",
+    until: "lease_until",
+    fence: " AND settled_at IS NULL",
+    claim_sets: "",
+    join: "",
+    owed: "o.settled_at IS NULL",
+    since: "owed_since",
+    lock: "o",
+    returning: ", d.url, d.delivery_id, d.attempts, (SELECT r.owner FROM runs r WHERE r.id = d.run_id)",
+    what: "callback",
+};
+
 impl Store {
     /// Takes the lease of an owed callback whose lease is free or has run
     /// out, longest-owed first. `None`: nothing owed, or all of it held.
     pub async fn claim_callback(&self, lease: Duration) -> Result<Option<CallbackJob>, StoreError> {
-        let holder = Uuid::new_v4();
-        let client = self.client().await?;
-        // SKIP LOCKED: two workers claiming at once never get the same row.
-        let row = client
-            .query_opt(
-                "UPDATE run_callbacks c
-                 SET holder = $1, lease_until = now() + make_interval(secs => $2)
-                 WHERE c.run_id = (
-                     SELECT o.run_id FROM run_callbacks o
-                     WHERE o.settled_at IS NULL
-                       AND (o.lease_until IS NULL OR o.lease_until < now())
-                     ORDER BY o.owed_since
-                     LIMIT 1
-                     FOR UPDATE SKIP LOCKED)
-                 RETURNING c.run_id, c.url, c.delivery_id, c.attempts,
-                           (SELECT r.owner FROM runs r WHERE r.id = c.run_id)",
-                &[&holder, &lease.as_secs_f64()],
-            )
-            .await?;
-        let Some(row) = row else { return Ok(None) };
-        drop(client);
-        let run_id: Uuid = row.try_get(0)?;
+        self.claim_callback_of(None, lease).await
+    }
+
+    /// [`Store::claim_callback`], of run `run_id` alone when it is `Some`.
+    pub async fn claim_callback_of(
+        &self,
+        run_id: Option<Uuid>,
+        lease: Duration,
+    ) -> Result<Option<CallbackJob>, StoreError> {
+        let Some(Claimed { mut run, holder, row }) = self.claim_owed(&CALLBACKS, run_id, lease).await? else {
+            return Ok(None);
+        };
+        let run_id = run.id;
         let attempts: i32 = row.try_get(3)?;
         let owner: Option<String> = row.try_get(4)?;
         let owner =
             owner.ok_or_else(|| StoreError::Corrupt(format!("run {run_id} vanished while its callback was owed")))?;
-        let mut run = self
-            .get_run_unscoped(run_id)
-            .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("run {run_id} vanished while its callback was owed")))?;
         // The run as the API shows it: with its change's totals.
         run.changes = self.change_totals(&[run_id]).await?.get(&run_id).copied();
         Ok(Some(CallbackJob {
@@ -94,15 +98,7 @@ impl Store {
     /// Extends `job`'s lease; false when it is no longer `job`'s (it ran out
     /// and another worker took the callback over).
     pub async fn extend_callback(&self, job: &CallbackJob, lease: Duration) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let n = client
-            .execute(
-                "UPDATE run_callbacks SET lease_until = now() + make_interval(secs => $3)
-                 WHERE run_id = $1 AND holder = $2 AND settled_at IS NULL",
-                &[&job.run.id, &job.holder, &lease.as_secs_f64()],
-            )
-            .await?;
-        Ok(n == 1)
+        self.extend_owed(&CALLBACKS, job.run.id, job.holder, lease).await
     }
 
     /// Records one attempt of `job`'s callback: counts it, appends `event`
@@ -110,10 +106,6 @@ impl Store {
     /// another attempt follows (which releases nothing: the holder keeps the
     /// lease through its backoff). False, recording nothing, when the lease
     /// is no longer `job`'s.
-    ///
-    /// Not fenced by the run's lease: the run has ended and holds none. The
-    /// event comes after the terminal one; a live SSE stream has closed by
-    /// then, a replay sees it.
     pub async fn record_callback_attempt(
         &self,
         job: &CallbackJob,
@@ -122,37 +114,25 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let settled = outcome != CallbackAttempt::WillRetry;
         let delivered = outcome == CallbackAttempt::Delivered;
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        let n = tx
-            .execute(
-                "UPDATE run_callbacks SET attempts = attempts + 1,
-                        settled_at = CASE WHEN $3 THEN now() END,
-                        delivered = $4,
-                        holder = CASE WHEN $3 THEN NULL ELSE holder END,
-                        lease_until = CASE WHEN $3 THEN NULL ELSE lease_until END
-                 WHERE run_id = $1 AND holder = $2 AND settled_at IS NULL",
-                &[&job.run.id, &job.holder, &settled, &delivered],
+        let seq = self
+            .end_owed(
+                &CALLBACKS,
+                (job.run.id, job.holder),
+                "attempts = attempts + 1,
+                 settled_at = CASE WHEN $3 THEN now() END,
+                 delivered = $4,
+                 holder = CASE WHEN $3 THEN NULL ELSE holder END,
+                 lease_until = CASE WHEN $3 THEN NULL ELSE lease_until END",
+                &[&settled, &delivered],
+                event,
             )
             .await?;
-        if n == 0 {
-            return Ok(false);
-        }
-        insert_event_tx(&tx, job.run.id, event).await?;
-        tx.commit().await?;
-        Ok(true)
+        Ok(seq.is_some())
     }
 
     /// Hands `job`'s callback back unsettled (the worker is stopping), so
     /// another worker takes it over at once instead of after the lease.
     pub async fn release_callback(&self, job: &CallbackJob) -> Result<(), StoreError> {
-        let client = self.client().await?;
-        client
-            .execute(
-                "UPDATE run_callbacks SET holder = NULL, lease_until = NULL WHERE run_id = $1 AND holder = $2",
-                &[&job.run.id, &job.holder],
-            )
-            .await?;
-        Ok(())
+        self.release_owed(&CALLBACKS, job.run.id, job.holder).await
     }
 }

@@ -19,9 +19,31 @@ use std::time::Duration;
 use kiln_protocol::{EventBody, Run};
 use uuid::Uuid;
 
-use crate::events::insert_event_tx;
+use crate::owed::{Claimed, OwedTable};
 use crate::webhooks::GithubOrigin;
 use crate::{Store, StoreError};
+
+/// `github_runs` as owed work: a delivery is owed once requested (by the
+/// run's end, or again through the API) and its run has ended or, for a
+/// group, has a choice. The claim notes when it started, so a request that
+/// comes in during the attempt keeps the delivery owed.
+const GITHUB_DELIVERIES: OwedTable = OwedTable {
+    table: "github_runs",
+    holder: "delivery_holder",
+    until: "delivery_lease_until",
+    fence: "",
+    claim_sets: ", delivery_started_at = now()",
+    join: " JOIN runs r ON r.id = o.run_id",
+    owed: "o.delivery_requested_at IS NOT NULL AND o.delivered_at IS NULL
+           AND (r.status IN ('succeeded', 'failed', 'cancelled', 'timed_out') OR r.selected_attempt IS NOT NULL)",
+    since: "delivery_requested_at",
+    lock: "o",
+    returning: ", d.base_ref, d.base_sha,
+        (SELECT c.patch FROM run_changes c WHERE c.run_id = d.run_id AND c.scope = 'session'),
+        d.pr_url,
+        COALESCE((SELECT c.too_large FROM run_changes c WHERE c.run_id = d.run_id AND c.scope = 'session'), false)",
+    what: "GitHub delivery",
+};
 
 /// Everything a worker needs to deliver one run.
 #[derive(Debug, Clone)]
@@ -93,41 +115,13 @@ impl Store {
         run_id: Option<Uuid>,
         lease: Duration,
     ) -> Result<Option<DeliveryJob>, StoreError> {
-        let holder = Uuid::new_v4();
-        let client = self.client().await?;
-        // SKIP LOCKED: two workers claiming at once never get the same row;
-        // a row whose lease was just taken is re-checked and left alone.
-        let row = client
-            .query_opt(
-                "UPDATE github_runs g
-                 SET delivery_holder = $2, delivery_started_at = now(),
-                     delivery_lease_until = now() + make_interval(secs => $3)
-                 WHERE g.run_id = (
-                     SELECT o.run_id FROM github_runs o JOIN runs r ON r.id = o.run_id
-                     WHERE o.delivery_requested_at IS NOT NULL AND o.delivered_at IS NULL
-                       AND (r.status IN ('succeeded', 'failed', 'cancelled', 'timed_out')
-                            OR r.selected_attempt IS NOT NULL)
-                       AND (o.delivery_lease_until IS NULL OR o.delivery_lease_until < now())
-                       AND ($1::uuid IS NULL OR o.run_id = $1)
-                     ORDER BY o.delivery_requested_at
-                     LIMIT 1
-                     FOR UPDATE OF o SKIP LOCKED)
-                 RETURNING g.run_id, g.base_ref, g.base_sha,
-                     (SELECT c.patch FROM run_changes c WHERE c.run_id = g.run_id AND c.scope = 'session'),
-                     g.pr_url,
-                     COALESCE((SELECT c.too_large FROM run_changes c WHERE c.run_id = g.run_id AND c.scope = 'session'),
-                              false)",
-                &[&run_id, &holder, &lease.as_secs_f64()],
-            )
-            .await?;
-        let Some(row) = row else { return Ok(None) };
-        drop(client);
-        let run_id: Uuid = row.try_get(0)?;
-        let run = self.get_run_unscoped(run_id).await?;
-        let origin = self.github_origin(run_id).await?;
-        let (Some(run), Some(origin)) = (run, origin) else {
-            return Err(StoreError::Corrupt(format!("github run {run_id} vanished during delivery")));
+        let Some(Claimed { run, holder, row }) = self.claim_owed(&GITHUB_DELIVERIES, run_id, lease).await? else {
+            return Ok(None);
         };
+        let origin = self
+            .github_origin(run.id)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("github run {} vanished during delivery", run.id)))?;
         Ok(Some(DeliveryJob {
             run,
             origin,
@@ -143,15 +137,7 @@ impl Store {
     /// Extends the lease of `job`'s delivery; false when it is no longer
     /// `job`'s (it ran out and another worker took the delivery over).
     pub async fn extend_github_delivery(&self, job: &DeliveryJob, lease: Duration) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let n = client
-            .execute(
-                "UPDATE github_runs SET delivery_lease_until = now() + make_interval(secs => $3)
-                 WHERE run_id = $1 AND delivery_holder = $2",
-                &[&job.run.id, &job.holder, &lease.as_secs_f64()],
-            )
-            .await?;
-        Ok(n == 1)
+        self.extend_owed(&GITHUB_DELIVERIES, job.run.id, job.holder, lease).await
     }
 
     /// Remembers the pull request opened for the run.
@@ -166,35 +152,26 @@ impl Store {
     /// to the run's events. The debt is settled either way (a failed
     /// delivery is retried on request), unless a request came in during the
     /// attempt. False, recording nothing, when the lease is no longer `job`'s.
-    ///
-    /// Not fenced by the run's lease: the run has ended and holds none. The
-    /// event comes after the terminal one; a live SSE stream has closed by
-    /// then, a replay sees it.
     pub async fn end_github_delivery(
         &self,
         job: &DeliveryJob,
         delivered: bool,
         event: &EventBody,
     ) -> Result<bool, StoreError> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        let n = tx
-            .execute(
-                "UPDATE github_runs SET delivery_holder = NULL, delivery_lease_until = NULL,
-                        delivered_at = CASE WHEN $3 THEN now() ELSE delivered_at END,
-                        delivery_requested_at = CASE
-                            WHEN $3 OR delivery_requested_at <= delivery_started_at THEN NULL
-                            ELSE delivery_requested_at END
-                 WHERE run_id = $1 AND delivery_holder = $2",
-                &[&job.run.id, &job.holder, &delivered],
+        let seq = self
+            .end_owed(
+                &GITHUB_DELIVERIES,
+                (job.run.id, job.holder),
+                "delivery_holder = NULL, delivery_lease_until = NULL,
+                 delivered_at = CASE WHEN $3 THEN now() ELSE delivered_at END,
+                 delivery_requested_at = CASE
+                     WHEN $3 OR delivery_requested_at <= delivery_started_at THEN NULL
+                     ELSE delivery_requested_at END",
+                &[&delivered],
+                event,
             )
             .await?;
-        if n == 0 {
-            return Ok(false);
-        }
-        insert_event_tx(&tx, job.run.id, event).await?;
-        tx.commit().await?;
-        Ok(true)
+        Ok(seq.is_some())
     }
 
     /// Asks for run `id`'s result to be delivered (again) to GitHub.

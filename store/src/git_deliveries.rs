@@ -17,7 +17,7 @@ use std::time::Duration;
 use kiln_protocol::{EventBody, Run};
 use uuid::Uuid;
 
-use crate::events::insert_event_tx;
+use crate::owed::{Claimed, OwedTable};
 use crate::{Store, StoreError};
 
 /// A claimed push: the run (or group; its change is the chosen
@@ -43,61 +43,45 @@ pub enum GitDeliveryEnd {
     GaveUp,
 }
 
+/// `git_deliveries` as owed work: owed once its run has ended and its
+/// backoff has passed. The claim locks the run's row too (skipping a group
+/// while a choice is being made), so a choice either lands before the claim
+/// or is refused after it.
+const GIT_DELIVERIES: OwedTable = OwedTable {
+    table: "git_deliveries",
+    holder: "holder",
+    until: "claimed_until",
+    fence: "",
+    claim_sets: "",
+    join: " JOIN runs r ON r.id = o.run_id",
+    owed: "o.owed AND o.delivered_at IS NULL AND (o.not_before IS NULL OR o.not_before <= now())
+           AND r.status IN ('succeeded', 'failed', 'cancelled', 'timed_out')",
+    since: "owed_since",
+    lock: "o, r",
+    returning: ", d.attempts",
+    what: "git delivery",
+};
+
 impl Store {
     /// Takes the lease of an owed push whose run has ended, whose lease is
     /// free or has run out and whose backoff has passed: run `run_id`'s, or
-    /// with `None` the longest-owed one. Locks the run's row too (skipping
-    /// a group while a choice is being made), so a choice either lands
-    /// before the claim or is refused after it. `None`: nothing to do.
+    /// with `None` the longest-owed one. `None`: nothing to do.
     pub async fn claim_git_delivery(
         &self,
         run_id: Option<Uuid>,
         lease: Duration,
     ) -> Result<Option<GitDeliveryClaim>, StoreError> {
-        let holder = Uuid::new_v4();
-        let client = self.client().await?;
-        // SKIP LOCKED: two workers claiming at once never get the same row.
-        let row = client
-            .query_opt(
-                "UPDATE git_deliveries d
-                 SET holder = $1, claimed_until = now() + make_interval(secs => $2)
-                 WHERE d.run_id = (
-                     SELECT o.run_id FROM git_deliveries o JOIN runs r ON r.id = o.run_id
-                     WHERE o.owed AND o.delivered_at IS NULL
-                       AND (o.claimed_until IS NULL OR o.claimed_until < now())
-                       AND (o.not_before IS NULL OR o.not_before <= now())
-                       AND r.status IN ('succeeded', 'failed', 'cancelled', 'timed_out')
-                       AND ($3::uuid IS NULL OR o.run_id = $3)
-                     ORDER BY o.owed_since
-                     LIMIT 1
-                     FOR UPDATE OF o, r SKIP LOCKED)
-                 RETURNING d.run_id, d.attempts",
-                &[&holder, &lease.as_secs_f64(), &run_id],
-            )
-            .await?;
-        let Some(row) = row else { return Ok(None) };
-        drop(client);
-        let run_id: Uuid = row.try_get(0)?;
+        let Some(Claimed { run, holder, row }) = self.claim_owed(&GIT_DELIVERIES, run_id, lease).await? else {
+            return Ok(None);
+        };
         let attempts = u32::try_from(row.try_get::<_, i32>(1)?).unwrap_or(0);
-        let run = self
-            .get_run_unscoped(run_id)
-            .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("run {run_id} vanished during its git delivery")))?;
         Ok(Some(GitDeliveryClaim { run, attempts, holder }))
     }
 
     /// Extends `claim`'s lease; false when it is no longer `claim`'s (it
     /// ran out and another worker took the push over).
     pub async fn extend_git_delivery(&self, claim: &GitDeliveryClaim, lease: Duration) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let n = client
-            .execute(
-                "UPDATE git_deliveries SET claimed_until = now() + make_interval(secs => $3)
-                 WHERE run_id = $1 AND holder = $2",
-                &[&claim.run.id, &claim.holder, &lease.as_secs_f64()],
-            )
-            .await?;
-        Ok(n == 1)
+        self.extend_owed(&GIT_DELIVERIES, claim.run.id, claim.holder, lease).await
     }
 
     /// Records how `claim`'s attempt went (`event`, after the run's
@@ -115,24 +99,18 @@ impl Store {
             GitDeliveryEnd::Delivered | GitDeliveryEnd::GaveUp => (false, None),
         };
         let delivered = end == GitDeliveryEnd::Delivered;
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        let ours = tx
-            .execute(
-                "UPDATE git_deliveries
-                 SET holder = NULL, claimed_until = NULL, attempts = attempts + 1, owed = $3,
-                     not_before = now() + make_interval(secs => $4::float8),
-                     delivered_at = CASE WHEN $5 THEN now() END
-                 WHERE run_id = $1 AND holder = $2",
-                &[&claim.run.id, &claim.holder, &owed, &retry_in, &delivered],
+        let seq = self
+            .end_owed(
+                &GIT_DELIVERIES,
+                (claim.run.id, claim.holder),
+                "holder = NULL, claimed_until = NULL, attempts = attempts + 1, owed = $3,
+                 not_before = now() + make_interval(secs => $4::float8),
+                 delivered_at = CASE WHEN $5 THEN now() END",
+                &[&owed, &retry_in, &delivered],
+                event,
             )
             .await?;
-        if ours == 0 {
-            return Ok(false);
-        }
-        let seq = insert_event_tx(&tx, claim.run.id, event).await?;
-        tx.commit().await?;
-        drop(client);
+        let Some(seq) = seq else { return Ok(false) };
         self.announce_event(claim.run.id, seq);
         Ok(true)
     }

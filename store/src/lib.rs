@@ -22,6 +22,7 @@ pub mod listen;
 mod messages;
 mod migrate;
 mod notifier;
+mod owed;
 mod owner_gate;
 mod presence;
 mod queue;

@@ -27,6 +27,7 @@ pub mod browser;
 pub mod changes;
 pub mod fake_github;
 pub mod git_repo;
+pub mod github_kiln;
 pub mod kiln_bin;
 pub mod leftovers;
 pub mod logs;

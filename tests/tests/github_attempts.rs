@@ -10,13 +10,13 @@
 
 use std::time::Duration;
 
-use kiln_api::github::WebhookSecret;
 use kiln_protocol::{EventBody, Run, RunStatus};
 use kiln_tests::fake_github::{BareRepo, FakeGithub};
+use kiln_tests::github_kiln::{fixture, github_against, send_webhook};
 use kiln_tests::kiln_scripted_model::Reply;
 use kiln_tests::{Event, Options, TestApp, kinds, token, worker_config};
 use kiln_worker::ProviderKind;
-use kiln_worker::github::{Credentials, DeliveryPolicy, Github, GithubSettings, RetryPolicy};
+use kiln_worker::github::Credentials;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -48,22 +48,7 @@ async fn setup(script: Vec<Reply>, take_first: bool) -> Setup {
     let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
     config.concurrency = 1;
     config.allow_file_repos = false;
-    config.github = Some(
-        Github::new(GithubSettings {
-            api_url: github.url.clone(),
-            web_url: github.url.clone(),
-            credentials: Credentials::Token(token.as_str().into()),
-            public_url: Some(format!("http://{}", app.addr)),
-            retry: RetryPolicy {
-                attempts: 4,
-                base_delay: Duration::from_millis(50),
-                max_delay: Duration::from_secs(2),
-            },
-            request_poll: Duration::from_millis(200),
-            policy: DeliveryPolicy::default(),
-        })
-        .unwrap(),
-    );
+    config.github = Some(github_against(&github, Credentials::Token(token.as_str().into()), &app));
     app.start_worker(config).await;
     Setup { app, github, repo }
 }
@@ -80,11 +65,6 @@ fn script(words: &[&str], pause: Duration) -> Vec<Reply> {
     replies
 }
 
-fn fixture(name: &str) -> Value {
-    let path = format!("{}/fixtures/github/{name}", env!("CARGO_MANIFEST_DIR"));
-    serde_json::from_str(&std::fs::read_to_string(&path).expect(&path)).unwrap()
-}
-
 /// Sends a signed `issue_comment.created` with `body` by `login` (an
 /// OWNER) on issue `issue`; returns the answer's status and body.
 async fn comment(s: &Setup, issue: i64, id: i64, login: &str, body: &str) -> (u16, Value) {
@@ -99,20 +79,7 @@ async fn comment(s: &Setup, issue: i64, id: i64, login: &str, body: &str) -> (u1
     v["repository"]["default_branch"] = "main".into();
     v["issue"]["number"] = issue.into();
     v.as_object_mut().unwrap().remove("installation");
-    let body = serde_json::to_vec(&v).unwrap();
-    let signature = WebhookSecret::new(WEBHOOK_SECRET.as_bytes()).unwrap().sign(&body);
-    let response = s
-        .app
-        .http
-        .post(s.app.url("/v1/webhooks/github"))
-        .header("content-type", "application/json")
-        .header("x-github-event", "issue_comment")
-        .header("x-github-delivery", Uuid::new_v4().to_string())
-        .header("x-hub-signature-256", signature)
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let response = send_webhook(&s.app, WEBHOOK_SECRET, "issue_comment", &v).await;
     let status = response.status().as_u16();
     (status, response.json().await.unwrap())
 }

@@ -9,13 +9,13 @@
 
 use std::time::Duration;
 
-use kiln_api::github::WebhookSecret;
 use kiln_protocol::{CreateRun, EventBody, RunStatus};
 use kiln_tests::fake_github::{BareRepo, FakeGithub, git_basic_auth};
+use kiln_tests::github_kiln::{fixture, github_against, send_webhook};
 use kiln_tests::kiln_scripted_model::Reply;
 use kiln_tests::logs::Logs;
 use kiln_tests::{Event, Options, TestApp, kinds, pick, token, worker_config};
-use kiln_worker::github::{Credentials, DeliveryPolicy, Github, GithubSettings, RetryPolicy};
+use kiln_worker::github::Credentials;
 use kiln_worker::{ProviderKind, WorkerConfig};
 use secrecy::ExposeSecret;
 use serde_json::{Value, json};
@@ -87,31 +87,10 @@ impl Setup {
         let mut config = worker_config(ProviderKind::OpenAi, Duration::from_secs(10));
         // GitHub runs reach their repository over http(s) only.
         config.allow_file_repos = false;
-        config.github = Some(
-            Github::new(GithubSettings {
-                api_url: self.github.url.clone(),
-                // The fake serves git where it serves the API.
-                web_url: self.github.url.clone(),
-                credentials: self.credentials.clone(),
-                public_url: Some(format!("http://{}", self.app.addr)),
-                retry: RetryPolicy {
-                    attempts: 4,
-                    base_delay: Duration::from_millis(50),
-                    max_delay: Duration::from_secs(2),
-                },
-                request_poll: Duration::from_millis(200),
-                policy: DeliveryPolicy::default(),
-            })
-            .unwrap(),
-        );
+        config.github = Some(github_against(&self.github, self.credentials.clone(), &self.app));
         adjust(&mut config);
         config
     }
-}
-
-fn fixture(name: &str) -> Value {
-    let path = format!("{}/fixtures/github/{name}", env!("CARGO_MANIFEST_DIR"));
-    serde_json::from_str(&std::fs::read_to_string(&path).expect(&path)).unwrap()
 }
 
 /// Queues a GitHub run through the webhook, as GitHub would: a `/kiln`
@@ -157,20 +136,7 @@ async fn github_run_with(
         }
     }
     adjust(&mut payload);
-    let body = serde_json::to_vec(&payload).unwrap();
-    let signature = WebhookSecret::new(WEBHOOK_SECRET.as_bytes()).unwrap().sign(&body);
-    let response = s
-        .app
-        .http
-        .post(s.app.url("/v1/webhooks/github"))
-        .header("content-type", "application/json")
-        .header("x-github-event", event)
-        .header("x-github-delivery", Uuid::new_v4().to_string())
-        .header("x-hub-signature-256", signature)
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let response = send_webhook(&s.app, WEBHOOK_SECRET, event, &payload).await;
     assert_eq!(response.status(), 201, "the webhook should queue a run");
     let created: Value = response.json().await.unwrap();
     created["run_id"].as_str().unwrap().parse().unwrap()

@@ -23,6 +23,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod net_guard;
 pub mod origin;
+mod owed;
 pub mod presence;
 pub mod providers;
 pub mod retention;

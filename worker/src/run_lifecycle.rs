@@ -162,7 +162,7 @@ async fn after_work(ctx: &WorkerContext, run: &Run, lease: &Lease, ending: Endin
         Ok(_) => {
             crate::capture::capture_change(ctx, run, lease, events).await;
             let keep = !ctx.config.sandbox_idle.is_zero();
-            lifecycle::after_run(&ctx.docker, &ctx.config.sandbox, run.session_id, keep).await;
+            lifecycle::after_run(&ctx.sandboxes, &ctx.config.sandbox, run.session_id, keep).await;
             ending
         }
         Err(StoreError::LeaseLost(_)) => Ending::LeaseLost,

@@ -1,112 +1,107 @@
-//! Delivering one claimed callback: attempts with backoff, each recorded as
-//! a `callback.*` event, under a lease kept alive meanwhile.
+//! A completion callback as owed work (`crate::owed` claims it, keeps its
+//! lease and records each attempt): attempts with backoff under one claim,
+//! each recorded as a `callback.*` event.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use kiln_protocol::EventBody;
-use kiln_store::{CallbackAttempt, CallbackJob, Store};
-use tokio_util::sync::CancellationToken;
+use kiln_store::{CallbackAttempt, CallbackJob, Store, StoreError};
+use uuid::Uuid;
 
 use super::CallbackSettings;
 use super::send::{self, Request, Sent};
-use crate::lease_keeper::{Beat, LeaseKeeper};
-use crate::retry::{self, Policy, RetryAfter, Verdict};
+use crate::owed::{Owed, Settled};
+use crate::retry::{Policy, RetryAfter};
 
 /// The longest `Retry-After` honoured; a receiver asking for more gets its
 /// next attempt after this long (holding a lease for hours helps nobody).
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
 
-pub async fn deliver(settings: &CallbackSettings, store: &Store, job: CallbackJob, shutdown: CancellationToken) {
-    // Attempting stops if the lease is lost: another worker calls by then,
-    // and two must not call at once.
-    tokio::select! {
-        () = attempts(settings, store, &job, &shutdown) => {}
-        () = keep_lease(settings, store, &job) => {
-            tracing::warn!(run_id = %job.run.id, "lost a callback's lease; another worker delivers it");
-        }
-    }
+/// Owed callbacks: each attempt recorded, and the next one made under the
+/// same claim after a backoff (a receiver's `Retry-After` honoured).
+#[derive(Clone)]
+pub(super) struct Callbacks {
+    pub settings: Arc<CallbackSettings>,
+    pub store: Store,
 }
 
-async fn attempts(settings: &CallbackSettings, store: &Store, job: &CallbackJob, shutdown: &CancellationToken) {
-    let run_id = job.run.id;
-    let event = format!("run.{}", job.run.status.as_str());
-    let delivery_id = job.delivery_id.to_string();
-    // Signed with the owner's key, so only the owner can verify it and no
-    // other tenant (holding a key of its own) can forge it.
-    let key = kiln_protocol::callback::subject_key(settings.secret.bytes(), &job.owner);
-    let request = Request {
-        url: &job.url,
-        run: &job.run,
-        owner: &job.owner,
-        event: &event,
-        delivery_id: job.delivery_id,
-        key: &key,
-        allow_private: settings.allow_private,
-        timeout: settings.timeout,
-    };
-    // Attempts made by workers before this one count.
-    let mut schedule = policy(settings).schedule_after(job.attempts);
-    loop {
-        let attempt = schedule.attempt();
-        let (outcome, body, wait) = match send::attempt(&request).await {
-            Sent::Delivered { status } => {
-                tracing::info!(%run_id, attempt, status, "callback delivered");
-                let body = EventBody::CallbackSucceeded { attempt, status, delivery_id: delivery_id.clone() };
-                (CallbackAttempt::Delivered, body, None)
-            }
-            Sent::Failed { status, error, retryable, retry_after } => {
-                let wait = if retryable { schedule.next_delay(retry_after) } else { None };
-                let (outcome, error) = match wait {
-                    Some(_) => (CallbackAttempt::WillRetry, error),
-                    None if retryable => {
-                        (CallbackAttempt::GaveUp, format!("{error}; gave up after {attempt} attempts"))
-                    }
-                    None => (CallbackAttempt::GaveUp, error),
-                };
-                tracing::warn!(%run_id, attempt, ?status, %error, ?wait, "callback failed");
-                let retry_in_ms = wait.map(|w| u64::try_from(w.as_millis()).unwrap_or(u64::MAX));
-                let body =
-                    EventBody::CallbackFailed { attempt, status, error, delivery_id: delivery_id.clone(), retry_in_ms };
-                (outcome, body, wait)
-            }
+impl Owed for Callbacks {
+    type Claim = CallbackJob;
+    type Outcome = Sent;
+    type End = CallbackAttempt;
+    const WHAT: &'static str = "callback";
+
+    fn lease(&self) -> Duration {
+        self.settings.lease
+    }
+    fn run_id(job: &CallbackJob) -> Uuid {
+        job.run.id
+    }
+    fn attempts_before(job: &CallbackJob) -> u32 {
+        job.attempts
+    }
+    async fn claim(&self, run_id: Option<Uuid>) -> Result<Option<CallbackJob>, StoreError> {
+        self.store.claim_callback_of(run_id, self.settings.lease).await
+    }
+    async fn extend(&self, job: &CallbackJob) -> Result<bool, StoreError> {
+        self.store.extend_callback(job, self.settings.lease).await
+    }
+    async fn attempt(&self, job: &CallbackJob, _number: u32) -> Sent {
+        let event = format!("run.{}", job.run.status.as_str());
+        // Signed with the owner's key, so only the owner can verify it and
+        // no other tenant (holding a key of its own) can forge it.
+        let key = kiln_protocol::callback::subject_key(self.settings.secret.bytes(), &job.owner);
+        let request = Request {
+            url: &job.url,
+            run: &job.run,
+            owner: &job.owner,
+            event: &event,
+            delivery_id: job.delivery_id,
+            key: &key,
+            allow_private: self.settings.allow_private,
+            timeout: self.settings.timeout,
         };
-        if !record(store, job, outcome, &body).await {
-            return;
-        }
-        let Some(wait) = wait else { return };
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = shutdown.cancelled() => {
-                // Hand it back so another worker continues at once.
-                if let Err(e) = store.release_callback(job).await {
-                    tracing::warn!(%run_id, error = %e, "handing back a callback failed; its lease will run out");
-                }
-                return;
-            }
-        }
+        send::attempt(&request).await
+    }
+    fn settle(&self, job: &CallbackJob, attempt: u32, sent: Sent) -> Settled<CallbackAttempt> {
+        settle(&self.settings, job, attempt, sent)
+    }
+    async fn end(&self, job: &CallbackJob, outcome: &CallbackAttempt, event: &EventBody) -> Result<bool, StoreError> {
+        self.store.record_callback_attempt(job, *outcome, event).await
+    }
+    async fn release(&self, job: &CallbackJob) -> Result<(), StoreError> {
+        self.store.release_callback(job).await
     }
 }
 
-/// Records an attempt, retrying while the database blinks. False: stop
-/// (the lease is gone, or the record could not be made; past the lease
-/// another worker tries again, so the receiver may hear twice).
-async fn record(store: &Store, job: &CallbackJob, outcome: CallbackAttempt, body: &EventBody) -> bool {
-    let recorded = retry::retry(
-        &retry::DATABASE,
-        || store.record_callback_attempt(job, outcome, body),
-        |_| Verdict::Retry,
-        |e, attempt, _| tracing::warn!(run_id = %job.run.id, error = %e, attempt, "recording a callback attempt failed"),
-    )
-    .await;
-    match recorded {
-        Ok(true) => true,
-        Ok(false) => {
-            tracing::warn!(run_id = %job.run.id, "a callback's lease ran out before its attempt was recorded");
-            false
+/// What attempt number `attempt` comes to: delivered, another attempt
+/// after a backoff, or given up.
+fn settle(settings: &CallbackSettings, job: &CallbackJob, attempt: u32, sent: Sent) -> Settled<CallbackAttempt> {
+    let run_id = job.run.id;
+    let delivery_id = job.delivery_id.to_string();
+    match sent {
+        Sent::Delivered { status } => {
+            tracing::info!(%run_id, attempt, status, "callback delivered");
+            let event = EventBody::CallbackSucceeded { attempt, status, delivery_id };
+            Settled::once(CallbackAttempt::Delivered, event)
         }
-        Err(e) => {
-            tracing::warn!(run_id = %job.run.id, error = %e, "recording a callback attempt failed; giving up");
-            false
+        Sent::Failed { status, error, retryable, retry_after } => {
+            // Attempts made before this one, by any worker, count.
+            let wait = if retryable {
+                policy(settings).schedule_after(attempt.saturating_sub(1)).next_delay(retry_after)
+            } else {
+                None
+            };
+            let (end, error) = match wait {
+                Some(_) => (CallbackAttempt::WillRetry, error),
+                None if retryable => (CallbackAttempt::GaveUp, format!("{error}; gave up after {attempt} attempts")),
+                None => (CallbackAttempt::GaveUp, error),
+            };
+            tracing::warn!(%run_id, attempt, ?status, %error, ?wait, "callback failed");
+            let retry_in_ms = wait.map(|w| u64::try_from(w.as_millis()).unwrap_or(u64::MAX));
+            let event = EventBody::CallbackFailed { attempt, status, error, delivery_id, retry_in_ms };
+            Settled { end, event, again_in: wait }
         }
     }
 }
@@ -118,16 +113,6 @@ async fn record(store: &Store, job: &CallbackJob, outcome: CallbackAttempt, body
 fn policy(settings: &CallbackSettings) -> Policy {
     Policy::attempts(settings.max_attempts, settings.base_delay, settings.max_delay)
         .honouring(RetryAfter::Capped(MAX_RETRY_AFTER))
-}
-
-/// Extends `job`'s lease; returns once the lease is lost: taken over, or
-/// about to run out because the database has not answered (given up a
-/// third early, so this worker stops before another can start).
-async fn keep_lease(settings: &CallbackSettings, store: &Store, job: &CallbackJob) {
-    LeaseKeeper::new("callback", job.run.id, settings.lease)
-        .giving_up_early(settings.lease / 3)
-        .keep(|| async { store.extend_callback(job, settings.lease).await.map(Beat::extended_if) })
-        .await;
 }
 
 #[cfg(test)]

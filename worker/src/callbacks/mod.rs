@@ -6,10 +6,11 @@
 //! or failed by the reaper is called back too. Every worker with a callback
 //! secret serves owed callbacks ([`serve`]), woken by the trigger's
 //! notification and polling besides; each callback is claimed under a lease
-//! the worker keeps extending while it tries ([`deliver`]), so two workers
-//! never call the same receiver at once and a dead worker's callback is
-//! taken over when its lease runs out. Delivery is at least once: receivers
-//! drop repeats by the `X-Kiln-Delivery` id.
+//! the worker keeps extending while it tries ([`deliver`]; made as all owed
+//! work is, by `crate::owed`), so two workers never call the same receiver
+//! at once and a dead worker's callback is taken over when its lease runs
+//! out. Delivery is at least once: receivers drop repeats by the
+//! `X-Kiln-Delivery` id.
 
 mod deliver;
 pub mod send;
@@ -23,6 +24,9 @@ use secrecy::{ExposeSecret, SecretSlice};
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+
+use self::deliver::Callbacks;
+use crate::owed::{self, Owed};
 
 /// The deployment's callback secret (its `Debug` prints no key). Callbacks
 /// are signed with a key derived from it for the run's owner
@@ -90,15 +94,17 @@ impl CallbackSettings {
 /// Delivers owed callbacks until `shutdown`: claims while it has a free
 /// slot, then waits for a notification, a slot, or the poll interval.
 pub async fn serve(settings: CallbackSettings, store: Store, listener: Listener, shutdown: CancellationToken) {
-    let settings = Arc::new(settings);
+    let concurrency = settings.concurrency.max(1);
+    let (poll, callbacks) = (settings.poll, Callbacks { settings: Arc::new(settings), store });
     let mut notices = listener.subscribe();
     let mut tasks = JoinSet::new();
     loop {
-        while tasks.len() < settings.concurrency.max(1) && !shutdown.is_cancelled() {
-            match store.claim_callback(settings.lease).await {
+        while tasks.len() < concurrency && !shutdown.is_cancelled() {
+            match callbacks.claim(None).await {
                 Ok(Some(job)) => {
-                    let (settings, store, stop) = (settings.clone(), store.clone(), shutdown.clone());
-                    tasks.spawn(async move { deliver::deliver(&settings, &store, job, stop).await });
+                    let (callbacks, stop) = (callbacks.clone(), shutdown.clone());
+                    // Deliveries see `shutdown` too: they hand their callbacks back between attempts.
+                    tasks.spawn(async move { owed::make(&callbacks, &job, Some(&stop)).await });
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -109,13 +115,13 @@ pub async fn serve(settings: CallbackSettings, store: Store, listener: Listener,
         }
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            _ = tokio::time::sleep(settings.poll) => {}
+            _ = tokio::time::sleep(poll) => {}
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             () = owed_notice(&mut notices) => {}
         }
     }
-    // Deliveries see `shutdown` too: they hand their callbacks back between
-    // attempts. Give them a moment, then stop the rest (their leases run out).
+    // Give the deliveries a moment to hand their callbacks back, then stop
+    // the rest (their leases run out).
     let drain = async { while tasks.join_next().await.is_some() {} };
     if tokio::time::timeout(Duration::from_secs(5), drain).await.is_err() {
         tasks.abort_all();

@@ -63,7 +63,7 @@ pub async fn capture_change(ctx: &WorkerContext, run: &Run, lease: &Lease, event
 /// `None` when the run has no workspace (no base, or no container).
 async fn capture(ctx: &WorkerContext, run: &Run, lease: &Lease) -> Result<Option<(ChangeTotals, bool)>, CaptureError> {
     let Some(base) = ctx.store.run_base(run.id).await? else { return Ok(None) };
-    let Some(sandbox) = lifecycle::running(&ctx.docker, &ctx.config.sandbox, run.session_id).await else {
+    let Some(sandbox) = lifecycle::running(&ctx.sandboxes, &ctx.config.sandbox, run.session_id).await else {
         return Ok(None);
     };
     sandbox.kill_user_processes().await.map_err(|e| CaptureError::Kill(e.to_string()))?;

@@ -1,6 +1,6 @@
 //! Owed pushes (`git_deliveries`): a single run's, owed with its end, and
 //! a group's, owed with each choice — claimed, made and recorded the same
-//! way. The worker that ends a run tries its push at once; every worker
+//! way, by the driver of all owed work (`crate::owed`). The worker that ends a run tries its push at once; every worker
 //! polls for the rest: pushes whose worker died (once their lease runs
 //! out), retries whose backoff has passed, groups once chosen.
 //!
@@ -14,61 +14,65 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kiln_protocol::EventBody;
-use kiln_store::{GitDeliveryClaim, GitDeliveryEnd};
+use kiln_store::{GitDeliveryClaim, GitDeliveryEnd, StoreError};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{Attempt, GitDeliverySettings};
 use crate::context::WorkerContext;
-use crate::lease_keeper::{Beat, LeaseKeeper};
+use crate::owed::{self, Owed, Settled};
 
 /// Makes owed pushes until `shutdown`, polling every `poll_interval` when
 /// there are none.
 pub async fn serve(ctx: Arc<WorkerContext>, shutdown: CancellationToken) {
-    loop {
-        while !shutdown.is_cancelled() && deliver_owed(&ctx, None).await {}
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(ctx.config.poll_interval) => {}
-        }
-    }
+    owed::serve(&Pushes(&ctx), ctx.config.poll_interval, &shutdown).await;
 }
 
 /// Claims, makes and records one owed push: run `run_id`'s, or with
 /// `None` the longest-owed one. Whether there was one to claim.
 pub async fn deliver_owed(ctx: &WorkerContext, run_id: Option<Uuid>) -> bool {
-    let lease = ctx.config.lease;
-    let claim = match ctx.store.claim_git_delivery(run_id, lease).await {
-        Ok(Some(claim)) => claim,
-        Ok(None) => return false,
-        Err(e) => {
-            tracing::warn!(?run_id, error = %e, "claiming a git delivery failed");
-            return false;
-        }
-    };
-    let run_id = claim.run.id;
-    // Pushing stops (git's children are killed on drop) if the lease is
-    // lost: another worker is pushing by then.
-    let attempt = tokio::select! {
-        attempt = super::attempt(ctx, &claim.run) => attempt,
-        () = keep_lease(ctx, &claim, lease) => {
-            tracing::warn!(%run_id, "lost a git delivery's lease; another worker makes it");
-            return true;
-        }
-    };
-    let (end, event) = settle(&ctx.config.git_delivery, &claim, attempt);
-    match crate::db_retry::with_retry(|| ctx.store.end_git_delivery(&claim, end, &event)).await {
-        Ok(true) => {}
-        Ok(false) => tracing::warn!(%run_id, "a git delivery's lease ran out before it was recorded"),
-        Err(e) => tracing::warn!(%run_id, error = %e, "recording a git delivery failed"),
+    owed::make_one(&Pushes(ctx), run_id).await
+}
+
+/// Owed pushes, as owed work: one attempt per claim, a failure that may
+/// pass owed again after a backoff.
+struct Pushes<'a>(&'a WorkerContext);
+
+impl Owed for Pushes<'_> {
+    type Claim = GitDeliveryClaim;
+    type Outcome = Attempt;
+    type End = GitDeliveryEnd;
+    const WHAT: &'static str = "git delivery";
+
+    fn lease(&self) -> Duration {
+        self.0.config.lease
     }
-    true
+    fn run_id(claim: &GitDeliveryClaim) -> Uuid {
+        claim.run.id
+    }
+    fn attempts_before(claim: &GitDeliveryClaim) -> u32 {
+        claim.attempts
+    }
+    async fn claim(&self, run_id: Option<Uuid>) -> Result<Option<GitDeliveryClaim>, StoreError> {
+        self.0.store.claim_git_delivery(run_id, self.lease()).await
+    }
+    async fn extend(&self, claim: &GitDeliveryClaim) -> Result<bool, StoreError> {
+        self.0.store.extend_git_delivery(claim, self.lease()).await
+    }
+    async fn attempt(&self, claim: &GitDeliveryClaim, _number: u32) -> Attempt {
+        super::attempt(self.0, &claim.run).await
+    }
+    fn settle(&self, claim: &GitDeliveryClaim, number: u32, attempt: Attempt) -> Settled<GitDeliveryEnd> {
+        let (end, event) = settle(&self.0.config.git_delivery, claim.run.id, number, attempt);
+        Settled::once(end, event)
+    }
+    async fn end(&self, claim: &GitDeliveryClaim, end: &GitDeliveryEnd, event: &EventBody) -> Result<bool, StoreError> {
+        self.0.store.end_git_delivery(claim, *end, event).await
+    }
 }
 
 /// What an attempt comes to for the row and the run's events.
-fn settle(settings: &GitDeliverySettings, claim: &GitDeliveryClaim, attempt: Attempt) -> (GitDeliveryEnd, EventBody) {
-    let run_id = claim.run.id;
-    let number = claim.attempts.saturating_add(1);
+fn settle(settings: &GitDeliverySettings, run_id: Uuid, number: u32, attempt: Attempt) -> (GitDeliveryEnd, EventBody) {
     match attempt {
         Attempt::Pushed(p) => {
             tracing::info!(%run_id, branch = %p.branch, commit = %p.commit, "pushed the run's change");
@@ -100,13 +104,4 @@ fn settle(settings: &GitDeliverySettings, claim: &GitDeliveryClaim, attempt: Att
             }
         },
     }
-}
-
-/// Extends `claim`'s lease; returns once it is lost (taken over, or about
-/// to run out because the database has not answered).
-async fn keep_lease(ctx: &WorkerContext, claim: &GitDeliveryClaim, lease: Duration) {
-    LeaseKeeper::new("git delivery", claim.run.id, lease)
-        .giving_up_early(lease / 3)
-        .keep(|| async { ctx.store.extend_git_delivery(claim, lease).await.map(Beat::extended_if) })
-        .await;
 }

@@ -182,12 +182,5 @@ pub async fn deliver_finished(github: &Github, store: &Store, run: &Run) {
 /// Makes owed deliveries no worker is making (see [`owed`]) until
 /// `shutdown`, polling when there are none.
 pub async fn serve_pending_deliveries(github: Github, store: Store, shutdown: CancellationToken) {
-    loop {
-        // Drain what is owed now, then wait.
-        while !shutdown.is_cancelled() && owed::deliver_owed(&github, &store, None).await {}
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(github.inner.request_poll) => {}
-        }
-    }
+    owed::serve(&github, &store, github.inner.request_poll, &shutdown).await;
 }

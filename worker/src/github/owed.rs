@@ -1,5 +1,6 @@
-//! Owed deliveries: claiming one, keeping its lease while delivering, and
-//! recording how it went.
+//! Owed deliveries: what a GitHub report is as owed work. Claiming one,
+//! keeping its lease while delivering and recording how it went are the
+//! driver's of all owed work (`crate::owed`).
 //!
 //! A GitHub run that ends owes a delivery, recorded in the transaction that
 //! ends it (see `migrations/V7__github_owed_deliveries.sql`). The worker that
@@ -11,14 +12,14 @@
 use std::time::Duration;
 
 use kiln_protocol::EventBody;
-use kiln_store::{DeliveryJob, Store};
+use kiln_store::{DeliveryJob, Store, StoreError};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::delivery::deliver_job;
 use super::groups::{self, Reported};
 use super::{Github, GithubError};
-use crate::lease_keeper::{Beat, LeaseKeeper};
-use crate::retry::{self, Verdict};
+use crate::owed::{self, Owed, Settled};
 
 /// How long a claimed delivery stays claimed without being extended: how
 /// long a delivery a dead worker left waits before another worker takes it.
@@ -30,53 +31,66 @@ const DELIVERY_LEASE: Duration = Duration::from_secs(60);
 /// longest-owed one, and records the outcome as an event. Returns whether
 /// there was one to claim.
 pub async fn deliver_owed(github: &Github, store: &Store, run_id: Option<Uuid>) -> bool {
-    let job = match store.claim_github_delivery(run_id, DELIVERY_LEASE).await {
-        Ok(Some(job)) => job,
-        Ok(None) => return false,
-        Err(e) => {
-            tracing::warn!(?run_id, error = %e, "claiming a GitHub delivery failed");
-            return false;
-        }
-    };
-    let run_id = job.run.id;
-    // Delivering stops (git's children are killed on drop) if the lease is
-    // lost: another worker is delivering by then, and two must not post.
-    let result = tokio::select! {
-        result = report(github, store, &job) => result,
-        () = keep_lease(store, &job) => {
-            tracing::warn!(%run_id, "lost the GitHub delivery's lease; another worker delivers it");
-            return true;
-        }
-    };
-    let (delivered, event) = match result {
-        Ok(Reported { pull_request, comment, delivered }) => {
-            tracing::info!(%run_id, ?pull_request, "delivered to GitHub");
-            (
-                delivered,
-                EventBody::DeliverySucceeded { pull_request, comment, branch: None, commit: None, remote: None },
-            )
-        }
-        Err(e) => {
-            let error = github.redact(&e.to_string()).await;
-            tracing::warn!(%run_id, %error, "delivery to GitHub failed");
-            (false, EventBody::DeliveryFailed { error })
-        }
-    };
-    // The database may blink; the delivery's record is worth a few tries.
-    // Past the lease another worker may deliver again: at-least-once.
-    let recorded = retry::retry(
-        &retry::DATABASE,
-        || store.end_github_delivery(&job, delivered, &event),
-        |_| Verdict::Retry,
-        |e, attempt, _| tracing::warn!(%run_id, error = %e, attempt, "recording the delivery failed"),
-    )
-    .await;
-    match recorded {
-        Ok(true) => {}
-        Ok(false) => tracing::warn!(%run_id, "the GitHub delivery's lease ran out before it was recorded"),
-        Err(e) => tracing::warn!(%run_id, error = %e, "recording the delivery failed; giving up"),
+    owed::make_one(&Reports { github, store }, run_id).await
+}
+
+/// Makes owed deliveries until `shutdown`, polling every `poll` when there
+/// are none.
+pub async fn serve(github: &Github, store: &Store, poll: Duration, shutdown: &CancellationToken) {
+    owed::serve(&Reports { github, store }, poll, shutdown).await;
+}
+
+/// Owed GitHub reports, as owed work: one attempt per claim; a failed one
+/// is settled too (retried when asked for again).
+struct Reports<'a> {
+    github: &'a Github,
+    store: &'a Store,
+}
+
+impl Owed for Reports<'_> {
+    type Claim = DeliveryJob;
+    /// The report, or why it failed (redacted).
+    type Outcome = Result<Reported, String>;
+    /// Whether the run's result is on GitHub.
+    type End = bool;
+    const WHAT: &'static str = "GitHub delivery";
+
+    fn lease(&self) -> Duration {
+        DELIVERY_LEASE
     }
-    true
+    fn run_id(job: &DeliveryJob) -> Uuid {
+        job.run.id
+    }
+    async fn claim(&self, run_id: Option<Uuid>) -> Result<Option<DeliveryJob>, StoreError> {
+        self.store.claim_github_delivery(run_id, DELIVERY_LEASE).await
+    }
+    async fn extend(&self, job: &DeliveryJob) -> Result<bool, StoreError> {
+        self.store.extend_github_delivery(job, DELIVERY_LEASE).await
+    }
+    async fn attempt(&self, job: &DeliveryJob, _number: u32) -> Result<Reported, String> {
+        match report(self.github, self.store, job).await {
+            Ok(reported) => Ok(reported),
+            Err(e) => Err(self.github.redact(&e.to_string()).await),
+        }
+    }
+    fn settle(&self, job: &DeliveryJob, _number: u32, outcome: Result<Reported, String>) -> Settled<bool> {
+        let run_id = job.run.id;
+        match outcome {
+            Ok(Reported { pull_request, comment, delivered }) => {
+                tracing::info!(%run_id, ?pull_request, "delivered to GitHub");
+                let event =
+                    EventBody::DeliverySucceeded { pull_request, comment, branch: None, commit: None, remote: None };
+                Settled::once(delivered, event)
+            }
+            Err(error) => {
+                tracing::warn!(%run_id, %error, "delivery to GitHub failed");
+                Settled::once(false, EventBody::DeliveryFailed { error })
+            }
+        }
+    }
+    async fn end(&self, job: &DeliveryJob, delivered: &bool, event: &EventBody) -> Result<bool, StoreError> {
+        self.store.end_github_delivery(job, *delivered, event).await
+    }
 }
 
 /// Reports `job`'s run, or its group of attempts ([`groups`]).
@@ -86,14 +100,4 @@ async fn report(github: &Github, store: &Store, job: &DeliveryJob) -> Result<Rep
     }
     let (pull_request, comment) = deliver_job(github, store, job).await?;
     Ok(Reported { pull_request, comment, delivered: true })
-}
-
-/// Extends `job`'s lease; returns once the lease is lost: taken over, or
-/// about to run out because the database has not answered (given up a
-/// third early, so the worker stops before another can start).
-async fn keep_lease(store: &Store, job: &DeliveryJob) {
-    LeaseKeeper::new("GitHub delivery", job.run.id, DELIVERY_LEASE)
-        .giving_up_early(DELIVERY_LEASE / 3)
-        .keep(|| async { store.extend_github_delivery(job, DELIVERY_LEASE).await.map(Beat::extended_if) })
-        .await;
 }
