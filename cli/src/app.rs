@@ -148,21 +148,13 @@ async fn start_worker(store: Store, parts: WorkerParts, shutdown: CancellationTo
     let WorkerParts { config, endpoints, prices } = parts;
     let docker = bollard::Docker::connect_with_local_defaults().context("connecting to Docker")?;
     docker.ping().await.context("the Docker engine does not answer")?;
-    // A runtime the engine lacks would fail every run: say so now.
-    kiln_worker::sandbox::runtime::check(&docker, config.sandbox.runtime.as_deref())
-        .await
-        .context("checking the sandbox runtime")?;
+    let sandboxes = kiln_worker::sandbox::Backend::from(&docker);
+    // A runtime the engine lacks, or an engine that cannot bound a
+    // sandbox's disk (unless told to run unbounded), would fail every run:
+    // say so now.
+    sandboxes.check(&config.sandbox).await.context("checking the sandbox backend")?;
     if let Some(runtime) = &config.sandbox.runtime {
         tracing::info!(%runtime, "sandboxes run under this OCI runtime");
-    }
-    // Refuses an engine that cannot bound a sandbox's disk (unless told to
-    // run unbounded). Without the image yet, the first sandbox probes.
-    match config.sandbox.disk_plan(&docker).await {
-        Ok(_) => {}
-        Err(kiln_worker::sandbox::SandboxError::ImageMissing(image)) => {
-            tracing::warn!(%image, "the sandbox image is missing; the disk bound is probed when it is there");
-        }
-        Err(e) => return Err(anyhow::anyhow!(e).context("bounding the sandboxes' disk")),
     }
     let providers = Providers::new(endpoints).context("building the HTTP client")?;
     let listener = store.listener();
@@ -179,7 +171,6 @@ async fn start_worker(store: Store, parts: WorkerParts, shutdown: CancellationTo
         tokio::spawn(kiln_worker::retention::serve(store.clone(), keep, shutdown.clone()));
     }
     let presence = kiln_worker::presence::Presence::new(store.clone(), config.worker_id.clone());
-    let sandboxes = kiln_worker::sandbox::Backend::from(&docker);
     let environment_pools = Arc::new(kiln_worker::sandbox::environment_pools::EnvironmentPools::new(
         &sandboxes,
         config.worker_id.clone(),

@@ -572,7 +572,7 @@ async fn setup_installs_from_the_index_through_its_own_policy_and_the_agent_phas
     // Setup's network and proxy settings are gone: no session network is
     // left, and the prepared image carries no proxy variable.
     let docker = bollard::Docker::connect_with_local_defaults().unwrap();
-    let network = kiln_worker::egress::network::name(submitted.session_id);
+    let network = kiln_worker::sandbox::docker::network::name(submitted.session_id);
     assert!(docker.inspect_network(&network, None).await.is_err(), "{network} is still there");
     let image = docker.inspect_image(&format!("kiln-env:{key}")).await.unwrap();
     let env = image.config.and_then(|c| c.env).unwrap_or_default();
@@ -653,7 +653,7 @@ async fn a_sandbox_that_fails_to_start_leaves_no_network_behind() {
     let spec = egress(EgressPolicy { mode: EgressMode::Allowlist, allow: None });
     let submitted = app.submit("alice", CreateRun { sandbox: spec, ..CreateRun::new("x") }).await;
     let events = app.events("alice", submitted.id).await;
-    let network = kiln_worker::egress::network::name(submitted.session_id);
+    let network = kiln_worker::sandbox::docker::network::name(submitted.session_id);
     let left = docker.inspect_network(&network, None).await.is_ok();
     // What the test made goes before anything is asserted.
     drop(app);
@@ -755,9 +755,10 @@ for name, port in [('proxy-port', int(proxy[1])), ('host-service', @PORT@)]:
     // that the documented rule (`-i kiln+`: the proxy's port only) covers
     // it; the default route above goes through the same bridge.
     let docker = bollard::Docker::connect_with_local_defaults().unwrap();
-    let network = docker.inspect_network(&kiln_worker::egress::network::name(submitted.session_id), None).await;
+    let network =
+        docker.inspect_network(&kiln_worker::sandbox::docker::network::name(submitted.session_id), None).await;
     let bridge = network.unwrap().options.unwrap_or_default().get("com.docker.network.bridge.name").cloned();
-    assert_eq!(bridge, Some(kiln_worker::egress::network::bridge_name(submitted.session_id)));
+    assert_eq!(bridge, Some(kiln_worker::sandbox::docker::network::bridge_name(submitted.session_id)));
     let address = std::fs::read_to_string(format!("/sys/class/net/{}/address", bridge.unwrap()));
     assert!(address.is_ok(), "the bridge is a host interface of that name");
 
@@ -765,7 +766,7 @@ for name, port in [('proxy-port', int(proxy[1])), ('host-service', @PORT@)]:
         // As Kiln removes one: with its volumes and its loop disk.
         kiln_worker::sandbox::remove_by_id(&docker, &container).await;
     }
-    docker.remove_network(&kiln_worker::egress::network::name(submitted.session_id)).await.unwrap();
+    docker.remove_network(&kiln_worker::sandbox::docker::network::name(submitted.session_id)).await.unwrap();
 
     drop(app);
     outside.stop().await;
@@ -839,14 +840,14 @@ except Exception as e:
     let call = call.unwrap_or_else(|| panic!("{:?}", kinds(&waiting)));
 
     // Two rules for this network's bridge: TCP to the proxy, then a drop of the rest.
-    let bridge = kiln_worker::egress::network::bridge_name(submitted.session_id);
+    let bridge = kiln_worker::sandbox::docker::network::bridge_name(submitted.session_id);
     let rules = host_rules_of(&bridge);
     assert_eq!(rules.len(), 2, "{rules:?}");
     assert!(rules[0].contains("--dport 3128") && rules[0].ends_with("-j ACCEPT"), "{rules:?}");
     assert!(rules[1].ends_with("-j DROP"), "{rules:?}");
     // Named by the network's own id, which no later network of the session has.
     let docker = bollard::Docker::connect_with_local_defaults().unwrap();
-    let network = kiln_worker::egress::network::name(submitted.session_id);
+    let network = kiln_worker::sandbox::docker::network::name(submitted.session_id);
     let network_id = docker.inspect_network(&network, None).await.unwrap().id.unwrap();
     assert!(rules.iter().all(|r| r.contains(&format!("kiln:{network_id}"))), "{rules:?}");
 
@@ -919,7 +920,7 @@ async fn a_starting_worker_sweeps_rules_of_bridges_that_are_gone() {
 /// in place, so its sandbox still reaches only the proxy.
 #[tokio::test]
 async fn removing_a_networks_rules_late_leaves_its_successors_rules_in_place() {
-    use kiln_worker::egress::network;
+    use kiln_worker::sandbox::docker::network;
     let docker = bollard::Docker::connect_with_local_defaults().unwrap();
     // `on`: rules that cannot be installed fail the test rather than pass it.
     let settings =

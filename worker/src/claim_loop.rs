@@ -80,13 +80,7 @@ impl Worker {
     /// so that the last worker on it knows to clear its idle sessions when
     /// it stops (see `leave_engine`).
     async fn start_up(&self) -> Option<String> {
-        let engine = match self.ctx.docker.info().await {
-            Ok(info) => info.id.filter(|id| !id.is_empty()),
-            Err(e) => {
-                tracing::warn!(error = %e, "asking Docker for its engine id failed");
-                None
-            }
-        };
+        let engine = self.ctx.sandboxes.engine_id().await;
         self.announce(engine.as_deref()).await;
         self.reap_sandboxes(true).await;
         // After the reaper: rules of the networks it removed are gone, and
@@ -312,9 +306,9 @@ impl Worker {
             // Announced every lease/2: four missed announcements.
             worker_gone_after: self.ctx.config.lease * 2,
             firewall: &self.ctx.config.sandbox.egress.host_firewall,
-            disk_dir: &self.ctx.config.sandbox.disk_dir,
+            sandbox: &self.ctx.config.sandbox,
         };
-        sandbox_reaper::reap(&self.ctx.sandboxes, &self.ctx.docker, &self.ctx.store, &policy).await;
+        sandbox_reaper::reap(&self.ctx.sandboxes, &self.ctx.store, &policy).await;
     }
 
     /// On a clean stop: when no other live worker of this deployment drives

@@ -22,9 +22,11 @@ pub struct WorkerContext {
     /// What runs the sandboxes (see `sandbox::backend`): everything that
     /// makes, finds, lists or removes one goes through it.
     pub sandboxes: Backend,
-    /// The Docker engine itself, for what is not a sandbox's: the
-    /// environment cache's images, the egress networks' addresses, the
-    /// loop disks' sweep (docs/architecture.md, "The sandbox backend seam").
+    /// The Docker engine itself, which `sandboxes` drives. Two callers
+    /// still hand it where a backend is taken (it converts):
+    /// `run_lifecycle`'s `after_run` and `capture`'s `running`; nothing
+    /// else of the worker uses it (docs/architecture.md, "The sandbox
+    /// backend seam").
     pub docker: Docker,
     pub config: WorkerConfig,
     pub providers: Providers,

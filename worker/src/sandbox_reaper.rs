@@ -11,7 +11,7 @@ use kiln_protocol::RunStatus;
 use kiln_store::{Store, WorkerPresence};
 
 use crate::egress::host_firewall::HostFirewall;
-use crate::sandbox::{self, Backend, Managed};
+use crate::sandbox::{Backend, Managed, SandboxConfig};
 
 /// What the reaper needs to decide.
 pub struct ReapPolicy<'a> {
@@ -25,18 +25,14 @@ pub struct ReapPolicy<'a> {
     pub worker_gone_after: Duration,
     /// Whose rules go with a session's network.
     pub firewall: &'a HostFirewall,
-    /// Where this worker's sandboxes' loop disks live.
-    pub disk_dir: &'a std::path::Path,
+    /// This worker's sandboxes: what the backend's sweep of their
+    /// leftovers looks at (Docker: where their loop disks live).
+    pub sandbox: &'a SandboxConfig,
 }
 
-/// A loop disk younger than this may be one whose container is still
-/// being created (the disk is made first).
-const DISK_GRACE: Duration = Duration::from_secs(120);
-
 /// One pass over the backend's Kiln sandboxes. Errors are logged: a pass
-/// that fails is retried at the next tick. `docker`: the engine whose loop
-/// disks are swept (the Docker backend's own leftovers).
-pub async fn reap(sandboxes: &Backend, docker: &bollard::Docker, store: &Store, policy: &ReapPolicy<'_>) {
+/// that fails is retried at the next tick.
+pub async fn reap(sandboxes: &Backend, store: &Store, policy: &ReapPolicy<'_>) {
     let containers = match sandboxes.list_managed().await {
         Ok(c) => c,
         Err(e) => {
@@ -57,9 +53,9 @@ pub async fn reap(sandboxes: &Backend, docker: &bollard::Docker, store: &Store, 
             Err(e) => tracing::warn!(container = %container.id, error = %e, "checking a sandbox failed"),
         }
     }
-    // Disks of containers removed without Kiln (a worker that crashed, or
-    // an operator's `docker rm`).
-    sandbox::loop_disk::sweep(docker, policy.disk_dir, DISK_GRACE).await;
+    // What sandboxes removed without Kiln left (a worker that crashed, or
+    // an operator's `docker rm`: their loop disks).
+    sandboxes.sweep_leftovers(policy.sandbox).await;
 }
 
 async fn should_remove(

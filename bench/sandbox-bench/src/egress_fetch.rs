@@ -1,6 +1,6 @@
 //! A sandbox with egress as the worker gives a run one: on its session's
 //! `internal` network, with the session's proxy on that network's gateway
-//! (`egress::serve_container`, the agent phase's), allowed to reach one
+//! (`sandbox::serve_egress`, the agent phase's), allowed to reach one
 //! host, the benchmark's web server (`server`) on a Docker network it
 //! creates. No traffic leaves the machine.
 
@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 use bollard::Docker;
 use kiln_protocol::egress::{EgressMode, EgressPolicy, HostRule};
 use kiln_worker::egress::resolve::{parse_hosts, parse_ranges};
-use kiln_worker::egress::{self, AddressRules, EgressSettings, Phase, SessionProxy};
+use kiln_worker::egress::{AddressRules, EgressSettings, Phase, SessionProxy};
 use kiln_worker::sandbox::{Owner, Sandbox, SandboxConfig};
 
 use crate::server::{PORT as HTTP_PORT, Server};
@@ -54,20 +54,22 @@ impl EgressSandbox {
         let config = SandboxConfig { egress: settings.clone(), egress_run: Some(policy()), ..config.clone() };
         let owner = setup::owner();
         let sandbox = Sandbox::start(docker, &config, &owner).await?;
-        let served = egress::serve_container(
+        let layers = config.egress_layers();
+        let served = kiln_worker::sandbox::serve_egress(
             docker,
             &settings,
-            config.egress_layers(),
+            layers,
             Phase::Agent,
             owner.session_id,
             sandbox.id(),
+            None,
         )
         .await;
         let proxy = match served {
             Ok(Some(proxy)) => proxy,
             other => {
                 sandbox.remove().await;
-                egress::network::remove(docker, &settings.host_firewall, owner.session_id).await;
+                kiln_worker::sandbox::docker::network::remove(docker, &settings.host_firewall, owner.session_id).await;
                 bail!("no egress proxy for the sandbox: {:?}", other.map(|p| p.map(|p| p.addr)));
             }
         };
@@ -105,6 +107,7 @@ PY"#
     pub async fn remove(self, docker: &Docker) {
         self.sandbox.remove().await;
         self.proxy.stop().await;
-        egress::network::remove(docker, &self.settings.host_firewall, self.owner.session_id).await;
+        kiln_worker::sandbox::docker::network::remove(docker, &self.settings.host_firewall, self.owner.session_id)
+            .await;
     }
 }

@@ -1,7 +1,7 @@
 //! The egress proxy's cost on the path a sandbox's request takes: a real
 //! sandbox (`Sandbox::start` with the deployment's egress settings, as a
 //! run's sandbox is started) alone on its session's `internal` network,
-//! its proxy served for it as a run serves it (`egress::serve_container`,
+//! its proxy served for it as a run serves it (`sandbox::serve_egress`,
 //! allowlist mode, one rule: `allowed.test:8443`), downloading over HTTPS
 //! from a server the benchmark owns (`kiln_tests::outside`, in a container
 //! on a network this benchmark creates) through a CONNECT tunnel.
@@ -26,7 +26,7 @@ use kiln_protocol::egress::{EgressMode, EgressPolicy, HostRule};
 use kiln_protocol::{EventBody, SandboxSpec};
 use kiln_tests::outside::{HTTPS_PORT, Outside};
 use kiln_worker::egress::resolve::{parse_hosts, parse_ranges};
-use kiln_worker::egress::{self, AddressRules, EgressSettings, Phase};
+use kiln_worker::egress::{AddressRules, EgressSettings, Phase};
 use kiln_worker::sandbox::{Owner, Sandbox, SandboxConfig};
 use uuid::Uuid;
 
@@ -160,7 +160,7 @@ async fn bench(args: &Args, docker: &Docker, outside: &Outside) -> anyhow::Resul
     let sandbox = Sandbox::start(docker, &config, &owner).await?;
     let result = serve_and_measure(args, docker, &config, &owner, &sandbox, outside).await;
     sandbox.remove().await;
-    egress::network::remove(docker, &config.egress.host_firewall, owner.session_id).await;
+    kiln_worker::sandbox::docker::network::remove(docker, &config.egress.host_firewall, owner.session_id).await;
     result
 }
 
@@ -173,12 +173,14 @@ async fn serve_and_measure(
     outside: &Outside,
 ) -> anyhow::Result<Vec<Figure>> {
     let layers = config.egress_layers();
-    let proxy = egress::serve_container(docker, &config.egress, layers, Phase::Agent, owner.session_id, sandbox.id())
-        .await?
-        .context("the sandbox is not on its session's network")?;
+    let session = owner.session_id;
+    let proxy =
+        kiln_worker::sandbox::serve_egress(docker, &config.egress, layers, Phase::Agent, session, sandbox.id(), None)
+            .await?
+            .context("the sandbox is not on its session's network")?;
     // The baseline's route: the server on the sandbox's own network. (The
     // server's container bears its network's name, `kiln_tests::outside`.)
-    let network = egress::network::name(owner.session_id);
+    let network = kiln_worker::sandbox::docker::network::name(owner.session_id);
     let connect = NetworkConnectRequest { container: outside.network.clone(), ..Default::default() };
     docker.connect_network(&network, connect).await.context("attaching the server to the session's network")?;
     let server = server_address(docker, &outside.network, &network).await?;

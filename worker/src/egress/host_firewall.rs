@@ -38,7 +38,7 @@ use tokio::sync::OnceCell;
 pub const CHAIN: &str = "KILN-SANDBOX-INPUT";
 
 /// The interfaces the jump from INPUT covers: every session network's
-/// bridge (`network::BRIDGE_PREFIX`).
+/// bridge (`sandbox::docker::network::BRIDGE_PREFIX`).
 const BRIDGES: &str = "kiln+";
 
 /// What the rules' comments start with.

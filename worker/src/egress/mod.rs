@@ -3,7 +3,8 @@
 //!
 //! Where things are enforced:
 //! - the sandbox sits alone on its session's `internal` Docker network
-//!   (`network`): no route out, no NAT, and a resolver that forwards
+//!   (made by the sandbox's backend: `sandbox::docker::network`, where the
+//!   backend also says where the proxy listens, [`ProxyRoute`]): no route out, no NAT, and a resolver that forwards
 //!   nowhere, so it cannot reach anything by itself; it holds no capability
 //!   to change its interfaces or routes;
 //! - the only thing it can talk to is this proxy (`proxy`), which the
@@ -18,7 +19,6 @@
 pub mod client_hello;
 pub mod host_firewall;
 pub mod log;
-pub mod network;
 pub mod proxy;
 pub mod resolve;
 
@@ -181,48 +181,35 @@ impl SessionProxy {
     }
 }
 
-/// The proxy for `container`, a sandbox of the session `session_id` in
-/// `phase`, judging by `layers`: listening on the session network's gateway and
-/// answering that container alone. `None`: the container is not on the
-/// session's network (it has no egress).
-pub async fn serve_container(
-    docker: &bollard::Docker,
-    settings: &EgressSettings,
-    layers: Layers,
-    phase: Phase,
-    session_id: uuid::Uuid,
-    container: &str,
-) -> Result<Option<SessionProxy>, ServeError> {
-    serve_container_redacting(docker, settings, layers, phase, session_id, container, None).await
+/// Where a sandbox's egress proxy listens and whom it answers, as the
+/// sandbox's backend places it (`SandboxBackend::proxy_route`; Docker: the
+/// session network's gateway and the sandbox's address on that network).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProxyRoute {
+    /// The address the proxy listens on (its port is the deployment's).
+    pub listen: IpAddr,
+    /// The one address it answers.
+    pub client: IpAddr,
 }
 
-/// [`serve_container`] whose decisions are masked by `redact` wherever
-/// they are shown: the setup phase's, whose sandbox holds the
-/// environment's secrets.
-pub async fn serve_container_redacting(
-    docker: &bollard::Docker,
+/// The proxy for one sandbox in `phase`, judging by `layers`, on the route
+/// its backend gave; `redact` masks its decisions wherever they are shown
+/// (the setup phase's, whose sandbox holds the environment's secrets).
+pub async fn serve(
     settings: &EgressSettings,
     layers: Layers,
     phase: Phase,
-    session_id: uuid::Uuid,
-    container: &str,
+    route: ProxyRoute,
     redact: Option<Redact>,
-) -> Result<Option<SessionProxy>, ServeError> {
-    let Some(client) = network::address_of(docker, container, session_id).await? else { return Ok(None) };
-    let Some(net) = network::find(docker, session_id).await? else { return Ok(None) };
-    let listen = SocketAddr::new(net.gateway.into(), settings.port);
-    let mode = layers.mode();
-    let proxy = SessionProxy::start_for(settings, layers, phase, listen, Some(client), redact)
+) -> Result<SessionProxy, ServeError> {
+    let listen = SocketAddr::new(route.listen, settings.port);
+    SessionProxy::start_for(settings, layers, phase, listen, Some(route.client), redact)
         .await
-        .map_err(|error| ServeError::Listen { listen, error })?;
-    tracing::info!(%session_id, container, proxy = %proxy.addr, mode = mode.as_str(), "egress proxy serving");
-    Ok(Some(proxy))
+        .map_err(|error| ServeError::Listen { listen, error })
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error(transparent)]
-    Network(#[from] network::NetworkError),
     /// Most likely: this worker is not in the engine host's network
     /// namespace, where the gateway address is.
     #[error(

@@ -1,38 +1,33 @@
-//! Prepared sandboxes as Docker images: `kiln-env:<key>`, labelled so
-//! that Kiln finds, ages and removes only its own.
+//! Prepared sandboxes as images of the backend's image store
+//! ([`ImageStore`]): `kiln-env:<key>`, labelled so that Kiln finds, ages
+//! and removes only its own.
 //!
 //! What setup changed lives where the command user can write: `/workspace`
-//! and its home. Under the tmpfs disk bound (see `sandbox::docker::disk`) both are
-//! tmpfs volumes, which `docker commit` does not capture, and which Docker
-//! does not fill from the image either (it copies an image's content only
-//! into plain volumes, not ones with tmpfs options; checked by hand on this
-//! engine). So the snapshot copies those two trees out of the setup
-//! container (the archive API, streamed, never whole in memory) into
-//! [`PREPARED`] in the layer of a fresh, never started container of the
-//! same image, and commits that; a sandbox made from the image copies them
-//! back onto its fresh tmpfs volumes (`cp -a` inside, as the command user:
-//! see [`restore_command`]) before anything else runs. The same works
-//! unchanged where the layer itself is sized.
+//! and its home. Under the tmpfs disk bound (see `sandbox::docker::disk`)
+//! both are tmpfs volumes, which a snapshot of the sandbox's own layer
+//! (`docker commit`) does not capture, and which Docker does not fill from
+//! the image either (it copies an image's content only into plain volumes,
+//! not ones with tmpfs options; checked by hand on this engine). So the
+//! snapshot keeps those two trees ([`SnapshotSpec::trees`]) in [`PREPARED`]
+//! of an image made from the same base image (Docker: in the layer of a
+//! fresh, never started container, committed); a sandbox made from the
+//! image copies them back onto its fresh tmpfs volumes (`cp -a` inside, as
+//! the command user: see [`restore_command`]) before anything else runs.
+//! The same works unchanged where the layer itself is sized.
 //!
-//! The snapshot container is created from the environment's image with
-//! nothing of the run: its configuration (and so the image's) holds the
-//! image's own environment plus the plain variables, never a secret.
+//! The snapshot is made from the environment's image with nothing of the
+//! run: its configuration (and so the image's) holds the image's own
+//! environment plus the plain variables, never a secret.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
-use bollard::Docker;
-use bollard::models::{ContainerConfig, ContainerCreateBody, HostConfig};
-use bollard::query_parameters::{
-    CommitContainerOptionsBuilder, CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder,
-    ListContainersOptionsBuilder, ListImagesOptionsBuilder, RemoveImageOptionsBuilder, TagImageOptionsBuilder,
-    UploadToContainerOptionsBuilder,
-};
-use futures::TryStreamExt;
 use uuid::Uuid;
 
 use super::key::Tenancy;
+use crate::sandbox::ImageStore;
 use crate::sandbox::environment_pools::EnvironmentPools;
-use crate::sandbox::{LABEL_MANAGED, LABEL_POOL, LABEL_RUN, SandboxError, WARM_PREFIX};
+use crate::sandbox::image_store::{SnapshotSpec, Tree};
+use crate::sandbox::{Backend, LABEL_MANAGED, LABEL_RUN, SandboxError};
 
 /// The repository of prepared images.
 pub const REPOSITORY: &str = "kiln-env";
@@ -91,39 +86,27 @@ pub struct Found {
 /// covers owner and repository already, the labels say so again, and an
 /// image whose labels do not match (made before they existed, or not by
 /// this code) is a miss.
-pub async fn lookup(docker: &Docker, key: &str, tenancy: &Tenancy) -> Result<Option<Found>, SandboxError> {
-    match docker.inspect_image(&tag_of(key)).await {
-        Ok(image) => {
-            let labels = image.config.and_then(|c| c.labels).unwrap_or_default();
-            let owner = labels.get(LABEL_OWNER).is_some_and(|o| *o == tenancy.owner_label());
-            let repository = labels.get(LABEL_REPOSITORY).is_some_and(|r| *r == tenancy.repository_label());
-            if !(owner && repository) {
-                tracing::warn!(
-                    key,
-                    owner,
-                    repository,
-                    "a prepared image is not the run's owner's and repository's: a miss"
-                );
-                return Ok(None);
-            }
-            Ok(Some(Found { commit: labels.get(LABEL_COMMIT).cloned(), home: labels.get(LABEL_HOME).cloned() }))
-        }
-        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(None),
-        Err(e) => Err(e.into()),
+pub async fn lookup(images: &dyn ImageStore, key: &str, tenancy: &Tenancy) -> Result<Option<Found>, SandboxError> {
+    let Some(image) = images.image(&tag_of(key)).await? else { return Ok(None) };
+    let labels = image.labels;
+    let owner = labels.get(LABEL_OWNER).is_some_and(|o| *o == tenancy.owner_label());
+    let repository = labels.get(LABEL_REPOSITORY).is_some_and(|r| *r == tenancy.repository_label());
+    if !(owner && repository) {
+        tracing::warn!(key, owner, repository, "a prepared image is not the run's owner's and repository's: a miss");
+        return Ok(None);
     }
+    Ok(Some(Found { commit: labels.get(LABEL_COMMIT).cloned(), home: labels.get(LABEL_HOME).cloned() }))
 }
 
 /// Marks the image used now: tagging again sets its `LastTagTime`, which
 /// orders eviction (least recently used first).
-pub async fn touch(docker: &Docker, key: &str) -> Result<(), SandboxError> {
-    let options = TagImageOptionsBuilder::new().repo(REPOSITORY).tag(key).build();
-    docker.tag_image(&tag_of(key), Some(options)).await?;
-    Ok(())
+pub async fn touch(images: &dyn ImageStore, key: &str) -> Result<(), SandboxError> {
+    Ok(images.mark_used(&tag_of(key)).await?)
 }
 
 /// What a snapshot is made of.
 pub struct Snapshot<'a> {
-    /// The setup container.
+    /// The setup sandbox (the backend's handle).
     pub from: &'a str,
     /// The environment's image (the setup container's).
     pub image: &'a str,
@@ -142,42 +125,30 @@ pub struct Snapshot<'a> {
     pub variables: Vec<String>,
 }
 
-/// Commits what setup left in `snapshot.from` as `kiln-env:<key>`.
-pub async fn store(docker: &Docker, snapshot: &Snapshot<'_>) -> Result<(), SandboxError> {
-    let name = format!("kiln-snapshot-{}", Uuid::new_v4().simple());
-    let labels = HashMap::from([
-        (LABEL_MANAGED.to_owned(), "true".to_owned()),
-        (LABEL_RUN.to_owned(), snapshot.run_id.to_string()),
-    ]);
-    let body = ContainerCreateBody {
-        image: Some(snapshot.image.to_owned()),
-        cmd: Some(vec!["true".into()]),
-        labels: Some(labels),
-        network_disabled: Some(true),
-        host_config: Some(HostConfig { network_mode: Some("none".into()), ..Default::default() }),
-        ..Default::default()
+/// Stores what setup left in `snapshot.from` as `kiln-env:<key>`.
+pub async fn store(images: &dyn ImageStore, snapshot: &Snapshot<'_>) -> Result<(), SandboxError> {
+    let name = tag_of(snapshot.key);
+    let mut trees = vec![Tree { path: crate::sandbox::WORKSPACE.to_owned(), into: format!("{PREPARED}/w") }];
+    if let Some(home) = &snapshot.home {
+        trees.push(Tree { path: home.clone(), into: format!("{PREPARED}/h") });
+    }
+    let spec = SnapshotSpec {
+        from: snapshot.from,
+        image: snapshot.image,
+        name: &name,
+        trees,
+        labels: labels_of(snapshot),
+        env: snapshot.variables.clone(),
+        scratch_labels: HashMap::from([
+            (LABEL_MANAGED.to_owned(), "true".to_owned()),
+            (LABEL_RUN.to_owned(), snapshot.run_id.to_string()),
+        ]),
     };
-    let options = CreateContainerOptionsBuilder::new().name(&name).build();
-    let created = docker.create_container(Some(options), body).await?;
-    let result = copy_and_commit(docker, snapshot, &created.id).await;
-    crate::sandbox::remove_by_id(docker, &created.id).await;
-    result
+    Ok(images.snapshot(&spec).await?)
 }
 
-async fn copy_and_commit(docker: &Docker, snapshot: &Snapshot<'_>, into: &str) -> Result<(), SandboxError> {
-    let upload = UploadToContainerOptionsBuilder::new().path("/").build();
-    docker.upload_to_container(into, Some(upload), bollard::body_full(prepared_dirs()?.into())).await?;
-    let mut trees = vec![(crate::sandbox::WORKSPACE.to_owned(), format!("{PREPARED}/w"))];
-    if let Some(home) = &snapshot.home {
-        trees.push((home.clone(), format!("{PREPARED}/h")));
-    }
-    for (path, into_dir) in trees {
-        // The archive of `/a/b` holds `b/…`.
-        let download = DownloadFromContainerOptionsBuilder::new().path(&path).build();
-        let tar = docker.download_from_container(snapshot.from, Some(download)).map_err(std::io::Error::other);
-        let upload = UploadToContainerOptionsBuilder::new().path(&into_dir).build();
-        docker.upload_to_container(into, Some(upload), bollard::body_try_stream(tar)).await?;
-    }
+/// What a prepared image says of itself: whose, of what, at which commit.
+fn labels_of(snapshot: &Snapshot<'_>) -> HashMap<String, String> {
     let mut labels = HashMap::from([
         (LABEL_MANAGED.to_owned(), "true".to_owned()),
         (LABEL_CACHE.to_owned(), "true".to_owned()),
@@ -192,29 +163,7 @@ async fn copy_and_commit(docker: &Docker, snapshot: &Snapshot<'_>, into: &str) -
     if let Some(home) = &snapshot.home {
         labels.insert(LABEL_HOME.to_owned(), home.clone());
     }
-    let options = CommitContainerOptionsBuilder::new().container(into).repo(REPOSITORY).tag(snapshot.key).build();
-    // Docker merges this with the container's configuration: the variables
-    // are added to the image's environment, the rest is the image's.
-    let config = ContainerConfig {
-        labels: Some(labels),
-        env: (!snapshot.variables.is_empty()).then(|| snapshot.variables.clone()),
-        ..Default::default()
-    };
-    docker.commit_container(options, config).await?;
-    Ok(())
-}
-
-/// A tar of the (empty, root-owned) directories [`PREPARED`] holds.
-fn prepared_dirs() -> Result<Vec<u8>, SandboxError> {
-    let mut builder = tar::Builder::new(Vec::new());
-    for dir in ["w", "h"] {
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(tar::EntryType::Directory);
-        header.set_mode(0o755);
-        header.set_size(0);
-        builder.append_data(&mut header, format!("{}/{dir}/", PREPARED.trim_start_matches('/')), std::io::empty())?;
-    }
-    Ok(builder.into_inner()?)
+    labels
 }
 
 /// The command (run as the command user in a sandbox made from a prepared
@@ -266,50 +215,35 @@ pub fn to_evict(mut images: Vec<Cached>, bounds: &CacheBounds) -> Vec<String> {
 /// they go with it (this worker's through their pool, which then stops;
 /// other workers' pools stop when they find the image gone).
 pub async fn evict(
-    docker: &Docker,
+    backend: &Backend,
     bounds: &CacheBounds,
     keep: &str,
     pools: &EnvironmentPools,
 ) -> Result<(), SandboxError> {
     let keep = tag_of(keep);
-    let labels = vec![format!("{LABEL_CACHE}=true"), format!("{LABEL_SCOPE}={}", bounds.scope)];
-    let filters = HashMap::from([("label".to_owned(), labels)]);
-    let images = docker.list_images(Some(ListImagesOptionsBuilder::new().filters(&filters).build())).await?;
-    let containers = docker.list_containers(Some(ListContainersOptionsBuilder::new().all(true).build())).await?;
-    let (warm, sessions): (Vec<_>, Vec<_>) = containers.into_iter().partition(is_unbound_warm);
-    let used: HashSet<String> = sessions.into_iter().filter_map(|c| c.image_id).collect();
-    let mut cached = Vec::new();
-    let mut tags = HashMap::new();
-    for image in images {
-        let inspected = docker.inspect_image(&image.id).await?;
-        let last_used = inspected
-            .metadata
-            .and_then(|m| m.last_tag_time)
-            .and_then(|t| chrono::DateTime::parse_from_rfc3339(&t).ok())
-            .map(|t| t.with_timezone(&chrono::Utc))
-            .unwrap_or_default();
-        cached.push(Cached {
-            in_use: used.contains(&image.id) || image.repo_tags.contains(&keep),
+    let labels = [format!("{LABEL_CACHE}=true"), format!("{LABEL_SCOPE}={}", bounds.scope)];
+    let stored = backend.images_labelled(&labels).await?;
+    let cached = stored
+        .iter()
+        .map(|image| Cached {
             id: image.id.clone(),
-            bytes: u64::try_from(image.size).unwrap_or(0),
-            last_used,
-        });
-        tags.insert(image.id, image.repo_tags);
-    }
+            bytes: image.bytes,
+            last_used: image.last_used,
+            in_use: image.in_use || image.names.contains(&keep),
+        })
+        .collect();
     for id in to_evict(cached, bounds) {
-        for tag in tags.get(&id).into_iter().flatten() {
-            if let Some(key) = tag.strip_prefix(REPOSITORY).and_then(|t| t.strip_prefix(':')) {
+        let Some(image) = stored.iter().find(|i| i.id == id) else { continue };
+        for name in &image.names {
+            if let Some(key) = name.strip_prefix(REPOSITORY).and_then(|t| t.strip_prefix(':')) {
                 pools.forget_key(key).await;
             }
         }
-        for c in warm.iter().filter(|c| c.image_id.as_deref() == Some(id.as_str())) {
-            if let Some(container) = &c.id {
-                crate::sandbox::remove_by_id(docker, container).await;
-            }
+        for warm in &image.warm {
+            backend.remove(warm).await;
         }
-        let options = RemoveImageOptionsBuilder::new().force(false).build();
-        match docker.remove_image(&id, Some(options), None).await {
-            Ok(_) => tracing::info!(image = %id, "removed a prepared environment image (cache bound)"),
+        match backend.remove_image(&id).await {
+            Ok(()) => tracing::info!(image = %id, "removed a prepared environment image (cache bound)"),
             // Taken into use since the listing: it stays.
             Err(e) => tracing::info!(image = %id, error = %e, "kept a prepared environment image"),
         }
@@ -317,16 +251,14 @@ pub async fn evict(
     Ok(())
 }
 
-/// A warm container no session has taken yet (taking renames it).
-fn is_unbound_warm(c: &bollard::models::ContainerSummary) -> bool {
-    let pooled = c.labels.as_ref().and_then(|l| l.get(LABEL_POOL)).is_some_and(|v| v == "true");
-    let names = c.names.as_deref().unwrap_or_default();
-    pooled && !names.is_empty() && names.iter().all(|n| n.trim_start_matches('/').starts_with(WARM_PREFIX))
-}
-
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+    use crate::sandbox::environment_pools::WarmSettings;
+    use crate::sandbox::image_store::{ImageInfo, StoredImage};
+    use crate::sandbox::recording::Recording;
 
     fn image(id: &str, bytes: u64, age_s: i64, in_use: bool) -> Cached {
         Cached { id: id.into(), bytes, last_used: chrono::Utc::now() - chrono::Duration::seconds(age_s), in_use }
@@ -342,5 +274,98 @@ mod tests {
         assert_eq!(to_evict(images, bytes), ["a"]);
         let fits = vec![image("a", 10, 3, false)];
         assert!(to_evict(fits, bounds).is_empty());
+    }
+
+    fn tenancy() -> Tenancy {
+        Tenancy::new("alice", Some("https://github.com/o/r"))
+    }
+
+    fn prepared(tenancy: &Tenancy, commit: &str) -> ImageInfo {
+        let labels = HashMap::from([
+            (LABEL_OWNER.to_owned(), tenancy.owner_label()),
+            (LABEL_REPOSITORY.to_owned(), tenancy.repository_label()),
+            (LABEL_COMMIT.to_owned(), commit.to_owned()),
+            (LABEL_HOME.to_owned(), "/home/kiln".to_owned()),
+        ]);
+        ImageInfo { id: format!("sha256:{commit}"), names: Vec::new(), labels }
+    }
+
+    #[tokio::test]
+    async fn a_lookup_asks_the_backends_image_store_and_an_image_of_another_owner_is_a_miss() {
+        let ours = tenancy();
+        let theirs = Tenancy::new("bob", Some("https://github.com/o/r"));
+        let images = HashMap::from([(tag_of("k1"), prepared(&ours, "c1")), (tag_of("k2"), prepared(&theirs, "c2"))]);
+        let recording = Arc::new(Recording { images, ..Recording::default() });
+        let found = lookup(&*recording, "k1", &ours).await.unwrap();
+        assert_eq!(found, Some(Found { commit: Some("c1".into()), home: Some("/home/kiln".into()) }));
+        assert_eq!(lookup(&*recording, "k2", &ours).await.unwrap(), None);
+        assert_eq!(lookup(&*recording, "k3", &ours).await.unwrap(), None);
+        touch(&*recording, "k1").await.unwrap();
+        assert_eq!(
+            recording.calls(),
+            ["image kiln-env:k1", "image kiln-env:k2", "image kiln-env:k3", "mark used kiln-env:k1"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_is_the_workspace_and_home_of_the_setup_sandbox_stored_through_the_backend() {
+        let recording = Arc::new(Recording::default());
+        let tenancy = tenancy();
+        let environment_id = Uuid::new_v4();
+        let snapshot = Snapshot {
+            from: "setup-1",
+            image: "debian:12",
+            home: Some("/home/kiln".into()),
+            key: "k1",
+            run_id: Uuid::new_v4(),
+            environment_id,
+            tenancy: &tenancy,
+            commit: Some("c1"),
+            scope: "default",
+            variables: vec!["A=1".into()],
+        };
+        store(&*recording.plugged(), &snapshot).await.unwrap();
+        assert_eq!(recording.calls(), ["snapshot setup-1 of debian:12 as kiln-env:k1"]);
+        let labels = [
+            format!("{LABEL_CACHE}=true"),
+            format!("{LABEL_COMMIT}=c1"),
+            format!("{LABEL_ENVIRONMENT}={environment_id}"),
+            format!("{LABEL_HOME}=/home/kiln"),
+            format!("{LABEL_OWNER}={}", tenancy.owner_label()),
+            format!("{LABEL_REPOSITORY}={}", tenancy.repository_label()),
+            format!("{LABEL_SCOPE}=default"),
+            format!("{LABEL_MANAGED}=true"),
+        ];
+        let mut labels = labels.to_vec();
+        labels.sort();
+        let said = format!(
+            "trees [/workspace -> {PREPARED}/w, /home/kiln -> {PREPARED}/h] env [A=1] labels [{}]",
+            labels.join(", ")
+        );
+        assert_eq!(*recording.snapshots.lock().unwrap(), [said]);
+    }
+
+    fn stored(id: &str, key: &str, age_s: i64, warm: &[&str]) -> StoredImage {
+        StoredImage {
+            id: id.into(),
+            names: vec![tag_of(key)],
+            bytes: 10,
+            last_used: chrono::Utc::now() - chrono::Duration::seconds(age_s),
+            in_use: false,
+            warm: warm.iter().map(|w| w.to_string()).collect(),
+        }
+    }
+
+    #[tokio::test]
+    async fn eviction_lists_removes_warm_sandboxes_and_images_through_the_backend_and_keeps_the_new_one() {
+        let images =
+            vec![stored("old", "k1", 100, &["warm-1"]), stored("new", "k2", 1, &[]), stored("kept", "k3", 200, &[])];
+        let recording = Arc::new(Recording { stored: images, ..Recording::default() });
+        let backend = recording.plugged();
+        let pools = EnvironmentPools::new(&backend, "w".into(), WarmSettings::default());
+        let bounds = CacheBounds { max_images: 2, max_bytes: u64::MAX, scope: "s".into() };
+        evict(&backend, &bounds, "k3", &pools).await.unwrap();
+        let listed = format!("images {LABEL_CACHE}=true {LABEL_SCOPE}=s");
+        assert_eq!(recording.calls(), [listed.as_str(), "remove warm-1", "remove image old"]);
     }
 }

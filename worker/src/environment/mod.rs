@@ -198,8 +198,8 @@ async fn setup_sandbox(
     // Checked again here: a repository's file never passed the API, and a
     // stored row may predate the rule.
     let image = match &env.image {
-        Some(raw) => image::allowed(&ctx.docker, &ctx.config.environment_images, raw).await?,
-        None => image::deployment(&ctx.docker, &config.image).await?,
+        Some(raw) => image::allowed(&*ctx.sandboxes, &ctx.config.environment_images, raw).await?,
+        None => image::deployment(&*ctx.sandboxes, &config.image).await?,
     };
     let mut setup_config =
         config.narrowed(&env.setup_sandbox).map_err(|refusal| format!("setup_sandbox: {refusal}"))?;
@@ -325,7 +325,7 @@ impl Plan<'_> {
     ) -> Result<Result<cache::Found, String>, StoreError> {
         let found = if hit {
             // Eviction order only: a failure costs nothing else.
-            if let Err(e) = cache::touch(&self.ctx.docker, &self.key).await {
+            if let Err(e) = cache::touch(&*self.ctx.sandboxes, &self.key).await {
                 tracing::warn!(error = %e, "marking a prepared environment image used failed");
             }
             cached.clone()
@@ -344,7 +344,7 @@ impl Plan<'_> {
     /// run's sandbox is prepared. `Err`: the cache could not be looked up.
     async fn lookup_or_lock(&self) -> Result<(Option<cache::Found>, Option<kiln_store::SetupLock>), ()> {
         let lookup = || async {
-            cache::lookup(&self.ctx.docker, &self.key, &self.tenancy).await.map_err(|e| {
+            cache::lookup(&*self.ctx.sandboxes, &self.key, &self.tenancy).await.map_err(|e| {
                 tracing::warn!(run_id = %self.run.id, error = %e, "looking up a prepared environment image failed");
             })
         };
@@ -373,7 +373,6 @@ impl Plan<'_> {
     /// proxy (or no network at all), and nothing of setup's settings (the
     /// prepared image is committed from a fresh container, see `cache`).
     async fn set_up(&self, events: &mut EventSink) -> Result<Result<cache::Found, String>, StoreError> {
-        let docker = &self.ctx.docker;
         let name = self.name();
         let session_id = self.owner.session_id;
         let started = Sandbox::start_setup(&self.ctx.sandboxes, &self.setup_config, self.owner).await;
@@ -393,8 +392,8 @@ impl Plan<'_> {
             let (settings, phase) = (&self.setup_config.egress, crate::egress::Phase::Setup);
             // The setup container holds the secrets: what its proxy shows is masked too.
             let redact = Some(mask::redactor(self.secrets.values().cloned()));
-            let serving = crate::egress::serve_container_redacting(
-                docker,
+            let serving = crate::sandbox::serve_egress(
+                &self.ctx.sandboxes,
                 settings,
                 layers,
                 phase,
@@ -485,9 +484,9 @@ impl Plan<'_> {
     /// Stores the set-up container as this key's prepared image and bounds
     /// the cache; where the image keeps the home, or why it was not stored.
     async fn store_prepared(&self, setup: &Sandbox) -> Result<Option<String>, String> {
-        let docker = &self.ctx.docker;
+        let sandboxes = &self.ctx.sandboxes;
         let env = &self.stored.environment;
-        let home = self.setup_config.disk_plan(docker).await.map_err(|e| e.to_string())?.home.clone();
+        let home = sandboxes.kept_home(&self.setup_config).await.map_err(|e| e.to_string())?;
         let snapshot = cache::Snapshot {
             from: setup.id(),
             image: &self.setup_config.image,
@@ -501,14 +500,14 @@ impl Plan<'_> {
             variables: env.variables.iter().map(|(k, v)| format!("{k}={v}")).collect(),
         };
         let storing = std::time::Instant::now();
-        let stored = cache::store(docker, &snapshot).await;
+        let stored = cache::store(&**sandboxes, &snapshot).await;
         tracing::info!(run_id = %self.run.id, key = %self.key, ms = storing.elapsed().as_millis() as u64, ok = stored.is_ok(), "prepared image stored");
         if let Err(e) = stored {
             return Err(format!("storing the prepared sandbox failed: {e}"));
         }
         let evicting = std::time::Instant::now();
         let evicted =
-            cache::evict(docker, &self.ctx.config.environment_cache, &self.key, &self.ctx.environment_pools).await;
+            cache::evict(sandboxes, &self.ctx.config.environment_cache, &self.key, &self.ctx.environment_pools).await;
         tracing::info!(run_id = %self.run.id, ms = evicting.elapsed().as_millis() as u64, "environment cache bounded");
         if let Err(e) = evicted {
             tracing::warn!(error = %e, "bounding the environment cache failed");

@@ -26,16 +26,11 @@ pub async fn network(
 ) -> Result<Option<SessionProxy>, PhaseError> {
     let layers = acquired.config.egress_layers();
     let egress = &acquired.config.egress;
-    let proxy = egress::serve_container(
-        &ctx.docker,
-        egress,
-        layers,
-        egress::Phase::Agent,
-        run.session_id,
-        acquired.sandbox.id(),
-    )
-    .await
-    .map_err(|e| PhaseError::failed(format!("could not start the egress proxy: {e}")))?;
+    let phase = egress::Phase::Agent;
+    let sandbox = acquired.sandbox.id();
+    let proxy = crate::sandbox::serve_egress(&ctx.sandboxes, egress, layers, phase, run.session_id, sandbox, None)
+        .await
+        .map_err(|e| PhaseError::failed(format!("could not start the egress proxy: {e}")))?;
     Ok(proxy.inspect(|p| events.attach_network_log(p.log.clone())))
 }
 

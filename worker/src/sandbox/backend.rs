@@ -10,8 +10,11 @@
 //! backend's, from a [`CreateSpec`]), finding one by name for adoption,
 //! naming a warm one after its session, execs (attached, with stdin and the
 //! output as a stream, or detached) and their status, tar archives in and
-//! out, removal, the list of its own for the reaper, and a session's
-//! network. Everything built on those (the toolbox channel, killing the
+//! out, removal, the list of its own for the reaper, a session's network
+//! and where its egress proxy listens, and what the engine says of itself
+//! (the start-up check, its identity, its leftovers); and, as its
+//! [`ImageStore`] half, the images sandboxes start from and the prepared
+//! ones the environment cache keeps. Everything built on those (the toolbox channel, killing the
 //! user's processes, file reads and writes as the user, the workspace
 //! upload) is written once, in the handle's modules, for every backend.
 
@@ -26,8 +29,11 @@ use uuid::Uuid;
 
 use super::SandboxConfig;
 use super::disk::DiskError;
+use super::docker::network::NetworkError;
+use super::docker::runtime::RuntimeError;
+use super::image_store::{ImageInfo, SnapshotSpec, StoredImage};
+use crate::egress::ProxyRoute;
 use crate::egress::host_firewall::HostFirewall;
-use crate::egress::network::NetworkError;
 
 /// Why a backend could not do what was asked. Each backend maps its
 /// engine's errors onto these; `said` is the engine's own words, prefixed
@@ -53,6 +59,8 @@ pub enum BackendError {
     Disk(#[from] DiskError),
     #[error("egress network: {0}")]
     Network(#[from] NetworkError),
+    #[error("checking the sandbox runtime: {0}")]
+    Runtime(#[from] RuntimeError),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
     /// Anything else the engine said.
@@ -84,8 +92,8 @@ pub struct Found {
     /// The backend's handle of it.
     pub id: String,
     pub running: bool,
-    /// The networks it is on, by name.
-    pub networks: Vec<String>,
+    /// The sessions whose egress network it is on.
+    pub egress_of: Vec<Uuid>,
 }
 
 /// A sandbox of Kiln's, as the backend lists them for the reaper.
@@ -159,10 +167,11 @@ pub struct ExecStatus {
     pub exit_code: Option<i64>,
 }
 
-/// What a sandbox backend supplies. Object-safe: the worker holds it as
-/// `Arc<dyn SandboxBackend>` ([`Backend`]).
+/// What a sandbox backend supplies, its [`ImageStore`] included.
+/// Object-safe: the worker holds it as `Arc<dyn SandboxBackend>`
+/// ([`Backend`]).
 #[async_trait]
-pub trait SandboxBackend: Send + Sync + std::fmt::Debug {
+pub trait SandboxBackend: ImageStore + Send + Sync + std::fmt::Debug {
     /// Makes and starts a sandbox as `spec` says, with its disk and (for a
     /// session's sandbox with egress) its session's network: the backend's
     /// handle of it. A stopped sandbox left under the name is replaced; a
@@ -207,6 +216,55 @@ pub trait SandboxBackend: Send + Sync + std::fmt::Debug {
     /// Removes the session's network (and the host's rules for it), if it
     /// has one: its sandbox is gone.
     async fn remove_session_network(&self, firewall: &HostFirewall, session_id: Uuid);
+
+    /// Where the egress proxy for sandbox `id` of session `session_id`
+    /// listens, and the one address it answers; `None`: the sandbox is not
+    /// on its session's egress network (it has no egress).
+    async fn proxy_route(&self, id: &str, session_id: Uuid) -> Result<Option<ProxyRoute>, BackendError>;
+
+    /// What sandboxes like `config` need of the engine, checked once when
+    /// the worker starts, so that a deployment that cannot work says so then
+    /// rather than failing every run.
+    async fn check(&self, config: &SandboxConfig) -> Result<(), BackendError>;
+
+    /// Which engine this is: workers that say the same share its
+    /// sandboxes (so the last to leave clears the idle ones). `None`: it
+    /// cannot tell.
+    async fn engine_id(&self) -> Option<String>;
+
+    /// Frees what this backend's sandboxes left beside them once they are
+    /// gone without it (a worker that crashed, an operator's removal), for
+    /// sandboxes like `config`: how many went.
+    async fn sweep_leftovers(&self, config: &SandboxConfig) -> usize;
+
+    /// The command user's home if sandboxes like `config` keep it as a
+    /// writable place of its own: a snapshot then keeps it besides the
+    /// workspace.
+    async fn kept_home(&self, config: &SandboxConfig) -> Result<Option<String>, BackendError>;
+}
+
+/// The image-store half of a sandbox backend: where the images sandboxes
+/// start from live, and prepared ones are kept. The environment cache
+/// (`environment::cache`) and the image checks (`environment::image`) are
+/// written against it; Docker implements it with the engine's own images
+/// (`sandbox::docker::images`).
+#[async_trait]
+pub trait ImageStore: Send + Sync {
+    /// The image of that name (or id), if the store has it.
+    async fn image(&self, name: &str) -> Result<Option<ImageInfo>, BackendError>;
+
+    /// Marks the image used now: eviction takes the least recently used
+    /// first.
+    async fn mark_used(&self, name: &str) -> Result<(), BackendError>;
+
+    /// Stores a snapshot of a sandbox as `spec` says.
+    async fn snapshot(&self, spec: &SnapshotSpec<'_>) -> Result<(), BackendError>;
+
+    /// The images carrying every one of `labels` (`key=value`).
+    async fn images_labelled(&self, labels: &[String]) -> Result<Vec<StoredImage>, BackendError>;
+
+    /// Removes the image unless something runs on it now.
+    async fn remove_image(&self, id: &str) -> Result<(), BackendError>;
 }
 
 /// The worker's backend: cheap to clone, shared by every sandbox.

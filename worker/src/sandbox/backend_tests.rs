@@ -1,112 +1,27 @@
-//! The seam is real: a backend that is not Docker (it records what it is
-//! asked and answers from memory) plugs into the same `Sandbox` handle,
-//! and the handle's methods drive it.
+//! The seam is real: a backend that is not Docker (`recording.rs`: it
+//! records what it is asked and answers from memory) plugs into the same
+//! `Sandbox` handle, and the handle's methods drive it; so does a sandbox's
+//! egress proxy, which listens where the backend routes the sandbox.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::{Arc, Mutex};
+use std::net::IpAddr;
+use std::sync::Arc;
 
-use async_trait::async_trait;
-use bytes::Bytes;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use uuid::Uuid;
 
-use super::backend::{
-    Backend, BackendError, CreateSpec, Exec, ExecChunk, ExecSpec, ExecStatus, Found, Managed, SandboxBackend, TarStream,
-};
-use super::{Sandbox, SandboxConfig, lifecycle, session_container_name};
-use crate::egress::host_firewall::HostFirewall;
-
-/// What the recording backend was asked, in order.
-#[derive(Debug, Default)]
-struct Recording {
-    calls: Mutex<Vec<String>>,
-    /// What every attached exec prints on stdout.
-    stdout: &'static str,
-    /// Sandboxes it has, by name: running or not.
-    sandboxes: Vec<(String, bool)>,
-}
-
-impl Recording {
-    fn record(&self, call: String) {
-        self.calls.lock().unwrap().push(call);
-    }
-}
-
-fn exec_line(kind: &str, id: &str, spec: &ExecSpec<'_>) -> String {
-    format!("{kind} {id} as {} in {:?} stdin={}: {}", spec.user, spec.cwd, spec.stdin, spec.argv.join(" "))
-}
-
-#[async_trait]
-impl SandboxBackend for Recording {
-    async fn create(&self, spec: &CreateSpec<'_>) -> Result<String, BackendError> {
-        self.record(format!("create {} from {}", spec.name, spec.config.image));
-        Err(BackendError::ImageMissing(spec.config.image.clone()))
-    }
-
-    async fn find(&self, name: &str) -> Result<Option<Found>, BackendError> {
-        self.record(format!("find {name}"));
-        Ok(self.sandboxes.iter().find(|(n, _)| n == name).map(|(n, running)| Found {
-            id: n.clone(),
-            running: *running,
-            networks: Vec::new(),
-        }))
-    }
-
-    async fn rename(&self, id: &str, name: &str) -> Result<(), BackendError> {
-        self.record(format!("rename {id} {name}"));
-        Ok(())
-    }
-
-    async fn exec(&self, id: &str, spec: &ExecSpec<'_>) -> Result<Exec, BackendError> {
-        self.record(exec_line("exec", id, spec));
-        let chunks = vec![Ok(ExecChunk::Stdout(Bytes::from_static(self.stdout.as_bytes())))];
-        Ok(Exec {
-            id: "e1".into(),
-            output: Box::pin(futures::stream::iter(chunks)),
-            input: Box::pin(tokio::io::sink()),
-        })
-    }
-
-    async fn exec_detached(&self, id: &str, spec: &ExecSpec<'_>) -> Result<String, BackendError> {
-        self.record(exec_line("detached", id, spec));
-        Ok("e2".into())
-    }
-
-    async fn exec_status(&self, _id: &str, exec: &str) -> Result<ExecStatus, BackendError> {
-        self.record(format!("status {exec}"));
-        Ok(ExecStatus { running: Some(false), exit_code: Some(0) })
-    }
-
-    async fn put_archive(&self, id: &str, dir: &str, _tar: TarStream) -> Result<(), BackendError> {
-        self.record(format!("put {id} {dir}"));
-        Ok(())
-    }
-
-    async fn get_archive(&self, id: &str, path: &str, _cap: usize) -> Result<Option<Vec<u8>>, BackendError> {
-        self.record(format!("get {id} {path}"));
-        Ok(None)
-    }
-
-    async fn remove(&self, id: &str) {
-        self.record(format!("remove {id}"));
-    }
-
-    async fn list_managed(&self) -> Result<Vec<Managed>, BackendError> {
-        Ok(Vec::new())
-    }
-
-    async fn remove_session_network(&self, _firewall: &HostFirewall, session_id: Uuid) {
-        self.record(format!("remove network {session_id}"));
-    }
-}
+use super::backend::Backend;
+use super::recording::Recording;
+use super::{Sandbox, SandboxConfig, lifecycle, serve_egress, session_container_name};
+use crate::egress::{EgressSettings, Phase, ProxyRoute};
 
 fn calls(backend: &Arc<Recording>) -> Vec<String> {
-    backend.calls.lock().unwrap().clone()
+    backend.calls()
 }
 
 /// The handle, bound to the recording backend as `Arc<dyn SandboxBackend>`.
 fn plugged(recording: &Arc<Recording>) -> Backend {
-    let backend: Arc<dyn SandboxBackend> = recording.clone();
-    Backend::from(backend)
+    recording.plugged()
 }
 
 #[tokio::test]
@@ -158,4 +73,47 @@ async fn a_stopped_session_sandbox_is_not_running_and_a_missing_image_is_said_as
             format!("create {name} from kiln-sandbox:latest"),
         ]
     );
+}
+
+/// The status line the proxy at `addr` answers a request with, from this
+/// address; empty: it closed the connection unanswered.
+async fn ask(addr: std::net::SocketAddr) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _ = stream.write_all(b"GET http://example.com/ HTTP/1.1\r\nHost: example.com\r\n\r\n").await;
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !answer.windows(2).any(|w| w == b"\r\n") {
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => answer.extend_from_slice(&chunk[..n]),
+        }
+    }
+    String::from_utf8_lossy(&answer).lines().next().unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn the_egress_proxy_listens_where_the_backend_routes_the_sandbox_and_answers_it_alone() {
+    let settings = EgressSettings { port: 0, ..EgressSettings::default() };
+    let layers = || SandboxConfig::default().egress_layers();
+    let session = Uuid::new_v4();
+    let loopback = IpAddr::from([127, 0, 0, 1]);
+    for (client, answered) in [(loopback, true), (IpAddr::from([127, 0, 0, 2]), false)] {
+        let route = ProxyRoute { listen: loopback, client };
+        let recording = Arc::new(Recording { route: Some(route), ..Recording::default() });
+        let proxy = serve_egress(plugged(&recording), &settings, layers(), Phase::Agent, session, "sb-1", None)
+            .await
+            .unwrap()
+            .expect("the backend routes the sandbox: a proxy");
+        assert_eq!(proxy.addr.ip(), loopback);
+        assert_eq!(calls(&recording), [format!("route sb-1 {session}")]);
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(10), ask(proxy.addr)).await.unwrap();
+        assert_eq!(answer.starts_with("HTTP/1.1 "), answered, "client {client}: {answer:?}");
+        proxy.stop().await;
+    }
+
+    // A sandbox the backend routes nowhere has no egress: no proxy.
+    let recording = Arc::new(Recording::default());
+    let served = serve_egress(plugged(&recording), &settings, layers(), Phase::Setup, session, "sb-2", None).await;
+    assert!(served.unwrap().is_none());
+    assert_eq!(calls(&recording), [format!("route sb-2 {session}")]);
 }

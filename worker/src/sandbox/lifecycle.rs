@@ -130,7 +130,7 @@ impl Sandbox {
         // A run with egress needs the sandbox on its session's network; one
         // made without it cannot join it (a container without a network
         // cannot be given one), so it is replaced.
-        let attached = found.networks.contains(&crate::egress::network::name(session_id));
+        let attached = found.egress_of.contains(&session_id);
         if config.wants_egress() && !attached {
             tracing::info!(%session_id, "the session's sandbox has no egress network; replacing it");
             backend.remove(&found.id).await;

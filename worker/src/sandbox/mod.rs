@@ -17,9 +17,11 @@
 
 pub mod backend;
 pub mod docker;
+mod egress_route;
 pub mod environment_pools;
 mod exec;
 mod files;
+pub mod image_store;
 pub mod lifecycle;
 pub mod pool;
 pub mod repo_clone;
@@ -38,13 +40,14 @@ use kiln_protocol::egress::{EgressMode, EgressPolicy, Layers};
 use kiln_protocol::{NetworkMode, SandboxSpec};
 
 use crate::egress::EgressSettings;
-use crate::egress::network::NetworkError;
 use backend::{BackendError, CreateSpec, Purpose};
 use disk::{DiskError, DiskMode, DiskPlan};
+use docker::network::NetworkError;
 use uuid::Uuid;
 
-pub use backend::{Backend, Managed, SandboxBackend};
+pub use backend::{Backend, ImageStore, Managed, SandboxBackend};
 pub use docker::{DockerBackend, disk, loop_disk, runtime};
+pub use egress_route::{ServeError, serve_egress};
 
 pub use exec::ExecOutput;
 pub use files::{FileError, FilePage};
@@ -365,3 +368,5 @@ pub async fn remove_by_id(backend: impl Into<Backend>, id: &str) {
 #[cfg(test)]
 #[path = "backend_tests.rs"]
 mod backend_tests;
+#[cfg(test)]
+pub(crate) mod recording;

@@ -13,8 +13,8 @@ use uuid::Uuid;
 
 use super::disk::{self, DiskPlan};
 use super::loop_disk::{self, LABEL_DISK, LoopDisk};
+use super::network as egress_network;
 use crate::egress::SANDBOX_DNS;
-use crate::egress::network as egress_network;
 use crate::labels::{LABEL_MANAGED, LABEL_POOL, LABEL_RUN, LABEL_SESSION, LABEL_WORKER};
 use crate::sandbox::backend::{BackendError, CreateSpec, Managed, Purpose};
 use crate::sandbox::{WORKSPACE, session_of_name};

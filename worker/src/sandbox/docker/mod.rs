@@ -6,13 +6,17 @@
 //! (see [`container`]), with the toolbox's capabilities and no others, the
 //! limits of its [`SandboxConfig`], the disk bound of [`disk`] and no
 //! network unless it has egress (its session's `internal` network, see
-//! `crate::egress::network`) or the deployment allows `bridge`. Execs are
-//! `docker exec`s, files go in and out through the archive API.
+//! [`network`]) or the deployment allows `bridge`. Execs are
+//! `docker exec`s, files go in and out through the archive API. Its image
+//! store is the engine's images ([`images`]); the egress proxy listens on
+//! the session network's gateway ([`network`]).
 
 mod container;
 pub mod disk;
 mod exec;
+mod images;
 pub mod loop_disk;
+pub mod network;
 pub mod runtime;
 
 use async_trait::async_trait;
@@ -27,6 +31,7 @@ use super::backend::{
     Backend, BackendError, CreateSpec, Exec, ExecSpec, ExecStatus, Found, Managed, SandboxBackend, TarStream,
 };
 use super::{SandboxConfig, SandboxError};
+use crate::egress::ProxyRoute;
 use crate::egress::host_firewall::HostFirewall;
 use disk::DiskPlan;
 
@@ -74,13 +79,6 @@ impl From<bollard::errors::Error> for BackendError {
             }
             _ => BackendError::Engine { said },
         }
-    }
-}
-
-/// What the environment cache's own engine calls (`?` on bollard) give.
-impl From<bollard::errors::Error> for SandboxError {
-    fn from(e: bollard::errors::Error) -> Self {
-        BackendError::from(e).into()
     }
 }
 
@@ -135,7 +133,7 @@ impl SandboxBackend for DockerBackend {
         Ok(Some(Found {
             id: info.id.unwrap_or_else(|| name.to_owned()),
             running: info.state.and_then(|s| s.running).unwrap_or(false),
-            networks: networks.into_keys().collect(),
+            egress_of: networks.keys().filter_map(|n| network::session_of(n)).collect(),
         }))
     }
 
@@ -184,6 +182,49 @@ impl SandboxBackend for DockerBackend {
     }
 
     async fn remove_session_network(&self, firewall: &HostFirewall, session_id: Uuid) {
-        crate::egress::network::remove(&self.docker, firewall, session_id).await;
+        network::remove(&self.docker, firewall, session_id).await;
+    }
+
+    async fn proxy_route(&self, id: &str, session_id: Uuid) -> Result<Option<ProxyRoute>, BackendError> {
+        let Some(client) = network::address_of(&self.docker, id, session_id).await? else { return Ok(None) };
+        let Some(net) = network::find(&self.docker, session_id).await? else { return Ok(None) };
+        Ok(Some(ProxyRoute { listen: net.gateway.into(), client }))
+    }
+
+    /// The runtime is one the engine has; the disk bound can be had (a
+    /// missing image is not fatal: the first sandbox probes).
+    async fn check(&self, config: &SandboxConfig) -> Result<(), BackendError> {
+        runtime::check(&self.docker, config.runtime.as_deref()).await?;
+        match plan(config, &self.docker).await {
+            Ok(_) => Ok(()),
+            Err(BackendError::ImageMissing(image)) => {
+                tracing::warn!(%image, "the sandbox image is missing; the disk bound is probed when it is there");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn engine_id(&self) -> Option<String> {
+        match self.docker.info().await {
+            Ok(info) => info.id.filter(|id| !id.is_empty()),
+            Err(e) => {
+                tracing::warn!(error = %e, "asking Docker for its engine id failed");
+                None
+            }
+        }
+    }
+
+    /// Loop disks of containers removed without Kiln.
+    async fn sweep_leftovers(&self, config: &SandboxConfig) -> usize {
+        loop_disk::sweep(&self.docker, &config.disk_dir, DISK_GRACE).await
+    }
+
+    async fn kept_home(&self, config: &SandboxConfig) -> Result<Option<String>, BackendError> {
+        Ok(plan(config, &self.docker).await?.home.clone())
     }
 }
+
+/// A loop disk younger than this may be one whose container is still
+/// being created (the disk is made first).
+const DISK_GRACE: std::time::Duration = std::time::Duration::from_secs(120);

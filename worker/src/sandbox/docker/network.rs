@@ -1,4 +1,4 @@
-//! A session's own Docker network: `internal` (the engine gives it no route
+//! A session's own Docker network (the Docker backend's part of egress): `internal` (the engine gives it no route
 //! out and no NAT), holding the session's sandbox alone. The only thing on
 //! it the sandbox can talk to is the network's gateway, the worker's host,
 //! where the session's egress proxy listens.
@@ -15,8 +15,8 @@ use bollard::Docker;
 use bollard::models::NetworkCreateRequest;
 use uuid::Uuid;
 
-use super::EgressSettings;
-use super::host_firewall::{BridgeRules, FirewallError, HostFirewall};
+use crate::egress::EgressSettings;
+use crate::egress::host_firewall::{BridgeRules, FirewallError, HostFirewall};
 use crate::labels::{LABEL_MANAGED, LABEL_SESSION};
 
 const PREFIX: &str = "kiln-egress-";
@@ -24,6 +24,11 @@ const PREFIX: &str = "kiln-egress-";
 /// The session's network's name.
 pub fn name(session_id: Uuid) -> String {
     format!("{PREFIX}{}", session_id.simple())
+}
+
+/// The session whose network `name` is, if it is one.
+pub fn session_of(name: &str) -> Option<Uuid> {
+    Uuid::try_parse(name.strip_prefix(PREFIX)?).ok()
 }
 
 /// What the host's interfaces of session networks start with: one firewall
@@ -197,5 +202,13 @@ mod tests {
         let b = Uuid::now_v7();
         assert!(bridge_name(a).len() <= 15 && bridge_name(a).starts_with(BRIDGE_PREFIX));
         assert_ne!(bridge_name(a), bridge_name(b));
+    }
+
+    #[test]
+    fn a_session_network_names_its_session_and_no_other_network_does() {
+        let session = Uuid::now_v7();
+        assert_eq!(session_of(&name(session)), Some(session));
+        assert_eq!(session_of("bridge"), None);
+        assert_eq!(session_of("kiln-egress-x"), None);
     }
 }
