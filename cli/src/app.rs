@@ -179,7 +179,6 @@ async fn start_worker(store: Store, parts: WorkerParts, shutdown: CancellationTo
     let ctx = WorkerContext {
         store,
         sandboxes,
-        docker,
         config,
         providers,
         prices,

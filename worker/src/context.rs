@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use bollard::Docker;
 use kiln_store::Store;
 
 use crate::config::{Providers, WorkerConfig};
@@ -22,12 +21,6 @@ pub struct WorkerContext {
     /// What runs the sandboxes (see `sandbox::backend`): everything that
     /// makes, finds, lists or removes one goes through it.
     pub sandboxes: Backend,
-    /// The Docker engine itself, which `sandboxes` drives. Two callers
-    /// still hand it where a backend is taken (it converts):
-    /// `run_lifecycle`'s `after_run` and `capture`'s `running`; nothing
-    /// else of the worker uses it (docs/architecture.md, "The sandbox
-    /// backend seam").
-    pub docker: Docker,
     pub config: WorkerConfig,
     pub providers: Providers,
     /// Prices per model, for cost budgets and `step.finished` events.
