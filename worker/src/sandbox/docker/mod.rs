@@ -13,6 +13,7 @@ mod container;
 pub mod disk;
 mod exec;
 pub mod loop_disk;
+pub mod pids;
 pub mod runtime;
 
 use async_trait::async_trait;
@@ -24,7 +25,7 @@ use futures::StreamExt;
 use uuid::Uuid;
 
 use super::backend::{
-    Backend, BackendError, CreateSpec, Exec, ExecSpec, ExecStatus, Found, Managed, SandboxBackend, TarStream,
+    Backend, BackendError, CreateSpec, Exec, ExecSpec, ExecStatus, Found, Managed, SandboxBackend, Stopped, TarStream,
 };
 use super::{SandboxConfig, SandboxError};
 use crate::egress::host_firewall::HostFirewall;
@@ -137,6 +138,20 @@ impl SandboxBackend for DockerBackend {
             running: info.state.and_then(|s| s.running).unwrap_or(false),
             networks: networks.into_keys().collect(),
         }))
+    }
+
+    async fn stopped(&self, id: &str) -> Result<Option<Stopped>, BackendError> {
+        let state = match self.docker.inspect_container(id, None).await {
+            Ok(info) => info.state.unwrap_or_default(),
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
+                return Ok(Some(Stopped { removed: true, ..Stopped::default() }));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if state.running.unwrap_or(false) {
+            return Ok(None);
+        }
+        Ok(Some(Stopped { exit_code: state.exit_code, oom_killed: state.oom_killed.unwrap_or(false), removed: false }))
     }
 
     async fn rename(&self, id: &str, name: &str) -> Result<(), BackendError> {
