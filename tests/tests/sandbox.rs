@@ -264,7 +264,8 @@ async fn hundreds_of_processes_and_git_status_over_thousands_of_files_run_to_com
     let r = results(&events);
     assert!(!r[0].is_error, "{:?}", r[0]);
     assert!(r[0].output.contains("M 7/7.txt") && r[0].output.contains("finished"), "{:?}", r[0]);
-    let running: usize = r[0].output.split("running: ").nth(1).and_then(|s| s.lines().next()).unwrap().trim().parse().unwrap();
+    let running: usize =
+        r[0].output.split("running: ").nth(1).and_then(|s| s.lines().next()).unwrap().trim().parse().unwrap();
     assert!(running > 150, "{running} processes ran at once");
     assert!(!r[1].is_error && r[1].output.trim() == "ok", "{:?}", r[1]);
 }
