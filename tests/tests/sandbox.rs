@@ -219,6 +219,63 @@ async fn killing_the_toolbox_is_a_clear_tool_error_and_the_next_call_works() {
     assert!(!r[1].is_error && r[1].output.trim() == "ok", "{:?}", r[1]);
 }
 
+#[tokio::test]
+async fn a_sandbox_that_stops_under_a_call_ends_the_call_and_the_run() {
+    // The whole container is killed through the engine while a command
+    // sleeps. Under gVisor that leaves the stream of the exec attached to
+    // the toolbox open, so only the worker's watch on the sandbox ends the
+    // call; under runc the stream ends and the worker must still say that
+    // the sandbox stopped (the run cannot go on in it).
+    let app = TestApp::spawn(Options {
+        script: vec![bash_with_timeout("echo started; sleep 60", 120), bash("echo never"), Reply::text("done")],
+        ..Default::default()
+    })
+    .await;
+    let run = app.submit("alice", CreateRun::new("hostile")).await;
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let container = wait_for_container(&docker, run.session_id).await;
+    app.wait_for_event(run.id, "tool.output").await;
+    docker.kill_container(&container, None).await.unwrap();
+    let killed = Instant::now();
+    // A liveness bound, far under the command's 60 s.
+    let events = tokio::time::timeout(Duration::from_secs(30), app.events("alice", run.id))
+        .await
+        .expect("the run ends instead of waiting on its dead sandbox");
+    assert!(killed.elapsed() < Duration::from_secs(30));
+    let error = match events.last().map(|e| &e.body) {
+        Some(EventBody::RunFailed { error }) => error.clone(),
+        other => panic!("the run did not fail: {other:?}"),
+    };
+    assert!(error.contains("the sandbox stopped with exit code"), "{error}");
+    assert!(results(&events).is_empty(), "no tool result, and no further call: {:?}", results(&events));
+}
+
+#[tokio::test]
+async fn hundreds_of_processes_and_git_status_over_thousands_of_files_run_to_completion() {
+    // Under gVisor (ptrace) the host sees its own threads, ~12 per process
+    // in the sandbox: 150 background processes and git need far more than
+    // the default 256 host tasks, and the sandbox died at that limit.
+    let command = "for i in $(seq 150); do sleep 100 & done; \
+        mkdir -p /tmp/many && cd /tmp/many && git init -q && \
+        for d in $(seq 50); do mkdir $d; for f in $(seq 100); do echo $f > $d/$f.txt; done; done && \
+        git add -A && git -c user.name=k -c user.email=k@k commit -qm files && echo more > 7/7.txt && \
+        echo \"running: $(ps -e --no-headers | wc -l)\"; echo \"nproc: $(ulimit -u)\"; git status --short; \
+        kill $(jobs -p); echo finished";
+    let (_app, events) = run_script(vec![bash_with_timeout(command, 300), bash("echo ok")]).await;
+    let r = results(&events);
+    assert!(!r[0].is_error, "{:?}", r[0]);
+    assert!(r[0].output.contains("M 7/7.txt") && r[0].output.contains("finished"), "{:?}", r[0]);
+    let running: usize =
+        r[0].output.split("running: ").nth(1).and_then(|s| s.lines().next()).unwrap().trim().parse().unwrap();
+    assert!(running > 150, "{running} processes ran at once");
+    // Under gVisor the user's processes are held at the pids limit inside
+    // the sandbox (the host's limit leaves gVisor its threads).
+    if kiln_tests::sandbox_runtime().as_deref() == Some("runsc") {
+        assert!(r[0].output.contains("nproc: 256\n"), "{:?}", r[0]);
+    }
+    assert!(!r[1].is_error && r[1].output.trim() == "ok", "{:?}", r[1]);
+}
+
 /// The container of session `id`, once it has one (by name: a warm
 /// container taken by the session keeps its old labels).
 async fn wait_for_container(docker: &bollard::Docker, id: uuid::Uuid) -> String {

@@ -96,6 +96,29 @@ pub struct Found {
     pub egress_of: Vec<Uuid>,
 }
 
+/// How a sandbox that no longer runs ended, as far as the engine says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stopped {
+    /// Its main process's exit code (gVisor's Sentry exits 2 when it cannot
+    /// start a thread).
+    pub exit_code: Option<i64>,
+    /// The engine says the kernel's OOM killer stopped it.
+    pub oom_killed: bool,
+    /// It is gone altogether (removed).
+    pub removed: bool,
+}
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.removed, self.oom_killed, self.exit_code) {
+            (true, _, _) => f.write_str("the sandbox was removed"),
+            (false, true, _) => f.write_str("the sandbox was killed for running out of memory"),
+            (false, false, Some(code)) => write!(f, "the sandbox stopped with exit code {code}"),
+            (false, false, None) => f.write_str("the sandbox stopped"),
+        }
+    }
+}
+
 /// A sandbox of Kiln's, as the backend lists them for the reaper.
 #[derive(Debug, Clone)]
 pub struct Managed {
@@ -181,6 +204,18 @@ pub trait SandboxBackend: ImageStore + Send + Sync + std::fmt::Debug {
 
     /// The sandbox of that name (or handle), if there is one.
     async fn find(&self, name: &str) -> Result<Option<Found>, BackendError>;
+
+    /// `None` while the sandbox runs; how it ended once it does not. The
+    /// toolbox channel asks while a call waits, so that a call into a dead
+    /// sandbox ends (a stopped container does not always end the stream of
+    /// an exec attached to it).
+    async fn stopped(&self, id: &str) -> Result<Option<Stopped>, BackendError> {
+        Ok(match self.find(id).await? {
+            Some(found) if found.running => None,
+            Some(_) => Some(Stopped::default()),
+            None => Some(Stopped { removed: true, ..Stopped::default() }),
+        })
+    }
 
     /// Gives the sandbox a new name (a warm one becomes a session's; names
     /// are unique, so no other can take it).

@@ -117,3 +117,64 @@ async fn the_egress_proxy_listens_where_the_backend_routes_the_sandbox_and_answe
     assert!(served.unwrap().is_none());
     assert_eq!(calls(&recording), [format!("route sb-2 {session}")]);
 }
+
+/// A call waiting on a toolbox whose stream never ends (gVisor left it open
+/// when its sandbox died): the watch asks the backend, finds the sandbox
+/// stopped, ends the call with that, and stops the reader.
+#[tokio::test]
+async fn a_call_waiting_on_a_sandbox_that_stopped_ends_saying_so() {
+    use std::sync::atomic::AtomicBool;
+
+    use super::toolbox::ToolboxError;
+    use super::toolbox_reader::{CallLimits, Pending, PendingMap, lock};
+    use super::toolbox_watch::{CHECK_EVERY, Watched, watch};
+
+    let recording = Arc::new(Recording { sandboxes: vec![("sb-1".into(), false)], ..Recording::default() });
+    let pending: PendingMap = Arc::default();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let limits = CallLimits { stream_bytes: 0, reply_bytes: 1024 };
+    lock(&pending).insert(1, Pending::new(tx, None, limits));
+    let reader = tokio::spawn(futures::future::pending::<()>());
+    let alive = Arc::new(AtomicBool::new(true));
+    let watched = Watched {
+        backend: plugged(&recording),
+        sandbox: "sb-1".into(),
+        pending: pending.clone(),
+        alive: alive.clone(),
+        reader: reader.abort_handle(),
+    };
+    tokio::spawn(watch(watched));
+    let answer = tokio::time::timeout(CHECK_EVERY * 3, rx).await.expect("the call ends").unwrap();
+    match answer {
+        Err(ToolboxError::SandboxStopped(how)) => assert_eq!(how.to_string(), "the sandbox stopped"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!alive.load(std::sync::atomic::Ordering::Acquire));
+    assert!(reader.await.unwrap_err().is_cancelled(), "the reader is stopped");
+    assert_eq!(calls(&recording), ["find sb-1"]);
+}
+
+/// While the sandbox runs, the watch leaves a waiting call alone.
+#[tokio::test]
+async fn a_call_into_a_running_sandbox_is_left_waiting() {
+    use std::sync::atomic::AtomicBool;
+
+    use super::toolbox_reader::{CallLimits, Pending, PendingMap, lock};
+    use super::toolbox_watch::{CHECK_EVERY, Watched, watch};
+
+    let recording = Arc::new(Recording { sandboxes: vec![("sb-1".into(), true)], ..Recording::default() });
+    let pending: PendingMap = Arc::default();
+    let (tx, mut rx) = tokio::sync::oneshot::channel();
+    let limits = CallLimits { stream_bytes: 0, reply_bytes: 1024 };
+    lock(&pending).insert(1, Pending::new(tx, None, limits));
+    let reader = tokio::spawn(futures::future::pending::<()>());
+    let alive = Arc::new(AtomicBool::new(true));
+    let watched =
+        Watched { backend: plugged(&recording), sandbox: "sb-1".into(), pending, alive, reader: reader.abort_handle() };
+    let watching = tokio::spawn(watch(watched));
+    tokio::time::sleep(CHECK_EVERY * 2 + CHECK_EVERY / 2).await;
+    assert!(matches!(rx.try_recv(), Err(tokio::sync::oneshot::error::TryRecvError::Empty)), "still waiting");
+    assert!(!reader.is_finished());
+    assert_eq!(calls(&recording), ["find sb-1", "find sb-1"]);
+    watching.abort();
+}

@@ -31,6 +31,7 @@ pub mod toolbox;
 mod toolbox_binary;
 mod toolbox_reader;
 mod toolbox_session;
+mod toolbox_watch;
 pub mod workspace;
 
 use std::path::PathBuf;

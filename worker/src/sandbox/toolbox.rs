@@ -16,11 +16,16 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 
 use super::WORKSPACE;
-use super::backend::{Backend, BackendError, Exec, ExecSpec};
+use super::backend::{Backend, BackendError, Exec, ExecSpec, Stopped};
 use super::toolbox_reader::{CallLimits, Pending, PendingMap, lock, read_frames};
+use super::toolbox_watch::{Watched, watch};
 
 /// How long a fresh toolbox may take to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// When the toolbox's stream ends: how many times, and how far apart, the
+/// engine is asked whether the whole sandbox stopped (about a second).
+const STOP_CHECKS: u32 = 5;
+const STOP_CHECK_PAUSE: Duration = Duration::from_millis(200);
 /// Who the toolbox exec runs as. Root, so that commands (which it starts
 /// as the sandbox user, named with `--user`) cannot signal, trace or write
 /// to it; the container grants root only `CAP_SETUID`, `CAP_SETGID` and
@@ -32,6 +37,10 @@ pub enum ToolboxError {
     /// The process ended (killed, crashed, OOM) while the call was in flight.
     #[error("the toolbox process in the sandbox exited during the call")]
     Died,
+    /// The whole sandbox stopped (or was removed) while the call was in
+    /// flight: nothing more will run in it.
+    #[error("{0} during the tool call")]
+    SandboxStopped(Stopped),
     #[error("the toolbox did not start: {0}")]
     Start(String),
     /// What the backend said (`docker: …`).
@@ -62,6 +71,11 @@ pub struct ToolboxConn {
     /// Cleared by the reader when the process's output ends.
     alive: Arc<std::sync::atomic::AtomicBool>,
     reader: tokio::task::JoinHandle<()>,
+    /// Ends waiting calls when the sandbox stops (see `toolbox_watch`).
+    watch: tokio::task::JoinHandle<()>,
+    /// To ask how the sandbox ended when the toolbox's stream does.
+    backend: Backend,
+    sandbox: String,
     /// The toolbox's pid in the container (from its hello).
     pid: u32,
     /// What the image lacks, from its hello.
@@ -76,6 +90,7 @@ impl Drop for ToolboxConn {
         // Dropping `input` closes the toolbox's stdin, which makes it kill a
         // running command and exit; the reader has nothing left to do.
         self.reader.abort();
+        self.watch.abort();
     }
 }
 
@@ -96,12 +111,22 @@ impl ToolboxConn {
         let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let (hello_tx, hello_rx) = oneshot::channel();
         let reader = tokio::spawn(read_frames(output, pending.clone(), alive.clone(), hello_tx));
+        let watch = tokio::spawn(watch(Watched {
+            backend: backend.clone(),
+            sandbox: sandbox.to_owned(),
+            pending: pending.clone(),
+            alive: alive.clone(),
+            reader: reader.abort_handle(),
+        }));
         let mut conn = ToolboxConn {
             next_id: AtomicU64::new(1),
             pending,
             input: tokio::sync::Mutex::new(input),
             alive,
             reader,
+            watch,
+            backend: backend.clone(),
+            sandbox: sandbox.to_owned(),
             pid: 0,
             missing: Vec::new(),
             shell: None,
@@ -155,7 +180,7 @@ impl ToolboxConn {
         // has already drained the map, and one ending later drains it too.
         if !self.is_alive() {
             lock(&self.pending).remove(&id);
-            return Err(ToolboxError::Died);
+            return Err(self.why_died().await);
         }
         let written = {
             let mut input = self.input.lock().await;
@@ -166,8 +191,27 @@ impl ToolboxConn {
         };
         if let Err(e) = written {
             lock(&self.pending).remove(&id);
-            return Err(if self.is_alive() { e.into() } else { ToolboxError::Died });
+            return Err(if self.is_alive() { e.into() } else { self.why_died().await });
         }
-        rx.await.unwrap_or(Err(ToolboxError::Died))
+        match rx.await {
+            Ok(Err(ToolboxError::Died)) | Err(_) => Err(self.why_died().await),
+            Ok(result) => result,
+        }
+    }
+
+    /// What to say of a toolbox whose stream ended: that its sandbox
+    /// stopped, when it did (a killed or crashed container ends the stream
+    /// too), else that the toolbox itself died.
+    /// The engine may record the container's end a moment after the exec's
+    /// stream ends, so a running one is asked again a few times.
+    pub async fn why_died(&self) -> ToolboxError {
+        for _ in 0..STOP_CHECKS {
+            match self.backend.stopped(&self.sandbox).await {
+                Ok(Some(how)) => return ToolboxError::SandboxStopped(how),
+                Ok(None) => tokio::time::sleep(STOP_CHECK_PAUSE).await,
+                Err(_) => break,
+            }
+        }
+        ToolboxError::Died
     }
 }

@@ -190,6 +190,10 @@ impl Sandbox {
             match slot.as_ref() {
                 Some(c) if c.is_alive() => c.clone(),
                 _ => {
+                    // A sandbox that stopped has nothing to restart it in.
+                    if let Ok(Some(how)) = self.backend.stopped(&self.id).await {
+                        return Err(ToolboxError::SandboxStopped(how));
+                    }
                     tracing::warn!(container = %self.id, "the toolbox is not running; restarting it");
                     if let Some(old) = slot.take() {
                         self.retire(&old).await;

@@ -67,8 +67,9 @@ struct Args {
     #[arg(long, default_value_t = 100_000_000)]
     egress_bytes: u64,
     /// The sandboxes' pids limit (`KILN_SANDBOX_PIDS`); the worker's
-    /// default if unset. Under gVisor with `--platform=ptrace` the Sentry's
-    /// own threads count against it.
+    /// default if unset. Under gVisor the container's host limit is 16
+    /// times it, for the Sentry's own threads, and this holds the sandbox's
+    /// processes (`nproc`), as in the worker.
     #[arg(long)]
     pids_limit: Option<i64>,
 }

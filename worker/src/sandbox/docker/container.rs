@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use bollard::Docker;
-use bollard::models::{ContainerCreateBody, HostConfig, ResourcesUlimits};
+use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
 };
@@ -14,6 +14,7 @@ use uuid::Uuid;
 use super::disk::{self, DiskPlan};
 use super::loop_disk::{self, LABEL_DISK, LoopDisk};
 use super::network as egress_network;
+use super::pids;
 use crate::egress::SANDBOX_DNS;
 use crate::labels::{LABEL_MANAGED, LABEL_POOL, LABEL_RUN, LABEL_SESSION, LABEL_WORKER};
 use crate::sandbox::backend::{BackendError, CreateSpec, Managed, Purpose};
@@ -183,7 +184,8 @@ fn host_config(creation: &Creation<'_>) -> HostConfig {
         cap_drop: Some(vec!["ALL".into()]),
         cap_add: Some(TOOLBOX_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect()),
         security_opt: Some(vec!["no-new-privileges:true".into()]),
-        pids_limit: Some(config.pids_limit),
+        // Under gVisor, with room for its own threads (see `pids`).
+        pids_limit: Some(pids::host_limit(config)),
         nano_cpus: Some(config.nano_cpus),
         network_mode: Some(match egress {
             Some(a) => a.network.clone(),
@@ -193,11 +195,7 @@ fn host_config(creation: &Creation<'_>) -> HostConfig {
         // The engine's resolver for the sandbox forwards to an address it
         // cannot reach (see `SANDBOX_DNS`): names resolve at the proxy only.
         dns: egress.map(|_| vec![SANDBOX_DNS.to_owned()]),
-        ulimits: Some(vec![ResourcesUlimits {
-            name: Some("nofile".into()),
-            soft: Some(config.nofile),
-            hard: Some(config.nofile),
-        }]),
+        ulimits: Some(pids::ulimits(config)),
         // nosuid/nodev like any scratch space; exec stays allowed because
         // builds and tests run binaries from /tmp.
         tmpfs: Some(HashMap::from([(

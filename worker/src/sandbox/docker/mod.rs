@@ -17,6 +17,7 @@ mod exec;
 mod images;
 pub mod loop_disk;
 pub mod network;
+pub mod pids;
 pub mod runtime;
 
 use async_trait::async_trait;
@@ -28,7 +29,7 @@ use futures::StreamExt;
 use uuid::Uuid;
 
 use super::backend::{
-    Backend, BackendError, CreateSpec, Exec, ExecSpec, ExecStatus, Found, Managed, SandboxBackend, TarStream,
+    Backend, BackendError, CreateSpec, Exec, ExecSpec, ExecStatus, Found, Managed, SandboxBackend, Stopped, TarStream,
 };
 use super::{SandboxConfig, SandboxError};
 use crate::egress::ProxyRoute;
@@ -135,6 +136,20 @@ impl SandboxBackend for DockerBackend {
             running: info.state.and_then(|s| s.running).unwrap_or(false),
             egress_of: networks.keys().filter_map(|n| network::session_of(n)).collect(),
         }))
+    }
+
+    async fn stopped(&self, id: &str) -> Result<Option<Stopped>, BackendError> {
+        let state = match self.docker.inspect_container(id, None).await {
+            Ok(info) => info.state.unwrap_or_default(),
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
+                return Ok(Some(Stopped { removed: true, ..Stopped::default() }));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if state.running.unwrap_or(false) {
+            return Ok(None);
+        }
+        Ok(Some(Stopped { exit_code: state.exit_code, oom_killed: state.oom_killed.unwrap_or(false), removed: false }))
     }
 
     async fn rename(&self, id: &str, name: &str) -> Result<(), BackendError> {
