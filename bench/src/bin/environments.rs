@@ -240,10 +240,10 @@ fn repository(dir: &Path) -> anyhow::Result<String> {
 fn order(round: usize, args: &Args) -> Vec<Kind> {
     let every = (args.rounds / args.misses.max(1)).max(1);
     let mut kinds = Vec::new();
-    if round % every == 0 && round / every < args.misses {
+    if round.is_multiple_of(every) && round / every < args.misses {
         kinds.push(Kind::Miss);
     }
-    kinds.extend(if round % 2 == 0 { [Kind::Hit, Kind::Bare] } else { [Kind::Bare, Kind::Hit] });
+    kinds.extend(if round.is_multiple_of(2) { [Kind::Hit, Kind::Bare] } else { [Kind::Bare, Kind::Hit] });
     kinds
 }
 
