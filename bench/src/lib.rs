@@ -12,6 +12,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use rustix::process::{Pid, Signal, kill_process};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -154,6 +155,76 @@ impl Server {
         let Some(line) = status.lines().find(|l| l.starts_with("VmRSS:")) else { bail!("no VmRSS") };
         let kib: u64 = line.split_whitespace().nth(1).context("VmRSS value")?.parse()?;
         Ok(kib * 1024)
+    }
+}
+
+/// `kiln worker` in a process of its own, as users run it.
+pub struct Worker {
+    /// Its `KILN_WORKER_ID`.
+    pub id: String,
+    child: Child,
+}
+
+impl Worker {
+    /// `kiln worker` on `db_url`, talking to the scripted model at
+    /// `model_url` (OpenAI's protocol), with `env` over the settings every
+    /// benchmark's worker has: a session's container goes with its run
+    /// (`KILN_SANDBOX_IDLE_S=0`), so a benchmark leaves none behind and no
+    /// idle containers pile up round after round. Returns once the worker
+    /// holds its lock (and so claims).
+    pub async fn start(kiln: &Path, db_url: &str, model_url: &str, env: &[(&str, String)]) -> anyhow::Result<Worker> {
+        let id = format!("bench-{}", uuid::Uuid::new_v4().simple());
+        let child = Command::new(kiln)
+            .arg("worker")
+            .env("DATABASE_URL", db_url)
+            .env("KILN_WORKER_ID", &id)
+            .env("KILN_MODEL_PROVIDER", "openai")
+            .env("KILN_MODEL_BASE_URL", model_url)
+            .env("OPENAI_API_KEY", "sk-bench")
+            .env("KILN_MODEL", "scripted")
+            .env("KILN_SANDBOX_IDLE_S", "0")
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting kiln worker")?;
+        let mut worker = Worker { id, child };
+        let sql = connect(db_url).await?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let locked = "SELECT 1 FROM workers WHERE id = $1 AND lock_key IS NOT NULL";
+        while sql.query_opt(locked, &[&worker.id]).await?.is_none() {
+            if let Some(status) = worker.child.try_wait()? {
+                bail!("kiln worker exited: {status}");
+            }
+            if Instant::now() > deadline {
+                bail!("kiln worker {} did not take its lock in 60 s", worker.id);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(worker)
+    }
+
+    fn signal(&self, signal: Signal) -> anyhow::Result<()> {
+        let pid = self.child.id().and_then(|id| Pid::from_raw(id as i32)).context("the worker has exited")?;
+        kill_process(pid, signal)?;
+        Ok(())
+    }
+
+    /// SIGKILL, as a crash: the worker cleans nothing up.
+    pub async fn kill(mut self) -> anyhow::Result<()> {
+        self.signal(Signal::KILL)?;
+        self.child.wait().await?;
+        Ok(())
+    }
+
+    /// SIGTERM, and waits (at most 60 s) for the worker's orderly stop,
+    /// which removes its containers, warm ones included.
+    pub async fn stop(mut self) {
+        if self.signal(Signal::TERM).is_ok() {
+            let _ = tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await;
+        }
     }
 }
 

@@ -8,16 +8,14 @@
 //! to its terminal status (its last attempt's end), the run's likewise.
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use kiln_bench::{Server, connect, database, http, kiln_binary, median_range, token};
+use kiln_bench::{Server, Worker, connect, database, http, kiln_binary, median_range, token};
 use kiln_protocol::{CreateRun, ModelSpec};
 use kiln_scripted_model::{Reply, ScriptedModel};
 use serde_json::json;
-use tokio::process::{Child, Command};
 use uuid::Uuid;
 
 #[derive(Parser)]
@@ -60,39 +58,6 @@ fn single(model: &ScriptedModel, round: usize, args: &Args) -> CreateRun {
     let name = format!("single-{round}");
     script(model, &name, args);
     CreateRun { model: Some(ModelSpec { name: Some(name), ..Default::default() }), ..CreateRun::new("look around") }
-}
-
-/// `kiln worker` with four slots on `db_url` and the scripted model;
-/// returns once it holds its lock (and so claims).
-async fn worker(kiln: &PathBuf, db_url: &str, model_url: &str) -> anyhow::Result<Child> {
-    let id = format!("bench-{}", Uuid::new_v4().simple());
-    let child = Command::new(kiln)
-        .arg("worker")
-        .env("DATABASE_URL", db_url)
-        .env("KILN_WORKER_ID", &id)
-        .env("KILN_WORKER_MAX_SESSIONS", ATTEMPTS.to_string())
-        .env("KILN_MODEL_PROVIDER", "openai")
-        .env("KILN_MODEL_BASE_URL", model_url)
-        .env("OPENAI_API_KEY", "sk-bench")
-        .env("KILN_MODEL", "scripted")
-        // The session's container goes with its run, so the bench leaves
-        // none behind (and no idle containers pile up round after round).
-        .env("KILN_SANDBOX_IDLE_S", "0")
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting kiln worker")?;
-    let sql = connect(db_url).await?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while sql.query_opt("SELECT 1 FROM workers WHERE id = $1 AND lock_key IS NOT NULL", &[&id]).await?.is_none() {
-        if Instant::now() > deadline {
-            bail!("kiln worker {id} did not take its lock in 60 s");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(child)
 }
 
 /// Submits `spec` to the API and waits for the run's end (polled every
@@ -156,7 +121,8 @@ async fn main() -> anyhow::Result<()> {
         ("KILN_MAX_RUNS_PER_MINUTE", i64::MAX.to_string()),
     ];
     let api = Server::kiln_serve(&kiln, &db_url, &quotas).await?;
-    let mut worker = worker(&kiln, &db_url, &model.openai_base_url()).await?;
+    let slots = [("KILN_WORKER_MAX_SESSIONS", ATTEMPTS.to_string())];
+    let worker = Worker::start(&kiln, &db_url, &model.openai_base_url(), &slots).await?;
     let sql = connect(&db_url).await?;
     println!(
         "attempts: {ATTEMPTS} attempts vs 1 run, {} tool calls + an answer each, model delay {} ms, {} rounds; \
@@ -210,8 +176,7 @@ async fn main() -> anyhow::Result<()> {
     println!("median one run      {} s", median_range(&singles, 2));
     println!("per-round ratio     {}", median_range(&ratios, 3));
     println!("group / one run  {ratio:.3}x  (goal <= 1.3x)");
-    worker.start_kill()?;
-    worker.wait().await?;
+    worker.stop().await;
     drop(api);
     kiln_bench::drop_databases().await?;
     Ok(())

@@ -25,6 +25,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use clap::Parser;
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
@@ -193,15 +194,21 @@ async fn client(
     token: Arc<String>,
     ready: Arc<Barrier>,
 ) -> anyhow::Result<Seen> {
-    let response = http
+    let request = http
         .get(format!("http://{addr}/v1/runs/{run}/events"))
         .bearer_auth(token.as_str())
         .header("accept", "text/event-stream")
         .header("last-event-id", "1")
-        .send()
-        .await?
-        .error_for_status()?;
+        .send();
+    let opened = match tokio::time::timeout(Duration::from_secs(120), request).await {
+        Ok(sent) => sent.and_then(reqwest::Response::error_for_status).map_err(anyhow::Error::from),
+        Err(_) => Err(anyhow::anyhow!("no answer in 120 s")),
+    };
+    // At the barrier whether or not the stream opened: a client that
+    // failed must not hold the others (and the benchmark) forever; its
+    // error is reported when the clients are collected.
     ready.wait().await;
+    let response = opened.with_context(|| format!("opening the stream of run {run}"))?;
     let mut events = response.bytes_stream().eventsource();
     let mut seen = Vec::new();
     while let Some(ev) = events.next().await {

@@ -7,15 +7,13 @@
 //! each round.
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::Parser;
+use kiln_bench::{Worker, kiln_binary};
 use kiln_scripted_model::{Reply, ScriptedModel};
-use rustix::process::{Pid, Signal, kill_process};
 use serde_json::json;
-use tokio::process::{Child, Command};
 use uuid::Uuid;
 
 #[derive(Parser)]
@@ -43,14 +41,7 @@ enum Path {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let kiln = match &args.kiln {
-        Some(path) => path.clone(),
-        None => ["target/release/kiln", "target/debug/kiln"]
-            .into_iter()
-            .map(PathBuf::from)
-            .find(|p| p.exists())
-            .context("no kiln binary: cargo build -p kiln-cli --release, or pass --kiln")?,
-    };
+    let kiln = kiln_binary(args.kiln.as_deref())?;
     let (db_url, _store) = kiln_bench::database().await?;
     let sql = kiln_bench::connect(&db_url).await?;
     // Each kill costs two replies: the first attempt's command, the second's answer.
@@ -98,10 +89,10 @@ impl Setup {
     /// One run, one kill: the run is claimed by worker A and its command
     /// started; worker B starts; A is killed; B's `run.started` is awaited.
     async fn one_kill(&self, sql: &tokio_postgres::Client, path: Path) -> anyhow::Result<Duration> {
-        let a = self.worker(sql, path).await?;
+        let a = self.worker(path).await?;
         let run = queue_run(sql).await?;
         wait_for(sql, "SELECT 1 FROM events WHERE run_id = $1 AND kind = 'tool_call.ready'", run).await?;
-        let b = self.worker(sql, path).await?;
+        let b = self.worker(path).await?;
         let killed = Instant::now();
         a.kill().await?;
         wait_for(
@@ -116,66 +107,15 @@ impl Setup {
         Ok(took)
     }
 
-    /// `kiln worker` on the bench's database and model; returns once it
-    /// holds its lock (and so claims).
-    async fn worker(&self, sql: &tokio_postgres::Client, path: Path) -> anyhow::Result<Worker> {
-        let id = format!("bench-{}", Uuid::new_v4().simple());
+    /// `kiln worker` on the bench's database and model, checking for
+    /// dead workers as `path` says; returns once it holds its lock.
+    async fn worker(&self, path: Path) -> anyhow::Result<Worker> {
         let check = match path {
             Path::Lock => "1000",
             Path::LeaseOnly => "0",
         };
-        let child = Command::new(&self.kiln)
-            .arg("worker")
-            .env("DATABASE_URL", &self.db_url)
-            .env("KILN_WORKER_ID", &id)
-            .env("KILN_LEASE_S", self.lease_s.to_string())
-            .env("KILN_DEAD_WORKER_CHECK_MS", check)
-            .env("KILN_MODEL_PROVIDER", "openai")
-            .env("KILN_MODEL_BASE_URL", &self.model_url)
-            .env("OPENAI_API_KEY", "sk-bench")
-            .env("KILN_MODEL", "scripted")
-            // The session's container goes with its run, so the bench
-            // leaves none behind.
-            .env("KILN_SANDBOX_IDLE_S", "0")
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting kiln worker")?;
-        let worker = Worker { child };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while sql.query_opt("SELECT 1 FROM workers WHERE id = $1 AND lock_key IS NOT NULL", &[&id]).await?.is_none() {
-            if Instant::now() > deadline {
-                bail!("kiln worker {id} did not take its lock in 60 s");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(worker)
-    }
-}
-
-struct Worker {
-    child: Child,
-}
-
-impl Worker {
-    fn signal(&self, signal: Signal) -> anyhow::Result<()> {
-        let pid = self.child.id().and_then(|id| Pid::from_raw(id as i32)).context("the worker has exited")?;
-        kill_process(pid, signal)?;
-        Ok(())
-    }
-
-    async fn kill(mut self) -> anyhow::Result<()> {
-        self.signal(Signal::KILL)?;
-        self.child.wait().await?;
-        Ok(())
-    }
-
-    async fn stop(mut self) {
-        if self.signal(Signal::TERM).is_ok() {
-            let _ = tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await;
-        }
+        let env = [("KILN_LEASE_S", self.lease_s.to_string()), ("KILN_DEAD_WORKER_CHECK_MS", check.to_owned())];
+        Worker::start(&self.kiln, &self.db_url, &self.model_url, &env).await
     }
 }
 
