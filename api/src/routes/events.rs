@@ -35,6 +35,7 @@ use uuid::Uuid;
 use crate::auth::Subject;
 use crate::event_reads::{BATCH, page_bytes};
 use crate::extract::{ApiQuery, RunIdPath};
+use crate::feed::{FedEvent, sse_event};
 use crate::limits::SseSlot;
 use crate::{ApiError, AppState};
 
@@ -251,9 +252,8 @@ fn event_stream(
                 let (next, gap) = continuing(&batch, after);
                 for ev in next {
                     after = ev.seq;
-                    let terminal = is_terminal_kind(&ev.kind);
-                    yield Ok(sse_event(ev));
-                    if terminal {
+                    yield Ok(ev.sse.clone());
+                    if ev.terminal {
                         return;
                     }
                 }
@@ -281,7 +281,7 @@ fn table_read(
 /// The events of a feed's batch that continue exactly after `after` (those
 /// at or before it were sent already), and whether a gap follows them: an
 /// event the feed skipped, which the stream then reads from the table.
-fn continuing(batch: &[StoredEvent], after: i64) -> (Vec<&StoredEvent>, bool) {
+fn continuing(batch: &[FedEvent], after: i64) -> (Vec<&FedEvent>, bool) {
     let mut next = Vec::new();
     for ev in batch.iter().filter(|ev| ev.seq > after) {
         if ev.seq != after + 1 + next.len() as i64 {
@@ -290,8 +290,4 @@ fn continuing(batch: &[StoredEvent], after: i64) -> (Vec<&StoredEvent>, bool) {
         next.push(ev);
     }
     (next, false)
-}
-
-fn sse_event(ev: &StoredEvent) -> Event {
-    Event::default().id(ev.seq.to_string()).event(&ev.kind).data(ev.payload.to_string())
 }
