@@ -192,14 +192,23 @@ async fn finished_event(tx: &Transaction<'_>, run_id: Uuid, ended: &Ended) -> Re
 }
 
 /// Ends group `group` (its row locked by the caller) if no attempt of it is
-/// still to end: `cancelled` when a client cancelled the group,
+/// still to end, an attempt counting as ended once its `attempt.finished`
+/// is in the group's stream — not by its status alone: an attempt whose
+/// end commits after the caller's loop read it (each statement reads the
+/// latest commits) would otherwise end the group without its event and
+/// its spending, and its own call, finding the group ended, would add
+/// neither. Left to that call, it ends the group then. `cancelled` when a
+/// client cancelled the group,
 /// `succeeded` when an attempt did, `failed` otherwise. Its result holds
 /// each attempt's end and the sum of what they spent. Returns the terminal
 /// event's seq.
 async fn end_group_if_done(tx: &Transaction<'_>, group: Uuid) -> Result<Option<i64>, StoreError> {
     let rows = tx
         .query(
-            "SELECT g.cancel_requested, a.attempt_number, a.status, a.id FROM runs g JOIN runs a ON a.group_run_id = g.id
+            "SELECT g.cancel_requested, a.attempt_number, a.status, a.id,
+                    EXISTS (SELECT 1 FROM events e WHERE e.run_id = g.id AND e.kind = 'attempt.finished'
+                            AND e.payload->>'run_id' = a.id::text)
+             FROM runs g JOIN runs a ON a.group_run_id = g.id
              WHERE g.id = $1 ORDER BY a.attempt_number",
             &[&group],
         )
@@ -211,7 +220,8 @@ async fn end_group_if_done(tx: &Transaction<'_>, group: Uuid) -> Result<Option<i
         let status: String = row.try_get(2)?;
         let status: RunStatus =
             status.parse().map_err(|e: kiln_protocol::run::UnknownStatus| StoreError::Corrupt(e.0))?;
-        if !status.is_terminal() {
+        let recorded: bool = row.try_get(4)?;
+        if !status.is_terminal() || !recorded {
             return Ok(None);
         }
         attempts.push((row.try_get::<_, i32>(1)?, status, row.try_get::<_, Uuid>(3)?));
