@@ -479,40 +479,50 @@ async fn supervise(
             pause = Duration::from_secs(1);
         }
         tracing::warn!(%status, log = %spawner.log.display(), ?pause, "the local model server exited; restarting it");
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
-                _ = stop.cancelled() => return,
-            }
-            pause = (pause * 2).min(Duration::from_secs(30));
-            let mut next = match spawner.spawn() {
-                Ok(next) => next,
-                Err(e) => {
-                    tracing::warn!(error = %format!("{e:#}"), "restarting the local model server failed");
-                    continue;
-                }
-            };
-            let healthy = tokio::select! {
-                r = wait_healthy(&http, &base_url, &mut next, &spawner.log) => r,
-                _ = stop.cancelled() => {
-                    let _ = next.kill().await;
-                    return;
-                }
-            };
-            match healthy {
-                Ok(()) => {
-                    child = next;
-                    break;
-                }
-                Err(e) => tracing::warn!(error = %format!("{e:#}"), "the restarted local model server failed"),
-            }
-        }
+        let Some(next) = restart(&spawner, &http, &base_url, &mut pause, &stop).await else { return };
+        child = next;
         // A new server starts with an empty cache.
         spawner.warm_up().await;
         pid.store(child.id().unwrap_or(0), Ordering::SeqCst);
         restarts.fetch_add(1, Ordering::SeqCst);
         started = Instant::now();
         tracing::info!(url = %base_url, "the local model server is back");
+    }
+}
+
+/// Starts the server again until one comes up healthy, pausing before each
+/// try (`pause` doubles, up to 30 s); None if `stop` fires first.
+async fn restart(
+    spawner: &Spawner,
+    http: &reqwest::Client,
+    base_url: &str,
+    pause: &mut Duration,
+    stop: &CancellationToken,
+) -> Option<Child> {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(*pause) => {}
+            _ = stop.cancelled() => return None,
+        }
+        *pause = (*pause * 2).min(Duration::from_secs(30));
+        let mut next = match spawner.spawn() {
+            Ok(next) => next,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "restarting the local model server failed");
+                continue;
+            }
+        };
+        let healthy = tokio::select! {
+            r = wait_healthy(http, base_url, &mut next, &spawner.log) => r,
+            _ = stop.cancelled() => {
+                let _ = next.kill().await;
+                return None;
+            }
+        };
+        match healthy {
+            Ok(()) => return Some(next),
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "the restarted local model server failed"),
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! `kiln`: one binary for the API, the worker, the local all-in-one and the
 //! client.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -334,20 +334,8 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Serve { db, api, callbacks, repos } => serve(db, api, callbacks, repos).await,
         Command::Worker { db, worker, callbacks, repos } => work(db, worker, callbacks, repos).await,
-        Command::Migrate { db } => {
-            init_tracing("info");
-            open_store(db.url()?.expose_secret(), 1).await?;
-            println!("migrations applied");
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Token { sub, ttl, jwt_secret, state_dir } => {
-            let secret = match jwt_secret {
-                Some(secret) => secret,
-                None => kiln_cli::local::read_local_secret(&state_dir)?,
-            };
-            println!("{}", kiln_api::auth::mint_hs256(secret.expose_secret().as_bytes(), &sub, ttl)?);
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Migrate { db } => migrate(db).await,
+        Command::Token { sub, ttl, jwt_secret, state_dir } => token(&sub, ttl, jwt_secret, &state_dir),
         Command::Run(args) => run(args).await,
         Command::Say { run, text, follow, json, connection } => {
             kiln_cli::say::say(&connection.client()?, run, &text, follow, json).await
@@ -368,11 +356,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             kiln_cli::attempts::select(&connection.client()?, run, attempt).await
         }
         Command::Diff { run, stat, json, session, attempt, connection } => {
-            let view = match (stat, json) {
-                (_, true) => commands::DiffView::Json,
-                (true, false) => commands::DiffView::Stat,
-                (false, false) => commands::DiffView::Patch,
-            };
+            let view = diff_view(stat, json);
             let client = connection.client()?;
             let run = kiln_cli::attempts::resolve(&client, run, attempt).await?;
             commands::diff(&client, run, view, scope(session)).await
@@ -391,6 +375,34 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             kiln_cli::up::up(args, shutdown_signal()).await
         }
         Command::Down(args) => kiln_cli::up::down::down(args).await,
+    }
+}
+
+/// `kiln migrate`: applies the migrations the database lacks.
+async fn migrate(db: DbArgs) -> anyhow::Result<ExitCode> {
+    init_tracing("info");
+    open_store(db.url()?.expose_secret(), 1).await?;
+    println!("migrations applied");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `kiln token`: prints a token for `sub`, signed with the given secret or
+/// the local one.
+fn token(sub: &str, ttl: Duration, jwt_secret: Option<SecretString>, state_dir: &Path) -> anyhow::Result<ExitCode> {
+    let secret = match jwt_secret {
+        Some(secret) => secret,
+        None => kiln_cli::local::read_local_secret(state_dir)?,
+    };
+    println!("{}", kiln_api::auth::mint_hs256(secret.expose_secret().as_bytes(), sub, ttl)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `kiln diff` shows: `--json` wins over `--stat`.
+fn diff_view(stat: bool, json: bool) -> commands::DiffView {
+    match (stat, json) {
+        (_, true) => commands::DiffView::Json,
+        (true, false) => commands::DiffView::Stat,
+        (false, false) => commands::DiffView::Patch,
     }
 }
 

@@ -58,6 +58,63 @@ pub enum DecideOutcome {
     NotFound,
 }
 
+/// Queues `text` in an active run's inbox and tells its worker.
+async fn queue_in_inbox_tx(tx: &deadpool_postgres::Transaction<'_>, id: Uuid, text: &str) -> Result<(), StoreError> {
+    tx.execute("INSERT INTO run_inbox (run_id, text) VALUES ($1, $2)", &[&id, &text]).await?;
+    // Arms the end-of-run check for unread messages (migrations/V12).
+    tx.execute("UPDATE runs SET steered = true WHERE id = $1 AND NOT steered", &[&id]).await?;
+    insert_event_tx(tx, id, &EventBody::MessageQueued { text: text.to_owned() }).await?;
+    tx.execute("SELECT pg_notify($1, $2)", &[&channels::RUN_CONTROL, &id.to_string()]).await?;
+    Ok(())
+}
+
+/// A run of the session that keeps it busy. One that owes a follow-up
+/// counts as active: its follow-up is about to be queued.
+async fn busy_run_of_session_tx(
+    tx: &deadpool_postgres::Transaction<'_>,
+    session_id: Uuid,
+) -> Result<Option<Uuid>, StoreError> {
+    let busy = tx
+        .query_opt(
+            &format!("SELECT id FROM runs WHERE session_id = $1 AND (status IN {ACTIVE} OR follow_up_owed) LIMIT 1"),
+            &[&session_id],
+        )
+        .await?;
+    busy.map(|row| row.try_get(0)).transpose().map_err(StoreError::from)
+}
+
+/// The call a run asks approval for, as its `approvals` row records it.
+struct AskedCall<'a> {
+    run_id: Uuid,
+    call_id: &'a str,
+    name: &'a str,
+    arguments: &'a serde_json::Value,
+}
+
+impl AskedCall<'_> {
+    async fn insert_tx(&self, tx: &deadpool_postgres::Transaction<'_>) -> Result<(), StoreError> {
+        tx.execute(
+            "INSERT INTO approvals (run_id, call_id, name, arguments) VALUES ($1, $2, $3, $4)",
+            &[&self.run_id, &self.call_id, &self.name, self.arguments],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Puts this call in the row of another, decided, call under the same
+    /// id, undecided.
+    async fn ask_again_tx(&self, tx: &deadpool_postgres::Transaction<'_>) -> Result<(), StoreError> {
+        tx.execute(
+            "UPDATE approvals SET name = $3, arguments = $4, requested_at = now(), approved = NULL,
+                    reason = NULL, decided_by = NULL, decided_at = NULL
+             WHERE run_id = $1 AND call_id = $2",
+            &[&self.run_id, &self.call_id, &self.name, self.arguments],
+        )
+        .await?;
+        Ok(())
+    }
+}
+
 /// Moves a run this lease holds between `running` and `awaiting_approval`.
 async fn set_held_status(
     client: &impl deadpool_postgres::GenericClient,
@@ -147,11 +204,7 @@ impl Store {
         let status: RunStatus =
             status.parse().map_err(|e: kiln_protocol::run::UnknownStatus| StoreError::Corrupt(e.to_string()))?;
         if !status.is_terminal() {
-            tx.execute("INSERT INTO run_inbox (run_id, text) VALUES ($1, $2)", &[&id, &text]).await?;
-            // Arms the end-of-run check for unread messages (migrations/V12).
-            tx.execute("UPDATE runs SET steered = true WHERE id = $1 AND NOT steered", &[&id]).await?;
-            insert_event_tx(&tx, id, &EventBody::MessageQueued { text: text.to_owned() }).await?;
-            tx.execute("SELECT pg_notify($1, $2)", &[&channels::RUN_CONTROL, &id.to_string()]).await?;
+            queue_in_inbox_tx(&tx, id, text).await?;
             tx.commit().await?;
             drop(client);
             let run = self.get_run(owner, id).await?.ok_or_else(|| StoreError::Corrupt("run vanished".into()))?;
@@ -167,18 +220,8 @@ impl Store {
             self.announce_queued(follow_up);
             return Ok(MessageOutcome::SessionBusy { active_run: follow_up });
         }
-        // A run of the session that owes a follow-up counts as active: its
-        // follow-up is about to be queued.
-        let busy = tx
-            .query_opt(
-                &format!(
-                    "SELECT id FROM runs WHERE session_id = $1 AND (status IN {ACTIVE} OR follow_up_owed) LIMIT 1"
-                ),
-                &[&session_id],
-            )
-            .await?;
-        if let Some(busy) = busy {
-            return Ok(MessageOutcome::SessionBusy { active_run: busy.try_get(0)? });
+        if let Some(active_run) = busy_run_of_session_tx(&tx, session_id).await? {
+            return Ok(MessageOutcome::SessionBusy { active_run });
         }
         if let Some(quota) = quota
             && let Some(refusal) = check_quota_tx(&tx, owner, quota).await?
@@ -264,6 +307,7 @@ impl Store {
         arguments: &serde_json::Value,
         mcp: Option<McpCall<'_>>,
     ) -> Result<Approval, StoreError> {
+        let call = AskedCall { run_id: lease.run_id, call_id, name, arguments };
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let row = tx
@@ -275,11 +319,7 @@ impl Store {
             .await?;
         let asked = match row {
             None => {
-                tx.execute(
-                    "INSERT INTO approvals (run_id, call_id, name, arguments) VALUES ($1, $2, $3, $4)",
-                    &[&lease.run_id, &call_id, &name, arguments],
-                )
-                .await?;
+                call.insert_tx(&tx).await?;
                 true
             }
             Some(row) => {
@@ -293,13 +333,7 @@ impl Store {
                     // Asked before (a resumed run): still waiting.
                     (true, None) => false,
                     (false, Some(_)) if !started => {
-                        tx.execute(
-                            "UPDATE approvals SET name = $3, arguments = $4, requested_at = now(), approved = NULL,
-                                    reason = NULL, decided_by = NULL, decided_at = NULL
-                             WHERE run_id = $1 AND call_id = $2",
-                            &[&lease.run_id, &call_id, &name, arguments],
-                        )
-                        .await?;
+                        call.ask_again_tx(&tx).await?;
                         true
                     }
                     (false, _) => return Ok(Approval::IdTaken),

@@ -6,6 +6,28 @@ use uuid::Uuid;
 use crate::lease::Lease;
 use crate::{Store, StoreError};
 
+/// The statement of [`Store::insert_message`]: the message's seq, stored
+/// now, or by an earlier try under the same `message_id`; no row if the
+/// lease is lost. The run row is locked, not just read: a takeover that
+/// commits while this runs is waited for, and then refuses it (a plain
+/// EXISTS would read the old lease from its snapshot).
+const INSERT_MESSAGE: &str = "WITH earlier AS (
+         SELECT seq FROM messages WHERE message_id = $10
+     ), run AS (
+         UPDATE runs SET last_event_seq = last_event_seq
+         WHERE id = $2 AND attempt = $3 AND lease_owner = $4
+           AND status IN ('running', 'awaiting_approval')
+           AND NOT EXISTS (SELECT 1 FROM earlier)
+         RETURNING id
+     ), ins AS (
+         INSERT INTO messages (session_id, seq, run_id, role, parts, usage, model, summary_keeps, message_id)
+         SELECT $1, COALESCE((SELECT max(seq) FROM messages WHERE session_id = $1), 0) + 1,
+                $2, $5, $6, $7, $8, $9, $10
+         FROM run
+         RETURNING seq
+     )
+     SELECT seq FROM ins UNION ALL SELECT seq FROM earlier";
+
 impl Store {
     /// Appends a message to the session, fenced by the run's lease, under a
     /// fresh message id. Callers that retry should use
@@ -68,29 +90,7 @@ impl Store {
         let (parts, usage) = message_columns(message, usage)?;
         let client = self.client().await?;
         // Prepared once per connection: this runs on every step.
-        let statement = client
-            .prepare_cached(
-                // The run row is locked, not just read: a takeover that
-                // commits while this runs is waited for, and then refuses it
-                // (a plain EXISTS would read the old lease from its snapshot).
-                "WITH earlier AS (
-                     SELECT seq FROM messages WHERE message_id = $10
-                 ), run AS (
-                     UPDATE runs SET last_event_seq = last_event_seq
-                     WHERE id = $2 AND attempt = $3 AND lease_owner = $4
-                       AND status IN ('running', 'awaiting_approval')
-                       AND NOT EXISTS (SELECT 1 FROM earlier)
-                     RETURNING id
-                 ), ins AS (
-                     INSERT INTO messages (session_id, seq, run_id, role, parts, usage, model, summary_keeps, message_id)
-                     SELECT $1, COALESCE((SELECT max(seq) FROM messages WHERE session_id = $1), 0) + 1,
-                            $2, $5, $6, $7, $8, $9, $10
-                     FROM run
-                     RETURNING seq
-                 )
-                 SELECT seq FROM ins UNION ALL SELECT seq FROM earlier",
-            )
-            .await?;
+        let statement = client.prepare_cached(INSERT_MESSAGE).await?;
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
             &session_id,
             &lease.run_id,

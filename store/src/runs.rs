@@ -87,13 +87,7 @@ impl Store {
         {
             return Ok(Err(refusal));
         }
-        let inserted = match new.spec.attempts {
-            Some(n) => crate::attempts::insert_group_tx(&tx, &new, n).await?,
-            None => insert_queued_run_tx(&tx, &QueuedRun::first(&single_attempt(&new))?)
-                .await?
-                .map(|group| crate::attempts::InsertedGroup { group, attempts: Vec::new() }),
-        };
-        let Some(crate::attempts::InsertedGroup { group: run_id, attempts }) = inserted else {
+        let Some(crate::attempts::InsertedGroup { group: run_id, attempts }) = insert_run_tx(&tx, &new).await? else {
             // Lost a race with a concurrent request carrying the same key.
             tx.rollback().await?;
             drop(client);
@@ -111,6 +105,12 @@ impl Store {
         // transaction holds a database-wide lock through its commit, so
         // notifying inside would make concurrent submissions commit one at
         // a time.
+        self.announce_created(run_id, &attempts);
+        Ok(Ok((run, true)))
+    }
+
+    /// Tells workers of a new run, or of a new group's attempts.
+    fn announce_created(&self, run_id: Uuid, attempts: &[Uuid]) {
         if attempts.is_empty() {
             self.announce_queued(run_id);
         } else {
@@ -118,7 +118,6 @@ impl Store {
             self.announce_event(run_id, 1);
             attempts.iter().for_each(|&id| self.announce_queued(id));
         }
-        Ok(Ok((run, true)))
     }
 
     /// A single run under `quota`: the check, the insert and the run as
@@ -264,32 +263,11 @@ impl Store {
         }
         let outcome = match status {
             RunStatus::Queued => {
-                tx.execute(
-                    "UPDATE runs SET status = 'cancelled', cancel_requested = true, finished_at = now(),
-                            error = 'cancelled before it started'
-                     WHERE id = $1 AND status = 'queued'",
-                    &[&id],
-                )
-                .await?;
-                insert_event_tx(
-                    &tx,
-                    id,
-                    &EventBody::RunCancelled { reason: "cancelled by client before it started".into() },
-                )
-                .await?;
-                // A parent waiting for a takeover may have children waiting
-                // with it; only its next attempt would have driven them.
-                crate::children::end_children_tx(
-                    &tx,
-                    id,
-                    &EventBody::RunCancelled { reason: "the parent run was cancelled".into() },
-                )
-                .await?;
+                cancel_queued_tx(&tx, id).await?;
                 Kind::Cancelled
             }
             RunStatus::Running | RunStatus::AwaitingApproval => {
-                tx.execute("UPDATE runs SET cancel_requested = true WHERE id = $1", &[&id]).await?;
-                tx.execute("SELECT pg_notify($1, $2)", &[&channels::RUN_CANCEL, &id.to_string()]).await?;
+                request_cancel_tx(&tx, id).await?;
                 Kind::Requested
             }
             _ => Kind::Finished,
@@ -307,6 +285,49 @@ impl Store {
             Kind::Finished => CancelOutcome::AlreadyFinished(run),
         })
     }
+}
+
+/// Inserts `new` as one queued run, or as a group with its attempts; None if
+/// a run with its idempotency key came first.
+async fn insert_run_tx(
+    tx: &deadpool_postgres::Transaction<'_>,
+    new: &NewRun,
+) -> Result<Option<crate::attempts::InsertedGroup>, StoreError> {
+    Ok(match new.spec.attempts {
+        Some(n) => crate::attempts::insert_group_tx(tx, new, n).await?,
+        None => insert_queued_run_tx(tx, &QueuedRun::first(&single_attempt(new))?)
+            .await?
+            .map(|group| crate::attempts::InsertedGroup { group, attempts: Vec::new() }),
+    })
+}
+
+/// Cancels a run that has not started, and the children waiting with it.
+async fn cancel_queued_tx(tx: &deadpool_postgres::Transaction<'_>, id: Uuid) -> Result<(), StoreError> {
+    tx.execute(
+        "UPDATE runs SET status = 'cancelled', cancel_requested = true, finished_at = now(),
+                error = 'cancelled before it started'
+         WHERE id = $1 AND status = 'queued'",
+        &[&id],
+    )
+    .await?;
+    insert_event_tx(tx, id, &EventBody::RunCancelled { reason: "cancelled by client before it started".into() })
+        .await?;
+    // A parent waiting for a takeover may have children waiting
+    // with it; only its next attempt would have driven them.
+    crate::children::end_children_tx(
+        tx,
+        id,
+        &EventBody::RunCancelled { reason: "the parent run was cancelled".into() },
+    )
+    .await?;
+    Ok(())
+}
+
+/// Asks the worker of an active run to stop.
+async fn request_cancel_tx(tx: &deadpool_postgres::Transaction<'_>, id: Uuid) -> Result<(), StoreError> {
+    tx.execute("UPDATE runs SET cancel_requested = true WHERE id = $1", &[&id]).await?;
+    tx.execute("SELECT pg_notify($1, $2)", &[&channels::RUN_CANCEL, &id.to_string()]).await?;
+    Ok(())
 }
 
 impl Store {

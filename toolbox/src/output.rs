@@ -113,8 +113,19 @@ impl Sanitizer {
     }
 
     fn push_char(&mut self, c: char, out: &mut String) {
+        if self.esc == Esc::None {
+            self.push_plain(c, out);
+        } else {
+            self.push_in_escape(c, out);
+        }
+    }
+
+    /// One character inside an escape sequence: it moves the sequence on,
+    /// and is shown only when it turns out not to belong to one.
+    #[inline]
+    fn push_in_escape(&mut self, c: char, out: &mut String) {
         match self.esc {
-            Esc::None => {}
+            Esc::None => self.push_plain(c, out),
             Esc::Start => {
                 self.esc = match c {
                     '[' => Esc::Csi,
@@ -123,12 +134,8 @@ impl Sanitizer {
                     _ => Esc::None,
                 };
                 self.esc_len = 0;
-                return;
             }
-            Esc::Intermediate => {
-                self.esc = Esc::None;
-                return;
-            }
+            Esc::Intermediate => self.esc = Esc::None,
             Esc::Csi => {
                 self.esc_len += 1;
                 match c {
@@ -140,7 +147,6 @@ impl Sanitizer {
                         self.push_char(c, out);
                     }
                 }
-                return;
             }
             Esc::Str => {
                 self.esc_len += 1;
@@ -150,13 +156,14 @@ impl Sanitizer {
                     _ if self.esc_len > MAX_ESCAPE_STRING => self.esc = Esc::None,
                     _ => {}
                 }
-                return;
             }
-            Esc::StrEscape => {
-                self.esc = if c == '\\' { Esc::None } else { Esc::Str };
-                return;
-            }
+            Esc::StrEscape => self.esc = if c == '\\' { Esc::None } else { Esc::Str },
         }
+    }
+
+    /// One character outside any escape sequence.
+    #[inline]
+    fn push_plain(&mut self, c: char, out: &mut String) {
         if self.pending_cr {
             self.pending_cr = false;
             out.push('\n');

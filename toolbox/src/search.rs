@@ -7,7 +7,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use globset::{GlobBuilder, GlobMatcher};
-use grep_regex::RegexMatcherBuilder;
+use grep_regex::{RegexMatcher, RegexMatcherBuilder};
 use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkContext, SinkMatch};
 use ignore::{Walk, WalkBuilder};
 
@@ -42,19 +42,9 @@ pub fn grep(base: &Path, req: &GrepRequest) -> Result<GrepResult, ToolError> {
     }
     let root = search_root(base, req.path.as_deref())?;
     let include = req.include.as_deref().map(PathMatcher::new).transpose()?;
-    let matcher = RegexMatcherBuilder::new()
-        .fixed_strings(req.literal)
-        .case_insensitive(req.case_insensitive)
-        .line_terminator(Some(b'\n'))
-        .build(&req.pattern)
-        .map_err(|e| ToolError::new(ErrorKind::InvalidArgument, format!("invalid pattern: {e}")))?;
+    let matcher = grep_matcher(req)?;
     let context = req.context as usize;
-    let mut searcher = SearcherBuilder::new()
-        .line_number(true)
-        .before_context(context)
-        .after_context(context)
-        .binary_detection(BinaryDetection::quit(b'\0'))
-        .build();
+    let mut searcher = grep_searcher(context);
 
     let mut result = GrepResult {
         files: Vec::new(),
@@ -101,6 +91,26 @@ pub fn grep(base: &Path, req: &GrepRequest) -> Result<GrepResult, ToolError> {
     let shown: u64 = result.files.iter().flat_map(|f| &f.lines).filter(|l| l.is_match).count() as u64;
     result.omitted_matches = result.total_matches - shown;
     Ok(result)
+}
+
+fn grep_matcher(req: &GrepRequest) -> Result<RegexMatcher, ToolError> {
+    RegexMatcherBuilder::new()
+        .fixed_strings(req.literal)
+        .case_insensitive(req.case_insensitive)
+        .line_terminator(Some(b'\n'))
+        .build(&req.pattern)
+        .map_err(|e| ToolError::new(ErrorKind::InvalidArgument, format!("invalid pattern: {e}")))
+}
+
+/// A searcher that numbers lines, keeps `context` lines either side of a
+/// match and gives up on a file at its first NUL byte (binary).
+fn grep_searcher(context: usize) -> Searcher {
+    SearcherBuilder::new()
+        .line_number(true)
+        .before_context(context)
+        .after_context(context)
+        .binary_detection(BinaryDetection::quit(b'\0'))
+        .build()
 }
 
 /// Collects one file's matching and context lines while the shared budget

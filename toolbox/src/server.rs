@@ -144,34 +144,34 @@ impl Server {
                 respond(tx, id, Reply::Cancel(CancelResult { target: c.target, was_running }));
                 None
             }
-            body => {
-                let tools = self.tools.clone();
-                let thread_tx = tx.clone();
-                // `thread::spawn` panics when no thread can be made (a fork
-                // bomb at the pids limit); that must not take the toolbox down.
-                let spawned = thread::Builder::new().spawn(move || {
-                    let tx = thread_tx;
-                    let is_exec = matches!(body, RequestBody::Exec(_));
-                    let reply = catch_unwind(AssertUnwindSafe(|| tools.handle(id, body, &tx))).unwrap_or_else(|_| {
-                        Reply::Error(ToolError::new(
-                            ErrorKind::Internal,
-                            "the toolbox failed while handling this request",
-                        ))
-                    });
-                    respond(&tx, id, reply);
-                    if is_exec {
-                        // After the reply: the next command's shell starts
-                        // while the model thinks, not on this call's clock.
-                        tools.exec.prepare_standby();
-                    }
-                });
-                match spawned {
-                    Ok(handle) => Some(handle),
-                    Err(e) => {
-                        respond(tx, id, Reply::Error(crate::exec::spawn_error("starting a request thread", e)));
-                        None
-                    }
-                }
+            body => self.spawn_handler(id, body, tx),
+        }
+    }
+
+    /// Handles request `id` on a thread of its own, which sends the reply.
+    fn spawn_handler(&self, id: u64, body: RequestBody, tx: &SyncSender<ServerMessage>) -> Option<JoinHandle<()>> {
+        let tools = self.tools.clone();
+        let thread_tx = tx.clone();
+        // `thread::spawn` panics when no thread can be made (a fork
+        // bomb at the pids limit); that must not take the toolbox down.
+        let spawned = thread::Builder::new().spawn(move || {
+            let tx = thread_tx;
+            let is_exec = matches!(body, RequestBody::Exec(_));
+            let reply = catch_unwind(AssertUnwindSafe(|| tools.handle(id, body, &tx))).unwrap_or_else(|_| {
+                Reply::Error(ToolError::new(ErrorKind::Internal, "the toolbox failed while handling this request"))
+            });
+            respond(&tx, id, reply);
+            if is_exec {
+                // After the reply: the next command's shell starts
+                // while the model thinks, not on this call's clock.
+                tools.exec.prepare_standby();
+            }
+        });
+        match spawned {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                respond(tx, id, Reply::Error(crate::exec::spawn_error("starting a request thread", e)));
+                None
             }
         }
     }

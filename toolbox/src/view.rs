@@ -33,10 +33,7 @@ pub fn view(cache: &LineIndexCache, base: &Path, req: &ViewRequest) -> Result<Vi
     let version = version_of(&meta);
     let key = FileKey { size: meta.len(), mtime_ns: version.mtime_ns, dev: meta.dev(), ino: meta.ino() };
 
-    let mut probe = vec![0u8; SNIFF_BYTES.min(meta.len() as usize)];
-    let n = read_at_most(&file, &mut probe).map_err(|e| io_error(&path, &e))?;
-    probe.truncate(n);
-    if let Some(info) = sniff(&probe) {
+    if let Some(info) = sniff_file(&path, &file, meta.len())? {
         return Ok(binary_result(shown_path, info, meta.len(), version));
     }
 
@@ -57,16 +54,8 @@ pub fn view(cache: &LineIndexCache, base: &Path, req: &ViewRequest) -> Result<Vi
     };
     let Some(start) = located.offset else {
         // Past the end: finding that out counted every line.
-        let total = cache.count(&path, key).lines;
-        result.total_lines = total;
-        if total == 0 {
-            result.text = format!("{shown_path}: 0 lines, 0 bytes (empty file)\n");
-            return Ok(result);
-        }
-        return Err(ToolError::new(
-            ErrorKind::InvalidArgument,
-            format!("offset {offset} is past the end of {shown_path}, which has {total} lines"),
-        ));
+        result.total_lines = cache.count(&path, key).lines;
+        return past_the_end(result);
     };
 
     file.seek(SeekFrom::Start(start)).map_err(|e| io_error(&path, &e))?;
@@ -90,6 +79,28 @@ pub fn view(cache: &LineIndexCache, base: &Path, req: &ViewRequest) -> Result<Vi
     result.last_line = last;
     result.lossy = page.lossy;
     Ok(result)
+}
+
+/// Reads the first bytes of `file` and says whether they look binary.
+fn sniff_file(path: &Path, file: &File, size: u64) -> Result<Option<BinaryInfo>, ToolError> {
+    let mut probe = vec![0u8; SNIFF_BYTES.min(size as usize)];
+    let n = read_at_most(file, &mut probe).map_err(|e| io_error(path, &e))?;
+    probe.truncate(n);
+    Ok(sniff(&probe))
+}
+
+/// What `view` answers for an offset past the last line: an empty file is
+/// shown as such, any other file's offset is an error.
+fn past_the_end(mut result: ViewResult) -> Result<ViewResult, ToolError> {
+    let total = result.total_lines;
+    if total == 0 {
+        result.text = format!("{}: 0 lines, 0 bytes (empty file)\n", result.path);
+        return Ok(result);
+    }
+    Err(ToolError::new(
+        ErrorKind::InvalidArgument,
+        format!("offset {} is past the end of {}, which has {total} lines", result.first_line, result.path),
+    ))
 }
 
 /// What `view` answers for a binary file: its description, no lines.

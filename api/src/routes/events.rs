@@ -29,13 +29,14 @@ use kiln_protocol::event::is_terminal_kind;
 use kiln_protocol::rules::Range;
 use kiln_store::{EventBatch, StoreError};
 use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 use uuid::Uuid;
 
 use crate::auth::Subject;
 use crate::event_reads::{BATCH, page_bytes};
 use crate::extract::{ApiQuery, RunIdPath};
-use crate::feed::{FedEvent, sse_event};
+use crate::feed::{Batch, FedEvent, sse_event};
 use crate::limits::SseSlot;
 use crate::{ApiError, AppState};
 
@@ -214,11 +215,10 @@ fn event_stream(
                 Ok(batch) => batch,
                 Err(e) => {
                     // Keep the client connected; the database may come back.
-                    tracing::warn!(error = %e, %run_id, "reading events failed; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                        _ = state.shutdown.cancelled() => return,
+                    if pause_before_retry(&state, run_id, &e).await {
+                        continue;
                     }
+                    return;
                 }
             };
             let more = batch.more;
@@ -236,18 +236,11 @@ fn event_stream(
             // Caught up: follow the feed for as long as it continues exactly
             // where this stream is; anything else sends it back to the table.
             loop {
-                let next = tokio::select! {
-                    next = feed.recv() => next,
+                let batch = match next_from_feed(&state, &mut feed, run_id, after).await {
+                    FeedNews::Events(batch) => batch,
+                    FeedNews::Reread => break,
                     // Shutting down: end the stream; the client resumes elsewhere.
-                    _ = state.shutdown.cancelled() => return,
-                };
-                let batch = match next {
-                    Ok(batch) => batch,
-                    Err(RecvError::Lagged(_)) => break,
-                    Err(RecvError::Closed) => {
-                        feed = state.feeds.subscribe(&state, run_id, after);
-                        break;
-                    }
+                    FeedNews::Shutdown => return,
                 };
                 let (next, gap) = continuing(&batch, after);
                 for ev in next {
@@ -261,6 +254,41 @@ fn event_stream(
                     break;
                 }
             }
+        }
+    }
+}
+
+/// Logs a failed read of the table and waits a second; false if the API is
+/// shutting down meanwhile.
+async fn pause_before_retry(state: &AppState, run_id: Uuid, e: &StoreError) -> bool {
+    tracing::warn!(error = %e, %run_id, "reading events failed; retrying");
+    tokio::select! {
+        _ = tokio::time::sleep(Duration::from_secs(1)) => true,
+        _ = state.shutdown.cancelled() => false,
+    }
+}
+
+/// What the feed told a caught-up stream.
+enum FeedNews {
+    Events(Batch),
+    /// Read the table again: the stream lagged, or the feed closed (and
+    /// was joined again).
+    Reread,
+    Shutdown,
+}
+
+/// The feed's next batch for a stream that has read up to `after`.
+async fn next_from_feed(state: &AppState, feed: &mut broadcast::Receiver<Batch>, run_id: Uuid, after: i64) -> FeedNews {
+    let next = tokio::select! {
+        next = feed.recv() => next,
+        _ = state.shutdown.cancelled() => return FeedNews::Shutdown,
+    };
+    match next {
+        Ok(batch) => FeedNews::Events(batch),
+        Err(RecvError::Lagged(_)) => FeedNews::Reread,
+        Err(RecvError::Closed) => {
+            *feed = state.feeds.subscribe(state, run_id, after);
+            FeedNews::Reread
         }
     }
 }

@@ -30,16 +30,9 @@ impl<W: Write> Printer<W> {
             EventBody::RunQueued { .. } => "● queued".to_owned(),
             EventBody::RunStarted { attempt, .. } => format!("● started (attempt {attempt})"),
             EventBody::SandboxReady { image, .. } => format!("● sandbox ready ({image})"),
-            EventBody::EnvironmentStarted { environment, hit, cache_key, .. } => {
-                let how = if *hit { "hit" } else { "miss: setting up" };
-                format!("● environment {environment} (cache {cache_key}: {how})")
-            }
-            EventBody::EnvironmentOutput { phase, text } => return Some(self.phase_log.output(phase, text)),
-            EventBody::EnvironmentFinished { phase, exit_code, duration_ms, stored, .. } => {
-                let mut lines = self.phase_log.finish();
-                lines.push(format!("● {}", finished_line(phase, *exit_code, *duration_ms, *stored)));
-                return Some(lines);
-            }
+            EventBody::EnvironmentStarted { .. }
+            | EventBody::EnvironmentOutput { .. }
+            | EventBody::EnvironmentFinished { .. } => return self.environment_lines(body),
             EventBody::ToolCallReady { name, arguments, .. } => {
                 format!("→ {name} {}", one_line(&arguments.to_string(), 120))
             }
@@ -47,19 +40,9 @@ impl<W: Write> Printer<W> {
                 let mark = if *is_error { "✗" } else { "✓" };
                 format!("  {mark} {name} ({duration_ms} ms): {}", one_line(output, 160))
             }
-            EventBody::ApprovalRequested { call_id, name, mcp_server, mcp_tool, .. } => {
-                let origin = mcp_origin(mcp_server.as_deref(), mcp_tool.as_deref());
-                // The call itself is the `→` line just above.
-                return Some(vec![
-                    format!("⏸ {name}{origin} waits for approval"),
-                    format!("  {}", approve_hint(self.run, call_id)),
-                ]);
+            EventBody::ApprovalRequested { .. } | EventBody::ApprovalResolved { .. } => {
+                return self.approval_lines(body);
             }
-            EventBody::ApprovalResolved { approved, reason, .. } => match (approved, reason) {
-                (true, _) => "  approved".to_owned(),
-                (false, Some(reason)) => format!("  denied: {reason}"),
-                (false, None) => "  denied".to_owned(),
-            },
             EventBody::Todo { items } => return Some(plan(items)),
             EventBody::MessageQueued { text } => format!("» {}", one_line(text, 160)),
             EventBody::Compaction { summarized_messages, .. } => {
@@ -85,6 +68,43 @@ impl<W: Write> Printer<W> {
             EventBody::AttemptEvent { .. } | EventBody::AttemptFinished { .. } | EventBody::AttemptSelected { .. } => {
                 return crate::render::attempts::lines(body);
             }
+            _ => return None,
+        };
+        Some(vec![line])
+    }
+
+    /// The environment's set-up: its cache, its phases' output and ends.
+    fn environment_lines(&mut self, body: &EventBody) -> Option<Vec<String>> {
+        match body {
+            EventBody::EnvironmentStarted { environment, hit, cache_key, .. } => {
+                let how = if *hit { "hit" } else { "miss: setting up" };
+                Some(vec![format!("● environment {environment} (cache {cache_key}: {how})")])
+            }
+            EventBody::EnvironmentOutput { phase, text } => Some(self.phase_log.output(phase, text)),
+            EventBody::EnvironmentFinished { phase, exit_code, duration_ms, stored, .. } => {
+                let mut lines = self.phase_log.finish();
+                lines.push(format!("● {}", finished_line(phase, *exit_code, *duration_ms, *stored)));
+                Some(lines)
+            }
+            _ => None,
+        }
+    }
+
+    fn approval_lines(&self, body: &EventBody) -> Option<Vec<String>> {
+        let line = match body {
+            EventBody::ApprovalRequested { call_id, name, mcp_server, mcp_tool, .. } => {
+                let origin = mcp_origin(mcp_server.as_deref(), mcp_tool.as_deref());
+                // The call itself is the `→` line just above.
+                return Some(vec![
+                    format!("⏸ {name}{origin} waits for approval"),
+                    format!("  {}", approve_hint(self.run, call_id)),
+                ]);
+            }
+            EventBody::ApprovalResolved { approved, reason, .. } => match (approved, reason) {
+                (true, _) => "  approved".to_owned(),
+                (false, Some(reason)) => format!("  denied: {reason}"),
+                (false, None) => "  denied".to_owned(),
+            },
             _ => return None,
         };
         Some(vec![line])

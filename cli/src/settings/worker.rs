@@ -260,38 +260,56 @@ impl WorkerArgs {
             prompt_cache: self.prompt_cache,
             // Set from `RepoArgs` by `WorkerOptions::parts`.
             secrets_key: None,
-            environment_cache: kiln_worker::environment::cache::CacheBounds {
-                max_images: self.environment_cache_max_images,
-                max_bytes: self.environment_cache_max_mb.saturating_mul(1024 * 1024),
-                scope: self.environment_cache_scope.clone(),
-            },
-            environment_warm: kiln_worker::sandbox::environment_pools::WarmSettings {
-                per_environment: self.environment_warm,
-                max_containers: self.environment_warm_max,
-            },
+            environment_cache: self.environment_cache(),
+            environment_warm: self.environment_warm_settings(),
             max_event_bytes_per_run: self.max_event_bytes_per_run,
             max_patch_bytes: self.max_patch_mb.saturating_mul(1024 * 1024),
             // Set from `RepoArgs` by `WorkerOptions::parts`.
             environment_images: Default::default(),
-            mcp: Arc::new(kiln_worker::mcp::McpConfig {
-                allow_private: self.mcp_allow_private,
-                ..match &self.mcp_servers {
-                    Some(path) => kiln_worker::mcp::McpConfig::load(path)?,
-                    None => Default::default(),
-                }
-            }),
+            mcp: Arc::new(self.mcp_config()?),
             // Set from `RepoArgs` by `WorkerOptions::parts`.
             git_credentials: Default::default(),
-            git_delivery: kiln_worker::git_delivery::GitDeliverySettings {
-                max_attempts: self.git_delivery_attempts.max(1),
-                base_delay: Duration::from_secs(self.git_delivery_retry_s.max(1)),
-                ..Default::default()
-            },
+            git_delivery: self.git_delivery(),
         })
     }
 }
 
 impl WorkerArgs {
+    fn environment_cache(&self) -> kiln_worker::environment::cache::CacheBounds {
+        kiln_worker::environment::cache::CacheBounds {
+            max_images: self.environment_cache_max_images,
+            max_bytes: self.environment_cache_max_mb.saturating_mul(1024 * 1024),
+            scope: self.environment_cache_scope.clone(),
+        }
+    }
+
+    fn environment_warm_settings(&self) -> kiln_worker::sandbox::environment_pools::WarmSettings {
+        kiln_worker::sandbox::environment_pools::WarmSettings {
+            per_environment: self.environment_warm,
+            max_containers: self.environment_warm_max,
+        }
+    }
+
+    /// The operator's MCP servers (KILN_MCP_SERVERS), if any, and whether
+    /// tenants' servers may be at private addresses.
+    fn mcp_config(&self) -> anyhow::Result<kiln_worker::mcp::McpConfig> {
+        Ok(kiln_worker::mcp::McpConfig {
+            allow_private: self.mcp_allow_private,
+            ..match &self.mcp_servers {
+                Some(path) => kiln_worker::mcp::McpConfig::load(path)?,
+                None => Default::default(),
+            }
+        })
+    }
+
+    fn git_delivery(&self) -> kiln_worker::git_delivery::GitDeliverySettings {
+        kiln_worker::git_delivery::GitDeliverySettings {
+            max_attempts: self.git_delivery_attempts.max(1),
+            base_delay: Duration::from_secs(self.git_delivery_retry_s.max(1)),
+            ..Default::default()
+        }
+    }
+
     /// Settings out of their range are refused before anything starts.
     fn check_bounds(&self, model: &ModelArgs) -> anyhow::Result<()> {
         if self.concurrency == 0 {

@@ -61,40 +61,54 @@ impl Budget {
 
     /// Whether another model call may be made after `elapsed` of wall clock.
     pub fn check(&self, elapsed: Duration) -> BudgetCheck {
+        if let Some(exhausted) = self.exhausted(elapsed) {
+            return BudgetCheck::Exhausted(exhausted);
+        }
+        let notes = self.running_low(elapsed);
+        if notes.is_empty() {
+            BudgetCheck::Ok
+        } else {
+            BudgetCheck::Warn(format!(
+                "[kiln] Budget note: {}. Wrap up: finish the most important part and summarise.",
+                notes.join("; ")
+            ))
+        }
+    }
+
+    /// The first limit reached, if any.
+    fn exhausted(&self, elapsed: Duration) -> Option<Exhausted> {
         let max_steps = self.limits.max_steps();
         let steps = self.steps + self.child_steps;
         if steps >= max_steps {
-            return BudgetCheck::Exhausted(Exhausted::Budget(format!(
+            return Some(Exhausted::Budget(format!(
                 "step budget exhausted: {steps} of {max_steps} steps used before the task was finished"
             )));
         }
         let timeout = self.limits.timeout_s();
         if elapsed.as_secs_f64() >= f64::from(timeout) {
-            return BudgetCheck::Exhausted(Exhausted::Time { limit_s: timeout });
+            return Some(Exhausted::Time { limit_s: timeout });
         }
         if let Some(max) = self.limits.max_tokens
             && self.tokens() >= max
         {
-            return BudgetCheck::Exhausted(Exhausted::Budget(format!(
-                "token budget exhausted: {} of {max} tokens used",
-                self.tokens()
-            )));
+            return Some(Exhausted::Budget(format!("token budget exhausted: {} of {max} tokens used", self.tokens())));
         }
-        if let Some(max) = self.limits.max_cost_usd {
-            match self.cost_usd {
-                Some(cost) if cost >= max => {
-                    return BudgetCheck::Exhausted(Exhausted::Budget(format!(
-                        "cost budget exhausted: ${cost:.4} of ${max:.4} spent"
-                    )));
-                }
-                None => {
-                    return BudgetCheck::Exhausted(Exhausted::Budget(
-                        "cost budget cannot be enforced: the model has no price in the worker's price table".into(),
-                    ));
-                }
-                _ => {}
+        match (self.limits.max_cost_usd, self.cost_usd) {
+            (Some(max), Some(cost)) if cost >= max => {
+                Some(Exhausted::Budget(format!("cost budget exhausted: ${cost:.4} of ${max:.4} spent")))
             }
+            (Some(_), None) => Some(Exhausted::Budget(
+                "cost budget cannot be enforced: the model has no price in the worker's price table".into(),
+            )),
+            _ => None,
         }
+    }
+
+    /// A note for each limit that is close (past `WARN_AT` of it).
+    fn running_low(&self, elapsed: Duration) -> Vec<String> {
+        let max_steps = self.limits.max_steps();
+        let steps = self.steps + self.child_steps;
+        let timeout = self.limits.timeout_s();
         let mut notes = Vec::new();
         if f64::from(steps) >= WARN_AT * f64::from(max_steps) {
             notes.push(format!("{} of {max_steps} steps left", max_steps - steps));
@@ -113,14 +127,7 @@ impl Budget {
         {
             notes.push(format!("${:.4} of ${max:.4} left", max - cost));
         }
-        if notes.is_empty() {
-            BudgetCheck::Ok
-        } else {
-            BudgetCheck::Warn(format!(
-                "[kiln] Budget note: {}. Wrap up: finish the most important part and summarise.",
-                notes.join("; ")
-            ))
-        }
+        notes
     }
 }
 

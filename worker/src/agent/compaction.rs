@@ -150,16 +150,7 @@ impl AgentRun<'_> {
         budget: &mut Budget,
     ) -> Result<(), AgentError> {
         let Some(cut) = cut_point(messages, &self.compaction) else { return Ok(()) };
-        let request = ModelRequest {
-            model: self.model.clone(),
-            system: PROMPT.to_owned(),
-            messages: vec![Message::user(transcript(&messages[..cut], &self.compaction))],
-            tools: Vec::new(),
-            max_tokens: self.max_tokens,
-            temperature: None,
-            // A one-off prompt: nothing to reuse.
-            cache_key: None,
-        };
+        let request = self.summary_request(&messages[..cut]);
         let assembled = match model_call::call_model_quietly(self.provider.as_ref(), &request, self.events).await {
             Ok(a) => a,
             Err(AgentError::Provider(e)) => {
@@ -204,6 +195,20 @@ impl AgentRun<'_> {
             })
             .await?;
         Ok(())
+    }
+
+    /// The call that asks the model to summarise `older`.
+    fn summary_request(&self, older: &[Message]) -> ModelRequest {
+        ModelRequest {
+            model: self.model.clone(),
+            system: PROMPT.to_owned(),
+            messages: vec![Message::user(transcript(older, &self.compaction))],
+            tools: Vec::new(),
+            max_tokens: self.max_tokens,
+            temperature: None,
+            // A one-off prompt: nothing to reuse.
+            cache_key: None,
+        }
     }
 }
 

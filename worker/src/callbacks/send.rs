@@ -58,18 +58,7 @@ pub async fn attempt(req: &Request<'_>) -> Sent {
         Err(e) => return failed(None, format!("encoding the callback: {e}"), false),
     };
     let signature = signature(req.key, &body);
-    let mut builder = reqwest::Client::builder()
-        // Straight to the vetted address: no proxy from the environment,
-        // no redirect to somewhere unvetted.
-        .no_proxy()
-        .redirect(reqwest::redirect::Policy::none())
-        .connect_timeout(req.timeout.min(Duration::from_secs(5)))
-        .timeout(req.timeout)
-        .user_agent(concat!("kiln-callbacks/", env!("CARGO_PKG_VERSION")));
-    if let Some(domain) = &target.domain {
-        builder = builder.resolve_to_addrs(domain, &target.addrs);
-    }
-    let client = match builder.build() {
+    let client = match pinned_client(&target, req.timeout) {
         Ok(client) => client,
         Err(e) => return failed(None, format!("building the HTTP client: {e}"), false),
     };
@@ -89,6 +78,28 @@ pub async fn attempt(req: &Request<'_>) -> Sent {
         // Unanswered (refused, reset, timed out): worth another try.
         Err(e) => return failed(None, describe(&e), true),
     };
+    answered(&response)
+}
+
+/// A client that goes to `target`'s vetted addresses only.
+fn pinned_client(target: &target::Target, timeout: Duration) -> reqwest::Result<reqwest::Client> {
+    let mut builder = reqwest::Client::builder()
+        // Straight to the vetted address: no proxy from the environment,
+        // no redirect to somewhere unvetted.
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(timeout.min(Duration::from_secs(5)))
+        .timeout(timeout)
+        .user_agent(concat!("kiln-callbacks/", env!("CARGO_PKG_VERSION")));
+    if let Some(domain) = &target.domain {
+        builder = builder.resolve_to_addrs(domain, &target.addrs);
+    }
+    builder.build()
+}
+
+/// What the receiver's answer means: delivered, or failed and whether (and
+/// when) to try again.
+fn answered(response: &reqwest::Response) -> Sent {
     let status = response.status();
     if status.is_success() {
         return Sent::Delivered { status: status.as_u16() };

@@ -111,17 +111,7 @@ async fn checkout_inner(
     let token = github.inner.auth.token(client, origin.installation_id, &origin.repo_full_name).await?;
     let git_ref = match origin.pr_number {
         // On a pull request's thread the run works on the PR's branch.
-        Some(number) => {
-            let pr = client.pull_request(&token, &origin.repo_full_name, number).await?;
-            match pr.head.repo {
-                Some(head) if head.full_name.eq_ignore_ascii_case(&origin.repo_full_name) => Some(pr.head.git_ref),
-                _ => {
-                    return Err(GithubError::Delivery(format!(
-                        "pull request #{number} comes from a fork; Kiln cannot push to forks"
-                    )));
-                }
-            }
-        }
+        Some(number) => Some(pull_request_branch(github, &token, origin, number).await?),
         None => repo.git_ref.clone(),
     };
     let dest_str = utf8(dest)?;
@@ -157,6 +147,21 @@ async fn checkout_inner(
     // A group's pull request is opened from the group's row.
     store.set_github_base(run.group_run_id.unwrap_or(run.id), &branch, &sha).await?;
     Ok(())
+}
+
+/// The branch of pull request `number`, which must be in the repository
+/// itself: Kiln cannot push to forks.
+async fn pull_request_branch(
+    github: &Github,
+    token: &str,
+    origin: &GithubOrigin,
+    number: i64,
+) -> Result<String, GithubError> {
+    let pr = github.inner.client.pull_request(token, &origin.repo_full_name, number).await?;
+    match pr.head.repo {
+        Some(head) if head.full_name.eq_ignore_ascii_case(&origin.repo_full_name) => Ok(pr.head.git_ref),
+        _ => Err(GithubError::Delivery(format!("pull request #{number} comes from a fork; Kiln cannot push to forks"))),
+    }
 }
 
 /// Reports the run; returns the pull request and comment URLs.
@@ -282,10 +287,7 @@ async fn open_pull_request(
     git(&["checkout", "--quiet", "-B", &branch, base_sha], d, &auth).await?;
     git(&["apply", "--index", "--whitespace=nowarn", utf8(&patch_file)?], d, &auth).await?;
     if !github.inner.policy.allow_workflow_changes {
-        // What git says the patch changed (both sides of a rename), not
-        // what the patch's text claims.
-        let changed = git(&["diff", "--cached", "--name-only", "--no-renames", "-z"], d, &auth).await?;
-        let workflow_paths = policy::workflow_paths(&changed);
+        let workflow_paths = staged_workflow_paths(&dest, &auth).await?;
         if !workflow_paths.is_empty() {
             return Ok(Opened::Refused { workflow_paths });
         }
@@ -297,11 +299,7 @@ async fn open_pull_request(
     git(&["commit", "--quiet", "--no-verify", "-m", &message], d, &auth).await?;
     push_new_branch(&dest, &branch, &auth).await?;
 
-    let mut body = format!("{}\n\n---\nMade by Kiln run {}", quote(answer), github.run_link(run.id));
-    match origin.pr_number {
-        Some(pr) => body.push_str(&format!(", asked for in #{pr}.")),
-        None => body.push_str(&format!(".\n\nFixes #{n}")),
-    }
+    let body = pull_request_body(github, job, answer);
     let pr = NewPullRequest {
         title: &issue.title,
         head: &branch,
@@ -311,6 +309,26 @@ async fn open_pull_request(
     };
     let created = github.inner.client.open_pull_request(token, &origin.repo_full_name, &pr).await?;
     Ok(Opened::PullRequest(created.html_url))
+}
+
+/// The files under `.github/` that the staged change touches: what git
+/// says the patch changed (both sides of a rename), not what the patch's
+/// text claims.
+async fn staged_workflow_paths(dest: &Path, auth: &GitAuth<'_>) -> Result<Vec<String>, GithubError> {
+    let changed = git(&["diff", "--cached", "--name-only", "--no-renames", "-z"], Some(dest), auth).await?;
+    Ok(policy::workflow_paths(&changed))
+}
+
+/// The pull request's description: the agent's answer, the run, and the
+/// issue it fixes (or the pull request it was asked for in).
+fn pull_request_body(github: &Github, job: &DeliveryJob, answer: &str) -> String {
+    let (run, origin) = (&job.run, &job.origin);
+    let mut body = format!("{}\n\n---\nMade by Kiln run {}", quote(answer), github.run_link(run.id));
+    match origin.pr_number {
+        Some(pr) => body.push_str(&format!(", asked for in #{pr}.")),
+        None => body.push_str(&format!(".\n\nFixes #{}", origin.issue_number)),
+    }
+    body
 }
 
 /// The agent's final answer, as stored in the run's result.

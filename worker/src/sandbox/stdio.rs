@@ -102,22 +102,11 @@ async fn pump(
             Some(Ok(ExecChunk::Stdout(message))) => {
                 let mut bytes = &message[..];
                 if state.pid.get().is_none() {
-                    // The wrapper's first line: the pid, not the program's.
-                    let Some(end) = bytes.iter().position(|&b| b == b'\n') else {
-                        pid_line.extend_from_slice(bytes);
-                        if pid_line.len() > 32 {
-                            break Some("it did not start as expected".to_owned());
-                        }
-                        continue;
-                    };
-                    pid_line.extend_from_slice(&bytes[..end]);
-                    match std::str::from_utf8(&pid_line).ok().and_then(|p| p.trim().parse().ok()) {
-                        Some(pid) => {
-                            let _ = state.pid.set(pid);
-                        }
-                        None => break Some("it did not start as expected".to_owned()),
+                    match read_pid_line(&state, &mut pid_line, bytes) {
+                        PidLine::Incomplete => continue,
+                        PidLine::Read(rest) => bytes = rest,
+                        PidLine::Bad => break Some("it did not start as expected".to_owned()),
                     }
-                    bytes = &bytes[end + 1..];
                 }
                 line_len = match bytes.iter().rposition(|&b| b == b'\n') {
                     Some(last) => bytes.len() - last - 1,
@@ -152,6 +141,38 @@ async fn pump(
     };
     state.ended.send_replace(Some(ended));
     drop(writer);
+}
+
+/// Where the wrapper's first line (the pid, not the program's) stands after
+/// a chunk of stdout.
+enum PidLine<'a> {
+    /// No newline yet.
+    Incomplete,
+    /// The pid is recorded; this is what the chunk holds after it.
+    Read(&'a [u8]),
+    /// Too long, or not a pid.
+    Bad,
+}
+
+/// Adds `bytes` to the wrapper's first line and records the pid once the
+/// line is complete.
+#[inline]
+fn read_pid_line<'a>(state: &State, pid_line: &mut Vec<u8>, bytes: &'a [u8]) -> PidLine<'a> {
+    let Some(end) = bytes.iter().position(|&b| b == b'\n') else {
+        pid_line.extend_from_slice(bytes);
+        if pid_line.len() > 32 {
+            return PidLine::Bad;
+        }
+        return PidLine::Incomplete;
+    };
+    pid_line.extend_from_slice(&bytes[..end]);
+    match std::str::from_utf8(pid_line).ok().and_then(|p| p.trim().parse().ok()) {
+        Some(pid) => {
+            let _ = state.pid.set(pid);
+            PidLine::Read(&bytes[end + 1..])
+        }
+        None => PidLine::Bad,
+    }
 }
 
 /// The exec's exit status, once the engine has it.

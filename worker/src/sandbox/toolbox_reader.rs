@@ -177,15 +177,13 @@ pub(super) async fn read_frames(
     'stream: while let Some(chunk) = output.next().await {
         match chunk {
             Ok(ExecChunk::Stdout(message)) => {
-                if hello.is_some() && before_hello.len() < NOT_A_HELLO_CHARS {
-                    before_hello.extend_from_slice(&message[..message.len().min(NOT_A_HELLO_CHARS)]);
+                if hello.is_some() {
+                    keep_before_hello(&mut before_hello, &message);
                 }
                 decoder.push(&message)
             }
             Ok(ExecChunk::Stderr(message)) => {
-                let text = String::from_utf8_lossy(&message);
-                let text: String = text.chars().take(STDERR_LOG_CHARS).collect();
-                tracing::debug!(stderr = %text.trim_end(), "toolbox");
+                log_stderr(&message);
                 continue;
             }
             Ok(_) => continue,
@@ -224,6 +222,22 @@ pub(super) async fn read_frames(
     }
     alive.store(false, Ordering::Release);
     fail_waiting(&pending, broken.as_deref());
+}
+
+/// Keeps the start of what came before the hello, for when it is no frame
+/// at all.
+#[inline]
+fn keep_before_hello(before_hello: &mut Vec<u8>, message: &[u8]) {
+    if before_hello.len() < NOT_A_HELLO_CHARS {
+        before_hello.extend_from_slice(&message[..message.len().min(NOT_A_HELLO_CHARS)]);
+    }
+}
+
+/// The toolbox's stderr goes to the worker's debug log, cut short.
+fn log_stderr(message: &[u8]) {
+    let text = String::from_utf8_lossy(message);
+    let text: String = text.chars().take(STDERR_LOG_CHARS).collect();
+    tracing::debug!(stderr = %text.trim_end(), "toolbox");
 }
 
 /// Ends every call still waiting for a reply: with the reason the toolbox
