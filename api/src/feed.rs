@@ -8,7 +8,8 @@
 //! ahead, or ended); the feed only saves the queries of streams that are
 //! already caught up. A feed lives while it has subscribers and ends after
 //! the run's terminal event. The reader also renders each event as an SSE
-//! event once, for all of its streams.
+//! event once, for all of its streams. It is woken by its run's
+//! notifications only (`crate::notice_router`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -20,7 +21,7 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use crate::AppState;
-use crate::event_reads::{BATCH, page_bytes, wait_for_news};
+use crate::event_reads::{BATCH, page_bytes};
 
 /// A batch of consecutive events, shared by every subscriber.
 pub type Batch = Arc<[FedEvent]>;
@@ -100,39 +101,48 @@ impl Feeds {
 /// The reader of one run: after every notification for it, reads what is
 /// new and sends it to the subscribers.
 async fn read_run(state: AppState, run_id: Uuid, mut after: i64, tx: broadcast::Sender<Batch>) {
-    let mut notices = state.listener.subscribe();
-    let prefix = format!("{run_id}:");
+    // Registered before the first read: what is committed after it is
+    // announced to this reader.
+    let news = state.notices.register(run_id);
     loop {
-        let mut finished = false;
-        loop {
-            let batch = match state.store.events_page(run_id, after, BATCH, page_bytes(&state)).await {
-                Ok(batch) => batch,
-                Err(e) => {
-                    // Subscribers still read the table themselves on a gap;
-                    // try again at the next notification or poll.
-                    tracing::warn!(error = %e, %run_id, "feed: reading events failed");
-                    break;
-                }
-            };
-            let more = batch.more;
-            let Some(last) = batch.events.last() else { break };
-            after = last.seq;
-            finished = batch.events.iter().any(|e| is_terminal_kind(&e.kind));
-            // No subscriber: fine, checked below.
-            let _ = tx.send(batch.events.iter().map(FedEvent::of).collect());
-            if finished || !more {
-                break;
-            }
-        }
+        let (finished, failed) = read_news(&state, run_id, &mut after, &tx).await;
         if state.feeds.retire_if_unheard(run_id, &tx, finished) {
             return;
         }
+        // After a failed read, wait for an announcement newer than those
+        // already seen (or the poll), not retry at once.
+        let known = if failed { after.max(news.announced()) } else { after };
         tokio::select! {
-            _ = wait_for_news(&mut notices, &prefix, state.settings.sse_poll) => {}
+            _ = news.news_after(known, state.settings.sse_poll) => {}
             _ = state.shutdown.cancelled() => {
                 state.feeds.retire_if_unheard(run_id, &tx, true);
                 return;
             }
+        }
+    }
+}
+
+/// Reads the run's events after `after` and sends them to the subscribers,
+/// page by page, until none is left. Whether the run's terminal event was
+/// among them, and whether a read failed.
+async fn read_news(state: &AppState, run_id: Uuid, after: &mut i64, tx: &broadcast::Sender<Batch>) -> (bool, bool) {
+    loop {
+        let batch = match state.store.events_page(run_id, *after, BATCH, page_bytes(state)).await {
+            Ok(batch) => batch,
+            Err(e) => {
+                // Subscribers still read the table themselves on a gap;
+                // try again at the next notification or poll.
+                tracing::warn!(error = %e, %run_id, "feed: reading events failed");
+                return (false, true);
+            }
+        };
+        let Some(last) = batch.events.last() else { return (false, false) };
+        *after = last.seq;
+        let finished = batch.events.iter().any(|e| is_terminal_kind(&e.kind));
+        // No subscriber: fine, checked by the caller.
+        let _ = tx.send(batch.events.iter().map(FedEvent::of).collect());
+        if finished || !batch.more {
+            return (finished, false);
         }
     }
 }

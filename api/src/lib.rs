@@ -12,6 +12,7 @@ pub mod feed;
 pub mod github;
 pub mod limits;
 pub mod metrics;
+pub mod notice_router;
 pub mod openapi;
 mod routes;
 pub mod serve;
@@ -23,7 +24,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use kiln_store::{Listener, Quota, Store};
+use kiln_store::{Quota, Store};
 use secrecy::{SecretSlice, SecretString};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
@@ -48,8 +49,9 @@ pub const DEFAULT_STREAM_TOKEN_TTL: Duration = Duration::from_secs(5 * 60);
 pub struct AppState {
     pub store: Store,
     pub auth: Arc<Authenticator>,
-    /// Wakes SSE streams when their run has new events.
-    pub listener: Listener,
+    /// Wakes the reader of a followed run (`feeds`) when the run has new
+    /// events.
+    pub notices: Arc<notice_router::NoticeRouter>,
     pub settings: Arc<ApiSettings>,
     /// GitHub webhook settings; `None` disables the webhook route.
     pub github: Option<Arc<GithubWebhookConfig>>,
@@ -75,7 +77,7 @@ impl AppState {
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Self {
         AppState {
-            listener: store.listener(),
+            notices: Arc::new(notice_router::NoticeRouter::new(store.listener())),
             store,
             auth: Arc::new(auth),
             settings: Arc::new(settings),

@@ -1,5 +1,6 @@
 //! Nothing is lost under load: many runs through a database restart, a
-//! thousand runs against three workers, hundreds of SSE clients on one run.
+//! thousand runs against three workers, hundreds of SSE clients on one run
+//! and on many runs.
 //!
 //! "Claimed twice" is proven from the database itself: a trigger installed
 //! by the test logs every claim (every change of `runs.attempt`) in the
@@ -221,6 +222,51 @@ async fn two_hundred_sse_clients_some_reconnecting_all_see_every_event_once_in_o
         assert_eq!(got, expected, "client {i} (reconnecting: {})", i % 3 == 0);
         let payloads_match = events.iter().zip(&stored).all(|(a, b)| a.data == b.data);
         assert!(payloads_match, "client {i} got different payloads");
+    }
+}
+
+#[tokio::test]
+async fn streams_on_many_runs_each_get_every_event_of_their_run_by_notifications_alone() {
+    // One API instance follows 30 runs, three streams each, while every run
+    // gets an event per step side by side. Each notification must reach the
+    // reader of the run it names (`kiln_api::notice_router`): with the
+    // fallback poll out of reach, one lost or routed to the wrong run
+    // stalls that run's streams until the timeout.
+    const RUNS: usize = 30;
+    const STREAMS_PER_RUN: usize = 3;
+    let api = kiln_api::ApiSettings { sse_poll: Duration::from_secs(3600), ..unlimited_api() };
+    let app = TestApp::spawn(Options { api, worker: false, ..Default::default() }).await;
+    let mut leases = Vec::new();
+    for _ in 0..RUNS {
+        create(&app, "fan-out").await;
+        leases.push(app.store.claim_run("w", Duration::from_secs(600)).await.unwrap().unwrap().1);
+    }
+    let clients = (0..RUNS * STREAMS_PER_RUN).map(|i| {
+        let (app, run) = (&app, leases[i % RUNS].run_id.to_string());
+        async move { app.sse(app.addr, "alice", &run, Some(1), usize::MAX).await }
+    });
+    let writes = async {
+        // Every stream has read the table and waits for news by then.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for step in 0..5 {
+            for lease in &leases {
+                app.store.append_event(lease, &EventBody::StepStarted { step }).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for lease in &leases {
+            app.store.finish_run(lease, &EventBody::RunSucceeded { summary: String::new() }, None).await.unwrap();
+        }
+    };
+    let (seen, ()) = tokio::time::timeout(Duration::from_secs(60), futures::future::join(join_all(clients), writes))
+        .await
+        .expect("every stream followed its run to the end by notifications alone");
+    for (i, events) in seen.iter().enumerate() {
+        let stored = stored_events(&app, leases[i % RUNS].run_id).await;
+        let expected: Vec<(i64, &str)> = stored.iter().skip(1).map(|e| (e.seq, e.kind.as_str())).collect();
+        let got: Vec<(i64, &str)> = events.iter().map(|e| (e.seq, e.kind.as_str())).collect();
+        assert_eq!(got, expected, "stream {i}");
+        assert_eq!(kinds(events).iter().filter(|k| **k == "step.started").count(), 5, "stream {i}");
     }
 }
 
