@@ -14,33 +14,40 @@
 //! stay in its own store (the session's next run diffs from the tree), not
 //! in the repository.
 //!
-//! Speed: `git add -A` hashes only the files whose stat data differ from
-//! the index it starts from, so the temporary index is seeded with a stat
-//! cache when one is at hand, and made to track exactly what an empty
-//! index given the base would track (`read-tree -i -m <base>`: an entry
-//! keeps its stat data only where its blob is the base's). That read-tree
-//! reads the whole index and the base's trees and writes the index again,
-//! so it is skipped when the seed's entries already are the base's: the
-//! capture's own index from this session's last capture when that capture's
-//! tree is this run's base (a follow-up run: `index.tree` names it), or the
-//! index as the last read-tree onto this same base left it (`base`, a hard
-//! link git's next write of the index leaves alone; `base.tree` names its
-//! base). Else it seeds from the capture's own index, then a copy of the
-//! repository's `.git/index` (timestamps kept, so git's racy-entry check
-//! still holds), and runs the read-tree. These files are the sandbox's
-//! (hostile): git reads them only here, inside the sandbox, and what they
-//! can do is what a forged stat cache can (make `add -A` take an entry's
-//! stat data on trust), nothing more; one that is not a plain file, is over
-//! 64 MiB, does not read, or marks any entry assume-unchanged or
-//! skip-worktree (which would hide a change from `add -A`) is dropped for
-//! the empty index given the base, the slow path. The index is then read by
-//! four git commands (`add -A`, `write-tree`, the flag check and, per
-//! scope, one diff; the last three at once), against the two of a plain
-//! `add -A && diff`: each scope's diff gives the summary and the patch in
-//! one go (`--raw -z --binary`: the listing, a NUL, the patch), so the
-//! index, the base's trees and the renames are read and found once; the
-//! worker reads the line counts off the patch ([`super::count`]) rather
-//! than have git diff every file twice (`--numstat`).
+//! Speed: `git add -A` hashes only the files whose stat data differ from the
+//! index it starts from, so the temporary index is seeded with a stat cache
+//! when one is at hand, and made to track exactly what an empty index given the
+//! base would track (`read-tree -i -m <base>`: an entry keeps its stat data
+//! only where its blob is the base's). That read-tree reads the whole index and
+//! the base's trees and writes the index again, so it is skipped when the
+//! seed's entries already are the base's: the capture's own index from this
+//! session's last capture when that capture's tree is this run's base (a
+//! follow-up run: `index.tree` names it), or the index as the last read-tree
+//! onto this same base left it (`base`, a hard link git's next write of the
+//! index leaves alone; `base.tree` names its base). Else it seeds from the
+//! capture's own index, then a copy of the repository's `.git/index`
+//! (timestamps kept, so git's racy-entry check still holds), and runs the
+//! read-tree. These files are the sandbox's (hostile): git reads them only
+//! here, inside the sandbox, and what they can do is what a forged stat cache
+//! can (make `add -A` take an entry's stat data on trust), nothing more; one
+//! that is not a plain file, is over 64 MiB, does not read, or marks any entry
+//! assume-unchanged or skip-worktree (which would hide a change from `add -A`)
+//! is dropped for the empty index given the base, the slow path. The flag check
+//! (one more git command reading the whole index) is passed over for a seed the
+//! worker vouches for ([`super::vouch`]): one whose whole content hashes
+//! (SHA-256: one `sha256sum`, in place of the size check's `stat`) to an index
+//! a capture wrote, as the script reports it (one more `sha256sum`, beside the
+//! diff); an index's own trailing checksum would not do (git does not verify it
+//! on reading, so an edited index can keep its old one). git is told to write
+//! no split index (`core.splitIndex=false`), so what is hashed is the whole
+//! index, not a part of it whose shared half the sandbox could change. The
+//! index is then read by three or four git commands (`add -A`, `write-tree`,
+//! the flag check when it runs and, per scope, one diff; the last three at
+//! once), against the two of a plain `add -A && diff`: each scope's diff gives
+//! the summary and the patch in one go (`--raw -z --binary`: the listing, a
+//! NUL, the patch), so the index, the base's trees and the renames are read and
+//! found once; the worker reads the line counts off the patch
+//! ([`super::count`]) rather than have git diff every file twice (`--numstat`).
 //!
 //! The read back: the script writes git's output to files first (so it
 //! knows their sizes), then prints one header line and the outputs
