@@ -185,6 +185,7 @@ async fn start_worker(store: Store, parts: WorkerParts, shutdown: CancellationTo
         tools: Registry::standard(),
         presence,
         environment_pools,
+        capture_vouches: Default::default(),
     };
     let worker = Worker::new(ctx, listener);
     // Owed `deliver.git` pushes no worker is making (retries, pushes a dead

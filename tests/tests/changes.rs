@@ -321,3 +321,55 @@ cp .git/index /tmp/kiln-capture/index";
     let session = app.store.run_changes(second, ChangeScope::Session).await.unwrap().unwrap();
     assert_eq!(paths(&session), ["a.txt", "b.txt", "c.txt", "d.txt"]);
 }
+
+/// The capture passes over its flag check only for a seed index whose
+/// whole content hashes to what the worker kept from the session's last
+/// capture. An agent that edits that kept index between two runs (marks a
+/// file it changed assume-unchanged, then puts back the index's old
+/// trailing checksum, which git does not verify on reading) has it checked
+/// again, and the change is captured.
+#[tokio::test]
+async fn an_edited_kept_index_is_not_taken_on_trust() {
+    let files = [("a.txt", "a\n"), ("c.txt", "c\n")];
+    let (_repo, url) = repo_with(&files);
+    let forge = "set -e
+echo changed >> c.txt
+I=/tmp/kiln-capture/index
+tail -c 20 $I > /tmp/trailer
+GIT_INDEX_FILE=$I git update-index --assume-unchanged c.txt
+GIT_INDEX_FILE=$I git ls-files -v c.txt | grep -q '^h c.txt'
+head -c -20 $I > /tmp/forged && cat /tmp/trailer >> /tmp/forged && cp /tmp/forged $I
+cmp -s -i $(($(stat -c %s $I) - 20)):0 $I /tmp/trailer";
+    let script = vec![
+        Reply::tool("bash", json!({ "command": "echo changed >> a.txt" })),
+        Reply::text("first"),
+        Reply::tool("bash", json!({ "command": forge })),
+        Reply::text("second"),
+    ];
+    let app = app_with(script, config()).await;
+    let first = app.submit("alice", on_repo(&url, "change")).await.id;
+    assert_eq!(outcome(&app.events("alice", first).await), Some(RunStatus::Succeeded));
+    let paths = |c: &kiln_protocol::changes::RunChanges| c.files.iter().map(|f| f.path.clone()).collect::<Vec<_>>();
+    let own = app.store.run_changes(first, ChangeScope::Run).await.unwrap().expect("captured");
+    assert_eq!(paths(&own), ["a.txt"]);
+
+    let r = app
+        .http
+        .post(app.url(&format!("/v1/runs/{first}/messages")))
+        .bearer_auth(token("alice"))
+        .json(&json!({ "text": "again" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let body: serde_json::Value = r.json().await.unwrap();
+    let second: Uuid = body["run"]["id"].as_str().unwrap().parse().unwrap();
+    let events = app.events("alice", second).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let tool: Vec<_> = pick!(events, EventBody::ToolResult { is_error, output, .. } => (*is_error, output)).collect();
+    assert!(tool.len() == 1 && !tool[0].0, "the agent's forgery ran: {tool:?}");
+    let own = app.store.run_changes(second, ChangeScope::Run).await.unwrap().expect("captured");
+    assert_eq!(paths(&own), ["c.txt"], "the edited kept index hid a change");
+    let session = app.store.run_changes(second, ChangeScope::Session).await.unwrap().unwrap();
+    assert_eq!(paths(&session), ["a.txt", "c.txt"]);
+}

@@ -30,4 +30,7 @@ pub struct WorkerContext {
     pub presence: Arc<Presence>,
     /// Warm containers of hot environments' prepared images.
     pub environment_pools: Arc<EnvironmentPools>,
+    /// What each session's last capture here left that the next may take
+    /// on trust (see `capture::vouch`).
+    pub capture_vouches: Arc<crate::capture::Vouches>,
 }

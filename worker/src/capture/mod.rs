@@ -13,6 +13,9 @@ pub mod base;
 mod count;
 mod script;
 mod summary;
+mod vouch;
+
+pub use vouch::{Vouch, Vouches};
 
 use kiln_protocol::changes::{ChangeScope, ChangeTotals};
 use kiln_protocol::{EventBody, Run};
@@ -67,27 +70,31 @@ async fn capture(ctx: &WorkerContext, run: &Run, lease: &Lease) -> Result<Option
         return Ok(None);
     };
     sandbox.kill_user_processes().await.map_err(|e| CaptureError::Kill(e.to_string()))?;
-    let (own, session) = take(&sandbox, &base, ctx.config.max_patch_bytes).await?;
+    let vouch = ctx.capture_vouches.get(run.session_id);
+    let (own, session, vouch) = take(&sandbox, &base, ctx.config.max_patch_bytes, &vouch).await?;
+    ctx.capture_vouches.set(run.session_id, vouch);
     ctx.store.save_run_changes(lease, &own).await?;
     ctx.store.save_run_changes(lease, &session).await?;
     Ok(Some((own.totals, own.too_large)))
 }
 
 /// The run's own change and the session's, taken in `sandbox` from `base`
-/// and read back within `max_patch` bytes each: the capture without the
-/// store (the `capture` benchmark times exactly this).
+/// and read back within `max_patch` bytes each, given what the session's
+/// last capture left ([`Vouch`]), and what this one leaves: the capture
+/// without the store (the `capture` benchmark times exactly this).
 pub async fn take(
     sandbox: &Sandbox,
     base: &RunBase,
     max_patch: u64,
-) -> Result<(CapturedChange, CapturedChange), CaptureError> {
-    let taken = script::take(sandbox, &base.base, &base.session_base, max_patch).await?;
+    vouch: &Vouch,
+) -> Result<(CapturedChange, CapturedChange, Vouch), CaptureError> {
+    let taken = script::take(sandbox, &base.base, &base.session_base, max_patch, vouch).await?;
     let own = change(ChangeScope::Run, &base.base_commit, &taken.tree, taken.run);
     let session = match taken.session {
         Some(session) => change(ChangeScope::Session, &base.session_base_commit, &taken.tree, session),
         None => CapturedChange { scope: ChangeScope::Session, ..own.clone() },
     };
-    Ok((own, session))
+    Ok((own, session, taken.vouch))
 }
 
 fn change(scope: ChangeScope, base_commit: &Option<String>, tree: &str, sent: script::Scope) -> CapturedChange {

@@ -14,33 +14,40 @@
 //! stay in its own store (the session's next run diffs from the tree), not
 //! in the repository.
 //!
-//! Speed: `git add -A` hashes only the files whose stat data differ from
-//! the index it starts from, so the temporary index is seeded with a stat
-//! cache when one is at hand, and made to track exactly what an empty
-//! index given the base would track (`read-tree -i -m <base>`: an entry
-//! keeps its stat data only where its blob is the base's). That read-tree
-//! reads the whole index and the base's trees and writes the index again,
-//! so it is skipped when the seed's entries already are the base's: the
-//! capture's own index from this session's last capture when that capture's
-//! tree is this run's base (a follow-up run: `index.tree` names it), or the
-//! index as the last read-tree onto this same base left it (`base`, a hard
-//! link git's next write of the index leaves alone; `base.tree` names its
-//! base). Else it seeds from the capture's own index, then a copy of the
-//! repository's `.git/index` (timestamps kept, so git's racy-entry check
-//! still holds), and runs the read-tree. These files are the sandbox's
-//! (hostile): git reads them only here, inside the sandbox, and what they
-//! can do is what a forged stat cache can (make `add -A` take an entry's
-//! stat data on trust), nothing more; one that is not a plain file, is over
-//! 64 MiB, does not read, or marks any entry assume-unchanged or
-//! skip-worktree (which would hide a change from `add -A`) is dropped for
-//! the empty index given the base, the slow path. The index is then read by
-//! four git commands (`add -A`, `write-tree`, the flag check and, per
-//! scope, one diff; the last three at once), against the two of a plain
-//! `add -A && diff`: each scope's diff gives the summary and the patch in
-//! one go (`--raw -z --binary`: the listing, a NUL, the patch), so the
-//! index, the base's trees and the renames are read and found once; the
-//! worker reads the line counts off the patch ([`super::count`]) rather
-//! than have git diff every file twice (`--numstat`).
+//! Speed: `git add -A` hashes only the files whose stat data differ from the
+//! index it starts from, so the temporary index is seeded with a stat cache
+//! when one is at hand, and made to track exactly what an empty index given the
+//! base would track (`read-tree -i -m <base>`: an entry keeps its stat data
+//! only where its blob is the base's). That read-tree reads the whole index and
+//! the base's trees and writes the index again, so it is skipped when the
+//! seed's entries already are the base's: the capture's own index from this
+//! session's last capture when that capture's tree is this run's base (a
+//! follow-up run: `index.tree` names it), or the index as the last read-tree
+//! onto this same base left it (`base`, a hard link git's next write of the
+//! index leaves alone; `base.tree` names its base). Else it seeds from the
+//! capture's own index, then a copy of the repository's `.git/index`
+//! (timestamps kept, so git's racy-entry check still holds), and runs the
+//! read-tree. These files are the sandbox's (hostile): git reads them only
+//! here, inside the sandbox, and what they can do is what a forged stat cache
+//! can (make `add -A` take an entry's stat data on trust), nothing more; one
+//! that is not a plain file, is over 64 MiB, does not read, or marks any entry
+//! assume-unchanged or skip-worktree (which would hide a change from `add -A`)
+//! is dropped for the empty index given the base, the slow path. The flag check
+//! (one more git command reading the whole index) is passed over for a seed the
+//! worker vouches for ([`super::vouch`]): one whose whole content hashes
+//! (SHA-256: one `sha256sum`, in place of the size check's `stat`) to an index
+//! a capture wrote, as the script reports it (one more `sha256sum`, beside the
+//! diff); an index's own trailing checksum would not do (git does not verify it
+//! on reading, so an edited index can keep its old one). git is told to write
+//! no split index (`core.splitIndex=false`), so what is hashed is the whole
+//! index, not a part of it whose shared half the sandbox could change. The
+//! index is then read by three or four git commands (`add -A`, `write-tree`,
+//! the flag check when it runs and, per scope, one diff; the last three at
+//! once), against the two of a plain `add -A && diff`: each scope's diff gives
+//! the summary and the patch in one go (`--raw -z --binary`: the listing, a
+//! NUL, the patch), so the index, the base's trees and the renames are read and
+//! found once; the worker reads the line counts off the patch
+//! ([`super::count`]) rather than have git diff every file twice (`--numstat`).
 //!
 //! The read back: the script writes git's output to files first (so it
 //! knows their sizes), then prints one header line and the outputs
@@ -54,6 +61,7 @@ use std::time::Duration;
 
 use super::CaptureError;
 use super::count::{Counts, count_patch};
+use super::vouch::Vouch;
 use crate::sandbox::Sandbox;
 
 /// Longest the capture may take in the sandbox.
@@ -67,16 +75,18 @@ const MAX_HEADER: usize = 512;
 const TIMED_OUT: [i64; 2] = [124, 137];
 
 /// `$1`: what the run's change is diffed from, `$2`: the session's;
-/// `$3`: the summaries' cap; `$4`: the patches' bound. On stdout, and
-/// nothing else there: `KILN-CAPTURE <tree>`, the run's scope, the
-/// session's (`- - -`: the run's), a newline, then what the scopes' fields
-/// announce, in order. A scope is `d - <n>`: git's whole output (the
+/// `$3`: the summaries' cap; `$4`: the patches' bound; `$5`, `$6`: the
+/// SHA-256 the worker vouches for of the kept index and of the base's
+/// index, or `-` ([`Vouch`]). On stdout, and nothing else there:
+/// `KILN-CAPTURE <tree>`, the SHA-256 of the index and the base's index as
+/// it leaves them (`-`: none), the run's scope, the session's (`- - -`:
+/// the run's), a newline, then what the scopes' fields announce, in order. A scope is `d - <n>`: git's whole output (the
 /// `--raw -z` listing, a NUL, the patch), `n` bytes; or, when that is over
 /// `$3 + $4 + 1`, `s <p> <n>`: the patch's size `p`, the patch itself only
 /// when within `$4`, then the first `n` bytes of the `--raw --numstat -z`
 /// listing. On failure, git's last words on stderr.
 const SCRIPT: &str = r#"set -u
-B=$1 S=$2 CAP=$3 MAXP=$4 K=/tmp/kiln-capture
+B=$1 S=$2 CAP=$3 MAXP=$4 VI=$5 VB=$6 K=/tmp/kiln-capture
 O=$K/out
 unset GIT_DIR GIT_WORK_TREE GIT_INDEX_FILE GIT_OBJECT_DIRECTORY GIT_ALTERNATE_OBJECT_DIRECTORIES \
   GIT_EXTERNAL_DIFF GIT_DIFF_OPTS GIT_CONFIG GIT_CONFIG_PARAMETERS GIT_CONFIG_COUNT GIT_NAMESPACE
@@ -95,7 +105,7 @@ else
 fi
 g() {
   git --git-dir="$K/git" --work-tree=/workspace -c core.bare=false -c safe.directory='*' \
-    -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.untrackedCache=false \
+    -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.untrackedCache=false -c core.splitIndex=false \
     -c core.excludesFile=/workspace/.git/info/exclude -c core.autocrlf=false -c core.symlinks=true \
     -c core.fileMode=true -c core.quotePath=false -c diff.noprefix=false -c diff.mnemonicPrefix=false \
     -c diff.relative=false -c diff.renames=true "$@"
@@ -109,33 +119,41 @@ read -r BT < "$K/base.tree" 2>/dev/null
 : > "$K/index.tree" || fail 11
 flagged() { g ls-files -v -z | grep -qzv '^H '; [ $? -ne 1 ]; }
 fit() { [ -f "$1" ] && [ ! -L "$1" ] && [ "$(stat -c %s "$1")" -le 67108864 ]; }
+vouched() {
+  [ "$2" != - ] && [ -f "$1" ] && [ ! -L "$1" ] && h=$(sha256sum < "$1") && [ "${h%% *}" = "$2" ] && V=1
+}
 kept() {
-  [ "$IT" = "$B" ] && fit "$I" && return
-  [ "$BT" = "$B" ] && fit "$K/base" && ln -f -- "$K/base" "$I"
+  V=
+  [ "$IT" = "$B" ] && { vouched "$I" "$VI" || fit "$I"; } && return
+  [ "$BT" = "$B" ] && { vouched "$K/base" "$VB" || fit "$K/base"; } && ln -f -- "$K/base" "$I"
 }
 seed() {
-  fit "$1" || return 1
+  V=
+  { vouched "$1" "$VI" || fit "$1"; } || return 1
   { [ "$1" = "$I" ] || cp -p -- "$1" "$I"; } && g read-tree -i -m "$B" || return 1
-  : > "$K/base.tree" && ln -f -- "$I" "$K/base" && printf '%s\n' "$B" > "$K/base.tree"
+  : > "$K/base.tree" && ln -f -- "$I" "$K/base" && printf '%s\n' "$B" > "$K/base.tree" && VB=+
   return 0
 }
-empty() { rm -f "$I" "$K/base" "$K/base.tree"; g read-tree "$B" || fail 12; }
+empty() { rm -f "$I" "$K/base" "$K/base.tree"; VB=-; g read-tree "$B" || fail 12; }
 take() {
   g add -A || fail 13
-  g write-tree > "$O/tree" & W=$!
+  { g write-tree > "$O/tree" && { sha256sum < "$I" > "$O/sum" || : > "$O/sum"; }; } & W=$!
   if [ "${1-}" = check ]; then flagged & F=$!; fi
   d --binary "$B" > "$O/run.diff" || fail 15
   [ "$S" = "$B" ] || d --binary "$S" > "$O/session.diff" || fail 15
   wait "$W" && read -r T < "$O/tree" || fail 14
   [ "${1-}" = check ] && wait "$F"
 }
-if kept || seed "$I" || { rm -f "$I"; seed /workspace/.git/index; }; then
-  take check && { empty; take; }
+if kept || { V=; seed "$I"; } || { rm -f "$I"; seed /workspace/.git/index; }; then
+  if [ -n "$V" ]; then take; else take check && { empty; take; }; fi
 else
   empty; take
 fi
+[ "$VB" = + ] && { h=$(sha256sum < "$K/base") && VB=${h%% *} || VB=-; }
+VI=-
+read -r VI _ < "$O/sum"
 printf '%s\n' "$T" > "$K/index.tree" || fail 16
-H="KILN-CAPTURE $T" SEND=
+H="KILN-CAPTURE $T ${VI:--} $VB" SEND=
 scope() {
   if [ "$3" -le $((CAP + MAXP + 1)) ]; then H="$H d - $3" SEND="$SEND $O/$1.diff"; return; fi
   d --numstat "$2" > "$O/$1.list" || fail 15
@@ -186,11 +204,19 @@ pub struct Taken {
     pub run: Scope,
     /// `None`: the session's change is the run's.
     pub session: Option<Scope>,
+    /// What the next capture may take on trust.
+    pub vouch: Vouch,
 }
 
 /// Runs the script and reads what it sends. `base` and `session_base`
 /// must be object ids.
-pub async fn take(sandbox: &Sandbox, base: &str, session_base: &str, max_patch: u64) -> Result<Taken, CaptureError> {
+pub async fn take(
+    sandbox: &Sandbox,
+    base: &str,
+    session_base: &str,
+    max_patch: u64,
+    vouch: &Vouch,
+) -> Result<Taken, CaptureError> {
     if ![base, session_base].iter().all(|id| super::base::is_object_id(id)) {
         return Err(CaptureError::Garbage(format!("recorded bases {base:?}, {session_base:?} are not object ids")));
     }
@@ -200,7 +226,10 @@ pub async fn take(sandbox: &Sandbox, base: &str, session_base: &str, max_patch: 
         Some(known) => known.program().ok_or(CaptureError::Needs("a shell (sh) and git"))?,
         None => "sh",
     };
-    let command = format!("{NEEDS_GIT}set -- {base} {session_base} {MAX_SUMMARY_BYTES} {max_patch}\n{SCRIPT}");
+    let [index, kept_base] = vouch.args();
+    let command = format!(
+        "{NEEDS_GIT}set -- {base} {session_base} {MAX_SUMMARY_BYTES} {max_patch} {index} {kept_base}\n{SCRIPT}"
+    );
     let out = sandbox
         .exec_raw(&[shell, "-c", &command], None, stdout_cap(max_patch), TIMEOUT)
         .await
@@ -244,7 +273,7 @@ fn parse_output(mut stdout: Vec<u8>, max_patch: u64) -> Result<Taken, CaptureErr
     let end = stdout.iter().take(MAX_HEADER).position(|b| *b == b'\n').ok_or_else(|| garbage("no header"))?;
     let header = std::str::from_utf8(&stdout[..end]).map_err(|_| garbage("the header is not text"))?;
     let fields: Vec<&str> = header.split(' ').collect();
-    let ["KILN-CAPTURE", tree, r0, r1, r2, s0, s1, s2] = fields[..] else {
+    let ["KILN-CAPTURE", tree, index, base, r0, r1, r2, s0, s1, s2] = fields[..] else {
         return Err(garbage("a malformed header"));
     };
     if !super::base::is_object_id(tree) {
@@ -252,14 +281,14 @@ fn parse_output(mut stdout: Vec<u8>, max_patch: u64) -> Result<Taken, CaptureErr
     }
     let run = announced([r0, r1, r2], max_patch)?.ok_or_else(|| garbage("no run scope"))?;
     let session = announced([s0, s1, s2], max_patch)?;
-    let tree = tree.to_owned();
+    let (tree, vouch) = (tree.to_owned(), Vouch::from_fields(index, base));
     let mut body = Body { bytes: stdout.split_off(end + 1), at: 0 };
     let run = body.scope(run, max_patch)?;
     let session = session.map(|s| body.scope(s, max_patch)).transpose()?;
     if body.at != body.bytes.len() {
         return Err(garbage("longer than announced"));
     }
-    Ok(Taken { tree, run, session })
+    Ok(Taken { tree, run, session, vouch })
 }
 
 fn garbage(why: &str) -> CaptureError {
@@ -335,7 +364,7 @@ mod tests {
     const TREE: &str = "0123456789abcdef0123456789abcdef01234567";
 
     fn output(header: &str, body: &[u8]) -> Vec<u8> {
-        [format!("KILN-CAPTURE {TREE} {header}\n").as_bytes(), body].concat()
+        [format!("KILN-CAPTURE {TREE} - - {header}\n").as_bytes(), body].concat()
     }
 
     #[test]
@@ -346,6 +375,10 @@ mod tests {
         let counted = Some(vec![]);
         assert_eq!(taken.run, Scope { patch_bytes: 9, patch: Some(patch), summary: b":x M\0a\0".to_vec(), counted });
         assert!(taken.session.is_none());
+        assert_eq!(taken.vouch, Vouch::default());
+        let hash = "0f".repeat(32);
+        let vouched = format!("KILN-CAPTURE {TREE} {hash} - d - 0 - - -\n");
+        assert_eq!(parse_output(vouched.into_bytes(), 10).unwrap().vouch.index, Some(hash));
         let both = parse_output(output("d - 0 s 20 2", b"st"), 10).unwrap();
         let empty = Scope { patch_bytes: 0, patch: Some(vec![]), summary: vec![], counted: Some(vec![]) };
         assert_eq!(both.run, empty);
@@ -376,7 +409,7 @@ mod tests {
         ] {
             assert!(parse_output(output(header, body), 10).is_err(), "{header:?} {body:?}");
         }
-        assert!(parse_output(b"KILN-CAPTURE x d - 0 - - -\n".to_vec(), 10).is_err());
+        assert!(parse_output(b"KILN-CAPTURE x - - d - 0 - - -\n".to_vec(), 10).is_err());
         assert!(parse_output(vec![b'a'; 4096], 10).is_err());
         let huge = output("s 18446744073709551615 0 - - -", b"");
         assert!(parse_output(huge.clone(), u64::MAX).is_err(), "a patch longer than what was sent");

@@ -19,7 +19,9 @@
 //! committed with), so its `add -A` stages and hashes them too. With
 //! `--keep-baseline-index` the baseline keeps the index its last sample
 //! left (the changes already staged: its `add -A` finds nothing to do, so
-//! it times less than a run's end).
+//! it times less than a run's end). The capture is given what the last one
+//! vouched for, as the worker keeps it per session (`--no-vouch`: nothing,
+//! as after a takeover, so it checks its seed index's flags each time).
 
 use std::time::{Duration, Instant};
 
@@ -48,6 +50,10 @@ struct Args {
     /// staged, instead of putting back the run end's index each time.
     #[arg(long)]
     keep_baseline_index: bool,
+    /// Give the capture no vouch from the last one (as after a takeover):
+    /// it checks its seed index's flags every time.
+    #[arg(long)]
+    no_vouch: bool,
 }
 
 #[tokio::main]
@@ -58,7 +64,7 @@ async fn main() -> anyhow::Result<()> {
     let sandbox = Sandbox::start(&docker, &config, &setup::owner()).await?;
     let result = async {
         let base = make_repository(&sandbox, args.files, args.changed).await?;
-        measure(&sandbox, &base, args.common.runs, !args.keep_baseline_index).await
+        measure(&sandbox, &base, args.common.runs, !args.keep_baseline_index, !args.no_vouch).await
     }
     .await;
     sandbox.remove().await;
@@ -113,6 +119,7 @@ async fn measure(
     base: &str,
     runs: usize,
     restore_index: bool,
+    keep_vouch: bool,
 ) -> anyhow::Result<(Vec<Duration>, Vec<Duration>, u64)> {
     let run_base = RunBase {
         base: base.to_owned(),
@@ -122,11 +129,16 @@ async fn measure(
     };
     let plain_command = format!("git add -A && git diff --cached --binary {base}");
     let (mut kiln, mut plain, mut bytes) = (vec![], vec![], 0);
+    // What the worker keeps between a session's captures.
+    let mut vouch = kiln_worker::capture::Vouch::default();
     for round in 0..=runs {
         for kiln_first in [round % 2 == 0, round % 2 != 0] {
             if kiln_first {
                 let started = Instant::now();
-                let (own, _) = kiln_worker::capture::take(sandbox, &run_base, MAX_PATCH).await?;
+                let (own, _, left) = kiln_worker::capture::take(sandbox, &run_base, MAX_PATCH, &vouch).await?;
+                if keep_vouch {
+                    vouch = left;
+                }
                 let took = started.elapsed();
                 anyhow::ensure!(!own.too_large && own.patch.is_some(), "the capture's patch is missing");
                 bytes = own.patch_bytes;
