@@ -20,14 +20,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use bollard::Docker;
-use bollard::models::NetworkConnectRequest;
+use bollard::models::{NetworkConnectRequest, NetworkDisconnectRequest};
 use clap::Parser;
 use kiln_protocol::egress::{EgressMode, EgressPolicy, HostRule};
 use kiln_protocol::{EventBody, SandboxSpec};
 use kiln_tests::outside::{HTTPS_PORT, Outside};
 use kiln_worker::egress::resolve::{parse_hosts, parse_ranges};
 use kiln_worker::egress::{AddressRules, EgressSettings, Phase};
-use kiln_worker::sandbox::{Owner, Sandbox, SandboxConfig};
+use kiln_worker::sandbox::{Backend, Owner, Sandbox, SandboxConfig};
 use uuid::Uuid;
 
 #[derive(Parser)]
@@ -160,8 +160,26 @@ async fn bench(args: &Args, docker: &Docker, outside: &Outside) -> anyhow::Resul
     let sandbox = Sandbox::start(docker, &config, &owner).await?;
     let result = serve_and_measure(args, docker, &config, &owner, &sandbox, outside).await;
     sandbox.remove().await;
-    kiln_worker::sandbox::docker::network::remove(docker, &config.egress.host_firewall, owner.session_id).await;
+    leave_no_network(docker, &config, owner.session_id, outside).await;
     result
+}
+
+/// Removes the session's network as a session's end does. The server this
+/// benchmark attached to it is taken off first: the engine removes no
+/// network with a container on it, and the worker's path (which expects
+/// only the sandbox there) would leave it behind.
+async fn leave_no_network(docker: &Docker, config: &SandboxConfig, session: Uuid, outside: &Outside) {
+    let network = kiln_worker::sandbox::docker::network::name(session);
+    let server = NetworkDisconnectRequest { container: outside.network.clone(), force: Some(true) };
+    if let Err(e) = docker.disconnect_network(&network, server).await {
+        // Never attached (the run failed before), or already gone.
+        eprintln!("taking the server off the session's network: {e}");
+    }
+    Backend::from(docker).remove_session_network(&config.egress.host_firewall, session).await;
+    match docker.inspect_network(&network, None).await {
+        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
+        _ => eprintln!("the session's network {network} is still on the engine"),
+    }
 }
 
 async fn serve_and_measure(

@@ -10,7 +10,8 @@
 //! backend's, from a [`CreateSpec`]), finding one by name for adoption,
 //! naming a warm one after its session, execs (attached, with stdin and the
 //! output as a stream, or detached) and their status, tar archives in and
-//! out, removal, the list of its own for the reaper, a session's network
+//! out, news of its sandboxes stopping, removal, the list of its own for
+//! the reaper, a session's network
 //! and where its egress proxy listens, and what the engine says of itself
 //! (the start-up check, its identity, its leftovers); and, as its
 //! [`ImageStore`] half, the images sandboxes start from and the prepared
@@ -32,6 +33,7 @@ use super::disk::DiskError;
 use super::docker::network::NetworkError;
 use super::docker::runtime::RuntimeError;
 use super::image_store::{ImageInfo, SnapshotSpec, StoredImage};
+use super::stops::StopFeed;
 use crate::egress::ProxyRoute;
 use crate::egress::host_firewall::HostFirewall;
 
@@ -206,7 +208,8 @@ pub trait SandboxBackend: ImageStore + Send + Sync + std::fmt::Debug {
     async fn find(&self, name: &str) -> Result<Option<Found>, BackendError>;
 
     /// `None` while the sandbox runs; how it ended once it does not. The
-    /// toolbox channel asks while a call waits, so that a call into a dead
+    /// toolbox channel asks when its [`SandboxBackend::stop_feed`] names
+    /// the sandbox (or may have missed it), so that a call into a dead
     /// sandbox ends (a stopped container does not always end the stream of
     /// an exec attached to it).
     async fn stopped(&self, id: &str) -> Result<Option<Stopped>, BackendError> {
@@ -215,6 +218,14 @@ pub trait SandboxBackend: ImageStore + Send + Sync + std::fmt::Debug {
             Some(_) => Some(Stopped::default()),
             None => Some(Stopped { removed: true, ..Stopped::default() }),
         })
+    }
+
+    /// News of its sandboxes stopping, as they stop: the toolbox channel
+    /// listens, so that a call into a sandbox that died ends at once. One
+    /// feed per backend, however many listen; `None`: the backend has none,
+    /// and listeners ask [`SandboxBackend::stopped`] every few seconds.
+    fn stop_feed(&self) -> Option<StopFeed> {
+        None
     }
 
     /// Gives the sandbox a new name (a warm one becomes a session's; names

@@ -119,7 +119,7 @@ async fn the_egress_proxy_listens_where_the_backend_routes_the_sandbox_and_answe
 }
 
 /// A call waiting on a toolbox whose stream never ends (gVisor left it open
-/// when its sandbox died): the watch asks the backend, finds the sandbox
+/// when its sandbox died), with no news of stops: the watch asks the backend, finds the sandbox
 /// stopped, ends the call with that, and stops the reader.
 #[tokio::test]
 async fn a_call_waiting_on_a_sandbox_that_stopped_ends_saying_so() {
@@ -142,6 +142,8 @@ async fn a_call_waiting_on_a_sandbox_that_stopped_ends_saying_so() {
         pending: pending.clone(),
         alive: alive.clone(),
         reader: reader.abort_handle(),
+        // A backend without news of stops: the watch asks.
+        feed: None,
     };
     tokio::spawn(watch(watched));
     let answer = tokio::time::timeout(CHECK_EVERY * 3, rx).await.expect("the call ends").unwrap();
@@ -169,8 +171,14 @@ async fn a_call_into_a_running_sandbox_is_left_waiting() {
     lock(&pending).insert(1, Pending::new(tx, None, limits));
     let reader = tokio::spawn(futures::future::pending::<()>());
     let alive = Arc::new(AtomicBool::new(true));
-    let watched =
-        Watched { backend: plugged(&recording), sandbox: "sb-1".into(), pending, alive, reader: reader.abort_handle() };
+    let watched = Watched {
+        backend: plugged(&recording),
+        sandbox: "sb-1".into(),
+        pending,
+        alive,
+        reader: reader.abort_handle(),
+        feed: None,
+    };
     let watching = tokio::spawn(watch(watched));
     tokio::time::sleep(CHECK_EVERY * 2 + CHECK_EVERY / 2).await;
     assert!(matches!(rx.try_recv(), Err(tokio::sync::oneshot::error::TryRecvError::Empty)), "still waiting");

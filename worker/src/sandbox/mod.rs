@@ -26,6 +26,7 @@ pub mod lifecycle;
 pub mod pool;
 pub mod repo_clone;
 mod stdio;
+pub mod stops;
 
 pub mod toolbox;
 mod toolbox_binary;
@@ -371,3 +372,6 @@ pub async fn remove_by_id(backend: impl Into<Backend>, id: &str) {
 mod backend_tests;
 #[cfg(test)]
 pub(crate) mod recording;
+#[cfg(test)]
+#[path = "toolbox_watch_tests.rs"]
+mod toolbox_watch_tests;

@@ -17,6 +17,7 @@ use super::backend::{
     SandboxBackend, TarStream,
 };
 use super::image_store::{ImageInfo, SnapshotSpec, StoredImage};
+use super::stops::{StopFeed, StopHub};
 use crate::egress::ProxyRoute;
 use crate::egress::host_firewall::HostFirewall;
 
@@ -36,6 +37,8 @@ pub struct Recording {
     pub route: Option<ProxyRoute>,
     /// The snapshots it was asked to store, as asked.
     pub snapshots: Mutex<Vec<String>>,
+    /// Its news of sandboxes stopping, told by the test.
+    pub stops: StopHub,
 }
 
 impl Recording {
@@ -73,6 +76,10 @@ impl SandboxBackend for Recording {
             running: *running,
             egress_of: Vec::new(),
         }))
+    }
+
+    fn stop_feed(&self) -> Option<StopFeed> {
+        Some(self.stops.subscribe())
     }
 
     async fn rename(&self, id: &str, name: &str) -> Result<(), BackendError> {

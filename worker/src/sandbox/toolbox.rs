@@ -106,6 +106,8 @@ impl ToolboxConn {
             stdin: true,
             ..Default::default()
         };
+        // Listening before the toolbox starts: no stop after it goes unheard.
+        let feed = backend.stop_feed();
         let Exec { output, input, .. } = backend.exec(sandbox, &spec).await?;
         let pending: PendingMap = Arc::default();
         let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -117,6 +119,7 @@ impl ToolboxConn {
             pending: pending.clone(),
             alive: alive.clone(),
             reader: reader.abort_handle(),
+            feed,
         }));
         let mut conn = ToolboxConn {
             next_id: AtomicU64::new(1),

@@ -37,6 +37,8 @@ struct Creation<'a> {
     spec: &'a CreateSpec<'a>,
     plan: &'a DiskPlan,
     egress: Option<Attachment>,
+    /// It runs under gVisor (see `pids`).
+    gvisor: bool,
 }
 
 /// A sandbox's place on its session's egress network.
@@ -47,8 +49,14 @@ struct Attachment {
     session_id: Uuid,
 }
 
-/// Creates and starts the container `spec` asks for: its id.
-pub(super) async fn create(docker: &Docker, spec: &CreateSpec<'_>, plan: &DiskPlan) -> Result<String, BackendError> {
+/// Creates and starts the container `spec` asks for (`gvisor`: its
+/// runtime is gVisor): its id.
+pub(super) async fn create(
+    docker: &Docker,
+    spec: &CreateSpec<'_>,
+    plan: &DiskPlan,
+    gvisor: bool,
+) -> Result<String, BackendError> {
     let config = spec.config;
     // A session's sandbox with egress sits on the session's network
     // (warm ones never do: runs with egress do not take from the pool).
@@ -60,7 +68,7 @@ pub(super) async fn create(docker: &Docker, spec: &CreateSpec<'_>, plan: &DiskPl
         }
         _ => None,
     };
-    let creation = Creation { spec, plan, egress };
+    let creation = Creation { spec, plan, egress, gvisor };
     let made = create_on(docker, &creation).await;
     // A sandbox that never started leaves no network behind: nothing
     // else would remove it (the reaper goes by containers, and there is
@@ -185,7 +193,7 @@ fn host_config(creation: &Creation<'_>) -> HostConfig {
         cap_add: Some(TOOLBOX_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect()),
         security_opt: Some(vec!["no-new-privileges:true".into()]),
         // Under gVisor, with room for its own threads (see `pids`).
-        pids_limit: Some(pids::host_limit(config)),
+        pids_limit: Some(pids::host_limit(config, creation.gvisor)),
         nano_cpus: Some(config.nano_cpus),
         network_mode: Some(match egress {
             Some(a) => a.network.clone(),
@@ -195,7 +203,7 @@ fn host_config(creation: &Creation<'_>) -> HostConfig {
         // The engine's resolver for the sandbox forwards to an address it
         // cannot reach (see `SANDBOX_DNS`): names resolve at the proxy only.
         dns: egress.map(|_| vec![SANDBOX_DNS.to_owned()]),
-        ulimits: Some(pids::ulimits(config)),
+        ulimits: Some(pids::ulimits(config, creation.gvisor)),
         // nosuid/nodev like any scratch space; exec stays allowed because
         // builds and tests run binaries from /tmp.
         tmpfs: Some(HashMap::from([(

@@ -13,12 +13,15 @@
 
 mod container;
 pub mod disk;
+mod events;
 mod exec;
 mod images;
 pub mod loop_disk;
 pub mod network;
 pub mod pids;
 pub mod runtime;
+
+use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use bollard::Docker;
@@ -31,6 +34,7 @@ use uuid::Uuid;
 use super::backend::{
     Backend, BackendError, CreateSpec, Exec, ExecSpec, ExecStatus, Found, Managed, SandboxBackend, Stopped, TarStream,
 };
+use super::stops::StopFeed;
 use super::{SandboxConfig, SandboxError};
 use crate::egress::ProxyRoute;
 use crate::egress::host_firewall::HostFirewall;
@@ -40,11 +44,23 @@ use disk::DiskPlan;
 #[derive(Debug, Clone)]
 pub struct DockerBackend {
     docker: Docker,
+    /// The engine's news of sandboxes stopping, subscribed to when a
+    /// toolbox first listens: one subscription however many do.
+    events: Arc<OnceLock<events::Subscription>>,
+    /// The engine's runtimes, asked for at the first sandbox made.
+    runtimes: Arc<tokio::sync::OnceCell<runtime::Runtimes>>,
 }
 
 impl DockerBackend {
     pub fn new(docker: Docker) -> Self {
-        DockerBackend { docker }
+        DockerBackend { docker, events: Arc::default(), runtimes: Arc::default() }
+    }
+
+    /// Whether sandboxes like `config` run under gVisor, as the engine's
+    /// runtime for them says.
+    async fn is_gvisor(&self, config: &SandboxConfig) -> Result<bool, BackendError> {
+        let runtimes = self.runtimes.get_or_try_init(|| runtime::Runtimes::of(&self.docker)).await?;
+        Ok(runtimes.is_gvisor(config.runtime.as_deref()))
     }
 }
 
@@ -121,7 +137,8 @@ async fn plan<'a>(config: &'a SandboxConfig, docker: &Docker) -> Result<&'a Disk
 impl SandboxBackend for DockerBackend {
     async fn create(&self, spec: &CreateSpec<'_>) -> Result<String, BackendError> {
         let plan = plan(spec.config, &self.docker).await?;
-        container::create(&self.docker, spec, plan).await
+        let gvisor = self.is_gvisor(spec.config).await?;
+        container::create(&self.docker, spec, plan, gvisor).await
     }
 
     async fn find(&self, name: &str) -> Result<Option<Found>, BackendError> {
@@ -150,6 +167,12 @@ impl SandboxBackend for DockerBackend {
             return Ok(None);
         }
         Ok(Some(Stopped { exit_code: state.exit_code, oom_killed: state.oom_killed.unwrap_or(false), removed: false }))
+    }
+
+    /// The engine's events (see [`events`]), subscribed to once, on the
+    /// runtime of the first toolbox that listens.
+    fn stop_feed(&self) -> Option<StopFeed> {
+        Some(self.events.get_or_init(|| events::subscribe(self.docker.clone())).hub.subscribe())
     }
 
     async fn rename(&self, id: &str, name: &str) -> Result<(), BackendError> {

@@ -2,7 +2,8 @@
 //! thread of the sandbox is a host task, so the container's pids cgroup is
 //! set to `KILN_SANDBOX_PIDS` and holds the user's processes there.
 //!
-//! Under gVisor (`runsc`, ptrace platform) the host sees the Sentry's own
+//! Under gVisor (`runsc` under whatever name the engine registers it,
+//! see `runtime::is_gvisor`; ptrace platform) the host sees the Sentry's own
 //! threads and the stub processes of each address space, not the user's
 //! processes: measured here (gVisor 20240729) an idle sandbox holds ~45
 //! host tasks, one with 150 background `sleep`s ~1,900 (~12 per process),
@@ -25,22 +26,18 @@ use crate::sandbox::SandboxConfig;
 /// tasks at the default of 256.
 pub const RUNSC_HOST_TASKS_PER_PROCESS: i64 = 16;
 
-/// Whether sandboxes run under gVisor.
-pub fn is_gvisor(config: &SandboxConfig) -> bool {
-    config.runtime.as_deref() == Some("runsc")
-}
-
-/// The container's pids cgroup limit.
-pub fn host_limit(config: &SandboxConfig) -> i64 {
-    if is_gvisor(config) { config.pids_limit.saturating_mul(RUNSC_HOST_TASKS_PER_PROCESS) } else { config.pids_limit }
+/// The container's pids cgroup limit; `gvisor`: sandboxes run under
+/// gVisor (as the engine's runtime says, `runtime::Runtimes`).
+pub fn host_limit(config: &SandboxConfig, gvisor: bool) -> i64 {
+    if gvisor { config.pids_limit.saturating_mul(RUNSC_HOST_TASKS_PER_PROCESS) } else { config.pids_limit }
 }
 
 /// The container's rlimits: open files always, processes per user under
 /// gVisor.
-pub fn ulimits(config: &SandboxConfig) -> Vec<ResourcesUlimits> {
+pub fn ulimits(config: &SandboxConfig, gvisor: bool) -> Vec<ResourcesUlimits> {
     let limit = |name: &str, n: i64| ResourcesUlimits { name: Some(name.into()), soft: Some(n), hard: Some(n) };
     let mut ulimits = vec![limit("nofile", config.nofile)];
-    if is_gvisor(config) {
+    if gvisor {
         ulimits.push(limit("nproc", config.pids_limit));
     }
     ulimits
@@ -51,13 +48,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn runsc_leaves_gvisor_its_threads_and_caps_the_users_processes_inside() {
-        let mut config = SandboxConfig::default();
-        assert_eq!(host_limit(&config), config.pids_limit);
-        assert!(ulimits(&config).iter().all(|u| u.name.as_deref() != Some("nproc")));
-        config.runtime = Some("runsc".into());
-        assert_eq!(host_limit(&config), config.pids_limit * RUNSC_HOST_TASKS_PER_PROCESS);
-        let nproc = ulimits(&config).into_iter().find(|u| u.name.as_deref() == Some("nproc")).unwrap();
+    fn gvisor_is_left_its_threads_and_the_users_processes_are_capped_inside() {
+        let config = SandboxConfig::default();
+        assert_eq!(host_limit(&config, false), config.pids_limit);
+        assert!(ulimits(&config, false).iter().all(|u| u.name.as_deref() != Some("nproc")));
+        assert_eq!(host_limit(&config, true), config.pids_limit * RUNSC_HOST_TASKS_PER_PROCESS);
+        let nproc = ulimits(&config, true).into_iter().find(|u| u.name.as_deref() == Some("nproc")).unwrap();
         assert_eq!((nproc.soft, nproc.hard), (Some(config.pids_limit), Some(config.pids_limit)));
     }
 }

@@ -1,7 +1,11 @@
 //! The OCI runtime sandboxes run under (`KILN_SANDBOX_RUNTIME`), checked
 //! against the engine once at worker start: a runtime the engine does not
 //! know would otherwise fail every run, each with Docker's terse "unknown
-//! or invalid runtime name".
+//! or invalid runtime name". And whether it is gVisor, which the pids
+//! limit must know (`pids`): told by the program the engine runs for it,
+//! not by its name, which is the operator's choice (`runsc-kvm`).
+
+use std::collections::HashMap;
 
 use bollard::Docker;
 
@@ -28,4 +32,61 @@ pub async fn check(docker: &Docker, wanted: Option<&str>) -> Result<(), RuntimeE
     }
     known.sort();
     Err(RuntimeError::Unknown { wanted: wanted.to_owned(), known: known.join(", ") })
+}
+
+/// The engine's runtimes, as it says: each name's program, and its default.
+#[derive(Debug, Clone, Default)]
+pub struct Runtimes {
+    paths: HashMap<String, Option<String>>,
+    default: Option<String>,
+}
+
+impl Runtimes {
+    pub async fn of(docker: &Docker) -> Result<Self, RuntimeError> {
+        let info = docker.info().await?;
+        let paths = info.runtimes.unwrap_or_default().into_iter().map(|(name, r)| (name, r.path)).collect();
+        Ok(Runtimes { paths, default: info.default_runtime })
+    }
+
+    /// Whether sandboxes asking for `wanted` (`None`: the engine's
+    /// default) run under gVisor.
+    pub fn is_gvisor(&self, wanted: Option<&str>) -> bool {
+        let Some(name) = wanted.or(self.default.as_deref()) else { return false };
+        is_gvisor(name, self.paths.get(name).and_then(Option::as_deref))
+    }
+}
+
+/// Whether the runtime registered as `name`, running program `path`, is
+/// gVisor: the program's file name is gVisor's (`runsc`, or a variant of
+/// it); without a path, the name says.
+pub fn is_gvisor(name: &str, path: Option<&str>) -> bool {
+    let program = path.unwrap_or(name);
+    let file = program.rsplit('/').next().unwrap_or(program);
+    file.starts_with("runsc")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gvisor_is_told_by_its_program_not_its_name() {
+        assert!(is_gvisor("runsc", Some("runsc")));
+        assert!(is_gvisor("runsc", None));
+        assert!(is_gvisor("runsc-kvm", Some("/usr/bin/runsc")));
+        assert!(is_gvisor("sandboxed", Some("/usr/local/lib/kiln-runsc/runsc")));
+        assert!(!is_gvisor("runc", Some("runc")));
+        assert!(!is_gvisor("runc", Some("/usr/bin/runc")));
+        assert!(!is_gvisor("runsc", Some("/usr/bin/crun")), "the program decides");
+    }
+
+    #[test]
+    fn the_engines_default_counts_when_none_is_asked_for() {
+        let paths = HashMap::from([("runc".into(), Some("runc".into())), ("gv".into(), Some("/usr/bin/runsc".into()))]);
+        let runtimes = Runtimes { paths, default: Some("gv".into()) };
+        assert!(runtimes.is_gvisor(None));
+        assert!(runtimes.is_gvisor(Some("gv")));
+        assert!(!runtimes.is_gvisor(Some("runc")));
+        assert!(!Runtimes::default().is_gvisor(None));
+    }
 }
