@@ -286,7 +286,10 @@ pub(super) fn probe_body(config: &SandboxConfig, host_config: HostConfig) -> Con
 }
 
 /// Creates a probe container; `Ok(Err(reason))`: the engine refused it.
-pub(super) async fn create_probe(docker: &Docker, body: ContainerCreateBody) -> Result<Result<String, String>, BackendError> {
+pub(super) async fn create_probe(
+    docker: &Docker,
+    body: ContainerCreateBody,
+) -> Result<Result<String, String>, BackendError> {
     let name = format!("kiln-probe-{}", Uuid::new_v4().simple());
     let options = CreateContainerOptionsBuilder::new().name(&name).build();
     match docker.create_container(Some(options), body).await {
@@ -626,8 +629,13 @@ mod tests {
     #[test]
     fn layer_plans_a_sized_layer_and_leaves_the_root_writable() {
         let config = SandboxConfig { disk_mb: 64, tmpfs_mb: 32, memory_bytes: 512 << 20, ..SandboxConfig::default() };
-        let plan =
-            DiskPlan { mechanism: DiskMechanism::Layer, home: None, image_volumes: Vec::new(), loop_refused: None, toolbox_dir: Some("/var/lib/kiln/toolbox/0123".into()) };
+        let plan = DiskPlan {
+            mechanism: DiskMechanism::Layer,
+            home: None,
+            image_volumes: Vec::new(),
+            loop_refused: None,
+            toolbox_dir: Some("/var/lib/kiln/toolbox/0123".into()),
+        };
         let mut host = HostConfig::default();
         apply(&plan, &config, &mut host, None);
         assert_eq!(host.readonly_rootfs, None);

@@ -28,8 +28,8 @@ use bollard::models::{HostConfig, Mount, MountType};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use super::disk::{create_probe, probe_body, read_small_file};
 use super::container::remove_container;
+use super::disk::{create_probe, probe_body, read_small_file};
 use crate::sandbox::SandboxConfig;
 use crate::sandbox::backend::BackendError;
 use crate::sandbox::toolbox_binary::{self, BINARY_NAME, CONTAINER_DIR};
@@ -96,9 +96,11 @@ pub fn mount(dir: &Path) -> Mount {
 /// have been made either way.
 pub async fn is_mounted(docker: &Docker, id: &str) -> Result<bool, BackendError> {
     let info = docker.inspect_container(id, None).await?;
-    Ok(info.mounts.unwrap_or_default().iter().any(|m| {
-        m.destination.as_deref() == Some(CONTAINER_DIR) && m.typ.as_deref() == Some("bind")
-    }))
+    Ok(info
+        .mounts
+        .unwrap_or_default()
+        .iter()
+        .any(|m| m.destination.as_deref() == Some(CONTAINER_DIR) && m.typ.as_deref() == Some("bind")))
 }
 
 /// `root/<hash>/kiln-toolbox`, written if it is not there yet: the
@@ -148,19 +150,20 @@ async fn engine_sees(docker: &Docker, config: &SandboxConfig, root: &Path) -> Re
     };
     let host_config = HostConfig { mounts: Some(vec![bind]), ..Default::default() };
     let created = create_probe(docker, probe_body(config, host_config)).await;
-    let seen = match created {
-        Ok(Ok(id)) => {
-            let read = read_small_file(docker, &id, &format!("{PROBE_TARGET}/{name}")).await;
-            remove_container(docker, &id).await;
-            Ok(match read {
-                Some(content) if content == marker.as_bytes() => Ok(()),
-                _ => Err("the engine does not see the worker's files (another host, or another mount namespace)"
-                    .to_owned()),
-            })
-        }
-        Ok(Err(refused)) => Ok(Err(refused)),
-        Err(e) => Err(e),
-    };
+    let seen =
+        match created {
+            Ok(Ok(id)) => {
+                let read = read_small_file(docker, &id, &format!("{PROBE_TARGET}/{name}")).await;
+                remove_container(docker, &id).await;
+                Ok(match read {
+                    Some(content) if content == marker.as_bytes() => Ok(()),
+                    _ => Err("the engine does not see the worker's files (another host, or another mount namespace)"
+                        .to_owned()),
+                })
+            }
+            Ok(Err(refused)) => Ok(Err(refused)),
+            Err(e) => Err(e),
+        };
     let _ = tokio::fs::remove_file(root.join(&name)).await;
     seen
 }
