@@ -501,3 +501,79 @@ async fn without_a_toolbox_files_are_read_and_written_with_the_users_rights_only
     assert!(rest.starts_with("/workspace/nums.txt: 3000 lines") || rest.contains(": 3000 lines,"), "{rest}");
     assert!(rest.contains("  3000\t3000\n") && !rest.contains("read more"), "{rest}");
 }
+
+/// What a session's sandbox had at the toolbox's directory, and what its
+/// users could do there.
+struct ToolboxPlace {
+    /// The mount at the toolbox's directory: type, read-write, source.
+    mount: (String, bool, String),
+    /// Exit code of root (in the sandbox) creating a file there.
+    root_write: i64,
+    /// The command user's attempts (`cp`, `touch`) and the commands' parent.
+    user_output: String,
+}
+
+/// Runs a session with the worker's toolbox kept in `mount_dir` (`None`:
+/// copied into each sandbox) and looks at the toolbox's place while a
+/// command waits.
+async fn toolbox_place(mount_dir: Option<std::path::PathBuf>) -> ToolboxPlace {
+    const DIR: &str = "/usr/local/libexec/kiln";
+    let app = TestApp::spawn(Options {
+        worker: false,
+        script: vec![
+            bash("echo started; while [ ! -e /tmp/go ]; do sleep 0.05; done"),
+            bash(&format!("cp /bin/true {DIR}/kiln-toolbox 2>&1; touch {DIR}/new 2>&1; cat /proc/$PPID/comm")),
+            Reply::text("done"),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let mut config = kiln_tests::worker_config(kiln_worker::ProviderKind::OpenAi, Duration::from_secs(10));
+    config.sandbox.toolbox_mount_dir = mount_dir;
+    app.start_worker(config).await;
+    let run = app.submit("alice", CreateRun::new("the toolbox's place")).await;
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let container = wait_for_container(&docker, run.session_id).await;
+    app.wait_for_event(run.id, "tool.output").await;
+    let info = docker.inspect_container(&container, None).await.unwrap();
+    let mount = info.mounts.unwrap().into_iter().find(|m| m.destination.as_deref() == Some(DIR)).unwrap();
+    let mount = (mount.typ.unwrap_or_default(), mount.rw.unwrap(), mount.source.unwrap_or_default());
+    let root_write = docker_exec_root(&docker, &container, &["touch", &format!("{DIR}/by-root")]).await;
+    assert_eq!(docker_exec_root(&docker, &container, &["touch", "/tmp/go"]).await, 0);
+    let events = app.events("alice", run.id).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", events.last());
+    let user_output = results(&events).pop().unwrap().output;
+    ToolboxPlace { mount, root_write, user_output }
+}
+
+#[tokio::test]
+async fn the_toolbox_is_the_workers_binary_bound_read_only_not_a_copy_per_sandbox() {
+    let kept = tempfile::tempdir().unwrap();
+    let place = toolbox_place(Some(kept.path().to_owned())).await;
+    let (typ, rw, source) = &place.mount;
+    assert_eq!((typ.as_str(), *rw), ("bind", false), "{:?}", place.mount);
+    // The worker's copy, in a directory named by the binary's hash.
+    let binary = std::path::Path::new(source).join("kiln-toolbox");
+    assert!(source.starts_with(kept.path().to_str().unwrap()), "{source}");
+    let size = std::fs::metadata(&binary).unwrap().len();
+    assert!(size > 1024 * 1024, "the toolbox binary itself: {size} bytes");
+    // Nobody in the sandbox changes it, root included; commands run under it.
+    assert_ne!(place.root_write, 0, "root in the sandbox wrote into the toolbox's directory");
+    let out = &place.user_output;
+    // (runc checks the mount first, gVisor the directory's owner first.)
+    let refused = out.matches("Read-only file system").count() + out.matches("Permission denied").count();
+    assert_eq!(refused, 2, "{out}");
+    assert!(out.ends_with("kiln-toolbox\n"), "{out}");
+    assert_eq!(std::fs::metadata(&binary).unwrap().len(), size);
+}
+
+#[tokio::test]
+async fn without_a_place_to_keep_it_the_toolbox_is_copied_into_each_sandbox() {
+    let place = toolbox_place(None).await;
+    let (typ, rw, _) = &place.mount;
+    assert_eq!((typ.as_str(), *rw), ("volume", true), "{:?}", place.mount);
+    // Only the engine writes there: the command user cannot.
+    let out = &place.user_output;
+    assert_eq!(out.matches("Permission denied").count(), 2, "{out}");
+    assert!(out.ends_with("kiln-toolbox\n"), "{out}");
+}

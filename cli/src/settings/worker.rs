@@ -126,6 +126,11 @@ pub struct WorkerArgs {
     /// The kiln-toolbox binary copied into sandboxes; found next to `kiln` otherwise.
     #[arg(long, env = "KILN_TOOLBOX_PATH")]
     pub toolbox_path: Option<PathBuf>,
+    /// Where the worker keeps the toolbox binary it binds read-only into
+    /// every sandbox, when the engine sees this machine's files; empty:
+    /// copy the binary into each sandbox instead.
+    #[arg(long, env = "KILN_TOOLBOX_MOUNT_DIR", default_value = kiln_worker::sandbox::docker::toolbox_mount::DEFAULT_DIR)]
+    pub toolbox_mount_dir: PathBuf,
     /// JSON file of model prices (USD per million tokens); built-in defaults otherwise.
     #[arg(long, env = "KILN_PRICES_FILE")]
     pub prices_file: Option<PathBuf>,
@@ -357,6 +362,7 @@ impl WorkerArgs {
             runtime: self.sandbox_runtime.clone(),
             allow_network: self.sandbox_allow_network,
             toolbox_path: self.toolbox_path.clone(),
+            toolbox_mount_dir: Some(self.toolbox_mount_dir.clone()).filter(|dir| !dir.as_os_str().is_empty()),
             disk_mb: self.sandbox_disk_mb,
             disk_mode: self.sandbox_disk_mode,
             disk_dir: self.sandbox_disk_dir.clone(),

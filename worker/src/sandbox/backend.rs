@@ -247,6 +247,14 @@ pub trait SandboxBackend: ImageStore + Send + Sync + std::fmt::Debug {
     /// itself puts there (the workspace, the toolbox).
     async fn put_archive(&self, id: &str, dir: &str, tar: TarStream) -> Result<(), BackendError>;
 
+    /// Puts the toolbox `binary` at `toolbox_binary::CONTAINER_PATH` in the
+    /// sandbox. By default a copy through [`SandboxBackend::put_archive`];
+    /// a backend that made the sandbox with the binary already in place
+    /// (Docker's read-only bind of the worker's copy) does nothing.
+    async fn install_toolbox(&self, id: &str, binary: &[u8]) -> Result<(), BackendError> {
+        super::toolbox_binary::copy_in(self, id, binary).await
+    }
+
     /// `path` of the sandbox as a tar archive, if it is at most `cap`
     /// bytes (`None`: larger). With the engine's rights, like
     /// [`SandboxBackend::put_archive`].

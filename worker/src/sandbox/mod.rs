@@ -162,6 +162,9 @@ pub struct SandboxConfig {
     /// The toolbox binary to copy into containers; `None`: look for it
     /// (`KILN_TOOLBOX_PATH`, then next to the executable).
     pub toolbox_path: Option<PathBuf>,
+    /// Where the worker keeps the toolbox binary it binds read-only into
+    /// every sandbox (`KILN_TOOLBOX_MOUNT_DIR`); `None`: copy it into each.
+    pub toolbox_mount_dir: Option<PathBuf>,
     /// What a session may write, in MiB: `/workspace` and the rest of the
     /// writable filesystem (see `disk` for how, per engine).
     pub disk_mb: u64,
@@ -193,6 +196,7 @@ impl Default for SandboxConfig {
             runtime: None,
             allow_network: false,
             toolbox_path: None,
+            toolbox_mount_dir: Some(docker::toolbox_mount::DEFAULT_DIR.into()),
             disk_mb: 1024,
             disk_mode: DiskMode::Auto,
             disk_dir: DEFAULT_DISK_DIR.into(),

@@ -16,7 +16,7 @@ pub const CONTAINER_DIR: &str = "/usr/local/libexec/kiln";
 /// What to run when no local binary was found: an image that ships the
 /// toolbox has it on `PATH`.
 pub const IMAGE_COMMAND: &str = "kiln-toolbox";
-const BINARY_NAME: &str = "kiln-toolbox";
+pub const BINARY_NAME: &str = "kiln-toolbox";
 pub const PATH_ENV: &str = "KILN_TOOLBOX_PATH";
 
 /// The binary's bytes, read once per process: every session copies the same
@@ -86,13 +86,23 @@ fn candidates(configured: Option<&Path>) -> Vec<PathBuf> {
 }
 
 impl Sandbox {
-    /// Copies `binary` to [`CONTAINER_PATH`] (root-owned, mode 0755) through
-    /// the backend's archive, into the volume mounted at [`CONTAINER_DIR`].
+    /// Puts `binary` at [`CONTAINER_PATH`] (root-owned, mode 0755), unless
+    /// the backend made the sandbox with it already there.
     pub(super) async fn install_toolbox(&self, binary: &[u8]) -> Result<(), SandboxError> {
-        let tarball = tar_with_binary(binary)?;
-        let body = futures::stream::once(std::future::ready(Ok::<_, std::io::Error>(bytes::Bytes::from(tarball))));
-        Ok(self.backend.put_archive(&self.id, CONTAINER_DIR, Box::pin(body)).await?)
+        Ok(self.backend.install_toolbox(&self.id, binary).await?)
     }
+}
+
+/// Copies `binary` to [`CONTAINER_PATH`] through the backend's archive,
+/// into the volume mounted at [`CONTAINER_DIR`].
+pub(super) async fn copy_in(
+    backend: &(impl super::backend::SandboxBackend + ?Sized),
+    id: &str,
+    binary: &[u8],
+) -> Result<(), super::backend::BackendError> {
+    let tarball = tar_with_binary(binary).map_err(super::backend::BackendError::Io)?;
+    let body = futures::stream::once(std::future::ready(Ok::<_, std::io::Error>(bytes::Bytes::from(tarball))));
+    backend.put_archive(id, CONTAINER_DIR, Box::pin(body)).await
 }
 
 fn tar_with_binary(binary: &[u8]) -> Result<Vec<u8>, std::io::Error> {

@@ -15,6 +15,7 @@ use super::disk::{self, DiskPlan};
 use super::loop_disk::{self, LABEL_DISK, LoopDisk};
 use super::network as egress_network;
 use super::pids;
+use super::toolbox_mount;
 use crate::egress::SANDBOX_DNS;
 use crate::labels::{LABEL_MANAGED, LABEL_POOL, LABEL_RUN, LABEL_SESSION, LABEL_WORKER};
 use crate::sandbox::backend::{BackendError, CreateSpec, Managed, Purpose};
@@ -58,6 +59,9 @@ pub(super) async fn create(
     gvisor: bool,
 ) -> Result<String, BackendError> {
     let config = spec.config;
+    if let Some(dir) = &plan.toolbox_dir {
+        toolbox_mount::ensure(dir, config).await?;
+    }
     // A session's sandbox with egress sits on the session's network
     // (warm ones never do: runs with egress do not take from the pool).
     let egress = match spec.purpose {

@@ -27,7 +27,7 @@
 //! so (`KILN_SANDBOX_DISK_MODE=unbounded`).
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use bollard::Docker;
 use bollard::models::{
@@ -41,6 +41,7 @@ use uuid::Uuid;
 
 use super::container::{MAIN_PROCESS_USER, remove_container};
 use super::loop_disk::{self, LoopDisk};
+use super::toolbox_mount;
 use crate::labels::LABEL_MANAGED;
 use crate::sandbox::backend::BackendError;
 use crate::sandbox::files::parse_user;
@@ -121,6 +122,10 @@ pub struct DiskPlan {
     /// Why the loop mechanism was not taken, when it was tried and failed
     /// (said in the start-up log line).
     pub loop_refused: Option<String>,
+    /// The worker's directory holding the toolbox binary, bound read-only
+    /// into every sandbox; `None`: each sandbox gets a copy (see
+    /// `toolbox_mount`).
+    pub toolbox_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -172,12 +177,19 @@ pub fn choose(mode: DiskMode, support: Support) -> Result<DiskMechanism, DiskErr
 /// Probes the engine (with throwaway containers of the sandbox image) and
 /// plans the sandboxes' disk.
 pub async fn probe(docker: &Docker, config: &SandboxConfig) -> Result<DiskPlan, BackendError> {
+    let bound = probe_bound(docker, config).await?;
+    Ok(DiskPlan { toolbox_dir: toolbox_mount::probe(docker, config).await?, ..bound })
+}
+
+/// How the disk is bounded (everything of the plan but the toolbox).
+async fn probe_bound(docker: &Docker, config: &SandboxConfig) -> Result<DiskPlan, BackendError> {
     if config.disk_mode == DiskMode::Unbounded {
         return Ok(DiskPlan {
             mechanism: DiskMechanism::Unbounded,
             home: None,
             image_volumes: Vec::new(),
             loop_refused: None,
+            toolbox_dir: None,
         });
     }
     const NOT_TRIED: &str = "not tried";
@@ -196,8 +208,16 @@ pub async fn probe(docker: &Docker, config: &SandboxConfig) -> Result<DiskPlan, 
     Ok(match (mechanism, layer) {
         // The layer probe's container had no mounts of Kiln's: its volumes
         // are all the image's, `/workspace` included.
-        (DiskMechanism::Layer, Ok(image_volumes)) => DiskPlan { mechanism, home: None, image_volumes, loop_refused },
-        _ => DiskPlan { mechanism, home: inspection.home, image_volumes: inspection.image_volumes, loop_refused },
+        (DiskMechanism::Layer, Ok(image_volumes)) => {
+            DiskPlan { mechanism, home: None, image_volumes, loop_refused, toolbox_dir: None }
+        }
+        _ => DiskPlan {
+            mechanism,
+            home: inspection.home,
+            image_volumes: inspection.image_volumes,
+            loop_refused,
+            toolbox_dir: None,
+        },
     })
 }
 
@@ -246,7 +266,7 @@ async fn probe_loop_on(
 
 /// A probe container's body: the sandbox image doing nothing, as nobody,
 /// with no network.
-fn probe_body(config: &SandboxConfig, host_config: HostConfig) -> ContainerCreateBody {
+pub(super) fn probe_body(config: &SandboxConfig, host_config: HostConfig) -> ContainerCreateBody {
     ContainerCreateBody {
         image: Some(config.image.clone()),
         user: Some(MAIN_PROCESS_USER.into()),
@@ -266,7 +286,10 @@ fn probe_body(config: &SandboxConfig, host_config: HostConfig) -> ContainerCreat
 }
 
 /// Creates a probe container; `Ok(Err(reason))`: the engine refused it.
-async fn create_probe(docker: &Docker, body: ContainerCreateBody) -> Result<Result<String, String>, BackendError> {
+pub(super) async fn create_probe(
+    docker: &Docker,
+    body: ContainerCreateBody,
+) -> Result<Result<String, String>, BackendError> {
     let name = format!("kiln-probe-{}", Uuid::new_v4().simple());
     let options = CreateContainerOptionsBuilder::new().name(&name).build();
     match docker.create_container(Some(options), body).await {
@@ -352,7 +375,7 @@ fn image_missing(e: BackendError, config: &SandboxConfig) -> BackendError {
 }
 
 /// A small file out of a (created, not necessarily started) container.
-async fn read_small_file(docker: &Docker, id: &str, path: &str) -> Option<Vec<u8>> {
+pub(super) async fn read_small_file(docker: &Docker, id: &str, path: &str) -> Option<Vec<u8>> {
     let options = DownloadFromContainerOptionsBuilder::new().path(path).build();
     let mut stream = docker.download_from_container(id, Some(options));
     let mut tarball = Vec::new();
@@ -470,8 +493,13 @@ pub(super) async fn make_disk(plan: &DiskPlan, config: &SandboxConfig) -> Result
 /// itself, and the memory limit that leaves room for every tmpfs. `disk`:
 /// the sandbox's loop disk, under [`DiskMechanism::Loop`].
 pub(super) fn apply(plan: &DiskPlan, config: &SandboxConfig, host: &mut HostConfig, disk: Option<&LoopDisk>) {
-    // Not charged to the container: only the engine writes there.
-    let mut mounts = vec![tmpfs_volume(TOOLBOX_DIR, TOOLBOX_DIR_MB, "0:0", 0o755)];
+    // The worker's binary bound read-only; else a volume the engine copies
+    // it into, not charged to the container: only the engine writes there.
+    let toolbox = match &plan.toolbox_dir {
+        Some(dir) => toolbox_mount::mount(dir),
+        None => tmpfs_volume(TOOLBOX_DIR, TOOLBOX_DIR_MB, "0:0", 0o755),
+    };
+    let mut mounts = vec![toolbox];
     // RAM the sandbox's processes can fill besides their own memory: /tmp
     // and /dev/shm always, then every tmpfs volume they can write.
     let mut ram_mb = config.tmpfs_mb + SHM_MB;
@@ -581,6 +609,7 @@ mod tests {
             home: Some("/home/kiln".into()),
             image_volumes: vec!["/data".into()],
             loop_refused: None,
+            toolbox_dir: None,
         };
         let mut host = HostConfig::default();
         apply(&plan, &config, &mut host, None);
@@ -600,11 +629,21 @@ mod tests {
     #[test]
     fn layer_plans_a_sized_layer_and_leaves_the_root_writable() {
         let config = SandboxConfig { disk_mb: 64, tmpfs_mb: 32, memory_bytes: 512 << 20, ..SandboxConfig::default() };
-        let plan =
-            DiskPlan { mechanism: DiskMechanism::Layer, home: None, image_volumes: Vec::new(), loop_refused: None };
+        let plan = DiskPlan {
+            mechanism: DiskMechanism::Layer,
+            home: None,
+            image_volumes: Vec::new(),
+            loop_refused: None,
+            toolbox_dir: Some("/var/lib/kiln/toolbox/0123".into()),
+        };
         let mut host = HostConfig::default();
         apply(&plan, &config, &mut host, None);
         assert_eq!(host.readonly_rootfs, None);
+        // The worker's toolbox bound read-only, in no volume: nothing for
+        // the memory limit either.
+        let toolbox = &host.mounts.as_ref().unwrap()[0];
+        assert_eq!((toolbox.target.as_deref(), toolbox.read_only), (Some(TOOLBOX_DIR), Some(true)));
+        assert_eq!(toolbox.source.as_deref(), Some("/var/lib/kiln/toolbox/0123"));
         assert_eq!(host.storage_opt.as_ref().unwrap()["size"], "64m");
         assert_eq!(host.memory, Some((512 + 32 + 64) << 20));
     }
@@ -622,6 +661,7 @@ mod loop_tests {
             home: Some("/home/kiln".into()),
             image_volumes: vec!["/data".into()],
             loop_refused: None,
+            toolbox_dir: None,
         };
         let disk = LoopDisk { dir: "/var/lib/kiln/sandbox-disks/kiln-disk-1".into() };
         let mut host = HostConfig::default();

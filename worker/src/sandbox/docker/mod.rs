@@ -20,6 +20,7 @@ pub mod loop_disk;
 pub mod network;
 pub mod pids;
 pub mod runtime;
+pub mod toolbox_mount;
 
 use std::sync::{Arc, OnceLock};
 
@@ -196,6 +197,13 @@ impl SandboxBackend for DockerBackend {
     async fn put_archive(&self, id: &str, dir: &str, tar: TarStream) -> Result<(), BackendError> {
         let options = UploadToContainerOptionsBuilder::new().path(dir).build();
         Ok(self.docker.upload_to_container(id, Some(options), bollard::body_try_stream(tar)).await?)
+    }
+
+    async fn install_toolbox(&self, id: &str, binary: &[u8]) -> Result<(), BackendError> {
+        if toolbox_mount::is_mounted(&self.docker, id).await? {
+            return Ok(());
+        }
+        crate::sandbox::toolbox_binary::copy_in(self, id, binary).await
     }
 
     async fn get_archive(&self, id: &str, path: &str, cap: usize) -> Result<Option<Vec<u8>>, BackendError> {

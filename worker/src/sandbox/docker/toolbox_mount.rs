@@ -1,0 +1,203 @@
+//! The toolbox binary shared by every sandbox of this worker, mounted
+//! read-only from the worker's disk instead of copied into each one.
+//!
+//! Copying the 8 MB static binary in through the archive API was the
+//! largest part of a cold sandbox start (254 of 555 ms in
+//! `start_profile`: the engine untars it in a process of its own, per
+//! sandbox), and four sandboxes starting at once paid it four times over on
+//! the same cores. Where the engine sees the worker's files (the worker on
+//! the engine's host, as the `loop` disk mechanism also needs), the binary
+//! is written once per worker under `KILN_TOOLBOX_MOUNT_DIR`, in a
+//! directory named by its hash, and each sandbox gets that directory bound
+//! read-only at [`CONTAINER_DIR`]: nothing is copied, and the command user
+//! cannot replace the binary (nor can root in the sandbox: the mount is
+//! read-only and the sandbox has no `CAP_SYS_ADMIN` to remount it).
+//!
+//! The directory is named by the binary's content, and the binary is
+//! written under a temporary name and renamed into place, so two workers
+//! sharing the directory never see a half-written binary, and a sandbox
+//! already running keeps the file it started with. Where the engine does
+//! not see the worker's files (another host, another mount namespace, a
+//! worker that cannot write the directory), sandboxes get their copy as
+//! before: a probe decides once, with the disk plan.
+
+use std::path::{Path, PathBuf};
+
+use bollard::Docker;
+use bollard::models::{HostConfig, Mount, MountType};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use super::container::remove_container;
+use super::disk::{create_probe, probe_body, read_small_file};
+use crate::sandbox::SandboxConfig;
+use crate::sandbox::backend::BackendError;
+use crate::sandbox::toolbox_binary::{self, BINARY_NAME, CONTAINER_DIR};
+
+/// Where the worker keeps the binary it mounts, unless
+/// `KILN_TOOLBOX_MOUNT_DIR` says otherwise (empty: never mount, copy).
+pub const DEFAULT_DIR: &str = "/var/lib/kiln/toolbox";
+pub const DIR_ENV: &str = "KILN_TOOLBOX_MOUNT_DIR";
+/// Where the probe container sees the worker's directory.
+const PROBE_TARGET: &str = "/kiln-toolbox-probe";
+
+/// The host directory to bind at [`CONTAINER_DIR`] for sandboxes made
+/// with `config`, or `None` when they get a copy (no binary, mounting off,
+/// the directory not writable, or the engine not seeing it). `Err`: the
+/// engine failed while asked; the caller may try again later.
+pub async fn probe(docker: &Docker, config: &SandboxConfig) -> Result<Option<PathBuf>, BackendError> {
+    let (Some(root), Some(binary)) =
+        (config.toolbox_mount_dir.as_deref(), toolbox_binary::local_binary(config.toolbox_path.as_deref()))
+    else {
+        return Ok(None);
+    };
+    let dir = match place(root, binary).await {
+        Ok(dir) => dir,
+        Err(e) => {
+            tracing::info!(dir = %root.display(), error = %e, "cannot keep the toolbox to mount; copying it per sandbox");
+            return Ok(None);
+        }
+    };
+    match engine_sees(docker, config, root).await? {
+        Ok(()) => Ok(Some(dir)),
+        Err(why) => {
+            tracing::info!(dir = %root.display(), reason = %why, "the engine cannot mount the worker's toolbox; copying it per sandbox");
+            Ok(None)
+        }
+    }
+}
+
+/// Puts the binary back if something removed it since the probe (a
+/// cleaner of the directory, an operator): a sandbox bound to a missing
+/// directory would not start.
+pub async fn ensure(dir: &Path, config: &SandboxConfig) -> std::io::Result<()> {
+    if tokio::fs::metadata(dir.join(BINARY_NAME)).await.is_ok() {
+        return Ok(());
+    }
+    let binary = toolbox_binary::local_binary(config.toolbox_path.as_deref())
+        .ok_or_else(|| std::io::Error::other("the toolbox binary is no longer readable"))?;
+    let root = dir.parent().ok_or_else(|| std::io::Error::other("the toolbox directory has no parent"))?;
+    place(root, binary).await.map(|_| ())
+}
+
+/// The read-only bind of `dir` at [`CONTAINER_DIR`].
+pub fn mount(dir: &Path) -> Mount {
+    Mount {
+        target: Some(CONTAINER_DIR.to_owned()),
+        source: Some(dir.to_string_lossy().into_owned()),
+        typ: Some(MountType::BIND),
+        read_only: Some(true),
+        ..Default::default()
+    }
+}
+
+/// Whether sandbox `id` has the toolbox bound in (then it needs no copy):
+/// asked of the engine, since a sandbox adopted from another worker may
+/// have been made either way.
+pub async fn is_mounted(docker: &Docker, id: &str) -> Result<bool, BackendError> {
+    let info = docker.inspect_container(id, None).await?;
+    Ok(info
+        .mounts
+        .unwrap_or_default()
+        .iter()
+        .any(|m| m.destination.as_deref() == Some(CONTAINER_DIR) && m.typ.as_deref() == Some("bind")))
+}
+
+/// `root/<hash>/kiln-toolbox`, written if it is not there yet: the
+/// directory the sandboxes bind.
+async fn place(root: &Path, binary: &'static [u8]) -> std::io::Result<PathBuf> {
+    let dir = root.join(hex::encode(&Sha256::digest(binary)[..8]));
+    let (dir_in_task, path) = (dir.clone(), dir.join(BINARY_NAME));
+    tokio::task::spawn_blocking(move || write_once(&dir_in_task, &path, binary))
+        .await
+        .map_err(std::io::Error::other)??;
+    Ok(dir)
+}
+
+/// Writes `binary` at `path` unless a file of its length is there,
+/// through a temporary file renamed into place (atomic: a reader sees the
+/// old file or the whole new one).
+fn write_once(dir: &Path, path: &Path, binary: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == binary.len() as u64) {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    let mut temporary = tempfile::NamedTempFile::new_in(dir)?;
+    std::io::Write::write_all(&mut temporary, binary)?;
+    temporary.as_file().set_permissions(std::fs::Permissions::from_mode(0o755))?;
+    temporary.as_file().sync_all()?;
+    temporary.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// Whether the engine sees the worker's `root`: a marker written there,
+/// bound into a (never started) container and read back through the
+/// engine. `Ok(Err(why))`: it does not.
+async fn engine_sees(docker: &Docker, config: &SandboxConfig, root: &Path) -> Result<Result<(), String>, BackendError> {
+    let name = format!("probe-{}", Uuid::new_v4().simple());
+    let marker = Uuid::new_v4().to_string();
+    if let Err(e) = tokio::fs::write(root.join(&name), &marker).await {
+        return Ok(Err(format!("writing {}: {e}", root.display())));
+    }
+    let bind = Mount {
+        target: Some(PROBE_TARGET.to_owned()),
+        source: Some(root.to_string_lossy().into_owned()),
+        typ: Some(MountType::BIND),
+        read_only: Some(true),
+        ..Default::default()
+    };
+    let host_config = HostConfig { mounts: Some(vec![bind]), ..Default::default() };
+    let created = create_probe(docker, probe_body(config, host_config)).await;
+    let seen =
+        match created {
+            Ok(Ok(id)) => {
+                let read = read_small_file(docker, &id, &format!("{PROBE_TARGET}/{name}")).await;
+                remove_container(docker, &id).await;
+                Ok(match read {
+                    Some(content) if content == marker.as_bytes() => Ok(()),
+                    _ => Err("the engine does not see the worker's files (another host, or another mount namespace)"
+                        .to_owned()),
+                })
+            }
+            Ok(Err(refused)) => Ok(Err(refused)),
+            Err(e) => Err(e),
+        };
+    let _ = tokio::fs::remove_file(root.join(&name)).await;
+    seen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_binary_is_written_once_whole_and_executable() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("abc");
+        let path = dir.join(BINARY_NAME);
+        write_once(&dir, &path, b"\x7fELF one").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"\x7fELF one");
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o755);
+        // Already there (same length): left as it is, not rewritten.
+        let before = std::fs::metadata(&path).unwrap().modified().unwrap();
+        write_once(&dir, &path, b"\x7fELF two").unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), before);
+        // A truncated one is replaced, and no temporary file stays behind.
+        std::fs::write(&path, b"\x7fE").unwrap();
+        write_once(&dir, &path, b"\x7fELF one").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"\x7fELF one");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn the_mount_is_a_read_only_bind_at_the_toolbox_directory() {
+        let m = mount(Path::new("/var/lib/kiln/toolbox/0123"));
+        assert_eq!(m.typ, Some(MountType::BIND));
+        assert_eq!(m.read_only, Some(true));
+        assert_eq!(m.target.as_deref(), Some(CONTAINER_DIR));
+        assert_eq!(m.source.as_deref(), Some("/var/lib/kiln/toolbox/0123"));
+    }
+}
