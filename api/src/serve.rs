@@ -11,11 +11,11 @@ use std::io;
 use std::time::Duration;
 
 use axum::Router;
+use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_io_timeout::TimeoutStream;
 use tokio_util::sync::CancellationToken;
 
@@ -49,9 +49,7 @@ pub async fn serve(
     timeouts: HttpTimeouts,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(timeouts.header_read);
-    builder.http2().timer(TokioTimer::new());
+    let protocols = Protocols::new(timeouts);
     let graceful = GracefulShutdown::new();
     loop {
         let tcp = tokio::select! {
@@ -69,21 +67,96 @@ pub async fn serve(
         };
         // Small writes (SSE events) go out at once.
         let _ = tcp.set_nodelay(true);
-        let mut io = TimeoutStream::new(tcp);
-        io.set_write_timeout(Some(timeouts.write_stall));
-        let service = TowerToHyperService::new(app.clone());
-        let connection = builder.serve_connection(TokioIo::new(Box::pin(io)), service).into_owned();
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                // Timeouts and clients that went away end up here.
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-        });
+        tokio::spawn(protocols.clone().serve(tcp, app.clone(), graceful.watcher()));
     }
     drop(listener);
     if tokio::time::timeout(DRAIN, graceful.shutdown()).await.is_err() {
         tracing::warn!("connections still open {DRAIN:?} after shutdown; leaving them");
     }
     Ok(())
+}
+
+/// What a client speaks, told by its first bytes.
+#[derive(Debug, PartialEq)]
+enum Protocol {
+    Http1,
+    /// HTTP/2 with prior knowledge (h2c): the connection preface.
+    Http2,
+    /// Closed, or silent past the header-read timeout, before saying.
+    Neither,
+}
+
+/// The HTTP/2 connection preface (RFC 9113 §3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The two protocols' connection settings, shared by every connection.
+///
+/// HTTP/1 and HTTP/2 are served by hyper's own connections, chosen by
+/// peeking at the client's first bytes, rather than by `hyper_util`'s auto
+/// builder: its connection holds room for both protocols for the whole of
+/// an HTTP/1 connection's life, and hands hyper the request in two reads,
+/// which grows the connection's read buffer from 8 to 16 KiB. An idle
+/// event stream is an HTTP/1 connection held open, so what it keeps is
+/// what a thousand of them cost.
+#[derive(Clone)]
+struct Protocols {
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
+    timeouts: HttpTimeouts,
+}
+
+impl Protocols {
+    fn new(timeouts: HttpTimeouts) -> Self {
+        let mut http1 = http1::Builder::new();
+        http1.timer(TokioTimer::new()).header_read_timeout(timeouts.header_read);
+        let mut http2 = http2::Builder::new(TokioExecutor::new());
+        http2.timer(TokioTimer::new());
+        Protocols { http1, http2, timeouts }
+    }
+
+    /// Serves one connection until it ends (or the graceful shutdown it is
+    /// watched by has it end).
+    async fn serve(self, tcp: TcpStream, app: Router, graceful: Watcher) {
+        let protocol = match tokio::time::timeout(self.timeouts.header_read, sniff(&tcp)).await {
+            Ok(Ok(protocol)) => protocol,
+            // Gone, or silent for as long as a request's headers may take.
+            Ok(Err(_)) | Err(_) => Protocol::Neither,
+        };
+        let mut io = TimeoutStream::new(tcp);
+        io.set_write_timeout(Some(self.timeouts.write_stall));
+        let io = TokioIo::new(Box::pin(io));
+        let service = TowerToHyperService::new(app);
+        let ended = match protocol {
+            Protocol::Http1 => graceful.watch(self.http1.serve_connection(io, service)).await,
+            // Boxed: the task of every connection is as large as its largest
+            // state, and nearly all are HTTP/1.
+            Protocol::Http2 => Box::pin(graceful.watch(self.http2.serve_connection(io, service))).await,
+            Protocol::Neither => return,
+        };
+        if let Err(e) = ended {
+            // Timeouts and clients that went away end up here.
+            tracing::debug!(error = %e, "connection ended with an error");
+        }
+    }
+}
+
+/// Which protocol the client's first bytes are, without taking them: HTTP/2
+/// if they are the preface, HTTP/1 from the first byte that differs from it.
+async fn sniff(tcp: &TcpStream) -> io::Result<Protocol> {
+    let mut first = [0u8; H2_PREFACE.len()];
+    loop {
+        let n = tcp.peek(&mut first).await?;
+        if n == 0 {
+            return Ok(Protocol::Neither);
+        }
+        if first[..n] != H2_PREFACE[..n] {
+            return Ok(Protocol::Http1);
+        }
+        if n == H2_PREFACE.len() {
+            return Ok(Protocol::Http2);
+        }
+        // Part of the preface so far; `peek` would answer at once with the
+        // same bytes, so wait for the rest rather than spin.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }

@@ -18,6 +18,16 @@ use secrecy::{ExposeSecret, SecretString};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+/// jemalloc rather than glibc's malloc: an idle event stream is a
+/// connection holding hyper's two 8 KiB buffers, of which only the first
+/// page of each is ever written (the request, the response's head).
+/// jemalloc keeps 8 KiB blocks page-aligned with their bookkeeping
+/// elsewhere, so the untouched page of each stays out of memory; glibc
+/// puts a header before every block, and a thousand streams cost about
+/// half as much again (bench/README.md, issue 33).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "Run coding agents remotely, in Docker sandboxes")]
 struct Cli {

@@ -168,3 +168,47 @@ async fn an_event_stream_ends_after_its_maximum_life_and_resumes() {
         .unwrap();
     assert!(body.contains("id: 2\nevent: note") && !body.contains("id: 1\n"), "{body}");
 }
+
+#[tokio::test]
+async fn a_client_that_connects_and_says_nothing_is_disconnected() {
+    let app = app_with_short_limits().await;
+    let mut conn = TcpStream::connect(app.addr).await.unwrap();
+    let started = Instant::now();
+    let answer = read_until_closed(&mut conn, Duration::from_secs(15)).await;
+    let answer = answer.expect("the server kept a connection that never said anything");
+    assert!(started.elapsed() >= LIMIT - Duration::from_millis(100), "closed early: {:?}", started.elapsed());
+    assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 408"), "{answer}");
+}
+
+/// The HTTP/2 connection preface, then an empty SETTINGS frame.
+const H2_HELLO: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+/// Reads the server's first HTTP/2 frame header: 9 bytes, its type at [3].
+async fn first_frame_type(conn: &mut TcpStream) -> u8 {
+    let mut header = [0u8; 9];
+    tokio::time::timeout(Duration::from_secs(10), conn.read_exact(&mut header))
+        .await
+        .expect("no HTTP/2 frame within 10 s")
+        .expect("the server closed instead of speaking HTTP/2");
+    header[3]
+}
+
+#[tokio::test]
+async fn http2_with_prior_knowledge_is_served_beside_http1() {
+    let app = app_with_short_limits().await;
+    let mut conn = TcpStream::connect(app.addr).await.unwrap();
+    conn.write_all(H2_HELLO).await.unwrap();
+    // The server's SETTINGS frame (type 4) opens its side of the connection.
+    assert_eq!(first_frame_type(&mut conn).await, 4);
+    // A client whose preface arrives in pieces is recognised all the same.
+    let mut conn = TcpStream::connect(app.addr).await.unwrap();
+    conn.write_all(&H2_HELLO[..5]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    conn.write_all(&H2_HELLO[5..]).await.unwrap();
+    assert_eq!(first_frame_type(&mut conn).await, 4);
+    // And HTTP/1 on the same listener.
+    let mut conn = TcpStream::connect(app.addr).await.unwrap();
+    conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: kiln\r\nConnection: close\r\n\r\n").await.unwrap();
+    let answer = read_until_closed(&mut conn, Duration::from_secs(10)).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
