@@ -31,6 +31,6 @@ pub struct WorkerContext {
     /// Warm containers of hot environments' prepared images.
     pub environment_pools: Arc<EnvironmentPools>,
     /// What each session's last capture here left that the next may take
-    /// on trust (see `capture::vouch`).
-    pub capture_vouches: Arc<crate::capture::Vouches>,
+    /// on trust (see `vouches`).
+    pub capture_vouches: Arc<crate::vouches::Vouches>,
 }

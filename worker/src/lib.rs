@@ -36,6 +36,7 @@ mod sandbox_reaper;
 pub mod subagent;
 pub mod tools;
 pub mod toolset;
+mod vouches;
 
 pub use claim_loop::Worker;
 pub use config::{ProviderEndpoints, ProviderKind, Providers, UnknownProvider, WorkerConfig};

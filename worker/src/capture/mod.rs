@@ -13,9 +13,8 @@ pub mod base;
 mod count;
 mod script;
 mod summary;
-mod vouch;
 
-pub use vouch::{Vouch, Vouches};
+pub use crate::vouches::{Vouch, Vouches};
 
 use kiln_protocol::changes::{ChangeScope, ChangeTotals};
 use kiln_protocol::{EventBody, Run};

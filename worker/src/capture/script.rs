@@ -61,8 +61,8 @@ use std::time::Duration;
 
 use super::CaptureError;
 use super::count::{Counts, count_patch};
-use super::vouch::Vouch;
 use crate::sandbox::Sandbox;
+use crate::vouches::Vouch;
 
 /// Longest the capture may take in the sandbox.
 const TIMEOUT: Duration = Duration::from_secs(120);

@@ -34,13 +34,13 @@ pub struct Vouch {
 impl Vouch {
     /// As the script takes them: a hash, or `-` (also for anything that is
     /// not one: these go into a command line).
-    pub(super) fn args(&self) -> [&str; 2] {
+    pub(crate) fn args(&self) -> [&str; 2] {
         [arg(&self.index), arg(&self.base)]
     }
 
     /// From the script's header fields: a SHA-256 in hex, or `-`; anything
     /// else vouches for nothing.
-    pub(super) fn from_fields(index: &str, base: &str) -> Vouch {
+    pub(crate) fn from_fields(index: &str, base: &str) -> Vouch {
         Vouch { index: sha256(index), base: sha256(base) }
     }
 }
