@@ -67,7 +67,7 @@ pub async fn serve(
         };
         // Small writes (SSE events) go out at once.
         let _ = tcp.set_nodelay(true);
-        tokio::spawn(protocols.clone().serve(tcp, app.clone(), graceful.watcher()));
+        tokio::spawn(protocols.clone().serve(tcp, app.clone(), graceful.watcher(), shutdown.clone()));
     }
     drop(listener);
     if tokio::time::timeout(DRAIN, graceful.shutdown()).await.is_err() {
@@ -116,8 +116,15 @@ impl Protocols {
 
     /// Serves one connection until it ends (or the graceful shutdown it is
     /// watched by has it end).
-    async fn serve(self, tcp: TcpStream, app: Router, graceful: Watcher) {
-        let protocol = match tokio::time::timeout(self.timeouts.header_read, sniff(&tcp)).await {
+    async fn serve(self, tcp: TcpStream, app: Router, graceful: Watcher, shutdown: CancellationToken) {
+        let sniffed = tokio::select! {
+            sniffed = tokio::time::timeout(self.timeouts.header_read, sniff(&tcp)) => sniffed,
+            // Nothing asked yet, so nothing to finish: a connection opened
+            // ahead of use (a browser's or a balancer's) would otherwise
+            // hold the shutdown for the whole header timeout.
+            _ = shutdown.cancelled() => return,
+        };
+        let protocol = match sniffed {
             Ok(Ok(protocol)) => protocol,
             // Gone, or silent for as long as a request's headers may take.
             Ok(Err(_)) | Err(_) => Protocol::Neither,
@@ -144,6 +151,7 @@ impl Protocols {
 /// if they are the preface, HTTP/1 from the first byte that differs from it.
 async fn sniff(tcp: &TcpStream) -> io::Result<Protocol> {
     let mut first = [0u8; H2_PREFACE.len()];
+    let mut pause = Duration::from_millis(5);
     loop {
         let n = tcp.peek(&mut first).await?;
         if n == 0 {
@@ -156,7 +164,10 @@ async fn sniff(tcp: &TcpStream) -> io::Result<Protocol> {
             return Ok(Protocol::Http2);
         }
         // Part of the preface so far; `peek` would answer at once with the
-        // same bytes, so wait for the rest rather than spin.
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        // same bytes, so wait for the rest rather than spin (longer each
+        // time: a client that stops mid-preface is not woken for 200 times
+        // a second until the timeout).
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(200));
     }
 }

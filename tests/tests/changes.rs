@@ -373,3 +373,59 @@ cmp -s -i $(($(stat -c %s $I) - 20)):0 $I /tmp/trailer";
     let session = app.store.run_changes(second, ChangeScope::Session).await.unwrap().unwrap();
     assert_eq!(paths(&session), ["a.txt", "c.txt"]);
 }
+
+/// A follow-up run of `run`'s session, asked for with `text`: its id.
+async fn follow_up(app: &TestApp, run: Uuid, text: &str) -> Uuid {
+    let r = app
+        .http
+        .post(app.url(&format!("/v1/runs/{run}/messages")))
+        .bearer_auth(token("alice"))
+        .json(&json!({ "text": text }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let body: serde_json::Value = r.json().await.unwrap();
+    body["run"]["id"].as_str().unwrap().parse().unwrap()
+}
+
+/// The capture keeps a git directory of its own in the sandbox, which the
+/// agent can write between runs. What it writes there is not taken: an
+/// `info/exclude` that hides a new file from `add -A` (without the fix the
+/// second run's change lacks `hidden.txt`), and a configuration of its own
+/// (`core.ignoreStat`, which has git mark entries assume-unchanged; with
+/// the image's git 2.39 the third run's change was captured even without
+/// the fix, so that part checks only that a capture after such a
+/// configuration is whole).
+#[tokio::test]
+async fn the_captures_own_git_directory_is_not_the_agents_to_configure() {
+    let (_repo, url) = repo_with(&[("a.txt", "a\n"), ("c.txt", "c\n")]);
+    let configure = "set -e
+G=/tmp/kiln-capture/git
+printf '[core]\\n\\tignoreStat = true\\n' >> $G/config
+mkdir -p $G/info && echo hidden.txt > $G/info/exclude
+echo x > hidden.txt && echo changed >> c.txt";
+    let script = vec![
+        Reply::tool("bash", json!({ "command": "echo changed >> a.txt" })),
+        Reply::text("first"),
+        Reply::tool("bash", json!({ "command": configure })),
+        Reply::text("second"),
+        Reply::tool("bash", json!({ "command": "echo again >> c.txt" })),
+        Reply::text("third"),
+    ];
+    let app = app_with(script, config()).await;
+    let paths = |c: &kiln_protocol::changes::RunChanges| c.files.iter().map(|f| f.path.clone()).collect::<Vec<_>>();
+    let first = app.submit("alice", on_repo(&url, "change")).await.id;
+    assert_eq!(outcome(&app.events("alice", first).await), Some(RunStatus::Succeeded));
+    let second = follow_up(&app, first, "again").await;
+    let events = app.events("alice", second).await;
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let tool: Vec<_> = pick!(events, EventBody::ToolResult { is_error, output, .. } => (*is_error, output)).collect();
+    assert!(tool.len() == 1 && !tool[0].0, "the agent's configuration was written: {tool:?}");
+    let own = app.store.run_changes(second, ChangeScope::Run).await.unwrap().expect("captured");
+    assert_eq!(paths(&own), ["c.txt", "hidden.txt"], "the capture's git directory's info/exclude hid a file");
+    let third = follow_up(&app, second, "once more").await;
+    assert_eq!(outcome(&app.events("alice", third).await), Some(RunStatus::Succeeded));
+    let own = app.store.run_changes(third, ChangeScope::Run).await.unwrap().expect("captured");
+    assert_eq!(paths(&own), ["c.txt"], "an index written under the agent's configuration hid a change");
+}

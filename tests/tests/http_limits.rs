@@ -212,3 +212,23 @@ async fn http2_with_prior_knowledge_is_served_beside_http1() {
     let answer = read_until_closed(&mut conn, Duration::from_secs(10)).await.unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
+
+#[tokio::test]
+async fn a_connection_that_has_said_nothing_does_not_hold_the_shutdown() {
+    // A connection opened ahead of use (a browser's preconnect, a
+    // balancer's pool) has no request to finish: on shutdown it is closed
+    // at once, not kept for the header timeout (here a minute, beyond the
+    // server's 30 s drain).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let timeouts = HttpTimeouts { header_read: Duration::from_secs(60), write_stall: Duration::from_secs(60) };
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(kiln_api::serve(listener, axum::Router::new(), timeouts, shutdown.clone()));
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    // Accepted and waiting for its first bytes.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    shutdown.cancel();
+    let stopped = tokio::time::timeout(Duration::from_secs(10), server).await;
+    assert!(stopped.is_ok(), "the server waited on a connection that never asked anything");
+    assert_eq!(read_until_closed(&mut silent, Duration::from_secs(5)).await.as_deref(), Some(""));
+}

@@ -4,7 +4,12 @@
 //! side over the sandbox's files.
 //!
 //! The script's git has its own git directory (`/tmp/kiln-capture/git`,
-//! outside `/workspace`, with an empty configuration) and reads the
+//! outside `/workspace`, its configuration written afresh and its `info/`
+//! removed at every capture: the agent can write that directory between
+//! runs, and a configuration of its own there (`core.ignoreStat`, which
+//! has git mark what it adds assume-unchanged, so an index the worker
+//! vouches for would hide the next change) or an `info/exclude` (which
+//! hides a new file from `add -A`) must not be taken) and reads the
 //! repository's objects through `alternates`: the repository's
 //! `.git/config` (hooks, `core.fsmonitor`, filter and diff drivers) is never
 //! read, so a `.gitattributes` naming a filter or a diff driver names one
@@ -96,8 +101,11 @@ export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null HOME=/nonexistent XDG_C
 [ -d "$O" ] && [ ! -L "$O" ] || { rm -rf "$O" && mkdir -p "$O"; } || { echo "cannot write $O" >&2; exit 10; }
 exec 3>&1 4>&2 >"$O/err" 2>&1
 fail() { tail -c 2000 "$O/err" >&4; exit "$1"; }
+[ -L "$K/git" ] && rm -f "$K/git"
 [ -f "$K/git/HEAD" ] || git init -q --bare --template= "$K/git" || fail 11
 [ -d "$K/git/objects/info" ] || mkdir -p "$K/git/objects/info" || fail 11
+rm -rf "$K/git/config" "$K/git/info" "$K/git/commondir" || fail 11
+printf '[core]\n\trepositoryformatversion = 0\n\tbare = true\n' > "$K/git/config" || fail 11
 if [ -d /workspace/.git/objects ]; then
   printf '%s\n' /workspace/.git/objects > "$K/git/objects/info/alternates"
 else
@@ -106,6 +114,7 @@ fi
 g() {
   git --git-dir="$K/git" --work-tree=/workspace -c core.bare=false -c safe.directory='*' \
     -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.untrackedCache=false -c core.splitIndex=false \
+    -c core.ignoreStat=false -c core.sparseCheckout=false \
     -c core.excludesFile=/workspace/.git/info/exclude -c core.autocrlf=false -c core.symlinks=true \
     -c core.fileMode=true -c core.quotePath=false -c diff.noprefix=false -c diff.mnemonicPrefix=false \
     -c diff.relative=false -c diff.renames=true "$@"

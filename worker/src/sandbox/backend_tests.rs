@@ -144,6 +144,7 @@ async fn a_call_waiting_on_a_sandbox_that_stopped_ends_saying_so() {
         reader: reader.abort_handle(),
         // A backend without news of stops: the watch asks.
         feed: None,
+        unsure: false,
     };
     tokio::spawn(watch(watched));
     let answer = tokio::time::timeout(CHECK_EVERY * 3, rx).await.expect("the call ends").unwrap();
@@ -178,6 +179,7 @@ async fn a_call_into_a_running_sandbox_is_left_waiting() {
         alive,
         reader: reader.abort_handle(),
         feed: None,
+        unsure: false,
     };
     let watching = tokio::spawn(watch(watched));
     tokio::time::sleep(CHECK_EVERY * 2 + CHECK_EVERY / 2).await;

@@ -120,6 +120,7 @@ impl ToolboxConn {
             alive: alive.clone(),
             reader: reader.abort_handle(),
             feed,
+            unsure: false,
         }));
         let mut conn = ToolboxConn {
             next_id: AtomicU64::new(1),

@@ -40,6 +40,12 @@ pub(super) struct Watched {
     pub reader: AbortHandle,
     /// The backend's news of stops; `None`: it has none, so only asking.
     pub feed: Option<StopFeed>,
+    /// Stops may have gone unheard (the feed came back, or this listener
+    /// fell behind it) while no call waited: the next tick that finds one
+    /// waiting asks once. Without it a sandbox that died while the feed was
+    /// down would be asked about by no one, and its next call would wait
+    /// forever.
+    pub unsure: bool,
 }
 
 /// Whether the watch goes on.
@@ -57,11 +63,11 @@ pub(super) async fn watch(mut w: Watched) {
         let next = match w.feed.as_mut() {
             Some(feed) => tokio::select! {
                 news = feed.news.recv() => heard(&mut w, news).await,
-                _ = tick.tick() => on_tick(&w).await,
+                _ = tick.tick() => on_tick(&mut w).await,
             },
             None => {
                 tick.tick().await;
-                on_tick(&w).await
+                on_tick(&mut w).await
             }
         };
         if let Next::Done = next {
@@ -79,7 +85,10 @@ async fn heard(w: &mut Watched, news: Result<StopNews, RecvError>) -> Next {
         Ok(StopNews::Stopped(stop)) if stop.is(&w.sandbox) => check(w).await,
         Ok(StopNews::Stopped(_)) => Next::Watch,
         // Stops may have gone unheard: ask once if a call waits.
-        Ok(StopNews::Resumed) | Err(RecvError::Lagged(_)) => check_if_waiting(w).await,
+        Ok(StopNews::Resumed) | Err(RecvError::Lagged(_)) => {
+            w.unsure = true;
+            check_if_waiting(w).await
+        }
         Err(RecvError::Closed) => {
             tracing::debug!(container = %w.sandbox, "the backend's stop feed ended; asking from now on");
             w.feed = None;
@@ -90,18 +99,23 @@ async fn heard(w: &mut Watched, news: Result<StopNews, RecvError>) -> Next {
 
 /// Every [`CHECK_EVERY`]: ends with the connection, and asks while the
 /// feed cannot be trusted to tell.
-async fn on_tick(w: &Watched) -> Next {
+async fn on_tick(w: &mut Watched) -> Next {
     if !w.alive.load(Ordering::Acquire) {
         return Next::Done;
     }
     match &w.feed {
-        Some(feed) if feed.is_up() => Next::Watch,
+        Some(feed) if feed.is_up() && !w.unsure => Next::Watch,
         _ => check_if_waiting(w).await,
     }
 }
 
-async fn check_if_waiting(w: &Watched) -> Next {
-    if lock(&w.pending).is_empty() { Next::Watch } else { check(w).await }
+/// Asks if a call waits (then nothing is left unsure).
+async fn check_if_waiting(w: &mut Watched) -> Next {
+    if lock(&w.pending).is_empty() {
+        return Next::Watch;
+    }
+    w.unsure = false;
+    check(w).await
 }
 
 /// Asks the backend whether the sandbox still runs (the news may be of a

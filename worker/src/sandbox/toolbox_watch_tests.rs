@@ -39,6 +39,7 @@ fn watched(backend: &Arc<Recording>) -> CallReply {
         alive: Arc::new(AtomicBool::new(true)),
         reader,
         feed,
+        unsure: false,
     }));
     rx
 }
@@ -98,4 +99,33 @@ async fn while_the_news_is_down_the_watch_asks_and_once_when_it_comes_back() {
     backend.stops.set_up(true);
     let reply = tokio::time::timeout(CHECK_EVERY / 4, reply).await.expect("asked on coming back").unwrap();
     assert!(is_stopped(reply));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_made_after_the_news_came_back_is_asked_about_once() {
+    // The feed comes back while no call waits (a stop in its gap went
+    // unheard); the first call made after it is asked about, once.
+    let backend = stopped_sandbox();
+    let pending = PendingMap::default();
+    let reader = tokio::spawn(std::future::pending::<()>()).abort_handle();
+    let plugged = backend.plugged();
+    let feed = plugged.stop_feed();
+    tokio::spawn(watch(Watched {
+        backend: plugged,
+        sandbox: SANDBOX.into(),
+        pending: pending.clone(),
+        alive: Arc::new(AtomicBool::new(true)),
+        reader,
+        feed,
+        unsure: false,
+    }));
+    tokio::task::yield_now().await;
+    backend.stops.set_up(true);
+    tokio::time::sleep(CHECK_EVERY * 5).await;
+    assert_eq!(asked(&backend), 0, "no call waited: nobody asked");
+    let (tx, reply) = oneshot::channel();
+    lock(&pending).insert(1, Pending::new(tx, None, CallLimits { stream_bytes: 0, reply_bytes: 0 }));
+    let reply = tokio::time::timeout(CHECK_EVERY * 2, reply).await.expect("asked at the next tick").unwrap();
+    assert!(is_stopped(reply));
+    assert_eq!(asked(&backend), 1);
 }

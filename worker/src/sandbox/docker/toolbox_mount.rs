@@ -114,12 +114,14 @@ async fn place(root: &Path, binary: &'static [u8]) -> std::io::Result<PathBuf> {
     Ok(dir)
 }
 
-/// Writes `binary` at `path` unless a file of its length is there,
-/// through a temporary file renamed into place (atomic: a reader sees the
-/// old file or the whole new one).
+/// Writes `binary` at `path` unless exactly it is there already (a file
+/// of another content, planted or truncated, is replaced: it would run in
+/// every sandbox), through a temporary file renamed into place (atomic: a
+/// reader sees the old file or the whole new one).
 fn write_once(dir: &Path, path: &Path, binary: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    if std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == binary.len() as u64) {
+    let same_length = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file() && m.len() == binary.len() as u64);
+    if same_length && std::fs::read(path).is_ok_and(|there| there == binary) {
         return Ok(());
     }
     std::fs::create_dir_all(dir)?;
@@ -181,10 +183,14 @@ mod tests {
         write_once(&dir, &path, b"\x7fELF one").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"\x7fELF one");
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o755);
-        // Already there (same length): left as it is, not rewritten.
+        // Already there: left as it is, not rewritten.
         let before = std::fs::metadata(&path).unwrap().modified().unwrap();
-        write_once(&dir, &path, b"\x7fELF two").unwrap();
+        write_once(&dir, &path, b"\x7fELF one").unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), before);
+        // One of the same length but another content is replaced too.
+        std::fs::write(&path, b"\x7fELF two").unwrap();
+        write_once(&dir, &path, b"\x7fELF one").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"\x7fELF one");
         // A truncated one is replaced, and no temporary file stays behind.
         std::fs::write(&path, b"\x7fE").unwrap();
         write_once(&dir, &path, b"\x7fELF one").unwrap();
