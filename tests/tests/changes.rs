@@ -76,9 +76,26 @@ mkdir -p dir && echo new > dir/new.txt";
 
 #[tokio::test]
 async fn a_runs_patch_applied_to_a_fresh_clone_gives_the_sandboxs_tree() {
+    assert_eq!(patch_rebuilds_the_sandboxs_tree(config()).await, "toolbox");
+}
+
+/// Where the worker's toolbox does not run the sandbox's tools (here: the
+/// worker has no toolbox binary, so every tool is one exec), the capture is
+/// the shell script, and its change is as exact.
+#[tokio::test]
+async fn without_the_workers_toolbox_the_script_takes_the_same_change() {
+    let mut config = config();
+    config.sandbox.toolbox_path = Some("/nonexistent/kiln-toolbox".into());
+    assert_eq!(patch_rebuilds_the_sandboxs_tree(config).await, "script");
+}
+
+/// Runs [`EDITS`] on a repository with `config` and checks that the run's
+/// patch, applied to a fresh clone, gives exactly the sandbox's tree, and
+/// its summary is what git says of it; says which capture ran.
+async fn patch_rebuilds_the_sandboxs_tree(config: WorkerConfig) -> &'static str {
     let long: String = (0..40).map(|i| format!("line {i}\n")).collect();
     let (repo, url) = repo_with(&[("a.txt", "a\n"), ("gone.txt", "bye\n"), ("old.txt", &long), ("tool.sh", "echo\n")]);
-    let app = app_with(vec![Reply::tool("bash", json!({ "command": EDITS })), Reply::text("done")], config()).await;
+    let app = app_with(vec![Reply::tool("bash", json!({ "command": EDITS })), Reply::text("done")], config).await;
     let id = app.submit("alice", on_repo(&url, "edit")).await.id;
     let events = app.events("alice", id).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
@@ -93,13 +110,24 @@ async fn a_runs_patch_applied_to_a_fresh_clone_gives_the_sandboxs_tree() {
     assert!(!patch.too_large);
     let (clone_dir, applied) = applied_index(&url, patch.patch.as_deref().unwrap());
     assert_eq!(applied, sandbox_index(&app, id).await, "the patch rebuilds the sandbox's tree");
-
-    // The summary is what git says of the same change.
     let changes = app.store.run_changes(id, ChangeScope::Run).await.unwrap().unwrap();
-    let mut numstat: Vec<String> = {
-        let clone = clone_dir.path().join("c");
-        git(&clone, &["diff", "--cached", "-M", "--numstat"]).lines().map(str::to_owned).collect()
-    };
+    assert_summary_is_gits(&changes, &clone_dir.path().join("c"));
+    assert_eq!(changes.base_commit.as_deref(), Some(git(repo.path(), &["rev-parse", "HEAD"]).as_str()));
+    let [(files, additions, deletions, false)] = captured(&events)[..] else { panic!("{:?}", captured(&events)) };
+    assert_eq!(
+        (files, additions, deletions),
+        (changes.totals.files, changes.totals.additions, changes.totals.deletions)
+    );
+    // A first run's session change is its own.
+    let session = app.store.run_patch(id, ChangeScope::Session).await.unwrap().unwrap();
+    assert_eq!(session.patch, patch.patch);
+    capture_that_ran(&app, id).await
+}
+
+/// The summary is what `git diff --numstat` says of the same change,
+/// applied in `clone`.
+fn assert_summary_is_gits(changes: &kiln_protocol::changes::RunChanges, clone: &std::path::Path) {
+    let mut numstat: Vec<String> = git(clone, &["diff", "--cached", "-M", "--numstat"]).lines().map(str::to_owned).collect();
     numstat.sort();
     let mut ours: Vec<String> = changes
         .files
@@ -121,15 +149,14 @@ async fn a_runs_patch_applied_to_a_fresh_clone_gives_the_sandboxs_tree() {
     assert_eq!(status("renamed.txt"), Some(FileStatus::Renamed));
     assert_eq!(status("gone.txt"), Some(FileStatus::Deleted));
     assert_eq!(status("link"), Some(FileStatus::Added));
-    assert_eq!(changes.base_commit.as_deref(), Some(git(repo.path(), &["rev-parse", "HEAD"]).as_str()));
-    let [(files, additions, deletions, false)] = captured(&events)[..] else { panic!("{:?}", captured(&events)) };
-    assert_eq!(
-        (files, additions, deletions),
-        (changes.totals.files, changes.totals.additions, changes.totals.deletions)
-    );
-    // A first run's session change is its own.
-    let session = app.store.run_patch(id, ChangeScope::Session).await.unwrap().unwrap();
-    assert_eq!(session.patch, patch.patch);
+}
+
+/// Which capture took the run's change: the script leaves its hashes and
+/// tree in files of its output directory, the toolbox keeps them.
+async fn capture_that_ran(app: &TestApp, run: Uuid) -> &'static str {
+    let container = app.containers_of(run).await.pop().expect("the session's container");
+    let (code, _) = docker_exec(&container, &["test", "-e", "/tmp/kiln-capture/out/sum"]).await;
+    if code == 0 { "script" } else { "toolbox" }
 }
 
 #[tokio::test]

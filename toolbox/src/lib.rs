@@ -5,6 +5,7 @@
 //! The worker depends on this crate for [`protocol`] (the message types) and
 //! [`framing`] (the frame codec); the rest is the server side.
 
+pub mod change_capture;
 pub mod edit;
 pub mod exec;
 pub mod files;

@@ -12,6 +12,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let user = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         [] => None,
+        ["capture", ..] => return kiln_toolbox::change_capture::main(&args[1..]),
         ["--version"] => {
             println!("kiln-toolbox {TOOLBOX_VERSION}");
             return ExitCode::SUCCESS;
@@ -28,7 +29,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: kiln-toolbox [--version | --user UID[:GID]]\nSpeaks the Kiln toolbox protocol on stdin/stdout; \
+                "usage: kiln-toolbox [--version | --user UID[:GID] | capture ARGS]\nSpeaks the Kiln toolbox protocol on stdin/stdout; \
                  with --user (started as root) commands run as that user and file operations are done as that user."
             );
             return ExitCode::from(2);

@@ -1,7 +1,14 @@
-//! The capture inside the sandbox: one exec of a script that runs git on
-//! the workspace with a store of its own and sends everything back on that
-//! exec's own stdout, framed and bounded. Nothing runs git on the worker's
-//! side over the sandbox's files.
+//! The capture inside the sandbox: one exec that runs git on the workspace
+//! with a store of its own and sends everything back on that exec's own
+//! stdout, framed and bounded. Nothing runs git on the worker's side over
+//! the sandbox's files.
+//!
+//! The exec is the worker's own toolbox binary's `capture` subcommand
+//! (`toolbox/src/change_capture`) wherever that toolbox runs the sandbox's
+//! tools: one process that runs git three times and does the rest itself.
+//! Where it does not (an image's own toolbox, per-exec mode, a toolbox from
+//! before the subcommand), the shell script below takes the same steps and
+//! sends the same output; what follows describes both.
 //!
 //! The script's git has its own git directory (`/tmp/kiln-capture/git`,
 //! outside `/workspace`, its configuration written afresh and its `info/`
@@ -66,7 +73,7 @@ use std::time::Duration;
 
 use super::CaptureError;
 use super::count::{Counts, count_patch};
-use crate::sandbox::Sandbox;
+use crate::sandbox::{RawOutput, Sandbox};
 use crate::vouches::Vouch;
 
 /// Longest the capture may take in the sandbox.
@@ -165,9 +172,9 @@ printf '%s\n' "$T" > "$K/index.tree" || fail 16
 H="KILN-CAPTURE $T ${VI:--} $VB" SEND=
 scope() {
   if [ "$3" -le $((CAP + MAXP + 1)) ]; then H="$H d - $3" SEND="$SEND $O/$1.diff"; return; fi
-  d --numstat "$2" > "$O/$1.list" || fail 15
+  d --numstat "$2" > "$O/$1.list" && d "$2" > "$O/$1.raw" || fail 15
   head -c "$CAP" "$O/$1.list" > "$O/$1.sent" || fail 16
-  local n p; n=$(stat -c %s "$O/$1.list" "$O/$1.sent") || fail 16
+  local n p; n=$(stat -c %s "$O/$1.raw" "$O/$1.sent") || fail 16
   p=$(($3 - ${n%%[!0-9]*} - 1))
   H="$H s $p ${n##*[!0-9]}"
   if [ "$p" -le "$MAXP" ]; then tail -c "$p" "$O/$1.diff" > "$O/$1.patch" && SEND="$SEND $O/$1.patch" || fail 16; fi
@@ -229,23 +236,50 @@ pub async fn take(
     if ![base, session_base].iter().all(|id| super::base::is_object_id(id)) {
         return Err(CaptureError::Garbage(format!("recorded bases {base:?}, {session_base:?} are not object ids")));
     }
+    let [index, kept_base] = vouch.args();
+    let (cap, max) = (MAX_SUMMARY_BYTES.to_string(), max_patch.to_string());
+    if let Some(toolbox) = sandbox.workers_toolbox() {
+        let argv = [toolbox, "capture", base, session_base, &cap, &max, index, kept_base];
+        let out = run(sandbox, &argv, max_patch).await?;
+        if !cannot_capture(&out) {
+            return read(out, max_patch);
+        }
+        // No toolbox of the worker's there after all (its copy failed), or
+        // one from before the capture was in it (a sandbox adopted across an
+        // upgrade): the script does the same.
+        tracing::debug!("the sandbox's toolbox cannot capture; taking the change with the script");
+    }
     // The session's shell (bash, else sh: the script is POSIX); an image
     // without one cannot run the capture at all.
     let shell = match sandbox.shell() {
         Some(known) => known.program().ok_or(CaptureError::Needs("a shell (sh) and git"))?,
         None => "sh",
     };
-    let [index, kept_base] = vouch.args();
-    let command = format!(
-        "{NEEDS_GIT}set -- {base} {session_base} {MAX_SUMMARY_BYTES} {max_patch} {index} {kept_base}\n{SCRIPT}"
-    );
+    let command = format!("{NEEDS_GIT}set -- {base} {session_base} {cap} {max} {index} {kept_base}\n{SCRIPT}");
+    read(run(sandbox, &[shell, "-c", &command], max_patch).await?, max_patch)
+}
+
+/// Runs the capture, its stdout read within the bound.
+async fn run(sandbox: &Sandbox, argv: &[&str], max_patch: u64) -> Result<RawOutput, CaptureError> {
     let out = sandbox
-        .exec_raw(&[shell, "-c", &command], None, stdout_cap(max_patch), TIMEOUT)
+        .exec_raw(argv, None, stdout_cap(max_patch), TIMEOUT)
         .await
         .map_err(|e| CaptureError::Sandbox(e.to_string()))?;
     if out.overflow {
         return Err(CaptureError::Garbage("the capture sent more than its bound".into()));
     }
+    Ok(out)
+}
+
+/// The toolbox was not there to run (126, 127: `timeout` could not start
+/// it), or did not know the subcommand (it says how it is used).
+fn cannot_capture(out: &RawOutput) -> bool {
+    matches!(out.exit_code, Some(126 | 127))
+        || out.exit_code == Some(2) && out.stderr.starts_with("usage: kiln-toolbox")
+}
+
+/// What the capture's exit status and output say.
+fn read(out: RawOutput, max_patch: u64) -> Result<Taken, CaptureError> {
     match out.exit_code {
         Some(0) => parse_output(out.stdout, max_patch),
         Some(NEEDS_GIT_EXIT) => Err(CaptureError::Needs("git")),

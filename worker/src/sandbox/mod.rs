@@ -52,6 +52,7 @@ pub use docker::{DockerBackend, disk, loop_disk, runtime};
 pub use egress_route::{ServeError, serve_egress};
 
 pub use exec::ExecOutput;
+pub(crate) use exec::RawOutput;
 pub use files::{FileError, FilePage};
 pub use stdio::{StdioHandle, StdioProcess};
 // One bounded head-and-tail buffer, shared with the toolbox.

@@ -139,6 +139,19 @@ impl Sandbox {
         self.toolbox.command.is_some()
     }
 
+    /// Where the worker's own toolbox binary should be in this sandbox, for
+    /// its subcommands (the change capture); `None` where it is not. A
+    /// handle that started its toolbox knows which one runs (not one the
+    /// image ships, which may be any version); one bound by name (the
+    /// capture's) goes by the worker's binary, which it puts in every
+    /// sandbox it starts. The caller copes with a binary that is not there.
+    pub(crate) fn workers_toolbox(&self) -> Option<&'static str> {
+        match self.toolbox.command.as_deref() {
+            Some(command) => (command == CONTAINER_PATH).then_some(CONTAINER_PATH),
+            None => toolbox_binary::local_binary(self.config.toolbox_path.as_deref()).map(|_| CONTAINER_PATH),
+        }
+    }
+
     /// One toolbox request. `Ok(None)`: this sandbox has no toolbox. A
     /// toolbox that died is restarted here, on the call after the one it
     /// died in (which gets [`ToolboxError::Died`]).
