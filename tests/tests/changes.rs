@@ -127,7 +127,8 @@ async fn patch_rebuilds_the_sandboxs_tree(config: WorkerConfig) -> &'static str 
 /// The summary is what `git diff --numstat` says of the same change,
 /// applied in `clone`.
 fn assert_summary_is_gits(changes: &kiln_protocol::changes::RunChanges, clone: &std::path::Path) {
-    let mut numstat: Vec<String> = git(clone, &["diff", "--cached", "-M", "--numstat"]).lines().map(str::to_owned).collect();
+    let mut numstat: Vec<String> =
+        git(clone, &["diff", "--cached", "-M", "--numstat"]).lines().map(str::to_owned).collect();
     numstat.sort();
     let mut ours: Vec<String> = changes
         .files

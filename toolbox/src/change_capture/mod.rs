@@ -80,9 +80,12 @@ impl Request {
     /// the vouches `-` for none.
     pub fn parse(args: &[String]) -> Result<Request, String> {
         let [base, session_base, cap, max_patch, index, kept_base] = args else {
-            return Err("usage: kiln-toolbox capture BASE SESSION_BASE SUMMARY_CAP MAX_PATCH VOUCH_INDEX VOUCH_BASE".into());
+            return Err(
+                "usage: kiln-toolbox capture BASE SESSION_BASE SUMMARY_CAP MAX_PATCH VOUCH_INDEX VOUCH_BASE".into()
+            );
         };
-        let object = |id: &String| seed::is_hex(id, &[40, 64]).then(|| id.clone()).ok_or(format!("{id:?} is not an object id"));
+        let object =
+            |id: &String| seed::is_hex(id, &[40, 64]).then(|| id.clone()).ok_or(format!("{id:?} is not an object id"));
         let size = |n: &String| n.parse::<u64>().map_err(|_| format!("{n:?} is not a size"));
         let vouch = |h: &String| seed::is_hex(h, &[64]).then(|| h.clone());
         Ok(Request {

@@ -101,20 +101,20 @@ impl Seeds {
     /// Puts the seed in place and says how the capture starts from it.
     pub fn choose(&mut self, git: &Git) -> Result<Start, Failed> {
         let base = self.request.base.clone();
-        if self.index_tree == base {
-            if let Some(start) = takeable(&self.index, self.request.vouch_index.as_deref()) {
-                return Ok(start);
-            }
+        if self.index_tree == base
+            && let Some(start) = takeable(&self.index, self.request.vouch_index.as_deref())
+        {
+            return Ok(start);
         }
         if self.base_tree == base {
             let vouch = match &self.base_index {
                 BaseIndex::AsVouched(vouch) => vouch.clone(),
                 _ => None,
             };
-            if let Some(start) = takeable(&self.base, vouch.as_deref()) {
-                if link(&self.base, &self.index).is_ok() {
-                    return Ok(start);
-                }
+            if let Some(start) = takeable(&self.base, vouch.as_deref())
+                && link(&self.base, &self.index).is_ok()
+            {
+                return Ok(start);
             }
         }
         if let Some(start) = self.seed(git, &self.index.clone())? {
@@ -166,7 +166,8 @@ impl Seeds {
 
     /// Records that the index is of `tree`.
     pub fn record_tree(&self, tree: &str) -> Result<(), Failed> {
-        write_new(&self.index_tree_file, format!("{tree}\n").as_bytes()).map_err(Failed::io(CANNOT_SEND, "recording the tree"))
+        write_new(&self.index_tree_file, format!("{tree}\n").as_bytes())
+            .map_err(Failed::io(CANNOT_SEND, "recording the tree"))
     }
 }
 
