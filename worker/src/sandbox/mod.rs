@@ -42,7 +42,7 @@ use kiln_protocol::egress::{EgressMode, EgressPolicy, Layers};
 use kiln_protocol::{NetworkMode, SandboxSpec};
 
 use crate::egress::EgressSettings;
-use backend::{BackendError, CreateSpec, Purpose};
+use backend::{BackendError, CreateSpec, Provenance, Purpose};
 use disk::{DiskError, DiskMode, DiskPlan};
 use docker::network::NetworkError;
 use uuid::Uuid;
@@ -315,7 +315,7 @@ impl Sandbox {
     async fn create(backend: Backend, spec: CreateSpec<'_>) -> Result<Sandbox, SandboxError> {
         let id = backend.create(&spec).await?;
         let mut sandbox = Sandbox::bound(backend, id, spec.config);
-        if let Err(e) = sandbox.start_toolbox().await {
+        if let Err(e) = sandbox.start_toolbox(Provenance::Made).await {
             sandbox.remove().await;
             if let Purpose::Session(owner) = spec.purpose
                 && spec.config.wants_egress()

@@ -33,7 +33,8 @@ use futures::StreamExt;
 use uuid::Uuid;
 
 use super::backend::{
-    Backend, BackendError, CreateSpec, Exec, ExecSpec, ExecStatus, Found, Managed, SandboxBackend, Stopped, TarStream,
+    Backend, BackendError, CreateSpec, Exec, ExecSpec, ExecStatus, Found, Managed, Provenance, SandboxBackend, Stopped,
+    TarStream,
 };
 use super::stops::StopFeed;
 use super::{SandboxConfig, SandboxError};
@@ -199,8 +200,22 @@ impl SandboxBackend for DockerBackend {
         Ok(self.docker.upload_to_container(id, Some(options), bollard::body_try_stream(tar)).await?)
     }
 
-    async fn install_toolbox(&self, id: &str, binary: &[u8]) -> Result<(), BackendError> {
-        if toolbox_mount::is_mounted(&self.docker, id).await? {
+    /// One made here has the worker's binary bound exactly when the plan
+    /// says so: nothing to ask on the cold start's path. Only a found one's
+    /// mounts are asked of the engine (see [`toolbox_mount::adopted_is_bound`]).
+    async fn install_toolbox(
+        &self,
+        id: &str,
+        binary: &[u8],
+        config: &SandboxConfig,
+        provenance: Provenance,
+    ) -> Result<(), BackendError> {
+        let ours = plan(config, &self.docker).await?.toolbox_dir.as_deref();
+        let bound = match provenance {
+            Provenance::Made => ours.is_some(),
+            Provenance::Found => toolbox_mount::adopted_is_bound(&self.docker, id, ours).await?,
+        };
+        if bound {
             return Ok(());
         }
         crate::sandbox::toolbox_binary::copy_in(self, id, binary).await
