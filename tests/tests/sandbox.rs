@@ -597,7 +597,7 @@ async fn only_a_found_sandbox_is_asked_about_its_toolbox_and_only_this_workers_b
         config
     };
     let (older, newer) = (keeping(older_dir.path()), keeping(newer_dir.path()));
-    assert!(newer.disk_plan(&docker).await.unwrap().toolbox_dir.is_some(), "the engine sees the worker's files");
+    assert!(newer.toolbox_plan(&docker).await.unwrap().dir.is_some(), "the engine sees the worker's files");
 
     let missing = format!("kiln-test-missing-{}", uuid::Uuid::new_v4().simple());
     let made = backend.install_toolbox(&missing, b"", &newer, Provenance::Made).await;

@@ -45,6 +45,7 @@ use crate::egress::EgressSettings;
 use backend::{BackendError, CreateSpec, Provenance, Purpose};
 use disk::{DiskError, DiskMode, DiskPlan};
 use docker::network::NetworkError;
+use docker::toolbox_mount::ToolboxPlan;
 use uuid::Uuid;
 
 pub use backend::{Backend, ImageStore, Managed, SandboxBackend};
@@ -176,6 +177,9 @@ pub struct SandboxConfig {
     /// The engine probe's plan, made once (at worker start, or by the first
     /// container) and shared by every clone of this config.
     pub disk_plan: Arc<tokio::sync::OnceCell<DiskPlan>>,
+    /// The toolbox's plan (bound or copied), made beside the disk plan and
+    /// shared alike.
+    pub toolbox_plan: Arc<tokio::sync::OnceCell<ToolboxPlan>>,
     /// The deployment's egress policy and proxy settings.
     pub egress: Arc<EgressSettings>,
     /// The run's own egress policy (see [`SandboxConfig::egress_layers`]).
@@ -201,6 +205,7 @@ impl Default for SandboxConfig {
             disk_mode: DiskMode::Auto,
             disk_dir: DEFAULT_DISK_DIR.into(),
             disk_plan: Arc::default(),
+            toolbox_plan: Arc::default(),
             egress: Arc::default(),
             egress_run: None,
         }

@@ -19,7 +19,7 @@
 //! already running keeps the file it started with. Where the engine does
 //! not see the worker's files (another host, another mount namespace, a
 //! worker that cannot write the directory), sandboxes get their copy as
-//! before: a probe decides once, with the disk plan.
+//! before: a probe decides once, beside the disk plan ([`ToolboxPlan`]).
 
 use std::path::{Path, PathBuf};
 
@@ -41,11 +41,24 @@ pub const DIR_ENV: &str = "KILN_TOOLBOX_MOUNT_DIR";
 /// Where the probe container sees the worker's directory.
 const PROBE_TARGET: &str = "/kiln-toolbox-probe";
 
+/// Where sandboxes made with a config get the toolbox, as the probe found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolboxPlan {
+    /// The worker's directory holding the binary, bound read-only into
+    /// every sandbox; `None`: each sandbox gets a copy.
+    pub dir: Option<PathBuf>,
+}
+
+/// Plans the toolbox of sandboxes made with `config`: see [`probe_dir`].
+pub async fn probe(docker: &Docker, config: &SandboxConfig) -> Result<ToolboxPlan, BackendError> {
+    Ok(ToolboxPlan { dir: probe_dir(docker, config).await? })
+}
+
 /// The host directory to bind at [`CONTAINER_DIR`] for sandboxes made
 /// with `config`, or `None` when they get a copy (no binary, mounting off,
 /// the directory not writable, or the engine not seeing it). `Err`: the
 /// engine failed while asked; the caller may try again later.
-pub async fn probe(docker: &Docker, config: &SandboxConfig) -> Result<Option<PathBuf>, BackendError> {
+async fn probe_dir(docker: &Docker, config: &SandboxConfig) -> Result<Option<PathBuf>, BackendError> {
     let (Some(root), Some(binary)) =
         (config.toolbox_mount_dir.as_deref(), toolbox_binary::local_binary(config.toolbox_path.as_deref()))
     else {
