@@ -105,13 +105,13 @@ async fn read_run(state: AppState, run_id: Uuid, mut after: i64, tx: broadcast::
     // announced to this reader.
     let news = state.notices.register(run_id);
     loop {
-        let (finished, failed) = read_news(&state, run_id, &mut after, &tx).await;
-        if state.feeds.retire_if_unheard(run_id, &tx, finished) {
+        let read = read_news(&state, run_id, &mut after, &tx).await;
+        if state.feeds.retire_if_unheard(run_id, &tx, read == Read::Finished) {
             return;
         }
         // After a failed read, wait for an announcement newer than those
         // already seen (or the poll), not retry at once.
-        let known = if failed { after.max(news.announced()) } else { after };
+        let known = if read == Read::Failed { after.max(news.announced()) } else { after };
         tokio::select! {
             _ = news.news_after(known, state.settings.sse_poll) => {}
             _ = state.shutdown.cancelled() => {
@@ -122,10 +122,21 @@ async fn read_run(state: AppState, run_id: Uuid, mut after: i64, tx: broadcast::
     }
 }
 
+/// How a [`read_news`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// Every event there was is sent; the run goes on.
+    CaughtUp,
+    /// The run's terminal event was among those sent.
+    Finished,
+    /// A read failed; what was sent before it stands.
+    Failed,
+}
+
 /// Reads the run's events after `after` and sends them to the subscribers,
-/// page by page, until none is left. Whether the run's terminal event was
-/// among them, and whether a read failed.
-async fn read_news(state: &AppState, run_id: Uuid, after: &mut i64, tx: &broadcast::Sender<Batch>) -> (bool, bool) {
+/// page by page, until none is left, the run's terminal event is among
+/// them, or a read fails.
+async fn read_news(state: &AppState, run_id: Uuid, after: &mut i64, tx: &broadcast::Sender<Batch>) -> Read {
     loop {
         let batch = match state.store.events_page(run_id, *after, BATCH, page_bytes(state)).await {
             Ok(batch) => batch,
@@ -133,16 +144,19 @@ async fn read_news(state: &AppState, run_id: Uuid, after: &mut i64, tx: &broadca
                 // Subscribers still read the table themselves on a gap;
                 // try again at the next notification or poll.
                 tracing::warn!(error = %e, %run_id, "feed: reading events failed");
-                return (false, true);
+                return Read::Failed;
             }
         };
-        let Some(last) = batch.events.last() else { return (false, false) };
+        let Some(last) = batch.events.last() else { return Read::CaughtUp };
         *after = last.seq;
         let finished = batch.events.iter().any(|e| is_terminal_kind(&e.kind));
         // No subscriber: fine, checked by the caller.
         let _ = tx.send(batch.events.iter().map(FedEvent::of).collect());
-        if finished || !batch.more {
-            return (finished, false);
+        if finished {
+            return Read::Finished;
+        }
+        if !batch.more {
+            return Read::CaughtUp;
         }
     }
 }

@@ -306,6 +306,16 @@ impl TestApp {
         r.json().await.unwrap()
     }
 
+    /// Sends `text` to the run's session as `owner` (a follow-up run, or
+    /// a message to the running one): the answer, a 201's.
+    pub async fn send_message(&self, owner: &str, run_id: Uuid, text: &str) -> Value {
+        let path = format!("/v1/runs/{run_id}/messages");
+        let body = serde_json::json!({ "text": text });
+        let r = self.http.post(self.url(&path)).bearer_auth(token(owner)).json(&body).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 201);
+        r.json().await.unwrap()
+    }
+
     pub async fn get_run(&self, sub: &str, id: &str) -> Value {
         let r = self.http.get(self.url(&format!("/v1/runs/{id}"))).bearer_auth(token(sub)).send().await.unwrap();
         assert_eq!(r.status(), 200);

@@ -262,17 +262,7 @@ async fn a_follow_up_has_its_own_change_and_the_sessions() {
     let app = app_with(script, config()).await;
     let first = app.submit("alice", on_repo(&url, "one")).await.id;
     assert_eq!(outcome(&app.events("alice", first).await), Some(RunStatus::Succeeded));
-    let r = app
-        .http
-        .post(app.url(&format!("/v1/runs/{first}/messages")))
-        .bearer_auth(token("alice"))
-        .json(&json!({ "text": "two" }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 201);
-    let body: serde_json::Value = r.json().await.unwrap();
-    let second: Uuid = body["run"]["id"].as_str().unwrap().parse().unwrap();
+    let second = follow_up(&app, first, "two").await;
     assert_eq!(outcome(&app.events("alice", second).await), Some(RunStatus::Succeeded));
 
     let files =
@@ -331,17 +321,7 @@ cp .git/index /tmp/kiln-capture/index";
     let own = app.store.run_changes(first, ChangeScope::Run).await.unwrap().expect("captured");
     assert_eq!(paths(&own), ["a.txt", "b.txt"], "the repository's index hid a change");
 
-    let r = app
-        .http
-        .post(app.url(&format!("/v1/runs/{first}/messages")))
-        .bearer_auth(token("alice"))
-        .json(&json!({ "text": "again" }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 201);
-    let body: serde_json::Value = r.json().await.unwrap();
-    let second: Uuid = body["run"]["id"].as_str().unwrap().parse().unwrap();
+    let second = follow_up(&app, first, "again").await;
     let events = app.events("alice", second).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
     let own = app.store.run_changes(second, ChangeScope::Run).await.unwrap().expect("captured");
@@ -381,17 +361,7 @@ cmp -s -i $(($(stat -c %s $I) - 20)):0 $I /tmp/trailer";
     let own = app.store.run_changes(first, ChangeScope::Run).await.unwrap().expect("captured");
     assert_eq!(paths(&own), ["a.txt"]);
 
-    let r = app
-        .http
-        .post(app.url(&format!("/v1/runs/{first}/messages")))
-        .bearer_auth(token("alice"))
-        .json(&json!({ "text": "again" }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 201);
-    let body: serde_json::Value = r.json().await.unwrap();
-    let second: Uuid = body["run"]["id"].as_str().unwrap().parse().unwrap();
+    let second = follow_up(&app, first, "again").await;
     let events = app.events("alice", second).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
     let tool: Vec<_> = pick!(events, EventBody::ToolResult { is_error, output, .. } => (*is_error, output)).collect();
@@ -404,16 +374,7 @@ cmp -s -i $(($(stat -c %s $I) - 20)):0 $I /tmp/trailer";
 
 /// A follow-up run of `run`'s session, asked for with `text`: its id.
 async fn follow_up(app: &TestApp, run: Uuid, text: &str) -> Uuid {
-    let r = app
-        .http
-        .post(app.url(&format!("/v1/runs/{run}/messages")))
-        .bearer_auth(token("alice"))
-        .json(&json!({ "text": text }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 201);
-    let body: serde_json::Value = r.json().await.unwrap();
+    let body = app.send_message("alice", run, text).await;
     body["run"]["id"].as_str().unwrap().parse().unwrap()
 }
 

@@ -577,3 +577,42 @@ async fn without_a_place_to_keep_it_the_toolbox_is_copied_into_each_sandbox() {
     assert_eq!(out.matches("Permission denied").count(), 2, "{out}");
     assert!(out.ends_with("kiln-toolbox\n"), "{out}");
 }
+
+/// The toolbox of a sandbox the worker made is bound exactly as its plan
+/// says: nothing is asked of the engine on the cold start's path (the
+/// sandbox named below does not exist, and nothing notices). One found on
+/// the engine (adopted) is asked about, and is taken as bound only with
+/// this worker's directory: one bound to another (another binary's, as
+/// after a rolling upgrade) is refused, not kept.
+#[tokio::test]
+async fn only_a_found_sandbox_is_asked_about_its_toolbox_and_only_this_workers_bind_is_taken() {
+    use kiln_worker::sandbox::backend::{BackendError, Provenance};
+    use kiln_worker::sandbox::{DockerBackend, Sandbox, SandboxBackend};
+    let docker = bollard::Docker::connect_with_local_defaults().unwrap();
+    let backend = DockerBackend::new(docker.clone());
+    let (older_dir, newer_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let keeping = |dir: &std::path::Path| {
+        let mut config = kiln_tests::worker_config(kiln_worker::ProviderKind::OpenAi, Duration::from_secs(10)).sandbox;
+        config.toolbox_mount_dir = Some(dir.to_owned());
+        config
+    };
+    let (older, newer) = (keeping(older_dir.path()), keeping(newer_dir.path()));
+    assert!(newer.toolbox_plan(&docker).await.unwrap().dir.is_some(), "the engine sees the worker's files");
+
+    let missing = format!("kiln-test-missing-{}", uuid::Uuid::new_v4().simple());
+    let made = backend.install_toolbox(&missing, b"", &newer, Provenance::Made).await;
+    assert!(made.is_ok(), "a sandbox made here is not asked about: {made:?}");
+    let found = backend.install_toolbox(&missing, b"", &newer, Provenance::Found).await;
+    assert!(matches!(found, Err(BackendError::NotFound { .. })), "a found one is: {found:?}");
+
+    // Made by a worker keeping its binary elsewhere, found by this one.
+    let worker = format!("test-{}", uuid::Uuid::new_v4().simple());
+    let sandbox = Sandbox::start_warm(&docker, &older, &worker).await.unwrap();
+    let by_its_maker = backend.install_toolbox(sandbox.id(), b"", &older, Provenance::Found).await;
+    let by_another = backend.install_toolbox(sandbox.id(), b"", &newer, Provenance::Found).await;
+    sandbox.remove().await;
+    assert!(by_its_maker.is_ok(), "{by_its_maker:?}");
+    let Err(BackendError::ForeignToolbox { bound, ours }) = by_another else { panic!("kept: {by_another:?}") };
+    assert!(bound.starts_with(older_dir.path().to_str().unwrap()), "{bound}");
+    assert!(ours.starts_with(newer_dir.path().to_str().unwrap()), "{ours}");
+}

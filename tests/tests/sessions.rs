@@ -12,7 +12,7 @@ use kiln_tests::logs::Logs;
 use kiln_tests::{Event, Options, TestApp, assert_dense, kinds, outcome, pick, token, worker_config};
 use kiln_worker::sandbox::{Managed, list_managed, remove_by_id};
 use kiln_worker::{ProviderKind, WorkerConfig};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::filter::LevelFilter;
 use uuid::Uuid;
@@ -65,16 +65,7 @@ fn printed(text: &'static str) -> impl Fn(&Event) -> bool {
 }
 
 async fn follow_up(app: &TestApp, id: Uuid, text: &str) -> Uuid {
-    let r = app
-        .http
-        .post(app.url(&format!("/v1/runs/{id}/messages")))
-        .bearer_auth(token("alice"))
-        .json(&json!({ "text": text }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 201);
-    let body: Value = r.json().await.unwrap();
+    let body = app.send_message("alice", id, text).await;
     assert_eq!(body["disposition"], "follow_up");
     serde_json::from_value::<Run>(body["run"].clone()).unwrap().id
 }

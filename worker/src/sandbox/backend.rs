@@ -65,6 +65,12 @@ pub enum BackendError {
     Runtime(#[from] RuntimeError),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    /// The sandbox has a toolbox bound read-only that is not this worker's
+    /// (one adopted from another worker, or from before an upgrade): a
+    /// running sandbox's mounts cannot be changed, nor can anything be
+    /// copied over a read-only bind.
+    #[error("the sandbox has the toolbox of {bound} bound read-only, not this worker's ({ours})")]
+    ForeignToolbox { bound: String, ours: String },
     /// Anything else the engine said.
     #[error("{said}")]
     Engine { said: String },
@@ -86,6 +92,17 @@ pub struct CreateSpec<'a> {
     pub name: &'a str,
     pub purpose: Purpose<'a>,
     pub config: &'a SandboxConfig,
+}
+
+/// How a sandbox whose toolbox is being installed came to the worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provenance {
+    /// Just made by this backend ([`SandboxBackend::create`]), with the
+    /// config given: the backend knows what it put in.
+    Made,
+    /// Found by name ([`SandboxBackend::find`]: adopted after a restart or
+    /// a takeover): made by any worker, of any version, either way.
+    Found,
 }
 
 /// A sandbox found by name.
@@ -248,10 +265,17 @@ pub trait SandboxBackend: ImageStore + Send + Sync + std::fmt::Debug {
     async fn put_archive(&self, id: &str, dir: &str, tar: TarStream) -> Result<(), BackendError>;
 
     /// Puts the toolbox `binary` at `toolbox_binary::CONTAINER_PATH` in the
-    /// sandbox. By default a copy through [`SandboxBackend::put_archive`];
-    /// a backend that made the sandbox with the binary already in place
-    /// (Docker's read-only bind of the worker's copy) does nothing.
-    async fn install_toolbox(&self, id: &str, binary: &[u8]) -> Result<(), BackendError> {
+    /// sandbox, one made with `config` or found (`provenance`). By default a
+    /// copy through [`SandboxBackend::put_archive`]; a backend that made the
+    /// sandbox with the binary already in place (Docker's read-only bind of
+    /// the worker's copy) does nothing.
+    async fn install_toolbox(
+        &self,
+        id: &str,
+        binary: &[u8],
+        _config: &SandboxConfig,
+        _provenance: Provenance,
+    ) -> Result<(), BackendError> {
         super::toolbox_binary::copy_in(self, id, binary).await
     }
 

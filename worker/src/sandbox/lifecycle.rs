@@ -4,7 +4,7 @@
 
 use uuid::Uuid;
 
-use super::backend::{Backend, BackendError};
+use super::backend::{Backend, BackendError, Provenance};
 use super::pool::WarmPool;
 use super::toolbox::ToolboxError;
 use super::{Owner, Sandbox, SandboxConfig, SandboxError, session_container_name};
@@ -142,7 +142,7 @@ impl Sandbox {
             sandbox.remove().await;
             return Ok(None);
         }
-        if let Err(e) = sandbox.start_toolbox().await {
+        if let Err(e) = sandbox.start_toolbox(Provenance::Found).await {
             sandbox.remove().await;
             return Err(e);
         }

@@ -42,9 +42,10 @@ use kiln_protocol::egress::{EgressMode, EgressPolicy, Layers};
 use kiln_protocol::{NetworkMode, SandboxSpec};
 
 use crate::egress::EgressSettings;
-use backend::{BackendError, CreateSpec, Purpose};
+use backend::{BackendError, CreateSpec, Provenance, Purpose};
 use disk::{DiskError, DiskMode, DiskPlan};
 use docker::network::NetworkError;
+use docker::toolbox_mount::ToolboxPlan;
 use uuid::Uuid;
 
 pub use backend::{Backend, ImageStore, Managed, SandboxBackend};
@@ -177,6 +178,9 @@ pub struct SandboxConfig {
     /// The engine probe's plan, made once (at worker start, or by the first
     /// container) and shared by every clone of this config.
     pub disk_plan: Arc<tokio::sync::OnceCell<DiskPlan>>,
+    /// The toolbox's plan (bound or copied), made beside the disk plan and
+    /// shared alike.
+    pub toolbox_plan: Arc<tokio::sync::OnceCell<ToolboxPlan>>,
     /// The deployment's egress policy and proxy settings.
     pub egress: Arc<EgressSettings>,
     /// The run's own egress policy (see [`SandboxConfig::egress_layers`]).
@@ -202,6 +206,7 @@ impl Default for SandboxConfig {
             disk_mode: DiskMode::Auto,
             disk_dir: DEFAULT_DISK_DIR.into(),
             disk_plan: Arc::default(),
+            toolbox_plan: Arc::default(),
             egress: Arc::default(),
             egress_run: None,
         }
@@ -316,7 +321,7 @@ impl Sandbox {
     async fn create(backend: Backend, spec: CreateSpec<'_>) -> Result<Sandbox, SandboxError> {
         let id = backend.create(&spec).await?;
         let mut sandbox = Sandbox::bound(backend, id, spec.config);
-        if let Err(e) = sandbox.start_toolbox().await {
+        if let Err(e) = sandbox.start_toolbox(Provenance::Made).await {
             sandbox.remove().await;
             if let Purpose::Session(owner) = spec.purpose
                 && spec.config.wants_egress()

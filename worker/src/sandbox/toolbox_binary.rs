@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use super::backend::Provenance;
 use super::{Sandbox, SandboxError};
 
 /// Where the copied binary lives in the container: not under `/tmp` (a
@@ -88,8 +89,8 @@ fn candidates(configured: Option<&Path>) -> Vec<PathBuf> {
 impl Sandbox {
     /// Puts `binary` at [`CONTAINER_PATH`] (root-owned, mode 0755), unless
     /// the backend made the sandbox with it already there.
-    pub(super) async fn install_toolbox(&self, binary: &[u8]) -> Result<(), SandboxError> {
-        Ok(self.backend.install_toolbox(&self.id, binary).await?)
+    pub(super) async fn install_toolbox(&self, binary: &[u8], provenance: Provenance) -> Result<(), SandboxError> {
+        Ok(self.backend.install_toolbox(&self.id, binary, &self.config, provenance).await?)
     }
 }
 

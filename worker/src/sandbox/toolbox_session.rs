@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use kiln_toolbox::protocol::{ErrorKind, FileVersion, Reply, RequestBody, SessionShell};
 
-use super::backend::{BackendError, ExecSpec};
+use super::backend::{BackendError, ExecSpec, Provenance};
 use super::toolbox::{OutputSink, TOOLBOX_EXEC_USER, ToolboxConn, ToolboxError};
 use super::toolbox_binary::{self, CONTAINER_PATH, IMAGE_COMMAND};
 use super::{Sandbox, SandboxError, WORKSPACE};
@@ -54,13 +54,14 @@ impl Sandbox {
     /// all (the file tools still work). Refused: an image the toolbox does
     /// not run in and that has no shell (nothing would run), and one whose
     /// (older) toolbox cannot run commands without bash.
-    pub(super) async fn start_toolbox(&mut self) -> Result<(), SandboxError> {
+    /// `provenance`: whether the backend just made the sandbox or found it.
+    pub(super) async fn start_toolbox(&mut self, provenance: Provenance) -> Result<(), SandboxError> {
         let local = toolbox_binary::local_binary(self.config.toolbox_path.as_deref());
         let command = match local {
-            Some(binary) => match self.install_toolbox(binary).await {
+            Some(binary) => match self.install_toolbox(binary, provenance).await {
                 Ok(()) => CONTAINER_PATH,
                 Err(e) => {
-                    tracing::warn!(container = %self.id, error = %e, "copying the toolbox in failed; trying the image's");
+                    tracing::warn!(container = %self.id, error = %e, "installing the toolbox failed; trying the image's");
                     IMAGE_COMMAND
                 }
             },

@@ -22,26 +22,36 @@ const SANDBOX: &str = "sb";
 
 type CallReply = oneshot::Receiver<Result<Reply, ToolboxError>>;
 
-/// A connection to `SANDBOX` (stopped, as far as the backend says) with
-/// one call in flight, watched: the call's reply.
-fn watched(backend: &Arc<Recording>) -> CallReply {
+/// A connection to `SANDBOX` with a reader that never ends (as under
+/// gVisor), watched: its calls in flight, none yet.
+fn spawn_watch(backend: &Arc<Recording>) -> PendingMap {
     let pending = PendingMap::default();
-    let (tx, rx) = oneshot::channel();
-    lock(&pending).insert(1, Pending::new(tx, None, CallLimits { stream_bytes: 0, reply_bytes: 0 }));
-    // A reader whose stream never ends, as under gVisor.
     let reader = tokio::spawn(std::future::pending::<()>()).abort_handle();
     let plugged = backend.plugged();
     let feed = plugged.stop_feed();
     tokio::spawn(watch(Watched {
         backend: plugged,
         sandbox: SANDBOX.into(),
-        pending,
+        pending: pending.clone(),
         alive: Arc::new(AtomicBool::new(true)),
         reader,
         feed,
         unsure: false,
     }));
+    pending
+}
+
+/// A call put in flight on the connection: its reply.
+fn call(pending: &PendingMap) -> CallReply {
+    let (tx, rx) = oneshot::channel();
+    lock(pending).insert(1, Pending::new(tx, None, CallLimits { stream_bytes: 0, reply_bytes: 0 }));
     rx
+}
+
+/// A connection to `SANDBOX` (stopped, as far as the backend says) with
+/// one call in flight, watched: the call's reply.
+fn watched(backend: &Arc<Recording>) -> CallReply {
+    call(&spawn_watch(backend))
 }
 
 fn stopped_sandbox() -> Arc<Recording> {
@@ -106,25 +116,12 @@ async fn a_call_made_after_the_news_came_back_is_asked_about_once() {
     // The feed comes back while no call waits (a stop in its gap went
     // unheard); the first call made after it is asked about, once.
     let backend = stopped_sandbox();
-    let pending = PendingMap::default();
-    let reader = tokio::spawn(std::future::pending::<()>()).abort_handle();
-    let plugged = backend.plugged();
-    let feed = plugged.stop_feed();
-    tokio::spawn(watch(Watched {
-        backend: plugged,
-        sandbox: SANDBOX.into(),
-        pending: pending.clone(),
-        alive: Arc::new(AtomicBool::new(true)),
-        reader,
-        feed,
-        unsure: false,
-    }));
+    let pending = spawn_watch(&backend);
     tokio::task::yield_now().await;
     backend.stops.set_up(true);
     tokio::time::sleep(CHECK_EVERY * 5).await;
     assert_eq!(asked(&backend), 0, "no call waited: nobody asked");
-    let (tx, reply) = oneshot::channel();
-    lock(&pending).insert(1, Pending::new(tx, None, CallLimits { stream_bytes: 0, reply_bytes: 0 }));
+    let reply = call(&pending);
     let reply = tokio::time::timeout(CHECK_EVERY * 2, reply).await.expect("asked at the next tick").unwrap();
     assert!(is_stopped(reply));
     assert_eq!(asked(&backend), 1);

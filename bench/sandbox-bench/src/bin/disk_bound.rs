@@ -84,6 +84,7 @@ async fn main() -> anyhow::Result<()> {
         disk_mb: args.disk_mb,
         disk_dir: disk_dir.clone(),
         disk_plan: Arc::default(),
+        toolbox_plan: Arc::default(),
         runtime: args.runtime.clone(),
         ..base.clone()
     });

@@ -89,6 +89,7 @@ async fn main() -> anyhow::Result<()> {
         pids_limit: args.pids_limit.unwrap_or(base.pids_limit),
         disk_dir: disk_dir.clone(),
         disk_plan: Arc::default(),
+        toolbox_plan: Arc::default(),
         ..base.clone()
     });
     for config in &configs {

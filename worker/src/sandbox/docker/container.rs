@@ -15,7 +15,7 @@ use super::disk::{self, DiskPlan};
 use super::loop_disk::{self, LABEL_DISK, LoopDisk};
 use super::network as egress_network;
 use super::pids;
-use super::toolbox_mount;
+use super::toolbox_mount::{self, ToolboxPlan};
 use crate::egress::SANDBOX_DNS;
 use crate::labels::{LABEL_MANAGED, LABEL_POOL, LABEL_RUN, LABEL_SESSION, LABEL_WORKER};
 use crate::sandbox::backend::{BackendError, CreateSpec, Managed, Purpose};
@@ -33,10 +33,12 @@ pub(super) const MAIN_PROCESS_USER: &str = "0:0";
 const TOOLBOX_CAPABILITIES: [&str; 3] = ["SETUID", "SETGID", "KILL"];
 
 /// One container in the making: what was asked, the engine's disk plan,
-/// and where it sits on its session's egress network, if it does.
+/// the toolbox's, and where it sits on its session's egress network, if it
+/// does.
 struct Creation<'a> {
     spec: &'a CreateSpec<'a>,
     plan: &'a DiskPlan,
+    toolbox: &'a ToolboxPlan,
     egress: Option<Attachment>,
     /// It runs under gVisor (see `pids`).
     gvisor: bool,
@@ -56,10 +58,11 @@ pub(super) async fn create(
     docker: &Docker,
     spec: &CreateSpec<'_>,
     plan: &DiskPlan,
+    toolbox: &ToolboxPlan,
     gvisor: bool,
 ) -> Result<String, BackendError> {
     let config = spec.config;
-    if let Some(dir) = &plan.toolbox_dir {
+    if let Some(dir) = &toolbox.dir {
         toolbox_mount::ensure(dir, config).await?;
     }
     // A session's sandbox with egress sits on the session's network
@@ -72,7 +75,7 @@ pub(super) async fn create(
         }
         _ => None,
     };
-    let creation = Creation { spec, plan, egress, gvisor };
+    let creation = Creation { spec, plan, toolbox, egress, gvisor };
     let made = create_on(docker, &creation).await;
     // A sandbox that never started leaves no network behind: nothing
     // else would remove it (the reaper goes by containers, and there is
@@ -142,7 +145,7 @@ fn container_body(creation: &Creation<'_>, disk: Option<&LoopDisk>) -> Container
     let labels = labels_of(&creation.spec.purpose, disk);
     let mut host_config = host_config(creation);
     // The disk bound, and memory (no swap) that leaves room for every tmpfs.
-    disk::apply(creation.plan, config, &mut host_config, disk);
+    disk::apply(creation.plan, creation.toolbox, config, &mut host_config, disk);
     disk::label_volumes(&mut host_config, &labels);
     ContainerCreateBody {
         image: Some(config.image.clone()),

@@ -27,7 +27,7 @@
 //! so (`KILN_SANDBOX_DISK_MODE=unbounded`).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use bollard::Docker;
 use bollard::models::{
@@ -41,7 +41,7 @@ use uuid::Uuid;
 
 use super::container::{MAIN_PROCESS_USER, remove_container};
 use super::loop_disk::{self, LoopDisk};
-use super::toolbox_mount;
+use super::toolbox_mount::{self, ToolboxPlan};
 use crate::labels::LABEL_MANAGED;
 use crate::sandbox::backend::BackendError;
 use crate::sandbox::files::parse_user;
@@ -122,10 +122,6 @@ pub struct DiskPlan {
     /// Why the loop mechanism was not taken, when it was tried and failed
     /// (said in the start-up log line).
     pub loop_refused: Option<String>,
-    /// The worker's directory holding the toolbox binary, bound read-only
-    /// into every sandbox; `None`: each sandbox gets a copy (see
-    /// `toolbox_mount`).
-    pub toolbox_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -177,19 +173,12 @@ pub fn choose(mode: DiskMode, support: Support) -> Result<DiskMechanism, DiskErr
 /// Probes the engine (with throwaway containers of the sandbox image) and
 /// plans the sandboxes' disk.
 pub async fn probe(docker: &Docker, config: &SandboxConfig) -> Result<DiskPlan, BackendError> {
-    let bound = probe_bound(docker, config).await?;
-    Ok(DiskPlan { toolbox_dir: toolbox_mount::probe(docker, config).await?, ..bound })
-}
-
-/// How the disk is bounded (everything of the plan but the toolbox).
-async fn probe_bound(docker: &Docker, config: &SandboxConfig) -> Result<DiskPlan, BackendError> {
     if config.disk_mode == DiskMode::Unbounded {
         return Ok(DiskPlan {
             mechanism: DiskMechanism::Unbounded,
             home: None,
             image_volumes: Vec::new(),
             loop_refused: None,
-            toolbox_dir: None,
         });
     }
     const NOT_TRIED: &str = "not tried";
@@ -208,16 +197,8 @@ async fn probe_bound(docker: &Docker, config: &SandboxConfig) -> Result<DiskPlan
     Ok(match (mechanism, layer) {
         // The layer probe's container had no mounts of Kiln's: its volumes
         // are all the image's, `/workspace` included.
-        (DiskMechanism::Layer, Ok(image_volumes)) => {
-            DiskPlan { mechanism, home: None, image_volumes, loop_refused, toolbox_dir: None }
-        }
-        _ => DiskPlan {
-            mechanism,
-            home: inspection.home,
-            image_volumes: inspection.image_volumes,
-            loop_refused,
-            toolbox_dir: None,
-        },
+        (DiskMechanism::Layer, Ok(image_volumes)) => DiskPlan { mechanism, home: None, image_volumes, loop_refused },
+        _ => DiskPlan { mechanism, home: inspection.home, image_volumes: inspection.image_volumes, loop_refused },
     })
 }
 
@@ -490,12 +471,19 @@ pub(super) async fn make_disk(plan: &DiskPlan, config: &SandboxConfig) -> Result
 }
 
 /// What a sandbox container's host config gets from the plan: the bound
-/// itself, and the memory limit that leaves room for every tmpfs. `disk`:
-/// the sandbox's loop disk, under [`DiskMechanism::Loop`].
-pub(super) fn apply(plan: &DiskPlan, config: &SandboxConfig, host: &mut HostConfig, disk: Option<&LoopDisk>) {
+/// itself, the toolbox's place (as `toolbox` says), and the memory limit
+/// that leaves room for every tmpfs. `disk`: the sandbox's loop disk,
+/// under [`DiskMechanism::Loop`].
+pub(super) fn apply(
+    plan: &DiskPlan,
+    toolbox: &ToolboxPlan,
+    config: &SandboxConfig,
+    host: &mut HostConfig,
+    disk: Option<&LoopDisk>,
+) {
     // The worker's binary bound read-only; else a volume the engine copies
     // it into, not charged to the container: only the engine writes there.
-    let toolbox = match &plan.toolbox_dir {
+    let toolbox = match &toolbox.dir {
         Some(dir) => toolbox_mount::mount(dir),
         None => tmpfs_volume(TOOLBOX_DIR, TOOLBOX_DIR_MB, "0:0", 0o755),
     };
@@ -609,10 +597,9 @@ mod tests {
             home: Some("/home/kiln".into()),
             image_volumes: vec!["/data".into()],
             loop_refused: None,
-            toolbox_dir: None,
         };
         let mut host = HostConfig::default();
-        apply(&plan, &config, &mut host, None);
+        apply(&plan, &ToolboxPlan { dir: None }, &config, &mut host, None);
         assert_eq!(host.readonly_rootfs, Some(true));
         assert_eq!(host.storage_opt, None);
         let targets: Vec<&str> = host.mounts.iter().flatten().filter_map(|m| m.target.as_deref()).collect();
@@ -629,15 +616,11 @@ mod tests {
     #[test]
     fn layer_plans_a_sized_layer_and_leaves_the_root_writable() {
         let config = SandboxConfig { disk_mb: 64, tmpfs_mb: 32, memory_bytes: 512 << 20, ..SandboxConfig::default() };
-        let plan = DiskPlan {
-            mechanism: DiskMechanism::Layer,
-            home: None,
-            image_volumes: Vec::new(),
-            loop_refused: None,
-            toolbox_dir: Some("/var/lib/kiln/toolbox/0123".into()),
-        };
+        let plan =
+            DiskPlan { mechanism: DiskMechanism::Layer, home: None, image_volumes: Vec::new(), loop_refused: None };
+        let toolbox = ToolboxPlan { dir: Some("/var/lib/kiln/toolbox/0123".into()) };
         let mut host = HostConfig::default();
-        apply(&plan, &config, &mut host, None);
+        apply(&plan, &toolbox, &config, &mut host, None);
         assert_eq!(host.readonly_rootfs, None);
         // The worker's toolbox bound read-only, in no volume: nothing for
         // the memory limit either.
@@ -661,11 +644,10 @@ mod loop_tests {
             home: Some("/home/kiln".into()),
             image_volumes: vec!["/data".into()],
             loop_refused: None,
-            toolbox_dir: None,
         };
         let disk = LoopDisk { dir: "/var/lib/kiln/sandbox-disks/kiln-disk-1".into() };
         let mut host = HostConfig::default();
-        apply(&plan, &config, &mut host, Some(&disk));
+        apply(&plan, &ToolboxPlan { dir: None }, &config, &mut host, Some(&disk));
         assert_eq!(host.readonly_rootfs, Some(true));
         let mounts = host.mounts.as_ref().unwrap();
         let targets: Vec<&str> = mounts.iter().filter_map(|m| m.target.as_deref()).collect();

@@ -54,8 +54,20 @@ pub(super) fn subscribe(docker: Docker) -> Subscription {
     Subscription { hub, task }
 }
 
+/// Marks the hub down when the task following the stream ends, however
+/// it ends (aborted with its backend, panicked, its runtime shut down):
+/// listeners trust a hub that is up, and would never ask the engine again.
+struct DownOnDrop(Arc<StopHub>);
+
+impl Drop for DownOnDrop {
+    fn drop(&mut self) {
+        self.0.set_up(false);
+    }
+}
+
 /// Keeps a stream open, for as long as the backend lives.
 async fn follow(docker: Docker, hub: Arc<StopHub>) {
+    let _down = DownOnDrop(hub.clone());
     let mut pause = FIRST_PAUSE;
     let mut since = unix_now().saturating_sub(REPLAY.as_secs());
     loop {
@@ -128,6 +140,36 @@ mod tests {
             actor: Some(EventActor { id: Some("c1".into()), attributes: Some(attributes) }),
             ..EventMessage::default()
         }
+    }
+
+    /// Waits (a while at most) until the feed is `up`, or not.
+    async fn until_up(feed: &crate::sandbox::stops::StopFeed, up: bool) -> bool {
+        let waited = tokio::time::timeout(Duration::from_secs(10), async {
+            while feed.is_up() != up {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        waited.await.is_ok()
+    }
+
+    #[tokio::test]
+    async fn the_feed_goes_down_with_its_task_aborted_or_panicked() {
+        let subscription = subscribe(Docker::connect_with_local_defaults().unwrap());
+        let feed = subscription.hub.subscribe();
+        assert!(until_up(&feed, true).await, "the stream was asked for");
+        drop(subscription);
+        assert!(until_up(&feed, false).await, "still up with nobody following the engine");
+
+        let hub = Arc::new(StopHub::default());
+        let feed = hub.subscribe();
+        let guarded = DownOnDrop(hub.clone());
+        let task = tokio::spawn(async move {
+            let _down = guarded;
+            hub.set_up(true);
+            panic!("a bug while following");
+        });
+        assert!(task.await.unwrap_err().is_panic());
+        assert!(!feed.is_up(), "still up after the task panicked");
     }
 
     #[test]

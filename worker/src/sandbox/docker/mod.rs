@@ -33,13 +33,15 @@ use futures::StreamExt;
 use uuid::Uuid;
 
 use super::backend::{
-    Backend, BackendError, CreateSpec, Exec, ExecSpec, ExecStatus, Found, Managed, SandboxBackend, Stopped, TarStream,
+    Backend, BackendError, CreateSpec, Exec, ExecSpec, ExecStatus, Found, Managed, Provenance, SandboxBackend, Stopped,
+    TarStream,
 };
 use super::stops::StopFeed;
 use super::{SandboxConfig, SandboxError};
 use crate::egress::ProxyRoute;
 use crate::egress::host_firewall::HostFirewall;
 use disk::DiskPlan;
+use toolbox_mount::ToolboxPlan;
 
 /// Sandboxes as Docker containers on one engine.
 #[derive(Debug, Clone)]
@@ -106,6 +108,25 @@ impl SandboxConfig {
     pub async fn disk_plan(&self, docker: &Docker) -> Result<&DiskPlan, SandboxError> {
         Ok(plan(self, docker).await?)
     }
+
+    /// Whether sandboxes get the worker's toolbox bound or copied: probed
+    /// the first time it is asked for, then remembered.
+    pub async fn toolbox_plan(&self, docker: &Docker) -> Result<&ToolboxPlan, SandboxError> {
+        Ok(toolbox_plan(self, docker).await?)
+    }
+}
+
+/// Both plans a sandbox is made by, probed at the first sandbox (or the
+/// start-up check): the disk's, then the toolbox's.
+async fn plans<'a>(
+    config: &'a SandboxConfig,
+    docker: &Docker,
+) -> Result<(&'a DiskPlan, &'a ToolboxPlan), BackendError> {
+    Ok((plan(config, docker).await?, toolbox_plan(config, docker).await?))
+}
+
+async fn toolbox_plan<'a>(config: &'a SandboxConfig, docker: &Docker) -> Result<&'a ToolboxPlan, BackendError> {
+    config.toolbox_plan.get_or_try_init(|| toolbox_mount::probe(docker, config)).await
 }
 
 async fn plan<'a>(config: &'a SandboxConfig, docker: &Docker) -> Result<&'a DiskPlan, BackendError> {
@@ -137,9 +158,9 @@ async fn plan<'a>(config: &'a SandboxConfig, docker: &Docker) -> Result<&'a Disk
 #[async_trait]
 impl SandboxBackend for DockerBackend {
     async fn create(&self, spec: &CreateSpec<'_>) -> Result<String, BackendError> {
-        let plan = plan(spec.config, &self.docker).await?;
+        let (plan, toolbox) = plans(spec.config, &self.docker).await?;
         let gvisor = self.is_gvisor(spec.config).await?;
-        container::create(&self.docker, spec, plan, gvisor).await
+        container::create(&self.docker, spec, plan, toolbox, gvisor).await
     }
 
     async fn find(&self, name: &str) -> Result<Option<Found>, BackendError> {
@@ -199,8 +220,22 @@ impl SandboxBackend for DockerBackend {
         Ok(self.docker.upload_to_container(id, Some(options), bollard::body_try_stream(tar)).await?)
     }
 
-    async fn install_toolbox(&self, id: &str, binary: &[u8]) -> Result<(), BackendError> {
-        if toolbox_mount::is_mounted(&self.docker, id).await? {
+    /// One made here has the worker's binary bound exactly when the plan
+    /// says so: nothing to ask on the cold start's path. Only a found one's
+    /// mounts are asked of the engine (see [`toolbox_mount::adopted_is_bound`]).
+    async fn install_toolbox(
+        &self,
+        id: &str,
+        binary: &[u8],
+        config: &SandboxConfig,
+        provenance: Provenance,
+    ) -> Result<(), BackendError> {
+        let ours = toolbox_plan(config, &self.docker).await?.dir.as_deref();
+        let bound = match provenance {
+            Provenance::Made => ours.is_some(),
+            Provenance::Found => toolbox_mount::adopted_is_bound(&self.docker, id, ours).await?,
+        };
+        if bound {
             return Ok(());
         }
         crate::sandbox::toolbox_binary::copy_in(self, id, binary).await
@@ -241,7 +276,7 @@ impl SandboxBackend for DockerBackend {
     /// missing image is not fatal: the first sandbox probes).
     async fn check(&self, config: &SandboxConfig) -> Result<(), BackendError> {
         runtime::check(&self.docker, config.runtime.as_deref()).await?;
-        match plan(config, &self.docker).await {
+        match plans(config, &self.docker).await {
             Ok(_) => Ok(()),
             Err(BackendError::ImageMissing(image)) => {
                 tracing::warn!(%image, "the sandbox image is missing; the disk bound is probed when it is there");

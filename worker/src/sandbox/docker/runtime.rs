@@ -3,7 +3,9 @@
 //! know would otherwise fail every run, each with Docker's terse "unknown
 //! or invalid runtime name". And whether it is gVisor, which the pids
 //! limit must know (`pids`): told by the program the engine runs for it,
-//! not by its name, which is the operator's choice (`runsc-kvm`).
+//! not by its name, which is the operator's choice (`runsc-kvm`); by the
+//! name only where the engine names no program (a runtime registered by
+//! its containerd shim).
 
 use std::collections::HashMap;
 
@@ -58,11 +60,20 @@ impl Runtimes {
 
 /// Whether the runtime registered as `name`, running program `path`, is
 /// gVisor: the program's file name is gVisor's (`runsc`, or a variant of
-/// it); without a path, the name says.
+/// it). Without a path the name says: a runtime registered with a
+/// containerd shim (`"runtimeType": "io.containerd.runsc.v1"` in
+/// daemon.json) has no program, and the engine's `runtimeType` is not in
+/// what the client reads of its answer, so an operator's `gvisor` or
+/// `runsc-kvm`, or the shim's own name asked for directly, is recognised by
+/// naming gVisor or `runsc`.
 pub fn is_gvisor(name: &str, path: Option<&str>) -> bool {
-    let program = path.unwrap_or(name);
-    let file = program.rsplit('/').next().unwrap_or(program);
-    file.starts_with("runsc")
+    match path.filter(|p| !p.is_empty()) {
+        Some(program) => program.rsplit('/').next().unwrap_or(program).starts_with("runsc"),
+        None => {
+            let name = name.to_ascii_lowercase();
+            name.contains("runsc") || name.contains("gvisor")
+        }
+    }
 }
 
 #[cfg(test)]
@@ -78,6 +89,20 @@ mod tests {
         assert!(!is_gvisor("runc", Some("runc")));
         assert!(!is_gvisor("runc", Some("/usr/bin/runc")));
         assert!(!is_gvisor("runsc", Some("/usr/bin/crun")), "the program decides");
+    }
+
+    #[test]
+    fn a_runtime_without_a_program_is_told_by_its_name() {
+        // Registered through containerd's `runtimeType`: no path.
+        assert!(is_gvisor("gvisor", None));
+        assert!(is_gvisor("gVisor-kvm", None));
+        assert!(is_gvisor("io.containerd.runsc.v1", None));
+        assert!(is_gvisor("kiln-runsc", Some("")));
+        assert!(!is_gvisor("runc", None));
+        assert!(!is_gvisor("io.containerd.runc.v2", None));
+        assert!(!is_gvisor("crun", None));
+        let runtimes = Runtimes { paths: HashMap::from([("gvisor".into(), None)]), default: Some("gvisor".into()) };
+        assert!(runtimes.is_gvisor(None) && runtimes.is_gvisor(Some("gvisor")));
     }
 
     #[test]

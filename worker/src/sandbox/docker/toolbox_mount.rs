@@ -19,12 +19,12 @@
 //! already running keeps the file it started with. Where the engine does
 //! not see the worker's files (another host, another mount namespace, a
 //! worker that cannot write the directory), sandboxes get their copy as
-//! before: a probe decides once, with the disk plan.
+//! before: a probe decides once, beside the disk plan ([`ToolboxPlan`]).
 
 use std::path::{Path, PathBuf};
 
 use bollard::Docker;
-use bollard::models::{HostConfig, Mount, MountType};
+use bollard::models::{HostConfig, Mount, MountPoint, MountType};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
@@ -41,11 +41,24 @@ pub const DIR_ENV: &str = "KILN_TOOLBOX_MOUNT_DIR";
 /// Where the probe container sees the worker's directory.
 const PROBE_TARGET: &str = "/kiln-toolbox-probe";
 
+/// Where sandboxes made with a config get the toolbox, as the probe found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolboxPlan {
+    /// The worker's directory holding the binary, bound read-only into
+    /// every sandbox; `None`: each sandbox gets a copy.
+    pub dir: Option<PathBuf>,
+}
+
+/// Plans the toolbox of sandboxes made with `config`: see [`probe_dir`].
+pub async fn probe(docker: &Docker, config: &SandboxConfig) -> Result<ToolboxPlan, BackendError> {
+    Ok(ToolboxPlan { dir: probe_dir(docker, config).await? })
+}
+
 /// The host directory to bind at [`CONTAINER_DIR`] for sandboxes made
 /// with `config`, or `None` when they get a copy (no binary, mounting off,
 /// the directory not writable, or the engine not seeing it). `Err`: the
 /// engine failed while asked; the caller may try again later.
-pub async fn probe(docker: &Docker, config: &SandboxConfig) -> Result<Option<PathBuf>, BackendError> {
+async fn probe_dir(docker: &Docker, config: &SandboxConfig) -> Result<Option<PathBuf>, BackendError> {
     let (Some(root), Some(binary)) =
         (config.toolbox_mount_dir.as_deref(), toolbox_binary::local_binary(config.toolbox_path.as_deref()))
     else {
@@ -91,16 +104,40 @@ pub fn mount(dir: &Path) -> Mount {
     }
 }
 
-/// Whether sandbox `id` has the toolbox bound in (then it needs no copy):
-/// asked of the engine, since a sandbox adopted from another worker may
-/// have been made either way.
-pub async fn is_mounted(docker: &Docker, id: &str) -> Result<bool, BackendError> {
+/// Whether the found sandbox `id` has this worker's toolbox bound in (then
+/// it needs no copy), `ours` being the directory this worker binds (`None`:
+/// it copies). Asked of the engine: a sandbox adopted from another worker
+/// may have been made either way, and one from before an upgrade has the
+/// older binary's directory bound.
+pub async fn adopted_is_bound(docker: &Docker, id: &str, ours: Option<&Path>) -> Result<bool, BackendError> {
     let info = docker.inspect_container(id, None).await?;
-    Ok(info
-        .mounts
-        .unwrap_or_default()
+    is_ours(bound_source(&info.mounts.unwrap_or_default()), ours)
+}
+
+/// The host directory bound at [`CONTAINER_DIR`] among a container's
+/// mounts, if one is (else it has the copy's volume, or nothing).
+fn bound_source(mounts: &[MountPoint]) -> Option<&Path> {
+    mounts
         .iter()
-        .any(|m| m.destination.as_deref() == Some(CONTAINER_DIR) && m.typ.as_deref() == Some("bind")))
+        .find(|m| m.destination.as_deref() == Some(CONTAINER_DIR) && m.typ.as_deref() == Some("bind"))
+        .map(|m| Path::new(m.source.as_deref().unwrap_or_default()))
+}
+
+/// `Ok(true)`: `bound` is this worker's directory; `Ok(false)`: nothing is
+/// bound, so a copy goes in. Another directory (another binary: they are
+/// named by its hash) is refused: it is read-only, so no copy could
+/// replace it, and the worker then falls back as for a failed copy (the
+/// image's toolbox, else one exec per call) rather than talk to a toolbox
+/// of another version.
+fn is_ours(bound: Option<&Path>, ours: Option<&Path>) -> Result<bool, BackendError> {
+    match bound {
+        None => Ok(false),
+        Some(bound) if Some(bound) == ours => Ok(true),
+        Some(bound) => Err(BackendError::ForeignToolbox {
+            bound: bound.display().to_string(),
+            ours: ours.map_or_else(|| "copied in".to_owned(), |dir| dir.display().to_string()),
+        }),
+    }
 }
 
 /// `root/<hash>/kiln-toolbox`, written if it is not there yet: the
@@ -196,6 +233,33 @@ mod tests {
         write_once(&dir, &path, b"\x7fELF one").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"\x7fELF one");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    }
+
+    fn bind(destination: &str, source: &str) -> MountPoint {
+        MountPoint {
+            typ: Some("bind".into()),
+            destination: Some(destination.into()),
+            source: Some(source.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_adopted_sandbox_is_bound_only_with_this_workers_directory() {
+        let ours = Path::new("/var/lib/kiln/toolbox/0123");
+        let mounts = [bind("/workspace", "/d/ws"), bind(CONTAINER_DIR, "/var/lib/kiln/toolbox/0123/")];
+        assert_eq!(bound_source(&mounts), Some(Path::new("/var/lib/kiln/toolbox/0123")));
+        assert!(is_ours(bound_source(&mounts), Some(ours)).unwrap());
+        // The copy's volume (or nothing) at the toolbox's place: copied in.
+        let volume = MountPoint { typ: Some("volume".into()), ..bind(CONTAINER_DIR, "/var/lib/docker/volumes/x") };
+        assert_eq!(bound_source(&[volume, bind("/workspace", "/d/ws")]), None);
+        assert!(!is_ours(None, Some(ours)).unwrap());
+        assert!(!is_ours(None, None).unwrap());
+        // An older binary's directory (a rolling upgrade), or any bind when
+        // this worker copies: refused, naming both.
+        let older = is_ours(Some(Path::new("/var/lib/kiln/toolbox/4567")), Some(ours)).unwrap_err().to_string();
+        assert!(older.contains("toolbox/4567") && older.contains("toolbox/0123"), "{older}");
+        assert!(matches!(is_ours(Some(ours), None), Err(BackendError::ForeignToolbox { .. })));
     }
 
     #[test]
