@@ -1,7 +1,7 @@
 //! The capture at a run's end (issue 28) for a 10,000-file repository with
 //! 100 changed files: the worker's own capture (`kiln_worker::capture::take`:
-//! one exec of the capture script in the sandbox, its patch and summary
-//! read back, bounded, on that exec's own stdout), against the plain way
+//! one exec of the toolbox's `capture` subcommand in the sandbox, its patch
+//! and summary read back, bounded, on that exec's own stdout), against the plain way
 //! to get the same change out of the same container: one exec through the
 //! Docker API (the worker's `Sandbox::exec`) of `git add -A && git diff
 //! --cached --binary <base>` on the repository's own index, its patch read
@@ -74,7 +74,7 @@ async fn main() -> anyhow::Result<()> {
         "capture of {} changed files in a {}-file repository ({bytes} patch bytes; baseline's index {index}):",
         args.changed, args.files
     );
-    let k = stats::report("Kiln capture (one exec: script, output read back)", &kiln);
+    let k = stats::report("Kiln capture (one exec: the toolbox's capture, output read back)", &kiln);
     let p = stats::report("API exec: git add -A && git diff --binary", &plain);
     stats::ratio("Kiln / plain exec", k, p, Some(1.2));
     Ok(())
