@@ -317,17 +317,17 @@ cp .git/index /tmp/kiln-capture/index";
     let first = app.submit("alice", on_repo(&url, "hide")).await.id;
     let events = app.events("alice", first).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
-    let paths = |c: &kiln_protocol::changes::RunChanges| c.files.iter().map(|f| f.path.clone()).collect::<Vec<_>>();
-    let own = app.store.run_changes(first, ChangeScope::Run).await.unwrap().expect("captured");
-    assert_eq!(paths(&own), ["a.txt", "b.txt"], "the repository's index hid a change");
+    assert_eq!(
+        changed_paths(&app, first, ChangeScope::Run).await,
+        ["a.txt", "b.txt"],
+        "the repository's index hid a change"
+    );
 
     let second = follow_up(&app, first, "again").await;
     let events = app.events("alice", second).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
-    let own = app.store.run_changes(second, ChangeScope::Run).await.unwrap().expect("captured");
-    assert_eq!(paths(&own), ["c.txt", "d.txt"], "the kept index hid a change");
-    let session = app.store.run_changes(second, ChangeScope::Session).await.unwrap().unwrap();
-    assert_eq!(paths(&session), ["a.txt", "b.txt", "c.txt", "d.txt"]);
+    assert_eq!(changed_paths(&app, second, ChangeScope::Run).await, ["c.txt", "d.txt"], "the kept index hid a change");
+    assert_eq!(changed_paths(&app, second, ChangeScope::Session).await, ["a.txt", "b.txt", "c.txt", "d.txt"]);
 }
 
 /// The capture passes over its flag check only for a seed index whose
@@ -357,19 +357,28 @@ cmp -s -i $(($(stat -c %s $I) - 20)):0 $I /tmp/trailer";
     let app = app_with(script, config()).await;
     let first = app.submit("alice", on_repo(&url, "change")).await.id;
     assert_eq!(outcome(&app.events("alice", first).await), Some(RunStatus::Succeeded));
-    let paths = |c: &kiln_protocol::changes::RunChanges| c.files.iter().map(|f| f.path.clone()).collect::<Vec<_>>();
-    let own = app.store.run_changes(first, ChangeScope::Run).await.unwrap().expect("captured");
-    assert_eq!(paths(&own), ["a.txt"]);
+    assert_eq!(changed_paths(&app, first, ChangeScope::Run).await, ["a.txt"]);
 
-    let second = follow_up(&app, first, "again").await;
-    let events = app.events("alice", second).await;
+    let second = follow_up_whose_tool_ran(&app, first, "again", "the agent's forgery ran").await;
+    assert_eq!(changed_paths(&app, second, ChangeScope::Run).await, ["c.txt"], "the edited kept index hid a change");
+    assert_eq!(changed_paths(&app, second, ChangeScope::Session).await, ["a.txt", "c.txt"]);
+}
+
+/// A follow-up of `run` that succeeds with its one tool call run without an
+/// error (`what`: what that call did, for the failure's message): its id.
+async fn follow_up_whose_tool_ran(app: &TestApp, run: Uuid, text: &str, what: &str) -> Uuid {
+    let id = follow_up(app, run, text).await;
+    let events = app.events("alice", id).await;
     assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
     let tool: Vec<_> = pick!(events, EventBody::ToolResult { is_error, output, .. } => (*is_error, output)).collect();
-    assert!(tool.len() == 1 && !tool[0].0, "the agent's forgery ran: {tool:?}");
-    let own = app.store.run_changes(second, ChangeScope::Run).await.unwrap().expect("captured");
-    assert_eq!(paths(&own), ["c.txt"], "the edited kept index hid a change");
-    let session = app.store.run_changes(second, ChangeScope::Session).await.unwrap().unwrap();
-    assert_eq!(paths(&session), ["a.txt", "c.txt"]);
+    assert!(tool.len() == 1 && !tool[0].0, "{what}: {tool:?}");
+    id
+}
+
+/// The paths the run's change of `scope` touched.
+async fn changed_paths(app: &TestApp, run: Uuid, scope: ChangeScope) -> Vec<String> {
+    let change = app.store.run_changes(run, scope).await.unwrap().expect("captured");
+    change.files.into_iter().map(|f| f.path).collect()
 }
 
 /// A follow-up run of `run`'s session, asked for with `text`: its id.
@@ -403,18 +412,19 @@ echo x > hidden.txt && echo changed >> c.txt";
         Reply::text("third"),
     ];
     let app = app_with(script, config()).await;
-    let paths = |c: &kiln_protocol::changes::RunChanges| c.files.iter().map(|f| f.path.clone()).collect::<Vec<_>>();
     let first = app.submit("alice", on_repo(&url, "change")).await.id;
     assert_eq!(outcome(&app.events("alice", first).await), Some(RunStatus::Succeeded));
-    let second = follow_up(&app, first, "again").await;
-    let events = app.events("alice", second).await;
-    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
-    let tool: Vec<_> = pick!(events, EventBody::ToolResult { is_error, output, .. } => (*is_error, output)).collect();
-    assert!(tool.len() == 1 && !tool[0].0, "the agent's configuration was written: {tool:?}");
-    let own = app.store.run_changes(second, ChangeScope::Run).await.unwrap().expect("captured");
-    assert_eq!(paths(&own), ["c.txt", "hidden.txt"], "the capture's git directory's info/exclude hid a file");
+    let second = follow_up_whose_tool_ran(&app, first, "again", "the agent's configuration was written").await;
+    assert_eq!(
+        changed_paths(&app, second, ChangeScope::Run).await,
+        ["c.txt", "hidden.txt"],
+        "the capture's git directory's info/exclude hid a file"
+    );
     let third = follow_up(&app, second, "once more").await;
     assert_eq!(outcome(&app.events("alice", third).await), Some(RunStatus::Succeeded));
-    let own = app.store.run_changes(third, ChangeScope::Run).await.unwrap().expect("captured");
-    assert_eq!(paths(&own), ["c.txt"], "an index written under the agent's configuration hid a change");
+    assert_eq!(
+        changed_paths(&app, third, ChangeScope::Run).await,
+        ["c.txt"],
+        "an index written under the agent's configuration hid a change"
+    );
 }

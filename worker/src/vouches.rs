@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
+use kiln_toolbox::change_capture::is_sha256;
 use uuid::Uuid;
 
 /// Most sessions vouched for at once; past it the oldest knowledge is
@@ -46,12 +47,11 @@ impl Vouch {
 }
 
 fn arg(hash: &Option<String>) -> &str {
-    hash.as_deref().filter(|h| sha256(h).is_some()).unwrap_or("-")
+    hash.as_deref().filter(|h| is_sha256(h)).unwrap_or("-")
 }
 
 fn sha256(field: &str) -> Option<String> {
-    let hex = field.len() == 64 && field.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
-    hex.then(|| field.to_owned())
+    is_sha256(field).then(|| field.to_owned())
 }
 
 /// This worker's vouches, per session.

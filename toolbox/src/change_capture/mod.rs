@@ -62,6 +62,17 @@ impl Failed {
     }
 }
 
+/// Whether `text` is a git object id as the capture's request and output
+/// carry them: SHA-1 or SHA-256, lowercase hex (the worker checks the same).
+pub fn is_object_id(text: &str) -> bool {
+    seed::is_hex(text, &[40, 64])
+}
+
+/// Whether `text` is a SHA-256 in lowercase hex: what a vouch is.
+pub fn is_sha256(text: &str) -> bool {
+    seed::is_hex(text, &[64])
+}
+
 /// What the worker asks for: the ids the run's and the session's changes
 /// are taken from, the bounds, and what it vouches for ([`seed`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,10 +95,9 @@ impl Request {
                 "usage: kiln-toolbox capture BASE SESSION_BASE SUMMARY_CAP MAX_PATCH VOUCH_INDEX VOUCH_BASE".into()
             );
         };
-        let object =
-            |id: &String| seed::is_hex(id, &[40, 64]).then(|| id.clone()).ok_or(format!("{id:?} is not an object id"));
+        let object = |id: &String| is_object_id(id).then(|| id.clone()).ok_or(format!("{id:?} is not an object id"));
         let size = |n: &String| n.parse::<u64>().map_err(|_| format!("{n:?} is not a size"));
-        let vouch = |h: &String| seed::is_hex(h, &[64]).then(|| h.clone());
+        let vouch = |h: &String| is_sha256(h).then(|| h.clone());
         Ok(Request {
             base: object(base)?,
             session_base: object(session_base)?,
@@ -148,24 +158,24 @@ pub fn main(args: &[String]) -> ExitCode {
 pub fn run(paths: &Paths, request: &Request, out: impl Write) -> Result<(), Failed> {
     let err = prepare(paths)?;
     let git = Git::new(paths.git_dir(), paths.workspace.clone(), paths.keep.join("index"), err);
+    let out_dir = paths.out();
     let mut seeds = Seeds::read(paths, request)?;
-    let taken = match seeds.choose(&git)? {
-        Start::Vouched => take::take(&git, request, &paths.out(), false)?,
-        Start::Check => match take::take(&git, request, &paths.out(), true)? {
-            taken if taken.flagged => {
-                seeds.empty(&git)?;
-                take::take(&git, request, &paths.out(), false)?
-            }
-            taken => taken,
-        },
-        Start::Empty => {
+    // A seed whose flags turn out set, like no seed at all, has the change
+    // taken from the empty index given the base.
+    let first = match seeds.choose(&git)? {
+        Start::Empty => None,
+        start => Some(take::take(&git, request, &out_dir, start == Start::Check)?),
+    };
+    let taken = match first {
+        Some(taken) if !taken.flagged => taken,
+        _ => {
             seeds.empty(&git)?;
-            take::take(&git, request, &paths.out(), false)?
+            take::take(&git, request, &out_dir, false)?
         }
     };
     let kept_base = seeds.base_vouch();
     seeds.record_tree(&taken.tree)?;
-    send::send(&git, request, &paths.out(), &taken, kept_base.as_deref(), out)
+    send::send(&git, request, &out_dir, &taken, kept_base.as_deref(), out)
 }
 
 /// The capture's directories as git needs them, whatever the agent left
@@ -173,13 +183,16 @@ pub fn run(paths: &Paths, request: &Request, out: impl Write) -> Result<(), Fail
 /// the file git's complaints go to.
 fn prepare(paths: &Paths) -> Result<File, Failed> {
     let out = paths.out();
-    for dir in [&paths.keep, &out] {
-        if !is_real_dir(dir) {
-            remove_any(dir).map_err(Failed::io(CANNOT_WRITE, "cannot write the capture's directory"))?;
+    let made = (|| {
+        for dir in [&paths.keep, &out] {
+            if !is_real_dir(dir) {
+                remove_any(dir)?;
+            }
         }
-    }
-    std::fs::create_dir_all(&out).map_err(Failed::io(CANNOT_WRITE, "cannot write the capture's directory"))?;
-    let err = create(&out.join("err")).map_err(Failed::io(CANNOT_WRITE, "cannot write the capture's directory"))?;
+        std::fs::create_dir_all(&out)?;
+        create(&out.join("err"))
+    })();
+    let err = made.map_err(Failed::io(CANNOT_WRITE, "cannot write the capture's directory"))?;
     prepare_git_dir(paths, &err)?;
     Ok(err)
 }
@@ -189,18 +202,17 @@ fn prepare(paths: &Paths) -> Result<File, Failed> {
 /// the workspace's repository when there is one.
 fn prepare_git_dir(paths: &Paths, err: &File) -> Result<(), Failed> {
     let dir = paths.git_dir();
-    let failed = Failed::io(NO_GIT_DIR, "preparing the capture's git directory");
+    let failed = || Failed::io(NO_GIT_DIR, "preparing the capture's git directory");
     if !is_real_dir(&dir) {
-        remove_any(&dir).map_err(Failed::io(NO_GIT_DIR, "preparing the capture's git directory"))?;
+        remove_any(&dir).map_err(failed())?;
     }
     if !dir.join("HEAD").is_file() {
-        let scratch = err.try_clone().map_err(Failed::io(NO_GIT_DIR, "preparing the capture's git directory"))?;
-        let init = Git::new(dir.clone(), paths.workspace.clone(), PathBuf::new(), scratch);
+        let init = Git::new(dir.clone(), paths.workspace.clone(), PathBuf::new(), err.try_clone().map_err(failed())?);
         if !init.init()? {
             return Err(Failed::new(NO_GIT_DIR, "git init of the capture's git directory failed".into()));
         }
     }
-    let result = (|| {
+    let written = (|| {
         for planted in ["config", "info", "commondir", "objects/info/alternates"] {
             remove_any(&dir.join(planted))?;
         }
@@ -213,7 +225,7 @@ fn prepare_git_dir(paths: &Paths, err: &File) -> Result<(), Failed> {
         }
         Ok(())
     })();
-    result.map_err(failed)
+    written.map_err(failed())
 }
 
 /// A new file at `path`, never through a link the sandbox left there.

@@ -7,7 +7,8 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 
 use super::git::{Git, NO_GIT, spawn};
-use super::seed::{is_hex, sha256_of};
+use super::is_object_id;
+use super::seed::sha256_of;
 use super::{ADD_FAILED, DIFF_FAILED, Failed, NO_TREE, Request};
 
 /// What git gave.
@@ -68,7 +69,7 @@ fn read_tree(mut child: Child) -> Result<String, Failed> {
         let _ = stdout.take(128).read_to_string(&mut text);
     }
     let tree = text.trim_end().to_owned();
-    match wait(child)? && is_hex(&tree, &[40, 64]) {
+    match wait(child)? && is_object_id(&tree) {
         true => Ok(tree),
         false => Err(Failed::new(NO_TREE, "git write-tree failed".into())),
     }

@@ -82,9 +82,8 @@ fn packed_ref(git: &Path, name: &str) -> Option<String> {
 }
 
 /// A full hex object id (SHA-1 or SHA-256): safe to put in a command line.
-pub fn is_object_id(text: &str) -> bool {
-    matches!(text.len(), 40 | 64) && text.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-}
+/// The toolbox's capture checks its request by the same rule.
+pub use kiln_toolbox::change_capture::is_object_id;
 
 #[cfg(test)]
 mod tests {
