@@ -64,7 +64,7 @@ async fn a_client_that_stops_reading_for_a_minute_costs_the_api_no_memory_and_th
     let dir = tempfile::tempdir().unwrap();
     let addr_file = dir.path().join("addr");
     let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
-        .args(["child_api_process", "--exact", "--include-ignored", "--nocapture"])
+        .args(["slow_client::child_api_process", "--exact", "--include-ignored", "--nocapture"])
         .env(CHILD_DB, &app.db_url)
         .env(CHILD_ADDR_FILE, &addr_file)
         .kill_on_drop(true)
