@@ -104,9 +104,10 @@ fn failure(events: &[Event]) -> String {
 async fn a_zip_bomb_repository_fails_its_run_once_naming_the_limit_in_bounded_memory() {
     let (_repo, url) = zeros_repo(300);
     let (app, worker) = app_with_worker_process(vec![Reply::text("done")], &[("KILN_MAX_REPO_MB", "64")]).await;
-    let before = worker.peak_rss_bytes();
+    let (before, written_before) = (worker.peak_rss_bytes(), worker.written_bytes());
     let (id, events) = run_to_end(&app, with_repo(url)).await;
     let grown = worker.peak_rss_bytes().saturating_sub(before);
+    let written = worker.written_bytes().saturating_sub(written_before);
     worker.stop().await;
 
     assert_eq!(outcome(&events), Some(RunStatus::Failed), "{:?}", kinds(&events));
@@ -118,6 +119,13 @@ async fn a_zip_bomb_repository_fails_its_run_once_naming_the_limit_in_bounded_me
     assert_eq!(events.iter().filter(|e| e.kind() == "run.started").count(), 1, "{:?}", kinds(&events));
     assert!(app.model.requests().is_empty(), "the model was called for a run with no workspace");
     assert!(grown < 64 * MB, "the worker's peak memory grew by {} MB", grown / MB);
+    // Nor on its disk: the tree's size is known before anything is checked
+    // out, so the worker and its git wrote the few hundred KB of the pack
+    // (and what they say to Postgres and Docker), not the bomb's 300 MB,
+    // nor the cap's worth of it before a check noticed (memory alone cannot
+    // tell: a checkout goes to disk, and the upload streams).
+    eprintln!("the worker and its git wrote {} KB", written / 1024);
+    assert!(written < 8 * MB, "the worker and its git wrote {} MB: the bomb was checked out", written / MB);
 }
 
 #[tokio::test]
