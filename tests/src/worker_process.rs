@@ -113,17 +113,6 @@ impl WorkerProcess {
         kib.trim().trim_end_matches("kB").trim().parse::<u64>().expect("VmHWM in kB") * 1024
     }
 
-    /// Bytes the process has written so far (`wchar` of `/proc/PID/io`: to
-    /// files, pipes and sockets), its reaped children's (git, tar) and
-    /// theirs included: the kernel adds a child's counts to its parent's
-    /// when the parent reaps it.
-    pub fn written_bytes(&self) -> u64 {
-        let pid = self.child.id().expect("the worker is running");
-        let io = std::fs::read_to_string(format!("/proc/{pid}/io")).expect("the worker's /proc io");
-        let wchar = io.lines().find_map(|l| l.strip_prefix("wchar:")).expect("wchar");
-        wchar.trim().parse().expect("wchar in bytes")
-    }
-
     /// SIGTERM, and waits (up to a minute) until it has exited.
     pub async fn stop(mut self) {
         self.signal(Signal::TERM);
