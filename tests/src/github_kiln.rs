@@ -12,6 +12,9 @@ use uuid::Uuid;
 use crate::TestApp;
 use crate::fake_github::FakeGithub;
 
+/// How often a worker of [`github_against`] looks for owed deliveries.
+pub const OWED_POLL: Duration = Duration::from_millis(200);
+
 /// A worker's GitHub side against `fake`, which serves git where it serves
 /// the API, with `credentials`; links in reports point at `app`. Requests
 /// are retried quickly and owed deliveries looked for every 200 ms.
@@ -22,7 +25,7 @@ pub fn github_against(fake: &FakeGithub, credentials: Credentials, app: &TestApp
         credentials,
         public_url: Some(format!("http://{}", app.addr)),
         retry: RetryPolicy { attempts: 4, base_delay: Duration::from_millis(50), max_delay: Duration::from_secs(2) },
-        request_poll: Duration::from_millis(200),
+        request_poll: OWED_POLL,
         policy: DeliveryPolicy::default(),
     })
     .unwrap()

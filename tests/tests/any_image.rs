@@ -241,7 +241,10 @@ async fn an_image_with_no_shell_where_the_toolbox_cannot_run_either_is_refused_a
     assert!(results(&events).is_empty(), "no tool ran: {events:?}");
 }
 
-/// Ids of the containers Docker creates for `worker` from now on.
+/// Ids of the containers Docker creates for `worker` from now on: from a
+/// second before now, so that none is missed however late the
+/// subscription is in place (Docker replays what it saw since then; the
+/// worker's id is new, so nothing older is of it).
 fn count_creations(worker: &str) -> Arc<Mutex<Vec<String>>> {
     let docker = bollard::Docker::connect_with_local_defaults().unwrap();
     let filters = HashMap::from([
@@ -249,7 +252,9 @@ fn count_creations(worker: &str) -> Arc<Mutex<Vec<String>>> {
         ("event".to_owned(), vec!["create".to_owned()]),
         ("label".to_owned(), vec![format!("dev.kiln.worker={worker}")]),
     ]);
-    let options = bollard::query_parameters::EventsOptionsBuilder::new().filters(&filters).build();
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() - 1;
+    let options =
+        bollard::query_parameters::EventsOptionsBuilder::new().since(&since.to_string()).filters(&filters).build();
     let created = Arc::new(Mutex::new(Vec::new()));
     let seen = created.clone();
     let mut stream = docker.events(Some(options));
@@ -269,8 +274,9 @@ async fn without_a_toolbox_runs_work_the_warm_pool_keeps_its_containers_and_the_
     let mut config = config("kiln-sandbox:latest", Some(PathBuf::from("/nonexistent/kiln-toolbox")));
     config.warm_pool = 2;
     let created = count_creations(&config.worker_id);
-    // The subscription is in place before anything is created.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The pool reports its size into the process's recorder: installed
+    // before the worker starts, so none of it is lost.
+    let metrics = kiln_cli::telemetry::prometheus();
     let app = TestApp::spawn(Options {
         worker: false,
         script: vec![bash("echo one"), Reply::text("first"), bash("echo two"), Reply::text("second")],
@@ -286,13 +292,24 @@ async fn without_a_toolbox_runs_work_the_warm_pool_keeps_its_containers_and_the_
         assert!(results(&events)[0].0.starts_with(&format!("{said}\n")), "{:?}", results(&events));
     }
     // Two runs from a pool of two: each took one warm container and the
-    // pool started one in its place, no more: 2 + 2.
+    // pool started one in its place, no more: 2 + 2, once the pool is full
+    // again (a pool that dropped its containers as dead at each take has
+    // made more by then).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while created.lock().unwrap().len() < 4 && tokio::time::Instant::now() < deadline {
+    let full = |m: &str| {
+        m.lines()
+            .filter_map(|l| l.strip_prefix("kiln_warm_pool_size"))
+            .any(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) == Some(2.0))
+    };
+    while !(full(&metrics.render()) && created.lock().unwrap().len() >= 4) {
+        assert!(tokio::time::Instant::now() < deadline, "the pool never refilled: {:?}", created.lock().unwrap());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // A churning pool would go on creating: give it the time to show.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Full, the pool waits for a take and starts nothing: a pool that went
+    // on past its target would ask Docker for its next container at once
+    // (a create is the first thing a start does), and Docker reports the
+    // create within milliseconds; a second covers a busy machine.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let n = created.lock().unwrap().len();
     assert_eq!(n, 4, "containers created for worker {pool_worker}: {:?}", created.lock().unwrap());
     let text = logs.text();

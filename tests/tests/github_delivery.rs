@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use kiln_protocol::{CreateRun, EventBody, RunStatus};
 use kiln_tests::fake_github::{BareRepo, FakeGithub, git_basic_auth};
-use kiln_tests::github_kiln::{fixture, github_against, send_webhook};
+use kiln_tests::github_kiln::{OWED_POLL, fixture, github_against, send_webhook};
 use kiln_tests::kiln_scripted_model::Reply;
 use kiln_tests::logs::Logs;
 use kiln_tests::{Event, Options, TestApp, kinds, pick, token, worker_config};
@@ -476,7 +476,12 @@ fn comments_on(s: &Setup, n: i64) -> Vec<String> {
 }
 
 /// Waits until no delivery is owed or in progress for `run`, then a few
-/// poll intervals more, so a second delivery would have happened.
+/// of the worker's polls for owed deliveries more. Settled, the row is not
+/// owed, so a correct worker never claims it again; a worker that
+/// delivers a settled run again (a claim that ignores the settlement, a
+/// delivery left owed once made) does so at its next poll, which this
+/// absence window lets happen: five polls, so a poll delayed by a busy
+/// machine still falls inside it.
 async fn settle(s: &Setup, run: Uuid) {
     let sql = s.app.sql().await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -494,7 +499,7 @@ async fn settle(s: &Setup, run: Uuid) {
         assert!(tokio::time::Instant::now() < deadline, "the delivery never settled");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::time::sleep(OWED_POLL * 5).await;
 }
 
 #[tokio::test]

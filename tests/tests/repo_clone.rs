@@ -103,10 +103,15 @@ fn failure(events: &[Event]) -> String {
 #[tokio::test]
 async fn a_zip_bomb_repository_fails_its_run_once_naming_the_limit_in_bounded_memory() {
     let (_repo, url) = zeros_repo(300);
-    let (app, worker) = app_with_worker_process(vec![Reply::text("done")], &[("KILN_MAX_REPO_MB", "64")]).await;
+    // The worker's temporary files (its checkouts) go where the test watches.
+    let tmp = tempfile::tempdir().unwrap();
+    let env = [("KILN_MAX_REPO_MB", "64"), ("TMPDIR", tmp.path().to_str().unwrap())];
+    let (app, worker) = app_with_worker_process(vec![Reply::text("done")], &env).await;
     let before = worker.peak_rss_bytes();
+    let on_disk = PeakSize::watch(tmp.path());
     let (id, events) = run_to_end(&app, with_repo(url)).await;
     let grown = worker.peak_rss_bytes().saturating_sub(before);
+    let on_disk = on_disk.stop();
     worker.stop().await;
 
     assert_eq!(outcome(&events), Some(RunStatus::Failed), "{:?}", kinds(&events));
@@ -118,6 +123,57 @@ async fn a_zip_bomb_repository_fails_its_run_once_naming_the_limit_in_bounded_me
     assert_eq!(events.iter().filter(|e| e.kind() == "run.started").count(), 1, "{:?}", kinds(&events));
     assert!(app.model.requests().is_empty(), "the model was called for a run with no workspace");
     assert!(grown < 64 * MB, "the worker's peak memory grew by {} MB", grown / MB);
+    // Nor on its disk: the tree's size is known before anything is checked
+    // out, so the checkout holds the pack's few hundred KB, never the
+    // bomb's 300 MB nor the cap's worth of it before a later check noticed
+    // (memory alone cannot tell: a checkout goes to disk, and the upload
+    // streams whatever the checkout holds).
+    assert!(
+        on_disk < 8 * MB,
+        "the worker's checkout reached {} MB on its disk: the bomb was checked out",
+        on_disk / MB
+    );
+}
+
+/// The largest a directory tree grew to (its files' bytes), sampled every
+/// few milliseconds from a thread: a checkout of the bomb's file, stopped
+/// at the cap or not, stays on disk for far longer than that (it is
+/// written at disk speed, and removed only once the run's preparation
+/// failed).
+struct PeakSize {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    sampler: std::thread::JoinHandle<u64>,
+}
+
+impl PeakSize {
+    fn watch(dir: &Path) -> PeakSize {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (dir, stopped) = (dir.to_owned(), stop.clone());
+        let sampler = std::thread::spawn(move || {
+            let mut peak = 0;
+            while !stopped.load(Ordering::SeqCst) {
+                peak = peak.max(tree_bytes(&dir));
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            peak
+        });
+        PeakSize { stop, sampler }
+    }
+
+    fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::SeqCst);
+        self.sampler.join().unwrap()
+    }
+}
+
+/// Bytes of the files under `dir` now (symlinks not followed).
+fn tree_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let size = |e: std::fs::DirEntry| match e.file_type() {
+        Ok(t) if t.is_dir() => tree_bytes(&e.path()),
+        _ => e.metadata().map_or(0, |m| m.len()),
+    };
+    entries.flatten().map(size).sum()
 }
 
 #[tokio::test]

@@ -57,25 +57,35 @@ async fn two_task_calls_run_two_children_at_once_and_their_answers_come_back() {
         Reply::text("parent done").with_usage(100, 10),
     ];
     let app = TestApp::spawn(Options { script, ..Default::default() }).await;
-    // Each child waits a while on its first model call: run one after the
-    // other, their spans could not overlap.
+    // Each child waits a while on each of its model calls: run one after
+    // the other, their spans could not overlap; and a child's last step
+    // cannot finish within 1.5 s of its first step's events.
+    let slow = Duration::from_millis(1500);
     for marker in ["ALPHA", "BETA"] {
         app.model.script_thread(
             marker,
             vec![
-                Reply::tool("ls", json!({"path": "."})).with_delay(Duration::from_millis(1500)).with_usage(40, 5),
-                Reply::text(format!("answer from {marker}")).with_usage(40, 5),
+                Reply::tool("ls", json!({"path": "."})).with_delay(slow).with_usage(40, 5),
+                Reply::text(format!("answer from {marker}")).with_delay(slow).with_usage(40, 5),
             ],
         );
     }
     let parent = app.submit("alice", CreateRun::new("split the work")).await.id;
     // Live: the parent's stream, read as it is written, carries a child's
-    // event while that child is still running (not copied at its end).
+    // event while that child is still at work, not copied once its loop is
+    // done (its last step finished) nor once it has ended.
     let first = app.events_until("alice", parent, None, |e| matches!(e.body, EventBody::SubagentEvent { .. })).await;
     let Some(EventBody::SubagentEvent { run_id: child, .. }) = first.last().map(|e| &e.body) else {
         panic!("the parent's stream ended with no child event: {:?}", kinds(&first))
     };
+    let own_then = app.stored_events(*child).await;
     let status = app.run("alice", *child).await.status;
+    let steps_done = own_then.iter().filter(|e| e.kind() == "step.finished").count();
+    assert!(
+        steps_done < 2,
+        "the child's event reached its parent's stream only after its last step: {:?}",
+        kinds(&own_then)
+    );
     assert_eq!(status, RunStatus::Running, "the child's event reached its parent's stream only once it had ended");
     let events = app.events("alice", parent).await;
     assert_dense(&events, 1);
