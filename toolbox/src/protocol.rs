@@ -25,12 +25,12 @@ mod request;
 
 pub use self::error::{ErrorKind, ToolError};
 pub use self::reply::{
-    BinaryInfo, CancelResult, EditResult, ExecResult, FileKind, GlobResult, GrepFile, GrepLine, GrepResult, Hello,
+    BinaryInfo, CancelResult, CaptureResult, EditResult, ExecResult, FileKind, GlobResult, GrepFile, GrepLine, GrepResult, Hello,
     LsEntry, LsResult, Output, ProtocolError, Reply, Response, ServerMessage, SessionShell, StatResult, ViewResult,
     WriteResult,
 };
 pub use self::request::{
-    CancelRequest, EditRequest, ExecRequest, GlobRequest, GrepRequest, LsRequest, Request, RequestBody, StatRequest,
+    CancelRequest, CaptureRequest, EditRequest, ExecRequest, GlobRequest, GrepRequest, LsRequest, Request, RequestBody, StatRequest,
     ViewRequest, WriteRequest,
 };
 

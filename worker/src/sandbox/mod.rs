@@ -30,6 +30,7 @@ pub mod stops;
 
 pub mod toolbox;
 mod toolbox_binary;
+mod toolbox_capture;
 mod toolbox_reader;
 mod toolbox_session;
 mod toolbox_watch;
