@@ -83,6 +83,11 @@ async fn a_runs_patch_applied_to_a_fresh_clone_gives_the_sandboxs_tree() {
     let logs = Logs::capture(LevelFilter::INFO);
     assert_eq!(patch_rebuilds_the_sandboxs_tree(config()).await, "toolbox");
     assert_eq!(ways_in(&logs), ["toolbox call"], "the capture's log line says how it ran");
+    // Over the run's own connection: the run's end (its processes killed)
+    // left the toolbox running, so no start of a new one (an exec) was paid.
+    let restarts: Vec<String> =
+        logs.text().lines().filter(|l| l.contains("restarting it")).map(str::to_owned).collect();
+    assert!(restarts.is_empty(), "{restarts:#?}");
 }
 
 /// Where the worker's toolbox does not run the sandbox's tools (here: the
@@ -243,6 +248,7 @@ async fn wait_for_change_file(app: &TestApp, id: Uuid) {
 
 #[tokio::test]
 async fn cancelled_and_timed_out_runs_keep_their_change() {
+    let logs = Logs::capture(LevelFilter::INFO);
     let (_repo, url) = repo_with(&[("a.txt", "a\n")]);
     let slow =
         |file: &str| Reply::tool("bash", json!({ "command": format!("echo x > {file}; echo written; sleep 600") }));
@@ -265,6 +271,9 @@ async fn cancelled_and_timed_out_runs_keep_their_change() {
         let paths: Vec<&str> = changes.files.iter().map(|f| f.path.as_str()).collect();
         assert_eq!(paths, [file]);
     }
+    // The run's own handle was held past the end of its work (a cancel and
+    // the clock drop it), so both asked the run's toolbox.
+    assert_eq!(ways_in(&logs), ["toolbox call", "toolbox call"]);
 }
 
 #[tokio::test]

@@ -15,6 +15,7 @@
 //! hostile); the bound here only stops a capture that would never be read.
 
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -43,7 +44,7 @@ pub fn run(request: &CaptureRequest, sink: &dyn OutputSink) -> Result<CaptureRes
     let program = std::env::current_exe().map_err(|e| internal("finding the toolbox's own binary", e))?;
     let mut child = start(&program, &request.args)?;
     let pid = child.id();
-    let stderr = child.stderr.take().map(|err| spawn_thread(move || read_start(err, STDERR_KEPT)));
+    let stderr = child.stderr.take().and_then(|err| spawn_thread(move || read_start(err, STDERR_KEPT)));
     let (finished, done) = mpsc::channel::<()>();
     let timeout = Duration::from_millis(request.timeout_ms);
     // Kills the capture at its timeout: its stdout may never end otherwise.

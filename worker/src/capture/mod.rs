@@ -65,9 +65,16 @@ pub async fn capture_change(ctx: &WorkerContext, run: &Run, lease: &Lease, event
 /// The run's own change's totals and whether its patch was too large;
 /// `None` when the run has no workspace (no base, or no container).
 async fn capture(ctx: &WorkerContext, run: &Run, lease: &Lease) -> Result<Option<(ChangeTotals, bool)>, CaptureError> {
+    let held = ctx.held_sandboxes.take(run.id);
     let Some(base) = ctx.store.run_base(run.id).await? else { return Ok(None) };
-    let Some(sandbox) = lifecycle::running(&ctx.sandboxes, &ctx.config.sandbox, run.session_id).await else {
-        return Ok(None);
+    // The run's own handle, its toolbox's connection open; else (a run that
+    // never got that far, or came back to this worker) one bound by name.
+    let sandbox = match held {
+        Some(sandbox) => sandbox,
+        None => match lifecycle::running(&ctx.sandboxes, &ctx.config.sandbox, run.session_id).await {
+            Some(sandbox) => sandbox,
+            None => return Ok(None),
+        },
     };
     sandbox.kill_user_processes().await.map_err(|e| CaptureError::Kill(e.to_string()))?;
     let vouch = ctx.capture_vouches.get(run.session_id);

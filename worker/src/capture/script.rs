@@ -494,7 +494,10 @@ mod tests {
         assert!(parse_output(vec![b'a'; 4096], 10, Way::Script).is_err());
         let huge = output("s 18446744073709551615 0 - - -", b"");
         assert!(parse_output(huge.clone(), u64::MAX, Way::Script).is_err(), "a patch longer than what was sent");
-        assert!(parse_output(huge, 10, Way::Script).unwrap().run.patch.is_none(), "a patch over the bound is not expected");
+        assert!(
+            parse_output(huge, 10, Way::Script).unwrap().run.patch.is_none(),
+            "a patch over the bound is not expected"
+        );
         assert_eq!(stdout_cap(u64::MAX), usize::MAX);
     }
 }

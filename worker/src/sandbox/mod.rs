@@ -21,6 +21,7 @@ mod egress_route;
 pub mod environment_pools;
 mod exec;
 mod files;
+pub mod held;
 pub mod image_store;
 pub mod lifecycle;
 pub mod pool;
