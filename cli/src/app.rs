@@ -186,6 +186,7 @@ async fn start_worker(store: Store, parts: WorkerParts, shutdown: CancellationTo
         presence,
         environment_pools,
         capture_vouches: Default::default(),
+        held_sandboxes: Default::default(),
     };
     let worker = Worker::new(ctx, listener);
     // Owed `deliver.git` pushes no worker is making (retries, pushes a dead

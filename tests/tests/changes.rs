@@ -9,9 +9,11 @@ use kiln_protocol::changes::{ChangeScope, FileStatus};
 use kiln_protocol::{CreateRun, EventBody, Limits, RepoSpec, RunStatus};
 use kiln_scripted_model::Reply;
 use kiln_tests::git_repo::{git, repo_with};
+use kiln_tests::logs::Logs;
 use kiln_tests::{Event, Options, TestApp, docker_exec, kinds, outcome, pick, token, worker_config};
 use kiln_worker::{ProviderKind, WorkerConfig};
 use serde_json::json;
+use tracing_subscriber::filter::LevelFilter;
 use uuid::Uuid;
 
 /// Keeps the session's container after the run, to look inside it.
@@ -74,9 +76,18 @@ printf '\\000\\001\\002\\377binary' > blob.bin
 ln -s a.txt link
 mkdir -p dir && echo new > dir/new.txt";
 
+/// The capture is asked of the sandbox's toolbox over its connection (no
+/// exec through the engine).
 #[tokio::test]
 async fn a_runs_patch_applied_to_a_fresh_clone_gives_the_sandboxs_tree() {
+    let logs = Logs::capture(LevelFilter::INFO);
     assert_eq!(patch_rebuilds_the_sandboxs_tree(config()).await, "toolbox");
+    assert_eq!(ways_in(&logs), ["toolbox call"], "the capture's log line says how it ran");
+    // Over the run's own connection: the run's end (its processes killed)
+    // left the toolbox running, so no start of a new one (an exec) was paid.
+    let restarts: Vec<String> =
+        logs.text().lines().filter(|l| l.contains("restarting it")).map(str::to_owned).collect();
+    assert!(restarts.is_empty(), "{restarts:#?}");
 }
 
 /// Where the worker's toolbox does not run the sandbox's tools (here: the
@@ -84,9 +95,20 @@ async fn a_runs_patch_applied_to_a_fresh_clone_gives_the_sandboxs_tree() {
 /// the shell script, and its change is as exact.
 #[tokio::test]
 async fn without_the_workers_toolbox_the_script_takes_the_same_change() {
+    let logs = Logs::capture(LevelFilter::INFO);
     let mut config = config();
     config.sandbox.toolbox_path = Some("/nonexistent/kiln-toolbox".into());
     assert_eq!(patch_rebuilds_the_sandboxs_tree(config).await, "script");
+    assert_eq!(ways_in(&logs), ["script"]);
+}
+
+/// The `way` of every capture the worker logged, in order.
+fn ways_in(logs: &Logs) -> Vec<String> {
+    logs.text()
+        .lines()
+        .filter(|l| l.contains("took the run's change"))
+        .filter_map(|l| l.split(" way=\"").nth(1).and_then(|rest| rest.split('"').next()).map(str::to_owned))
+        .collect()
 }
 
 /// Runs [`EDITS`] on a repository with `config` and checks that the run's
@@ -226,6 +248,7 @@ async fn wait_for_change_file(app: &TestApp, id: Uuid) {
 
 #[tokio::test]
 async fn cancelled_and_timed_out_runs_keep_their_change() {
+    let logs = Logs::capture(LevelFilter::INFO);
     let (_repo, url) = repo_with(&[("a.txt", "a\n")]);
     let slow =
         |file: &str| Reply::tool("bash", json!({ "command": format!("echo x > {file}; echo written; sleep 600") }));
@@ -248,6 +271,9 @@ async fn cancelled_and_timed_out_runs_keep_their_change() {
         let paths: Vec<&str> = changes.files.iter().map(|f| f.path.as_str()).collect();
         assert_eq!(paths, [file]);
     }
+    // The run's own handle was held past the end of its work (a cancel and
+    // the clock drop it), so both asked the run's toolbox.
+    assert_eq!(ways_in(&logs), ["toolbox call", "toolbox call"]);
 }
 
 #[tokio::test]

@@ -25,13 +25,13 @@ mod request;
 
 pub use self::error::{ErrorKind, ToolError};
 pub use self::reply::{
-    BinaryInfo, CancelResult, EditResult, ExecResult, FileKind, GlobResult, GrepFile, GrepLine, GrepResult, Hello,
-    LsEntry, LsResult, Output, ProtocolError, Reply, Response, ServerMessage, SessionShell, StatResult, ViewResult,
-    WriteResult,
+    BinaryInfo, CancelResult, CaptureResult, EditResult, ExecResult, FileKind, GlobResult, GrepFile, GrepLine,
+    GrepResult, Hello, LsEntry, LsResult, Output, ProtocolError, Reply, Response, ServerMessage, SessionShell,
+    StatResult, ViewResult, WriteResult,
 };
 pub use self::request::{
-    CancelRequest, EditRequest, ExecRequest, GlobRequest, GrepRequest, LsRequest, Request, RequestBody, StatRequest,
-    ViewRequest, WriteRequest,
+    CancelRequest, CaptureRequest, EditRequest, ExecRequest, GlobRequest, GrepRequest, LsRequest, Request, RequestBody,
+    StatRequest, ViewRequest, WriteRequest,
 };
 
 /// Version of this protocol; sent in [`Hello`].

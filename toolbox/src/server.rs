@@ -25,7 +25,7 @@ use crate::protocol::{
     CancelResult, ErrorKind, Hello, Output, PROTOCOL_VERSION, ProtocolError, Reply, Request, RequestBody, Response,
     ServerMessage, ToolError,
 };
-use crate::{edit, files, search, view};
+use crate::{change_capture, edit, files, search, view};
 
 /// Messages waiting for the writer. Output chunks are ≤ 16 KiB, so this
 /// bounds the queue to a few MiB at worst.
@@ -189,6 +189,7 @@ impl Tools {
             RequestBody::Glob(r) => search::glob(base, &r).map(Reply::Glob),
             RequestBody::Grep(r) => search::grep(base, &r).map(Reply::Grep),
             RequestBody::Stat(r) => files::stat(base, &r).map(Reply::Stat),
+            RequestBody::Capture(r) => change_capture::call::run(&r, &ChannelSink { id, tx }).map(Reply::Capture),
             RequestBody::Ping => Ok(Reply::Pong),
             RequestBody::Cancel(c) => {
                 Ok(Reply::Cancel(CancelResult { target: c.target, was_running: self.exec.cancel(c.target) }))

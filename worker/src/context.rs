@@ -33,4 +33,7 @@ pub struct WorkerContext {
     /// What each session's last capture here left that the next may take
     /// on trust (see `vouches`).
     pub capture_vouches: Arc<crate::vouches::Vouches>,
+    /// Each run's sandbox handle from its workspace's readiness to its
+    /// capture (see `sandbox::held`).
+    pub held_sandboxes: Arc<crate::sandbox::held::HeldSandboxes>,
 }

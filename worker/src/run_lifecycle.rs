@@ -87,6 +87,8 @@ async fn execute_in_span(
     // Aborted when this task ends *or is dropped*: a run task torn down
     // mid-way must stop extending its lease, or nobody could take the run over.
     let heartbeat = RunHeartbeat::start(ctx.clone(), lease.clone(), signals.cancel.clone(), lost.clone());
+    // Whatever path the run takes, its sandbox handle is not held past it.
+    let _hold = ctx.held_sandboxes.hold_until_dropped(run.id);
     let mut events = EventSink::new(ctx.store.clone(), lease.clone());
     if let Some(group) = crate::attempts::GroupStream::of(&ctx.store, &run) {
         events.nest_into(group);

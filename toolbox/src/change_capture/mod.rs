@@ -17,6 +17,7 @@
 //! The index it starts from is chosen by [`seed`]; everything the sandbox
 //! left there is hostile and is checked before git takes it.
 
+pub mod call;
 mod git;
 mod seed;
 mod send;

@@ -93,6 +93,7 @@ pub enum Reply {
     Stat(StatResult),
     Pong,
     Cancel(CancelResult),
+    Capture(CaptureResult),
     Error(ToolError),
 }
 
@@ -104,6 +105,19 @@ impl Reply {
             other => Ok(other),
         }
     }
+}
+
+/// How a capture ended; its stdout came before, as `Output` chunks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureResult {
+    /// `None` when it was killed by a signal.
+    pub exit_code: Option<i32>,
+    /// Killed at the request's `timeout_ms`.
+    pub timed_out: bool,
+    /// Killed for sending more than the request's `max_bytes`.
+    pub overflow: bool,
+    /// The start of what it said on stderr (why it failed).
+    pub stderr: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

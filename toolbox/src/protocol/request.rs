@@ -28,6 +28,7 @@ pub enum RequestBody {
     Stat(StatRequest),
     Ping,
     Cancel(CancelRequest),
+    Capture(CaptureRequest),
 }
 
 /// Run `bash -c command`. Commands of one toolbox run one at a time; the
@@ -161,6 +162,24 @@ pub struct GrepRequest {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatRequest {
     pub path: String,
+}
+
+/// Take the run's change: the toolbox runs its own `capture` subcommand
+/// (`crate::change_capture`) as the command user with `args`, and streams
+/// its stdout back as `Output` chunks, each the base64 of a run of bytes
+/// (the patch is binary), then a [`super::CaptureResult`]. Over the
+/// connection the worker already holds: no exec through the engine, which
+/// is most of a capture's time on a large repository (issue 28).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CaptureRequest {
+    /// The subcommand's arguments: `BASE SESSION_BASE SUMMARY_CAP
+    /// MAX_PATCH VOUCH_INDEX VOUCH_BASE`.
+    pub args: Vec<String>,
+    /// The capture is killed after this long.
+    pub timeout_ms: u64,
+    /// Most bytes of stdout sent; past it the capture is killed and its
+    /// result says `overflow`.
+    pub max_bytes: u64,
 }
 
 /// Kill the running exec with this request id (its whole process group).

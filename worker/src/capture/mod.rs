@@ -14,6 +14,7 @@ mod count;
 mod script;
 mod summary;
 
+pub use self::script::Way;
 pub use crate::vouches::{Vouch, Vouches};
 
 use kiln_protocol::changes::{ChangeScope, ChangeTotals};
@@ -64,36 +65,60 @@ pub async fn capture_change(ctx: &WorkerContext, run: &Run, lease: &Lease, event
 /// The run's own change's totals and whether its patch was too large;
 /// `None` when the run has no workspace (no base, or no container).
 async fn capture(ctx: &WorkerContext, run: &Run, lease: &Lease) -> Result<Option<(ChangeTotals, bool)>, CaptureError> {
+    let held = ctx.held_sandboxes.take(run.id);
     let Some(base) = ctx.store.run_base(run.id).await? else { return Ok(None) };
-    let Some(sandbox) = lifecycle::running(&ctx.sandboxes, &ctx.config.sandbox, run.session_id).await else {
-        return Ok(None);
+    // The run's own handle, its toolbox's connection open; else (a run that
+    // never got that far, or came back to this worker) one bound by name.
+    let sandbox = match held {
+        Some(sandbox) => sandbox,
+        None => match lifecycle::running(&ctx.sandboxes, &ctx.config.sandbox, run.session_id).await {
+            Some(sandbox) => sandbox,
+            None => return Ok(None),
+        },
     };
     sandbox.kill_user_processes().await.map_err(|e| CaptureError::Kill(e.to_string()))?;
     let vouch = ctx.capture_vouches.get(run.session_id);
-    let (own, session, vouch) = take(&sandbox, &base, ctx.config.max_patch_bytes, &vouch).await?;
+    let started = std::time::Instant::now();
+    let Captured { own, session, vouch, way } = take(&sandbox, &base, ctx.config.max_patch_bytes, &vouch).await?;
+    tracing::info!(
+        run_id = %run.id,
+        way = way.as_str(),
+        files = own.totals.files,
+        patch_bytes = own.patch_bytes,
+        took_ms = started.elapsed().as_millis() as u64,
+        "took the run's change"
+    );
     ctx.capture_vouches.set(run.session_id, vouch);
     ctx.store.save_run_changes(lease, &own).await?;
     ctx.store.save_run_changes(lease, &session).await?;
     Ok(Some((own.totals, own.too_large)))
 }
 
+/// What a capture took.
+#[derive(Debug)]
+pub struct Captured {
+    /// The run's own change.
+    pub own: CapturedChange,
+    /// The session's, from its first base.
+    pub session: CapturedChange,
+    /// What the session's next capture may take on trust.
+    pub vouch: Vouch,
+    /// How it ran.
+    pub way: Way,
+}
+
 /// The run's own change and the session's, taken in `sandbox` from `base`
 /// and read back within `max_patch` bytes each, given what the session's
 /// last capture left ([`Vouch`]), and what this one leaves: the capture
 /// without the store (the `capture` benchmark times exactly this).
-pub async fn take(
-    sandbox: &Sandbox,
-    base: &RunBase,
-    max_patch: u64,
-    vouch: &Vouch,
-) -> Result<(CapturedChange, CapturedChange, Vouch), CaptureError> {
+pub async fn take(sandbox: &Sandbox, base: &RunBase, max_patch: u64, vouch: &Vouch) -> Result<Captured, CaptureError> {
     let taken = script::take(sandbox, &base.base, &base.session_base, max_patch, vouch).await?;
     let own = change(ChangeScope::Run, &base.base_commit, &taken.tree, taken.run);
     let session = match taken.session {
         Some(session) => change(ChangeScope::Session, &base.session_base_commit, &taken.tree, session),
         None => CapturedChange { scope: ChangeScope::Session, ..own.clone() },
     };
-    Ok((own, session, taken.vouch))
+    Ok(Captured { own, session, vouch: taken.vouch, way: taken.way })
 }
 
 fn change(scope: ChangeScope, base_commit: &Option<String>, tree: &str, sent: script::Scope) -> CapturedChange {

@@ -222,6 +222,32 @@ pub struct Taken {
     pub session: Option<Scope>,
     /// What the next capture may take on trust.
     pub vouch: Vouch,
+    /// How it was taken.
+    pub way: Way,
+}
+
+/// How a capture ran: the same steps and output each way, at different
+/// costs (an exec through the engine is tens of milliseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Way {
+    /// The worker's toolbox's `capture` subcommand, asked for over the
+    /// sandbox's toolbox connection.
+    ToolboxCall,
+    /// The same subcommand, by an exec through the engine (a sandbox whose
+    /// tools are one exec each, or a toolbox that does not take the call).
+    ToolboxExec,
+    /// The shell script, by an exec: no toolbox of the worker's here.
+    Script,
+}
+
+impl Way {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Way::ToolboxCall => "toolbox call",
+            Way::ToolboxExec => "toolbox exec",
+            Way::Script => "script",
+        }
+    }
 }
 
 /// Runs the script and reads what it sends. `base` and `session_base`
@@ -239,10 +265,17 @@ pub async fn take(
     let [index, kept_base] = vouch.args();
     let (cap, max) = (MAX_SUMMARY_BYTES.to_string(), max_patch.to_string());
     if let Some(toolbox) = sandbox.workers_toolbox() {
+        let args = [base, session_base, &cap, &max, index, kept_base];
+        match sandbox.capture_by_toolbox(&args, stdout_cap(max_patch), TIMEOUT).await {
+            Ok(Some(out)) => return read(checked(out)?, max_patch, Way::ToolboxCall),
+            Ok(None) => {}
+            // Whatever broke the call, the exec below does the same work.
+            Err(e) => tracing::debug!(error = %e, "the capture over the toolbox's connection failed; by an exec"),
+        }
         let argv = [toolbox, "capture", base, session_base, &cap, &max, index, kept_base];
         let out = run(sandbox, &argv, max_patch).await?;
         if !cannot_capture(&out) {
-            return read(out, max_patch);
+            return read(out, max_patch, Way::ToolboxExec);
         }
         // No toolbox of the worker's there after all (its copy failed), or
         // one from before the capture was in it (a sandbox adopted across an
@@ -256,7 +289,7 @@ pub async fn take(
         None => "sh",
     };
     let command = format!("{NEEDS_GIT}set -- {base} {session_base} {cap} {max} {index} {kept_base}\n{SCRIPT}");
-    read(run(sandbox, &[shell, "-c", &command], max_patch).await?, max_patch)
+    read(run(sandbox, &[shell, "-c", &command], max_patch).await?, max_patch, Way::Script)
 }
 
 /// Runs the capture, its stdout read within the bound.
@@ -265,6 +298,11 @@ async fn run(sandbox: &Sandbox, argv: &[&str], max_patch: u64) -> Result<RawOutp
         .exec_raw(argv, None, stdout_cap(max_patch), TIMEOUT)
         .await
         .map_err(|e| CaptureError::Sandbox(e.to_string()))?;
+    checked(out)
+}
+
+/// The output, unless it went past its bound.
+fn checked(out: RawOutput) -> Result<RawOutput, CaptureError> {
     if out.overflow {
         return Err(CaptureError::Garbage("the capture sent more than its bound".into()));
     }
@@ -279,9 +317,9 @@ fn cannot_capture(out: &RawOutput) -> bool {
 }
 
 /// What the capture's exit status and output say.
-fn read(out: RawOutput, max_patch: u64) -> Result<Taken, CaptureError> {
+fn read(out: RawOutput, max_patch: u64, way: Way) -> Result<Taken, CaptureError> {
     match out.exit_code {
-        Some(0) => parse_output(out.stdout, max_patch),
+        Some(0) => parse_output(out.stdout, max_patch, way),
         Some(NEEDS_GIT_EXIT) => Err(CaptureError::Needs("git")),
         Some(code) if TIMED_OUT.contains(&code) => {
             Err(CaptureError::Sandbox(format!("the capture took longer than {} s", TIMEOUT.as_secs())))
@@ -312,7 +350,7 @@ enum Announced {
 
 /// The script's output, checked against its header: every length within
 /// its bound and the body exactly as long as announced.
-fn parse_output(mut stdout: Vec<u8>, max_patch: u64) -> Result<Taken, CaptureError> {
+fn parse_output(mut stdout: Vec<u8>, max_patch: u64, way: Way) -> Result<Taken, CaptureError> {
     let end = stdout.iter().take(MAX_HEADER).position(|b| *b == b'\n').ok_or_else(|| garbage("no header"))?;
     let header = std::str::from_utf8(&stdout[..end]).map_err(|_| garbage("the header is not text"))?;
     let fields: Vec<&str> = header.split(' ').collect();
@@ -331,7 +369,7 @@ fn parse_output(mut stdout: Vec<u8>, max_patch: u64) -> Result<Taken, CaptureErr
     if body.at != body.bytes.len() {
         return Err(garbage("longer than announced"));
     }
-    Ok(Taken { tree, run, session, vouch })
+    Ok(Taken { tree, run, session, vouch, way })
 }
 
 fn garbage(why: &str) -> CaptureError {
@@ -412,7 +450,7 @@ mod tests {
 
     #[test]
     fn the_output_is_split_as_its_header_says() {
-        let taken = parse_output(output("d - 17 - - -", b":x M\0a\0\0diff x\0\0y"), 10).unwrap();
+        let taken = parse_output(output("d - 17 - - -", b":x M\0a\0\0diff x\0\0y"), 10, Way::Script).unwrap();
         assert_eq!(taken.tree, TREE);
         let patch = b"diff x\0\0y".to_vec();
         let counted = Some(vec![]);
@@ -421,16 +459,16 @@ mod tests {
         assert_eq!(taken.vouch, Vouch::default());
         let hash = "0f".repeat(32);
         let vouched = format!("KILN-CAPTURE {TREE} {hash} - d - 0 - - -\n");
-        assert_eq!(parse_output(vouched.into_bytes(), 10).unwrap().vouch.index, Some(hash));
-        let both = parse_output(output("d - 0 s 20 2", b"st"), 10).unwrap();
+        assert_eq!(parse_output(vouched.into_bytes(), 10, Way::Script).unwrap().vouch.index, Some(hash));
+        let both = parse_output(output("d - 0 s 20 2", b"st"), 10, Way::Script).unwrap();
         let empty = Scope { patch_bytes: 0, patch: Some(vec![]), summary: vec![], counted: Some(vec![]) };
         assert_eq!(both.run, empty);
         let session = Scope { patch_bytes: 20, patch: None, summary: b"st".to_vec(), counted: None };
         assert_eq!(both.session, Some(session));
-        let split = parse_output(output("s 3 2 - - -", b"abcst"), 10).unwrap();
+        let split = parse_output(output("s 3 2 - - -", b"abcst"), 10, Way::Script).unwrap();
         let run = Scope { patch_bytes: 3, patch: Some(b"abc".to_vec()), summary: b"st".to_vec(), counted: None };
         assert_eq!(split.run, run);
-        let over = parse_output(output("d - 12 - - -", b":x A\0a\0\0diff"), 3).unwrap();
+        let over = parse_output(output("d - 12 - - -", b":x A\0a\0\0diff"), 3, Way::Script).unwrap();
         assert_eq!((over.run.patch_bytes, over.run.patch), (4, None), "a whole diff over the bound keeps no patch");
     }
 
@@ -450,13 +488,16 @@ mod tests {
             (huge.as_str(), b"abc"),
             (whole.as_str(), b""),
         ] {
-            assert!(parse_output(output(header, body), 10).is_err(), "{header:?} {body:?}");
+            assert!(parse_output(output(header, body), 10, Way::Script).is_err(), "{header:?} {body:?}");
         }
-        assert!(parse_output(b"KILN-CAPTURE x - - d - 0 - - -\n".to_vec(), 10).is_err());
-        assert!(parse_output(vec![b'a'; 4096], 10).is_err());
+        assert!(parse_output(b"KILN-CAPTURE x - - d - 0 - - -\n".to_vec(), 10, Way::Script).is_err());
+        assert!(parse_output(vec![b'a'; 4096], 10, Way::Script).is_err());
         let huge = output("s 18446744073709551615 0 - - -", b"");
-        assert!(parse_output(huge.clone(), u64::MAX).is_err(), "a patch longer than what was sent");
-        assert!(parse_output(huge, 10).unwrap().run.patch.is_none(), "a patch over the bound is not expected");
+        assert!(parse_output(huge.clone(), u64::MAX, Way::Script).is_err(), "a patch longer than what was sent");
+        assert!(
+            parse_output(huge, 10, Way::Script).unwrap().run.patch.is_none(),
+            "a patch over the bound is not expected"
+        );
         assert_eq!(stdout_cap(u64::MAX), usize::MAX);
     }
 }

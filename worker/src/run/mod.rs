@@ -75,6 +75,8 @@ async fn phases(
     // Serves the sandbox's network for as long as the run lasts.
     let _proxy = connect::network(ctx, run, &acquired, events).await?;
     let ready = sandbox::fill_workspace(ctx, run, lease, acquired, events).await?;
+    // For the capture, however the run ends (see `sandbox::held`).
+    ctx.held_sandboxes.hold(run.id, &ready.sandbox);
     let tools = connect::tools(ctx, run, &ready.sandbox, ready.environment_mcp, ready.notice).await;
     let outcome = agent::drive(ctx, run, lease, &ready.sandbox, tools, events, control).await?;
     // What the loop queued goes out before anything else writes events.

@@ -21,6 +21,7 @@ mod egress_route;
 pub mod environment_pools;
 mod exec;
 mod files;
+pub mod held;
 pub mod image_store;
 pub mod lifecycle;
 pub mod pool;
@@ -30,6 +31,7 @@ pub mod stops;
 
 pub mod toolbox;
 mod toolbox_binary;
+mod toolbox_capture;
 mod toolbox_reader;
 mod toolbox_session;
 mod toolbox_watch;

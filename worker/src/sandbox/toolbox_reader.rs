@@ -30,6 +30,11 @@ pub const MAX_STREAM_BYTES: u64 = 1024 * 1024;
 /// Room beyond a call's stream cap for the note the toolbox appends when it
 /// stops streaming.
 const STREAM_NOTE_SLACK: u64 = 1024;
+/// Room beyond a capture's bound: one more chunk, so that going past the
+/// bound is seen by the sink (the capture then fails), never cut here.
+const CAPTURE_SLACK: u64 = 64 * 1024;
+/// A capture's reply: its exit status and the start of its stderr.
+const CAPTURE_REPLY_BYTES: usize = 64 * 1024;
 /// JSON escaping can grow text up to six times (`\u001b`); plus the
 /// reply's other fields.
 const ESCAPE_FACTOR: u64 = 6;
@@ -58,6 +63,13 @@ impl CallLimits {
                 reply_bytes: bounded(e.output_cap_bytes),
             },
             RequestBody::View(v) => CallLimits { stream_bytes: 0, reply_bytes: bounded(v.max_bytes) },
+            // Its output is the patch, base64 in chunks: the caller's sink
+            // bounds the decoded bytes exactly; this only keeps the reader
+            // from cutting a chunk before the sink sees the overflow.
+            RequestBody::Capture(c) => CallLimits {
+                stream_bytes: c.max_bytes.saturating_add(CAPTURE_SLACK).saturating_mul(4) / 3,
+                reply_bytes: CAPTURE_REPLY_BYTES,
+            },
             _ => CallLimits { stream_bytes: 0, reply_bytes: MAX_FRAME_BYTES },
         }
     }

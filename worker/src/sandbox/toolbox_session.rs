@@ -197,6 +197,7 @@ impl Sandbox {
     ) -> Result<Reply, ToolboxError> {
         let limit = match &body {
             RequestBody::Exec(e) => Duration::from_millis(e.timeout_ms) + EXEC_GRACE,
+            RequestBody::Capture(c) => Duration::from_millis(c.timeout_ms) + EXEC_GRACE,
             _ => FILE_CALL_TIMEOUT,
         };
         let conn = {
