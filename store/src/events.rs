@@ -280,17 +280,6 @@ impl Store {
             .await?;
         Ok(u64::try_from(row.try_get::<_, i64>(0)?).unwrap_or(0))
     }
-
-    /// The seq of the run's terminal event, if it has ended (retention keeps
-    /// that event). A stream resuming at or past it has nothing left to get.
-    pub async fn terminal_event_seq(&self, run_id: Uuid) -> Result<Option<i64>, StoreError> {
-        let client = self.client().await?;
-        let terminal: Vec<&str> = TERMINAL_KINDS.to_vec();
-        let row = client
-            .query_one("SELECT min(seq) FROM events WHERE run_id = $1 AND kind = ANY($2)", &[&run_id, &terminal])
-            .await?;
-        Ok(row.try_get(0)?)
-    }
 }
 
 /// The bytes an event's JSON adds to its kind and payload:
