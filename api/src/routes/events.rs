@@ -232,19 +232,7 @@ fn event_stream(
         let mut first = Some(page);
         loop {
             // Catch up: the first page, then from the table.
-            let batch = match first.take() {
-                Some(page) => page,
-                None => match table_read(&state, run_id, after).await {
-                    Ok(batch) => batch,
-                    Err(e) => {
-                        // Keep the client connected; the database may come back.
-                        if pause_before_retry(&state, run_id, &e).await {
-                            continue;
-                        }
-                        return;
-                    }
-                },
-            };
+            let Some(batch) = catch_up(&state, run_id, after, &mut first).await else { return };
             let more = batch.more;
             for ev in batch.events {
                 after = ev.seq;
@@ -257,20 +245,9 @@ fn event_stream(
             if more {
                 continue;
             }
-            // Caught up: join the feed if not joined before the first read.
-            // A reader started here begins where this stream is; one that
-            // was running may have sent what followed the read already, so
-            // the table is read once more after joining it.
-            let feed = match feed.take() {
-                Some(rx) => feed.insert(rx),
-                None => match state.feeds.join_or_start(&state, run_id, after) {
-                    Joined::Started(rx) => feed.insert(rx),
-                    Joined::Existing(rx) => {
-                        feed = Some(rx);
-                        continue;
-                    }
-                },
-            };
+            // Caught up: to the run's feed (back to the table first when
+            // the feed cannot vouch for what came after the last read).
+            let Some(feed) = joined(&state, run_id, after, &mut feed) else { continue };
             // Follow the feed for as long as it continues exactly where
             // this stream is; anything else sends it back to the table.
             loop {
@@ -294,6 +271,49 @@ fn event_stream(
             }
         }
     }
+}
+
+/// The next page a stream sends while it catches up: its first page (read
+/// with the request's checks), then reads of the table, retried while the
+/// database is away: the client stays connected. `None`: the API is
+/// shutting down meanwhile.
+async fn catch_up(state: &AppState, run_id: Uuid, after: i64, first: &mut Option<EventBatch>) -> Option<EventBatch> {
+    if let Some(page) = first.take() {
+        return Some(page);
+    }
+    loop {
+        match table_read(state, run_id, after).await {
+            Ok(batch) => return Some(batch),
+            Err(e) => {
+                if !pause_before_retry(state, run_id, &e).await {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// The feed a caught-up stream follows, joined now unless it was before
+/// the stream's first read. A reader started here begins where the stream
+/// is. `None`: the stream joined a reader that was running already, which
+/// may have sent what followed the stream's last read: it reads the table
+/// once more first.
+fn joined<'a>(
+    state: &AppState,
+    run_id: Uuid,
+    after: i64,
+    feed: &'a mut Option<broadcast::Receiver<Batch>>,
+) -> Option<&'a mut broadcast::Receiver<Batch>> {
+    if feed.is_none() {
+        match state.feeds.join_or_start(state, run_id, after) {
+            Joined::Started(rx) => *feed = Some(rx),
+            Joined::Existing(rx) => {
+                *feed = Some(rx);
+                return None;
+            }
+        }
+    }
+    feed.as_mut()
 }
 
 /// Logs a failed read of the table and waits a second; false if the API is
