@@ -60,6 +60,15 @@ pub fn sse_event(ev: &StoredEvent) -> Event {
 /// Falling behind costs only a table read.
 const CAPACITY: usize = 16;
 
+/// A subscription to a run's feed, and where its reader started.
+pub enum Joined {
+    /// The run's reader was running: it may have sent events this
+    /// subscriber never gets, so the subscriber reads the table once more.
+    Existing(broadcast::Receiver<Batch>),
+    /// Started for this subscriber, from its position: nothing missed.
+    Started(broadcast::Receiver<Batch>),
+}
+
 /// The feeds of one API instance, by run.
 #[derive(Debug, Default)]
 pub struct Feeds {
@@ -74,14 +83,28 @@ impl Feeds {
     /// Subscribes to the run's feed, starting a reader (from `after`) when
     /// the run has none.
     pub fn subscribe(&self, state: &AppState, run_id: Uuid, after: i64) -> broadcast::Receiver<Batch> {
+        match self.join_or_start(state, run_id, after) {
+            Joined::Existing(rx) | Joined::Started(rx) => rx,
+        }
+    }
+
+    /// Subscribes to the run's feed if it has one; starts none.
+    pub fn join(&self, run_id: Uuid) -> Option<broadcast::Receiver<Batch>> {
+        self.lock().get(&run_id).map(broadcast::Sender::subscribe)
+    }
+
+    /// As [`Feeds::subscribe`], saying whether the reader was started here
+    /// (from `after`: it sends every event after it) or was running already
+    /// (and may have sent events after `after` before this subscription).
+    pub fn join_or_start(&self, state: &AppState, run_id: Uuid, after: i64) -> Joined {
         let mut runs = self.lock();
         if let Some(tx) = runs.get(&run_id) {
-            return tx.subscribe();
+            return Joined::Existing(tx.subscribe());
         }
         let (tx, rx) = broadcast::channel(CAPACITY);
         runs.insert(run_id, tx.clone());
         tokio::spawn(read_run(state.clone(), run_id, after, tx));
-        rx
+        Joined::Started(rx)
     }
 
     /// Ends a reader nobody listens to any more. Under the map's lock, so a

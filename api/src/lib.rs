@@ -3,6 +3,7 @@
 //! [`router`] builds the axum app from an [`AppState`]; the `kiln` binary
 //! and the tests serve it the same way.
 
+mod access;
 pub mod auth;
 mod deadline;
 mod error;
@@ -26,7 +27,6 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use kiln_store::{Quota, Store};
 use secrecy::{SecretSlice, SecretString};
-use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
 pub use auth::{AuthConfig, Authenticator};
 pub use error::ApiError;
@@ -191,17 +191,8 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::from_fn_with_state(state.settings.request_timeout, deadline::within))
-        .layer(axum::middleware::from_fn(metrics::track_http))
-        // Spans name the path only: a query may carry `access_token`. One
-        // line per request at info (method, path, status, latency) is the
-        // access log: a refused token leaves a trace on the server.
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(|req: &axum::http::Request<_>| {
-                    tracing::info_span!("request", method = %req.method(), path = %req.uri().path())
-                })
-                .on_request(())
-                .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
-        )
+        // Outermost: the access log, the request span and the metrics
+        // (`access`), which see the deadline's 408 too.
+        .layer(axum::middleware::from_fn(access::access))
         .with_state(state)
 }

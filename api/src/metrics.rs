@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use kiln_store::RunStats;
@@ -155,20 +154,30 @@ fn set_run_gauges(stats: &RunStats) {
     ::metrics::gauge!("kiln_queue_oldest_age_seconds").set(stats.oldest_queued_age_s);
 }
 
-/// Counts and times every request by route template (`/v1/runs/{id}`, not
-/// the raw URI: ids would make a series per run) and status. SSE streams
-/// are timed to their response headers, not to their end.
-pub async fn track_http(request: Request, next: Next) -> Response {
-    let route = request.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()).to_owned();
-    let method = method_label(request.method());
-    let started = Instant::now();
-    let response = next.run(request).await;
-    let status = response.status().as_u16().to_string();
+/// The labels a request is counted under: its method and its route
+/// template (`/v1/runs/{id}`, not the raw URI: ids would make a series per
+/// run). Taken before the request is handled, which consumes it.
+pub(crate) struct HttpLabels {
+    method: &'static str,
+    route: String,
+}
+
+impl HttpLabels {
+    pub(crate) fn of(request: &Request) -> Self {
+        let route = request.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()).to_owned();
+        HttpLabels { method: method_label(request.method()), route }
+    }
+}
+
+/// Counts and times a request by its labels and status. SSE streams are
+/// timed to their response headers, not to their end (`crate::access`).
+pub(crate) fn record_http(labels: HttpLabels, status: StatusCode, elapsed: Duration) {
+    let HttpLabels { method, route } = labels;
+    let status = status.as_u16().to_string();
     ::metrics::counter!("kiln_http_requests_total", "method" => method, "route" => route.clone(), "status" => status)
         .increment(1);
     ::metrics::histogram!("kiln_http_request_duration_seconds", "method" => method, "route" => route)
-        .record(started.elapsed().as_secs_f64());
-    response
+        .record(elapsed.as_secs_f64());
 }
 
 /// Methods a client can make up are one label, not one each.

@@ -202,6 +202,68 @@ impl Store {
         Ok(EventBatch { events, more })
     }
 
+    /// What a stream or a JSON page of `owner`'s run needs as it opens, in
+    /// one statement (one round trip instead of three: the run, its
+    /// terminal event, the first page): the run's last seq, the seq of its
+    /// terminal event once it has ended, and the first page after `after`,
+    /// bounded as [`Store::events_page`] bounds it. `None`: no such run, or
+    /// not `owner`'s (no event of it is read then).
+    pub async fn open_events(
+        &self,
+        owner: &str,
+        run_id: Uuid,
+        after: i64,
+        limit: i64,
+        max_bytes: i64,
+    ) -> Result<Option<EventsOpening>, StoreError> {
+        let client = self.client().await?;
+        let terminal: Vec<&str> = TERMINAL_KINDS.to_vec();
+        // Prepared once per connection: every stream opens with it. The
+        // page is `events_page`'s, joined laterally so it is read only for
+        // the owner's run; an empty page still leaves the run's row (its
+        // event columns null).
+        let statement = client
+            .prepare_cached(
+                "SELECT r.last_event_seq,
+                        CASE WHEN r.status IN ('succeeded', 'failed', 'cancelled', 'timed_out')
+                             THEN (SELECT min(seq) FROM events WHERE run_id = r.id AND kind = ANY($6)) END,
+                        page.seq, page.kind, page.payload, page.at, page.more
+                 FROM runs r LEFT JOIN LATERAL (
+                     SELECT seq, kind, payload, at, more FROM (
+                         SELECT seq, kind, payload, at,
+                                row_number() OVER w AS n,
+                                sum(octet_length(kind) + octet_length(payload::text)) OVER w AS upto,
+                                lead(seq) OVER w IS NOT NULL AS more
+                         FROM events WHERE run_id = r.id AND seq > $3
+                         WINDOW w AS (ORDER BY seq)
+                         ORDER BY seq LIMIT $4
+                     ) p
+                     WHERE n = 1 OR upto <= $5
+                 ) page ON true
+                 WHERE r.id = $1 AND r.owner = $2
+                 ORDER BY page.seq",
+            )
+            .await?;
+        let rows = client.query(&statement, &[&run_id, &owner, &after, &limit, &max_bytes, &terminal]).await?;
+        let Some(first) = rows.first() else { return Ok(None) };
+        let mut opening = EventsOpening {
+            last_event_seq: first.try_get(0)?,
+            terminal_seq: first.try_get(1)?,
+            page: EventBatch { events: Vec::with_capacity(rows.len()), more: false },
+        };
+        for r in &rows {
+            let Some(seq) = r.try_get::<_, Option<i64>>(2)? else { continue };
+            opening.page.more = r.try_get(6)?;
+            opening.page.events.push(StoredEvent {
+                seq,
+                kind: r.try_get(3)?,
+                payload: r.try_get(4)?,
+                at: r.try_get(5)?,
+            });
+        }
+        Ok(Some(opening))
+    }
+
     /// The bytes of events the run has stored, each counted as its JSON
     /// (`{"kind":…,"payload":…}`, the worker's measure; the payload as text
     /// is never shorter than its compact JSON): what earlier attempts spent
@@ -218,17 +280,6 @@ impl Store {
             .await?;
         Ok(u64::try_from(row.try_get::<_, i64>(0)?).unwrap_or(0))
     }
-
-    /// The seq of the run's terminal event, if it has ended (retention keeps
-    /// that event). A stream resuming at or past it has nothing left to get.
-    pub async fn terminal_event_seq(&self, run_id: Uuid) -> Result<Option<i64>, StoreError> {
-        let client = self.client().await?;
-        let terminal: Vec<&str> = TERMINAL_KINDS.to_vec();
-        let row = client
-            .query_one("SELECT min(seq) FROM events WHERE run_id = $1 AND kind = ANY($2)", &[&run_id, &terminal])
-            .await?;
-        Ok(row.try_get(0)?)
-    }
 }
 
 /// The bytes an event's JSON adds to its kind and payload:
@@ -242,6 +293,18 @@ pub struct EventBatch {
     /// The run has events after the last one here (the read stopped at its
     /// count or byte bound, not at the end).
     pub more: bool,
+}
+
+/// A run's events as a reader opens them ([`Store::open_events`]).
+#[derive(Debug, Clone)]
+pub struct EventsOpening {
+    /// The seq of the run's last event: no resume point beyond it exists.
+    pub last_event_seq: i64,
+    /// The seq of the run's terminal event, once the run has ended
+    /// (retention keeps that event): a stream ends there.
+    pub terminal_seq: Option<i64>,
+    /// The first page of events after the resume point.
+    pub page: EventBatch,
 }
 
 pub(crate) fn is_duplicate_event_id(e: &tokio_postgres::Error) -> bool {

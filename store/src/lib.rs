@@ -54,7 +54,7 @@ pub use environments::{
     EnvironmentRefusal, MAX_ENVIRONMENTS_PER_OWNER, McpServersWrite, SecretsWrite, StoredEnvironment,
 };
 pub use error::StoreError;
-pub use events::EventBatch;
+pub use events::{EventBatch, EventsOpening};
 pub use git_deliveries::{GitDeliveryClaim, GitDeliveryEnd};
 pub use lease::{HeartbeatOutcome, Lease, ReapedRun};
 pub use listen::{Listener, Notice};

@@ -705,6 +705,34 @@ async fn a_resume_point_past_the_last_event_is_409_and_one_after_the_end_is_204(
     assert!(body.contains("id: 2\nevent: run.cancelled"), "{body}");
 }
 
+/// A read of the events is bounded in bytes but always returns at least
+/// one event: with a bound smaller than any event, the JSON form pages one
+/// event at a time and the stream still sends every event, from its first
+/// read (the one that also checks the run) on.
+#[tokio::test]
+async fn an_event_larger_than_the_page_bound_still_comes_one_per_read() {
+    let api = kiln_api::ApiSettings { event_page_bytes: 1, ..Default::default() };
+    let app = TestApp::spawn(Options { worker: false, api, ..Default::default() }).await;
+    let run = queued_run(&app, "alice").await; // run.queued is seq 1
+    let r = app.http.post(app.url(&format!("/v1/runs/{run}/cancel"))).bearer_auth(token("alice")).send().await.unwrap();
+    assert_eq!(r.status(), 200); // run.cancelled is seq 2
+    let url = app.url(&format!("/v1/runs/{run}/events"));
+    let page = |after: i64| {
+        app.http.get(format!("{url}?after={after}")).bearer_auth(token("alice")).header("accept", "application/json")
+    };
+    let first: Value = page(0).send().await.unwrap().json().await.unwrap();
+    assert_eq!(seqs_and_kinds(&first), [(1, "run.queued".to_owned())], "{first}");
+    assert_eq!((first["next_after"].as_i64(), first["done"].as_bool()), (Some(1), Some(false)));
+    let second: Value = page(1).send().await.unwrap().json().await.unwrap();
+    assert_eq!(seqs_and_kinds(&second), [(2, "run.cancelled".to_owned())], "{second}");
+    assert_eq!(second["done"], true);
+
+    let r = app.http.get(&url).bearer_auth(token("alice")).header("accept", "text/event-stream").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let body = tokio::time::timeout(Duration::from_secs(10), r.text()).await.unwrap().unwrap();
+    assert!(body.contains("id: 1\nevent: run.queued") && body.contains("id: 2\nevent: run.cancelled"), "{body}");
+}
+
 #[tokio::test]
 async fn an_unknown_route_is_404_json() {
     let app = api().await;

@@ -36,7 +36,7 @@ use uuid::Uuid;
 use crate::auth::Subject;
 use crate::event_reads::{BATCH, page_bytes};
 use crate::extract::{ApiQuery, RunIdPath};
-use crate::feed::{Batch, FedEvent, sse_event};
+use crate::feed::{Batch, FedEvent, Joined, sse_event};
 use crate::limits::SseSlot;
 use crate::{ApiError, AppState};
 
@@ -131,24 +131,30 @@ pub async fn events(
     if !PAGE.contains(limit) {
         return Err(ApiError::BadRequest(format!("limit must be between {} and {}", PAGE.min, PAGE.max)));
     }
-    let run = state.store.get_run(&owner, id).await?.ok_or_else(ApiError::run_not_found)?;
+    let json = wants_json(&headers);
+    // A stream joins its run's feed, when the run has one, before its first
+    // read: every batch the feed sends after that read then reaches it.
+    let feed = if json { None } else { state.feeds.join(id) };
+    // The run (its owner checked), its end and the first page: one query.
+    let page_limit = if json { limit } else { BATCH };
+    let opening = state
+        .store
+        .open_events(&owner, id, after, page_limit, page_bytes(&state))
+        .await?
+        .ok_or_else(ApiError::run_not_found)?;
     // A resume point nobody could have been sent: refused, rather than a
     // stream (and the run's shared feed) waiting for seqs that never come.
     // Well formed, but not yet: a conflict with the run's state.
-    if after > run.last_event_seq {
+    if after > opening.last_event_seq {
         return Err(ApiError::Conflict(format!(
             "resume point {after} is past this run's last event ({})",
-            run.last_event_seq
+            opening.last_event_seq
         )));
     }
     // Where an ended run's stream ends (retention keeps that event).
-    let terminal_seq = if run.status.is_terminal() { state.store.terminal_event_seq(id).await? } else { None };
-    if wants_json(&headers) {
-        let events = state.store.events_page(id, after, limit, page_bytes(&state)).await?.events;
-        let next_after = events.last().map_or(after, |e| e.seq);
-        let done =
-            events.iter().any(|e| is_terminal_kind(&e.kind)) || terminal_seq.is_some_and(|end| next_after >= end);
-        return Ok(Json(EventPage { events, next_after, done }).into_response());
+    let terminal_seq = opening.terminal_seq;
+    if json {
+        return Ok(json_page(opening.page.events, after, terminal_seq));
     }
     if terminal_seq.is_some_and(|end| after >= end) {
         // The client has had the terminal event: nothing to stream, and 204
@@ -167,8 +173,16 @@ pub async fn events(
     // A stream ends after `sse_max_duration` however it is going; the client
     // resumes where it was, from any instance.
     let lifetime = tokio::time::sleep(state.settings.sse_max_duration);
-    let events = event_stream(state, id, after, slot).take_until(lifetime);
+    let start = Start { page: opening.page, feed };
+    let events = event_stream(state, id, after, slot, start).take_until(lifetime);
     Ok(Sse::new(events).keep_alive(keep_alive).into_response())
+}
+
+/// The JSON form: one page of the run's events after `after`.
+fn json_page(events: Vec<StoredEvent>, after: i64, terminal_seq: Option<i64>) -> Response {
+    let next_after = events.last().map_or(after, |e| e.seq);
+    let done = events.iter().any(|e| is_terminal_kind(&e.kind)) || terminal_seq.is_some_and(|end| next_after >= end);
+    Json(EventPage { events, next_after, done }).into_response()
 }
 
 /// `Last-Event-ID` wins over `?after=`: it is what a reconnecting
@@ -197,30 +211,28 @@ fn wants_json(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.contains("application/json") && !v.contains("text/event-stream"))
 }
 
+/// Where a stream starts: the first page after its resume point, read as
+/// the request was checked, and its run's feed if the run had one then.
+struct Start {
+    page: EventBatch,
+    feed: Option<broadcast::Receiver<Batch>>,
+}
+
 /// `slot` lives as long as the stream, holding the subject's SSE slot.
 fn event_stream(
     state: AppState,
     run_id: Uuid,
     mut after: i64,
     slot: SseSlot,
+    start: Start,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     async_stream::stream! {
         let _slot = slot;
-        // Join the run's feed before the first read, so nothing published
-        // between the read and the subscription is missed.
-        let mut feed = state.feeds.subscribe(&state, run_id, after);
+        let Start { page, mut feed } = start;
+        let mut first = Some(page);
         loop {
-            // Catch up from the table.
-            let batch = match table_read(&state, run_id, after).await {
-                Ok(batch) => batch,
-                Err(e) => {
-                    // Keep the client connected; the database may come back.
-                    if pause_before_retry(&state, run_id, &e).await {
-                        continue;
-                    }
-                    return;
-                }
-            };
+            // Catch up: the first page, then from the table.
+            let Some(batch) = catch_up(&state, run_id, after, &mut first).await else { return };
             let more = batch.more;
             for ev in batch.events {
                 after = ev.seq;
@@ -233,10 +245,13 @@ fn event_stream(
             if more {
                 continue;
             }
-            // Caught up: follow the feed for as long as it continues exactly
-            // where this stream is; anything else sends it back to the table.
+            // Caught up: to the run's feed (back to the table first when
+            // the feed cannot vouch for what came after the last read).
+            let Some(feed) = joined(&state, run_id, after, &mut feed) else { continue };
+            // Follow the feed for as long as it continues exactly where
+            // this stream is; anything else sends it back to the table.
             loop {
-                let batch = match next_from_feed(&state, &mut feed, run_id, after).await {
+                let batch = match next_from_feed(&state, feed, run_id, after).await {
                     FeedNews::Events(batch) => batch,
                     FeedNews::Reread => break,
                     // Shutting down: end the stream; the client resumes elsewhere.
@@ -256,6 +271,49 @@ fn event_stream(
             }
         }
     }
+}
+
+/// The next page a stream sends while it catches up: its first page (read
+/// with the request's checks), then reads of the table, retried while the
+/// database is away: the client stays connected. `None`: the API is
+/// shutting down meanwhile.
+async fn catch_up(state: &AppState, run_id: Uuid, after: i64, first: &mut Option<EventBatch>) -> Option<EventBatch> {
+    if let Some(page) = first.take() {
+        return Some(page);
+    }
+    loop {
+        match table_read(state, run_id, after).await {
+            Ok(batch) => return Some(batch),
+            Err(e) => {
+                if !pause_before_retry(state, run_id, &e).await {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// The feed a caught-up stream follows, joined now unless it was before
+/// the stream's first read. A reader started here begins where the stream
+/// is. `None`: the stream joined a reader that was running already, which
+/// may have sent what followed the stream's last read: it reads the table
+/// once more first.
+fn joined<'a>(
+    state: &AppState,
+    run_id: Uuid,
+    after: i64,
+    feed: &'a mut Option<broadcast::Receiver<Batch>>,
+) -> Option<&'a mut broadcast::Receiver<Batch>> {
+    if feed.is_none() {
+        match state.feeds.join_or_start(state, run_id, after) {
+            Joined::Started(rx) => *feed = Some(rx),
+            Joined::Existing(rx) => {
+                *feed = Some(rx);
+                return None;
+            }
+        }
+    }
+    feed.as_mut()
 }
 
 /// Logs a failed read of the table and waits a second; false if the API is
