@@ -69,6 +69,15 @@ pub enum Joined {
     Started(broadcast::Receiver<Batch>),
 }
 
+impl Joined {
+    /// The subscription, for a caller that reads the table again anyway.
+    pub fn into_receiver(self) -> broadcast::Receiver<Batch> {
+        match self {
+            Joined::Existing(rx) | Joined::Started(rx) => rx,
+        }
+    }
+}
+
 /// The feeds of one API instance, by run.
 #[derive(Debug, Default)]
 pub struct Feeds {
@@ -80,20 +89,13 @@ impl Feeds {
         self.runs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Subscribes to the run's feed, starting a reader (from `after`) when
-    /// the run has none.
-    pub fn subscribe(&self, state: &AppState, run_id: Uuid, after: i64) -> broadcast::Receiver<Batch> {
-        match self.join_or_start(state, run_id, after) {
-            Joined::Existing(rx) | Joined::Started(rx) => rx,
-        }
-    }
-
     /// Subscribes to the run's feed if it has one; starts none.
     pub fn join(&self, run_id: Uuid) -> Option<broadcast::Receiver<Batch>> {
         self.lock().get(&run_id).map(broadcast::Sender::subscribe)
     }
 
-    /// As [`Feeds::subscribe`], saying whether the reader was started here
+    /// Subscribes to the run's feed, starting a reader (from `after`) when
+    /// the run has none; says whether the reader was started here
     /// (from `after`: it sends every event after it) or was running already
     /// (and may have sent events after `after` before this subscription).
     pub fn join_or_start(&self, state: &AppState, run_id: Uuid, after: i64) -> Joined {

@@ -11,6 +11,7 @@ mod event_reads;
 mod extract;
 pub mod feed;
 pub mod github;
+mod http2_idle;
 pub mod limits;
 pub mod metrics;
 pub mod notice_router;

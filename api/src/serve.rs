@@ -8,6 +8,7 @@
 //! and be answered is the router's business (`ApiSettings::request_timeout`).
 
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -19,11 +20,15 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_io_timeout::TimeoutStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::http2_idle::{Activity, Counted, IdleLimited};
+
 /// Connection-level limits.
 #[derive(Debug, Clone, Copy)]
 pub struct HttpTimeouts {
     /// From a connection's open (or its previous response) to the end of
-    /// the next request's headers. Also closes idle keep-alive connections.
+    /// the next request's headers. Also closes idle keep-alive connections,
+    /// and HTTP/2 connections with no request in flight that have received
+    /// nothing for as long.
     pub header_read: Duration,
     /// How long a write may wait for the client to take bytes.
     pub write_stall: Duration,
@@ -131,19 +136,34 @@ impl Protocols {
         };
         let mut io = TimeoutStream::new(tcp);
         io.set_write_timeout(Some(self.timeouts.write_stall));
-        let io = TokioIo::new(Box::pin(io));
         let service = TowerToHyperService::new(app);
         let ended = match protocol {
-            Protocol::Http1 => graceful.watch(self.http1.serve_connection(io, service)).await,
+            Protocol::Http1 => graceful.watch(self.http1.serve_connection(TokioIo::new(Box::pin(io)), service)).await,
             // Boxed: the task of every connection is as large as its largest
             // state, and nearly all are HTTP/1.
-            Protocol::Http2 => Box::pin(graceful.watch(self.http2.serve_connection(io, service))).await,
+            Protocol::Http2 => Box::pin(self.serve_http2(io, service, graceful)).await,
             Protocol::Neither => return,
         };
         if let Err(e) = ended {
             // Timeouts and clients that went away end up here.
             tracing::debug!(error = %e, "connection ended with an error");
         }
+    }
+}
+
+impl Protocols {
+    /// An HTTP/2 connection, closed once idle for the header-read limit
+    /// (hyper's HTTP/2 server has no idle limit of its own; see
+    /// `http2_idle`).
+    async fn serve_http2(
+        &self,
+        io: TimeoutStream<TcpStream>,
+        service: TowerToHyperService<Router>,
+        graceful: Watcher,
+    ) -> Result<(), hyper::Error> {
+        let activity = Arc::new(Activity::default());
+        let io = TokioIo::new(IdleLimited::new(io, activity.clone(), self.timeouts.header_read));
+        graceful.watch(self.http2.serve_connection(io, Counted::new(service, activity))).await
     }
 }
 

@@ -61,6 +61,38 @@ pub(crate) async fn insert_event_tx(
     Ok(row.try_get(0)?)
 }
 
+/// The SQL of a page of a run's events (`events_page`, `open_events`):
+/// the events after `$after`, at most `$limit` of them and, beyond the
+/// first, at most `$max_bytes` of kind and payload together, with `more`
+/// saying whether one follows. The window runs over at most `$limit` rows
+/// (the inner LIMIT stops the scan) and looks one row further for `more`.
+/// Sizes are the payload as text, which is never shorter than the JSON
+/// served. A macro, not a function: `concat!` keeps each statement one
+/// static string, prepared once per connection.
+macro_rules! bounded_page {
+    ($run:literal, $after:literal, $limit:literal, $max_bytes:literal) => {
+        concat!(
+            "SELECT seq, kind, payload, at, more FROM (
+                 SELECT seq, kind, payload, at,
+                        row_number() OVER w AS n,
+                        sum(octet_length(kind) + octet_length(payload::text)) OVER w AS upto,
+                        lead(seq) OVER w IS NOT NULL AS more
+                 FROM events WHERE run_id = ",
+            $run,
+            " AND seq > ",
+            $after,
+            "
+                 WINDOW w AS (ORDER BY seq)
+                 ORDER BY seq LIMIT ",
+            $limit,
+            "
+             ) bounded
+             WHERE n = 1 OR upto <= ",
+            $max_bytes
+        )
+    };
+}
+
 impl Store {
     /// Appends an event for a run this worker holds, under a fresh event id.
     /// Callers that retry a failed append should use
@@ -172,24 +204,7 @@ impl Store {
         max_bytes: i64,
     ) -> Result<EventBatch, StoreError> {
         let client = self.client().await?;
-        // The window runs over at most `limit` rows (the inner LIMIT stops
-        // the scan) and looks one row further for `more`. Sizes are the
-        // payload as text, which is never shorter than the JSON served.
-        let statement = client
-            .prepare_cached(
-                "SELECT seq, kind, payload, at, more FROM (
-                     SELECT seq, kind, payload, at,
-                            row_number() OVER w AS n,
-                            sum(octet_length(kind) + octet_length(payload::text)) OVER w AS upto,
-                            lead(seq) OVER w IS NOT NULL AS more
-                     FROM events WHERE run_id = $1 AND seq > $2
-                     WINDOW w AS (ORDER BY seq)
-                     ORDER BY seq LIMIT $3
-                 ) page
-                 WHERE n = 1 OR upto <= $4
-                 ORDER BY seq",
-            )
-            .await?;
+        let statement = client.prepare_cached(concat!(bounded_page!("$1", "$2", "$3", "$4"), " ORDER BY seq")).await?;
         let rows = client.query(&statement, &[&run_id, &after, &limit, &max_bytes]).await?;
         let mut more = false;
         let events = rows
@@ -223,26 +238,17 @@ impl Store {
         // the owner's run; an empty page still leaves the run's row (its
         // event columns null).
         let statement = client
-            .prepare_cached(
+            .prepare_cached(concat!(
                 "SELECT r.last_event_seq,
                         CASE WHEN r.status IN ('succeeded', 'failed', 'cancelled', 'timed_out')
                              THEN (SELECT min(seq) FROM events WHERE run_id = r.id AND kind = ANY($6)) END,
                         page.seq, page.kind, page.payload, page.at, page.more
-                 FROM runs r LEFT JOIN LATERAL (
-                     SELECT seq, kind, payload, at, more FROM (
-                         SELECT seq, kind, payload, at,
-                                row_number() OVER w AS n,
-                                sum(octet_length(kind) + octet_length(payload::text)) OVER w AS upto,
-                                lead(seq) OVER w IS NOT NULL AS more
-                         FROM events WHERE run_id = r.id AND seq > $3
-                         WINDOW w AS (ORDER BY seq)
-                         ORDER BY seq LIMIT $4
-                     ) p
-                     WHERE n = 1 OR upto <= $5
-                 ) page ON true
+                 FROM runs r LEFT JOIN LATERAL (",
+                bounded_page!("r.id", "$3", "$4", "$5"),
+                ") page ON true
                  WHERE r.id = $1 AND r.owner = $2
-                 ORDER BY page.seq",
-            )
+                 ORDER BY page.seq"
+            ))
             .await?;
         let rows = client.query(&statement, &[&run_id, &owner, &after, &limit, &max_bytes, &terminal]).await?;
         let Some(first) = rows.first() else { return Ok(None) };

@@ -1,7 +1,8 @@
 //! Slow and stalled clients cannot hold the API's connections forever: a
 //! request's headers and the whole request have deadlines, a client that
 //! takes no bytes has its connection closed (and its SSE slot freed), and
-//! an event stream ends after its maximum life, to be resumed.
+//! an event stream ends after its maximum life, to be resumed; an HTTP/2
+//! connection with no request in flight is closed once idle.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -211,6 +212,51 @@ async fn http2_with_prior_knowledge_is_served_beside_http1() {
     conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: kiln\r\nConnection: close\r\n\r\n").await.unwrap();
     let answer = read_until_closed(&mut conn, Duration::from_secs(10)).await.unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+#[tokio::test]
+async fn an_http2_connection_with_nothing_in_flight_is_closed_once_idle() {
+    // hyper's HTTP/2 server has no idle limit of its own: a client that
+    // says the preface and nothing more held its connection for ever.
+    let app = app_with_short_limits().await;
+    let mut conn = TcpStream::connect(app.addr).await.unwrap();
+    conn.write_all(H2_HELLO).await.unwrap();
+    assert_eq!(first_frame_type(&mut conn).await, 4);
+    let started = Instant::now();
+    let closed = read_until_closed(&mut conn, Duration::from_secs(15)).await;
+    assert!(closed.is_some(), "the server kept an idle HTTP/2 connection for 15 s");
+    assert!(started.elapsed() >= LIMIT - Duration::from_millis(100), "closed early: {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn an_http2_event_stream_outlives_the_idle_limit_while_it_is_open() {
+    // A request in flight is not idleness, however little the client
+    // sends: an event stream on a quiet run gets only the server's
+    // keep-alives, and its connection stays open past the idle limit.
+    let app = app_with_short_limits().await;
+    let run = app.create_run("alice", json!({"prompt": "x"})).await;
+    let id = run["id"].as_str().unwrap();
+    let client = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
+    let response = client
+        .get(app.url(&format!("/v1/runs/{id}/events")))
+        .bearer_auth(token("alice"))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.version(), reqwest::Version::HTTP_2);
+    assert_eq!(response.status(), 200);
+    let mut body = response.bytes_stream();
+    let mut keep_alives = 0;
+    let until = Instant::now() + LIMIT * 4;
+    while Instant::now() < until {
+        match tokio::time::timeout_at(until.into(), futures::StreamExt::next(&mut body)).await {
+            Err(_) => break,
+            Ok(Some(Ok(chunk))) => keep_alives += usize::from(chunk.starts_with(b":")),
+            Ok(other) => panic!("the stream ended within {:?}: {:?}", LIMIT * 4, other.map(|r| r.err())),
+        }
+    }
+    assert!(keep_alives >= 2, "the stream should have carried keep-alives: {keep_alives}");
 }
 
 #[tokio::test]

@@ -39,7 +39,7 @@ use rustix::process::Pid;
 
 mod capture;
 mod export_list;
-mod process_group;
+pub(crate) mod process_group;
 mod session_state;
 mod shell;
 mod standby;

@@ -345,7 +345,7 @@ async fn next_from_feed(state: &AppState, feed: &mut broadcast::Receiver<Batch>,
         Ok(batch) => FeedNews::Events(batch),
         Err(RecvError::Lagged(_)) => FeedNews::Reread,
         Err(RecvError::Closed) => {
-            *feed = state.feeds.subscribe(state, run_id, after);
+            *feed = state.feeds.join_or_start(state, run_id, after).into_receiver();
             FeedNews::Reread
         }
     }

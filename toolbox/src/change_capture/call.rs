@@ -24,8 +24,9 @@ use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use rustix::process::{Pid, Signal};
+use rustix::process::Pid;
 
+use crate::exec::process_group::{kill_group, reap_group};
 use crate::exec::{OutputSink, spawn_error};
 use crate::protocol::{CaptureRequest, CaptureResult, ErrorKind, ToolError};
 
@@ -43,14 +44,15 @@ pub fn run(request: &CaptureRequest, sink: &dyn OutputSink) -> Result<CaptureRes
     // the worker asked for.
     let program = std::env::current_exe().map_err(|e| internal("finding the toolbox's own binary", e))?;
     let mut child = start(&program, &request.args)?;
-    let pid = child.id();
+    // The capture leads its own group (`start`).
+    let group = Pid::from_child(&child);
     let stderr = child.stderr.take().and_then(|err| spawn_thread(move || read_start(err, STDERR_KEPT)));
     let (finished, done) = mpsc::channel::<()>();
     let timeout = Duration::from_millis(request.timeout_ms);
     // Kills the capture at its timeout: its stdout may never end otherwise.
     let watchdog = spawn_thread(move || match done.recv_timeout(timeout) {
         Err(RecvTimeoutError::Timeout) => {
-            kill_group(pid);
+            kill_group(group);
             true
         }
         _ => false,
@@ -60,11 +62,16 @@ pub fn run(request: &CaptureRequest, sink: &dyn OutputSink) -> Result<CaptureRes
         None => false,
     };
     if overflow {
-        kill_group(pid);
+        kill_group(group);
     }
     let status = child.wait();
     drop(finished);
     let timed_out = matches!(watchdog.map(JoinHandle::join), Some(Ok(true)));
+    if timed_out || overflow {
+        // The killed git processes were reparented to the toolbox (the
+        // sandbox's subreaper): reaped here, after `wait` took the leader.
+        reap_group(group);
+    }
     let stderr = stderr.and_then(|h| h.join().ok()).unwrap_or_default();
     let exit_code = status.map_err(|e| internal("waiting for the capture", e))?.code();
     Ok(CaptureResult { exit_code, timed_out, overflow, stderr })
@@ -127,13 +134,6 @@ fn read_start(mut from: impl Read, keep: u64) -> String {
 /// without it: no stderr kept, or no timeout but the worker's own).
 fn spawn_thread<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<JoinHandle<T>> {
     thread::Builder::new().spawn(work).ok()
-}
-
-fn kill_group(pid: u32) {
-    // The capture leads its group; ESRCH (already gone) is fine.
-    if let Some(pgid) = i32::try_from(pid).ok().and_then(Pid::from_raw) {
-        let _ = rustix::process::kill_process_group(pgid, Signal::KILL);
-    }
 }
 
 fn internal(what: &str, e: std::io::Error) -> ToolError {

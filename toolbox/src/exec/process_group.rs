@@ -13,7 +13,7 @@ use rustix::process::{Pid, Signal, WaitOptions};
 /// After killing a process group, how long we wait for all of it to be gone.
 const REAP_LIMIT: Duration = Duration::from_secs(2);
 
-pub(super) fn kill_group(pgid: Pid) {
+pub(crate) fn kill_group(pgid: Pid) {
     // ESRCH (already gone) is fine.
     let _ = rustix::process::kill_process_group(pgid, Signal::KILL);
 }
@@ -21,7 +21,7 @@ pub(super) fn kill_group(pgid: Pid) {
 /// Waits until no process of the group is left, reaping the members that
 /// were reparented to us. Members that called `setsid` have left the group
 /// and are out of reach (only a cgroup would catch them).
-pub(super) fn reap_group(pgid: Pid) {
+pub(crate) fn reap_group(pgid: Pid) {
     let until = Instant::now() + REAP_LIMIT;
     loop {
         while let Ok(Some(_)) = rustix::process::waitpgid(pgid, WaitOptions::NOHANG) {}
