@@ -1,14 +1,24 @@
 //! Sub-agents: four read-only tasks done by a parent with four parallel
 //! `explore` children, against the same four tasks done one after the
-//! other by a single run. Real API, worker, Postgres and Docker; the
-//! scripted model answers every call after a fixed delay (a model's
-//! latency), with a script per conversation. Rounds alternate the two.
+//! other by a single run. Kiln as users run it: the `kiln serve` and `kiln
+//! worker` binaries (release), in processes of their own, on a fresh
+//! database, real Docker; the scripted model server in this process is the
+//! only stand-in, answering every call after a fixed delay (a model's
+//! latency), with a script per conversation. Rounds alternate which case
+//! goes first; each run's time is from its `POST /v1/runs` to its terminal
+//! status.
 //!
 //! Each task is `--calls` tool calls (`glob`, distinct patterns, so the
 //! loop guard never steps in) and an answer. The parallel parent makes
 //! one call starting the four children and one reading their answers; the
 //! sequential run makes every task's calls in turn, each task's answer said
 //! with the next task's first call, and one final answer.
+//!
+//! The children run inside the parent's worker task, in its sandbox (not
+//! in worker slots): how many at once is the worker's
+//! `KILN_SUBAGENT_MAX_PARALLEL`, set here to the four tasks (its default),
+//! with `KILN_SUBAGENT_MAX_DEPTH` 1 (the default) so the parent may start
+//! them; the bench checks that all four finished.
 //!
 //! Beside the measured ratio it prints what Kiln does not control and what
 //! it does: the ratio of pure model time (model calls on each case's
@@ -17,14 +27,16 @@
 //! calls, which includes each run's share of the sandbox's start and the
 //! run's end (both cases pay those once).
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use anyhow::{Context, bail};
 use clap::Parser;
-use kiln_protocol::{CreateRun, EventBody, Limits, RunStatus};
-use kiln_tests::kiln_scripted_model::{Reply, ScriptedCall};
-use kiln_tests::{Options, TestApp, outcome, worker_config};
-use kiln_worker::ProviderKind;
+use kiln_bench::{Server, Worker, connect, database, http, kiln_binary, median_range, token};
+use kiln_protocol::{CreateRun, Limits};
+use kiln_scripted_model::{Reply, ScriptedCall, ScriptedModel};
 use serde_json::json;
+use uuid::Uuid;
 
 #[derive(Parser)]
 struct Args {
@@ -37,6 +49,9 @@ struct Args {
     /// The model's delay per call, in milliseconds.
     #[arg(long, default_value_t = 200)]
     delay_ms: u64,
+    /// The `kiln` binary (default: target/release/kiln, else target/debug/kiln).
+    #[arg(long)]
+    kiln: Option<PathBuf>,
 }
 
 const TASKS: usize = 4;
@@ -45,8 +60,9 @@ fn glob(tag: &str, n: usize, delay: Duration) -> Reply {
     Reply::tool("glob", json!({"pattern": format!("*{tag}-{n}*")})).with_delay(delay)
 }
 
-/// A parent with four children: its script and each child's.
-fn parallel(app: &TestApp, round: usize, args: &Args, delay: Duration) -> String {
+/// A parent with four children: its script and each child's. `round`
+/// tags the conversations (each a thread of its own in the model).
+fn parallel(model: &ScriptedModel, round: &str, args: &Args, delay: Duration) -> CreateRun {
     let prompt = format!("PAR-{round}: four tasks");
     let tasks = (0..TASKS)
         .map(|t| {
@@ -56,7 +72,7 @@ fn parallel(app: &TestApp, round: usize, args: &Args, delay: Duration) -> String
             )
         })
         .collect();
-    app.model.script_thread(
+    model.script_thread(
         format!("PAR-{round}:"),
         vec![Reply::tools(tasks).with_delay(delay), Reply::text("all four done").with_delay(delay)],
     );
@@ -64,13 +80,13 @@ fn parallel(app: &TestApp, round: usize, args: &Args, delay: Duration) -> String
         let tag = format!("k{round}{t}");
         let mut script: Vec<Reply> = (0..args.calls).map(|n| glob(&tag, n, delay)).collect();
         script.push(Reply::text(format!("task {t} found nothing")).with_delay(delay));
-        app.model.script_thread(format!("KID-{round}-{t}:"), script);
+        model.script_thread(format!("KID-{round}-{t}:"), script);
     }
-    prompt
+    spec(prompt)
 }
 
 /// One run doing the four tasks in turn.
-fn sequential(app: &TestApp, round: usize, args: &Args, delay: Duration) -> String {
+fn sequential(model: &ScriptedModel, round: &str, args: &Args, delay: Duration) -> CreateRun {
     let prompt = format!("SEQ-{round}: four tasks");
     let mut script = Vec::new();
     for t in 0..TASKS {
@@ -82,24 +98,41 @@ fn sequential(app: &TestApp, round: usize, args: &Args, delay: Duration) -> Stri
         }
     }
     script.push(Reply::text("all four done").with_delay(delay));
-    app.model.script_thread(format!("SEQ-{round}:"), script);
-    prompt
+    model.script_thread(format!("SEQ-{round}:"), script);
+    spec(prompt)
 }
 
-async fn time_run(app: &TestApp, prompt: String) -> anyhow::Result<(Duration, usize)> {
+/// The run's request: room for the sequential run's `4 * calls + 1` steps.
+fn spec(prompt: String) -> CreateRun {
     let limits = Limits { max_steps: Some(200), ..Limits::default() };
-    let started = Instant::now();
-    let id = app.submit("bench", CreateRun { limits: Some(limits), ..CreateRun::new(prompt) }).await.id;
-    let events = app.events("bench", id).await;
-    let took = started.elapsed();
-    anyhow::ensure!(outcome(&events) == Some(RunStatus::Succeeded), "the run did not succeed");
-    let children = events.iter().filter(|e| matches!(e.body, EventBody::SubagentFinished { .. })).count();
-    Ok((took, children))
+    CreateRun { limits: Some(limits), ..CreateRun::new(prompt) }
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
+/// Submits `spec` to the API and waits for the run's end (polled every
+/// 10 ms); how long it took, and how many of its children succeeded.
+async fn time_run(api: &Server, sql: &tokio_postgres::Client, spec: &CreateRun) -> anyhow::Result<(Duration, i64)> {
+    let started = Instant::now();
+    let response = http()?
+        .post(format!("http://{}/v1/runs", api.addr))
+        .bearer_auth(token("bench")?)
+        .json(spec)
+        .send()
+        .await?
+        .error_for_status()?;
+    let created: serde_json::Value = response.json().await?;
+    let id: Uuid = created["id"].as_str().context("no run id")?.parse()?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let took = loop {
+        let row = sql.query_one("SELECT status FROM runs WHERE id = $1", &[&id]).await?;
+        match row.get::<_, &str>(0) {
+            "succeeded" => break started.elapsed(),
+            "failed" | "cancelled" | "timed_out" => bail!("run {id} did not succeed"),
+            _ if Instant::now() > deadline => bail!("run {id} did not end in 600 s"),
+            _ => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    };
+    let children = "SELECT count(*) FROM runs WHERE parent_run_id = $1 AND status = 'succeeded'";
+    Ok((took, sql.query_one(children, &[&id]).await?.get(0)))
 }
 
 /// Model calls on each case's critical path: the parallel parent's two,
@@ -111,49 +144,63 @@ fn critical_calls(calls: usize) -> (usize, usize) {
 }
 
 /// Kiln's time per model call: what the run took beyond its model time.
-fn overhead_per_call(took: Duration, calls: usize, delay: Duration) -> f64 {
+fn overhead_per_call(took: f64, calls: usize, delay: Duration) -> f64 {
     let model = delay.as_secs_f64() * calls as f64;
-    (took.as_secs_f64() - model) / calls as f64
+    (took - model) / calls as f64
 }
 
-/// `min-max` of the rounds, in seconds.
-fn range(v: &[Duration]) -> String {
-    let min = v.iter().min().map_or(0.0, Duration::as_secs_f64);
-    let max = v.iter().max().map_or(0.0, Duration::as_secs_f64);
-    format!("{min:.2}-{max:.2} s")
+/// One run of the parallel case or the sequential one, tagged `round`: its
+/// time in seconds, checked to have had its four children (parallel) or
+/// none.
+async fn one_case(env: &Bench<'_>, parallel_case: bool, round: &str) -> anyhow::Result<f64> {
+    let (args, delay) = (env.args, Duration::from_millis(env.args.delay_ms));
+    let spec = match parallel_case {
+        true => parallel(env.model, round, args, delay),
+        false => sequential(env.model, round, args, delay),
+    };
+    let (took, children) = time_run(env.api, env.sql, &spec).await?;
+    let expected = if parallel_case { TASKS as i64 } else { 0 };
+    anyhow::ensure!(children == expected, "round {round}: {children} children succeeded, {expected} expected");
+    Ok(took.as_secs_f64())
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    let delay = Duration::from_millis(args.delay_ms);
-    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
-    app.start_worker(worker_config(ProviderKind::OpenAi, Duration::from_secs(30))).await;
-    println!(
-        "subagents: {TASKS} tasks of {} tool calls + an answer, model delay {} ms a call, {} rounds",
-        args.calls, args.delay_ms, args.rounds
-    );
-    let (mut par, mut seq) = (Vec::new(), Vec::new());
-    for round in 0..args.rounds {
+/// What every run of the bench goes through.
+struct Bench<'a> {
+    args: &'a Args,
+    model: &'a ScriptedModel,
+    api: &'a Server,
+    sql: &'a tokio_postgres::Client,
+}
+
+/// The rounds, alternating which case goes first: each case's times and
+/// each round's ratio.
+async fn rounds(env: &Bench<'_>) -> anyhow::Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+    let (mut par, mut seq, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..env.args.rounds {
+        let mut this = [0.0; 2];
         for parallel_first in [round % 2 == 0, round % 2 != 0] {
-            if parallel_first {
-                let (took, children) = time_run(&app, parallel(&app, round, &args, delay)).await?;
-                anyhow::ensure!(children == TASKS, "{children} children finished");
-                println!("  round {round} parallel children: {:.2} s", took.as_secs_f64());
-                par.push(took);
-            } else {
-                let (took, _) = time_run(&app, sequential(&app, round, &args, delay)).await?;
-                println!("  round {round} one run, in turn:  {:.2} s", took.as_secs_f64());
-                seq.push(took);
+            let took = one_case(env, parallel_first, &round.to_string()).await?;
+            match parallel_first {
+                true => println!("  round {round} parallel children: {took:.2} s"),
+                false => println!("  round {round} one run, in turn:  {took:.2} s"),
             }
+            let times = if parallel_first { &mut par } else { &mut seq };
+            times.push(took);
+            this[usize::from(!parallel_first)] = took;
         }
+        ratios.push(this[0] / this[1]);
     }
-    let (par_range, seq_range) = (range(&par), range(&seq));
-    let (par, seq) = (median(par), median(seq));
+    Ok((par, seq, ratios))
+}
+
+fn report(args: &Args, par: &[f64], seq: &[f64], ratios: &[f64]) {
+    let delay = Duration::from_millis(args.delay_ms);
+    let (par_median, seq_median) = (kiln_bench::median(par), kiln_bench::median(seq));
     let (par_calls, seq_calls) = critical_calls(args.calls);
-    println!("median parallel children  {:>7.2} s  (rounds {par_range})", par.as_secs_f64());
-    println!("median sequential run     {:>7.2} s  (rounds {seq_range})", seq.as_secs_f64());
-    println!("parallel / sequential  {:.3}x  (goal <= 0.35x)", par.as_secs_f64() / seq.as_secs_f64());
+    println!("median parallel children  {} s", median_range(par, 2));
+    println!("median sequential run     {} s", median_range(seq, 2));
+    println!("per-round ratio           {}", median_range(ratios, 3));
+    println!("parallel / sequential  {:.3}x  (goal <= 0.35x)", par_median / seq_median);
     println!(
         "pure model time: {par_calls} vs {seq_calls} calls of {} ms = {:.3}x (Kiln at zero cost, no sandbox start)",
         args.delay_ms,
@@ -161,8 +208,42 @@ async fn main() -> anyhow::Result<()> {
     );
     println!(
         "Kiln per model call (median - model time) / calls: parallel {:.1} ms, sequential {:.1} ms",
-        1000.0 * overhead_per_call(par, par_calls, delay),
-        1000.0 * overhead_per_call(seq, seq_calls, delay)
+        1000.0 * overhead_per_call(par_median, par_calls, delay),
+        1000.0 * overhead_per_call(seq_median, seq_calls, delay)
     );
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let kiln = kiln_binary(args.kiln.as_deref())?;
+    let (db_url, _store) = database().await?;
+    let model = ScriptedModel::start(Vec::new()).await?;
+    let quotas = [
+        ("KILN_MAX_ACTIVE_RUNS_PER_SUBJECT", i64::MAX.to_string()),
+        ("KILN_MAX_RUNS_PER_MINUTE", i64::MAX.to_string()),
+    ];
+    let api = Server::kiln_serve(&kiln, &db_url, &quotas).await?;
+    let subagents = [("KILN_SUBAGENT_MAX_PARALLEL", TASKS.to_string()), ("KILN_SUBAGENT_MAX_DEPTH", "1".to_owned())];
+    let worker = Worker::start(&kiln, &db_url, &model.openai_base_url(), &subagents).await?;
+    let sql = connect(&db_url).await?;
+    println!(
+        "subagents: {TASKS} tasks of {} tool calls + an answer, model delay {} ms a call, {} rounds; \
+         {} serve + worker ({TASKS} children at once)",
+        args.calls,
+        args.delay_ms,
+        args.rounds,
+        kiln.display()
+    );
+    let env = Bench { args: &args, model: &model, api: &api, sql: &sql };
+    // Warm-up (not counted): the worker's first sandbox, its first children
+    // (their connections and prepared statements), for both cases.
+    one_case(&env, true, "w").await?;
+    one_case(&env, false, "w").await?;
+    let (par, seq, ratios) = rounds(&env).await?;
+    report(&args, &par, &seq, &ratios);
+    worker.stop().await;
+    drop(api);
+    kiln_bench::drop_databases().await?;
     Ok(())
 }
