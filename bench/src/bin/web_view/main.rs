@@ -165,6 +165,15 @@ async fn load_checked(client: &Client, (name, url): &(&str, String)) -> anyhow::
         )
         .await?;
     println!("{name}: cold load showed {seen}");
+    // Where the time went: each request the page made, ms from the navigation's start.
+    let requests = client
+        .execute(
+            "return performance.getEntriesByType('resource').map((e) => \
+               `${e.name.split('?')[0].replace(location.origin, '')} ${Math.round(e.startTime)}..${Math.round(e.responseEnd)}`);",
+            vec![],
+        )
+        .await?;
+    println!("{name}: requests (ms) {requests}; shown at {:.0} ms (painted {:.0})", shown.dom_ms, shown.painted_ms);
     Ok(shown)
 }
 
