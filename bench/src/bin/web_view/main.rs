@@ -64,6 +64,10 @@ async fn main() -> anyhow::Result<()> {
     let pages = [("kiln", format!("http://{}/#/runs/{run}", server.addr)), ("static", format!("http://{plain}/"))];
     let measured = measure(&browser.client, &pages, args.samples).await?;
     report(&measured, &pages);
+    let (stream, pages) = read_times(&server, &run, 10).await?;
+    println!("\nfor reference, a plain HTTP client (no browser) reading the run's 5,000 events from kiln serve:");
+    println!("  as the event stream (SSE), to its end: {stream}");
+    println!("  as JSON pages of 500 (GET …/events?after=N&limit=500, in turn): {pages}");
     println!("load average before: {load_before}; after: {}", loadavg());
     browser.client.clone().close().await?;
     drop(browser);
@@ -110,6 +114,41 @@ async fn read_events(db_url: &str, run: &str) -> anyhow::Result<Vec<(String, ser
     let rows =
         sql.query("SELECT kind, payload::text FROM events WHERE run_id = $1::text::uuid ORDER BY seq", &[&run]).await?;
     rows.iter().map(|r| Ok((r.get::<_, String>(0), serde_json::from_str(r.get::<_, &str>(1))?))).collect()
+}
+
+/// How long `kiln serve` takes to send the whole run to a client that
+/// only reads it, as the stream and as JSON pages: the server's part of the
+/// web view's time.
+async fn read_times(server: &Server, run: &str, samples: usize) -> anyhow::Result<(Summary, Summary)> {
+    let (client, bearer) = (http()?, token(OWNER)?);
+    let url = format!("http://{}/v1/runs/{run}/events", server.addr);
+    let (mut stream, mut pages) = (Vec::new(), Vec::new());
+    for _ in 0..samples {
+        let started = std::time::Instant::now();
+        let sse = client.get(format!("{url}?after=0")).bearer_auth(&bearer).header("accept", "text/event-stream");
+        let body = sse.send().await?.error_for_status()?.bytes().await?;
+        stream.push(started.elapsed());
+        if !body.windows(13).any(|w| w == b"run.succeeded") {
+            bail!("the stream ended without the run's end");
+        }
+        let started = std::time::Instant::now();
+        let mut after = 0;
+        loop {
+            let page: serde_json::Value = client
+                .get(format!("{url}?after={after}&limit=500"))
+                .bearer_auth(&bearer)
+                .header("accept", "application/json")
+                .send()
+                .await?
+                .error_for_status()?
+                .json()
+                .await?;
+            let Some(last) = page["events"].as_array().and_then(|e| e.last()) else { break };
+            after = last["seq"].as_i64().context("an event's seq")?;
+        }
+        pages.push(started.elapsed());
+    }
+    Ok((Summary::of(stream), Summary::of(pages)))
 }
 
 /// Puts the token in the tab's session storage for Kiln's origin, where the
