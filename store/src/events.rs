@@ -236,17 +236,24 @@ impl Store {
         // Prepared once per connection: every stream opens with it. The
         // page is `events_page`'s, joined laterally so it is read only for
         // the owner's run; an empty page still leaves the run's row (its
-        // event columns null).
+        // event columns null). The terminal event is looked up once, in
+        // the materialised `r`: in the select list it was a subquery run
+        // again for every row of the page (a page of 500 of an ended run's
+        // 5,000 events took 0.6 s instead of 5 ms).
         let statement = client
             .prepare_cached(concat!(
-                "SELECT r.last_event_seq,
-                        CASE WHEN r.status IN ('succeeded', 'failed', 'cancelled', 'timed_out')
-                             THEN (SELECT min(seq) FROM events WHERE run_id = r.id AND kind = ANY($6)) END,
+                "WITH r AS MATERIALIZED (
+                     SELECT id, last_event_seq,
+                            CASE WHEN status IN ('succeeded', 'failed', 'cancelled', 'timed_out')
+                                 THEN (SELECT min(seq) FROM events WHERE run_id = runs.id AND kind = ANY($6))
+                            END AS terminal_seq
+                     FROM runs WHERE id = $1 AND owner = $2
+                 )
+                 SELECT r.last_event_seq, r.terminal_seq,
                         page.seq, page.kind, page.payload, page.at, page.more
-                 FROM runs r LEFT JOIN LATERAL (",
+                 FROM r LEFT JOIN LATERAL (",
                 bounded_page!("r.id", "$3", "$4", "$5"),
                 ") page ON true
-                 WHERE r.id = $1 AND r.owner = $2
                  ORDER BY page.seq"
             ))
             .await?;
