@@ -182,6 +182,13 @@ impl ScriptedModel {
             .with_state(shared.clone());
         let mut stop = shutdown_rx;
         let server = tokio::spawn(async move {
+            // Without `TCP_NODELAY` a reply's small SSE frames wait for the
+            // client's delayed ACK (~40 ms a model call on loopback), time
+            // no real provider's stream spends and every benchmark through
+            // this server counted in its model calls.
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
                 let _ = stop.wait_for(|stopped| *stopped).await;
             });

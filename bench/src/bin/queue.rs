@@ -66,20 +66,25 @@ async fn throughput(args: &Args, n: usize) -> anyhow::Result<()> {
         "queue throughput: {n} slots/connections, {} runs per figure, median of {} rounds",
         args.runs, args.rounds
     );
-    // The figures alternate within each round, so a checkpoint or a noisy
-    // neighbour lands on all of them alike rather than on whichever ran last.
-    let mut figures: [Vec<f64>; 7] = Default::default();
+    // The figures alternate within each round, and every other round runs
+    // them in reverse (A B … then … B A), so a checkpoint or a noisy
+    // neighbour lands on all of them alike rather than on whichever runs
+    // first or last.
+    let mut figures: [Vec<f64>; FIGURES.len()] = Default::default();
     for round in 0..args.rounds {
-        figures[0].push(baseline_per_s(args, n, Baseline::Claim).await?);
-        figures[1].push(kiln_per_s(args, n, Path::FinishAndClaim).await?);
-        figures[6].push(kiln_per_s(args, n, Path::FinishAndClaimApart).await?);
-        figures[2].push(baseline_per_s(args, n, Baseline::ClaimThenFinish).await?);
-        figures[3].push(baseline_per_s(args, n, Baseline::FinishAndClaim).await?);
-        figures[4].push(kiln_per_s(args, n, Path::ClaimOnly).await?);
-        figures[5].push(kiln_per_s(args, n, Path::ClaimThenFinish).await?);
+        let mut order: Vec<usize> = (0..FIGURES.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            figures[i].push(match FIGURES[i] {
+                Figure::Baseline(what) => baseline_per_s(args, n, what).await?,
+                Figure::Kiln(path) => kiln_per_s(args, n, path).await?,
+            });
+        }
         eprintln!("round {}: {:?}", round + 1, figures.iter().map(|f| f[round].round()).collect::<Vec<_>>());
     }
-    let [baseline, handoff, baseline_finish, baseline_handoff, claim_only, claim_finish, apart] = figures.map(median);
+    let [baseline, handoff, apart, baseline_finish, baseline_handoff, claim_only, claim_finish] = figures.map(median);
     println!("baseline  claim statement, tight loop, {n} conns:              {baseline:>8.0} claims/s");
     println!(
         "kiln      one worker, {n} runs at a time (finish_run_and_claim): {handoff:>8.0} runs/s   ({:.2}x baseline)",
@@ -110,6 +115,25 @@ async fn throughput(args: &Args, n: usize) -> anyhow::Result<()> {
 
     Ok(())
 }
+
+/// One figure of a round.
+#[derive(Clone, Copy)]
+enum Figure {
+    Baseline(Baseline),
+    Kiln(Path),
+}
+
+/// The figures of a round, in the order of an even round (odd rounds run
+/// them in reverse).
+const FIGURES: [Figure; 7] = [
+    Figure::Baseline(Baseline::Claim),
+    Figure::Kiln(Path::FinishAndClaim),
+    Figure::Kiln(Path::FinishAndClaimApart),
+    Figure::Baseline(Baseline::ClaimThenFinish),
+    Figure::Baseline(Baseline::FinishAndClaim),
+    Figure::Kiln(Path::ClaimOnly),
+    Figure::Kiln(Path::ClaimThenFinish),
+];
 
 fn median(mut sample: Vec<f64>) -> f64 {
     sample.sort_by(f64::total_cmp);

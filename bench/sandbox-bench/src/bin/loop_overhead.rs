@@ -92,6 +92,8 @@ async fn main() -> anyhow::Result<()> {
         m.per_round.iter().map(|d| format!("{d:.2}")).collect::<Vec<_>>().join(", ")
     );
     stats::ratio("Kiln step / plain step", k, p, None);
+    stats::report("  of the plain step: model call", &m.plain_model);
+    stats::report("  of the plain step: `bash` through the toolbox", &m.plain_tool);
     let c = stats::report("Postgres: one INSERT committed (same server)", &m.commits);
     println!(
         "Kiln per step: {:.1} rows written (events + messages); rows x commit median = {:.2} ms",
@@ -106,6 +108,10 @@ struct Measured {
     plain: Vec<Duration>,
     /// Kiln's median step less the plain loop's, per round (ms).
     per_round: Vec<f64>,
+    /// The plain loop's step split: its model call (request to the
+    /// stream's end) and its `bash` exec through the toolbox.
+    plain_model: Vec<Duration>,
+    plain_tool: Vec<Duration>,
     rows_per_step: f64,
     commits: Vec<Duration>,
 }
@@ -117,7 +123,15 @@ async fn measure(db_url: &str, sandbox: &Sandbox, steps: usize, rounds: usize) -
     // which system prompt and tools Kiln sends, for the plain loop to send.
     let (_, _, first_request) = kiln_pass(&store, sandbox, 2).await?;
     let system = first_request["messages"][0]["content"].as_str().context("Kiln's system prompt")?.to_owned();
-    let mut m = Measured { kiln: vec![], plain: vec![], per_round: vec![], rows_per_step: 0.0, commits: vec![] };
+    let mut m = Measured {
+        kiln: vec![],
+        plain: vec![],
+        per_round: vec![],
+        plain_model: vec![],
+        plain_tool: vec![],
+        rows_per_step: 0.0,
+        commits: vec![],
+    };
     for round in 0..rounds {
         let mut kiln = Vec::new();
         let mut plain = Vec::new();
@@ -127,7 +141,10 @@ async fn measure(db_url: &str, sandbox: &Sandbox, steps: usize, rounds: usize) -
                 kiln = step_times(&starts);
                 m.rows_per_step = rows as f64 / (steps + 1) as f64;
             } else {
-                plain = step_times(&plain_pass(sandbox, steps, &system).await?);
+                let pass = plain_pass(sandbox, steps, &system).await?;
+                plain = step_times(&pass.starts);
+                m.plain_model.extend(pass.model.into_iter().skip(WARM_UP_STEPS));
+                m.plain_tool.extend(pass.tool.into_iter().skip(WARM_UP_STEPS));
             }
         }
         m.per_round.push(stats::Summary::of(&kiln).median_ms - stats::Summary::of(&plain).median_ms);
@@ -241,14 +258,23 @@ async fn kiln_pass(
     Ok((starts, rows, first))
 }
 
-/// The same calls made the plain way; each model call's start.
-async fn plain_pass(sandbox: &Sandbox, steps: usize, system: &str) -> anyhow::Result<Vec<Instant>> {
+/// The plain loop's timings: each model call's start, and per step the
+/// model call's and the `bash` exec's time.
+struct PlainPass {
+    starts: Vec<Instant>,
+    model: Vec<Duration>,
+    tool: Vec<Duration>,
+}
+
+/// The same calls made the plain way.
+async fn plain_pass(sandbox: &Sandbox, steps: usize, system: &str) -> anyhow::Result<PlainPass> {
     let model = ScriptedModel::start(script(steps)).await.context("starting the scripted model")?;
     let provider = providers(&model)?.get(ProviderKind::OpenAi);
     let tools = Registry::standard().specs();
     let cache_key = uuid::Uuid::new_v4().to_string();
     let mut messages = vec![Message::user("Run `true` with bash until told otherwise.")];
     let mut starts = Vec::new();
+    let (mut model_times, mut tool_times) = (Vec::new(), Vec::new());
     for step in 0..=steps as u32 {
         starts.push(Instant::now());
         let request = ModelRequest {
@@ -269,6 +295,7 @@ async fn plain_pass(sandbox: &Sandbox, steps: usize, system: &str) -> anyhow::Re
                 break;
             }
         }
+        model_times.push(starts[starts.len() - 1].elapsed());
         let answer = builder.finish().message;
         let calls: Vec<(String, String, Option<String>, String)> = answer
             .parts
@@ -288,6 +315,7 @@ async fn plain_pass(sandbox: &Sandbox, steps: usize, system: &str) -> anyhow::Re
             break;
         }
         let mut results = Vec::new();
+        let tool_started = Instant::now();
         for (call_id, name, provider_call_id, command) in calls {
             let output = match sandbox.toolbox_call(RequestBody::Exec(ExecRequest::new(command)), None).await? {
                 Some(ToolboxReply::Exec(r)) if r.exit_code == Some(0) => r.output,
@@ -295,12 +323,13 @@ async fn plain_pass(sandbox: &Sandbox, steps: usize, system: &str) -> anyhow::Re
             };
             results.push(Part::ToolResult { call_id, name, output, is_error: false, provider_call_id });
         }
+        tool_times.push(tool_started.elapsed());
         messages.push(Message { role: Role::Tool, parts: results });
     }
     if starts.len() != steps + 1 {
         bail!("expected {} model calls, made {}", steps + 1, starts.len());
     }
-    Ok(starts)
+    Ok(PlainPass { starts, model: model_times, tool: tool_times })
 }
 
 /// Event and message rows the run wrote.
