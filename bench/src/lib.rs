@@ -76,6 +76,12 @@ pub fn kiln_binary(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     }
 }
 
+/// `kiln serve`'s settings for a benchmark that submits many runs as one
+/// subject: the per-subject quotas lifted, everything else as deployed.
+pub fn without_quotas() -> [(&'static str, String); 2] {
+    [("KILN_MAX_ACTIVE_RUNS_PER_SUBJECT", i64::MAX.to_string()), ("KILN_MAX_RUNS_PER_MINUTE", i64::MAX.to_string())]
+}
+
 /// A server in a process of its own (so its memory is its own): `kiln
 /// serve` itself, or a benchmark's baseline server (this same binary run
 /// again).

@@ -39,19 +39,6 @@ fn assert_exact_cover(ranges: &Value, last: i64) {
     assert_eq!(next - 1, last, "rendered events end at {}, the run's last is {last}", next - 1);
 }
 
-/// `12345` as `12,345`, as the page shows counts.
-fn thousands(n: i64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_is_followed_live_approved_steered_and_survives_a_network_cut() {
     let Some(b) = Browser::start("web_view::live_run", 1100, 1400).await else { return };
@@ -395,7 +382,8 @@ async fn a_run_of_5000_events_renders_quickly_and_exactly() {
             vec![],
         )
         .await;
-    let input = thousands(steps * 1000);
+    // Counts as the page shows them, `12,345`: as the CLI shows them.
+    let input = kiln_cli::render::totals::thousands(u64::try_from(steps * 1000).unwrap());
     assert_eq!(
         page,
         json!({"pwned": false, "parsed": 0, "tools": steps, "plan": ["done", "in_progress", "pending"],

@@ -30,7 +30,7 @@ use bollard::query_parameters::ListContainersOptionsBuilder;
 use clap::Parser;
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
-use kiln_bench::{Server, Summary, Worker, database, http, kiln_binary, median, token};
+use kiln_bench::{Server, Summary, Worker, database, http, kiln_binary, median, token, without_quotas};
 use kiln_protocol::{CreateRun, RepoSpec};
 use kiln_scripted_model::{Reply, ScriptedModel};
 use serde_json::json;
@@ -272,11 +272,7 @@ async fn main() -> anyhow::Result<()> {
     let runs = 3 + args.misses + 2 * args.rounds;
     let script = (0..runs).flat_map(|_| [Reply::tool("bash", json!({"command": "true"})), Reply::text("done")]);
     let model = ScriptedModel::start(script.collect()).await?;
-    let quotas = [
-        ("KILN_MAX_ACTIVE_RUNS_PER_SUBJECT", i64::MAX.to_string()),
-        ("KILN_MAX_RUNS_PER_MINUTE", i64::MAX.to_string()),
-    ];
-    let api = Server::kiln_serve(&kiln, &db_url, &quotas).await?;
+    let api = Server::kiln_serve(&kiln, &db_url, &without_quotas()).await?;
     let metrics: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let settings = [
         ("KILN_ENVIRONMENT_WARM", args.warm.to_string()),

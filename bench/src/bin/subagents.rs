@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use kiln_bench::{Server, Worker, connect, database, http, kiln_binary, median_range, token};
+use kiln_bench::{Server, Worker, connect, database, http, kiln_binary, median_range, token, without_quotas};
 use kiln_protocol::{CreateRun, Limits};
 use kiln_scripted_model::{Reply, ScriptedCall, ScriptedModel};
 use serde_json::json;
@@ -219,11 +219,7 @@ async fn main() -> anyhow::Result<()> {
     let kiln = kiln_binary(args.kiln.as_deref())?;
     let (db_url, _store) = database().await?;
     let model = ScriptedModel::start(Vec::new()).await?;
-    let quotas = [
-        ("KILN_MAX_ACTIVE_RUNS_PER_SUBJECT", i64::MAX.to_string()),
-        ("KILN_MAX_RUNS_PER_MINUTE", i64::MAX.to_string()),
-    ];
-    let api = Server::kiln_serve(&kiln, &db_url, &quotas).await?;
+    let api = Server::kiln_serve(&kiln, &db_url, &without_quotas()).await?;
     let subagents = [("KILN_SUBAGENT_MAX_PARALLEL", TASKS.to_string()), ("KILN_SUBAGENT_MAX_DEPTH", "1".to_owned())];
     let worker = Worker::start(&kiln, &db_url, &model.openai_base_url(), &subagents).await?;
     let sql = connect(&db_url).await?;

@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use axum::Router;
 use axum::http::header;
 use axum::routing::get;
+use kiln_cli::render::totals::thousands;
 use serde_json::Value;
 
 /// Serves `html` at `/` on a loopback port, `no-store` (each load transfers
@@ -202,19 +203,6 @@ fn escape(text: &str) -> String {
             '"' => out.push_str("&quot;"),
             c => out.push(c),
         }
-    }
-    out
-}
-
-/// `12345` as `12,345`, as the web view shows counts.
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
     }
     out
 }
