@@ -76,6 +76,39 @@ pub fn kiln_binary(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     }
 }
 
+/// Submits `spec` to `api` as the subject `bench` and waits for the run's
+/// end, read from the database every 10 ms: how long it took from the
+/// submission, and the run's id. Anything but success, or no end within
+/// `limit`, is an error.
+pub async fn time_run(
+    api: &Server,
+    sql: &tokio_postgres::Client,
+    spec: &kiln_protocol::CreateRun,
+    limit: Duration,
+) -> anyhow::Result<(Duration, uuid::Uuid)> {
+    let http = http()?;
+    let started = Instant::now();
+    let response = http
+        .post(format!("http://{}/v1/runs", api.addr))
+        .bearer_auth(token("bench")?)
+        .json(spec)
+        .send()
+        .await?
+        .error_for_status()?;
+    let created: serde_json::Value = response.json().await?;
+    let id: uuid::Uuid = created["id"].as_str().context("no run id")?.parse()?;
+    let deadline = started + limit;
+    loop {
+        let row = sql.query_one("SELECT status FROM runs WHERE id = $1", &[&id]).await?;
+        match row.try_get::<_, &str>(0)? {
+            "succeeded" => return Ok((started.elapsed(), id)),
+            "failed" | "cancelled" | "timed_out" => bail!("run {id} did not succeed"),
+            _ if Instant::now() > deadline => bail!("run {id} did not end in {limit:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+}
+
 /// `kiln serve`'s settings for a benchmark that submits many runs as one
 /// subject: the per-subject quotas lifted, everything else as deployed.
 pub fn without_quotas() -> [(&'static str, String); 2] {

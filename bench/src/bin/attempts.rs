@@ -8,11 +8,10 @@
 //! to its terminal status (its last attempt's end), the run's likewise.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, bail};
 use clap::Parser;
-use kiln_bench::{Server, Worker, connect, database, http, kiln_binary, median_range, token, without_quotas};
+use kiln_bench::{Server, Worker, connect, database, kiln_binary, median_range, time_run, without_quotas};
 use kiln_protocol::{CreateRun, ModelSpec};
 use kiln_scripted_model::{Reply, ScriptedModel};
 use serde_json::json;
@@ -35,6 +34,8 @@ struct Args {
 }
 
 const ATTEMPTS: usize = 4;
+/// How long a run or a group may take before the bench gives up.
+const RUN_LIMIT: Duration = Duration::from_secs(300);
 
 /// One attempt's script, for the model named `model`.
 fn script(model: &ScriptedModel, name: &str, args: &Args) {
@@ -58,32 +59,6 @@ fn single(model: &ScriptedModel, round: usize, args: &Args) -> CreateRun {
     let name = format!("single-{round}");
     script(model, &name, args);
     CreateRun { model: Some(ModelSpec { name: Some(name), ..Default::default() }), ..CreateRun::new("look around") }
-}
-
-/// Submits `spec` to the API and waits for the run's end (polled every
-/// 10 ms); how long it took.
-async fn time_run(api: &Server, sql: &tokio_postgres::Client, spec: &CreateRun) -> anyhow::Result<(Duration, Uuid)> {
-    let http = http()?;
-    let started = Instant::now();
-    let response = http
-        .post(format!("http://{}/v1/runs", api.addr))
-        .bearer_auth(token("bench")?)
-        .json(spec)
-        .send()
-        .await?
-        .error_for_status()?;
-    let created: serde_json::Value = response.json().await?;
-    let id: Uuid = created["id"].as_str().context("no run id")?.parse()?;
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let row = sql.query_one("SELECT status FROM runs WHERE id = $1", &[&id]).await?;
-        match row.get::<_, &str>(0) {
-            "succeeded" => return Ok((started.elapsed(), id)),
-            "failed" | "cancelled" | "timed_out" => bail!("run {id} did not succeed"),
-            _ if Instant::now() > deadline => bail!("run {id} did not end in 300 s"),
-            _ => tokio::time::sleep(Duration::from_millis(10)).await,
-        }
-    }
 }
 
 /// Where a run's (or a group's attempts') time went, in seconds from the
@@ -130,8 +105,8 @@ async fn main() -> anyhow::Result<()> {
     );
     // Warm-up (not counted): the first sandbox starts, the first prepared
     // statements, for both kinds.
-    time_run(&api, &sql, &single(&model, usize::MAX, &args)).await?;
-    time_run(&api, &sql, &group(&model, usize::MAX, &args)).await?;
+    time_run(&api, &sql, &single(&model, usize::MAX, &args), RUN_LIMIT).await?;
+    time_run(&api, &sql, &group(&model, usize::MAX, &args), RUN_LIMIT).await?;
     let (mut groups, mut singles, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     let (mut group_phases, mut single_phases) = (Vec::new(), Vec::new());
     for round in 0..args.rounds {
@@ -141,7 +116,7 @@ async fn main() -> anyhow::Result<()> {
                 true => (group(&model, round, &args), format!("group of {ATTEMPTS}")),
                 false => (single(&model, round, &args), "one run".to_owned()),
             };
-            let (took, id) = time_run(&api, &sql, &spec).await?;
+            let (took, id) = time_run(&api, &sql, &spec, RUN_LIMIT).await?;
             let took = took.as_secs_f64();
             let p = phases(&sql, id).await?;
             println!(

@@ -28,15 +28,13 @@
 //! run's end (both cases pay those once).
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, bail};
 use clap::Parser;
-use kiln_bench::{Server, Worker, connect, database, http, kiln_binary, median_range, token, without_quotas};
+use kiln_bench::{Server, Worker, connect, database, kiln_binary, median_range, time_run, without_quotas};
 use kiln_protocol::{CreateRun, Limits};
 use kiln_scripted_model::{Reply, ScriptedCall, ScriptedModel};
 use serde_json::json;
-use uuid::Uuid;
 
 #[derive(Parser)]
 struct Args {
@@ -108,31 +106,16 @@ fn spec(prompt: String) -> CreateRun {
     CreateRun { limits: Some(limits), ..CreateRun::new(prompt) }
 }
 
-/// Submits `spec` to the API and waits for the run's end (polled every
-/// 10 ms); how long it took, and how many of its children succeeded.
-async fn time_run(api: &Server, sql: &tokio_postgres::Client, spec: &CreateRun) -> anyhow::Result<(Duration, i64)> {
-    let started = Instant::now();
-    let response = http()?
-        .post(format!("http://{}/v1/runs", api.addr))
-        .bearer_auth(token("bench")?)
-        .json(spec)
-        .send()
-        .await?
-        .error_for_status()?;
-    let created: serde_json::Value = response.json().await?;
-    let id: Uuid = created["id"].as_str().context("no run id")?.parse()?;
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let took = loop {
-        let row = sql.query_one("SELECT status FROM runs WHERE id = $1", &[&id]).await?;
-        match row.get::<_, &str>(0) {
-            "succeeded" => break started.elapsed(),
-            "failed" | "cancelled" | "timed_out" => bail!("run {id} did not succeed"),
-            _ if Instant::now() > deadline => bail!("run {id} did not end in 600 s"),
-            _ => tokio::time::sleep(Duration::from_millis(10)).await,
-        }
-    };
+/// Submits `spec` and waits for the run's end: how long it took, and how
+/// many of its children succeeded.
+async fn time_run_and_children(
+    api: &Server,
+    sql: &tokio_postgres::Client,
+    spec: &CreateRun,
+) -> anyhow::Result<(Duration, i64)> {
+    let (took, id) = time_run(api, sql, spec, Duration::from_secs(600)).await?;
     let children = "SELECT count(*) FROM runs WHERE parent_run_id = $1 AND status = 'succeeded'";
-    Ok((took, sql.query_one(children, &[&id]).await?.get(0)))
+    Ok((took, sql.query_one(children, &[&id]).await?.try_get(0)?))
 }
 
 /// Model calls on each case's critical path: the parallel parent's two,
@@ -158,7 +141,7 @@ async fn one_case(env: &Bench<'_>, parallel_case: bool, round: &str) -> anyhow::
         true => parallel(env.model, round, args, delay),
         false => sequential(env.model, round, args, delay),
     };
-    let (took, children) = time_run(env.api, env.sql, &spec).await?;
+    let (took, children) = time_run_and_children(env.api, env.sql, &spec).await?;
     let expected = if parallel_case { TASKS as i64 } else { 0 };
     anyhow::ensure!(children == expected, "round {round}: {children} children succeeded, {expected} expected");
     Ok(took.as_secs_f64())
