@@ -16,9 +16,9 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use kiln_protocol::event::TERMINAL_KINDS;
 use uuid::Uuid;
 
+use crate::events::terminal_kinds;
 use crate::{Store, StoreError};
 
 /// Runs looked at per batch. Each costs a scan of its events for the
@@ -62,7 +62,6 @@ impl Store {
     /// pruned (at most [`RUNS_PER_BATCH`] runs), then mark those of the runs
     /// it looked at that have nothing left to prune.
     async fn prune_batch(&self, cutoff: DateTime<Utc>, batch: i64) -> Result<Pruned, StoreError> {
-        let terminal: Vec<&str> = TERMINAL_KINDS.to_vec();
         let client = self.client().await?;
         // Runs in `runs_prunable` order; per run, the events before its
         // terminal event. A run without a terminal event (it cannot be
@@ -70,14 +69,17 @@ impl Store {
         // Returns the runs looked at, so that only those are marked.
         let row = client
             .query_one(
-                "WITH old AS (
+                concat!(
+                    "WITH old AS (
                      SELECT r.id,
-                            (SELECT min(t.seq) FROM events t WHERE t.run_id = r.id AND t.kind = ANY($3)) AS keep_from
+                            (SELECT min(t.seq) FROM events t WHERE t.run_id = r.id AND t.kind IN ",
+                    terminal_kinds!(),
+                    ") AS keep_from
                      FROM runs r
                      WHERE r.finished_at IS NOT NULL AND r.events_pruned_at IS NULL
                        AND r.finished_at < $1
                      ORDER BY r.finished_at
-                     LIMIT $4
+                     LIMIT $3
                  ), doomed AS (
                      SELECT e.run_id, e.seq FROM old o JOIN events e ON e.run_id = o.id AND e.seq < o.keep_from
                      LIMIT $2
@@ -87,8 +89,9 @@ impl Store {
                      -- A run's captured change goes with its events.
                      DELETE FROM run_changes c USING old o WHERE c.run_id = o.id
                  )
-                 SELECT (SELECT count(*) FROM deleted), ARRAY(SELECT id FROM old)",
-                &[&cutoff, &batch, &terminal, &RUNS_PER_BATCH],
+                 SELECT (SELECT count(*) FROM deleted), ARRAY(SELECT id FROM old)"
+                ),
+                &[&cutoff, &batch, &RUNS_PER_BATCH],
             )
             .await?;
         let events: i64 = row.try_get(0)?;
@@ -104,13 +107,17 @@ impl Store {
         // have no event left before their terminal one.
         let runs = client
             .execute(
-                "UPDATE runs r SET events_pruned_at = now()
+                concat!(
+                    "UPDATE runs r SET events_pruned_at = now()
                  WHERE r.id = ANY($1) AND r.events_pruned_at IS NULL
                    AND NOT EXISTS (
                        SELECT 1 FROM events e
                        WHERE e.run_id = r.id
-                         AND e.seq < (SELECT min(t.seq) FROM events t WHERE t.run_id = r.id AND t.kind = ANY($2)))",
-                &[&examined, &terminal],
+                         AND e.seq < (SELECT min(t.seq) FROM events t WHERE t.run_id = r.id AND t.kind IN ",
+                    terminal_kinds!(),
+                    "))"
+                ),
+                &[&examined],
             )
             .await?;
         Ok(Pruned { events: 0, runs })

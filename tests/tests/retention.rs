@@ -101,6 +101,65 @@ async fn a_worker_with_a_retention_prunes_old_runs_on_its_own() {
     assert_eq!(event_count(&app, recent).await, STEPS + 2);
 }
 
+/// Scans of the partial index `events_terminal` (migrations/V28) in this
+/// test's database, once the statistics of the backends that made them
+/// have been flushed (at a transaction's end at most once a second, after
+/// ten idle seconds, or as the backend exits): waits until there are more
+/// than `than`.
+async fn terminal_index_scans_above(app: &TestApp, than: i64) -> i64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let scans: i64 = app
+            .sql()
+            .await
+            .query_one(
+                "SELECT coalesce(sum(idx_scan), 0)::bigint FROM pg_stat_user_indexes
+                 WHERE indexrelname = 'events_terminal'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if scans > than {
+            return scans;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no scan of events_terminal was recorded: the lookup walked the run's events"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every page of an ended run's events, and every run the retention task
+/// prunes, asks where the run ended: through the partial index of terminal
+/// events that is one probe, through the primary key a walk over the run's
+/// events up to its end.
+#[tokio::test]
+async fn an_ended_runs_end_is_found_through_the_terminal_index() {
+    let app = TestApp::spawn(Options { worker: false, ..Default::default() }).await;
+    let (run, _) = run_with_events(&app.store, true).await;
+    // Each lookup on a store of its own, closed after it: its backend
+    // exits and so reports its statistics at once. Generic plans only: the
+    // first executions of a prepared statement are planned with its
+    // parameters' values, in which a bound list of kinds would match the
+    // index's predicate too; a long-lived connection soon plans it once for
+    // any value, where only a list written in the query does.
+    let url = format!("{}?options=-c%20plan_cache_mode%3Dforce_generic_plan", app.db_url);
+    let store = Store::connect(&url, 1).unwrap();
+    let opening = store.open_events("alice", run, 0, 500, 1 << 21).await.unwrap().unwrap();
+    assert_eq!(opening.terminal_seq, Some(STEPS + 2));
+    drop(store);
+    let scans = terminal_index_scans_above(&app, 0).await;
+
+    ended_days_ago(&app, run, 10).await;
+    let store = Store::connect(&url, 1).unwrap();
+    let pruned = store.prune_events(7 * DAY, 1000).await.unwrap();
+    assert_eq!(pruned, Pruned { events: 1 + STEPS as u64, runs: 1 });
+    drop(store);
+    terminal_index_scans_above(&app, scans).await;
+}
+
 /// Ended runs marked pruned that still have events before their terminal one.
 async fn marked_but_unpruned(app: &TestApp) -> i64 {
     app.sql()
