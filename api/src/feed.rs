@@ -130,7 +130,16 @@ async fn read_run(state: AppState, run_id: Uuid, mut after: i64, tx: broadcast::
     // announced to this reader.
     let news = state.notices.register(run_id);
     loop {
-        let read = read_news(&state, run_id, &mut after, &tx).await;
+        // Shutdown ends the reader even in the middle of a read (the
+        // database may be away): its streams hear of the shutdown through
+        // the channel closing (`routes::events`), not each by its own wait.
+        let read = tokio::select! {
+            read = read_news(&state, run_id, &mut after, &tx) => read,
+            _ = state.shutdown.cancelled() => {
+                state.feeds.retire_if_unheard(run_id, &tx, true);
+                return;
+            }
+        };
         if state.feeds.retire_if_unheard(run_id, &tx, read == Read::Finished) {
             return;
         }
