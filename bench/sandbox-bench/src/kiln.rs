@@ -16,14 +16,42 @@ use tokio::process::{Child, Command};
 /// its own with `#[command(flatten)]`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct KilnArgs {
-    /// The `kiln` binary (the toolbox is found next to it).
-    #[arg(long, default_value = "target/debug/kiln")]
-    pub kiln: PathBuf,
+    /// The `kiln` binary (the toolbox is found next to it); default
+    /// `target/release/kiln`, else `target/debug/kiln`.
+    #[arg(long)]
+    pub kiln: Option<PathBuf>,
     /// Admin URL of the Postgres server; a scratch database is created per run and dropped.
     #[arg(long, env = "DATABASE_URL", default_value = "postgres://kiln:kiln@127.0.0.1:5432/kiln")]
     pub database_url: String,
     #[arg(long, env = "KILN_SANDBOX_IMAGE", default_value = "kiln-sandbox:latest")]
     pub image: String,
+}
+
+impl KilnArgs {
+    /// The `kiln` binary to run: `--kiln`, else the release build users
+    /// run, else the debug one.
+    pub fn binary(&self) -> anyhow::Result<PathBuf> {
+        match &self.kiln {
+            Some(path) => Ok(path.clone()),
+            None => ["target/release/kiln", "target/debug/kiln"]
+                .into_iter()
+                .map(PathBuf::from)
+                .find(|p| p.is_file())
+                .context("no kiln binary: cargo build --release -p kiln-cli, or pass --kiln"),
+        }
+    }
+}
+
+/// The cargo profile `kiln` was built with, as far as its path tells
+/// (`target/<profile>/kiln`, or `target/<triple>/<profile>/kiln`), so a
+/// figure always says which build it measured.
+pub fn build_profile(kiln: &Path) -> String {
+    let dir = kiln.parent().and_then(|d| d.file_name()).map(|d| d.to_string_lossy().into_owned());
+    let in_target = kiln.ancestors().any(|a| a.file_name().is_some_and(|n| n == "target"));
+    match dir {
+        Some(profile) if in_target => profile,
+        _ => "unknown (not under target/)".to_owned(),
+    }
 }
 
 /// Signs the benchmark's bearer token.

@@ -7,8 +7,10 @@
 //!    Kiln's claim statement, prepared once, in a tight loop over N plain
 //!    connections (what this database can do on this machine). Medians of
 //!    alternating rounds.
-//! 2. Claim latency with 100,000 finished runs in the table against an empty
-//!    one.
+//! 2. Claim latency with 100,000 finished runs in the table (not yet
+//!    vacuumed, and vacuumed) against an empty one: three databases
+//!    prepared up front, claims taken from them in alternating blocks
+//!    (A B C, then C B A).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,12 +32,24 @@ struct Args {
     /// Finished runs in the table for the latency comparison.
     #[arg(long, default_value_t = 100_000)]
     finished: i64,
-    /// Claims timed per latency measurement.
+    /// Claims timed per table in the latency comparison.
     #[arg(long, default_value_t = 2000)]
     claims: i64,
+    /// Claims taken from one table before moving to the next.
+    #[arg(long, default_value_t = 100)]
+    block: i64,
     /// Rounds of the throughput figures (each figure is the median).
     #[arg(long, default_value_t = 5)]
     rounds: usize,
+    /// Only one of the two parts.
+    #[arg(long, value_enum)]
+    only: Option<Part>,
+}
+
+#[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
+enum Part {
+    Throughput,
+    Latency,
 }
 
 const LEASE: Duration = Duration::from_secs(60);
@@ -43,19 +57,14 @@ const LEASE: Duration = Duration::from_secs(60);
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    for &n in &args.workers {
-        throughput(&args, n).await?;
+    if args.only != Some(Part::Latency) {
+        for &n in &args.workers {
+            throughput(&args, n).await?;
+        }
     }
-
-    let (empty, full_dirty, full_clean) = claim_latency(&args).await?;
-    println!("claim latency, empty table:                         {empty}");
-    println!("claim latency, {} finished runs (not vacuumed): {full_dirty}", args.finished);
-    println!("claim latency, {} finished runs (vacuumed):     {full_clean}", args.finished);
-    println!(
-        "p50 ratio finished/empty: {:.2} (not vacuumed), {:.2} (vacuumed)",
-        full_dirty.p50.as_secs_f64() / empty.p50.as_secs_f64(),
-        full_clean.p50.as_secs_f64() / empty.p50.as_secs_f64()
-    );
+    if args.only != Some(Part::Throughput) {
+        claim_latency(&args).await?;
+    }
     kiln_bench::drop_databases().await?;
     Ok(())
 }
@@ -281,33 +290,100 @@ async fn kiln_per_s(args: &Args, n: usize, path: Path) -> anyhow::Result<f64> {
     Ok(total as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Times `args.claims` claims (each followed by a finish, like a worker).
-async fn time_claims(store: &Store, n: i64) -> anyhow::Result<Summary> {
+/// Claims taken from each table first and not counted: each store's first
+/// claims open its connections and prepare its statements.
+const WARM_UP: i64 = 20;
+
+/// Times `n` claims (each followed by a finish, like a worker).
+async fn time_claims(store: &Store, n: i64) -> anyhow::Result<Vec<Duration>> {
     let mut sample = Vec::with_capacity(n as usize);
     for _ in 0..n {
         let t = Instant::now();
-        let Some((_, lease)) = store.claim_run("latency", LEASE).await? else { break };
+        let Some((_, lease)) = store.claim_run("latency", LEASE).await? else {
+            anyhow::bail!("the queue ran dry after {} claims", sample.len())
+        };
         sample.push(t.elapsed());
         store.finish_run(&lease, &EventBody::RunSucceeded { summary: String::new() }, None).await?;
     }
-    Ok(Summary::of(sample))
+    Ok(sample)
 }
 
-async fn claim_latency(args: &Args) -> anyhow::Result<(Summary, Summary, Summary)> {
+/// A fresh database with `finished` ended runs, then enough queued runs for
+/// the warm-up and `args.claims` claims.
+async fn latency_table(args: &Args, finished: i64, vacuumed: bool) -> anyhow::Result<Store> {
     let (url, store) = database().await?;
     let sql = connect(&url).await?;
-    insert_runs(&sql, args.claims, "queued").await?;
-    let empty = time_claims(&store, args.claims).await?;
+    if finished > 0 {
+        // The finished runs went through the queue like real ones: queued,
+        // then moved on, leaving entries behind in the queue's index until
+        // vacuum.
+        insert_runs(&sql, finished, "queued").await?;
+        sql.execute("UPDATE runs SET status = 'succeeded', attempt = 1, finished_at = now()", &[]).await?;
+    }
+    insert_runs(&sql, WARM_UP + args.claims, "queued").await?;
+    if vacuumed {
+        sql.batch_execute("VACUUM ANALYZE runs").await?;
+    } else if finished > 0 {
+        // Alternation spreads the measurement over minutes; autovacuum
+        // would clean this table part-way through and blur the two states.
+        sql.batch_execute("ALTER TABLE runs SET (autovacuum_enabled = false)").await?;
+    }
+    // No table pays for an earlier one's preparation (the last checkpoint
+    // covers them all: it is the whole server's).
+    sql.batch_execute("CHECKPOINT").await?;
+    Ok(store)
+}
 
-    let (url, store) = database().await?;
-    let sql = connect(&url).await?;
-    // The finished runs went through the queue like real ones: queued, then
-    // moved on, leaving entries behind in the queue's index until vacuum.
-    insert_runs(&sql, args.finished, "queued").await?;
-    sql.execute("UPDATE runs SET status = 'succeeded', attempt = 1, finished_at = now()", &[]).await?;
-    insert_runs(&sql, 2 * args.claims, "queued").await?;
-    let dirty = time_claims(&store, args.claims).await?;
-    sql.batch_execute("VACUUM ANALYZE runs").await?;
-    let clean = time_claims(&store, args.claims).await?;
-    Ok((empty, dirty, clean))
+/// The claim latency of the three tables, taken in alternating blocks of
+/// `args.block` claims (A B C, then C B A), so a neighbour's burst or a
+/// checkpoint falls on all three alike.
+async fn claim_latency(args: &Args) -> anyhow::Result<()> {
+    let tables = [
+        ("empty table (baseline)", latency_table(args, 0, false).await?),
+        ("finished runs, not vacuumed", latency_table(args, args.finished, false).await?),
+        ("finished runs, vacuumed", latency_table(args, args.finished, true).await?),
+    ];
+    for (_, store) in &tables {
+        time_claims(store, WARM_UP).await?;
+    }
+    let mut blocks: [Vec<Vec<Duration>>; 3] = Default::default();
+    let mut taken = 0;
+    while taken < args.claims {
+        let n = args.block.min(args.claims - taken);
+        let mut order = [0, 1, 2];
+        if (taken / args.block) % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            blocks[i].push(time_claims(&tables[i].1, n).await?);
+        }
+        taken += n;
+    }
+    report_latency(args, &tables.map(|(name, _)| name), &blocks);
+    Ok(())
+}
+
+fn report_latency(args: &Args, names: &[&str; 3], blocks: &[Vec<Vec<Duration>>; 3]) {
+    let all = blocks.clone().map(|b| Summary::of(b.concat()));
+    let block_p50 =
+        |i: usize| -> Vec<f64> { blocks[i].iter().map(|b| Summary::of(b.clone()).p50.as_secs_f64()).collect() };
+    println!(
+        "claim latency: {} claims per table in blocks of {} alternated (A B C / C B A) after {WARM_UP} not counted; \
+         {} finished runs",
+        args.claims, args.block, args.finished
+    );
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    for i in 0..3 {
+        print!("  {:30} {}", names[i], all[i]);
+        if i > 0 {
+            let per_block: Vec<f64> = block_p50(i).iter().zip(block_p50(0)).map(|(a, b)| a / b).collect();
+            print!(
+                "   p50 {:.2}x p99 {:.2}x the empty table (per-block p50 ratio {})",
+                ms(all[i].p50) / ms(all[0].p50),
+                ms(all[i].p99) / ms(all[0].p99),
+                kiln_bench::median_range(&per_block, 2)
+            );
+        }
+        println!();
+    }
 }

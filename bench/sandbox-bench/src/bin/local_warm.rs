@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use kiln_bench_sandbox::kiln::{Kiln, KilnArgs};
+use kiln_bench_sandbox::kiln::{Kiln, KilnArgs, build_profile};
 use kiln_bench_sandbox::setup;
 use kiln_cli::local_model::{self, LocalModel};
 use serde_json::json;
@@ -33,8 +33,9 @@ struct Args {
     /// Kiln's state directory holding `local-model/`.
     #[arg(long, default_value = ".kiln")]
     state_dir: PathBuf,
-    /// Rounds; each starts a warm and a cold server, in alternating order.
-    #[arg(long, default_value_t = 2)]
+    /// Rounds; each starts a warm and a cold server, in alternating order
+    /// (an even number runs each order as often).
+    #[arg(long, default_value_t = 4)]
     rounds: usize,
 }
 
@@ -50,6 +51,8 @@ struct Figures {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let kiln = args.kiln.binary()?;
+    println!("kiln: {} ({} build)", kiln.display(), build_profile(&kiln));
     let install = args.state_dir.join("local-model");
     if !local_model::is_installed(&install) {
         bail!("the local model is not installed in {} (kiln up installs it)", install.display());
@@ -81,23 +84,36 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     let _ = std::fs::remove_dir_all(&repo_dir);
-    let median = |runs: &[Figures], f: &dyn Fn(&Figures) -> f64| {
-        let mut v: Vec<f64> = runs.iter().map(f).collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
+    report(&args, &warm, &cold);
+    Ok(())
+}
+
+/// The median (of the two middle values for an even count) and the range.
+fn median_range(runs: &[Figures], f: impl Fn(&Figures) -> f64) -> (f64, f64, f64) {
+    let mut v: Vec<f64> = runs.iter().map(f).collect();
+    v.sort_by(f64::total_cmp);
+    let (Some(&low), Some(&high)) = (v.first(), v.last()) else { return (f64::NAN, f64::NAN, f64::NAN) };
+    let mid = v.len() / 2;
+    let median = if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 };
+    (median, low, high)
+}
+
+fn report(args: &Args, warm: &[Figures], cold: &[Figures]) {
+    let first_step = |f: &Figures| f.first_step.as_secs_f64();
     println!("demo run on the local model, {} rounds, warm and cold server starts alternated:", args.rounds);
-    for (name, runs) in [("warm server (Kiln)", &warm), ("cold server (baseline)", &cold)] {
+    for (name, runs) in [("warm server (Kiln)", warm), ("cold server (baseline)", cold)] {
+        let (median, low, high) = median_range(runs, first_step);
         println!(
-            "{name:24} first step {:>5.1} s (median)   first-step prompt tokens {:>5.0}   per step, each run: {:?}",
-            median(runs, &|f| f.first_step.as_secs_f64()),
-            median(runs, &|f| f.prompt_tokens.first().copied().unwrap_or(0.0)),
+            "{name:24} first step {median:>5.1} s (median; {low:.1}..{high:.1})   first-step prompt tokens {:>5.0}   \
+             per step, each run: {:?}",
+            median_range(runs, |f| f.prompt_tokens.first().copied().unwrap_or(0.0)).0,
             runs.iter().map(|f| f.prompt_tokens.clone()).collect::<Vec<_>>()
         );
     }
-    let ratio = median(&warm, &|f| f.first_step.as_secs_f64()) / median(&cold, &|f| f.first_step.as_secs_f64());
-    println!("first step, warm / cold: {ratio:.2}x");
-    Ok(())
+    let per_round: Vec<String> =
+        warm.iter().zip(cold).map(|(w, c)| format!("{:.2}", first_step(w) / first_step(c))).collect();
+    let ratio = median_range(warm, first_step).0 / median_range(cold, first_step).0;
+    println!("first step, warm / cold: {ratio:.2}x (medians; per round {})", per_round.join(", "));
 }
 
 fn tempfile_dir() -> anyhow::Result<PathBuf> {
@@ -139,7 +155,7 @@ async fn demo_run(args: &Args, db_url: &str, server: &LocalModel, repo_url: &str
         ("KILN_SANDBOX_IMAGE", args.kiln.image.clone()),
         ("KILN_SANDBOX_WARM", "0".to_owned()),
     ];
-    let mut kiln = Kiln::start(&args.kiln.kiln, db_url, &env).await?;
+    let mut kiln = Kiln::start(&args.kiln.binary()?, db_url, &env).await?;
     let body = json!({
         "prompt": PROMPT,
         "repo": {"url": repo_url},

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use kiln_bench_sandbox::kiln::{Kiln, KilnArgs};
+use kiln_bench_sandbox::kiln::{Kiln, KilnArgs, build_profile};
 use kiln_bench_sandbox::setup;
 use kiln_protocol::{EventBody, Usage};
 use kiln_scripted_model::{Reply, ScriptedModel};
@@ -69,6 +69,8 @@ impl Figures {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let kiln = args.kiln.binary()?;
+    println!("kiln: {} ({} build)", kiln.display(), build_profile(&kiln));
     let mut on = Vec::new();
     let mut off = Vec::new();
     for round in 0..args.rounds {
@@ -142,7 +144,7 @@ async fn run_on(args: &Args, db_url: &str, cache: bool) -> anyhow::Result<Figure
         ("KILN_SANDBOX_IMAGE", args.kiln.image.clone()),
         ("KILN_SANDBOX_WARM", "0".to_owned()),
     ];
-    let mut kiln = Kiln::start(&args.kiln.kiln, db_url, &env).await?;
+    let mut kiln = Kiln::start(&args.kiln.binary()?, db_url, &env).await?;
     let started = Instant::now();
     let body = json!({"prompt": "Echo each step.", "limits": {"max_steps": args.steps + 2, "timeout_s": 600}});
     let result = async {
