@@ -105,21 +105,20 @@ impl Store {
         // have taken these rows and not yet finished these runs. So mark
         // only the runs this batch looked at, and only those that really
         // have no event left before their terminal one.
-        let runs = client
-            .execute(
-                concat!(
-                    "UPDATE runs r SET events_pruned_at = now()
-                 WHERE r.id = ANY($1) AND r.events_pruned_at IS NULL
-                   AND NOT EXISTS (
-                       SELECT 1 FROM events e
-                       WHERE e.run_id = r.id
-                         AND e.seq < (SELECT min(t.seq) FROM events t WHERE t.run_id = r.id AND t.kind IN ",
-                    terminal_kinds!(),
-                    "))"
-                ),
-                &[&examined],
-            )
-            .await?;
+        let runs = client.execute(MARK_PRUNED, &[&examined]).await?;
         Ok(Pruned { events: 0, runs })
     }
 }
+
+/// Marks the runs `$1` pruned that have no event left before their
+/// terminal one.
+const MARK_PRUNED: &str = concat!(
+    "UPDATE runs r SET events_pruned_at = now()
+     WHERE r.id = ANY($1) AND r.events_pruned_at IS NULL
+       AND NOT EXISTS (
+           SELECT 1 FROM events e
+           WHERE e.run_id = r.id
+             AND e.seq < (SELECT min(t.seq) FROM events t WHERE t.run_id = r.id AND t.kind IN ",
+    terminal_kinds!(),
+    "))"
+);

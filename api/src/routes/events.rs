@@ -36,7 +36,7 @@ use uuid::Uuid;
 use crate::auth::Subject;
 use crate::event_reads::{BATCH, page_bytes};
 use crate::extract::{ApiQuery, RunIdPath};
-use crate::feed::{Batch, Joined, sse_event};
+use crate::feed::{Batch, FedEvent, Joined, sse_event};
 use crate::limits::SseSlot;
 use crate::{ApiError, AppState};
 
@@ -257,18 +257,8 @@ fn event_stream(
                     // Shutting down: end the stream; the client resumes elsewhere.
                     FeedNews::Shutdown => return,
                 };
-                // The events that continue exactly after `after` (those at
-                // or before it were sent already); an event the feed
-                // skipped sends the stream to the table.
-                let mut gap = false;
-                for ev in batch.iter() {
-                    if ev.seq <= after {
-                        continue;
-                    }
-                    if ev.seq != after + 1 {
-                        gap = true;
-                        break;
-                    }
+                let (next, gap) = continuing(&batch, after);
+                for ev in next {
                     after = ev.seq;
                     yield Ok(ev.sse.clone());
                     if ev.terminal {
@@ -375,4 +365,42 @@ fn table_read(
     after: i64,
 ) -> Pin<Box<impl Future<Output = Result<EventBatch, StoreError>> + '_>> {
     Box::pin(state.store.events_page(run_id, after, BATCH, page_bytes(state)))
+}
+
+/// The events of a feed's batch (consecutive, in seq order) that continue
+/// exactly after `after` (those at or before it were sent already), and
+/// whether a gap follows them: an event the feed skipped, which the stream
+/// then reads from the table. A slice of the batch: nothing is allocated
+/// per stream.
+fn continuing(batch: &[FedEvent], after: i64) -> (&[FedEvent], bool) {
+    let rest = &batch[batch.partition_point(|ev| ev.seq <= after)..];
+    let next = rest.iter().zip(after + 1..).take_while(|(ev, want)| ev.seq == *want).count();
+    (&rest[..next], next < rest.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(seqs: &[i64]) -> Vec<FedEvent> {
+        seqs.iter().map(|&seq| FedEvent { seq, terminal: false, sse: Event::default() }).collect()
+    }
+
+    fn seqs(events: &[FedEvent]) -> Vec<i64> {
+        events.iter().map(|e| e.seq).collect()
+    }
+
+    #[test]
+    fn a_batch_continues_after_what_was_sent_and_stops_at_a_gap() {
+        let b = batch(&[3, 4, 5, 6]);
+        let (next, gap) = continuing(&b, 4);
+        assert_eq!((seqs(next), gap), (vec![5, 6], false));
+        let (next, gap) = continuing(&b, 6);
+        assert_eq!((seqs(next), gap), (vec![], false), "all sent already");
+        let (next, gap) = continuing(&b, 1);
+        assert_eq!((seqs(next), gap), (vec![], true), "seq 2 was skipped");
+        let b = batch(&[5, 6, 8]);
+        let (next, gap) = continuing(&b, 4);
+        assert_eq!((seqs(next), gap), (vec![5, 6], true), "seq 7 was skipped");
+    }
 }
