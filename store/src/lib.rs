@@ -5,6 +5,7 @@
 //! [`Lease`] (run id, attempt, worker) and only land while that lease is the
 //! current one, so a worker that lost its run can no longer change it.
 
+mod admission;
 mod attempts;
 mod callbacks;
 mod changes;
@@ -95,8 +96,10 @@ pub struct Store {
     /// Where a worker's lock connection goes (`presence`): the database's
     /// own address unless told otherwise ([`Store::with_presence_url`]).
     presence_config: tokio_postgres::Config,
-    /// Queues an owner's submissions before they take a connection.
+    /// Queues an owner's groups of attempts before they take a connection.
     owner_gate: std::sync::Arc<owner_gate::OwnerGate>,
+    /// An owner's single submissions, admitted together by its quota.
+    admission_lines: admission::Lines,
     /// Sends the NOTIFYs of the hot writes after their commit.
     notifier: std::sync::Arc<notifier::Notifier>,
     /// Ends of this process's runs that go to the database together.
@@ -165,6 +168,7 @@ impl Store {
             presence_config: config.clone(),
             config,
             owner_gate: Default::default(),
+            admission_lines: Default::default(),
             notifier,
             end_batcher: Default::default(),
         })

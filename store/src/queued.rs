@@ -2,11 +2,10 @@
 //! `run.queued` event, whatever queued it (a client, a GitHub mention, a
 //! message to a finished run or one its end left unread).
 
-use kiln_protocol::{CreateRun, EventBody, RepoSpec, Run, Trigger};
+use kiln_protocol::{CreateRun, EventBody, RepoSpec, Trigger};
 use uuid::Uuid;
 
 use crate::StoreError;
-use crate::rows::run_from_row;
 
 /// What the API hands the store to create a run.
 #[derive(Debug, Clone)]
@@ -90,58 +89,63 @@ static IN_NEW_SESSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
 /// A follow-up, in the session `$2`.
 static IN_SESSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| insert_statement("SELECT $2::uuid AS id"));
 
-/// A first run admitted by its subject's quota, in one autocommitted
-/// statement that takes the subject's lock (`kiln_quota_check`,
-/// migrations/V27), counts, inserts and answers the run as inserted: the
-/// lock is held for that one round trip, not across a read-back and a
-/// commit. `$15` and `$16` are the quota's limits. The run comes before its
-/// session so that a run lost to an idempotency key leaves no session
-/// behind (the foreign key is checked at the statement's end). Answers one
-/// row: the run's [`RUN_COLUMNS`](crate::rows::RUN_COLUMNS), all null when
-/// refused or when the key is taken, then the counts the check saw. The
-/// session's repository is `$13`/`$14` (a statement does not see its own
-/// inserts); a single run has no attempts.
-static ADMITTED_IN_NEW_SESSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+/// First runs admitted together by their subject's quota (`admission`), in
+/// one autocommitted statement that takes the subject's lock
+/// (`kiln_quota_check`, migrations/V27), counts, inserts as many as fit in
+/// their order and answers them as inserted: the lock is held for that one
+/// statement and its commit. `$1` is the owner, `$2` to `$14` one array per
+/// column of the candidates ([`CandidateColumns`]), `$15` and `$16` the
+/// quota's limits. The runs come before their sessions so that a run lost
+/// to an idempotency key leaves no session behind (the foreign key is
+/// checked at the statement's end). Answers one row per candidate: the
+/// run's [`RUN_COLUMNS`](crate::rows::RUN_COLUMNS), all null when refused
+/// or when its key was taken, then the counts the check saw, the
+/// candidate's place (from 1) and whether the quota admitted it. A single
+/// run has no attempts.
+pub(crate) static ADMIT_TOGETHER: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     "WITH q AS (
-         SELECT * FROM kiln_quota_check($3)
+         SELECT * FROM kiln_quota_check($1)
+     ), b AS (
+         SELECT * FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::jsonb[], $6::jsonb[], $7::text[], $8::text[],
+                              $9::jsonb[], $10::text[], $11::text[], $12::jsonb[], $13::text[], $14::text[])
+             WITH ORDINALITY AS b(id, session_id, prompt, model, limits, trigger, idempotency_key, policy,
+                                  callback_url, kind, payload, repo_url, repo_ref, n)
+     ), a AS (
+         SELECT b.*, b.n <= LEAST($15 - q.active_runs, $16 - q.recent_runs) AS admitted FROM b, q
      ), r AS (
          INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, idempotency_key,
                            policy, callback_url, last_event_seq)
-         SELECT $1, $2, $3, 'queued', $4, $5, $6, $7, $8, $9, $10, 1 FROM q
-         WHERE q.active_runs < $15 AND q.recent_runs < $16
+         SELECT id, session_id, $1, 'queued', prompt, model, limits, trigger, idempotency_key, policy,
+                callback_url, 1
+         FROM a WHERE admitted
          ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
          RETURNING *
      ), s AS (
-         INSERT INTO sessions (id, owner, repo_url, repo_ref) SELECT $2, $3, $13, $14 FROM r
+         INSERT INTO sessions (id, owner, repo_url, repo_ref)
+         SELECT a.session_id, $1, a.repo_url, a.repo_ref FROM a JOIN r ON r.id = a.id
      ), e AS (
-         INSERT INTO events (run_id, seq, kind, payload) SELECT id, 1, $11, $12 FROM r
+         INSERT INTO events (run_id, seq, kind, payload) SELECT a.id, 1, a.kind, a.payload FROM a JOIN r ON r.id = a.id
      )
-     SELECT r.id, r.session_id, r.status, r.prompt, $13::text, $14::text,
+     SELECT r.id, r.session_id, r.status, r.prompt, a.repo_url, a.repo_ref,
             r.model, r.limits, r.trigger, r.attempt, r.cancel_requested, r.created_at, r.started_at,
             r.finished_at, r.result, r.error, r.last_event_seq, r.policy, r.callback_url, r.parent_run_id,
             r.agent_path, r.group_run_id, r.attempt_number, r.selected_attempt, NULL::uuid[],
-            q.active_runs, q.recent_runs, q.retry_after_s
-     FROM q LEFT JOIN r ON true"
+            q.active_runs, q.recent_runs, q.retry_after_s, a.n, a.admitted
+     FROM a CROSS JOIN q LEFT JOIN r ON r.id = a.id"
         .to_owned()
 });
 
-/// Where the quota's counts start in a row of [`ADMITTED_IN_NEW_SESSION`]:
-/// after the run's columns.
-const ADMISSION_COUNTS_AT: usize = 25;
+/// Where the quota's counts start in a row of [`ADMIT_TOGETHER`]: after
+/// the run's columns (then the candidate's place and whether it was
+/// admitted).
+pub(crate) const ADMISSION_COUNTS_AT: usize = 25;
 
 /// The quota's limits (`runs::Quota`'s, passed apart so that this module
 /// and `runs` do not import each other).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct QuotaLimits {
     pub max_active_runs: i64,
     pub max_runs_per_minute: i64,
-}
-
-/// What the quota check of [`insert_admitted_run`] saw, and the run as
-/// inserted (queued) when it was.
-pub(crate) struct Admission {
-    pub counts: QuotaCounts,
-    pub run: Option<Run>,
 }
 
 /// A subject's runs as the quota check counted them.
@@ -159,30 +163,107 @@ impl QuotaCounts {
     }
 }
 
-/// Inserts `run`, a first run, with its session and `run.queued` event when
-/// its owner is under `quota`: check, insert and the run's read-back in one
-/// statement, committed on its own (`client` must not be in a transaction:
-/// the subject's lock lasts as long as the statement's).
-pub(crate) async fn insert_admitted_run(
-    client: &deadpool_postgres::Client,
-    run: &QueuedRun<'_>,
-    limits: QuotaLimits,
-) -> Result<Admission, StoreError> {
-    if !matches!(run.session, Session::New { .. }) {
-        return Err(StoreError::Corrupt("a follow-up is admitted in its own transaction".into()));
+/// A first run waiting for its subject's quota (`admission`): what its
+/// insert binds, owned, its ids chosen.
+pub(crate) struct Candidate {
+    run_id: Uuid,
+    session_id: Uuid,
+    prompt: String,
+    model: serde_json::Value,
+    limits: serde_json::Value,
+    trigger: &'static str,
+    idempotency_key: Option<String>,
+    policy: serde_json::Value,
+    callback_url: Option<String>,
+    kind: String,
+    payload: serde_json::Value,
+    repo_url: Option<String>,
+    repo_ref: Option<String>,
+}
+
+impl Candidate {
+    /// `run`, a first run (a follow-up is admitted in its own transaction).
+    pub(crate) fn of(run: &QueuedRun<'_>) -> Result<Self, StoreError> {
+        if !matches!(run.session, Session::New { .. }) {
+            return Err(StoreError::Corrupt("a follow-up is admitted in its own transaction".into()));
+        }
+        let values = InsertValues::of(run)?;
+        Ok(Candidate {
+            run_id: values.run_id,
+            session_id: values.session_id,
+            prompt: run.prompt.to_owned(),
+            model: run.model.clone(),
+            limits: run.limits.clone(),
+            trigger: values.trigger,
+            idempotency_key: run.idempotency_key.map(str::to_owned),
+            policy: run.policy.clone(),
+            callback_url: run.callback_url.map(str::to_owned),
+            kind: values.kind,
+            payload: values.payload,
+            repo_url: values.repo_url.map(str::to_owned),
+            repo_ref: values.repo_ref.map(str::to_owned),
+        })
     }
-    let values = InsertValues::of(run)?;
-    let mut params = values.params().to_vec();
-    params.extend([&limits.max_active_runs as &(dyn tokio_postgres::types::ToSql + Sync), &limits.max_runs_per_minute]);
-    let insert = client.prepare_cached(&ADMITTED_IN_NEW_SESSION).await?;
-    let row = client.query_one(&insert, &params).await?;
-    let inserted: Option<Uuid> = row.try_get(0)?;
-    let run = inserted.map(|_| run_from_row(&row)).transpose()?;
-    Ok(Admission { counts: QuotaCounts::from_row(&row, ADMISSION_COUNTS_AT)?, run })
+}
+
+/// Candidates as [`ADMIT_TOGETHER`]'s arrays, `$2` to `$14`.
+pub(crate) struct CandidateColumns<'a> {
+    run_ids: Vec<Uuid>,
+    session_ids: Vec<Uuid>,
+    prompts: Vec<&'a str>,
+    models: Vec<&'a serde_json::Value>,
+    limits: Vec<&'a serde_json::Value>,
+    triggers: Vec<&'static str>,
+    idempotency_keys: Vec<Option<&'a str>>,
+    policies: Vec<&'a serde_json::Value>,
+    callback_urls: Vec<Option<&'a str>>,
+    kinds: Vec<&'a str>,
+    payloads: Vec<&'a serde_json::Value>,
+    repo_urls: Vec<Option<&'a str>>,
+    repo_refs: Vec<Option<&'a str>>,
+}
+
+impl<'a> CandidateColumns<'a> {
+    pub(crate) fn of(candidates: &[&'a Candidate]) -> Self {
+        let each = candidates.iter().copied();
+        CandidateColumns {
+            run_ids: each.clone().map(|c| c.run_id).collect(),
+            session_ids: each.clone().map(|c| c.session_id).collect(),
+            prompts: each.clone().map(|c| c.prompt.as_str()).collect(),
+            models: each.clone().map(|c| &c.model).collect(),
+            limits: each.clone().map(|c| &c.limits).collect(),
+            triggers: each.clone().map(|c| c.trigger).collect(),
+            idempotency_keys: each.clone().map(|c| c.idempotency_key.as_deref()).collect(),
+            policies: each.clone().map(|c| &c.policy).collect(),
+            callback_urls: each.clone().map(|c| c.callback_url.as_deref()).collect(),
+            kinds: each.clone().map(|c| c.kind.as_str()).collect(),
+            payloads: each.clone().map(|c| &c.payload).collect(),
+            repo_urls: each.clone().map(|c| c.repo_url.as_deref()).collect(),
+            repo_refs: each.map(|c| c.repo_ref.as_deref()).collect(),
+        }
+    }
+
+    pub(crate) fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 13] {
+        [
+            &self.run_ids,
+            &self.session_ids,
+            &self.prompts,
+            &self.models,
+            &self.limits,
+            &self.triggers,
+            &self.idempotency_keys,
+            &self.policies,
+            &self.callback_urls,
+            &self.kinds,
+            &self.payloads,
+            &self.repo_urls,
+            &self.repo_refs,
+        ]
+    }
 }
 
 /// The values a queued run's insert binds, `$1` to `$14` of
-/// [`insert_statement`] and [`ADMITTED_IN_NEW_SESSION`].
+/// [`insert_statement`] (and, owned, of a [`Candidate`]).
 struct InsertValues<'a> {
     run: &'a QueuedRun<'a>,
     run_id: Uuid,

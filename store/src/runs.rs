@@ -5,8 +5,9 @@ use chrono::{DateTime, Datelike, Utc};
 use kiln_protocol::{EventBody, Run, RunStatus};
 use uuid::Uuid;
 
+use crate::admission::Verdict;
 use crate::events::insert_event_tx;
-use crate::queued::{NewRun, QueuedRun, QuotaCounts, QuotaLimits, insert_admitted_run, insert_queued_run_tx};
+use crate::queued::{Candidate, NewRun, QueuedRun, QuotaCounts, QuotaLimits, insert_queued_run_tx};
 use crate::rows::{RUN_COLUMNS, run_from_row};
 use crate::{Store, StoreError, channels};
 
@@ -121,40 +122,37 @@ impl Store {
     }
 
     /// A single run under `quota`: the check, the insert and the run as
-    /// inserted are one autocommitted statement
-    /// (`queued::insert_admitted_run`), so a subject's concurrent
-    /// submissions wait for one another only for that one round trip. The
-    /// answer is the run as created (queued), whatever a worker that
-    /// claims it at once does next.
+    /// inserted are one autocommitted statement, shared with the subject's
+    /// other submissions under way in this process (`admission`), so they
+    /// wait for one another for at most a statement, not a commit each. The
+    /// answer is the run as created (queued), whatever a worker that claims
+    /// it at once does next.
     async fn create_admitted_run(
         &self,
         new: &NewRun,
         quota: &Quota,
     ) -> Result<Result<(Run, bool), QuotaRefusal>, StoreError> {
         let single = single_attempt(new);
-        let queued = QueuedRun::first(&single)?;
-        let admission = {
-            // At most a few of one subject's submissions hold a connection
-            // while they wait for its lock; see `owner_gate`.
-            let _line = self.owner_gate.enter(&new.owner).await?;
-            let client = self.client().await?;
-            let limits =
-                QuotaLimits { max_active_runs: quota.max_active_runs, max_runs_per_minute: quota.max_runs_per_minute };
-            insert_admitted_run(&client, &queued, limits).await?
-        };
-        if let Some(refusal) = refusal(&admission.counts, quota) {
-            return Ok(Err(refusal));
+        let candidate = Candidate::of(&QueuedRun::first(&single)?)?;
+        let limits =
+            QuotaLimits { max_active_runs: quota.max_active_runs, max_runs_per_minute: quota.max_runs_per_minute };
+        match self.admission_lines.admit(self, &new.owner, limits, candidate).await? {
+            Verdict::Admitted(run) => {
+                self.announce_queued(run.id);
+                Ok(Ok((*run, true)))
+            }
+            Verdict::Refused(counts) => refusal(&counts, quota)
+                .map(Err)
+                .ok_or_else(|| StoreError::Corrupt("a submission refused under its quota".into())),
+            Verdict::KeyTaken => {
+                // Lost a race with a concurrent request carrying the same key.
+                let key = new.idempotency_key.as_deref().unwrap_or_default();
+                match self.run_by_idempotency_key(&new.owner, key).await? {
+                    Some(run) => Ok(Ok((run, false))),
+                    None => Err(StoreError::Corrupt("idempotency conflict without a run".into())),
+                }
+            }
         }
-        let Some(run) = admission.run else {
-            // Lost a race with a concurrent request carrying the same key.
-            let key = new.idempotency_key.as_deref().unwrap_or_default();
-            return match self.run_by_idempotency_key(&new.owner, key).await? {
-                Some(run) => Ok(Ok((run, false))),
-                None => Err(StoreError::Corrupt("idempotency conflict without a run".into())),
-            };
-        };
-        self.announce_queued(run.id);
-        Ok(Ok((run, true)))
     }
 
     async fn run_by_idempotency_key(&self, owner: &str, key: &str) -> Result<Option<Run>, StoreError> {
@@ -375,7 +373,10 @@ fn refusal(counts: &QuotaCounts, quota: &Quota) -> Option<QuotaRefusal> {
         return Some(QuotaRefusal::TooManyActive { limit: quota.max_active_runs });
     }
     if counts.recent >= quota.max_runs_per_minute {
-        let retry_after_s = counts.retry_after_s.unwrap_or(1.0).ceil().max(1.0) as u64;
+        // At most a minute: the count's clock is its transaction's start,
+        // which may come before a run it counts was created (a statement
+        // that waited for the subject's lock sees what committed meanwhile).
+        let retry_after_s = counts.retry_after_s.unwrap_or(1.0).ceil().clamp(1.0, 60.0) as u64;
         return Some(QuotaRefusal::TooFast { limit: quota.max_runs_per_minute, retry_after_s });
     }
     None

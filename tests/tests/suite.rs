@@ -8,6 +8,7 @@
 //! A file added here must be named below; `every_test_file_is_in_the_suite`
 //! fails until it is.
 
+mod admission;
 mod agent_loop;
 mod any_image;
 mod api;

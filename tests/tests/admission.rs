@@ -1,0 +1,207 @@
+//! One subject's submissions under way at once are admitted together
+//! (`store/src/admission.rs`): one statement, one count and one commit for
+//! those that wait while the subject's lock is held, each admitted in its
+//! turn, and a bad one failing only itself.
+//!
+//! Every test here holds the subject's quota lock (`kiln_quota_check`'s
+//! advisory lock, migrations/V27) from a connection of its own while the
+//! submissions arrive, so that they all wait, then lets it go.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use kiln_tests::{Options, TestApp, token};
+use reqwest::Response;
+use serde_json::json;
+
+const SENT: usize = 20;
+
+async fn limited(quota: kiln_store::Quota) -> TestApp {
+    let api = kiln_api::ApiSettings { quota, ..Default::default() };
+    TestApp::spawn(Options { worker: false, api, ..Default::default() }).await
+}
+
+async fn submit(app: &TestApp, sub: &str, prompt: &str) -> Response {
+    app.http.post(app.url("/v1/runs")).bearer_auth(token(sub)).json(&json!({"prompt": prompt})).send().await.unwrap()
+}
+
+/// A connection holding `subject`'s quota lock until [`Held::release`].
+struct Held(tokio_postgres::Client, String);
+
+impl Held {
+    async fn take(app: &TestApp, subject: &str) -> Held {
+        let client = app.sql().await;
+        client.execute("SELECT pg_advisory_lock(hashtextextended($1, 7))", &[&subject]).await.unwrap();
+        Held(client, subject.to_owned())
+    }
+
+    /// Waits until `n` statements of this database wait for an advisory
+    /// lock (the subject's, as nothing else here takes one).
+    async fn until_waiting(&self, n: i64) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let waiting: i64 = self
+                .0
+                .query_one(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+                     WHERE d.datname = current_database() AND l.locktype = 'advisory' AND NOT l.granted",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if waiting >= n {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{waiting} statements waiting for the lock, not {n}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn release(self) {
+        self.0.execute("SELECT pg_advisory_unlock(hashtextextended($1, 7))", &[&self.1]).await.unwrap();
+    }
+}
+
+/// Sends `SENT` submissions of `subject` while its lock is held, and answers
+/// their statuses once it is let go. The first submissions' statements wait
+/// for the lock in the database; the rest arrive while they wait.
+async fn submit_while_locked(app: &TestApp, subject: &str, prompts: Vec<String>) -> Vec<Response> {
+    let held = Held::take(app, subject).await;
+    let sent = tokio::spawn({
+        let (http, url, token) = (app.http.clone(), app.url("/v1/runs"), token(subject));
+        async move {
+            let each = prompts.iter().map(|p| http.post(&url).bearer_auth(&token).json(&json!({"prompt": p})).send());
+            join_all(each).await.into_iter().map(Result::unwrap).collect::<Vec<_>>()
+        }
+    });
+    held.until_waiting(1).await;
+    // The requests were all sent at once; give the API a moment to have
+    // them all in the subject's line. One that comes later only makes one
+    // more statement, which the bound below allows for.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    held.release().await;
+    sent.await.unwrap()
+}
+
+/// Transactions that inserted the subject's runs.
+async fn commits_of_runs(app: &TestApp, owner: &str) -> i64 {
+    app.sql()
+        .await
+        .query_one("SELECT count(DISTINCT xmin::text) FROM runs WHERE owner = $1", &[&owner])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Twenty submissions waiting on one subject go in a few statements, not
+/// one commit each; the quota still admits exactly its limit, in order, and
+/// the rest are refused with the limit they hit.
+#[tokio::test]
+async fn a_subjects_waiting_submissions_share_a_statement_and_its_commit() {
+    const LIMIT: i64 = 12;
+    let app = limited(kiln_store::Quota { max_active_runs: LIMIT, max_runs_per_minute: 1000 }).await;
+    let prompts = (0..SENT).map(|i| format!("task {i}")).collect();
+    let answers = submit_while_locked(&app, "alice", prompts).await;
+    let statuses: Vec<u16> = answers.iter().map(|r| r.status().as_u16()).collect();
+    assert_eq!(statuses.iter().filter(|&&s| s == 201).count(), LIMIT as usize, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|&&s| s == 429).count(), SENT - LIMIT as usize, "{statuses:?}");
+    for refused in answers.into_iter().filter(|r| r.status() == 429) {
+        assert!(refused.headers().get("retry-after").is_some());
+        let body: serde_json::Value = refused.json().await.unwrap();
+        assert!(body["error"]["message"].as_str().unwrap().contains("active runs"), "{body}");
+    }
+    let sql = app.sql().await;
+    let counts = sql
+        .query_one(
+            "SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM sessions),
+                    (SELECT count(*) FROM events WHERE seq = 1 AND kind = 'run.queued')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let counts: (i64, i64, i64) = (counts.get(0), counts.get(1), counts.get(2));
+    assert_eq!(counts, (LIMIT, LIMIT, LIMIT), "runs, sessions and queued events of the admitted only");
+    // Two statements waited for the lock (one each of the two a subject
+    // may have under way); the others went together once it was let go.
+    let commits = commits_of_runs(&app, "alice").await;
+    assert!(commits <= 4, "{LIMIT} runs admitted in {commits} commits");
+}
+
+/// The per-minute limit, counted the same way: the runs admitted before a
+/// refused one in its own statement count against it, and it is told to
+/// come back when the minute has passed.
+#[tokio::test]
+async fn a_statement_of_submissions_counts_its_own_runs_against_the_minute() {
+    const LIMIT: i64 = 7;
+    let app = limited(kiln_store::Quota { max_active_runs: 1000, max_runs_per_minute: LIMIT }).await;
+    let prompts = (0..SENT).map(|i| format!("task {i}")).collect();
+    let answers = submit_while_locked(&app, "bob", prompts).await;
+    let statuses: Vec<u16> = answers.iter().map(|r| r.status().as_u16()).collect();
+    assert_eq!(statuses.iter().filter(|&&s| s == 201).count(), LIMIT as usize, "{statuses:?}");
+    for refused in answers.into_iter().filter(|r| r.status() == 429) {
+        let retry_after: u64 = refused.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!((1..=60).contains(&retry_after), "retry after {retry_after} s");
+        let body: serde_json::Value = refused.json().await.unwrap();
+        assert!(body["error"]["message"].as_str().unwrap().contains("per minute"), "{body}");
+    }
+    assert!(commits_of_runs(&app, "bob").await <= 4);
+}
+
+/// A submission the database refuses fails alone: its statement is tried
+/// again one submission at a time, and the others are admitted.
+#[tokio::test]
+async fn a_submission_the_database_refuses_fails_only_itself() {
+    let app = limited(kiln_store::Quota { max_active_runs: 1000, max_runs_per_minute: 1000 }).await;
+    app.sql()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION test_refuse_poison() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN IF NEW.prompt = 'poison' THEN RAISE EXCEPTION 'poisoned'; END IF; RETURN NEW; END $$;
+             CREATE TRIGGER test_refuse_poison BEFORE INSERT ON runs
+                 FOR EACH ROW EXECUTE FUNCTION test_refuse_poison();",
+        )
+        .await
+        .unwrap();
+    let prompts = (0..SENT).map(|i| if i == SENT / 2 { "poison".into() } else { format!("task {i}") }).collect();
+    let answers = submit_while_locked(&app, "carol", prompts).await;
+    let statuses: Vec<u16> = answers.iter().map(|r| r.status().as_u16()).collect();
+    assert_eq!(statuses[SENT / 2], 500, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|&&s| s == 201).count(), SENT - 1, "{statuses:?}");
+    let runs: i64 = app.sql().await.query_one("SELECT count(*) FROM runs", &[]).await.unwrap().get(0);
+    assert_eq!(runs, SENT as i64 - 1);
+    // A submission after them is admitted: the line is not stuck.
+    assert_eq!(submit(&app, "carol", "after").await.status(), 201);
+}
+
+/// A client that goes away while its submission waits takes nobody else's
+/// with it: the statement it would have shared runs in a task of its own.
+#[tokio::test]
+async fn a_client_gone_mid_submission_cancels_nobody_elses() {
+    let app = limited(kiln_store::Quota { max_active_runs: 1000, max_runs_per_minute: 1000 }).await;
+    let held = Held::take(&app, "dave").await;
+    let first = tokio::spawn({
+        let (http, url, token) = (app.http.clone(), app.url("/v1/runs"), token("dave"));
+        async move { http.post(&url).bearer_auth(&token).json(&json!({"prompt": "gone"})).send().await }
+    });
+    held.until_waiting(1).await;
+    let others = tokio::spawn({
+        let app_http = app.http.clone();
+        let (url, token) = (app.url("/v1/runs"), token("dave"));
+        async move {
+            let each =
+                (0..5).map(|i| app_http.post(&url).bearer_auth(&token).json(&json!({"prompt": format!("{i}")})).send());
+            join_all(each).await.into_iter().map(|r| r.unwrap().status().as_u16()).collect::<Vec<_>>()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.abort();
+    let _ = first.await;
+    held.release().await;
+    assert_eq!(others.await.unwrap(), vec![201; 5]);
+    let runs: i64 = app.sql().await.query_one("SELECT count(*) FROM runs", &[]).await.unwrap().get(0);
+    // The one that went away may or may not have been admitted (its
+    // statement was already sent); the five are.
+    assert!((5..=6).contains(&runs), "{runs} runs");
+}
