@@ -165,6 +165,11 @@ pub fn schema_of<T: JsonSchema>() -> Value {
 #[derive(Clone)]
 pub struct Registry {
     tools: BTreeMap<String, Arc<dyn Tool>>,
+    /// The tools' definitions, made once: a run shows them to the model at
+    /// every step, and generating their JSON schemas each time was about a
+    /// tenth of a millisecond of the loop's own time per step (`bench/`,
+    /// loop_overhead).
+    specs: Arc<[ToolSpec]>,
 }
 
 impl Registry {
@@ -186,7 +191,15 @@ impl Registry {
     /// A registry of exactly these tools (benchmarks measure the loop with a
     /// no-op tool; a deployment uses [`Registry::standard`]).
     pub fn from_tools(tools: impl IntoIterator<Item = Arc<dyn Tool>>) -> Self {
-        Registry { tools: tools.into_iter().map(|t| (t.name().to_owned(), t)).collect() }
+        Self::of(tools.into_iter().map(|t| (t.name().to_owned(), t)).collect())
+    }
+
+    fn of(tools: BTreeMap<String, Arc<dyn Tool>>) -> Self {
+        let specs = tools
+            .values()
+            .map(|t| ToolSpec { name: t.name().into(), description: t.description().into(), input_schema: t.schema() })
+            .collect();
+        Registry { tools, specs }
     }
 
     /// These tools and `extra` (a run's MCP tools); a name already taken
@@ -196,7 +209,7 @@ impl Registry {
         for tool in extra {
             tools.entry(tool.name().to_owned()).or_insert(tool);
         }
-        Registry { tools }
+        Self::of(tools)
     }
 
     /// These tools for a sandbox whose commands run with `shell`: a
@@ -211,14 +224,12 @@ impl Registry {
             }
             _ => {}
         }
-        Registry { tools }
+        Self::of(tools)
     }
 
+    /// The tools' definitions, in the order of their names.
     pub fn specs(&self) -> Vec<ToolSpec> {
-        self.tools
-            .values()
-            .map(|t| ToolSpec { name: t.name().into(), description: t.description().into(), input_schema: t.schema() })
-            .collect()
+        self.specs.to_vec()
     }
 
     /// The names of the tools, in order.
@@ -273,5 +284,44 @@ mod tests {
         assert_eq!(props("grep"), ["case_insensitive", "context", "include", "literal", "path", "pattern"]);
         assert_eq!(props("todo"), ["items"]);
         assert_eq!(props("task"), ["agent", "description", "prompt"]);
+    }
+
+    /// A tool that counts how often its schema is asked for.
+    struct Counted(std::sync::atomic::AtomicUsize);
+
+    #[async_trait::async_trait]
+    impl Tool for Counted {
+        fn name(&self) -> &str {
+            "counted"
+        }
+        fn description(&self) -> &str {
+            "counts"
+        }
+        fn schema(&self) -> Value {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            schema_of::<ls::LsArgs>()
+        }
+        fn is_mutating(&self) -> bool {
+            false
+        }
+        async fn call(&self, _: &ToolContext<'_>, _: Value) -> Result<ToolOutcome, ToolFailure> {
+            Ok(ToolOutcome::error("not called here"))
+        }
+    }
+
+    #[test]
+    fn a_registrys_definitions_are_made_once_and_again_for_a_changed_registry() {
+        let counted = Arc::new(Counted(Default::default()));
+        let registry = Registry::from_tools([counted.clone() as Arc<dyn Tool>]);
+        for _ in 0..3 {
+            assert_eq!(registry.specs()[0].name, "counted");
+        }
+        assert_eq!(counted.0.load(std::sync::atomic::Ordering::SeqCst), 1, "made once, not per step");
+        let widened = registry.with([Arc::new(ls::Ls) as Arc<dyn Tool>]);
+        let names: Vec<String> = widened.specs().into_iter().map(|s| s.name).collect();
+        assert_eq!(names, ["counted", "ls"]);
+        let sh = Registry::standard().for_shell(Some(kiln_toolbox::protocol::SessionShell::Sh));
+        let bash = sh.specs().into_iter().find(|s| s.name == "bash").unwrap();
+        assert!(bash.description.contains("with sh"), "{}", bash.description);
     }
 }
