@@ -61,7 +61,7 @@ pub use lease::{HeartbeatOutcome, Lease, ReapedRun};
 pub use listen::{Listener, Notice};
 pub use presence::{DeadWorkers, LOCK_CLASS, PresenceSession, Registered};
 pub use queue_sql::{claim_statement, finish_and_claim_statement, finish_statement};
-pub use queued::NewRun;
+pub use queued::{NewRun, admission_statement};
 pub use retention::Pruned;
 pub use runs::{CancelOutcome, Cursor, Quota, QuotaRefusal, RunPage};
 pub use setup_lock::SetupLock;

@@ -205,3 +205,49 @@ async fn a_client_gone_mid_submission_cancels_nobody_elses() {
     // statement was already sent); the five are.
     assert!((5..=6).contains(&runs), "{runs} runs");
 }
+
+/// The statement that admits a subject's submissions is planned cheap, for
+/// any batch and whether Postgres plans it for the values or generically:
+/// costed like the cross join of the quota check's 1,000 rows (a set
+/// function's default estimate) with the candidates, it was compiled with
+/// JIT at every execution, about half a second each.
+#[tokio::test]
+async fn the_admission_statement_is_never_planned_for_jit() {
+    let app = limited(kiln_store::Quota { max_active_runs: 1000, max_runs_per_minute: 1000 }).await;
+    let sql = app.sql().await;
+    let jit_above: f64 = sql.query_one("SELECT current_setting('jit_above_cost')::float8", &[]).await.unwrap().get(0);
+    const N: usize = 64;
+    let ids = || (0..N).map(|_| uuid::Uuid::now_v7()).collect::<Vec<_>>();
+    let (run_ids, session_ids) = (ids(), ids());
+    let text = vec!["x"; N];
+    let json = vec![serde_json::json!({}); N];
+    let none: Vec<Option<&str>> = vec![None; N];
+    let trigger = vec!["api"; N];
+    let limit = 1000i64;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 16] = [
+        &"eve",
+        &run_ids,
+        &session_ids,
+        &text,
+        &json,
+        &json,
+        &trigger,
+        &none,
+        &json,
+        &none,
+        &text,
+        &json,
+        &none,
+        &none,
+        &limit,
+        &limit,
+    ];
+    let explain = format!("EXPLAIN (FORMAT JSON) {}", kiln_store::admission_statement());
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        sql.execute(&format!("SET plan_cache_mode = {mode}"), &[]).await.unwrap();
+        let plan: serde_json::Value = sql.query_one(&explain, &params).await.unwrap().get(0);
+        let cost = plan[0]["Plan"]["Total Cost"].as_f64().unwrap();
+        assert!(cost < jit_above, "{mode}: cost {cost}, JIT above {jit_above}");
+        assert!(plan[0].get("JIT").is_none(), "{mode}: {plan}");
+    }
+}
