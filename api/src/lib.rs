@@ -18,7 +18,6 @@ pub mod notice_router;
 pub mod openapi;
 mod routes;
 pub mod serve;
-mod stream_lifetime;
 pub mod stream_token;
 pub mod web;
 

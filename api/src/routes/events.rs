@@ -23,7 +23,7 @@ use axum::http::header::ACCEPT;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use kiln_protocol::StoredEvent;
 use kiln_protocol::event::is_terminal_kind;
 use kiln_protocol::rules::Range;
@@ -38,7 +38,6 @@ use crate::event_reads::{BATCH, page_bytes};
 use crate::extract::{ApiQuery, RunIdPath};
 use crate::feed::{Batch, FedEvent, Joined, sse_event};
 use crate::limits::SseSlot;
-use crate::stream_lifetime::Lifetime;
 use crate::{ApiError, AppState};
 
 /// `limit` of a JSON page.
@@ -173,9 +172,9 @@ pub async fn events(
     let keep_alive = KeepAlive::new().interval(state.settings.sse_keep_alive).text("keep-alive");
     // A stream ends after `sse_max_duration` however it is going; the client
     // resumes where it was, from any instance.
-    let lifetime = state.settings.sse_max_duration;
+    let lifetime = tokio::time::sleep(state.settings.sse_max_duration);
     let start = Start { page: opening.page, feed };
-    let events = Lifetime::new(event_stream(state, id, after, slot, start), lifetime);
+    let events = event_stream(state, id, after, slot, start).take_until(lifetime);
     Ok(Sse::new(events).keep_alive(keep_alive).into_response())
 }
 
