@@ -171,6 +171,16 @@ async fn admit_batch(store: &Store, owner: &str, batch: Vec<Waiting>) {
         Err(e) if batch.len() == 1 => {
             let _ = batch.into_iter().next().map(|w| w.reply.send(Err(e)));
         }
+        // No connection to be had (the pool timed out, or the database
+        // refused): nothing was sent, and each alone would wait for one
+        // again, one after the other, while new submissions queue behind
+        // them. Every one hears it is unavailable (503), as a lone
+        // submission would.
+        Err(StoreError::Unavailable(message)) => {
+            for waiting in batch {
+                let _ = waiting.reply.send(Err(StoreError::Unavailable(message.clone())));
+            }
+        }
         Err(e) => {
             tracing::debug!(error = %e, submissions = batch.len(), "a batch of submissions failed; each goes alone");
             for waiting in batch {

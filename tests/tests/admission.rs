@@ -251,3 +251,41 @@ async fn the_admission_statement_is_never_planned_for_jit() {
         assert!(plan[0].get("JIT").is_none(), "{mode}: {plan}");
     }
 }
+
+/// With no connection to be had, a statement's submissions all hear that
+/// the database is unavailable at once: tried again one at a time, each
+/// would wait out the pool's timeout (5 s) in turn. The "database" here is
+/// a loopback listener that accepts and never answers.
+#[tokio::test]
+async fn with_no_connection_to_be_had_a_statements_submissions_fail_together() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("postgres://kiln:kiln@{}/kiln", silent.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut accepted = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            accepted.push(socket);
+        }
+    });
+    let store = kiln_store::Store::connect(&url, 16).unwrap();
+    let quota = kiln_store::Quota { max_active_runs: 1000, max_runs_per_minute: 1000 };
+    let started = Instant::now();
+    let answers = join_all((0..SENT).map(|i| {
+        let store = store.clone();
+        async move {
+            let new = kiln_store::NewRun {
+                owner: "frank".into(),
+                spec: kiln_protocol::CreateRun::new(format!("task {i}")),
+                trigger: kiln_protocol::Trigger::Api,
+                idempotency_key: None,
+            };
+            store.create_run_within(new, Some(&quota)).await
+        }
+    }))
+    .await;
+    let elapsed = started.elapsed();
+    held.abort();
+    assert!(answers.iter().all(|a| a.as_ref().is_err_and(|e| e.is_unavailable())), "{answers:?}");
+    // Two statements' worth of waiting (the two a subject may have under
+    // way, then the rest together), not one per submission.
+    assert!(elapsed < Duration::from_secs(30), "{SENT} submissions took {elapsed:?}");
+}
