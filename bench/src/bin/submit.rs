@@ -38,8 +38,9 @@ struct Args {
     /// Rounds; each measures every figure once, in an order that alternates.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    /// Subjects the clients submit as (quotas serialise one subject's
-    /// submissions); one subject is measured too.
+    /// Subjects the clients submit as (a subject's submissions share its
+    /// quota lock; those waiting for it go in one statement); one subject is
+    /// measured too.
     #[arg(long, default_value_t = 32)]
     subjects: usize,
     /// The API's connection pool (`KILN_DB_POOL_SIZE`, default as deployed)
