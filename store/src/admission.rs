@@ -87,9 +87,11 @@ impl AdmissionLines {
         if start {
             tokio::spawn(flush(store.clone(), owner.to_owned()));
         }
-        // Only a statement's task dropped without answering (the runtime
-        // shutting down) gets here with nothing.
-        answer.await.map_err(|_| StoreError::Unavailable("the submission was abandoned: shutting down".into()))?
+        // Only a statement's task dropped without answering gets here with
+        // nothing: the runtime shutting down, or the task panicking.
+        answer.await.map_err(|_| {
+            StoreError::Unavailable("the submission was abandoned: its statement's task ended without an answer".into())
+        })?
     }
 
     /// Up to `MAX_BATCH` of `owner`'s waiting submissions that share the

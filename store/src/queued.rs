@@ -186,26 +186,31 @@ pub(crate) struct Candidate {
 }
 
 impl Candidate {
-    /// `run`, a first run (a follow-up is admitted in its own transaction).
-    pub(crate) fn of(run: &QueuedRun<'_>) -> Result<Self, StoreError> {
+    /// `run`, a first run (a follow-up is admitted in its own transaction),
+    /// taken whole so that its JSON settings move rather than copy.
+    pub(crate) fn of(run: QueuedRun<'_>) -> Result<Self, StoreError> {
         if !matches!(run.session, Session::New { .. }) {
             return Err(StoreError::Corrupt("a follow-up is admitted in its own transaction".into()));
         }
-        let values = InsertValues::of(run)?;
+        let values = InsertValues::of(&run)?;
+        let (run_id, session_id, trigger) = (values.run_id, values.session_id, values.trigger);
+        let (kind, payload) = (values.kind, values.payload);
+        let repo_url = values.repo_url.map(str::to_owned);
+        let repo_ref = values.repo_ref.map(str::to_owned);
         Ok(Candidate {
-            run_id: values.run_id,
-            session_id: values.session_id,
+            run_id,
+            session_id,
             prompt: run.prompt.to_owned(),
-            model: run.model.clone(),
-            limits: run.limits.clone(),
-            trigger: values.trigger,
+            model: run.model,
+            limits: run.limits,
+            trigger,
             idempotency_key: run.idempotency_key.map(str::to_owned),
-            policy: run.policy.clone(),
+            policy: run.policy,
             callback_url: run.callback_url.map(str::to_owned),
-            kind: values.kind,
-            payload: values.payload,
-            repo_url: values.repo_url.map(str::to_owned),
-            repo_ref: values.repo_ref.map(str::to_owned),
+            kind,
+            payload,
+            repo_url,
+            repo_ref,
         })
     }
 }

@@ -20,6 +20,12 @@ pub struct Quota {
     pub max_runs_per_minute: i64,
 }
 
+impl From<&Quota> for QuotaLimits {
+    fn from(quota: &Quota) -> Self {
+        QuotaLimits { max_active_runs: quota.max_active_runs, max_runs_per_minute: quota.max_runs_per_minute }
+    }
+}
+
 /// Why a run was not created.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum QuotaRefusal {
@@ -133,10 +139,8 @@ impl Store {
         quota: &Quota,
     ) -> Result<Result<(Run, bool), QuotaRefusal>, StoreError> {
         let single = single_attempt(new);
-        let candidate = Candidate::of(&QueuedRun::first(&single)?)?;
-        let limits =
-            QuotaLimits { max_active_runs: quota.max_active_runs, max_runs_per_minute: quota.max_runs_per_minute };
-        match self.admission_lines.admit(self, &new.owner, limits, candidate).await? {
+        let candidate = Candidate::of(QueuedRun::first(&single)?)?;
+        match self.admission_lines.admit(self, &new.owner, QuotaLimits::from(quota), candidate).await? {
             Verdict::Admitted(run) => {
                 self.announce_queued(run.id);
                 Ok(Ok((*run, true)))

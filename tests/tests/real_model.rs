@@ -210,7 +210,7 @@ fn assert_structure(events: &[Event]) {
     let steps = events.iter().filter(|e| is_step(e)).count() as u32;
     assert!((1..=MAX_STEPS).contains(&steps), "{steps} steps within max_steps {MAX_STEPS}: {k:?}");
 
-    let specs = Registry::standard().specs();
+    let specs = Registry::standard().specs().to_vec();
     let mut calls = 0;
     for (i, e) in events.iter().enumerate() {
         let EventBody::ToolCallReady { call_id: id, name, arguments } = &e.body else { continue };
@@ -407,7 +407,7 @@ async fn the_supervisor_restarts_a_local_model_server_that_dies() {
 
 #[test]
 fn schema_check_catches_bad_arguments() {
-    let spec = Registry::standard().specs().into_iter().find(|s| s.name == "bash").unwrap();
+    let spec = Registry::standard().specs().iter().find(|s| s.name == "bash").unwrap().clone();
     assert!(schema_errors(&spec.input_schema, &json!({"command": "ls"})).is_empty());
     assert!(!schema_errors(&spec.input_schema, &json!({})).is_empty());
     assert!(!schema_errors(&spec.input_schema, &json!({"command": 3})).is_empty());

@@ -489,10 +489,10 @@ fn shown_tools(
     use crate::tools::task;
     tools
         .specs()
-        .into_iter()
+        .iter()
         .filter(|spec| allows(&spec.name))
         .filter_map(|spec| match spec.name == task::NAME {
-            false => Some(spec),
+            false => Some(spec.clone()),
             true if offered.is_empty() => None,
             true => Some(task::spec_for(offered)),
         })

@@ -228,8 +228,8 @@ impl Registry {
     }
 
     /// The tools' definitions, in the order of their names.
-    pub fn specs(&self) -> Vec<ToolSpec> {
-        self.specs.to_vec()
+    pub fn specs(&self) -> &[ToolSpec] {
+        &self.specs
     }
 
     /// The names of the tools, in order.
@@ -268,7 +268,8 @@ mod tests {
 
     #[test]
     fn standard_tools_have_the_documented_names_and_arguments() {
-        let specs = Registry::standard().specs();
+        let registry = Registry::standard();
+        let specs = registry.specs();
         let props = |name: &str| {
             let s = specs.iter().find(|s| s.name == name).unwrap();
             let mut keys: Vec<String> = s.input_schema["properties"].as_object().unwrap().keys().cloned().collect();
@@ -318,10 +319,10 @@ mod tests {
         }
         assert_eq!(counted.0.load(std::sync::atomic::Ordering::SeqCst), 1, "made once, not per step");
         let widened = registry.with([Arc::new(ls::Ls) as Arc<dyn Tool>]);
-        let names: Vec<String> = widened.specs().into_iter().map(|s| s.name).collect();
+        let names: Vec<String> = widened.specs().iter().map(|s| s.name.clone()).collect();
         assert_eq!(names, ["counted", "ls"]);
         let sh = Registry::standard().for_shell(Some(kiln_toolbox::protocol::SessionShell::Sh));
-        let bash = sh.specs().into_iter().find(|s| s.name == "bash").unwrap();
+        let bash = sh.specs().iter().find(|s| s.name == "bash").unwrap();
         assert!(bash.description.contains("with sh"), "{}", bash.description);
     }
 }

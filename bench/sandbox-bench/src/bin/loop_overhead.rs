@@ -270,7 +270,7 @@ struct PlainPass {
 async fn plain_pass(sandbox: &Sandbox, steps: usize, system: &str) -> anyhow::Result<PlainPass> {
     let model = ScriptedModel::start(script(steps)).await.context("starting the scripted model")?;
     let provider = providers(&model)?.get(ProviderKind::OpenAi);
-    let tools = Registry::standard().specs();
+    let tools = Registry::standard().specs().to_vec();
     let cache_key = uuid::Uuid::new_v4().to_string();
     let mut messages = vec![Message::user("Run `true` with bash until told otherwise.")];
     let mut starts = Vec::new();
