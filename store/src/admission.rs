@@ -1,7 +1,7 @@
 //! One subject's submissions that arrive together are admitted together.
 //!
 //! A quota'd submission is one statement that takes its subject's lock
-//! (`kiln_quota_check`, migrations/V27), counts, inserts and commits:
+//! (`kiln_quota_check`, migrations/V29), counts, inserts and commits:
 //! exactness needs each submission to see the runs admitted before it, so
 //! the lock is held through the commit. One at a time, a subject's
 //! submissions would go one commit (a WAL flush) apart, whatever the
@@ -208,7 +208,8 @@ async fn admit_together(
     let columns = crate::queued::CandidateColumns::of(candidates);
     let mut params: Vec<&(dyn ToSql + Sync)> = vec![&owner];
     params.extend(columns.params());
-    params.extend([&limits.max_active_runs as &(dyn ToSql + Sync), &limits.max_runs_per_minute]);
+    let [max_active, max_recent] = limits.counted();
+    params.extend([&max_active as &(dyn ToSql + Sync), &max_recent]);
     let client = store.client().await?;
     let statement = client.prepare_cached(&ADMIT_TOGETHER).await?;
     let rows = client.query(&statement, &params).await?;

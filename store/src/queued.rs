@@ -91,11 +91,11 @@ static IN_SESSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| ins
 
 /// First runs admitted together by their subject's quota (`admission`), in
 /// one autocommitted statement that takes the subject's lock
-/// (`kiln_quota_check`, migrations/V27), counts, inserts as many as fit in
+/// (`kiln_quota_check`, migrations/V29), counts, inserts as many as fit in
 /// their order and answers them as inserted: the lock is held for that one
 /// statement and its commit. `$1` is the owner, `$2` to `$14` one array per
 /// column of the candidates ([`CandidateColumns`]), `$15` and `$16` the
-/// quota's limits. The runs come before their sessions so that a run lost
+/// quota's limits ([`QuotaLimits::counted`]). The runs come before their sessions so that a run lost
 /// to an idempotency key leaves no session behind (the foreign key is
 /// checked at the statement's end). Answers one row per candidate: the
 /// run's [`RUN_COLUMNS`](crate::rows::RUN_COLUMNS), all null when refused
@@ -106,16 +106,18 @@ pub(crate) static ADMIT_TOGETHER: std::sync::LazyLock<String> = std::sync::LazyL
     // `LIMIT 1`: the function is planned as answering 1,000 rows (a set
     // function's default), which the cross join with the candidates makes a
     // plan costly enough for Postgres to compile it with JIT on every
-    // execution (about half a second here); it answers one row.
+    // execution (about half a second here); it answers one row. A limit
+    // that is NULL is no limit: `LEAST` ignores it, and with both NULL
+    // every candidate is admitted.
     "WITH q AS (
-         SELECT * FROM kiln_quota_check($1) LIMIT 1
+         SELECT * FROM kiln_quota_check($1, $15, $16) LIMIT 1
      ), b AS (
          SELECT * FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::jsonb[], $6::jsonb[], $7::text[], $8::text[],
                               $9::jsonb[], $10::text[], $11::text[], $12::jsonb[], $13::text[], $14::text[])
              WITH ORDINALITY AS b(id, session_id, prompt, model, limits, trigger, idempotency_key, policy,
                                   callback_url, kind, payload, repo_url, repo_ref, n)
      ), a AS (
-         SELECT b.*, b.n <= LEAST($15 - q.active_runs, $16 - q.recent_runs) AS admitted FROM b, q
+         SELECT b.*, coalesce(b.n <= LEAST($15 - q.active_runs, $16 - q.recent_runs), true) AS admitted FROM b, q
      ), r AS (
          INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, idempotency_key,
                            policy, callback_url, last_event_seq)
@@ -150,6 +152,16 @@ pub(crate) const ADMISSION_COUNTS_AT: usize = 25;
 pub(crate) struct QuotaLimits {
     pub max_active_runs: i64,
     pub max_runs_per_minute: i64,
+}
+
+impl QuotaLimits {
+    pub(crate) const UNLIMITED: i64 = i64::MAX;
+
+    /// The limits as `kiln_quota_check` takes them (migrations/V29): each
+    /// counted up to itself, an unlimited one (`None`) not at all.
+    pub(crate) fn counted(self) -> [Option<i64>; 2] {
+        [self.max_active_runs, self.max_runs_per_minute].map(|limit| (limit != Self::UNLIMITED).then_some(limit))
+    }
 }
 
 /// A subject's runs as the quota check counted them.

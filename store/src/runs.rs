@@ -20,6 +20,12 @@ pub struct Quota {
     pub max_runs_per_minute: i64,
 }
 
+impl Quota {
+    /// A limit that is no limit: not counted, and with both limits so, a
+    /// submission takes no per-subject lock.
+    pub const UNLIMITED: i64 = QuotaLimits::UNLIMITED;
+}
+
 impl From<&Quota> for QuotaLimits {
     fn from(quota: &Quota) -> Self {
         QuotaLimits { max_active_runs: quota.max_active_runs, max_runs_per_minute: quota.max_runs_per_minute }
@@ -357,8 +363,9 @@ fn single_attempt(new: &NewRun) -> std::borrow::Cow<'_, NewRun> {
     std::borrow::Cow::Owned(single)
 }
 
-/// Counts `owner`'s active and recent runs under a per-owner lock, held to
-/// the end of the caller's transaction (`kiln_quota_check`, migrations/V27).
+/// Counts `owner`'s active and recent runs, each up to its limit, under a
+/// per-owner lock held to the end of the caller's transaction
+/// (`kiln_quota_check`, migrations/V29).
 pub(crate) async fn check_quota_tx(
     tx: &deadpool_postgres::Transaction<'_>,
     owner: &str,
@@ -366,8 +373,9 @@ pub(crate) async fn check_quota_tx(
 ) -> Result<Option<QuotaRefusal>, StoreError> {
     // Prepared once per connection, like every statement of a submission:
     // an unprepared one costs a second round trip.
-    let check = tx.prepare_cached("SELECT * FROM kiln_quota_check($1)").await?;
-    let row = tx.query_one(&check, &[&owner]).await?;
+    let check = tx.prepare_cached("SELECT * FROM kiln_quota_check($1, $2, $3)").await?;
+    let [max_active, max_recent] = QuotaLimits::from(quota).counted();
+    let row = tx.query_one(&check, &[&owner, &max_active, &max_recent]).await?;
     Ok(refusal(&QuotaCounts::from_row(&row, 0)?, quota))
 }
 

@@ -3,9 +3,11 @@
 //! those that wait while the subject's lock is held, each admitted in its
 //! turn, and a bad one failing only itself.
 //!
-//! Every test here holds the subject's quota lock (`kiln_quota_check`'s
-//! advisory lock, migrations/V27) from a connection of its own while the
-//! submissions arrive, so that they all wait, then lets it go.
+//! Most tests here hold the subject's quota lock (`kiln_quota_check`'s
+//! advisory lock, migrations/V27 and V29) from a connection of its own
+//! while the submissions arrive, so that they all wait, then let it go. The
+//! last two check what the quota check costs: what it reads, and that it
+//! takes no lock when there is nothing to count.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -288,4 +290,97 @@ async fn with_no_connection_to_be_had_a_statements_submissions_fail_together() {
     // Two statements' worth of waiting (the two a subject may have under
     // way, then the rest together), not one per submission.
     assert!(elapsed < Duration::from_secs(30), "{SENT} submissions took {elapsed:?}");
+}
+
+/// Rows of `runs` and its indexes this connection's transaction has read.
+async fn rows_read(sql: &tokio_postgres::Transaction<'_>) -> i64 {
+    sql.query_one(
+        "SELECT pg_stat_get_xact_tuples_returned('runs'::regclass)
+              + (SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid))::bigint FROM pg_index
+                 WHERE indrelid = 'runs'::regclass)",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// A quota check reads what its limits need, not the subject's backlog: a
+/// subject with 3,000 queued runs, all made in the last minute (runs the
+/// quota did not count: from before a lower limit, or a worker's), is
+/// refused as before, and the admission statement reads at most its limits'
+/// worth of rows. Counting them all cost ~5 ms a submission at 10,000.
+#[tokio::test]
+async fn a_backlog_past_the_limits_costs_a_check_no_more_than_its_limits() {
+    const ACTIVE: i64 = 20;
+    const PER_MINUTE: i64 = 60;
+    const BACKLOG: i64 = 3_000;
+    let app = limited(kiln_store::Quota { max_active_runs: ACTIVE, max_runs_per_minute: PER_MINUTE }).await;
+    let mut sql = app.sql().await;
+    sql.batch_execute(&format!(
+        "INSERT INTO sessions (id, owner) VALUES ('00000000-0000-0000-0000-000000000001', 'grace');
+         INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, policy, trigger, last_event_seq)
+             SELECT gen_random_uuid(), '00000000-0000-0000-0000-000000000001', owner, 'queued', 'old', '{{}}', '{{}}',
+                    '{{}}', 'api', 1
+             FROM generate_series(1, {BACKLOG}), (VALUES ('grace'), ('someone else')) AS o(owner);
+         -- As autovacuum would (a table is analyzed after a tenth of it
+         -- changes): without statistics Postgres guesses a handful of rows
+         -- and reads the index with a bitmap, which takes every entry
+         -- before the limit can stop it.
+         ANALYZE runs;"
+    ))
+    .await
+    .unwrap();
+    let refused = submit(&app, "grace", "one more").await;
+    assert_eq!(refused.status(), 429);
+    assert!(refused.text().await.unwrap().contains("active runs"));
+
+    let limit = |n: i64| Some(n);
+    let (run_ids, session_ids) = (vec![uuid::Uuid::now_v7()], vec![uuid::Uuid::now_v7()]);
+    let (text, json, none, trigger) = (vec!["x"], vec![json!({})], vec![None::<&str>], vec!["api"]);
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 16] = [
+        &"grace",
+        &run_ids,
+        &session_ids,
+        &text,
+        &json,
+        &json,
+        &trigger,
+        &none,
+        &json,
+        &none,
+        &text,
+        &json,
+        &none,
+        &none,
+        &limit(ACTIVE),
+        &limit(PER_MINUTE),
+    ];
+    let tx = sql.transaction().await.unwrap();
+    let before = rows_read(&tx).await;
+    let rows = tx.query(&kiln_store::admission_statement(), &params).await.unwrap();
+    let read = rows_read(&tx).await - before;
+    let admitted: bool = rows[0].get(rows[0].len() - 1);
+    assert!(!admitted, "the backlog is past the limit");
+    // A few times the limits at most (a scan passes the other subject's
+    // rows beside this one's), where counting the backlog read 6,000.
+    assert!(read <= 3 * (ACTIVE + PER_MINUTE), "the check read {read} rows for limits of {ACTIVE} and {PER_MINUTE}");
+    tx.rollback().await.unwrap();
+}
+
+/// With no limits there is nothing to count: a submission takes no
+/// per-subject lock, so one whose subject's lock is held elsewhere goes
+/// through at once (with a limit it waits for the lock, as the tests above
+/// rely on).
+#[tokio::test]
+async fn with_no_limits_a_submission_takes_no_subject_lock() {
+    let unlimited = kiln_store::Quota::UNLIMITED;
+    let app = limited(kiln_store::Quota { max_active_runs: unlimited, max_runs_per_minute: unlimited }).await;
+    let held = Held::take(&app, "heidi").await;
+    let answer = tokio::time::timeout(Duration::from_secs(10), submit(&app, "heidi", "no quota")).await;
+    held.release().await;
+    let answer = answer.expect("a submission without limits waited for its subject's lock");
+    assert_eq!(answer.status(), 201);
+    let runs: i64 = app.sql().await.query_one("SELECT count(*) FROM runs", &[]).await.unwrap().get(0);
+    assert_eq!(runs, 1);
 }

@@ -16,8 +16,8 @@
 //!
 //! The better of the two in each round is the baseline Kiln is compared
 //! with. Neither does what the API does besides (HTTP, the JWT, the body's
-//! validation, the quota check under a per-subject lock): that is Kiln's
-//! cost over the database's.
+//! validation, and with `--limits` a number, the quota check under a
+//! per-subject lock): that is Kiln's cost over the database's.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -50,6 +50,15 @@ struct Args {
     /// The `kiln` binary (default: target/release/kiln, else target/debug/kiln).
     #[arg(long)]
     kiln: Option<PathBuf>,
+    /// Both per-subject limits of the API (`KILN_MAX_ACTIVE_RUNS_PER_SUBJECT`,
+    /// `KILN_MAX_RUNS_PER_MINUTE`). `unlimited` (the default): no quota, so
+    /// nothing is counted. A number above what the run reaches (say
+    /// 1000000000) measures the quota check itself: each count stops only at
+    /// its limit, so here it counts every run of the subject's backlog and
+    /// minute, thousands, which a deployment whose limits are reached
+    /// (20 and 60 by default) never counts.
+    #[arg(long, default_value = "unlimited")]
+    limits: String,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -76,24 +85,25 @@ async fn main() -> anyhow::Result<()> {
     let kiln = kiln_binary(args.kiln.as_deref())?;
     let duration = Duration::from_secs(args.seconds);
     println!(
-        "submission: {} s per figure, {} rounds; API: {} serve, {} HTTP clients, pool {}; baselines: {} connections",
+        "submission: {} s per figure, {} rounds; API: {} serve, {} HTTP clients, pool {}, limits {}; baselines: {} connections",
         args.seconds,
         args.rounds,
         kiln.display(),
         args.concurrency,
         args.pool,
+        args.limits,
         args.pool
     );
     let (url, _) = database().await?;
-    // `kiln serve` as deployed, but with quotas out of reach: the benchmark
-    // measures the quota check's cost, not its refusals.
+    // `kiln serve` as deployed, but with quotas that refuse nothing: the
+    // benchmark measures admission, not refusals.
     let api = Server::kiln_serve(
         &kiln,
         &url,
         &[
             ("KILN_DB_POOL_SIZE", args.pool.to_string()),
-            ("KILN_MAX_ACTIVE_RUNS_PER_SUBJECT", i64::MAX.to_string()),
-            ("KILN_MAX_RUNS_PER_MINUTE", i64::MAX.to_string()),
+            ("KILN_MAX_ACTIVE_RUNS_PER_SUBJECT", args.limits.clone()),
+            ("KILN_MAX_RUNS_PER_MINUTE", args.limits.clone()),
         ],
     )
     .await?;

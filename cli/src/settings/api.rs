@@ -14,11 +14,14 @@ pub struct ApiArgs {
     /// Largest request body, in bytes.
     #[arg(long, env = "KILN_MAX_BODY_BYTES", default_value_t = kiln_api::DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
-    /// Runs one subject may have queued or running at once (429 beyond).
-    #[arg(long, env = "KILN_MAX_ACTIVE_RUNS_PER_SUBJECT", default_value_t = 20)]
+    /// Runs one subject may have queued or running at once (429 beyond);
+    /// `unlimited`: not counted.
+    #[arg(long, env = "KILN_MAX_ACTIVE_RUNS_PER_SUBJECT", default_value = "20", value_parser = quota_limit)]
     pub max_active_runs_per_subject: i64,
-    /// Runs one subject may create per minute (429 with Retry-After beyond).
-    #[arg(long, env = "KILN_MAX_RUNS_PER_MINUTE", default_value_t = 60)]
+    /// Runs one subject may create per minute (429 with Retry-After beyond);
+    /// `unlimited`: not counted. With both unlimited a submission takes no
+    /// per-subject lock.
+    #[arg(long, env = "KILN_MAX_RUNS_PER_MINUTE", default_value = "60", value_parser = quota_limit)]
     pub max_runs_per_minute: i64,
     /// Event streams one subject may hold open on one API instance.
     #[arg(long, env = "KILN_MAX_SSE_PER_SUBJECT", default_value_t = 32)]
@@ -64,6 +67,14 @@ pub struct ApiArgs {
     pub max_attempts: u32,
 }
 
+/// A quota's limit: a number of runs, or `unlimited` (`Quota::UNLIMITED`).
+fn quota_limit(value: &str) -> Result<i64, String> {
+    if value.eq_ignore_ascii_case("unlimited") {
+        return Ok(kiln_store::Quota::UNLIMITED);
+    }
+    value.parse::<i64>().map_err(|_| format!("{value:?} is neither a number of runs nor `unlimited`"))
+}
+
 impl ApiArgs {
     pub fn settings(&self) -> kiln_api::ApiSettings {
         kiln_api::ApiSettings {
@@ -91,4 +102,18 @@ impl ApiArgs {
 /// A limit in whole seconds; 0 would refuse everything, so it means 1.
 fn seconds(s: u64) -> Duration {
     Duration::from_secs(s.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quota_limit_is_a_number_or_unlimited() {
+        assert_eq!(quota_limit("20"), Ok(20));
+        assert_eq!(quota_limit("unlimited"), Ok(kiln_store::Quota::UNLIMITED));
+        assert_eq!(quota_limit("Unlimited"), Ok(kiln_store::Quota::UNLIMITED));
+        assert!(quota_limit("lots").unwrap_err().contains("unlimited"));
+        assert!(quota_limit("").is_err());
+    }
 }
