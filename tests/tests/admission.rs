@@ -208,6 +208,55 @@ async fn a_client_gone_mid_submission_cancels_nobody_elses() {
     assert!((5..=6).contains(&runs), "{runs} runs");
 }
 
+/// `n` plain candidates as the admission statement's arrays.
+struct Candidates {
+    run_ids: Vec<uuid::Uuid>,
+    session_ids: Vec<uuid::Uuid>,
+    text: Vec<&'static str>,
+    json: Vec<serde_json::Value>,
+    none: Vec<Option<&'static str>>,
+    trigger: Vec<&'static str>,
+}
+
+type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
+
+impl Candidates {
+    fn of(n: usize) -> Candidates {
+        let ids = || (0..n).map(|_| uuid::Uuid::now_v7()).collect::<Vec<_>>();
+        Candidates {
+            run_ids: ids(),
+            session_ids: ids(),
+            text: vec!["x"; n],
+            json: vec![json!({}); n],
+            none: vec![None; n],
+            trigger: vec!["api"; n],
+        }
+    }
+
+    /// The statement's `$1` to `$16`: `owner`, the candidates, the limits.
+    fn params<'a>(&'a self, owner: Param<'a>, active: Param<'a>, recent: Param<'a>) -> [Param<'a>; 16] {
+        let Candidates { run_ids, session_ids, text, json, none, trigger } = self;
+        [
+            owner,
+            run_ids,
+            session_ids,
+            text,
+            json,
+            json,
+            trigger,
+            none,
+            json,
+            none,
+            text,
+            json,
+            none,
+            none,
+            active,
+            recent,
+        ]
+    }
+}
+
 /// The statement that admits a subject's submissions is planned cheap, for
 /// any batch and whether Postgres plans it for the values or generically:
 /// costed like the cross join of the quota check's 1,000 rows (a set
@@ -218,32 +267,8 @@ async fn the_admission_statement_is_never_planned_for_jit() {
     let app = limited(kiln_store::Quota { max_active_runs: 1000, max_runs_per_minute: 1000 }).await;
     let sql = app.sql().await;
     let jit_above: f64 = sql.query_one("SELECT current_setting('jit_above_cost')::float8", &[]).await.unwrap().get(0);
-    const N: usize = 64;
-    let ids = || (0..N).map(|_| uuid::Uuid::now_v7()).collect::<Vec<_>>();
-    let (run_ids, session_ids) = (ids(), ids());
-    let text = vec!["x"; N];
-    let json = vec![serde_json::json!({}); N];
-    let none: Vec<Option<&str>> = vec![None; N];
-    let trigger = vec!["api"; N];
-    let limit = 1000i64;
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 16] = [
-        &"eve",
-        &run_ids,
-        &session_ids,
-        &text,
-        &json,
-        &json,
-        &trigger,
-        &none,
-        &json,
-        &none,
-        &text,
-        &json,
-        &none,
-        &none,
-        &limit,
-        &limit,
-    ];
+    let candidates = Candidates::of(64);
+    let params = candidates.params(&"eve", &1000i64, &1000i64);
     let explain = format!("EXPLAIN (FORMAT JSON) {}", kiln_store::admission_statement());
     for mode in ["force_custom_plan", "force_generic_plan"] {
         sql.execute(&format!("SET plan_cache_mode = {mode}"), &[]).await.unwrap();
@@ -335,27 +360,8 @@ async fn a_backlog_past_the_limits_costs_a_check_no_more_than_its_limits() {
     assert_eq!(refused.status(), 429);
     assert!(refused.text().await.unwrap().contains("active runs"));
 
-    let limit = |n: i64| Some(n);
-    let (run_ids, session_ids) = (vec![uuid::Uuid::now_v7()], vec![uuid::Uuid::now_v7()]);
-    let (text, json, none, trigger) = (vec!["x"], vec![json!({})], vec![None::<&str>], vec!["api"]);
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 16] = [
-        &"grace",
-        &run_ids,
-        &session_ids,
-        &text,
-        &json,
-        &json,
-        &trigger,
-        &none,
-        &json,
-        &none,
-        &text,
-        &json,
-        &none,
-        &none,
-        &limit(ACTIVE),
-        &limit(PER_MINUTE),
-    ];
+    let candidates = Candidates::of(1);
+    let params = candidates.params(&"grace", &Some(ACTIVE), &Some(PER_MINUTE));
     let tx = sql.transaction().await.unwrap();
     let before = rows_read(&tx).await;
     let rows = tx.query(&kiln_store::admission_statement(), &params).await.unwrap();
