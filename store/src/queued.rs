@@ -95,9 +95,9 @@ static IN_SESSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| ins
 /// their order and answers them as inserted: the lock is held for that one
 /// statement and its commit. `$1` is the owner, `$2` to `$14` one array per
 /// column of the candidates ([`CandidateColumns`]), `$15` and `$16` the
-/// quota's limits ([`QuotaLimits::counted`]). The runs come before their sessions so that a run lost
-/// to an idempotency key leaves no session behind (the foreign key is
-/// checked at the statement's end). Answers one row per candidate: the
+/// quota's limits ([`QuotaLimits::counted`]). The runs come before their
+/// sessions so that a run lost to an idempotency key leaves no session
+/// behind (the foreign key is checked at the statement's end). Answers one row per candidate: the
 /// run's [`RUN_COLUMNS`](crate::rows::RUN_COLUMNS), all null when refused
 /// or when its key was taken, then the counts the check saw, the
 /// candidate's place (from 1) and whether the quota admitted it. A single
