@@ -293,10 +293,16 @@
   }
 
   // The new-run form's environments: the caller's, listed when the form shows.
+  // A listing that finds the names already shown leaves the options alone:
+  // replacing them would close a list the user has open (and hand a script
+  // holding an option a stale one), e.g. when the view is shown twice in a row.
   async function listEnvironments() {
     const select = $('new-environment');
     try {
       const page = await api('GET', '/v1/environments');
+      const names = ['', ...page.environments.map((e) => e.name)];
+      const shown = [...select.options].map((o) => o.value);
+      if (names.length === shown.length && names.every((name, i) => name === shown[i])) return;
       const chosen = select.value;
       select.replaceChildren(el('option', { value: '' }, 'none (the repository\'s .kiln/environment.toml, or the bare image)'),
         ...page.environments.map((e) => el('option', { value: e.name }, e.name)));
