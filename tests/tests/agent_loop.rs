@@ -47,6 +47,11 @@ async fn the_step_budget_stops_the_run_before_the_next_model_call() {
     assert_eq!(pick!(events, EventBody::StepStarted { .. } => ()).count(), 2);
     assert_eq!(app.model.requests().len(), 2);
     assert_eq!(app.run("alice", id).await.status, RunStatus::Failed);
+    // The last step's tool message, held for a model call that never came,
+    // is stored all the same: the conversation stays whole.
+    let (messages, _) = writers(&app, id).await;
+    let roles: Vec<&str> = messages.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(roles, ["user", "assistant", "tool", "assistant", "tool"]);
 }
 
 #[tokio::test]
@@ -403,6 +408,57 @@ async fn a_step_with_a_tool_call_commits_twice_its_message_with_its_events() {
     assert_eq!(tx_of("tool.result", 0), tool_message, "{rows:?}");
     // Step 2 (no tool call): its message with its end.
     assert_eq!(tx_of("step.finished", 1), messages[3].1, "{rows:?}");
+}
+
+/// A step's tool message is committed while the next model request goes
+/// out, not waited for before it (the loop's overhead per step is mostly
+/// commits). With every insert into `messages` held back by a lock, step
+/// 2's request still reaches the model, carrying the tool's result; once
+/// the lock goes the run ends with its conversation stored in order.
+#[tokio::test]
+async fn the_next_model_request_goes_out_while_the_tool_message_commits() {
+    const GO: &str = "/tmp/kiln-test-go";
+    let app = scripted(vec![
+        Reply::tool("bash", json!({"command": format!("until [ -e {GO} ]; do sleep 0.02; done; echo went-on")})),
+        Reply::text("done"),
+    ])
+    .await;
+    let id = app.submit("alice", CreateRun::new("wait for the signal")).await.id;
+    // The model's message is stored (it shares this event's commit) and
+    // the tool waits for the signal.
+    app.events_until("alice", id, None, |e| e.kind() == "tool_call.ready").await;
+    let mut blocker = app.sql().await;
+    let lock = blocker.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE messages IN SHARE MODE").await.unwrap();
+    let container = app.containers_of(id).await.pop().expect("the session's container");
+    let (code, out) = kiln_tests::docker_exec(&container, &["touch", GO]).await;
+    assert_eq!(code, 0, "{out}");
+    // The tool message's commit waits for the lock…
+    app.until_waiting_on_locks(1).await;
+    // …and the next request goes out meanwhile.
+    let requests = app
+        .model
+        .wait_for_requests(2, std::time::Duration::from_secs(30))
+        .await
+        .expect("step 2's request went out while the tool message could not commit");
+    assert!(requests[1].body.to_string().contains("went-on"), "the request carries the tool's result");
+    let stored: i64 = lock
+        .query_one("SELECT count(*) FROM messages WHERE run_id = $1 AND role = 'tool'", &[&id])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, 0, "the tool message is not committed yet");
+    lock.rollback().await.unwrap();
+
+    let events = app.events("alice", id).await;
+    assert_dense(&events, 1);
+    assert_eq!(outcome(&events), Some(RunStatus::Succeeded), "{:?}", kinds(&events));
+    let (messages, rows) = writers(&app, id).await;
+    let roles: Vec<&str> = messages.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(roles, ["user", "assistant", "tool", "assistant"]);
+    // Step 2's start went out in the tool message's commit.
+    let step_started: Vec<i64> = rows.iter().filter(|(k, _)| k == "step.started").map(|(_, tx)| *tx).collect();
+    assert_eq!(step_started.get(1), Some(&messages[2].1), "{rows:?}");
 }
 
 /// An app whose worker runs with `tune` applied to the harness's config.

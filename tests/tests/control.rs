@@ -42,6 +42,18 @@ async fn a_message_sent_mid_run_joins_the_conversation_before_the_next_model_cal
     let requests = app.model.requests();
     assert_eq!(requests.len(), 2);
     assert_eq!(user_texts(&requests[1].body).last().unwrap(), "also check the tests");
+    // Stored in the order the model saw: the tool message (held for the
+    // next model call) is committed before the message joins.
+    let roles: Vec<String> = app
+        .sql()
+        .await
+        .query("SELECT role FROM messages WHERE run_id = $1 ORDER BY seq", &[&id])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(roles, ["user", "assistant", "tool", "user", "assistant"]);
 }
 
 #[tokio::test]

@@ -35,7 +35,7 @@ impl AgentRun<'_> {
     /// Adds the messages sent to the run since the last read to the
     /// conversation, when a read is due.
     pub(super) async fn read_inbox(
-        &self,
+        &mut self,
         watch: &mut InboxWatch,
         messages: &mut Vec<Message>,
     ) -> Result<(), AgentError> {
@@ -46,6 +46,10 @@ impl AgentRun<'_> {
         watch.checked = Some((Instant::now(), announced));
         let unread = with_retry(|| self.store.unread_inbox(self.run.id)).await?;
         if !unread.is_empty() {
+            // The step's tool message, still held for the next model call
+            // (`AgentRun::hold`), goes first: it answers the calls of the
+            // message before it, and nothing may come between them.
+            self.events.commit().await?;
             // Consumed in the commit that stores them: the same messages on
             // a retry, so it stores nothing twice.
             with_retry(|| self.store.consume_inbox(self.lease, self.run.session_id, &unread)).await?;

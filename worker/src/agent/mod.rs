@@ -134,6 +134,19 @@ impl<'a> AgentRun<'a> {
     /// and sandbox failures come back as `Err`; model errors that retries
     /// could not fix become a failed outcome.
     pub async fn drive(mut self) -> Result<Outcome, AgentError> {
+        let ended = self.run_loop().await;
+        // A step's tool message is held for the next model call to commit
+        // beside (`hold`); a loop that ended before that call stores it
+        // now. Not after a store error: the lease or the database is gone,
+        // and the run's next attempt answers the calls as interrupted.
+        if !matches!(ended, Err(AgentError::Store(_))) {
+            self.events.commit().await?;
+        }
+        ended
+    }
+
+    /// Resumes the conversation and takes steps until the run ends.
+    async fn run_loop(&mut self) -> Result<Outcome, AgentError> {
         let mut messages = self.resume().await?;
         // Read once per attempt: the model may edit AGENTS.md, and the
         // prompt should not change under it mid-run.
@@ -342,7 +355,7 @@ impl<'a> AgentRun<'a> {
                 progress.budget.record(&spent.usage, spent.cost_usd);
                 progress.budget.child_steps += spent.steps;
             }
-            self.persist(messages, results).await?;
+            self.hold(messages, results).await?;
         }
         if !answer.rejected_calls.is_empty() {
             // Not stored as tool calls (they never completed), so the model
@@ -448,6 +461,18 @@ impl<'a> AgentRun<'a> {
     /// adds it to the conversation.
     async fn persist(&mut self, messages: &mut Vec<Message>, message: Message) -> Result<(), AgentError> {
         self.events.write_message(NewMessage::plain(self.run.session_id, message.clone()), Vec::new()).await?;
+        messages.push(message);
+        Ok(())
+    }
+
+    /// Adds `message` to the conversation and holds it (with the events
+    /// buffered, e.g. tool results) for the next commit. The next model
+    /// call makes that commit while its request goes out (`model_call`),
+    /// so a step's tool message costs the loop no wait of its own; every
+    /// other writer of the session commits it first (`read_inbox`), and a
+    /// loop that ends before the next call commits it in `drive`.
+    async fn hold(&mut self, messages: &mut Vec<Message>, message: Message) -> Result<(), AgentError> {
+        self.events.hold_message(NewMessage::plain(self.run.session_id, message.clone()), Vec::new()).await?;
         messages.push(message);
         Ok(())
     }

@@ -113,7 +113,13 @@ async fn stream_once(
     events: &mut EventSink,
     step: Option<u32>,
 ) -> Result<Assembled, AgentError> {
-    let mut stream = provider.stream(request).await?;
+    // What the loop holds (the last step's tool message, its results and
+    // this step's start) commits while the request goes out and the model
+    // starts: the request does not wait on the WAL flush. A failed commit
+    // (a lost lease) ends the call before its answer is read.
+    let (committed, stream) = events.commit_alongside(provider.stream(request)).await;
+    committed?;
+    let mut stream = stream?;
     let mut builder = step.map_or_else(AssistantBuilder::new, AssistantBuilder::for_step);
     let stream_deltas = step.is_some();
     let mut tick = tokio::time::interval(COALESCE);

@@ -16,7 +16,9 @@
 //!   of the session, with the events about it, now or in the next commit.
 //!   A step's message and its events share a commit: a step with a tool
 //!   call makes two, the model's message with its events and the tool
-//!   message with the results.
+//!   message with the results. The second is made by the next model call
+//!   while its request goes out ([`EventSink::commit_alongside`]), not
+//!   waited for on its own.
 //!
 //! What it stores counts against the run's [`EventBudget`]: past it, events
 //! are dropped (messages are still written, the conversation stays whole)
@@ -211,6 +213,13 @@ impl EventSink {
         // lost finds the stored message, not a copy.
         self.held = Some(HeldMessage { id: Uuid::now_v7(), new: message });
         Ok(())
+    }
+
+    /// Like [`EventSink::commit`], while `alongside` runs: the commit's
+    /// wait for the WAL flush overlaps work that does not depend on it (a
+    /// model request going out). Both are driven to their end.
+    pub async fn commit_alongside<T>(&mut self, alongside: impl Future<Output = T>) -> (Result<(), StoreError>, T) {
+        tokio::join!(self.commit(), alongside)
     }
 
     /// Writes everything buffered, and the held message, now, in one commit.
