@@ -8,6 +8,7 @@
 
 pub mod api;
 pub mod cli;
+pub mod delay_proxy;
 pub mod egress_fetch;
 pub mod kiln;
 pub mod server;

@@ -28,7 +28,7 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use futures::StreamExt;
 use kiln_bench_sandbox::setup::{self, Common};
-use kiln_bench_sandbox::stats;
+use kiln_bench_sandbox::{delay_proxy, stats};
 use kiln_protocol::{CreateRun, Limits, Message, Part, Role, Trigger};
 use kiln_scripted_model::{Reply, ScriptedModel};
 use kiln_store::{NewRun, Store};
@@ -64,6 +64,11 @@ struct Args {
     /// Admin URL of the Postgres server; a scratch database is created on it and dropped.
     #[arg(long, env = "DATABASE_URL", default_value = "postgres://kiln:kiln@127.0.0.1:5432/kiln")]
     database_url: String,
+    /// Holds the loop's database traffic this many microseconds each way
+    /// (a loopback proxy): a database across a network, simulated. 0: the
+    /// server directly.
+    #[arg(long, default_value_t = 0)]
+    db_delay_us: u64,
 }
 
 #[tokio::main]
@@ -74,7 +79,10 @@ async fn main() -> anyhow::Result<()> {
     let (db_url, db_name) = setup::scratch_database(&args.database_url, "kiln_loop_bench").await?;
     let docker = setup::docker().await?;
     let sandbox = Sandbox::start(&docker, &config, &setup::owner()).await?;
-    let result = measure(&db_url, &sandbox, steps, args.rounds).await;
+    let result = match through_delay(&db_url, args.db_delay_us) {
+        Ok(url) => measure(&url, &sandbox, steps, args.rounds).await,
+        Err(e) => Err(e),
+    };
     sandbox.remove().await;
     setup::drop_database(&args.database_url, &db_name).await;
     let m = result?;
@@ -101,6 +109,20 @@ async fn main() -> anyhow::Result<()> {
         m.rows_per_step * c.median_ms
     );
     Ok(())
+}
+
+/// `db_url`, or with `delay_us` one a proxy's address that delays its
+/// traffic that much each way.
+fn through_delay(db_url: &str, delay_us: u64) -> anyhow::Result<String> {
+    if delay_us == 0 {
+        return Ok(db_url.to_owned());
+    }
+    let mut url = reqwest::Url::parse(db_url).context("DATABASE_URL is not a URL")?;
+    let target = url.socket_addrs(|| Some(5432))?.into_iter().next().context("DATABASE_URL has no address")?;
+    let proxy = delay_proxy::start(target, Duration::from_micros(delay_us))?;
+    println!("database traffic delayed {delay_us} µs each way (simulated, through {proxy})");
+    url.set_port(Some(proxy.port())).map_err(|()| anyhow::anyhow!("DATABASE_URL takes no port"))?;
+    Ok(url.to_string())
 }
 
 struct Measured {
