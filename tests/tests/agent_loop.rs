@@ -527,11 +527,31 @@ async fn a_run_that_spends_its_event_bytes_fails_naming_the_limit_and_stores_no_
     let error = failure(&events);
     assert!(error.contains("event budget") && error.contains("KILN_MAX_EVENT_BYTES_PER_RUN"), "{error}");
     assert!(app.model.requests().len() < 8, "stopped before running out of script");
+    // No model call went out once its step's events could no longer be
+    // stored: every request has its `step.started`. (A step's results wait
+    // for the next model call's commit; the check before the call counts
+    // them.)
+    let started = pick!(events, EventBody::StepStarted { .. } => ()).count();
+    assert_eq!(app.model.requests().len(), started, "{:?}", kinds(&events));
     // What was stored stays within the budget, but for the terminal event
     // (written after it ran out, so the run's end is never lost).
     let (total, largest) = stored_event_bytes(&app, id).await;
     assert!(total as u64 <= CAP + largest as u64, "{total} bytes stored, cap {CAP}, largest event {largest}");
     assert_eq!(app.run("alice", id).await.status, RunStatus::Failed);
+}
+
+/// A step's results wait for the next model call to commit them: the check
+/// before that call counts them, so a step whose results the budget cannot
+/// hold ends the run there instead of paying for a call none of whose
+/// events could be stored.
+#[tokio::test]
+async fn a_step_whose_results_spend_the_event_bytes_makes_no_further_model_call() {
+    const CAP: u64 = 45_000;
+    let app = app_with_worker(vec![print_30k(1), Reply::text("done")], |c| c.max_event_bytes_per_run = CAP).await;
+    let (_, events) = run_to_end(&app, CreateRun::new("print a lot")).await;
+    let error = failure(&events);
+    assert!(error.contains("event budget"), "{error}");
+    assert_eq!(app.model.requests().len(), 1, "{:?}", kinds(&events));
 }
 
 #[tokio::test]

@@ -137,10 +137,15 @@ impl<'a> AgentRun<'a> {
         let ended = self.run_loop().await;
         // A step's tool message is held for the next model call to commit
         // beside (`hold`); a loop that ended before that call stores it
-        // now. Not after a store error: the lease or the database is gone,
-        // and the run's next attempt answers the calls as interrupted.
-        if !matches!(ended, Err(AgentError::Store(_))) {
-            self.events.commit().await?;
+        // now. After a store error it is left to the caller's last commit
+        // (the database may be back by then); after another error, that
+        // error is what the caller hears.
+        match ended {
+            Ok(_) => self.events.commit().await?,
+            Err(AgentError::Store(_)) => {}
+            Err(_) => {
+                let _ = self.events.commit().await;
+            }
         }
         ended
     }

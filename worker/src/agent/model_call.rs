@@ -116,7 +116,9 @@ async fn stream_once(
     // What the loop holds (the last step's tool message, its results and
     // this step's start) commits while the request goes out and the model
     // starts: the request does not wait on the WAL flush. A failed commit
-    // (a lost lease) ends the call before its answer is read.
+    // (a lost lease) ends the call before its answer is read; the request
+    // was sent, and what the provider bills for it is not recorded (the
+    // run's new holder repeats the step).
     let (committed, stream) = events.commit_alongside(provider.stream(request)).await;
     committed?;
     let mut stream = stream?;

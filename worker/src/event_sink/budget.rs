@@ -6,8 +6,10 @@
 //! The [`EventSink`](super::EventSink) counts what it stores
 //! against this budget; an event that does not fit is not stored, and
 //! neither is anything after it. The loop then ends the run failed before
-//! its next model call or tool batch; the terminal event is written
-//! outside the budget, so how the run ended is never lost.
+//! its next model call or tool batch, counting what waits for the next
+//! commit as well (a step's results wait for the next model call's); the
+//! terminal event is written outside the budget, so how the run ended is
+//! never lost.
 //!
 //! An event's size is its JSON (`{"kind":…,"payload":…}`). A takeover
 //! counts what earlier attempts stored from the table
@@ -70,9 +72,20 @@ impl EventBudget {
         !self.refused && self.spent < self.max
     }
 
-    /// Why the run must end, once the budget is spent.
-    pub fn exhausted(&self) -> Option<String> {
-        (!self.is_open()).then(|| {
+    /// Whether every one of `waiting` (events not stored yet) fits beside
+    /// what is stored.
+    pub fn holds<'e>(&self, waiting: impl IntoIterator<Item = &'e EventBody>) -> bool {
+        let mut bytes = self.spent;
+        waiting.into_iter().all(|body| {
+            bytes = bytes.saturating_add(size_of(body));
+            bytes <= self.max
+        })
+    }
+
+    /// Why the run must end: the budget is spent, or `waiting` (events
+    /// buffered for the next commit) will not all fit in it.
+    pub fn exhausted<'e>(&self, waiting: impl IntoIterator<Item = &'e EventBody>) -> Option<String> {
+        (!self.is_open() || !self.holds(waiting)).then(|| {
             format!(
                 "event budget exhausted: the run stored {} of the {} bytes of events a run may store ({SETTING}); \
                  later events were not stored",
@@ -124,7 +137,7 @@ mod tests {
         assert_eq!((n, bytes), (1, one), "the small third event does not jump the queue");
         budget.spend(bytes, n < batch.len());
         assert_eq!(budget.fitting(&[text(1)]), (0, 0));
-        let why = budget.exhausted().unwrap();
+        let why = budget.exhausted([]).unwrap();
         assert!(why.contains(SETTING) && why.contains(&format!("{one} of")), "{why}");
     }
 
@@ -132,7 +145,17 @@ mod tests {
     fn what_earlier_attempts_spent_counts() {
         let budget = EventBudget::new(1000, 1000);
         assert!(!budget.is_open());
-        assert!(budget.exhausted().is_some());
-        assert!(EventBudget::new(1000, 10).exhausted().is_none());
+        assert!(budget.exhausted([]).is_some());
+        assert!(EventBudget::new(1000, 10).exhausted([]).is_none());
+    }
+
+    #[test]
+    fn events_waiting_to_be_stored_that_will_not_fit_spend_the_budget() {
+        let (_, big) = text(100);
+        let (_, small) = text(10);
+        let budget = EventBudget::new(size_of(&big) + size_of(&small), 0);
+        assert!(budget.exhausted([&big, &small]).is_none(), "both fit, exactly");
+        assert!(budget.exhausted([&big, &small, &small]).is_some());
+        assert!(budget.is_open(), "nothing was turned away yet");
     }
 }

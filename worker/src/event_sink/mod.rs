@@ -16,9 +16,10 @@
 //!   of the session, with the events about it, now or in the next commit.
 //!   A step's message and its events share a commit: a step with a tool
 //!   call makes two, the model's message with its events and the tool
-//!   message with the results. The second is made by the next model call
-//!   while its request goes out ([`EventSink::commit_alongside`]), not
-//!   waited for on its own.
+//!   message with the results. The second is held: usually the next model
+//!   call makes it while its request goes out
+//!   ([`EventSink::commit_alongside`]); any commit before that (a stale
+//!   buffer, another message, the inbox, the loop's end) takes it along.
 //!
 //! What it stores counts against the run's [`EventBudget`]: past it, events
 //! are dropped (messages are still written, the conversation stays whole)
@@ -157,10 +158,13 @@ impl EventSink {
         self.budget = budget;
     }
 
-    /// Why the run must end: its event budget is spent. `None` while
-    /// events are still stored.
+    /// Why the run must end: its event budget is spent, or what waits for
+    /// the next commit will not fit in it (a step's results wait for the
+    /// next model call: a call none of whose events could be stored is not
+    /// worth making). `None` while events are still stored.
     pub fn exhausted(&self) -> Option<String> {
-        self.budget.exhausted()
+        let waiting = self.queued.iter().map(|(_, body)| body).chain(self.pending.as_ref());
+        self.budget.exhausted(waiting)
     }
 
     /// Writes `body` now, in one commit with everything buffered before it.

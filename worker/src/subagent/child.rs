@@ -255,7 +255,7 @@ async fn drive(
         events.commit().await?;
         Ok::<_, AgentError>(outcome)
     };
-    tokio::select! {
+    let ending = tokio::select! {
         result = work => match result {
             Ok(outcome) => Ending::Finished(outcome),
             Err(AgentError::Store(StoreError::LeaseLost(_))) => Ending::LeaseLost,
@@ -264,7 +264,14 @@ async fn drive(
         _ = cancel.cancelled() => Ending::Cancelled,
         _ = lost.cancelled() => Ending::LeaseLost,
         _ = tokio::time::sleep(remaining) => Ending::TimedOut,
+    };
+    // A loop stopped from outside may hold its last step's tool message
+    // (for a model call that never came): stored before the child's end,
+    // as a top-level run's lifecycle stores it.
+    if matches!(ending, Ending::Cancelled | Ending::TimedOut) {
+        let _ = events.commit().await;
     }
+    ending
 }
 
 /// The child's loop: the parent's sandbox, model and settings; its own
