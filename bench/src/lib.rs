@@ -113,7 +113,13 @@ pub async fn time_run(
 /// subject: no per-subject quotas (nothing counted), everything else as
 /// deployed.
 pub fn without_quotas() -> [(&'static str, String); 2] {
-    [("KILN_MAX_ACTIVE_RUNS_PER_SUBJECT", "unlimited".into()), ("KILN_MAX_RUNS_PER_MINUTE", "unlimited".into())]
+    quotas("unlimited")
+}
+
+/// `kiln serve`'s two per-subject limits (active runs, runs a minute),
+/// both `limit`: a number, or `unlimited`.
+pub fn quotas(limit: &str) -> [(&'static str, String); 2] {
+    [("KILN_MAX_ACTIVE_RUNS_PER_SUBJECT", limit.into()), ("KILN_MAX_RUNS_PER_MINUTE", limit.into())]
 }
 
 /// A server in a process of its own (so its memory is its own): `kiln

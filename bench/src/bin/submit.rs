@@ -97,16 +97,9 @@ async fn main() -> anyhow::Result<()> {
     let (url, _) = database().await?;
     // `kiln serve` as deployed, but with quotas that refuse nothing: the
     // benchmark measures admission, not refusals.
-    let api = Server::kiln_serve(
-        &kiln,
-        &url,
-        &[
-            ("KILN_DB_POOL_SIZE", args.pool.to_string()),
-            ("KILN_MAX_ACTIVE_RUNS_PER_SUBJECT", args.limits.clone()),
-            ("KILN_MAX_RUNS_PER_MINUTE", args.limits.clone()),
-        ],
-    )
-    .await?;
+    let [active, per_minute] = kiln_bench::quotas(&args.limits);
+    let api =
+        Server::kiln_serve(&kiln, &url, &[("KILN_DB_POOL_SIZE", args.pool.to_string()), active, per_minute]).await?;
 
     let figures = [
         Figure::NotifyAfter,
