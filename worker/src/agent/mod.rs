@@ -465,9 +465,8 @@ impl<'a> AgentRun<'a> {
     /// Stores `message` (with the events buffered, e.g. tool results) and
     /// adds it to the conversation.
     async fn persist(&mut self, messages: &mut Vec<Message>, message: Message) -> Result<(), AgentError> {
-        self.events.write_message(NewMessage::plain(self.run.session_id, message.clone()), Vec::new()).await?;
-        messages.push(message);
-        Ok(())
+        self.hold(messages, message).await?;
+        Ok(self.events.commit().await?)
     }
 
     /// Adds `message` to the conversation and holds it (with the events

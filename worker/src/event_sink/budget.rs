@@ -50,15 +50,24 @@ impl EventBudget {
         if self.refused {
             return (0, 0);
         }
+        let (n, bytes, _) = self.fit(batch.iter().map(|(_, body)| body));
+        (n, bytes)
+    }
+
+    /// How many of `bodies`, from the first, fit beside what is stored,
+    /// their bytes, and whether all of them did.
+    fn fit<'e>(&self, bodies: impl IntoIterator<Item = &'e EventBody>) -> (usize, u64, bool) {
         let mut bytes = 0u64;
-        for (n, (_, body)) in batch.iter().enumerate() {
+        let mut n = 0;
+        for body in bodies {
             let size = size_of(body);
             if self.spent.saturating_add(bytes).saturating_add(size) > self.max {
-                return (n, bytes);
+                return (n, bytes, false);
             }
             bytes += size;
+            n += 1;
         }
-        (batch.len(), bytes)
+        (n, bytes, true)
     }
 
     /// Counts `bytes` as stored; `refused`: an event did not fit.
@@ -75,11 +84,7 @@ impl EventBudget {
     /// Whether every one of `waiting` (events not stored yet) fits beside
     /// what is stored.
     pub fn holds<'e>(&self, waiting: impl IntoIterator<Item = &'e EventBody>) -> bool {
-        let mut bytes = self.spent;
-        waiting.into_iter().all(|body| {
-            bytes = bytes.saturating_add(size_of(body));
-            bytes <= self.max
-        })
+        self.fit(waiting).2
     }
 
     /// Why the run must end: the budget is spent, or `waiting` (events

@@ -79,10 +79,8 @@ async fn main() -> anyhow::Result<()> {
     let (db_url, db_name) = setup::scratch_database(&args.database_url, "kiln_loop_bench").await?;
     let docker = setup::docker().await?;
     let sandbox = Sandbox::start(&docker, &config, &setup::owner()).await?;
-    let result = match through_delay(&db_url, args.db_delay_us) {
-        Ok(url) => measure(&url, &sandbox, steps, args.rounds).await,
-        Err(e) => Err(e),
-    };
+    let result =
+        async { measure(&through_delay(&db_url, args.db_delay_us)?, &sandbox, steps, args.rounds).await }.await;
     sandbox.remove().await;
     setup::drop_database(&args.database_url, &db_name).await;
     let m = result?;
