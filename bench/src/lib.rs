@@ -195,6 +195,11 @@ impl Server {
         self.child.id().context("the server has exited")
     }
 
+    /// CPU time the server process has used so far (user + system).
+    pub fn cpu_time(&self) -> anyhow::Result<Duration> {
+        process_cpu_time(self.pid()?)
+    }
+
     /// Resident memory of the server process.
     pub fn rss_bytes(&self) -> anyhow::Result<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?))?;
@@ -365,4 +370,37 @@ pub async fn insert_runs(client: &tokio_postgres::Client, n: i64, status: &str) 
 pub fn http() -> anyhow::Result<reqwest::Client> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     Ok(reqwest::Client::builder().no_proxy().pool_max_idle_per_host(10_000).build()?)
+}
+
+/// Clock ticks per second of `/proc/<pid>/stat`'s times: `USER_HZ`, which
+/// Linux fixes at 100 on every architecture it exposes to user space.
+const USER_HZ: u64 = 100;
+
+/// User + system CPU time of process `pid` so far, from `/proc/<pid>/stat`
+/// (10 ms resolution: meant for rounds of seconds).
+pub fn process_cpu_time(pid: u32) -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name (field 2) is in parentheses and may hold spaces:
+    // fields are counted after its closing one. utime and stime are
+    // fields 14 and 15, the 12th and 13th after it.
+    let rest = stat.rsplit_once(')').context("no command name in /proc/<pid>/stat")?.1;
+    let mut fields = rest.split_whitespace().skip(11);
+    let mut tick = || -> anyhow::Result<u64> { Ok(fields.next().context("short /proc/<pid>/stat")?.parse()?) };
+    let ticks = tick()? + tick()?;
+    Ok(Duration::from_millis(ticks * 1000 / USER_HZ))
+}
+
+/// CPU time used so far by every `postgres` process this machine shows
+/// (the server's backends and its own processes), when the benchmark's
+/// database runs here; zero when none is visible. Backends that exited
+/// since are not counted: read it around a round whose connections stay
+/// open (pools).
+pub fn local_postgres_cpu_time() -> Duration {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Duration::ZERO };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == "postgres"))
+        .filter_map(|pid| process_cpu_time(pid).ok())
+        .sum()
 }

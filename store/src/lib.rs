@@ -92,10 +92,13 @@ pub mod channels {
 #[derive(Clone)]
 pub struct Store {
     pool: Pool,
-    config: tokio_postgres::Config,
+    /// Shared, as every clone's configs: a `Config` holds a dozen owned
+    /// strings and lists, and the API clones its state (and so the store)
+    /// for every request it answers.
+    config: std::sync::Arc<tokio_postgres::Config>,
     /// Where a worker's lock connection goes (`presence`): the database's
     /// own address unless told otherwise ([`Store::with_presence_url`]).
-    presence_config: tokio_postgres::Config,
+    presence_config: std::sync::Arc<tokio_postgres::Config>,
     /// Queues an owner's groups of attempts before they take a connection.
     owner_gate: std::sync::Arc<owner_gate::OwnerGate>,
     /// An owner's single submissions, admitted together by its quota.
@@ -163,6 +166,7 @@ impl Store {
             .build()
             .map_err(|e| StoreError::Config(e.to_string()))?;
         let notifier = std::sync::Arc::new(notifier::Notifier::new(config.clone()));
+        let config = std::sync::Arc::new(config);
         Ok(Store {
             pool,
             presence_config: config.clone(),
@@ -185,7 +189,7 @@ impl Store {
             presence_config.connect_timeout(Duration::from_secs(5));
         }
         detect_dead_peers(&mut presence_config);
-        Ok(Store { presence_config, ..self })
+        Ok(Store { presence_config: std::sync::Arc::new(presence_config), ..self })
     }
 
     /// Checks that the database answers.
@@ -203,7 +207,7 @@ impl Store {
 
     /// A dedicated LISTEN connection that reconnects on its own.
     pub fn listener(&self) -> Listener {
-        Listener::start(self.config.clone())
+        Listener::start(tokio_postgres::Config::clone(&self.config))
     }
 
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {

@@ -114,7 +114,7 @@ impl Store {
     /// lost. `Ok(None)`: the key is still held, by this worker's earlier
     /// connection the server has not yet seen close; try again later.
     pub async fn register_worker(&self, worker: &str, key: Option<i32>) -> Result<Option<Registered>, StoreError> {
-        let mut config = self.presence_config.clone();
+        let mut config = tokio_postgres::Config::clone(&self.presence_config);
         config.application_name("kiln-worker-lock");
         let (mut client, connection) =
             config.connect(NoTls).await.map_err(|e| StoreError::Unavailable(e.to_string()))?;

@@ -29,7 +29,7 @@ impl Drop for SetupLock {
 impl Store {
     /// Waits for, then takes, the setup lock of environment cache key `key`.
     pub async fn lock_environment_setup(&self, key: &str) -> Result<SetupLock, StoreError> {
-        let mut config = self.presence_config.clone();
+        let mut config = tokio_postgres::Config::clone(&self.presence_config);
         config.application_name("kiln-environment-setup");
         let (client, connection) = config.connect(NoTls).await.map_err(|e| StoreError::Unavailable(e.to_string()))?;
         let connection = tokio::spawn(async move {

@@ -18,6 +18,12 @@
 //!
 //! Both servers get the same writes and the same notifications (Kiln's
 //! store notifies after each commit); only the server differs.
+//!
+//! Each latency figure also gives the CPU time spent per 1,000 receipts
+//! in its round by the server process and by the local Postgres (all its
+//! processes, when the database runs on this machine): once the clients
+//! saturate the cores, latencies are mostly queueing, and the CPU a
+//! server spends for the same work is the steadier comparison.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -29,7 +35,7 @@ use anyhow::Context;
 use clap::Parser;
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
-use kiln_bench::{Server, Summary, database, http, kiln_binary, median_range, token};
+use kiln_bench::{Server, Summary, database, http, kiln_binary, local_postgres_cpu_time, median_range, token};
 use kiln_protocol::{CreateRun, EventBody, Trigger};
 use kiln_store::{Lease, NewRun, Store};
 use kiln_worker::event_sink::{COALESCE, EventSink};
@@ -100,28 +106,45 @@ async fn main() -> anyhow::Result<()> {
         for &mode in modes {
             let mut p50: [Vec<f64>; 2] = Default::default();
             let mut p99: [Vec<f64>; 2] = Default::default();
+            let mut open_cpu: [Vec<Cpu>; 2] = Default::default();
+            let mut cpu: [Vec<Cpu>; 2] = Default::default();
             for round in 0..args.rounds {
                 let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
                 for i in order {
-                    let s = latency(&store, servers[i].1.addr, n, mode, &args).await?;
+                    let (s, spent) = latency(&store, servers[i].1, n, mode, &args).await?;
+                    // Opening: per stream. Delivery (to the streams' end):
+                    // per 1,000 receipts.
+                    open_cpu[i].push(spent.open.per(n as f64 / 1000.0));
+                    cpu[i].push(spent.delivery.per(s.n as f64 / 1000.0));
                     p50[i].push(ms(s.p50));
                     p99[i].push(ms(s.p99));
                     println!(
-                        "round {round}  {:<5} {n:>5} clients on {} run(s), {}: {s}",
+                        "round {round}  {:<5} {n:>5} clients on {} run(s), {}: {s}\n    \
+                         cpu: {} per 1,000 receipts; opening {} per 1,000 streams",
                         servers[i].0,
                         args.runs,
-                        if mode == Mode::Held { "held delta -> receipt" } else { "write -> receipt      " }
+                        if mode == Mode::Held { "held delta -> receipt" } else { "write -> receipt      " },
+                        cpu[i][round],
+                        open_cpu[i][round],
                     );
                 }
             }
             let what = if mode == Mode::Held { "held" } else { "immediate" };
             for i in 0..2 {
+                let of =
+                    |cpus: &[Cpu], part: fn(&Cpu) -> f64| median_range(&cpus.iter().map(part).collect::<Vec<_>>(), 2);
                 println!(
-                    "=> {what:<9} {n:>5} clients on {} run(s)  {:<5} p50 {} ms   p99 {} ms",
+                    "=> {what:<9} {n:>5} clients on {} run(s)  {:<5} p50 {} ms   p99 {} ms\n   \
+                     cpu per 1,000 receipts: server {} ms, postgres {} ms; \
+                     opening 1,000 streams: server {} ms, postgres {} ms",
                     args.runs,
                     servers[i].0,
                     median_range(&p50[i], 2),
-                    median_range(&p99[i], 2)
+                    median_range(&p99[i], 2),
+                    of(&cpu[i], |c| c.server),
+                    of(&cpu[i], |c| c.postgres),
+                    of(&open_cpu[i], |c| c.server),
+                    of(&open_cpu[i], |c| c.postgres),
                 );
             }
         }
@@ -227,11 +250,56 @@ fn markers(data: &str) -> impl Iterator<Item = u32> + '_ {
     data.split('[').skip(1).filter_map(|part| part.split_once(']')?.0.parse().ok())
 }
 
-async fn latency(store: &Store, addr: SocketAddr, n: usize, mode: Mode, args: &Args) -> anyhow::Result<Summary> {
+/// CPU time spent in a part of a round, in milliseconds: by the server
+/// process, and by the local Postgres (every process of it: the writes are
+/// the same whichever server runs, the reads are the server's).
+#[derive(Debug, Clone, Copy)]
+struct Cpu {
+    server: f64,
+    postgres: f64,
+}
+
+impl Cpu {
+    /// Both clocks now.
+    fn read(server: &Server) -> anyhow::Result<Cpu> {
+        Ok(Cpu { server: ms(server.cpu_time()?), postgres: ms(local_postgres_cpu_time()) })
+    }
+
+    fn since(self, start: Cpu) -> Cpu {
+        Cpu { server: self.server - start.server, postgres: self.postgres - start.postgres }
+    }
+
+    fn per(self, units: f64) -> Cpu {
+        Cpu { server: self.server / units, postgres: self.postgres / units }
+    }
+}
+
+impl std::fmt::Display for Cpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "server {:.2} ms, postgres {:.2} ms", self.server, self.postgres)
+    }
+}
+
+/// Where a round's CPU went: opening the streams (until every stream has
+/// made its first read), and the writes' delivery to the streams' end.
+struct RoundCpu {
+    open: Cpu,
+    delivery: Cpu,
+}
+
+async fn latency(
+    store: &Store,
+    server: &Server,
+    n: usize,
+    mode: Mode,
+    args: &Args,
+) -> anyhow::Result<(Summary, RoundCpu)> {
+    let addr = server.addr;
     let mut leases = Vec::with_capacity(args.runs);
     for _ in 0..args.runs {
         leases.push(claimed_run(store).await?);
     }
+    let started = Cpu::read(server)?;
     let http = http()?;
     let token = Arc::new(token("bench")?);
     let ready = Arc::new(Barrier::new(n + 1));
@@ -244,6 +312,7 @@ async fn latency(store: &Store, addr: SocketAddr, n: usize, mode: Mode, args: &A
     ready.wait().await;
     // Let every stream make its first read and wait for news.
     tokio::time::sleep(Duration::from_millis(500)).await;
+    let opened = Cpu::read(server)?;
     let interval = Duration::from_millis(args.interval_ms);
     // When each event (by run and seq) or delta (by marker) was produced.
     let mut produced: HashMap<(uuid::Uuid, i64), Instant> = HashMap::new();
@@ -309,7 +378,8 @@ async fn latency(store: &Store, addr: SocketAddr, n: usize, mode: Mode, args: &A
         }
     }
     anyhow::ensure!(sample.len() == n * args.events as usize, "some client missed events: {}", sample.len());
-    Ok(Summary::of(sample))
+    let spent = RoundCpu { open: opened.since(started), delivery: Cpu::read(server)?.since(opened) };
+    Ok((Summary::of(sample), spent))
 }
 
 /// Opens `m` SSE streams on an idle run and returns the server's resident
