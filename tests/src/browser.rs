@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use fantoccini::{Client, ClientBuilder};
+use fantoccini::{Client, ClientBuilder, Locator};
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
@@ -112,6 +112,22 @@ impl Browser {
     /// Runs `script` (a function body; `arguments` are `args`) in the page.
     pub async fn js(&self, script: &str, args: Vec<Value>) -> Value {
         self.client.execute(script, args).await.expect("execute script")
+    }
+
+    /// Clicks the element `css` finds. A list the page re-renders (after a
+    /// save, or when it reloads) replaces its rows, so an element found a
+    /// moment before the click may be gone by then (WebDriver's stale
+    /// element reference): it is found again and clicked, for up to 10 s.
+    pub async fn click(&self, css: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let element = self.client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("finding {css}: {e}"));
+            match element.click().await {
+                Ok(()) => return,
+                Err(e) if e.is_stale_element_reference() && Instant::now() < deadline => continue,
+                Err(e) => panic!("clicking {css}: {e}"),
+            }
+        }
     }
 
     /// Polls `script` until it returns something truthy, or panics with

@@ -10,7 +10,6 @@
 
 use std::time::Duration;
 
-use fantoccini::Locator;
 use kiln_protocol::{CreateRun, RepoSpec, RunStatus};
 use kiln_tests::browser::{Browser, artifact};
 use kiln_tests::git_repo::repo_with;
@@ -35,10 +34,6 @@ const GROUP_DIFF_JS: &str = "return [...document.querySelectorAll('#diff .diff-f
 const MARKS_JS: &str = "return { selected: [...document.querySelectorAll('.attempt[data-selected]')].map((n) => \
                         Number(n.dataset.attempt)), enabled: [...document.querySelectorAll('.attempt')].filter((n) => \
                         !n.querySelector('.attempt-select').disabled).map((n) => Number(n.dataset.attempt)) };";
-
-async fn click(b: &Browser, css: &str) {
-    b.client.find(Locator::Css(css)).await.unwrap().click().await.unwrap();
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_groups_attempts_show_side_by_side_with_their_diffs_and_select_makes_the_groups_change() {
@@ -121,7 +116,7 @@ async fn a_groups_attempts_show_side_by_side_with_their_diffs_and_select_makes_t
     assert_eq!(b.js(MARKS_JS, vec![]).await, json!({"selected": [], "enabled": [1, 2, 3]}));
 
     // Each attempt's diff opens where it is.
-    click(&b, ".attempt[data-attempt='2'] .attempt-diff summary").await;
+    b.click(".attempt[data-attempt='2'] .attempt-diff summary").await;
     b.wait_js(
         "attempt 2's diff",
         WAIT,
@@ -140,7 +135,7 @@ async fn a_groups_attempts_show_side_by_side_with_their_diffs_and_select_makes_t
     assert_eq!(shown, json!({"files": ["attempt.txt"], "added": ["+from model-two\n"]}));
 
     // Select the second: the group's patch is the second's, on the page and in the API.
-    click(&b, ".attempt[data-attempt='2'] .attempt-select").await;
+    b.click(".attempt[data-attempt='2'] .attempt-select").await;
     b.wait_js(
         "the group's change",
         WAIT,
@@ -156,7 +151,7 @@ async fn a_groups_attempts_show_side_by_side_with_their_diffs_and_select_makes_t
     b.screenshot(&artifact("web-view-attempts.png")).await;
 
     // Selecting again replaces the choice, and the page follows.
-    click(&b, ".attempt[data-attempt='3'] .attempt-select").await;
+    b.click(".attempt[data-attempt='3'] .attempt-select").await;
     b.wait_js(
         "attempt 3's change as the group's",
         WAIT,

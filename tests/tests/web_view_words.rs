@@ -236,13 +236,7 @@ async fn the_environments_page_creates_edits_and_resets_with_secrets_write_only_
     assert_eq!(href, json!(format!("#/runs/{}", run["id"].as_str().unwrap())));
 
     // Editing shows every field but the secrets' values, and keeps them.
-    b.client
-        .find(Locator::Css("#envs-body tr[data-env=web] button[data-action=edit]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    b.click("#envs-body tr[data-env=web] button[data-action=edit]").await;
     let form = b
         .js(
             "return { setup: document.getElementById('env-setup').value, secrets: document.getElementById('env-secrets').value, \
@@ -260,13 +254,7 @@ async fn the_environments_page_creates_edits_and_resets_with_secrets_write_only_
     let (_, env) = kiln_get(&app, "/v1/environments/web").await;
     assert_eq!((&env["setup_script"], &env["secret_names"]), (&json!("npm install"), &json!(["NPM_TOKEN"])));
 
-    b.client
-        .find(Locator::Css("#envs-body tr[data-env=web] button[data-action=reset]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    b.click("#envs-body tr[data-env=web] button[data-action=reset]").await;
     b.wait_js(
         "the reset",
         WAIT,
