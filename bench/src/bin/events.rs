@@ -112,10 +112,12 @@ async fn main() -> anyhow::Result<()> {
                 let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
                 for i in order {
                     let (s, spent) = latency(&store, servers[i].1, n, mode, &args).await?;
-                    // Opening: per stream. Delivery (to the streams' end):
-                    // per 1,000 receipts.
-                    open_cpu[i].push(spent.open.per(n as f64 / 1000.0));
-                    cpu[i].push(spent.delivery.per(s.n as f64 / 1000.0));
+                    // Opening: per 1,000 streams. Delivery (to the streams'
+                    // end): per 1,000 receipts.
+                    let opening = spent.open.per(n as f64 / 1000.0);
+                    let delivery = spent.delivery.per(s.n as f64 / 1000.0);
+                    open_cpu[i].push(opening);
+                    cpu[i].push(delivery);
                     p50[i].push(ms(s.p50));
                     p99[i].push(ms(s.p99));
                     println!(
@@ -124,15 +126,14 @@ async fn main() -> anyhow::Result<()> {
                         servers[i].0,
                         args.runs,
                         if mode == Mode::Held { "held delta -> receipt" } else { "write -> receipt      " },
-                        cpu[i][round],
-                        open_cpu[i][round],
+                        delivery,
+                        opening,
                     );
                 }
             }
             let what = if mode == Mode::Held { "held" } else { "immediate" };
+            let of = |cpus: &[Cpu], part: fn(&Cpu) -> f64| median_range(&cpus.iter().map(part).collect::<Vec<_>>(), 2);
             for i in 0..2 {
-                let of =
-                    |cpus: &[Cpu], part: fn(&Cpu) -> f64| median_range(&cpus.iter().map(part).collect::<Vec<_>>(), 2);
                 println!(
                     "=> {what:<9} {n:>5} clients on {} run(s)  {:<5} p50 {} ms   p99 {} ms\n   \
                      cpu per 1,000 receipts: server {} ms, postgres {} ms; \
