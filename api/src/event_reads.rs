@@ -1,13 +1,18 @@
 //! Reading a run's events from the table: the bounds of one read. Shared by
 //! each SSE stream (`routes::events`) and by the one reader per followed run
-//! (`feed`).
+//! (`feed`, through `page_reads`).
 
-use crate::AppState;
+use crate::{ApiSettings, AppState};
 
 /// Events read from the table per query (at most; see `event_page_bytes`).
 pub(crate) const BATCH: i64 = 500;
 
 /// The byte bound of one read of the events table.
 pub(crate) fn page_bytes(state: &AppState) -> i64 {
-    i64::try_from(state.settings.event_page_bytes).unwrap_or(i64::MAX)
+    bytes_bound(&state.settings)
+}
+
+/// [`page_bytes`] of these settings.
+pub(crate) fn bytes_bound(settings: &ApiSettings) -> i64 {
+    i64::try_from(settings.event_page_bytes).unwrap_or(i64::MAX)
 }

@@ -9,7 +9,9 @@
 //! already caught up. A feed lives while it has subscribers and ends after
 //! the run's terminal event. The reader also renders each event as an SSE
 //! event once, for all of its streams. It is woken by its run's
-//! notifications only (`crate::notice_router`).
+//! notifications only (`crate::notice_router`), and its reads go to the
+//! database beside other runs' when they come together
+//! (`crate::page_reads`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -21,7 +23,6 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use crate::AppState;
-use crate::event_reads::{BATCH, page_bytes};
 
 /// A batch of consecutive events, shared by every subscriber.
 pub type Batch = Arc<[FedEvent]>;
@@ -172,7 +173,7 @@ enum Read {
 /// them, or a read fails.
 async fn read_news(state: &AppState, run_id: Uuid, after: &mut i64, tx: &broadcast::Sender<Batch>) -> Read {
     loop {
-        let batch = match state.store.events_page(run_id, *after, BATCH, page_bytes(state)).await {
+        let batch = match state.page_reads.page(run_id, *after).await {
             Ok(batch) => batch,
             Err(e) => {
                 // Subscribers still read the table themselves on a gap;

@@ -16,6 +16,7 @@ pub mod limits;
 pub mod metrics;
 pub mod notice_router;
 pub mod openapi;
+pub mod page_reads;
 mod routes;
 pub mod serve;
 pub mod stream_token;
@@ -60,6 +61,8 @@ pub struct AppState {
     pub sse: Arc<limits::SseGauge>,
     /// One reader per followed run, shared by its SSE streams.
     pub feeds: Arc<feed::Feeds>,
+    /// The feeds' reads of the table, gathered into few statements.
+    pub page_reads: Arc<page_reads::PageReads>,
     /// Fired when the process shuts down: SSE streams end so the server can
     /// drain (clients reconnect elsewhere and resume with `Last-Event-ID`).
     pub shutdown: tokio_util::sync::CancellationToken,
@@ -77,8 +80,10 @@ impl AppState {
         github: Option<GithubWebhookConfig>,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Self {
+        let page_bytes = event_reads::bytes_bound(&settings);
         AppState {
             notices: Arc::new(notice_router::NoticeRouter::new(store.listener())),
+            page_reads: Arc::new(page_reads::PageReads::new(store.clone(), page_bytes)),
             store,
             auth: Arc::new(auth),
             settings: Arc::new(settings),

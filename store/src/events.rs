@@ -231,6 +231,51 @@ impl Store {
         Ok(EventBatch { events, more })
     }
 
+    /// The pages of several runs in one statement: for each `(run, after)`
+    /// of `reads`, in order, the page [`Store::events_page`] would read with
+    /// the same bounds (each run's own `limit` and `max_bytes`). One round
+    /// trip and one statement for what would be as many as there are runs:
+    /// the API's feeds read their runs' news this way when notifications
+    /// come together (`kiln_api::page_reads`).
+    pub async fn events_pages(
+        &self,
+        reads: &[(Uuid, i64)],
+        limit: i64,
+        max_bytes: i64,
+    ) -> Result<Vec<EventBatch>, StoreError> {
+        let (runs, afters): (Vec<Uuid>, Vec<i64>) = reads.iter().copied().unzip();
+        let client = self.client().await?;
+        // `i` numbers the reads (the same run may be read twice, from two
+        // places); each read's page is `events_page`'s, joined laterally.
+        let statement = client
+            .prepare_cached(concat!(
+                "SELECT q.i, page.seq, page.kind, page.payload, page.at, page.more
+                 FROM unnest($1::uuid[], $2::int8[]) WITH ORDINALITY AS q(run_id, after_seq, i)
+                 CROSS JOIN LATERAL (",
+                bounded_page!("q.run_id", "q.after_seq", "$3", "$4"),
+                ") page
+                 ORDER BY q.i, page.seq"
+            ))
+            .await?;
+        let rows = client.query(&statement, &[&runs, &afters, &limit, &max_bytes]).await?;
+        let mut pages = vec![EventBatch { events: Vec::new(), more: false }; reads.len()];
+        for r in &rows {
+            let i: i64 = r.try_get(0)?;
+            let page = usize::try_from(i - 1)
+                .ok()
+                .and_then(|i| pages.get_mut(i))
+                .ok_or_else(|| StoreError::Corrupt(format!("a page numbered {i} of {} reads", reads.len())))?;
+            page.more = r.try_get(5)?;
+            page.events.push(StoredEvent {
+                seq: r.try_get(1)?,
+                kind: r.try_get(2)?,
+                payload: r.try_get(3)?,
+                at: r.try_get(4)?,
+            });
+        }
+        Ok(pages)
+    }
+
     /// What a stream or a JSON page of `owner`'s run needs as it opens, in
     /// one statement (one round trip instead of three: the run, its
     /// terminal event, the first page): the run's last seq, the seq of its

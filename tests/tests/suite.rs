@@ -31,6 +31,7 @@ mod environment_warm;
 mod environments;
 mod event_ids;
 mod faults;
+mod feed_reads;
 mod function_length;
 mod git_delivery;
 mod github_attempts;
