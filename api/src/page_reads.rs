@@ -43,7 +43,9 @@ struct Request {
 }
 
 /// Hands a feed's read to the gathering task. Cheap to share; the task
-/// ends when the last handle is dropped.
+/// ends when the last handle is dropped. The queue is unbounded but holds
+/// at most one read per followed run: a feed asks for its next read only
+/// once its last was answered.
 #[derive(Debug)]
 pub struct PageReads {
     requests: mpsc::UnboundedSender<Request>,
