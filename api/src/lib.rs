@@ -80,7 +80,7 @@ impl AppState {
         github: Option<GithubWebhookConfig>,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Self {
-        let page_bytes = event_reads::bytes_bound(&settings);
+        let page_bytes = event_reads::page_bytes(&settings);
         AppState {
             notices: Arc::new(notice_router::NoticeRouter::new(store.listener())),
             page_reads: Arc::new(page_reads::PageReads::new(store.clone(), page_bytes)),

@@ -197,11 +197,7 @@ impl Store {
             )
             .await?;
         let rows = client.query(&statement, &[&run_id, &after, &limit]).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(StoredEvent { seq: r.try_get(0)?, kind: r.try_get(1)?, payload: r.try_get(2)?, at: r.try_get(3)? })
-            })
-            .collect()
+        rows.iter().map(|r| stored_event(r, 0)).collect()
     }
 
     /// Events of a run with seq > `after`, oldest first: at most `limit`
@@ -225,7 +221,7 @@ impl Store {
             .iter()
             .map(|r| {
                 more = r.try_get(4)?;
-                Ok(StoredEvent { seq: r.try_get(0)?, kind: r.try_get(1)?, payload: r.try_get(2)?, at: r.try_get(3)? })
+                stored_event(r, 0)
             })
             .collect::<Result<_, StoreError>>()?;
         Ok(EventBatch { events, more })
@@ -266,12 +262,7 @@ impl Store {
                 .and_then(|i| pages.get_mut(i))
                 .ok_or_else(|| StoreError::Corrupt(format!("a page numbered {i} of {} reads", reads.len())))?;
             page.more = r.try_get(5)?;
-            page.events.push(StoredEvent {
-                seq: r.try_get(1)?,
-                kind: r.try_get(2)?,
-                payload: r.try_get(3)?,
-                at: r.try_get(4)?,
-            });
+            page.events.push(stored_event(r, 1)?);
         }
         Ok(pages)
     }
@@ -327,14 +318,12 @@ impl Store {
             page: EventBatch { events: Vec::with_capacity(rows.len()), more: false },
         };
         for r in &rows {
-            let Some(seq) = r.try_get::<_, Option<i64>>(2)? else { continue };
+            // An empty page leaves the run's row, its event columns null.
+            if r.try_get::<_, Option<i64>>(2)?.is_none() {
+                continue;
+            }
             opening.page.more = r.try_get(6)?;
-            opening.page.events.push(StoredEvent {
-                seq,
-                kind: r.try_get(3)?,
-                payload: r.try_get(4)?,
-                at: r.try_get(5)?,
-            });
+            opening.page.events.push(stored_event(r, 2)?);
         }
         Ok(Some(opening))
     }
@@ -360,6 +349,17 @@ impl Store {
 /// The bytes an event's JSON adds to its kind and payload:
 /// `{"kind":"` + `","payload":` + `}`.
 const EVENT_JSON_FRAME: i32 = 22;
+
+/// The event in a row's columns `seq, kind, payload, at`, the first at
+/// `from`: how every read of the events table returns its events.
+fn stored_event(r: &tokio_postgres::Row, from: usize) -> Result<StoredEvent, StoreError> {
+    Ok(StoredEvent {
+        seq: r.try_get(from)?,
+        kind: r.try_get(from + 1)?,
+        payload: r.try_get(from + 2)?,
+        at: r.try_get(from + 3)?,
+    })
+}
 
 /// A bounded read of a run's events ([`Store::events_page`]).
 #[derive(Debug, Clone)]

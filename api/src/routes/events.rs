@@ -139,7 +139,7 @@ pub async fn events(
     let page_limit = if json { limit } else { BATCH };
     let opening = state
         .store
-        .open_events(&owner, id, after, page_limit, page_bytes(&state))
+        .open_events(&owner, id, after, page_limit, page_bytes(&state.settings))
         .await?
         .ok_or_else(ApiError::run_not_found)?;
     // A resume point nobody could have been sent: refused, rather than a
@@ -364,7 +364,7 @@ fn table_read(
     run_id: Uuid,
     after: i64,
 ) -> Pin<Box<impl Future<Output = Result<EventBatch, StoreError>> + '_>> {
-    Box::pin(state.store.events_page(run_id, after, BATCH, page_bytes(state)))
+    Box::pin(state.store.events_page(run_id, after, BATCH, page_bytes(&state.settings)))
 }
 
 /// The events of a feed's batch (consecutive, in seq order) that continue
