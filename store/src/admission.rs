@@ -1,4 +1,4 @@
-//! One subject's submissions that arrive together are admitted together.
+//! Submissions that arrive together are admitted together.
 //!
 //! A quota'd submission is one statement that takes its subject's lock
 //! (`kiln_quota_check`, migrations/V29), counts, inserts and commits:
@@ -7,11 +7,14 @@
 //! submissions would go one commit (a WAL flush) apart, whatever the
 //! database could do beside them (`bench/`, submit, one subject).
 //!
-//! Here the submissions of a subject that arrive while its statements are
-//! under way wait in its line and go together in the next statement: one
-//! lock, one count and one commit for all of them, each admitted in its
-//! turn as if it were alone (the n-th of a statement is counted after the
-//! n − 1 before it). A submission that arrives alone goes at once.
+//! Here the submissions that arrive while a line's statements are under way
+//! wait in that line and go together in its next statement: one commit for
+//! all of them, each admitted in its turn as if it were alone (the n-th of
+//! a subject in a statement is counted after the n − 1 before it). A
+//! submission that arrives alone goes at once. A counted subject has a line
+//! of its own (one lock and one count for its statement); submissions with
+//! no limit to count take no lock, so every subject's share one line: with
+//! no quota, one commit serves many subjects as it serves many runs of one.
 //!
 //! The statements run in tasks of their own, so a client that goes away
 //! mid-request cancels nobody else's submission. A statement that fails is
@@ -31,7 +34,7 @@ use crate::queued::{ADMISSION_COUNTS_AT, ADMIT_TOGETHER, Candidate, QuotaCounts,
 use crate::rows::run_from_row;
 use crate::{Store, StoreError};
 
-/// A subject's statements under way at once, per process: two, so that the
+/// A line's statements under way at once, per process: two, so that the
 /// next one already waits for the subject's lock in the database while the
 /// one before it commits (and so a burst holds at most two connections).
 const IN_FLIGHT: usize = 2;
@@ -64,28 +67,49 @@ struct Line {
     in_flight: usize,
 }
 
-/// Every subject's line in this process. A subject with nothing waiting and
-/// nothing under way has no entry.
+/// Which line a submission waits in.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+enum LineKey {
+    /// A subject whose quota is counted: its lock serialises its
+    /// statements, so they are its own.
+    Subject(String),
+    /// Submissions with nothing to count, whatever their subject: no lock,
+    /// so nothing keeps them apart.
+    Unlimited,
+}
+
+impl LineKey {
+    fn of(owner: &str, limits: QuotaLimits) -> Self {
+        match limits.counted() {
+            [None, None] => LineKey::Unlimited,
+            _ => LineKey::Subject(owner.to_owned()),
+        }
+    }
+}
+
+/// Every line in this process. A line with nothing waiting and nothing
+/// under way has no entry.
 #[derive(Default)]
 pub(crate) struct AdmissionLines {
-    lines: Mutex<HashMap<String, Line>>,
+    lines: Mutex<HashMap<LineKey, Line>>,
 }
 
 impl AdmissionLines {
-    /// Admits or refuses `candidate`, a first run of `owner`, under
-    /// `limits`: in the next statement of `owner`'s line.
-    pub(crate) async fn admit(&self, store: &Store, owner: &str, limits: QuotaLimits, candidate: Candidate) -> Answer {
+    /// Admits or refuses `candidate`, a first run, under `limits`: in the
+    /// next statement of its line.
+    pub(crate) async fn admit(&self, store: &Store, limits: QuotaLimits, candidate: Candidate) -> Answer {
+        let key = LineKey::of(candidate.owner(), limits);
         let (reply, answer) = oneshot::channel();
         let start = {
             let mut lines = self.lock();
-            let line = lines.entry(owner.to_owned()).or_default();
+            let line = lines.entry(key.clone()).or_default();
             line.waiting.push(Waiting { candidate, limits, reply });
             let start = line.in_flight < IN_FLIGHT;
             line.in_flight += usize::from(start);
             start
         };
         if start {
-            tokio::spawn(flush(store.clone(), owner.to_owned()));
+            tokio::spawn(flush(store.clone(), key));
         }
         // Only a statement's task dropped without answering gets here with
         // nothing: the runtime shutting down, or the task panicking.
@@ -94,16 +118,16 @@ impl AdmissionLines {
         })?
     }
 
-    /// Up to `MAX_BATCH` of `owner`'s waiting submissions that share the
+    /// Up to `MAX_BATCH` of the line's waiting submissions that share the
     /// first's limits, oldest first. When none waits, the calling task
     /// leaves the line instead, under the same lock as `admit`'s look at
     /// `in_flight`: a submission that comes after finds it gone and starts a
     /// task of its own.
-    fn take_or_leave(&self, owner: &str) -> Option<Vec<Waiting>> {
+    fn take_or_leave(&self, key: &LineKey) -> Option<Vec<Waiting>> {
         let mut lines = self.lock();
-        let line = lines.get_mut(owner)?;
+        let line = lines.get_mut(key)?;
         let Some(limits) = line.waiting.first().map(|w| w.limits) else {
-            Self::leave(&mut lines, owner);
+            Self::leave(&mut lines, key);
             return None;
         };
         let (batch, kept) = std::mem::take(&mut line.waiting)
@@ -114,28 +138,28 @@ impl AdmissionLines {
         Some(batch.into_iter().map(|(_, w)| w).collect())
     }
 
-    /// One task fewer under way in `owner`'s line; the line's entry goes
-    /// with its last task (its waiting submissions, if any, are then told
-    /// they were abandoned: only a task that ended abnormally leaves any).
-    fn leave(lines: &mut HashMap<String, Line>, owner: &str) {
-        let Some(line) = lines.get_mut(owner) else { return };
+    /// One task fewer under way in the line; the line's entry goes with its
+    /// last task (its waiting submissions, if any, are then told they were
+    /// abandoned: only a task that ended abnormally leaves any).
+    fn leave(lines: &mut HashMap<LineKey, Line>, key: &LineKey) {
+        let Some(line) = lines.get_mut(key) else { return };
         line.in_flight = line.in_flight.saturating_sub(1);
         if line.in_flight == 0 {
-            lines.remove(owner);
+            lines.remove(key);
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Line>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<LineKey, Line>> {
         self.lines.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-/// One of `owner`'s statement tasks: statements until its line is empty.
-async fn flush(store: Store, owner: String) {
+/// One of a line's statement tasks: statements until the line is empty.
+async fn flush(store: Store, key: LineKey) {
     let lines = store.admission_lines.clone();
-    let mut task = InLine { lines: &lines, owner: &owner, left: false };
-    while let Some(batch) = lines.take_or_leave(&owner) {
-        admit_batch(&store, &owner, batch).await;
+    let mut task = InLine { lines: &lines, key: &key, left: false };
+    while let Some(batch) = lines.take_or_leave(&key) {
+        admit_batch(&store, batch).await;
     }
     task.left = true;
 }
@@ -145,7 +169,7 @@ async fn flush(store: Store, owner: String) {
 /// counts on a dead task.
 struct InLine<'a> {
     lines: &'a AdmissionLines,
-    owner: &'a str,
+    key: &'a LineKey,
     /// Left through `take_or_leave`.
     left: bool,
 }
@@ -153,17 +177,17 @@ struct InLine<'a> {
 impl Drop for InLine<'_> {
     fn drop(&mut self) {
         if !self.left {
-            AdmissionLines::leave(&mut self.lines.lock(), self.owner);
+            AdmissionLines::leave(&mut self.lines.lock(), self.key);
         }
     }
 }
 
 /// Sends `batch`'s statement and answers each of its submissions; when the
 /// statement fails, each submission alone.
-async fn admit_batch(store: &Store, owner: &str, batch: Vec<Waiting>) {
+async fn admit_batch(store: &Store, batch: Vec<Waiting>) {
     let limits = batch[0].limits;
     let candidates: Vec<&Candidate> = batch.iter().map(|w| &w.candidate).collect();
-    match admit_together(store, owner, limits, &candidates).await {
+    match admit_together(store, limits, &candidates).await {
         Ok(verdicts) => {
             for (waiting, verdict) in batch.into_iter().zip(verdicts) {
                 // A receiver gone is a client gone; its run stands.
@@ -186,7 +210,7 @@ async fn admit_batch(store: &Store, owner: &str, batch: Vec<Waiting>) {
         Err(e) => {
             tracing::debug!(error = %e, submissions = batch.len(), "a batch of submissions failed; each goes alone");
             for waiting in batch {
-                let alone = admit_together(store, owner, waiting.limits, &[&waiting.candidate]).await;
+                let alone = admit_together(store, waiting.limits, &[&waiting.candidate]).await;
                 let answer = alone.and_then(|mut verdicts| {
                     verdicts.pop().ok_or_else(|| StoreError::Corrupt("no verdict for a submission".into()))
                 });
@@ -196,18 +220,16 @@ async fn admit_batch(store: &Store, owner: &str, batch: Vec<Waiting>) {
     }
 }
 
-/// One autocommitted statement: `owner`'s lock, the count, and the insert
-/// of as many of `candidates` as the quota admits, in their order. A
-/// verdict per candidate, in the same order.
+/// One autocommitted statement: each counted subject's lock and count, and
+/// the insert of as many of each subject's `candidates` as the quota
+/// admits, in their order. A verdict per candidate, in the same order.
 async fn admit_together(
     store: &Store,
-    owner: &str,
     limits: QuotaLimits,
     candidates: &[&Candidate],
 ) -> Result<Vec<Verdict>, StoreError> {
     let columns = crate::queued::CandidateColumns::of(candidates);
-    let mut params: Vec<&(dyn ToSql + Sync)> = vec![&owner];
-    params.extend(columns.params());
+    let mut params: Vec<&(dyn ToSql + Sync)> = columns.params().to_vec();
     let [max_active, max_recent] = limits.counted();
     params.extend([&max_active as &(dyn ToSql + Sync), &max_recent]);
     let client = store.client().await?;
@@ -218,7 +240,8 @@ async fn admit_together(
         let n: i64 = row.try_get(ADMISSION_COUNTS_AT + 3)?;
         let slot = usize::try_from(n - 1).ok().and_then(|i| verdicts.get_mut(i));
         let slot = slot.ok_or_else(|| StoreError::Corrupt(format!("verdict for submission {n} of a batch")))?;
-        *slot = Some(verdict(row, n)?);
+        let of_subject: i64 = row.try_get(ADMISSION_COUNTS_AT + 5)?;
+        *slot = Some(verdict(row, of_subject)?);
     }
     verdicts
         .into_iter()
@@ -226,7 +249,8 @@ async fn admit_together(
         .collect()
 }
 
-/// The verdict of the `n`-th (from 1) candidate of a statement from its row.
+/// The verdict of the `n`-th (from 1) candidate of its subject in a
+/// statement, from its row.
 fn verdict(row: &tokio_postgres::Row, n: i64) -> Result<Verdict, StoreError> {
     let admitted: bool = row.try_get(ADMISSION_COUNTS_AT + 4)?;
     let inserted: Option<Uuid> = row.try_get(0)?;
@@ -251,7 +275,7 @@ fn verdict(row: &tokio_postgres::Row, n: i64) -> Result<Verdict, StoreError> {
 
 impl std::fmt::Debug for AdmissionLines {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AdmissionLines").field("subjects", &self.lock().len()).finish()
+        f.debug_struct("AdmissionLines").field("lines", &self.lock().len()).finish()
     }
 }
 

@@ -89,46 +89,56 @@ static IN_NEW_SESSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
 /// A follow-up, in the session `$2`.
 static IN_SESSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| insert_statement("SELECT $2::uuid AS id"));
 
-/// First runs admitted together by their subject's quota (`admission`), in
-/// one autocommitted statement that takes the subject's lock
-/// (`kiln_quota_check`, migrations/V29), counts, inserts as many as fit in
-/// their order and answers them as inserted: the lock is held for that one
-/// statement and its commit. `$1` is the owner, `$2` to `$14` one array per
-/// column of the candidates ([`CandidateColumns`]), `$15` and `$16` the
-/// quota's limits ([`QuotaLimits::counted`]). The runs come before their
-/// sessions so that a run lost to an idempotency key leaves no session
-/// behind (the foreign key is checked at the statement's end). Answers one row per candidate: the
-/// run's [`RUN_COLUMNS`](crate::rows::RUN_COLUMNS), all null when refused
-/// or when its key was taken, then the counts the check saw, the
-/// candidate's place (from 1) and whether the quota admitted it. A single
-/// run has no attempts.
+/// First runs admitted together under their subjects' quotas
+/// (`admission`), in one autocommitted statement that takes each counted
+/// subject's lock (`kiln_quota_check`, migrations/V29), counts, inserts as
+/// many of each subject's candidates as fit in their order and answers them
+/// as inserted: a lock is held for that one statement and its commit. `$1`
+/// to `$14` are one array per column of the candidates, their owners first
+/// ([`CandidateColumns`]), `$15` and `$16` the quota's limits
+/// ([`QuotaLimits::counted`]). The runs come before their sessions so that
+/// a run lost to an idempotency key leaves no session behind (the foreign
+/// key is checked at the statement's end). Answers one row per candidate:
+/// the run's [`RUN_COLUMNS`](crate::rows::RUN_COLUMNS), all null when
+/// refused or when its key was taken, then the counts the check saw for its
+/// subject, the candidate's place in the statement (from 1), whether the
+/// quota admitted it and its place among its subject's candidates (from 1).
+/// A single run has no attempts.
 pub(crate) static ADMIT_TOGETHER: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     // `LIMIT 1`: the function is planned as answering 1,000 rows (a set
-    // function's default), which the cross join with the candidates makes a
-    // plan costly enough for Postgres to compile it with JIT on every
-    // execution (about half a second here); it answers one row. A limit
-    // that is NULL is no limit: `LEAST` ignores it, and with both NULL
-    // every candidate is admitted.
-    "WITH q AS (
-         SELECT * FROM kiln_quota_check($1, $15, $16) LIMIT 1
-     ), b AS (
-         SELECT * FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::jsonb[], $6::jsonb[], $7::text[], $8::text[],
-                              $9::jsonb[], $10::text[], $11::text[], $12::jsonb[], $13::text[], $14::text[])
-             WITH ORDINALITY AS b(id, session_id, prompt, model, limits, trigger, idempotency_key, policy,
+    // function's default), which the join with the candidates makes a plan
+    // costly enough for Postgres to compile it with JIT on every execution
+    // (about half a second here); it answers one row. The subjects are
+    // checked in the order of their locks' keys, so that two statements
+    // that count the same subjects never each hold a lock the other waits
+    // for (`admission` sends a counted subject's candidates alone; only
+    // unlimited ones, which take no lock, share a statement). A limit that
+    // is NULL is no limit: `LEAST` ignores it, and with both NULL every
+    // candidate is admitted.
+    "WITH b AS (
+         SELECT * FROM unnest($1::text[], $2::uuid[], $3::uuid[], $4::text[], $5::jsonb[], $6::jsonb[], $7::text[],
+                              $8::text[], $9::jsonb[], $10::text[], $11::text[], $12::jsonb[], $13::text[], $14::text[])
+             WITH ORDINALITY AS b(owner, id, session_id, prompt, model, limits, trigger, idempotency_key, policy,
                                   callback_url, kind, payload, repo_url, repo_ref, n)
+     ), q AS (
+         SELECT s.owner, c.* FROM (
+             SELECT DISTINCT owner, hashtextextended(owner, 7) AS lock_key FROM b ORDER BY lock_key, owner
+         ) s CROSS JOIN LATERAL (SELECT * FROM kiln_quota_check(s.owner, $15, $16) LIMIT 1) c
      ), a AS (
-         SELECT b.*, coalesce(b.n <= LEAST($15 - q.active_runs, $16 - q.recent_runs), true) AS admitted FROM b, q
+         SELECT ranked.*, coalesce(ranked.k <= LEAST($15 - q.active_runs, $16 - q.recent_runs), true) AS admitted
+         FROM (SELECT b.*, row_number() OVER (PARTITION BY b.owner ORDER BY b.n) AS k FROM b) ranked
+         JOIN q ON q.owner = ranked.owner
      ), r AS (
          INSERT INTO runs (id, session_id, owner, status, prompt, model, limits, trigger, idempotency_key,
                            policy, callback_url, last_event_seq)
-         SELECT id, session_id, $1, 'queued', prompt, model, limits, trigger, idempotency_key, policy,
+         SELECT id, session_id, owner, 'queued', prompt, model, limits, trigger, idempotency_key, policy,
                 callback_url, 1
          FROM a WHERE admitted
          ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
          RETURNING *
      ), s AS (
          INSERT INTO sessions (id, owner, repo_url, repo_ref)
-         SELECT a.session_id, $1, a.repo_url, a.repo_ref FROM a JOIN r ON r.id = a.id
+         SELECT a.session_id, a.owner, a.repo_url, a.repo_ref FROM a JOIN r ON r.id = a.id
      ), e AS (
          INSERT INTO events (run_id, seq, kind, payload) SELECT a.id, 1, a.kind, a.payload FROM a JOIN r ON r.id = a.id
      )
@@ -136,14 +146,14 @@ pub(crate) static ADMIT_TOGETHER: std::sync::LazyLock<String> = std::sync::LazyL
             r.model, r.limits, r.trigger, r.attempt, r.cancel_requested, r.created_at, r.started_at,
             r.finished_at, r.result, r.error, r.last_event_seq, r.policy, r.callback_url, r.parent_run_id,
             r.agent_path, r.group_run_id, r.attempt_number, r.selected_attempt, NULL::uuid[],
-            q.active_runs, q.recent_runs, q.retry_after_s, a.n, a.admitted
-     FROM a CROSS JOIN q LEFT JOIN r ON r.id = a.id"
+            q.active_runs, q.recent_runs, q.retry_after_s, a.n, a.admitted, a.k
+     FROM a JOIN q ON q.owner = a.owner LEFT JOIN r ON r.id = a.id"
         .to_owned()
 });
 
 /// Where the quota's counts start in a row of [`ADMIT_TOGETHER`]: after
-/// the run's columns (then the candidate's place and whether it was
-/// admitted).
+/// the run's columns (then the candidate's place, whether it was admitted
+/// and its place among its subject's candidates).
 pub(crate) const ADMISSION_COUNTS_AT: usize = 25;
 
 /// The quota's limits (`runs::Quota`'s, passed apart so that this module
@@ -182,6 +192,7 @@ impl QuotaCounts {
 /// A first run waiting for its subject's quota (`admission`): what its
 /// insert binds, owned, its ids chosen.
 pub(crate) struct Candidate {
+    owner: String,
     run_id: Uuid,
     session_id: Uuid,
     prompt: String,
@@ -198,6 +209,11 @@ pub(crate) struct Candidate {
 }
 
 impl Candidate {
+    /// The subject the run is for.
+    pub(crate) fn owner(&self) -> &str {
+        &self.owner
+    }
+
     /// `run`, a first run (a follow-up is admitted in its own transaction),
     /// taken whole so that its JSON settings move rather than copy.
     pub(crate) fn of(run: QueuedRun<'_>) -> Result<Self, StoreError> {
@@ -210,6 +226,7 @@ impl Candidate {
         let repo_url = values.repo_url.map(str::to_owned);
         let repo_ref = values.repo_ref.map(str::to_owned);
         Ok(Candidate {
+            owner: run.owner.to_owned(),
             run_id,
             session_id,
             prompt: run.prompt.to_owned(),
@@ -227,8 +244,9 @@ impl Candidate {
     }
 }
 
-/// Candidates as [`ADMIT_TOGETHER`]'s arrays, `$2` to `$14`.
+/// Candidates as [`ADMIT_TOGETHER`]'s arrays, `$1` to `$14`.
 pub(crate) struct CandidateColumns<'a> {
+    owners: Vec<&'a str>,
     run_ids: Vec<Uuid>,
     session_ids: Vec<Uuid>,
     prompts: Vec<&'a str>,
@@ -248,6 +266,7 @@ impl<'a> CandidateColumns<'a> {
     pub(crate) fn of(candidates: &[&'a Candidate]) -> Self {
         let each = candidates.iter().copied();
         CandidateColumns {
+            owners: each.clone().map(|c| c.owner.as_str()).collect(),
             run_ids: each.clone().map(|c| c.run_id).collect(),
             session_ids: each.clone().map(|c| c.session_id).collect(),
             prompts: each.clone().map(|c| c.prompt.as_str()).collect(),
@@ -264,8 +283,9 @@ impl<'a> CandidateColumns<'a> {
         }
     }
 
-    pub(crate) fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 13] {
+    pub(crate) fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 14] {
         [
+            &self.owners,
             &self.run_ids,
             &self.session_ids,
             &self.prompts,

@@ -146,7 +146,7 @@ impl Store {
     ) -> Result<Result<(Run, bool), QuotaRefusal>, StoreError> {
         let single = single_attempt(new);
         let candidate = Candidate::of(QueuedRun::first(&single)?)?;
-        match self.admission_lines.admit(self, &new.owner, QuotaLimits::from(quota), candidate).await? {
+        match self.admission_lines.admit(self, QuotaLimits::from(quota), candidate).await? {
             Verdict::Admitted(run) => {
                 self.announce_queued(run.id);
                 Ok(Ok((*run, true)))

@@ -1,13 +1,15 @@
-//! One subject's submissions under way at once are admitted together
-//! (`store/src/admission.rs`): one statement, one count and one commit for
-//! those that wait while the subject's lock is held, each admitted in its
-//! turn, and a bad one failing only itself.
+//! Submissions under way at once are admitted together
+//! (`store/src/admission.rs`): one subject's, when its quota is counted, in
+//! one statement, one count and one commit for those that wait while the
+//! subject's lock is held, each admitted in its turn, and a bad one failing
+//! only itself; with no quota, every subject's together.
 //!
 //! Most tests here hold the subject's quota lock (`kiln_quota_check`'s
 //! advisory lock, migrations/V27 and V29) from a connection of its own
-//! while the submissions arrive, so that they all wait, then let it go. The
-//! last two check what the quota check costs: what it reads, and that it
-//! takes no lock when there is nothing to count.
+//! while the submissions arrive, so that they all wait, then let it go.
+//! Others check what the quota check costs (what it reads, and that it
+//! takes no lock when there is nothing to count), and how a statement of
+//! several subjects counts.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -41,28 +43,33 @@ impl Held {
     /// Waits until `n` statements of this database wait for an advisory
     /// lock (the subject's, as nothing else here takes one).
     async fn until_waiting(&self, n: i64) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let waiting: i64 = self
-                .0
-                .query_one(
-                    "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
-                     WHERE d.datname = current_database() AND l.locktype = 'advisory' AND NOT l.granted",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            if waiting >= n {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{waiting} statements waiting for the lock, not {n}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until_waiting_for(&self.0, "advisory", n).await;
     }
 
     async fn release(self) {
         self.0.execute("SELECT pg_advisory_unlock(hashtextextended($1, 7))", &[&self.1]).await.unwrap();
+    }
+}
+
+/// Waits until `n` statements of this database wait for a lock of
+/// `locktype` (`pg_locks`).
+async fn until_waiting_for(sql: &tokio_postgres::Client, locktype: &str, n: i64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = sql
+            .query_one(
+                "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+                 WHERE d.datname = current_database() AND l.locktype = $1 AND NOT l.granted",
+                &[&locktype],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{waiting} statements waiting for a lock ({locktype}), not {n}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -208,8 +215,9 @@ async fn a_client_gone_mid_submission_cancels_nobody_elses() {
     assert!((5..=6).contains(&runs), "{runs} runs");
 }
 
-/// `n` plain candidates as the admission statement's arrays.
+/// Plain candidates as the admission statement's arrays.
 struct Candidates {
+    owners: Vec<String>,
     run_ids: Vec<uuid::Uuid>,
     session_ids: Vec<uuid::Uuid>,
     text: Vec<&'static str>,
@@ -221,9 +229,12 @@ struct Candidates {
 type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
 
 impl Candidates {
-    fn of(n: usize) -> Candidates {
+    /// One candidate for each of `owners`, in their order.
+    fn of(owners: &[&str]) -> Candidates {
+        let n = owners.len();
         let ids = || (0..n).map(|_| uuid::Uuid::now_v7()).collect::<Vec<_>>();
         Candidates {
+            owners: owners.iter().map(|o| o.to_string()).collect(),
             run_ids: ids(),
             session_ids: ids(),
             text: vec!["x"; n],
@@ -233,11 +244,11 @@ impl Candidates {
         }
     }
 
-    /// The statement's `$1` to `$16`: `owner`, the candidates, the limits.
-    fn params<'a>(&'a self, owner: Param<'a>, active: Param<'a>, recent: Param<'a>) -> [Param<'a>; 16] {
-        let Candidates { run_ids, session_ids, text, json, none, trigger } = self;
+    /// The statement's `$1` to `$16`: the candidates, then the limits.
+    fn params<'a>(&'a self, active: Param<'a>, recent: Param<'a>) -> [Param<'a>; 16] {
+        let Candidates { owners, run_ids, session_ids, text, json, none, trigger } = self;
         [
-            owner,
+            owners,
             run_ids,
             session_ids,
             text,
@@ -267,15 +278,20 @@ async fn the_admission_statement_is_never_planned_for_jit() {
     let app = limited(kiln_store::Quota { max_active_runs: 1000, max_runs_per_minute: 1000 }).await;
     let sql = app.sql().await;
     let jit_above: f64 = sql.query_one("SELECT current_setting('jit_above_cost')::float8", &[]).await.unwrap().get(0);
-    let candidates = Candidates::of(64);
-    let params = candidates.params(&"eve", &1000i64, &1000i64);
-    let explain = format!("EXPLAIN (FORMAT JSON) {}", kiln_store::admission_statement());
-    for mode in ["force_custom_plan", "force_generic_plan"] {
-        sql.execute(&format!("SET plan_cache_mode = {mode}"), &[]).await.unwrap();
-        let plan: serde_json::Value = sql.query_one(&explain, &params).await.unwrap().get(0);
-        let cost = plan[0]["Plan"]["Total Cost"].as_f64().unwrap();
-        assert!(cost < jit_above, "{mode}: cost {cost}, JIT above {jit_above}");
-        assert!(plan[0].get("JIT").is_none(), "{mode}: {plan}");
+    let subjects: Vec<String> = (0..64).map(|i| format!("subject {i}")).collect();
+    let subjects: Vec<&str> = subjects.iter().map(String::as_str).collect();
+    // One subject's statement (a counted line's), and one of many subjects
+    // (the unlimited line's, each subject checked).
+    for candidates in [Candidates::of(&["eve"; 64]), Candidates::of(&subjects)] {
+        let params = candidates.params(&1000i64, &1000i64);
+        let explain = format!("EXPLAIN (FORMAT JSON) {}", kiln_store::admission_statement());
+        for mode in ["force_custom_plan", "force_generic_plan"] {
+            sql.execute(&format!("SET plan_cache_mode = {mode}"), &[]).await.unwrap();
+            let plan: serde_json::Value = sql.query_one(&explain, &params).await.unwrap().get(0);
+            let cost = plan[0]["Plan"]["Total Cost"].as_f64().unwrap();
+            assert!(cost < jit_above, "{mode}: cost {cost}, JIT above {jit_above}");
+            assert!(plan[0].get("JIT").is_none(), "{mode}: {plan}");
+        }
     }
 }
 
@@ -360,13 +376,13 @@ async fn a_backlog_past_the_limits_costs_a_check_no_more_than_its_limits() {
     assert_eq!(refused.status(), 429);
     assert!(refused.text().await.unwrap().contains("active runs"));
 
-    let candidates = Candidates::of(1);
-    let params = candidates.params(&"grace", &Some(ACTIVE), &Some(PER_MINUTE));
+    let candidates = Candidates::of(&["grace"]);
+    let params = candidates.params(&Some(ACTIVE), &Some(PER_MINUTE));
     let tx = sql.transaction().await.unwrap();
     let before = rows_read(&tx).await;
     let rows = tx.query(&kiln_store::admission_statement(), &params).await.unwrap();
     let read = rows_read(&tx).await - before;
-    let admitted: bool = rows[0].get(rows[0].len() - 1);
+    let admitted: bool = rows[0].get("admitted");
     assert!(!admitted, "the backlog is past the limit");
     // A few times the limits at most (a scan passes the other subject's
     // rows beside this one's), where counting the backlog read 6,000.
@@ -389,4 +405,61 @@ async fn with_no_limits_a_submission_takes_no_subject_lock() {
     assert_eq!(answer.status(), 201);
     let runs: i64 = app.sql().await.query_one("SELECT count(*) FROM runs", &[]).await.unwrap().get(0);
     assert_eq!(runs, 1);
+}
+
+/// With no quota there is no subject lock to keep subjects apart: twenty
+/// subjects' submissions that arrive together share a statement and its
+/// commit, as one subject's do, where each subject's line of its own made
+/// a commit each. Inserts into `runs` wait here while a transaction holds
+/// the table in `SHARE` mode, so that the submissions gather.
+#[tokio::test]
+async fn with_no_limits_many_subjects_submissions_share_a_statement() {
+    let unlimited = kiln_store::Quota::UNLIMITED;
+    let app = limited(kiln_store::Quota { max_active_runs: unlimited, max_runs_per_minute: unlimited }).await;
+    let mut blocker = app.sql().await;
+    let held = blocker.transaction().await.unwrap();
+    held.batch_execute("LOCK TABLE runs IN SHARE MODE").await.unwrap();
+    let sent = tokio::spawn({
+        let (http, url) = (app.http.clone(), app.url("/v1/runs"));
+        async move {
+            let each = (0..SENT).map(|i| {
+                let request = http.post(&url).bearer_auth(token(&format!("subject-{i}")));
+                request.json(&json!({"prompt": format!("task {i}")})).send()
+            });
+            join_all(each).await.into_iter().map(|r| r.unwrap().status().as_u16()).collect::<Vec<_>>()
+        }
+    });
+    let sql = app.sql().await;
+    until_waiting_for(&sql, "relation", 1).await;
+    // As in `submit_while_locked`: a moment for all of them to be in line.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    held.rollback().await.unwrap();
+    assert_eq!(sent.await.unwrap(), vec![201; SENT]);
+    let row = sql.query_one("SELECT count(DISTINCT owner), count(DISTINCT xmin::text) FROM runs", &[]).await.unwrap();
+    let (subjects, commits): (i64, i64) = (row.get(0), row.get(1));
+    assert_eq!(subjects, SENT as i64);
+    // The two statements that waited for the table, then the rest together.
+    assert!(commits <= 4, "{SENT} subjects' runs admitted in {commits} commits");
+}
+
+/// A statement that carries several subjects' candidates counts each
+/// subject apart, each candidate after those of its own subject before it:
+/// under an active limit of one, each subject's first is admitted and its
+/// second refused, whatever the order they are interleaved in.
+#[tokio::test]
+async fn a_statement_of_several_subjects_counts_each_subject_apart() {
+    let app = limited(kiln_store::Quota { max_active_runs: 1, max_runs_per_minute: 1000 }).await;
+    let sql = app.sql().await;
+    let candidates = Candidates::of(&["ivan", "judy", "judy", "ivan", "kim"]);
+    let params = candidates.params(&Some(1i64), &Some(1000i64));
+    let rows = sql.query(&kiln_store::admission_statement(), &params).await.unwrap();
+    let mut verdicts: Vec<(i64, bool, i64, i64)> =
+        rows.iter().map(|r| (r.get("n"), r.get("admitted"), r.get("k"), r.get("active_runs"))).collect();
+    verdicts.sort();
+    // (place in the statement, admitted, place among its subject's, that
+    // subject's active runs as counted before the statement)
+    assert_eq!(verdicts, vec![(1, true, 1, 0), (2, true, 1, 0), (3, false, 2, 0), (4, false, 2, 0), (5, true, 1, 0)]);
+    let owners: Vec<String> =
+        sql.query("SELECT owner FROM runs ORDER BY owner", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(owners, ["ivan", "judy", "kim"]);
 }
