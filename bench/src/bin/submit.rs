@@ -38,9 +38,10 @@ struct Args {
     /// Rounds; each measures every figure once, in an order that alternates.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    /// Subjects the clients submit as (a subject's submissions share its
-    /// quota lock; those waiting for it go in one statement); one subject is
-    /// measured too.
+    /// Subjects the clients submit as (with `--limits` a number, a
+    /// subject's submissions share its quota lock and those waiting for it
+    /// go in one statement; with no quota, every subject's share one line);
+    /// one subject is measured too.
     #[arg(long, default_value_t = 32)]
     subjects: usize,
     /// The API's connection pool (`KILN_DB_POOL_SIZE`, default as deployed)
