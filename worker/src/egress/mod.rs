@@ -20,6 +20,7 @@ pub mod client_hello;
 pub mod host_firewall;
 pub mod log;
 pub mod proxy;
+mod relay;
 pub mod resolve;
 
 use std::io;
