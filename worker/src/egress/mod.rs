@@ -20,7 +20,6 @@ pub mod client_hello;
 pub mod host_firewall;
 pub mod log;
 pub mod proxy;
-mod relay;
 pub mod resolve;
 
 use std::io;
