@@ -54,6 +54,9 @@ use self::standby::{BOOTSTRAP, Launched, Standby};
 use self::supervise::{Kill, supervise};
 use crate::protocol::{ErrorKind, ExecRequest, ExecResult, SessionShell, ToolError, defaults};
 
+/// Shells kept waiting for the next commands (see `standby`).
+const STANDBYS: usize = 2;
+
 /// The shell of one session.
 pub struct ExecSession {
     /// Held for the whole of a command: commands run one at a time.
@@ -106,9 +109,13 @@ impl ExecSession {
         }
     }
 
-    /// Starts the shell for the next command, unless one waits already or a
-    /// command is running (the command's own thread calls this when it is
-    /// over). Failing is harmless: the next command starts its own shell.
+    /// Kills the waiting shells that can no longer run a command (a command
+    /// killed them, or changed the state they were started with), then
+    /// starts one more for the next commands unless `STANDBYS` wait already
+    /// or a command is running. The command's own thread calls this when it
+    /// is over, and the toolbox's reaper every few seconds: one shell a
+    /// call, so that a command that follows at once waits for at most one
+    /// start. Failing is harmless: the next command starts its own shell.
     pub fn prepare_standby(&self) {
         let Ok(mut state) = self.state.try_lock() else { return };
         for file in std::mem::take(&mut state.leftovers) {
@@ -117,13 +124,15 @@ impl ExecSession {
         if !self.shell.has_standby() {
             return;
         }
-        if state.standby.as_mut().is_some_and(Standby::is_alive) {
-            return;
+        let state = &mut *state;
+        for mut standby in std::mem::take(&mut state.standbys) {
+            if standby.is_alive() && standby.fits(&state.cwd, &state.env) {
+                state.standbys.push_back(standby);
+            } else {
+                standby.discard();
+            }
         }
-        if let Some(gone) = state.standby.take() {
-            gone.discard();
-        }
-        if !state.cwd.is_dir() {
+        if state.standbys.len() >= STANDBYS || !state.cwd.is_dir() {
             return;
         }
         let Ok(preamble) = self.shell.prepare_state_dir() else { return };
@@ -136,7 +145,8 @@ impl ExecSession {
             match child.stdin.take() {
                 Some(go) => {
                     let cwd = state.cwd.clone();
-                    state.standby = Some(Standby::new(child, go, output, state_file, command_file, cwd));
+                    let standby = Standby::new(child, go, output, state_file, command_file, cwd, &state.env);
+                    state.standbys.push_back(standby);
                 }
                 None => {
                     kill_group(Pid::from_child(&child));
@@ -208,21 +218,21 @@ impl ExecSession {
         })
     }
 
-    /// Starts the command: in the standby shell when it fits, else in a new
-    /// `bash -c`. The standby was started with the session's cwd and
-    /// environment: it fits a command that asks for neither another cwd nor
-    /// variables.
+    /// Starts the command: in the oldest waiting shell that fits, else in a
+    /// new `bash -c`. A waiting shell fits a command that asks for neither
+    /// another cwd nor variables, when the session's cwd and environment are
+    /// still those it was started with; those passed over are killed.
     fn launch(&self, state: &mut SessionState, req: &ExecRequest, cwd: &Path) -> Result<Launched, ToolError> {
-        let standby = match state.standby.take() {
-            Some(s) if req.cwd.is_none() && req.env.is_empty() && s.is_in(cwd) => s.start(&req.command),
-            Some(s) => {
-                s.discard();
-                None
+        let plain = req.cwd.is_none() && req.env.is_empty();
+        while let Some(standby) = state.standbys.pop_front() {
+            if !(plain && standby.fits(cwd, &state.env)) {
+                standby.discard();
+                continue;
             }
-            None => None,
-        };
-        if let Some(launched) = standby {
-            return Ok(launched);
+            // `None`: it was gone, and is discarded; the next may do.
+            if let Some(launched) = standby.start(&req.command) {
+                return Ok(launched);
+            }
         }
         let preamble = self.shell.prepare_state_dir().map_err(|e| internal("preparing the state directory", e))?;
         state.seq += 1;
@@ -235,7 +245,7 @@ impl ExecSession {
 
 impl Drop for ExecSession {
     fn drop(&mut self) {
-        if let Some(standby) = lock(&self.state).standby.take() {
+        for standby in std::mem::take(&mut lock(&self.state).standbys) {
             standby.discard();
         }
         let _ = std::fs::remove_dir_all(self.shell.state_dir());

@@ -250,6 +250,46 @@ fn a_command_runs_in_a_shell_started_before_it_arrived_with_the_sessions_state()
     assert_eq!((r.exit_code, r.output.as_str()), (Some(7), ""));
 }
 
+/// Two shells wait ahead of the commands: a command sent the moment the
+/// one before it answered finds one started before that one ran (with a
+/// single standby it would find the shell started after, still starting),
+/// as long as the command before left the state as it was; when it changed
+/// the state, the shell started before it runs nothing and is killed.
+#[test]
+fn a_command_right_after_another_finds_a_shell_started_before_it_when_the_state_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tb = Toolbox::start(dir.path());
+    tb.exec("true");
+    let waiting = standby_pids(tb.pid(), 2);
+    let pid = |r: ExecResult| -> u32 { r.output.split_whitespace().next().unwrap().parse().unwrap() };
+    let first = pid(tb.exec("echo $$"));
+    let second = pid(tb.exec("echo $$"));
+    assert!(first != second && waiting.contains(&first) && waiting.contains(&second), "{waiting:?}: {first}, {second}");
+
+    // A command that changes the state (a variable, then the directory):
+    // the shell started before it cannot run the next one.
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    let sub = dir.path().join("sub");
+    for (change, expected) in [
+        ("export KILN_T=changed", format!(" {} changed\n", dir.path().display())),
+        ("cd sub", format!(" {} changed\n", sub.display())),
+    ] {
+        let waiting = standby_pids(tb.pid(), 2);
+        let changing = pid(tb.exec(&format!("{change}; echo $$")));
+        let stale: Vec<u32> = waiting.into_iter().filter(|&p| p != changing).collect();
+        let r = tb.exec("echo $$ $PWD $KILN_T");
+        assert!(r.output.ends_with(&expected), "after `{change}`: {}", r.output);
+        assert!(!stale.contains(&pid(r)), "after `{change}` the command ran in a shell started before it");
+        for old in stale {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while process_exists(old) && !is_zombie(old) {
+                assert!(Instant::now() < deadline, "the stale standby {old} was not killed");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+}
+
 #[test]
 fn a_killed_standby_or_a_replaced_directory_falls_back_to_a_new_shell() {
     let dir = tempfile::tempdir().unwrap();

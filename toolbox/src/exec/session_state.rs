@@ -3,6 +3,7 @@
 //! trap writes (see [`super::shell`]), plus the shell waiting for the next
 //! command and the files still to be removed.
 
+use std::collections::VecDeque;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -19,15 +20,23 @@ pub(super) struct SessionState {
     pub(super) env: Vec<(OsString, OsString)>,
     /// Numbers the state and command files, so no shell reuses another's.
     pub(super) seq: u64,
-    /// A shell started with `cwd` and `env`, waiting for the next command.
-    pub(super) standby: Option<Standby>,
+    /// Shells waiting for the next commands, oldest first, each started
+    /// with the `cwd` and `env` of its time (at most `STANDBYS`).
+    pub(super) standbys: VecDeque<Standby>,
     /// State and command files of finished commands, not yet removed.
     pub(super) leftovers: Vec<PathBuf>,
 }
 
 impl SessionState {
     pub(super) fn new(start_dir: PathBuf, env: Vec<(OsString, OsString)>) -> Self {
-        SessionState { cwd: start_dir.clone(), start_dir, env, seq: 0, standby: None, leftovers: Vec::new() }
+        SessionState {
+            cwd: start_dir.clone(),
+            start_dir,
+            env,
+            seq: 0,
+            standbys: VecDeque::new(),
+            leftovers: Vec::new(),
+        }
     }
 
     /// Where a command runs: `dir` (relative to the session's directory), or

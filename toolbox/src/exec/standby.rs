@@ -17,9 +17,15 @@
 //! (`command` skips any function named `eval`; `builtin eval` would drop the
 //! line number from syntax errors.)
 //!
-//! A standby is only good for the state it was started with; the session
-//! takes it at the start of each command and starts a new one afterwards.
+//! A standby is only good for the state it was started with (the working
+//! directory and the exported environment: nothing else carries from one
+//! command to the next). Two wait at once, so that a command sent the
+//! moment the one before it answered still finds a shell ready (the next
+//! takes a few milliseconds to start): the older one serves it when the
+//! command before left the state as it was. One whose state is gone is
+//! killed.
 
+use std::ffi::OsString;
 use std::io::{PipeReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin};
@@ -44,6 +50,8 @@ pub(super) struct Standby {
     command_file: PathBuf,
     /// The working directory it was started in.
     cwd: PathBuf,
+    /// The environment it was started with, sorted.
+    env: Vec<(OsString, OsString)>,
 }
 
 /// A shell running a command: a standby that was started, or a new `bash -c`.
@@ -64,8 +72,16 @@ impl Standby {
         state_file: PathBuf,
         command_file: PathBuf,
         cwd: PathBuf,
+        env: &[(OsString, OsString)],
     ) -> Self {
-        Standby { child, go, output, state_file, command_file, cwd }
+        Standby { child, go, output, state_file, command_file, cwd, env: sorted(env) }
+    }
+
+    /// Whether it can run the next command of a session whose state is `cwd`
+    /// and `env`: started with that state, and the directory still the one
+    /// at that path.
+    pub(super) fn fits(&self, cwd: &Path, env: &[(OsString, OsString)]) -> bool {
+        self.env.len() == env.len() && self.env == sorted(env) && self.is_in(cwd)
     }
 
     /// Whether the shell still waits (a command may have killed it: `kill -9
@@ -76,7 +92,7 @@ impl Standby {
 
     /// Whether it was started in `cwd`, and that directory is still the one
     /// at that path (not removed, or removed and made again).
-    pub(super) fn is_in(&self, cwd: &Path) -> bool {
+    fn is_in(&self, cwd: &Path) -> bool {
         if self.cwd != cwd {
             return false;
         }
@@ -129,4 +145,12 @@ impl Standby {
         }
         let _ = std::fs::remove_file(&self.state_file);
     }
+}
+
+/// `env` in one order: the session's is in `export -p`'s after a command
+/// and in the toolbox's own before the first, the same variables either way.
+fn sorted(env: &[(OsString, OsString)]) -> Vec<(OsString, OsString)> {
+    let mut env = env.to_vec();
+    env.sort();
+    env
 }

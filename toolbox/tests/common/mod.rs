@@ -197,20 +197,30 @@ pub fn status_kib(pid: u32, field: &str) -> u64 {
 /// The toolbox's standby shell (started ahead of the next command), once
 /// there is one; panics after 5 s without.
 pub fn standby_pid(toolbox: u32) -> u32 {
+    standby_pids(toolbox, 1)[0]
+}
+
+/// The toolbox's standby shells, once there are at least `n`; panics after
+/// 5 s with fewer.
+pub fn standby_pids(toolbox: u32, n: usize) -> Vec<u32> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        // Children are listed per thread; the standby is started by whichever
-        // thread finished the last command.
+        let mut found = Vec::new();
+        // Children are listed per thread; a standby is started by whichever
+        // thread finished the last command, or by the reaper's.
         for task in std::fs::read_dir(format!("/proc/{toolbox}/task")).unwrap().flatten() {
             let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
             for pid in children.split_whitespace().filter_map(|p| p.parse::<u32>().ok()) {
                 let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
                 if String::from_utf8_lossy(&cmdline).contains("__kiln_standby") {
-                    return pid;
+                    found.push(pid);
                 }
             }
         }
-        assert!(std::time::Instant::now() < deadline, "no standby shell appeared");
+        if found.len() >= n {
+            return found;
+        }
+        assert!(std::time::Instant::now() < deadline, "{} standby shells, not {n}", found.len());
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
