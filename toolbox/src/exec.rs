@@ -111,11 +111,10 @@ impl ExecSession {
 
     /// Kills the waiting shells that can no longer run a command (a command
     /// killed them, or changed the state they were started with), then
-    /// starts one more for the next commands unless `STANDBYS` wait already
-    /// or a command is running. The command's own thread calls this when it
-    /// is over, and the toolbox's reaper every few seconds: one shell a
-    /// call, so that a command that follows at once waits for at most one
-    /// start. Failing is harmless: the next command starts its own shell.
+    /// starts shells for the next commands until `STANDBYS` wait, unless a
+    /// command is running. The command's own thread calls this when it is
+    /// over (after its reply), and the toolbox's reaper every few seconds.
+    /// Failing is harmless: the next command starts its own shell.
     pub fn prepare_standby(&self) {
         let Ok(mut state) = self.state.try_lock() else { return };
         for file in std::mem::take(&mut state.leftovers) {
@@ -132,28 +131,30 @@ impl ExecSession {
                 standby.discard();
             }
         }
-        if state.standbys.len() >= STANDBYS || !state.cwd.is_dir() {
-            return;
-        }
-        let Ok(preamble) = self.shell.prepare_state_dir() else { return };
+        while state.standbys.len() < STANDBYS && state.cwd.is_dir() && self.start_standby(state) {}
+    }
+
+    /// Starts one shell waiting with the session's state; false if it could
+    /// not be started.
+    fn start_standby(&self, state: &mut SessionState) -> bool {
+        let Ok(preamble) = self.shell.prepare_state_dir() else { return false };
         state.seq += 1;
         let state_file = self.shell.state_file(state.seq);
         let command_file = self.shell.command_file(state.seq);
         let env = command_env(&state.env, &[]);
-        let spawned = self.shell.spawn(BOOTSTRAP, &state.cwd, env, &preamble, &state_file, Some(&command_file));
-        if let Ok((mut child, output)) = spawned {
-            match child.stdin.take() {
-                Some(go) => {
-                    let cwd = state.cwd.clone();
-                    let standby = Standby::new(child, go, output, state_file, command_file, cwd, &state.env);
-                    state.standbys.push_back(standby);
-                }
-                None => {
-                    kill_group(Pid::from_child(&child));
-                    let _ = child.wait();
-                }
-            }
-        }
+        let Ok((mut child, output)) =
+            self.shell.spawn(BOOTSTRAP, &state.cwd, env, &preamble, &state_file, Some(&command_file))
+        else {
+            return false;
+        };
+        let Some(go) = child.stdin.take() else {
+            kill_group(Pid::from_child(&child));
+            let _ = child.wait();
+            return false;
+        };
+        let cwd = state.cwd.clone();
+        state.standbys.push_back(Standby::new(child, go, output, state_file, command_file, cwd, &state.env));
+        true
     }
 
     pub fn run(&self, id: u64, req: &ExecRequest, sink: &dyn OutputSink) -> Result<ExecResult, ToolError> {
