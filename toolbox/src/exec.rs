@@ -27,7 +27,8 @@
 //! `capture` sanitizes, keeps and streams its output, and `process_group`
 //! kills and reaps what it started.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::OsString;
 use std::io;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -55,12 +56,24 @@ use self::supervise::{Kill, supervise};
 use crate::protocol::{ErrorKind, ExecRequest, ExecResult, SessionShell, ToolError, defaults};
 
 /// Shells kept waiting for the next commands (see `standby`).
-const STANDBYS: usize = 2;
+pub const STANDBYS: usize = 2;
+
+/// What a standby shell is started with, read under the state's lock.
+struct StandbyPlan {
+    seq: u64,
+    cwd: PathBuf,
+    env: Vec<(OsString, OsString)>,
+}
 
 /// The shell of one session.
 pub struct ExecSession {
     /// Held for the whole of a command: commands run one at a time.
     state: Mutex<SessionState>,
+    /// Shells waiting for the next commands, oldest first, each started
+    /// with the session's state of its time (see `standby`). Apart from
+    /// `state`, so that a command never waits for one to start; taken after
+    /// `state` where both are.
+    standbys: Mutex<VecDeque<Standby>>,
     /// Cancellation flags of commands running or waiting for their turn.
     active: Mutex<HashMap<u64, Arc<AtomicBool>>>,
     shell: Shell,
@@ -70,7 +83,12 @@ impl ExecSession {
     pub fn new(start_dir: PathBuf) -> Self {
         let env = crate::identity::command_env(std::env::vars_os().collect());
         let shell = Shell::new(&env);
-        ExecSession { state: Mutex::new(SessionState::new(start_dir, env)), active: Mutex::new(HashMap::new()), shell }
+        ExecSession {
+            state: Mutex::new(SessionState::new(start_dir, env)),
+            standbys: Mutex::new(VecDeque::new()),
+            active: Mutex::new(HashMap::new()),
+            shell,
+        }
     }
 
     /// What an older worker needs and the image lacks: `bash` (such a
@@ -116,45 +134,61 @@ impl ExecSession {
     /// over (after its reply), and the toolbox's reaper every few seconds.
     /// Failing is harmless: the next command starts its own shell.
     pub fn prepare_standby(&self) {
-        let Ok(mut state) = self.state.try_lock() else { return };
+        while let Some(plan) = self.standby_plan() {
+            // Started with no lock held: a command that arrives meanwhile
+            // takes a shell that waits already instead of waiting for this
+            // one; if it changes the state, this one will not fit it.
+            let Some(standby) = self.start_standby(plan) else { return };
+            let mut standbys = lock(&self.standbys);
+            if standbys.len() >= STANDBYS {
+                drop(standbys);
+                standby.discard();
+                return;
+            }
+            standbys.push_back(standby);
+        }
+    }
+
+    /// The state the next standby starts with, if one is wanted: none while
+    /// a command runs, or when `STANDBYS` fit the session's state (those
+    /// that do not are killed here).
+    fn standby_plan(&self) -> Option<StandbyPlan> {
+        let mut state = self.state.try_lock().ok()?;
         for file in std::mem::take(&mut state.leftovers) {
             let _ = std::fs::remove_file(file);
         }
         if !self.shell.has_standby() {
-            return;
+            return None;
         }
-        let state = &mut *state;
-        for mut standby in std::mem::take(&mut state.standbys) {
+        let mut standbys = lock(&self.standbys);
+        for mut standby in std::mem::take(&mut *standbys) {
             if standby.is_alive() && standby.fits(&state.cwd, &state.env) {
-                state.standbys.push_back(standby);
+                standbys.push_back(standby);
             } else {
                 standby.discard();
             }
         }
-        while state.standbys.len() < STANDBYS && state.cwd.is_dir() && self.start_standby(state) {}
+        if standbys.len() >= STANDBYS || !state.cwd.is_dir() {
+            return None;
+        }
+        state.seq += 1;
+        Some(StandbyPlan { seq: state.seq, cwd: state.cwd.clone(), env: state.env.clone() })
     }
 
-    /// Starts one shell waiting with the session's state; false if it could
-    /// not be started.
-    fn start_standby(&self, state: &mut SessionState) -> bool {
-        let Ok(preamble) = self.shell.prepare_state_dir() else { return false };
-        state.seq += 1;
-        let state_file = self.shell.state_file(state.seq);
-        let command_file = self.shell.command_file(state.seq);
-        let env = command_env(&state.env, &[]);
-        let Ok((mut child, output)) =
-            self.shell.spawn(BOOTSTRAP, &state.cwd, env, &preamble, &state_file, Some(&command_file))
-        else {
-            return false;
-        };
+    /// Starts one shell waiting with `plan`'s state.
+    fn start_standby(&self, plan: StandbyPlan) -> Option<Standby> {
+        let preamble = self.shell.prepare_state_dir().ok()?;
+        let state_file = self.shell.state_file(plan.seq);
+        let command_file = self.shell.command_file(plan.seq);
+        let env = command_env(&plan.env, &[]);
+        let (mut child, output) =
+            self.shell.spawn(BOOTSTRAP, &plan.cwd, env, &preamble, &state_file, Some(&command_file)).ok()?;
         let Some(go) = child.stdin.take() else {
             kill_group(Pid::from_child(&child));
             let _ = child.wait();
-            return false;
+            return None;
         };
-        let cwd = state.cwd.clone();
-        state.standbys.push_back(Standby::new(child, go, output, state_file, command_file, cwd, &state.env));
-        true
+        Some(Standby::new(child, go, output, state_file, command_file, plan.cwd, &plan.env))
     }
 
     pub fn run(&self, id: u64, req: &ExecRequest, sink: &dyn OutputSink) -> Result<ExecResult, ToolError> {
@@ -225,7 +259,8 @@ impl ExecSession {
     /// still those it was started with; those passed over are killed.
     fn launch(&self, state: &mut SessionState, req: &ExecRequest, cwd: &Path) -> Result<Launched, ToolError> {
         let plain = req.cwd.is_none() && req.env.is_empty();
-        while let Some(standby) = state.standbys.pop_front() {
+        loop {
+            let Some(standby) = lock(&self.standbys).pop_front() else { break };
             if !(plain && standby.fits(cwd, &state.env)) {
                 standby.discard();
                 continue;
@@ -246,7 +281,7 @@ impl ExecSession {
 
 impl Drop for ExecSession {
     fn drop(&mut self) {
-        for standby in std::mem::take(&mut lock(&self.state).standbys) {
+        for standby in std::mem::take(&mut *lock(&self.standbys)) {
             standby.discard();
         }
         let _ = std::fs::remove_dir_all(self.shell.state_dir());

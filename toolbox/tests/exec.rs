@@ -262,7 +262,7 @@ fn a_command_right_after_another_finds_a_shell_started_before_it_when_the_state_
     let dir = tempfile::tempdir().unwrap();
     let mut tb = Toolbox::start(dir.path());
     tb.exec("true");
-    let waiting = standby_pids(tb.pid(), 2);
+    let waiting = standby_pids(tb.pid(), kiln_toolbox::exec::STANDBYS);
     let pid = |r: ExecResult| -> u32 { r.output.split_whitespace().next().unwrap().parse().unwrap() };
     let first = pid(tb.exec("echo $$"));
     let second = pid(tb.exec("echo $$"));
@@ -276,7 +276,7 @@ fn a_command_right_after_another_finds_a_shell_started_before_it_when_the_state_
         ("export KILN_T=changed", format!(" {} changed\n", dir.path().display())),
         ("cd sub", format!(" {} changed\n", sub.display())),
     ] {
-        let waiting = standby_pids(tb.pid(), 2);
+        let waiting = standby_pids(tb.pid(), kiln_toolbox::exec::STANDBYS);
         let changing = pid(tb.exec(&format!("{change}; echo $$")));
         let stale: Vec<u32> = waiting.into_iter().filter(|&p| p != changing).collect();
         let r = tb.exec("echo $$ $PWD $KILN_T");

@@ -1,16 +1,13 @@
 //! What one command hands to the next: the working directory and the
 //! exported environment, read back from the state file the preamble's EXIT
-//! trap writes (see [`super::shell`]), plus the shell waiting for the next
-//! command and the files still to be removed.
+//! trap writes (see [`super::shell`]), plus the files still to be removed.
 
-use std::collections::VecDeque;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use super::export_list;
 use super::shell::USER_BASH_ENV_VAR;
-use super::standby::Standby;
 use crate::protocol::{ErrorKind, ToolError};
 
 pub(super) struct SessionState {
@@ -20,23 +17,13 @@ pub(super) struct SessionState {
     pub(super) env: Vec<(OsString, OsString)>,
     /// Numbers the state and command files, so no shell reuses another's.
     pub(super) seq: u64,
-    /// Shells waiting for the next commands, oldest first, each started
-    /// with the `cwd` and `env` of its time (at most `STANDBYS`).
-    pub(super) standbys: VecDeque<Standby>,
     /// State and command files of finished commands, not yet removed.
     pub(super) leftovers: Vec<PathBuf>,
 }
 
 impl SessionState {
     pub(super) fn new(start_dir: PathBuf, env: Vec<(OsString, OsString)>) -> Self {
-        SessionState {
-            cwd: start_dir.clone(),
-            start_dir,
-            env,
-            seq: 0,
-            standbys: VecDeque::new(),
-            leftovers: Vec::new(),
-        }
+        SessionState { cwd: start_dir.clone(), start_dir, env, seq: 0, leftovers: Vec::new() }
     }
 
     /// Where a command runs: `dir` (relative to the session's directory), or

@@ -19,7 +19,6 @@ fn state_file_updates_cwd_and_env_but_not_per_call_or_plumbing_variables() {
         start_dir: "/".into(),
         env: vec![("SHLVL".into(), "1".into()), ("KEEP".into(), "old".into())],
         seq: 0,
-        standbys: Default::default(),
         leftovers: Vec::new(),
     };
     let mut data = format!("{}\0", dir.path().display()).into_bytes();
