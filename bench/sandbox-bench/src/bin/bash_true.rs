@@ -8,14 +8,16 @@
 //! `timeout` around it: one process fewer than the worker's exec). A
 //! toolbox `ping` shows what the transport alone costs.
 //!
-//! The toolbox runs a command in a shell it started ahead of it (its
-//! standby, started once the previous command is over). Kiln's first figure
-//! is that best case, and it is the real case after a model call: the call
-//! takes far longer than starting the standby. The worst cases are measured
-//! too: a `bash true` sent the moment the previous one answered (as the
-//! second of two calls in one step; the standby is still starting), and
-//! one the standby cannot take (a request with its own environment: a fresh
-//! `bash -c`, as when the standby failed or was not ready at all).
+//! The toolbox runs a command in a shell it started ahead of it (one of
+//! its two standbys, topped up once each command is over). Kiln's first
+//! figure is that best case, and it is the real case after a model call:
+//! the call takes far longer than starting a standby. The worst cases are
+//! measured too: a `bash true` sent the moment the previous one answered
+//! (as the second of two calls in one step: it takes the older standby,
+//! the state being unchanged; with one standby it found it still
+//! starting), and one no standby can take (a request with its own
+//! environment: a fresh `bash -c`, as when the standbys failed or none was
+//! ready at all).
 
 use std::time::{Duration, Instant};
 
@@ -114,7 +116,8 @@ async fn measure(docker: &Docker, sandbox: &Sandbox, runs: usize) -> anyhow::Res
         let started = Instant::now();
         setup::bash(sandbox, "true", TIMEOUT).await?;
         let took = started.elapsed();
-        // Straight after: the standby for this one is still starting.
+        // Straight after: the standby started after the one before is
+        // still starting; the older one waits.
         let started = Instant::now();
         setup::bash(sandbox, "true", TIMEOUT).await?;
         let took_back_to_back = started.elapsed();
