@@ -57,7 +57,10 @@ struct Series {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let config = args.common.sandbox_config()?;
+    let mut config = args.common.sandbox_config()?;
+    // The 1 GiB file does not fit the default disk bound (1 GiB for the
+    // whole workspace), as in `tests/tests/view_large.rs`.
+    config.disk_mb = config.disk_mb.max(2048);
     let docker = setup::docker().await?;
     let sandbox = Sandbox::start(&docker, &config, &setup::owner()).await?;
     let result = run(&docker, &sandbox, args.common.runs).await;
