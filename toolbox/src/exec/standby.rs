@@ -74,14 +74,15 @@ impl Standby {
         cwd: PathBuf,
         env: &[(OsString, OsString)],
     ) -> Self {
-        Standby { child, go, output, state_file, command_file, cwd, env: sorted(env) }
+        let env = sorted(env).into_iter().cloned().collect();
+        Standby { child, go, output, state_file, command_file, cwd, env }
     }
 
     /// Whether it can run the next command of a session whose state is `cwd`
     /// and `env`: started with that state, and the directory still the one
     /// at that path.
     pub(super) fn fits(&self, cwd: &Path, env: &[(OsString, OsString)]) -> bool {
-        self.env.len() == env.len() && self.env == sorted(env) && self.is_in(cwd)
+        self.env.len() == env.len() && self.env.iter().eq(sorted(env)) && self.is_in(cwd)
     }
 
     /// Whether the shell still waits (a command may have killed it: `kill -9
@@ -147,10 +148,12 @@ impl Standby {
     }
 }
 
-/// `env` in one order: the session's is in `export -p`'s after a command
-/// and in the toolbox's own before the first, the same variables either way.
-fn sorted(env: &[(OsString, OsString)]) -> Vec<(OsString, OsString)> {
-    let mut env = env.to_vec();
-    env.sort();
+/// `env` in one order (by reference: it is compared before every command,
+/// and nothing of it need be copied): the session's is in `export -p`'s
+/// after a command and in the toolbox's own before the first, the same
+/// variables either way.
+fn sorted(env: &[(OsString, OsString)]) -> Vec<&(OsString, OsString)> {
+    let mut env: Vec<_> = env.iter().collect();
+    env.sort_unstable();
     env
 }
