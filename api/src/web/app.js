@@ -800,6 +800,9 @@
     $('view-run').hidden = false;
     const timeline = $('timeline');
     timeline.replaceChildren();
+    // Whose events the timeline holds: the hash changes before `hashchange`
+    // runs this, so the hash alone does not say the old run's are gone.
+    timeline.dataset.run = id;
     $('plan').hidden = true;
     $('plan-items').replaceChildren();
     const changes = changesPanel(id);
