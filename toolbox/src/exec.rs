@@ -58,8 +58,17 @@ use crate::protocol::{ErrorKind, ExecRequest, ExecResult, SessionShell, ToolErro
 /// Shells kept waiting for the next commands (see `standby`).
 pub const STANDBYS: usize = 2;
 
+/// How long a shell for the command after next waits before it starts, when
+/// one for the next command waits already: a command sent the moment the
+/// previous one answered (two calls in one step) then runs with the CPU to
+/// itself instead of sharing it with a shell's start-up. If a command is
+/// running when the time is up, the shell starts when it is over.
+const TOP_UP_AFTER: Duration = Duration::from_millis(50);
+
 /// What a standby shell is started with, read under the state's lock.
 struct StandbyPlan {
+    /// Standbys that fit and wait already.
+    waiting: usize,
     seq: u64,
     cwd: PathBuf,
     env: Vec<(OsString, OsString)>,
@@ -134,7 +143,13 @@ impl ExecSession {
     /// over (after its reply), and the toolbox's reaper every few seconds.
     /// Failing is harmless: the next command starts its own shell.
     pub fn prepare_standby(&self) {
+        let mut deferred = false;
         while let Some(plan) = self.standby_plan() {
+            if plan.waiting > 0 && !deferred {
+                deferred = true;
+                std::thread::sleep(TOP_UP_AFTER);
+                continue;
+            }
             // Started with no lock held: a command that arrives meanwhile
             // takes a shell that waits already instead of waiting for this
             // one; if it changes the state, this one will not fit it.
@@ -172,7 +187,7 @@ impl ExecSession {
             return None;
         }
         state.seq += 1;
-        Some(StandbyPlan { seq: state.seq, cwd: state.cwd.clone(), env: state.env.clone() })
+        Some(StandbyPlan { waiting: standbys.len(), seq: state.seq, cwd: state.cwd.clone(), env: state.env.clone() })
     }
 
     /// Starts one shell waiting with `plan`'s state.

@@ -292,6 +292,41 @@ fn a_command_right_after_another_finds_a_shell_started_before_it_when_the_state_
     }
 }
 
+/// A command sent the moment the one before it answered (two calls in one
+/// step) runs with no shell starting beside it: while one shell waits for
+/// the next command, the one for the command after it is put off, and a
+/// command running then puts it off until that command is over. Then both
+/// wait again.
+#[test]
+fn a_command_right_after_another_runs_with_no_shell_starting_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tb = Toolbox::start(dir.path());
+    // What the second command sees, after long enough for any shell started
+    // beside it to be waiting: the toolbox's waiting shells but its own.
+    let others = format!(
+        r#"sleep 0.3; n=0; for p in $(cat /proc/{}/task/*/children); do
+             [ "$p" != $$ ] && tr '\0' ' ' < /proc/$p/cmdline | grep -q __kiln_standby && n=$((n+1))
+           done; echo $n"#,
+        tb.pid()
+    );
+    // A stall of the test between the two sends (a loaded CI machine) could
+    // let the put-off shell start before the second command arrives: that
+    // attempt does not count, and another is made. With no put-off, every
+    // attempt sees one.
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        standby_pids(tb.pid(), kiln_toolbox::exec::STANDBYS);
+        tb.exec("true");
+        let r = tb.exec(&others);
+        seen.push(r.output.trim().to_owned());
+        if seen.last().is_some_and(|n| n == "0") {
+            break;
+        }
+    }
+    assert_eq!(seen.last().map(String::as_str), Some("0"), "shells waiting while the second command ran: {seen:?}");
+    standby_pids(tb.pid(), kiln_toolbox::exec::STANDBYS);
+}
+
 #[test]
 fn a_killed_standby_or_a_replaced_directory_falls_back_to_a_new_shell() {
     let dir = tempfile::tempdir().unwrap();
