@@ -139,9 +139,11 @@ impl ExecSession {
     /// Kills the waiting shells that can no longer run a command (a command
     /// killed them, or changed the state they were started with), then
     /// starts shells for the next commands until `STANDBYS` wait, unless a
-    /// command is running. The command's own thread calls this when it is
-    /// over (after its reply), and the toolbox's reaper every few seconds.
-    /// Failing is harmless: the next command starts its own shell.
+    /// command is running; when one waits already, only after
+    /// `TOP_UP_AFTER` (and then only if no command runs). The command's own
+    /// thread calls this when it is over (after its reply), and the
+    /// toolbox's reaper every few seconds. Failing is harmless: the next
+    /// command starts its own shell.
     pub fn prepare_standby(&self) {
         let mut deferred = false;
         while let Some(plan) = self.standby_plan() {

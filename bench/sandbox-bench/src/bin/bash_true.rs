@@ -9,13 +9,16 @@
 //! toolbox `ping` shows what the transport alone costs.
 //!
 //! The toolbox runs a command in a shell it started ahead of it (one of
-//! its two standbys, topped up once each command is over). Kiln's first
+//! its two standbys, topped up once each command is over: the one for the
+//! command after next 50 ms later, or once a command running then is
+//! over). Kiln's first
 //! figure is that best case, and it is the real case after a model call:
 //! the call takes far longer than starting a standby. The worst cases are
 //! measured too: a `bash true` sent the moment the previous one answered
 //! (as the second of two calls in one step: it takes the older standby,
-//! the state being unchanged; with one standby it found it still
-//! starting), and one no standby can take (a request with its own
+//! the state being unchanged, while the shell that replaces the first is
+//! put off; with one standby it found it still starting), and one no
+//! standby can take (a request with its own
 //! environment: a fresh `bash -c`, as when the standbys failed or none was
 //! ready at all).
 
