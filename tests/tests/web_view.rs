@@ -243,7 +243,14 @@ async fn a_run_is_followed_live_approved_steered_and_survives_a_network_cut() {
     let follow_up = follow_up.as_str().unwrap();
     b.wait_js("the follow-up run's end", WAIT, RUN_SUCCEEDED_JS, vec![json!(follow_up)]).await;
     assert_eq!(app.get_run("alice", follow_up).await["session_id"], run["session_id"]);
-    assert_eq!(b.js("return document.getElementById('run-prompt').textContent;", vec![]).await, "one more thing");
+    // Its prompt comes from its own read of the run, apart from the stream.
+    b.wait_js(
+        "the follow-up run's prompt",
+        WAIT,
+        "return document.getElementById('run-prompt').textContent === 'one more thing';",
+        vec![],
+    )
+    .await;
 
     // Readable on a phone: nothing wider than the screen.
     b.client.set_window_size(390, 844).await.unwrap();

@@ -65,13 +65,19 @@ async fn a_groups_attempts_show_side_by_side_with_their_diffs_and_select_makes_t
     b.sign_in(&format!("http://{}", app.addr), "alice").await;
     b.js("location.hash = '#/runs/' + arguments[0];", vec![json!(submitted.id)]).await;
     // The panel fills live from the group's stream: every attempt ended,
-    // its Select enabled.
+    // its Select enabled. What each spent comes with its `attempt.finished`
+    // and its model from its own read: both are in once the group's end is
+    // rendered (after every attempt's end, in seq order) and every card
+    // names its model; its status alone can come from either.
     b.wait_js(
         "three ended attempts",
         WAIT,
         "const a = [...document.querySelectorAll('.attempt')]; return a.length === 3 && \
-         a.every((n) => n.dataset.status === 'succeeded' && !n.querySelector('.attempt-select').disabled);",
-        vec![],
+         a.every((n) => n.dataset.status === 'succeeded' && !n.querySelector('.attempt-select').disabled \
+                        && n.querySelector('.attempt-model').textContent !== '') && \
+         document.getElementById('timeline').dataset.run === arguments[0] && \
+         !!document.querySelector('#timeline .end.succeeded');",
+        vec![json!(submitted.id)],
     )
     .await;
     let cards = b

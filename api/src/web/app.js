@@ -379,6 +379,9 @@
     // Set by stop(): a list still loading for a view the user left must not
     // replace the rows of the view now open (whose form is another's).
     let stopped = false;
+    // Which load() is the latest: an earlier one answered late (a save's,
+    // overtaken by a reset's) must not put back what the later replaced.
+    let loads = 0;
 
     function fill(env) {
       editing = env ? env.name : null;
@@ -415,9 +418,10 @@
     }
 
     async function load() {
+      const n = ++loads;
       try {
         const [page, runs] = await Promise.all([api('GET', '/v1/environments'), api('GET', '/v1/runs?limit=200')]);
-        if (stopped) return;
+        if (stopped || n !== loads) return;
         $('envs-body').replaceChildren(...page.environments.map((env) => {
           const edit = el('button', { type: 'button', class: 'secondary', data: { action: 'edit' } }, 'Edit');
           const reset = el('button', { type: 'button', class: 'secondary', data: { action: 'reset' } }, 'Reset cache');
@@ -469,6 +473,8 @@
     $('env-new').onclick = () => fill(null);
     fill(null);
     $('env-said').textContent = '';
+    // The rows of the last visit would act on that view's form, not this one's.
+    $('envs-body').replaceChildren();
     load();
     return {
       stop() {
@@ -1459,6 +1465,7 @@
     return {
       stop() {
         s.stopped = true;
+        delete timeline.dataset.run; // it holds that run's events no longer: no view does
         changes.stop();
         group.stop();
         if (s.es) s.es.close();
