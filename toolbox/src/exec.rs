@@ -55,8 +55,9 @@ use self::standby::{BOOTSTRAP, Launched, Standby};
 use self::supervise::{Kill, supervise};
 use crate::protocol::{ErrorKind, ExecRequest, ExecResult, SessionShell, ToolError, defaults};
 
-/// Shells kept waiting for the next commands (see `standby`).
-pub const STANDBYS: usize = 2;
+/// Shells kept waiting for the next commands (see `standby`): three calls
+/// in one step each find one, while the replacements are put off.
+pub const STANDBYS: usize = 3;
 
 /// How long a shell for the command after next waits before it starts, when
 /// one for the next command waits already: a command sent the moment the

@@ -252,11 +252,12 @@ fn a_command_runs_in_a_shell_started_before_it_arrived_with_the_sessions_state()
     assert_eq!((r.exit_code, r.output.as_str()), (Some(7), ""));
 }
 
-/// Two shells wait ahead of the commands: a command sent the moment the
-/// one before it answered finds one started before that one ran (with a
-/// single standby it would find the shell started after, still starting),
-/// as long as the command before left the state as it was; when it changed
-/// the state, the shell started before it runs nothing and is killed.
+/// Three shells wait ahead of the commands: each of three commands sent the
+/// moment the one before it answered (three calls in one step) finds one
+/// started before the first ran (with fewer, the last would find a shell
+/// started after, still starting, or none), as long as the commands before
+/// left the state as it was; when one changed the state, the shells
+/// started before it run nothing and are killed.
 #[test]
 fn a_command_right_after_another_finds_a_shell_started_before_it_when_the_state_held() {
     let dir = tempfile::tempdir().unwrap();
@@ -266,7 +267,12 @@ fn a_command_right_after_another_finds_a_shell_started_before_it_when_the_state_
     let pid = |r: ExecResult| -> u32 { r.output.split_whitespace().next().unwrap().parse().unwrap() };
     let first = pid(tb.exec("echo $$"));
     let second = pid(tb.exec("echo $$"));
-    assert!(first != second && waiting.contains(&first) && waiting.contains(&second), "{waiting:?}: {first}, {second}");
+    let third = pid(tb.exec("echo $$"));
+    let ran = [first, second, third];
+    assert!(
+        ran.iter().all(|p| waiting.contains(p)) && first != second && second != third && first != third,
+        "three commands at once ran in {ran:?}, not each in its own of the shells waiting before: {waiting:?}"
+    );
 
     // A command that changes the state (a variable, then the directory):
     // the shell started before it cannot run the next one.
@@ -293,9 +299,9 @@ fn a_command_right_after_another_finds_a_shell_started_before_it_when_the_state_
 }
 
 /// A command sent the moment the one before it answered (two calls in one
-/// step) runs with no shell starting beside it: while one shell waits for
-/// the next command, the one for the command after it is put off, and a
-/// command running then puts it off until that command is over. Then both
+/// step) runs with no shell starting beside it: while a shell waits for the
+/// next command, the one replacing the shell just taken is put off, and a
+/// command running then puts it off until that command is over. Then all
 /// wait again.
 #[test]
 fn a_command_right_after_another_runs_with_no_shell_starting_beside_it() {
@@ -304,26 +310,31 @@ fn a_command_right_after_another_runs_with_no_shell_starting_beside_it() {
     // What the second command sees, after long enough for any shell started
     // beside it to be waiting: the toolbox's waiting shells but its own.
     let others = format!(
-        r#"sleep 0.3; n=0; for p in $(cat /proc/{}/task/*/children); do
-             [ "$p" != $$ ] && tr '\0' ' ' < /proc/$p/cmdline | grep -q __kiln_standby && n=$((n+1))
-           done; echo $n"#,
+        r#"sleep 0.3; for p in $(cat /proc/{}/task/*/children); do
+             [ "$p" != $$ ] && tr '\0' ' ' < /proc/$p/cmdline | grep -q __kiln_standby && echo $p
+           done; true"#,
         tb.pid()
     );
     // A stall of the test between the two sends (a loaded CI machine) could
     // let the put-off shell start before the second command arrives: that
     // attempt does not count, and another is made. With no put-off, every
-    // attempt sees one.
-    let mut seen = Vec::new();
+    // attempt sees a shell started after the first command answered.
+    let mut new_ones = Vec::new();
     for _ in 0..3 {
-        standby_pids(tb.pid(), kiln_toolbox::exec::STANDBYS);
+        let before = standby_pids(tb.pid(), kiln_toolbox::exec::STANDBYS);
         tb.exec("true");
+        // As a worker sends its next call (it records the result first):
+        // long enough for a replacement started at the reply to be under
+        // way, well within the put-off.
+        std::thread::sleep(Duration::from_millis(10));
         let r = tb.exec(&others);
-        seen.push(r.output.trim().to_owned());
-        if seen.last().is_some_and(|n| n == "0") {
+        let waiting: Vec<u32> = r.output.split_whitespace().map(|p| p.parse().unwrap()).collect();
+        new_ones = waiting.into_iter().filter(|p| !before.contains(p)).collect();
+        if new_ones.is_empty() {
             break;
         }
     }
-    assert_eq!(seen.last().map(String::as_str), Some("0"), "shells waiting while the second command ran: {seen:?}");
+    assert!(new_ones.is_empty(), "shells started while the second command ran: {new_ones:?}");
     standby_pids(tb.pid(), kiln_toolbox::exec::STANDBYS);
 }
 
@@ -358,8 +369,12 @@ fn a_killed_standby_or_a_replaced_directory_falls_back_to_a_new_shell() {
     std::fs::write(d.join("new.txt"), "x").unwrap();
     assert_eq!(tb.exec("ls").output, "new.txt\n");
 
-    // The standby that is replaced never shows up again.
-    let old = standby_pid(tb.pid());
+    // The standby that is replaced never shows up again. Taken once every
+    // slot is filled and a started shell has had time to be pushed: none is
+    // being started then, so none can join the waiting ones after the
+    // command below discarded them.
+    let old = standby_pids(tb.pid(), kiln_toolbox::exec::STANDBYS)[0];
+    std::thread::sleep(Duration::from_millis(100));
     let mut req = ExecRequest::new("echo $$ $ONCE");
     req.env = vec![("ONCE".into(), "x".into())];
     let (r, _) = tb.exec_req(req);

@@ -19,11 +19,12 @@
 //!
 //! A standby is only good for the state it was started with (the working
 //! directory and the exported environment: nothing else carries from one
-//! command to the next). Two wait at once, so that a command sent the
-//! moment the one before it answered still finds a shell ready (the next
-//! takes a few milliseconds to start): the older one serves it when the
-//! command before left the state as it was. One whose state is gone is
-//! killed.
+//! command to the next). Three wait at once (`STANDBYS`), so that each of
+//! up to three commands sent one the moment the one before it answered
+//! (three calls in one step) still finds a shell ready (a new one takes a
+//! few milliseconds to start, and its start is put off while one waits:
+//! `TOP_UP_AFTER`): the oldest serves it when the command before left the
+//! state as it was. One whose state is gone is killed.
 
 use std::ffi::OsString;
 use std::io::{PipeReader, Write};

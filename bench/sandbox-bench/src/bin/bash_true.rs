@@ -9,15 +9,16 @@
 //! toolbox `ping` shows what the transport alone costs.
 //!
 //! The toolbox runs a command in a shell it started ahead of it (one of
-//! its two standbys, topped up once each command is over: the one for the
-//! command after next 50 ms later, or once a command running then is
-//! over). Kiln's first
+//! its three standbys, topped up once each command is over: 50 ms later
+//! while one still waits, or once a command running then is over). Kiln's
+//! first
 //! figure is that best case, and it is the real case after a model call:
 //! the call takes far longer than starting a standby. The worst cases are
 //! measured too: a `bash true` sent the moment the previous one answered
 //! (as the second of two calls in one step: it takes the older standby,
 //! the state being unchanged, while the shell that replaces the first is
-//! put off; with one standby it found it still starting), and one no
+//! put off; with one standby it found it still starting), a third sent as
+//! the second answered, and one no
 //! standby can take (a request with its own
 //! environment: a fresh `bash -c`, as when the standbys failed or none was
 //! ready at all).
@@ -55,6 +56,7 @@ async fn main() -> anyhow::Result<()> {
     println!("one `bash true`, image {}:", args.common.image);
     let k = stats::report("Kiln bash `true`, standby ready (real case)", &s.kiln);
     let b = stats::report("Kiln, sent as the previous one answered", &s.back_to_back);
+    let third = stats::report("Kiln, the third sent at once", &s.third);
     let f = stats::report("Kiln, no standby (fresh bash -c)", &s.fresh_shell);
     stats::report("Kiln toolbox ping (transport only)", &s.ping);
     let a = stats::report("API exec of bash -c true (baseline)", &s.api_exec);
@@ -63,6 +65,7 @@ async fn main() -> anyhow::Result<()> {
     stats::ratio("Kiln / API exec", k, a, Some(0.05));
     stats::ratio("Kiln / API exec, no timeout", k, bare, Some(0.05));
     stats::ratio("Kiln back to back / API exec", b, a, None);
+    stats::ratio("Kiln third at once / API exec", third, a, None);
     stats::ratio("Kiln no standby / API exec", f, a, None);
     stats::ratio("Kiln / docker exec (CLI, as before)", k, e, None);
     println!(
@@ -92,6 +95,8 @@ async fn spawn_floor(sandbox: &Sandbox) -> anyhow::Result<(f64, f64)> {
 struct Series {
     kiln: Vec<Duration>,
     back_to_back: Vec<Duration>,
+    /// A third call straight after the second: more than the standbys.
+    third: Vec<Duration>,
     fresh_shell: Vec<Duration>,
     ping: Vec<Duration>,
     api_exec: Vec<Duration>,
@@ -107,6 +112,7 @@ async fn measure(docker: &Docker, sandbox: &Sandbox, runs: usize) -> anyhow::Res
     let mut s = Series {
         kiln: vec![],
         back_to_back: vec![],
+        third: vec![],
         fresh_shell: vec![],
         ping: vec![],
         api_exec: vec![],
@@ -124,6 +130,9 @@ async fn measure(docker: &Docker, sandbox: &Sandbox, runs: usize) -> anyhow::Res
         let started = Instant::now();
         setup::bash(sandbox, "true", TIMEOUT).await?;
         let took_back_to_back = started.elapsed();
+        let started = Instant::now();
+        setup::bash(sandbox, "true", TIMEOUT).await?;
+        let took_third = started.elapsed();
 
         tokio::time::sleep(AFTER_A_MODEL_CALL).await;
         let started = Instant::now();
@@ -147,6 +156,7 @@ async fn measure(docker: &Docker, sandbox: &Sandbox, runs: usize) -> anyhow::Res
             s.api_bare.push(took_bare);
             s.kiln.push(took);
             s.back_to_back.push(took_back_to_back);
+            s.third.push(took_third);
             s.fresh_shell.push(took_fresh);
             s.ping.push(took_ping);
             s.exec.push(took_exec);
