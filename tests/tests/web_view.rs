@@ -25,15 +25,12 @@ const HOSTILE: &str = "<img src=x onerror=\"window.__pwned=1\"><script>window.__
 const RANGES_JS: &str = "return Array.from(document.querySelectorAll('#timeline [data-from]'), \
                          (n) => [Number(n.dataset.from), Number(n.dataset.to)]);";
 
-/// Whether the run page shows run `arguments[0]` and its end. The hash alone
+/// Whether the run page shows run `arguments[0]` and its end, as CSS
+/// selector `arguments[1]` (`.end`, or `.end.succeeded`). The hash alone
 /// does not say so: a link or `goto` changes it before the page's
 /// `hashchange` handler has replaced the previous run's timeline.
 const RUN_ENDED_JS: &str = "const t = document.getElementById('timeline'); \
-                            return t.dataset.run === arguments[0] && !!t.querySelector('.end');";
-
-/// [`RUN_ENDED_JS`], for an end that succeeded.
-const RUN_SUCCEEDED_JS: &str = "const t = document.getElementById('timeline'); \
-                                return t.dataset.run === arguments[0] && !!t.querySelector('.end.succeeded');";
+                            return t.dataset.run === arguments[0] && !!t.querySelector(arguments[1]);";
 
 /// Asserts the rendered ranges cover 1..=last exactly: no gap, no duplicate.
 fn assert_exact_cover(ranges: &Value, last: i64) {
@@ -229,7 +226,7 @@ async fn a_run_is_followed_live_approved_steered_and_survives_a_network_cut() {
     // A message to a finished run starts a follow-up run in its session,
     // and the page follows it there.
     b.client.goto(&format!("{site}/#/runs/{id}")).await.unwrap();
-    b.wait_js("the finished run", WAIT, RUN_ENDED_JS, vec![json!(id)]).await;
+    b.wait_js("the finished run", WAIT, RUN_ENDED_JS, vec![json!(id), json!(".end")]).await;
     b.client.find(Locator::Css("#steer-text")).await.unwrap().send_keys("one more thing").await.unwrap();
     b.client.find(Locator::Css("#steer-form button[type=submit]")).await.unwrap().click().await.unwrap();
     let follow_up = b
@@ -241,7 +238,7 @@ async fn a_run_is_followed_live_approved_steered_and_survives_a_network_cut() {
         )
         .await;
     let follow_up = follow_up.as_str().unwrap();
-    b.wait_js("the follow-up run's end", WAIT, RUN_SUCCEEDED_JS, vec![json!(follow_up)]).await;
+    b.wait_js("the follow-up run's end", WAIT, RUN_ENDED_JS, vec![json!(follow_up), json!(".end.succeeded")]).await;
     assert_eq!(app.get_run("alice", follow_up).await["session_id"], run["session_id"]);
     // Its prompt comes from its own read of the run, apart from the stream.
     b.wait_js(
@@ -255,7 +252,7 @@ async fn a_run_is_followed_live_approved_steered_and_survives_a_network_cut() {
     // Readable on a phone: nothing wider than the screen.
     b.client.set_window_size(390, 844).await.unwrap();
     b.client.goto(&format!("{site}/#/runs/{id}")).await.unwrap();
-    b.wait_js("the run page on a phone", WAIT, RUN_ENDED_JS, vec![json!(id)]).await;
+    b.wait_js("the run page on a phone", WAIT, RUN_ENDED_JS, vec![json!(id), json!(".end")]).await;
     let overflow = b.js("return document.documentElement.scrollWidth - window.innerWidth;", vec![]).await;
     assert!(overflow.as_i64().unwrap() <= 0, "the page scrolls sideways on a phone by {overflow} px");
     b.screenshot(&artifact("web-view-phone.png")).await;
@@ -550,7 +547,7 @@ async fn a_sub_agent_appears_nested_and_live_under_its_call_and_opens() {
 
     // Its link opens the child's own run, with its own whole stream.
     b.client.find(Locator::Css(".subagent .open-child")).await.unwrap().click().await.unwrap();
-    b.wait_js("the child's own page", WAIT, RUN_SUCCEEDED_JS, vec![json!(child)]).await;
+    b.wait_js("the child's own page", WAIT, RUN_ENDED_JS, vec![json!(child), json!(".end.succeeded")]).await;
     let child_last = app.run("alice", child.parse().unwrap()).await.last_event_seq;
     assert_exact_cover(&b.js(RANGES_JS, vec![]).await, child_last);
 }
