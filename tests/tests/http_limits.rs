@@ -46,8 +46,10 @@ async fn read_until_closed(conn: &mut TcpStream, within: Duration) -> Option<Str
 #[tokio::test]
 async fn a_client_that_never_finishes_its_headers_is_disconnected() {
     let app = app_with_short_limits().await;
-    let mut conn = TcpStream::connect(app.addr).await.unwrap();
+    // Before the connection: the server's limit starts at its accept, and
+    // a test thread starved after it must not shorten what is measured.
     let started = Instant::now();
+    let mut conn = TcpStream::connect(app.addr).await.unwrap();
     // The blank line that ends the headers never comes.
     conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: kiln\r\nX-Slow: ").await.unwrap();
     let answer = read_until_closed(&mut conn, Duration::from_secs(15)).await;
@@ -173,8 +175,10 @@ async fn an_event_stream_ends_after_its_maximum_life_and_resumes() {
 #[tokio::test]
 async fn a_client_that_connects_and_says_nothing_is_disconnected() {
     let app = app_with_short_limits().await;
-    let mut conn = TcpStream::connect(app.addr).await.unwrap();
+    // Before the connection: the server's limit starts at its accept, and
+    // a test thread starved after it must not shorten what is measured.
     let started = Instant::now();
+    let mut conn = TcpStream::connect(app.addr).await.unwrap();
     let answer = read_until_closed(&mut conn, Duration::from_secs(15)).await;
     let answer = answer.expect("the server kept a connection that never said anything");
     assert!(started.elapsed() >= LIMIT - Duration::from_millis(100), "closed early: {:?}", started.elapsed());
@@ -219,10 +223,11 @@ async fn an_http2_connection_with_nothing_in_flight_is_closed_once_idle() {
     // hyper's HTTP/2 server has no idle limit of its own: a client that
     // says the preface and nothing more held its connection for ever.
     let app = app_with_short_limits().await;
+    // Before the connection, as above: the idle limit may start at accept.
+    let started = Instant::now();
     let mut conn = TcpStream::connect(app.addr).await.unwrap();
     conn.write_all(H2_HELLO).await.unwrap();
     assert_eq!(first_frame_type(&mut conn).await, 4);
-    let started = Instant::now();
     let closed = read_until_closed(&mut conn, Duration::from_secs(15)).await;
     assert!(closed.is_some(), "the server kept an idle HTTP/2 connection for 15 s");
     assert!(started.elapsed() >= LIMIT - Duration::from_millis(100), "closed early: {:?}", started.elapsed());
