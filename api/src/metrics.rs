@@ -115,6 +115,7 @@ async fn render(state: &AppState) -> Response {
     refresh_database_gauges(state, &exporter).await;
     let open: usize = state.sse.total();
     ::metrics::gauge!("kiln_sse_connections").set(open as f64);
+    ::metrics::gauge!("kiln_submissions_in_admission").set(state.store.submissions_in_admission() as f64);
     let body = (exporter.render)();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }

@@ -23,6 +23,7 @@
 //! statement that did commit cannot insert a run twice (the primary key).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kiln_protocol::Run;
@@ -92,12 +93,39 @@ impl LineKey {
 #[derive(Default)]
 pub(crate) struct AdmissionLines {
     lines: Mutex<HashMap<LineKey, Line>>,
+    /// Submissions between their arrival and their answer (waiting in a
+    /// line or in a statement), however each ends: what `/metrics` says
+    /// of the admission's backlog.
+    under_way: AtomicUsize,
+}
+
+/// One submission counted in [`AdmissionLines::under_way`] until dropped:
+/// answered, or abandoned by a client that went away.
+struct UnderWay<'a>(&'a AtomicUsize);
+
+impl<'a> UnderWay<'a> {
+    fn count(under_way: &'a AtomicUsize) -> Self {
+        under_way.fetch_add(1, Ordering::Relaxed);
+        UnderWay(under_way)
+    }
+}
+
+impl Drop for UnderWay<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl AdmissionLines {
+    /// Submissions in this process between their arrival and their answer.
+    pub(crate) fn under_way(&self) -> usize {
+        self.under_way.load(Ordering::Relaxed)
+    }
+
     /// Admits or refuses `candidate`, a first run, under `limits`: in the
     /// next statement of its line.
     pub(crate) async fn admit(&self, store: &Store, limits: QuotaLimits, candidate: Candidate) -> Answer {
+        let _counted = UnderWay::count(&self.under_way);
         let key = LineKey::of(candidate.owner(), limits);
         let (reply, answer) = oneshot::channel();
         let start = {

@@ -122,6 +122,12 @@ impl Store {
         Ok(Ok((run, true)))
     }
 
+    /// Single-run submissions this process is admitting (waiting in an
+    /// admission line or in its statement): the admission's backlog.
+    pub fn submissions_in_admission(&self) -> usize {
+        self.admission_lines.under_way()
+    }
+
     /// Tells workers of a new run, or of a new group's attempts.
     fn announce_created(&self, run_id: Uuid, attempts: &[Uuid]) {
         if attempts.is_empty() {

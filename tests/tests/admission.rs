@@ -78,6 +78,7 @@ async fn until_waiting_for(sql: &tokio_postgres::Client, locktype: &str, n: i64)
 /// for the lock in the database; the rest arrive while they wait.
 async fn submit_while_locked(app: &TestApp, subject: &str, prompts: Vec<String>) -> Vec<Response> {
     let held = Held::take(app, subject).await;
+    let prompts_sent = prompts.len();
     let sent = tokio::spawn({
         let (http, url, token) = (app.http.clone(), app.url("/v1/runs"), token(subject));
         async move {
@@ -86,12 +87,24 @@ async fn submit_while_locked(app: &TestApp, subject: &str, prompts: Vec<String>)
         }
     });
     held.until_waiting(1).await;
-    // The requests were all sent at once; give the API a moment to have
-    // them all in the subject's line. One that comes later only makes one
-    // more statement, which the bound below allows for.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    until_all_in_admission(app, prompts_sent).await;
     held.release().await;
-    sent.await.unwrap()
+    let answers = sent.await.unwrap();
+    assert_eq!(app.store.submissions_in_admission(), 0, "every submission answered leaves the count");
+    answers
+}
+
+/// Waits until the API is admitting all `n` submissions sent (each in its
+/// line or a statement waiting for the lock), so that none arrives after
+/// the lock is let go.
+async fn until_all_in_admission(app: &TestApp, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while app.store.submissions_in_admission() < n {
+        let under_way = app.store.submissions_in_admission();
+        assert!(Instant::now() < deadline, "{under_way} of {n} submissions reached the admission");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(app.store.submissions_in_admission(), n, "no more than were sent");
 }
 
 /// Transactions that inserted the subject's runs.
@@ -204,15 +217,57 @@ async fn a_client_gone_mid_submission_cancels_nobody_elses() {
             join_all(each).await.into_iter().map(|r| r.unwrap().status().as_u16()).collect::<Vec<_>>()
         }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_all_in_admission(&app, 6).await;
     first.abort();
     let _ = first.await;
+    // The one gone leaves the count (its request dropped by the server).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.store.submissions_in_admission() != 5 {
+        assert!(Instant::now() < deadline, "{} in admission", app.store.submissions_in_admission());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     held.release().await;
     assert_eq!(others.await.unwrap(), vec![201; 5]);
     let runs: i64 = app.sql().await.query_one("SELECT count(*) FROM runs", &[]).await.unwrap().get(0);
     // The one that went away may or may not have been admitted (its
     // statement was already sent); the five are.
     assert!((5..=6).contains(&runs), "{runs} runs");
+}
+
+/// `kiln_submissions_in_admission` on `/metrics`: the submissions waiting
+/// behind a subject's lock are counted while they wait, and leave the
+/// count once answered.
+#[tokio::test]
+async fn the_admissions_backlog_is_on_metrics() {
+    const TOKEN: &str = "metrics-token-for-admission";
+    let mut api = kiln_api::ApiSettings {
+        quota: kiln_store::Quota { max_active_runs: 1000, max_runs_per_minute: 1000 },
+        ..Default::default()
+    };
+    api.metrics_token = Some(TOKEN.into());
+    let app = TestApp::spawn(Options { worker: false, api, ..Default::default() }).await;
+    let gauge = || async {
+        let response = app.http.get(app.url("/metrics")).bearer_auth(TOKEN).send().await.unwrap();
+        let body = response.text().await.unwrap();
+        let line = body.lines().find(|l| l.starts_with("kiln_submissions_in_admission ")).map(str::to_owned);
+        line.unwrap_or_else(|| panic!("no kiln_submissions_in_admission in {body}"))
+    };
+    assert_eq!(gauge().await, "kiln_submissions_in_admission 0");
+    let held = Held::take(&app, "erin").await;
+    let sent = tokio::spawn({
+        let (http, url, token) = (app.http.clone(), app.url("/v1/runs"), token("erin"));
+        async move {
+            let each =
+                (0..3).map(|i| http.post(&url).bearer_auth(&token).json(&json!({"prompt": format!("{i}")})).send());
+            join_all(each).await.into_iter().map(|r| r.unwrap().status().as_u16()).collect::<Vec<_>>()
+        }
+    });
+    held.until_waiting(1).await;
+    until_all_in_admission(&app, 3).await;
+    assert_eq!(gauge().await, "kiln_submissions_in_admission 3");
+    held.release().await;
+    assert_eq!(sent.await.unwrap(), vec![201; 3]);
+    assert_eq!(gauge().await, "kiln_submissions_in_admission 0");
 }
 
 /// Plain candidates as the admission statement's arrays.
@@ -431,8 +486,7 @@ async fn with_no_limits_many_subjects_submissions_share_a_statement() {
     });
     let sql = app.sql().await;
     until_waiting_for(&sql, "relation", 1).await;
-    // As in `submit_while_locked`: a moment for all of them to be in line.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    until_all_in_admission(&app, SENT).await;
     held.rollback().await.unwrap();
     assert_eq!(sent.await.unwrap(), vec![201; SENT]);
     let row = sql.query_one("SELECT count(DISTINCT owner), count(DISTINCT xmin::text) FROM runs", &[]).await.unwrap();
