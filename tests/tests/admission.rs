@@ -79,32 +79,39 @@ async fn until_waiting_for(sql: &tokio_postgres::Client, locktype: &str, n: i64)
 async fn submit_while_locked(app: &TestApp, subject: &str, prompts: Vec<String>) -> Vec<Response> {
     let held = Held::take(app, subject).await;
     let prompts_sent = prompts.len();
-    let sent = tokio::spawn({
-        let (http, url, token) = (app.http.clone(), app.url("/v1/runs"), token(subject));
-        async move {
-            let each = prompts.iter().map(|p| http.post(&url).bearer_auth(&token).json(&json!({"prompt": p})).send());
-            join_all(each).await.into_iter().map(Result::unwrap).collect::<Vec<_>>()
-        }
-    });
+    let sent = send(app, subject, prompts);
     held.until_waiting(1).await;
-    until_all_in_admission(app, prompts_sent).await;
+    until_in_admission(app, prompts_sent).await;
     held.release().await;
     let answers = sent.await.unwrap();
     assert_eq!(app.store.submissions_in_admission(), 0, "every submission answered leaves the count");
     answers
 }
 
-/// Waits until the API is admitting all `n` submissions sent (each in its
-/// line or a statement waiting for the lock), so that none arrives after
-/// the lock is let go.
-async fn until_all_in_admission(app: &TestApp, n: usize) {
+/// Sends `subject`'s submissions of `prompts` at once, in a task of their
+/// own: its handle answers their responses, in order.
+fn send(app: &TestApp, subject: &str, prompts: Vec<String>) -> tokio::task::JoinHandle<Vec<Response>> {
+    let (http, url, token) = (app.http.clone(), app.url("/v1/runs"), token(subject));
+    tokio::spawn(async move {
+        let each = prompts.iter().map(|p| http.post(&url).bearer_auth(&token).json(&json!({"prompt": p})).send());
+        join_all(each).await.into_iter().map(Result::unwrap).collect()
+    })
+}
+
+fn statuses(answers: &[Response]) -> Vec<u16> {
+    answers.iter().map(|r| r.status().as_u16()).collect()
+}
+
+/// Waits until the API is admitting exactly `n` submissions (each in its
+/// line or a statement waiting for the lock): all those sent, so that none
+/// arrives after the lock is let go, or those left once some went away.
+async fn until_in_admission(app: &TestApp, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while app.store.submissions_in_admission() < n {
+    while app.store.submissions_in_admission() != n {
         let under_way = app.store.submissions_in_admission();
-        assert!(Instant::now() < deadline, "{under_way} of {n} submissions reached the admission");
+        assert!(Instant::now() < deadline, "{under_way} submissions in admission, not {n}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(app.store.submissions_in_admission(), n, "no more than were sent");
 }
 
 /// Transactions that inserted the subject's runs.
@@ -126,7 +133,7 @@ async fn a_subjects_waiting_submissions_share_a_statement_and_its_commit() {
     let app = limited(kiln_store::Quota { max_active_runs: LIMIT, max_runs_per_minute: 1000 }).await;
     let prompts = (0..SENT).map(|i| format!("task {i}")).collect();
     let answers = submit_while_locked(&app, "alice", prompts).await;
-    let statuses: Vec<u16> = answers.iter().map(|r| r.status().as_u16()).collect();
+    let statuses = statuses(&answers);
     assert_eq!(statuses.iter().filter(|&&s| s == 201).count(), LIMIT as usize, "{statuses:?}");
     assert_eq!(statuses.iter().filter(|&&s| s == 429).count(), SENT - LIMIT as usize, "{statuses:?}");
     for refused in answers.into_iter().filter(|r| r.status() == 429) {
@@ -160,7 +167,7 @@ async fn a_statement_of_submissions_counts_its_own_runs_against_the_minute() {
     let app = limited(kiln_store::Quota { max_active_runs: 1000, max_runs_per_minute: LIMIT }).await;
     let prompts = (0..SENT).map(|i| format!("task {i}")).collect();
     let answers = submit_while_locked(&app, "bob", prompts).await;
-    let statuses: Vec<u16> = answers.iter().map(|r| r.status().as_u16()).collect();
+    let statuses = statuses(&answers);
     assert_eq!(statuses.iter().filter(|&&s| s == 201).count(), LIMIT as usize, "{statuses:?}");
     for refused in answers.into_iter().filter(|r| r.status() == 429) {
         let retry_after: u64 = refused.headers()["retry-after"].to_str().unwrap().parse().unwrap();
@@ -188,7 +195,7 @@ async fn a_submission_the_database_refuses_fails_only_itself() {
         .unwrap();
     let prompts = (0..SENT).map(|i| if i == SENT / 2 { "poison".into() } else { format!("task {i}") }).collect();
     let answers = submit_while_locked(&app, "carol", prompts).await;
-    let statuses: Vec<u16> = answers.iter().map(|r| r.status().as_u16()).collect();
+    let statuses = statuses(&answers);
     assert_eq!(statuses[SENT / 2], 500, "{statuses:?}");
     assert_eq!(statuses.iter().filter(|&&s| s == 201).count(), SENT - 1, "{statuses:?}");
     let runs: i64 = app.sql().await.query_one("SELECT count(*) FROM runs", &[]).await.unwrap().get(0);
@@ -203,31 +210,16 @@ async fn a_submission_the_database_refuses_fails_only_itself() {
 async fn a_client_gone_mid_submission_cancels_nobody_elses() {
     let app = limited(kiln_store::Quota { max_active_runs: 1000, max_runs_per_minute: 1000 }).await;
     let held = Held::take(&app, "dave").await;
-    let first = tokio::spawn({
-        let (http, url, token) = (app.http.clone(), app.url("/v1/runs"), token("dave"));
-        async move { http.post(&url).bearer_auth(&token).json(&json!({"prompt": "gone"})).send().await }
-    });
+    let first = send(&app, "dave", vec!["gone".into()]);
     held.until_waiting(1).await;
-    let others = tokio::spawn({
-        let app_http = app.http.clone();
-        let (url, token) = (app.url("/v1/runs"), token("dave"));
-        async move {
-            let each =
-                (0..5).map(|i| app_http.post(&url).bearer_auth(&token).json(&json!({"prompt": format!("{i}")})).send());
-            join_all(each).await.into_iter().map(|r| r.unwrap().status().as_u16()).collect::<Vec<_>>()
-        }
-    });
-    until_all_in_admission(&app, 6).await;
+    let others = send(&app, "dave", (0..5).map(|i| i.to_string()).collect());
+    until_in_admission(&app, 6).await;
     first.abort();
     let _ = first.await;
     // The one gone leaves the count (its request dropped by the server).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while app.store.submissions_in_admission() != 5 {
-        assert!(Instant::now() < deadline, "{} in admission", app.store.submissions_in_admission());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_in_admission(&app, 5).await;
     held.release().await;
-    assert_eq!(others.await.unwrap(), vec![201; 5]);
+    assert_eq!(statuses(&others.await.unwrap()), vec![201; 5]);
     let runs: i64 = app.sql().await.query_one("SELECT count(*) FROM runs", &[]).await.unwrap().get(0);
     // The one that went away may or may not have been admitted (its
     // statement was already sent); the five are.
@@ -254,19 +246,12 @@ async fn the_admissions_backlog_is_on_metrics() {
     };
     assert_eq!(gauge().await, "kiln_submissions_in_admission 0");
     let held = Held::take(&app, "erin").await;
-    let sent = tokio::spawn({
-        let (http, url, token) = (app.http.clone(), app.url("/v1/runs"), token("erin"));
-        async move {
-            let each =
-                (0..3).map(|i| http.post(&url).bearer_auth(&token).json(&json!({"prompt": format!("{i}")})).send());
-            join_all(each).await.into_iter().map(|r| r.unwrap().status().as_u16()).collect::<Vec<_>>()
-        }
-    });
+    let sent = send(&app, "erin", (0..3).map(|i| i.to_string()).collect());
     held.until_waiting(1).await;
-    until_all_in_admission(&app, 3).await;
+    until_in_admission(&app, 3).await;
     assert_eq!(gauge().await, "kiln_submissions_in_admission 3");
     held.release().await;
-    assert_eq!(sent.await.unwrap(), vec![201; 3]);
+    assert_eq!(statuses(&sent.await.unwrap()), vec![201; 3]);
     assert_eq!(gauge().await, "kiln_submissions_in_admission 0");
 }
 
@@ -486,7 +471,7 @@ async fn with_no_limits_many_subjects_submissions_share_a_statement() {
     });
     let sql = app.sql().await;
     until_waiting_for(&sql, "relation", 1).await;
-    until_all_in_admission(&app, SENT).await;
+    until_in_admission(&app, SENT).await;
     held.rollback().await.unwrap();
     assert_eq!(sent.await.unwrap(), vec![201; SENT]);
     let row = sql.query_one("SELECT count(DISTINCT owner), count(DISTINCT xmin::text) FROM runs", &[]).await.unwrap();
